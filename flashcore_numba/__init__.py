@@ -1,0 +1,20 @@
+"""flashcore-numba: FlashAttention written from scratch in Numba CUDA, one phase at a time.
+
+    from flashcore_numba import attention
+    out = attention(q, k, v, causal=True)            # the fastest phase
+    out = attention(q, k, v, phase="03")             # a given rung of the ladder
+
+`PHASES` maps phase ids ("01" ...) to their modules; each module's docstring is its lesson.
+"""
+
+from . import sim as _sim
+
+_sim.install()  # the simulator gains warp shuffles; a no-op on a real GPU
+
+from .api import attention  # noqa: E402
+from .phases import BEST, PHASES, get_phase  # noqa: E402
+from .reference import check_close, lowp_attention, reference_attention  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["attention", "PHASES", "BEST", "get_phase", "reference_attention", "lowp_attention",
+           "check_close", "__version__"]

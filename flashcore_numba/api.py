@@ -1,0 +1,173 @@
+"""attention(q, k, v): input validation and dispatch to a phase.
+
+Inputs follow torch's scaled_dot_product_attention: (B, H, S, D) — batch, heads, sequence,
+head dim — with q of length S_q and k, v of length S_k. Three kinds of input are accepted,
+and the output is of the same kind:
+
+- torch CUDA tensors (zero-copy, on torch's current stream) -> torch tensor;
+- Numba device arrays -> Numba device array;
+- NumPy arrays -> NumPy array (copied to the GPU and back; with NUMBA_ENABLE_CUDASIM=1 the
+  kernel runs in Numba's simulator instead).
+
+Every bad input raises TypeError or ValueError whose message starts with the argument's
+name and says what was expected and what was given.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from .phases import dtypes as phase_dtypes
+from .phases import get_phase, min_cc, supports_gqa
+from .reference import default_scale
+from .sim import simulator_enabled
+from .common import LOG2E
+
+
+@dataclass(frozen=True)
+class _Operand:
+    name: str
+    kind: str  # "numpy" | "numba" | "torch"
+    shape: tuple
+    dtype: str
+    contiguous: bool
+    device: str  # "host", "cuda:N"
+
+
+def _describe(name: str, x) -> _Operand:
+    module = type(x).__module__
+    if isinstance(x, np.ndarray):
+        return _Operand(name, "numpy", tuple(x.shape), x.dtype.name, bool(x.flags.c_contiguous), "host")
+    if module.startswith("torch"):
+        device = str(x.device)
+        if not x.is_cuda:
+            raise TypeError(f"{name}: expected a CUDA torch tensor, got a tensor on {device}; "
+                            f"move it with {name}.cuda() or pass a NumPy array")
+        return _Operand(name, "torch", tuple(x.shape), str(x.dtype).replace("torch.", ""),
+                        bool(x.is_contiguous()), device)
+    from numba import cuda
+
+    if cuda.is_cuda_array(x):
+        contiguous = x.is_c_contiguous() if hasattr(x, "is_c_contiguous") else True
+        return _Operand(name, "numba", tuple(x.shape), np.dtype(x.dtype).name, bool(contiguous), "cuda")
+    raise TypeError(f"{name}: expected a torch CUDA tensor, a Numba device array or a NumPy array; "
+                    f"got {type(x).__name__}")
+
+
+def _validate(ops, phase, causal, scale):
+    q, k, v = ops
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected True or False, got {causal!r}")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
+        if not math.isfinite(float(scale)):
+            raise ValueError(f"scale: expected a finite number, got {float(scale)}")
+    for op in (k, v):
+        if op.kind != q.kind or op.device != q.device:
+            where = {"numpy": "a NumPy (host) array", "numba": "a Numba device array",
+                     "torch": "a torch tensor"}
+            raise TypeError(f"{op.name}: all inputs must live together; q is {where[q.kind]} on {q.device} "
+                            f"but {op.name} is {where[op.kind]} on {op.device}")
+    for op in ops:
+        if len(op.shape) != 4:
+            raise ValueError(f"{op.name}: expected 4 dimensions (B, H, S, D), got shape {op.shape}")
+    for op in ops:
+        if 0 in op.shape:
+            raise ValueError(f"{op.name}: empty input, shape {op.shape} has a zero-length dimension")
+    allowed = phase_dtypes(phase)
+    for op in ops:
+        if op.dtype not in allowed:
+            raise TypeError(f"{op.name}: expected dtype {' or '.join(allowed)} for phase {phase.ID}, "
+                            f"got {op.dtype}")
+    for op in (k, v):
+        if op.dtype != q.dtype:
+            raise TypeError(f"{op.name}: dtype {op.dtype} differs from q's {q.dtype}")
+    for op in ops:
+        if not op.contiguous:
+            raise ValueError(f"{op.name}: expected a contiguous (row-major B, H, S, D) layout; "
+                             f"make one with .contiguous() or np.ascontiguousarray")
+    B, H, Sq, D = q.shape
+    for op in (k, v):
+        if op.shape[0] != B:
+            raise ValueError(f"{op.name}: batch size {op.shape[0]} differs from q's {B} (shape {op.shape})")
+        if op.shape[3] != D:
+            raise ValueError(f"{op.name}: head dim {op.shape[3]} differs from q's {D} (shape {op.shape})")
+    if v.shape[1:3] != k.shape[1:3]:
+        raise ValueError(f"v: heads and length {v.shape[1:3]} differ from k's {k.shape[1:3]}")
+    if k.shape[1] != H:
+        if not supports_gqa(phase):
+            raise ValueError(f"k: {k.shape[1]} heads differ from q's {H}; phase {phase.ID} needs equal "
+                             f"head counts (grouped-query attention arrives with phase 07)")
+        if H % k.shape[1]:
+            raise ValueError(f"k: {k.shape[1]} key/value heads must divide q's {H} heads")
+    if D not in phase.HEAD_DIMS:
+        raise ValueError(f"q: head dim {D} is not supported by phase {phase.ID}; "
+                         f"supported: {', '.join(map(str, phase.HEAD_DIMS))}")
+
+
+def _require_device(phase):
+    """Fail early, with the fix, when there is nowhere to run the kernel."""
+    if simulator_enabled():
+        return
+    from numba import cuda
+
+    if not cuda.is_available():
+        raise RuntimeError("no CUDA GPU is available; to run the kernels in Numba's simulator on the CPU, "
+                           "set NUMBA_ENABLE_CUDASIM=1 before importing flashcore_numba")
+    cc = cuda.get_current_device().compute_capability
+    if tuple(cc) < min_cc(phase):
+        raise RuntimeError(f"phase {phase.ID} needs compute capability {min_cc(phase)}, "
+                           f"this GPU has {tuple(cc)}")
+
+
+def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phase="best"):
+    """softmax(q·kᵀ·scale [+ causal mask])·v for (B, H, S, D) fp16 inputs, fp32 accumulation.
+
+    Args:
+        q: (B, H, S_q, D); k, v: (B, H, S_k, D). torch CUDA tensors, Numba device arrays or
+           NumPy arrays, all of one kind, contiguous, fp16.
+        causal: mask future keys; with S_q != S_k the mask is aligned to the bottom-right
+           corner (query i sees keys j <= i + S_k - S_q), as in FlashAttention-2. A query
+           that sees no key at all gets a zero output row.
+        scale: multiplier of q·kᵀ; default 1/sqrt(D).
+        phase: which kernel of the ladder runs: "best" (default), an id such as "03" or 3,
+           or a name such as "padding".
+    Returns:
+        (B, H, S_q, D) fp16 output, of the same kind as q.
+    """
+    phase = get_phase(phase)
+    ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    _validate(ops, phase, causal, scale)
+    _require_device(phase)
+    D = ops[0].shape[3]
+    qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
+    config = phase.build(D)
+    kind = ops[0].kind
+
+    if kind == "torch":
+        import torch
+        from numba import cuda
+
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        with cuda.gpus[q.device.index or 0]:
+            stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
+            arrays = [cuda.as_cuda_array(t) for t in (q, k, v, out)]
+            config.launch(*arrays, causal, qk_scale, stream=stream)
+        return out
+
+    from numba import cuda
+
+    if kind == "numba":
+        out = cuda.device_array(q.shape, dtype=q.dtype)
+        config.launch(q, k, v, out, causal, qk_scale)
+        return out
+
+    dq, dk, dv = (cuda.to_device(x) for x in (q, k, v))
+    dout = cuda.device_array(q.shape, dtype=q.dtype)
+    config.launch(dq, dk, dv, dout, causal, qk_scale)
+    return dout.copy_to_host()

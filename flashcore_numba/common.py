@@ -1,0 +1,164 @@
+"""Pieces every phase shares, written once: masking, the online-softmax update, tile loads
+and the kernel launch.
+
+Vocabulary used in every phase (the names of the FlashAttention papers and Triton's
+fused-attention tutorial):
+
+    BLOCK_M   query rows handled by one thread block (CTA)
+    BLOCK_N   keys per tile of K and V
+    HEAD_DIM  D, the head dimension (a compile-time constant: each phase builds one kernel per D)
+    qk_scale  softmax scale times log2(e): scores live in base 2 so the kernels call exp2,
+              which is a single hardware instruction (ex2.approx.f32)
+    m_i       running row maximum of the scores seen so far (base 2)
+    l_i       running row sum of exp2(score - m_i)
+    acc       running un-normalized output row: sum of exp2(score - m_i) * v
+    k_end     one past the last key a query row may see (sequence end or causal limit)
+
+Every kernel has the same signature, `kernel(Q, K, V, O, causal, qk_scale)`, with Q, K, V, O
+of shape (B, H, S, D) fp16, and the same grid: x = block of BLOCK_M query rows, y = head,
+z = batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda, float32
+
+from .sim import simulator_enabled, simulator_pacing
+
+LOG2E = 1.4426950408889634
+STATIC_SMEM_LIMIT = 48 * 1024  # bytes a block may use without raising its dynamic limit
+
+
+# ---------------------------------------------------------------------------------------------
+# Masking: one rule for sequence tails and causal masks
+# ---------------------------------------------------------------------------------------------
+@cuda.jit(device=True, inline=True)
+def key_end(row, seq_q, seq_k, causal):
+    """One past the last key that query `row` may see.
+
+    Without a causal mask that is seq_k (keys past the end of the sequence are masked).
+    With one, row i sees keys j <= i + (seq_k - seq_q): the mask is aligned to the
+    bottom-right corner, as FlashAttention-2 does, so it is the usual lower triangle
+    when seq_q == seq_k. A key is visible exactly when `col < key_end(row, ...)`.
+    """
+    if causal:
+        return min(seq_k, max(0, row + 1 + seq_k - seq_q))
+    return seq_k
+
+
+# ---------------------------------------------------------------------------------------------
+# Online softmax
+# ---------------------------------------------------------------------------------------------
+@cuda.jit(device=True, inline=True)
+def softmax_rescale(m_i, m_ij):
+    """-- update m_i: returns (m_new, m_ref, alpha).
+
+    m_new = max(m_i, m_ij) is the new running maximum; alpha = exp2(m_i - m_new) is the
+    factor that rescales the old l_i and acc to the new maximum; m_ref is what scores are
+    measured against, p = exp2(s - m_ref).
+
+    A row that has seen only masked keys keeps m_new = -inf. Measuring against 0 instead
+    keeps (-inf) - (-inf) from producing NaN; every p is exp2(-inf) = 0 anyway.
+    """
+    m_new = max(m_i, m_ij)
+    m_ref = m_new
+    if m_new == -math.inf:
+        m_ref = float32(0.0)
+    alpha = math.exp2(m_i - m_ref)
+    return m_new, m_ref, alpha
+
+
+@cuda.jit(device=True, inline=True)
+def finalize(acc_value, l_i):
+    """-- epilogue: o = acc / l_i; a row that saw no key at all outputs 0, never NaN."""
+    if l_i > float32(0.0):
+        return acc_value / l_i
+    return float32(0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile loads: global fp16 -> shared fp32
+# ---------------------------------------------------------------------------------------------
+@cuda.jit(device=True, inline=True)
+def load_tile(smem, base, row_stride, src, b, h, row0, seq_len, tid, N_THREADS, N_ROWS, HEAD_DIM):
+    """Copy rows row0 .. row0+N_ROWS-1 of src[b, h] into smem[base + r*row_stride + d] as fp32.
+
+    Consecutive threads take consecutive elements of a row: the global reads of a warp are
+    coalesced and its shared-memory writes hit 32 different banks. Rows past seq_len are
+    written as zeros, so a tail tile never feeds garbage into a dot product.
+    """
+    for idx in range(tid, N_ROWS * HEAD_DIM, N_THREADS):
+        r = idx // HEAD_DIM
+        d = idx % HEAD_DIM
+        value = float32(0.0)
+        if row0 + r < seq_len:
+            value = float32(src[b, h, row0 + r, d])
+        smem[base + r * row_stride + d] = value
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch
+# ---------------------------------------------------------------------------------------------
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def grid_for(q_shape, block_m: int):
+    """Grid of every phase: (row blocks, heads, batch)."""
+    B, H, S, _ = q_shape
+    return (cdiv(S, block_m), H, B)
+
+
+_smem_limit_raised: set = set()
+
+
+def _raise_dynamic_smem_limit(kernel, args, nbytes: int) -> None:
+    """Allow `kernel` to use more than 48 KB of dynamic shared memory.
+
+    Numba has no API for this; the driver call is made on the compiled function. Done once
+    per compiled specialization.
+    """
+    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
+    key = (id(kernel), argtypes, nbytes)
+    if key in _smem_limit_raised:
+        return
+    from cuda.bindings import driver
+
+    compiled = kernel.compile(argtypes)
+    cufunc = compiled.library.get_cufunc()
+    device_id = cuda.get_current_device().id
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    (err,) = driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, device_id)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"could not raise the dynamic shared memory limit to {nbytes} bytes: {err}")
+    _smem_limit_raised.add(key)
+
+
+def launch(kernel, grid, block: int, smem_bytes: int, args, stream=0) -> None:
+    """Launch `kernel[grid, block, stream, smem_bytes](*args)`, raising the limit if needed."""
+    if simulator_enabled():
+        with simulator_pacing():
+            kernel[grid, block, stream, smem_bytes](*args)
+        return
+    if smem_bytes > STATIC_SMEM_LIMIT:
+        _raise_dynamic_smem_limit(kernel, args, smem_bytes)
+    kernel[grid, block, stream, smem_bytes](*args)
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """A compiled-on-first-use kernel and how to launch it: what each phase's `build()` returns."""
+
+    kernel: object
+    block_m: int
+    n_threads: int
+    smem_bytes: int  # dynamic shared memory per block
+
+    def launch(self, q, k, v, o, causal: bool, qk_scale: float, stream=0) -> None:
+        # float32 on purpose: a Python float would be typed float64 and drag fp64 math in.
+        args = (q, k, v, o, bool(causal), np.float32(qk_scale))
+        launch(self.kernel, grid_for(q.shape, self.block_m), self.n_threads, self.smem_bytes, args, stream)

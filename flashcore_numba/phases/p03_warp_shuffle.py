@@ -1,0 +1,241 @@
+"""Phase 03 — warp-shuffle softmax: warps own rows, lanes split the keys, registers hold the tiles.
+
+What changed from phase 02
+    In phase 02 one thread did all the work of one row: 2·HEAD_DIM loads from shared memory
+    for every pair of FMAs it could feed. Now a warp owns ROWS_PER_WARP rows and its 32 lanes
+    split them like a small matrix-multiply tile: the lanes form 32/LANES_PER_ROW groups, a
+    group shares TM rows, and inside a group each of the LANES_PER_ROW lanes takes every
+    LANES_PER_ROW-th key of the tile. Each lane therefore computes a TM×TN block of scores
+    as an outer product: per step along d it loads TM values of q and TN values of k and does
+    TM·TN FMAs, all in registers.
+
+    A row's scores are now spread over the LANES_PER_ROW lanes of its group, so the row max
+    is a warp reduction: `shfl_xor_sync` with offsets LANES_PER_ROW/2 .. 1 exchanges
+    registers directly between lanes, no shared memory, no block barrier. The row sum l_i
+    needs no shuffle inside the loop: each lane keeps a partial sum (alpha is the same on all
+    lanes of a row), reduced once in the epilogue. p goes through a per-warp slice of shared
+    memory to the P·V product, where each lane accumulates a TM×TD block of acc in registers.
+    Only `syncwarp` separates the two products: no other warp reads those rows.
+
+Why the hardware rewards it
+    Register tiling: TM·TN FMAs per TM+TN shared-memory loads instead of 1 per 1, so the
+    FP32 units, not the load/store units, become the limit. Shuffles move 4 bytes between
+    lanes in one instruction without touching shared memory.
+
+What is still wrong (phase 04 fixes it)
+    The lanes of a group read k[lane_col][d], k[lane_col + 1][d], ...: words HEAD_DIM apart.
+    With HEAD_DIM = 64 (a multiple of the 32 banks) they all fall into one shared-memory bank,
+    a 16-way bank conflict on every k load; q and p reads conflict 2-way.
+    `flashcore_numba.banks` counts it.
+
+Measured effect
+    From the benchmark record (docs/bench/, README table): generated, never typed.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from numba import cuda, float32
+
+from ..common import KernelConfig, finalize, key_end, load_tile, softmax_rescale
+
+ID = "03"
+NAME = "warp_shuffle"
+TITLE = "Warp-shuffle softmax and register tiles"
+HEAD_DIMS = (64, 128)
+
+FULL_MASK = 0xFFFFFFFF
+BLOCK_M = 64  # query rows per block
+BLOCK_N = 64  # keys per tile
+NUM_WARPS = 4
+LANES_PER_ROW = 16  # lanes that share one row: a row reduction is log2(16) = 4 shuffles
+SMEM_PAD = 0  # phase 04 pads shared-memory rows; here rows are packed
+
+
+def layout(HEAD_DIM, smem_pad=SMEM_PAD, block_m=BLOCK_M, block_n=BLOCK_N, num_warps=NUM_WARPS,
+           lanes_per_row=LANES_PER_ROW, stages=1):
+    """Every derived constant of the warp-tiled kernels, in one place (phases 03-05 share it).
+
+    Shared memory holds fp32 tiles, each row `*_STRIDE` words long (HEAD_DIM or BLOCK_N plus
+    the padding of phase 04): Q (BLOCK_M rows), then `stages` pairs of K and V tiles (BLOCK_N
+    rows each; phase 05 uses two), then P (BLOCK_M rows). Stage s's K tile starts at
+    K_OFF + s*STAGE_FLOATS.
+    """
+    L = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=block_n, NUM_WARPS=num_warps,
+             LANES_PER_ROW=lanes_per_row, SMEM_PAD=smem_pad, STAGES=stages)
+    L["N_THREADS"] = 32 * num_warps
+    L["ROWS_PER_WARP"] = block_m // num_warps
+    L["TM"] = L["ROWS_PER_WARP"] * lanes_per_row // 32  # rows per lane
+    L["TN"] = block_n // lanes_per_row  # score columns per lane
+    L["TD"] = HEAD_DIM // lanes_per_row  # output columns per lane
+    L["Q_STRIDE"] = HEAD_DIM + smem_pad
+    L["K_STRIDE"] = HEAD_DIM + smem_pad
+    L["V_STRIDE"] = HEAD_DIM
+    L["P_STRIDE"] = block_n + smem_pad
+    L["Q_OFF"] = 0
+    L["K_OFF"] = block_m * L["Q_STRIDE"]
+    L["V_OFF"] = L["K_OFF"] + block_n * L["K_STRIDE"]
+    L["STAGE_FLOATS"] = block_n * (L["K_STRIDE"] + L["V_STRIDE"])
+    L["P_OFF"] = L["K_OFF"] + stages * L["STAGE_FLOATS"]
+    L["SMEM_FLOATS"] = L["P_OFF"] + block_m * L["P_STRIDE"]
+    assert L["TM"] * (32 // lanes_per_row) == L["ROWS_PER_WARP"], "rows must split evenly over lanes"
+    assert L["TN"] * lanes_per_row == block_n and L["TD"] * lanes_per_row == HEAD_DIM
+    return L
+
+
+def make_tile_functions(L):
+    """The warp-tile steps, specialized to layout L. Phase 05 reuses them unchanged."""
+    TM, TN, TD = L["TM"], L["TN"], L["TD"]
+    HEAD_DIM, BLOCK_N, LANES_PER_ROW = L["HEAD_DIM"], L["BLOCK_N"], L["LANES_PER_ROW"]
+    Q_STRIDE, K_STRIDE, V_STRIDE, P_STRIDE = L["Q_STRIDE"], L["K_STRIDE"], L["V_STRIDE"], L["P_STRIDE"]
+    Q_OFF, P_OFF = L["Q_OFF"], L["P_OFF"]
+    ROWS_PER_WARP, NUM_WARPS = L["ROWS_PER_WARP"], L["NUM_WARPS"]
+    assert ROWS_PER_WARP * NUM_WARPS == L["BLOCK_M"]
+
+    @cuda.jit(device=True, inline=True)
+    def scores_tile(s, smem, k_off, lane_row, lane_col):
+        """s[i, j] = q[lane_row + i] · k[lane_col + j*LANES_PER_ROW]: a TM×TN outer-product block."""
+        for i in range(TM):
+            for j in range(TN):
+                s[i, j] = float32(0.0)
+        q_frag = cuda.local.array(TM, float32)
+        k_frag = cuda.local.array(TN, float32)
+        for d in range(HEAD_DIM):
+            for i in range(TM):
+                q_frag[i] = smem[Q_OFF + (lane_row + i) * Q_STRIDE + d]
+            for j in range(TN):
+                k_frag[j] = smem[k_off + (lane_col + j * LANES_PER_ROW) * K_STRIDE + d]
+            for i in range(TM):
+                for j in range(TN):
+                    s[i, j] += q_frag[i] * k_frag[j]
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_tile(s, m_i, l_i, acc, smem, row0, lane_row, lane_col, start_n, seq_q, seq_k, causal,
+                     qk_scale):
+        """Online softmax of one tile: mask, row max over the lanes (shuffles), p to shared memory."""
+        for i in range(TM):
+            k_end = key_end(min(row0 + lane_row + i, seq_q - 1), seq_q, seq_k, causal)
+            # -- scale to base 2, mask, and this lane's part of the row max
+            m_ij = float32(-math.inf)
+            for j in range(TN):
+                s_ij = s[i, j] * qk_scale
+                if start_n + lane_col + j * LANES_PER_ROW >= k_end:
+                    s_ij = float32(-math.inf)
+                s[i, j] = s_ij
+                m_ij = max(m_ij, s_ij)
+            # -- row max across the LANES_PER_ROW lanes of the group: butterfly shuffles
+            # >>> exercise 03-a: reduce m_ij to the max over the LANES_PER_ROW lanes of this row
+            offset = LANES_PER_ROW // 2
+            while offset > 0:
+                m_ij = max(m_ij, cuda.shfl_xor_sync(FULL_MASK, m_ij, offset))
+                offset //= 2
+            # <<< exercise
+            # -- update m_i and l_i (l_i stays a per-lane partial sum), rescale acc
+            m_new, m_ref, alpha = softmax_rescale(m_i[i], m_ij)
+            l_sum = float32(0.0)
+            for j in range(TN):
+                p = math.exp2(s[i, j] - m_ref)
+                l_sum += p
+                smem[P_OFF + (lane_row + i) * P_STRIDE + lane_col + j * LANES_PER_ROW] = p
+            l_i[i] = l_i[i] * alpha + l_sum
+            for dd in range(TD):
+                acc[i, dd] *= alpha
+            m_i[i] = m_new
+
+    @cuda.jit(device=True, inline=True)
+    def pv_tile(acc, smem, v_off, lane_row, lane_col):
+        """acc[i, dd] += sum_j p[lane_row + i, j] * v[j, lane_col + dd*LANES_PER_ROW]."""
+        p_frag = cuda.local.array(TM, float32)
+        v_frag = cuda.local.array(TD, float32)
+        for j in range(BLOCK_N):
+            for i in range(TM):
+                p_frag[i] = smem[P_OFF + (lane_row + i) * P_STRIDE + j]
+            for dd in range(TD):
+                v_frag[dd] = smem[v_off + j * V_STRIDE + lane_col + dd * LANES_PER_ROW]
+            for i in range(TM):
+                for dd in range(TD):
+                    acc[i, dd] += p_frag[i] * v_frag[dd]
+
+    @cuda.jit(device=True, inline=True)
+    def store_output(O, b, h, row0, lane_row, lane_col, acc, l_i, seq_q):
+        """-- epilogue: reduce the partial row sums over the group's lanes, o = acc / l_i."""
+        for i in range(TM):
+            l_row = l_i[i]
+            # >>> exercise 03-b: sum the per-lane partial row sums over the LANES_PER_ROW lanes
+            offset = LANES_PER_ROW // 2
+            while offset > 0:
+                l_row += cuda.shfl_xor_sync(FULL_MASK, l_row, offset)
+                offset //= 2
+            # <<< exercise
+            row = row0 + lane_row + i
+            if row < seq_q:
+                for dd in range(TD):
+                    O[b, h, row, lane_col + dd * LANES_PER_ROW] = finalize(acc[i, dd], l_row)
+
+    return scores_tile, softmax_tile, pv_tile, store_output
+
+
+def build_kernel(L) -> KernelConfig:
+    """The phase 03 kernel for layout L (phase 04 calls this with padded rows)."""
+    scores_tile, softmax_tile, pv_tile, store_output = make_tile_functions(L)
+    HEAD_DIM, BLOCK_M, BLOCK_N, N_THREADS = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"], L["N_THREADS"]
+    TM, TN, TD = L["TM"], L["TN"], L["TD"]
+    Q_OFF, K_OFF, V_OFF = L["Q_OFF"], L["K_OFF"], L["V_OFF"]
+    Q_STRIDE, K_STRIDE, V_STRIDE = L["Q_STRIDE"], L["K_STRIDE"], L["V_STRIDE"]
+    ROWS_PER_WARP, LANES_PER_ROW = L["ROWS_PER_WARP"], L["LANES_PER_ROW"]
+
+    @cuda.jit
+    def warp_tiled_attention(Q, K, V, O, causal, qk_scale):
+        smem = cuda.shared.array(0, float32)
+        b = cuda.blockIdx.z
+        h = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        row0 = cuda.blockIdx.x * BLOCK_M
+        seq_q = Q.shape[2]
+        seq_k = K.shape[2]
+        # this lane's rows: lane_row .. lane_row+TM-1; its keys: lane_col + j*LANES_PER_ROW
+        lane_row = warp * ROWS_PER_WARP + (lane // LANES_PER_ROW) * TM
+        lane_col = lane % LANES_PER_ROW
+
+        m_i = cuda.local.array(TM, float32)
+        l_i = cuda.local.array(TM, float32)
+        acc = cuda.local.array((TM, TD), float32)
+        s = cuda.local.array((TM, TN), float32)
+        for i in range(TM):
+            m_i[i] = float32(-math.inf)
+            l_i[i] = float32(0.0)
+            for dd in range(TD):
+                acc[i, dd] = float32(0.0)
+
+        load_tile(smem, Q_OFF, Q_STRIDE, Q, b, h, row0, seq_q, tid, N_THREADS, BLOCK_M, HEAD_DIM)
+        block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
+        for start_n in range(0, block_k_end, BLOCK_N):
+            cuda.syncthreads()  # every warp is done with the previous K/V tile
+            load_tile(smem, K_OFF, K_STRIDE, K, b, h, start_n, seq_k, tid, N_THREADS, BLOCK_N, HEAD_DIM)
+            load_tile(smem, V_OFF, V_STRIDE, V, b, h, start_n, seq_k, tid, N_THREADS, BLOCK_N, HEAD_DIM)
+            cuda.syncthreads()  # the tiles are complete
+            # -- s = q · kᵀ for this lane's TM×TN block
+            scores_tile(s, smem, K_OFF, lane_row, lane_col)
+            # -- online softmax with warp shuffles; p goes to this warp's rows of the P tile
+            softmax_tile(s, m_i, l_i, acc, smem, row0, lane_row, lane_col, start_n, seq_q, seq_k,
+                         causal, qk_scale)
+            cuda.syncwarp()  # p of this warp's rows is complete (no other warp reads them)
+            # -- acc += p · v
+            pv_tile(acc, smem, V_OFF, lane_row, lane_col)
+        store_output(O, b, h, row0, lane_row, lane_col, acc, l_i, seq_q)
+
+    return KernelConfig(warp_tiled_attention, block_m=BLOCK_M, n_threads=N_THREADS,
+                        smem_bytes=L["SMEM_FLOATS"] * 4)
+
+
+def smem_layout(HEAD_DIM: int) -> dict:
+    return layout(HEAD_DIM, smem_pad=SMEM_PAD)
+
+
+@lru_cache(maxsize=None)
+def build(HEAD_DIM: int) -> KernelConfig:
+    return build_kernel(smem_layout(HEAD_DIM))

@@ -1,0 +1,160 @@
+"""The exact reference every phase is checked against, and the pass/fail oracle.
+
+`reference_attention` computes softmax(q·kᵀ·scale)·v in float64: the "true" answer up to
+float64 rounding. `lowp_attention` computes the same thing the way a plain fp16 framework
+does (q·kᵀ, the softmax and p·v each rounded to fp16, as torch's math backend does).
+
+The oracle (the one FlashAttention's own tests use): a kernel passes when
+
+    max |out - ref|  <=  2 * max |lowp - ref|  +  atol
+
+that is, it may be at most twice as far from the truth as ordinary fp16 arithmetic is,
+plus a small absolute slack. NaN or Inf anywhere in the output never passes.
+
+Masking conventions shared with every kernel:
+- causal masks align to the bottom-right corner when the query and key lengths differ
+  (FlashAttention-2's convention): query row i sees keys j <= i + (seq_k - seq_q);
+- a query row that sees no key at all (possible only when causal and seq_q > seq_k)
+  produces zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+ATOL = 1e-3
+
+
+def visible_mask(seq_q: int, seq_k: int, causal: bool) -> np.ndarray:
+    """Boolean (seq_q, seq_k) matrix: True where query row i may attend to key j."""
+    if not causal:
+        return np.ones((seq_q, seq_k), dtype=bool)
+    rows = np.arange(seq_q)[:, None]
+    cols = np.arange(seq_k)[None, :]
+    return cols <= rows + (seq_k - seq_q)
+
+
+def _softmax_rows(s: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    s = np.where(mask, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)  # fully masked rows: avoid (-inf) - (-inf)
+    p = np.exp(s - m)
+    denom = p.sum(axis=-1, keepdims=True)
+    return np.divide(p, denom, out=np.zeros_like(p), where=denom > 0)
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = None) -> np.ndarray:
+    """float64 attention of (B, H, S, D) arrays; returns a float64 NumPy array.
+
+    Accepts NumPy arrays or torch tensors. Torch tensors are computed with torch in float64
+    on their own device (fast on a GPU); NumPy arrays with NumPy, one head at a time.
+    """
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    if type(q).__module__.startswith("torch"):
+        return _reference_torch(q, k, v, causal, scale)
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    B, H, Sq, _ = q.shape
+    mask = visible_mask(Sq, k.shape[2], causal)
+    out = np.empty((B, H, Sq, v.shape[-1]), dtype=np.float64)
+    for b in range(B):
+        for h in range(H):
+            p = _softmax_rows(q[b, h] @ k[b, h].T * scale, mask)
+            out[b, h] = p @ v[b, h]
+    return out
+
+
+def _reference_torch(q, k, v, causal, scale):
+    import torch
+
+    B, H, Sq, _ = q.shape
+    Sk = k.shape[2]
+    mask = torch.from_numpy(visible_mask(Sq, Sk, causal)).to(q.device)
+    out = torch.empty((B, H, Sq, v.shape[-1]), dtype=torch.float64, device=q.device)
+    for b in range(B):  # one batch at a time keeps the float64 score matrix small
+        s = torch.matmul(q[b].double(), k[b].double().transpose(-1, -2)) * scale
+        s = s.masked_fill(~mask, float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        p = torch.exp(s - m)
+        denom = p.sum(dim=-1, keepdim=True)
+        p = torch.where(denom > 0, p / denom.clamp_min(1e-300), torch.zeros_like(p))
+        out[b] = torch.matmul(p, v[b].double())
+    return out.cpu().numpy()
+
+
+def lowp_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
+                   dtype=np.float16) -> np.ndarray:
+    """Attention the way plain fp16 framework code computes it (the oracle's yardstick).
+
+    Each of the three steps is accumulated in float32 and rounded to `dtype`, as torch's
+    math backend does. Returns float64 for comparison.
+    """
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    if type(q).__module__.startswith("torch"):
+        q, k, v = (x.float().cpu().numpy() for x in (q, k, v))
+    q, k, v = (np.asarray(x, dtype=np.float32) for x in (q, k, v))
+    B, H, Sq, _ = q.shape
+    mask = visible_mask(Sq, k.shape[2], causal)
+    out = np.empty((B, H, Sq, v.shape[-1]), dtype=np.float64)
+    for b in range(B):
+        for h in range(H):
+            s = (q[b, h] @ k[b, h].T * np.float32(scale)).astype(dtype).astype(np.float32)
+            p = _softmax_rows(s, mask).astype(dtype).astype(np.float32)
+            out[b, h] = (p @ v[b, h]).astype(dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of the oracle: `ok`, the measured errors and a one-line explanation."""
+
+    ok: bool
+    max_err: float
+    allowed: float
+    lowp_err: float
+    nonfinite: int
+    message: str
+
+    def __bool__(self) -> bool:  # `if check_close(...):` reads naturally
+        return self.ok
+
+
+def check_close(out, ref, lowp, *, atol: float = ATOL) -> Verdict:
+    """Apply the oracle to an output `out` given the float64 `ref` and the fp16 `lowp` result."""
+    out = np.asarray(out, dtype=np.float64)
+    if out.shape != ref.shape:
+        return Verdict(False, math.inf, 0.0, 0.0, 0, f"shape {out.shape} != reference shape {ref.shape}")
+    nonfinite = int(np.count_nonzero(~np.isfinite(out)))
+    lowp_err = float(np.max(np.abs(lowp - ref))) if ref.size else 0.0
+    allowed = 2.0 * lowp_err + atol
+    if nonfinite:
+        where = np.argwhere(~np.isfinite(out))[0].tolist()
+        return Verdict(False, math.inf, allowed, lowp_err, nonfinite,
+                       f"{nonfinite} non-finite outputs (first at index {where})")
+    err = np.abs(out - ref)
+    max_err = float(err.max()) if ref.size else 0.0
+    if max_err <= allowed:
+        return Verdict(True, max_err, allowed, lowp_err, 0,
+                       f"max error {max_err:.2e} <= allowed {allowed:.2e}")
+    worst = np.unravel_index(int(np.argmax(err)), err.shape)
+    return Verdict(False, max_err, allowed, lowp_err, 0,
+                   f"max error {max_err:.2e} > allowed {allowed:.2e} at index {list(map(int, worst))}: "
+                   f"got {out[worst]:.5f}, expected {ref[worst]:.5f}")
+
+
+def random_qkv(shape_q, seq_k=None, *, seed=None, dtype=np.float16, scale=1.0):
+    """Fresh random (q, k, v) NumPy arrays of shape (B, H, S, D), normal * `scale`."""
+    B, H, Sq, D = shape_q
+    Sk = Sq if seq_k is None else seq_k
+    rng = np.random.default_rng(seed)
+    q = (rng.standard_normal((B, H, Sq, D)) * scale).astype(dtype)
+    k = (rng.standard_normal((B, H, Sk, D)) * scale).astype(dtype)
+    v = rng.standard_normal((B, H, Sk, D)).astype(dtype)
+    return q, k, v
