@@ -14,9 +14,10 @@ Why it is slow
     The online softmax itself (never materializing the S×S score matrix) is already the
     FlashAttention idea; every later phase keeps it and changes only how data moves.
 
-Measured effect
-    See the benchmark record (docs/bench/) and the table in the README: the numbers there
-    are generated from the record, never typed. Phase 01 is the baseline of the ladder.
+Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
+    [measured:begin]
+    not measured yet
+    [measured:end]
 """
 
 from __future__ import annotations

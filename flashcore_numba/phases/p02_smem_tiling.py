@@ -15,8 +15,10 @@ Why the hardware rewards it
     k_j[d] at the same moment, each read is a broadcast: one bank access serves all 32
     threads. Rescaling acc once per tile removes HEAD_DIM multiplies per key.
 
-Measured effect
-    From the benchmark record (docs/bench/, README table): generated, never typed.
+Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
+    [measured:begin]
+    not measured yet
+    [measured:end]
 """
 
 from __future__ import annotations

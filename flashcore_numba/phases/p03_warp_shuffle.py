@@ -28,8 +28,10 @@ What is still wrong (phase 04 fixes it)
     a 16-way bank conflict on every k load; q and p reads conflict 2-way.
     `flashcore_numba.banks` counts it.
 
-Measured effect
-    From the benchmark record (docs/bench/, README table): generated, never typed.
+Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
+    [measured:begin]
+    not measured yet
+    [measured:end]
 """
 
 from __future__ import annotations

@@ -21,8 +21,10 @@ Why the hardware rewards it
 
     The cost is 2·(BLOCK_M + BLOCK_N + BLOCK_M) words of shared memory per block (1.5 KB).
 
-Measured effect
-    From the benchmark record (docs/bench/, README table): generated, never typed.
+Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
+    [measured:begin]
+    not measured yet
+    [measured:end]
 """
 
 from __future__ import annotations

@@ -18,8 +18,10 @@ Why the hardware rewards it
     behind half of the arithmetic, keeps only one tile operand in registers at a time:
     prefetching both at the top of the loop needed 64 extra registers and spilled.
 
-Measured effect
-    From the benchmark record (docs/bench/, README table): generated, never typed.
+Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
+    [measured:begin]
+    not measured yet
+    [measured:end]
 """
 
 from __future__ import annotations
