@@ -38,6 +38,16 @@ class _Operand:
     device: str  # "host", "cuda:N"
 
 
+def _is_device_array(x) -> bool:
+    if simulator_enabled():  # the simulator's device arrays have no __cuda_array_interface__
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return isinstance(x, FakeCUDAArray)
+    from numba import cuda
+
+    return cuda.is_cuda_array(x) and hasattr(x, "dtype")
+
+
 def _describe(name: str, x) -> _Operand:
     module = type(x).__module__
     if isinstance(x, np.ndarray):
@@ -49,9 +59,7 @@ def _describe(name: str, x) -> _Operand:
                             f"move it with {name}.cuda() or pass a NumPy array")
         return _Operand(name, "torch", tuple(x.shape), str(x.dtype).replace("torch.", ""),
                         bool(x.is_contiguous()), device)
-    from numba import cuda
-
-    if cuda.is_cuda_array(x):
+    if _is_device_array(x):
         contiguous = x.is_c_contiguous() if hasattr(x, "is_c_contiguous") else True
         return _Operand(name, "numba", tuple(x.shape), np.dtype(x.dtype).name, bool(contiguous), "cuda")
     raise TypeError(f"{name}: expected a torch CUDA tensor, a Numba device array or a NumPy array; "

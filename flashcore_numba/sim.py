@@ -3,7 +3,9 @@
 With `NUMBA_ENABLE_CUDASIM=1` Numba runs each CUDA thread as a Python thread. It has
 shared memory and `syncthreads`, but no warp-level operations: no `shfl_*_sync`, no
 `syncwarp`, no votes. Phases 03+ exchange values between the lanes of a warp, so this
-module adds those functions to the simulator's fake `cuda` module.
+module adds those functions to the simulator's fake `cuda` module. It also lets
+`cuda.shared.array(..., alignment=16)` through (the simulator rejects the argument; the
+GPU needs it so that four floats load in one 16-byte instruction).
 
 How a warp collective is simulated: the 32 lanes of a warp meet at a barrier, each first
 publishing its value in a per-warp slot; after the barrier every lane reads the slot of its
@@ -138,6 +140,16 @@ def simulator_pacing(interval_s: float = 5e-4):
         sys.setswitchinterval(previous)
 
 
+def _accept_alignment(shared_array):
+    """The simulator refuses `alignment=` on shared arrays; NumPy memory needs none: drop it."""
+
+    def array(self, shape, dtype, alignment=None):
+        return shared_array(self, shape, dtype)
+
+    array._flashcore = True
+    return array
+
+
 def install() -> bool:
     """Add the warp functions to the simulator's fake `cuda` module. Returns True if installed."""
     if not simulator_enabled():
@@ -147,4 +159,7 @@ def install() -> bool:
     for name, fn in _WARP_FUNCTIONS.items():
         if not hasattr(kernelapi.FakeCUDAModule, name):
             setattr(kernelapi.FakeCUDAModule, name, staticmethod(fn))
+    shared = kernelapi.FakeCUDAShared
+    if not getattr(shared.array, "_flashcore", False):
+        shared.array = _accept_alignment(shared.array)
     return True

@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
-from ..common import KernelConfig, finalize, key_end, load_tile, softmax_rescale
+from ..common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
 
 ID = "02"
 NAME = "smem_tiling"
@@ -36,11 +36,16 @@ TITLE = "Shared-memory tiling of K and V"
 HEAD_DIMS = (64, 128)
 
 BLOCK_M = 128  # query rows (= threads) per block
-BLOCK_N = 32  # keys per K/V tile
+BLOCK_N = 64  # keys per K/V tile (measured on the H100: 64 beat 32 and 16)
 
 
 @lru_cache(maxsize=None)
 def build(HEAD_DIM: int) -> KernelConfig:
+    return build_kernel(HEAD_DIM, BLOCK_M, BLOCK_N)
+
+
+def build_kernel(HEAD_DIM: int, BLOCK_M: int, BLOCK_N: int) -> KernelConfig:
+    """The kernel for given tile sizes (BLOCK_M threads, one per query row)."""
     N_THREADS = BLOCK_M
     K_OFF = 0  # shared memory layout (fp32 words): K tile, then V tile, rows of HEAD_DIM
     V_OFF = BLOCK_N * HEAD_DIM
@@ -85,7 +90,7 @@ def build(HEAD_DIM: int) -> KernelConfig:
             for j in range(BLOCK_N):
                 dot = float32(0.0)
                 for d in range(HEAD_DIM):
-                    dot += q[d] * smem[K_OFF + j * HEAD_DIM + d]
+                    dot += q[d] * smem[uidx(K_OFF + j * HEAD_DIM + d)]
                 s_j = dot * qk_scale
                 if start_n + j >= k_end:
                     s_j = float32(-math.inf)
@@ -102,7 +107,7 @@ def build(HEAD_DIM: int) -> KernelConfig:
                 p = math.exp2(s[j] - m_ref)
                 l_i += p
                 for d in range(HEAD_DIM):
-                    acc[d] += p * smem[V_OFF + j * HEAD_DIM + d]
+                    acc[d] += p * smem[uidx(V_OFF + j * HEAD_DIM + d)]
             m_i = m_new
 
         # -- epilogue

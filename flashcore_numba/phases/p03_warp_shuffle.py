@@ -1,13 +1,15 @@
 """Phase 03 — warp-shuffle softmax: warps own rows, lanes split the keys, registers hold the tiles.
 
 What changed from phase 02
-    In phase 02 one thread did all the work of one row: 2·HEAD_DIM loads from shared memory
-    for every pair of FMAs it could feed. Now a warp owns ROWS_PER_WARP rows and its 32 lanes
-    split them like a small matrix-multiply tile: the lanes form 32/LANES_PER_ROW groups, a
-    group shares TM rows, and inside a group each of the LANES_PER_ROW lanes takes every
-    LANES_PER_ROW-th key of the tile. Each lane therefore computes a TM×TN block of scores
-    as an outer product: per step along d it loads TM values of q and TN values of k and does
-    TM·TN FMAs, all in registers.
+    In phase 02 one thread did all the work of one row: one shared-memory load for every FMA.
+    Now a warp owns ROWS_PER_WARP rows and its 32 lanes split them like a small
+    matrix-multiply tile: the lanes form 32/LANES_PER_ROW groups, a group shares TM rows, and
+    inside a group each of the LANES_PER_ROW lanes takes every LANES_PER_ROW-th key of the
+    tile. Each lane therefore computes a TM×TN block of scores as an outer product: per
+    VEC = 4 steps along d it loads 4 values of each of its TM q rows and TN k rows, one
+    16-byte instruction per row (rows start on 16-byte boundaries, and the shared array is
+    declared with alignment=16 so the compiler may use ld.shared.v4), and does 4·TM·TN FMAs,
+    all in registers.
 
     A row's scores are now spread over the LANES_PER_ROW lanes of its group, so the row max
     is a warp reduction: `shfl_xor_sync` with offsets LANES_PER_ROW/2 .. 1 exchanges
@@ -18,15 +20,18 @@ What changed from phase 02
     Only `syncwarp` separates the two products: no other warp reads those rows.
 
 Why the hardware rewards it
-    Register tiling: TM·TN FMAs per TM+TN shared-memory loads instead of 1 per 1, so the
-    FP32 units, not the load/store units, become the limit. Shuffles move 4 bytes between
-    lanes in one instruction without touching shared memory.
+    Register tiling: 4·TM·TN FMAs per TM+TN shared-memory instructions (64 per 12 at D = 64)
+    instead of 1 per 1, so the FP32 units, not the load/store units, can become the limit.
+    Shuffles move 4 bytes between lanes in one instruction without touching shared memory.
 
-What is still wrong (phase 04 fixes it)
-    The lanes of a group read k[lane_col][d], k[lane_col + 1][d], ...: words HEAD_DIM apart.
-    With HEAD_DIM = 64 (a multiple of the 32 banks) they all fall into one shared-memory bank,
-    a 16-way bank conflict on every k load; q and p reads conflict 2-way.
-    `flashcore_numba.banks` counts it.
+What is still wrong (phase 04 fixes it), and why this phase is slower than phase 02
+    A 16-byte load is served a quarter-warp (8 lanes) at a time. The 8 lanes of a quarter
+    read rows lane_col, lane_col + 1, ... of the K tile at the same d: addresses HEAD_DIM
+    words apart. With HEAD_DIM = 64 (a multiple of the 32 banks) all 8 land in the same four
+    banks, an 8-way bank conflict on every k load: the load takes 8 passes instead of one.
+    `flashcore_numba.banks.warp_tile_conflicts` counts it. That conflict costs more than
+    the register tiling saves, so this phase is measured slower than phase 02 (the record
+    says by how much): the price of the lesson, paid back in phase 04.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -41,7 +46,7 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
-from ..common import KernelConfig, finalize, key_end, load_tile, softmax_rescale
+from ..common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
 
 ID = "03"
 NAME = "warp_shuffle"
@@ -49,24 +54,35 @@ TITLE = "Warp-shuffle softmax and register tiles"
 HEAD_DIMS = (64, 128)
 
 FULL_MASK = 0xFFFFFFFF
-BLOCK_M = 64  # query rows per block
-BLOCK_N = 64  # keys per tile
-NUM_WARPS = 4
-LANES_PER_ROW = 16  # lanes that share one row: a row reduction is log2(16) = 4 shuffles
 SMEM_PAD = 0  # phase 04 pads shared-memory rows; here rows are packed
 
+# Tile shape per head dim, shared by phases 03-05 so that their diffs show only their idea.
+# Picked by a sweep on the H100 for the fastest phase 05; with D = 128 a 64-key tile would need
+# 230 KB of shared memory in phase 05, over the 227 KB a block may have.
+#   BLOCK_M        query rows per block
+#   BLOCK_N        keys per tile
+#   NUM_WARPS      warps per block; each owns BLOCK_M / NUM_WARPS rows
+#   LANES_PER_ROW  lanes that share one row: its reduction takes log2(LANES_PER_ROW) shuffles
+TILES = {
+    64: dict(block_m=128, block_n=64, num_warps=8, lanes_per_row=16),
+    128: dict(block_m=128, block_n=32, num_warps=8, lanes_per_row=8),
+}
 
-def layout(HEAD_DIM, smem_pad=SMEM_PAD, block_m=BLOCK_M, block_n=BLOCK_N, num_warps=NUM_WARPS,
-           lanes_per_row=LANES_PER_ROW, stages=1):
+
+VEC = 4  # fp32 values per 16-byte shared-memory access (ld.shared.v4.f32)
+
+
+def layout(HEAD_DIM, smem_pad, block_m, block_n, num_warps, lanes_per_row, stages=1):
     """Every derived constant of the warp-tiled kernels, in one place (phases 03-05 share it).
 
     Shared memory holds fp32 tiles, each row `*_STRIDE` words long (HEAD_DIM or BLOCK_N plus
     the padding of phase 04): Q (BLOCK_M rows), then `stages` pairs of K and V tiles (BLOCK_N
     rows each; phase 05 uses two), then P (BLOCK_M rows). Stage s's K tile starts at
-    K_OFF + s*STAGE_FLOATS.
+    K_OFF + s*STAGE_FLOATS. Every row starts on a 16-byte boundary, so VEC consecutive values
+    of a row load in one instruction: strides and offsets are multiples of VEC.
     """
     L = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=block_n, NUM_WARPS=num_warps,
-             LANES_PER_ROW=lanes_per_row, SMEM_PAD=smem_pad, STAGES=stages)
+             LANES_PER_ROW=lanes_per_row, SMEM_PAD=smem_pad, STAGES=stages, VEC=VEC)
     L["N_THREADS"] = 32 * num_warps
     L["ROWS_PER_WARP"] = block_m // num_warps
     L["TM"] = L["ROWS_PER_WARP"] * lanes_per_row // 32  # rows per lane
@@ -84,7 +100,17 @@ def layout(HEAD_DIM, smem_pad=SMEM_PAD, block_m=BLOCK_M, block_n=BLOCK_N, num_wa
     L["SMEM_FLOATS"] = L["P_OFF"] + block_m * L["P_STRIDE"]
     assert L["TM"] * (32 // lanes_per_row) == L["ROWS_PER_WARP"], "rows must split evenly over lanes"
     assert L["TN"] * lanes_per_row == block_n and L["TD"] * lanes_per_row == HEAD_DIM
+    assert smem_pad % VEC == 0 and L["TD"] % VEC == 0 and block_n % VEC == 0, "rows must stay 16-byte aligned"
     return L
+
+
+def acc_column(lane_col, c, LANES_PER_ROW):
+    """Head-dim column of a lane's c-th accumulator: VEC-wide chunks, interleaved over the lanes.
+
+    Lane l owns columns 4l..4l+3, then 4(l + LANES_PER_ROW).., so each lane reads V with 16-byte
+    loads and the 8 lanes of a quarter-warp read 8 different 16-byte chunks (no bank conflict).
+    """
+    return (lane_col + LANES_PER_ROW * (c // VEC)) * VEC + c % VEC
 
 
 def make_tile_functions(L):
@@ -95,6 +121,7 @@ def make_tile_functions(L):
     Q_OFF, P_OFF = L["Q_OFF"], L["P_OFF"]
     ROWS_PER_WARP, NUM_WARPS = L["ROWS_PER_WARP"], L["NUM_WARPS"]
     assert ROWS_PER_WARP * NUM_WARPS == L["BLOCK_M"]
+    column = cuda.jit(device=True, inline=True)(acc_column)
 
     @cuda.jit(device=True, inline=True)
     def scores_tile(s, smem, k_off, lane_row, lane_col):
@@ -102,16 +129,20 @@ def make_tile_functions(L):
         for i in range(TM):
             for j in range(TN):
                 s[i, j] = float32(0.0)
-        q_frag = cuda.local.array(TM, float32)
-        k_frag = cuda.local.array(TN, float32)
-        for d in range(HEAD_DIM):
+        q_frag = cuda.local.array((TM, VEC), float32)
+        k_frag = cuda.local.array((TN, VEC), float32)
+        for d0 in range(0, HEAD_DIM, VEC):
+            # VEC consecutive values of each row: one 16-byte load per row
             for i in range(TM):
-                q_frag[i] = smem[Q_OFF + (lane_row + i) * Q_STRIDE + d]
+                for e in range(VEC):
+                    q_frag[i, e] = smem[uidx(Q_OFF + (lane_row + i) * Q_STRIDE + d0 + e)]
             for j in range(TN):
-                k_frag[j] = smem[k_off + (lane_col + j * LANES_PER_ROW) * K_STRIDE + d]
-            for i in range(TM):
-                for j in range(TN):
-                    s[i, j] += q_frag[i] * k_frag[j]
+                for e in range(VEC):
+                    k_frag[j, e] = smem[uidx(k_off + (lane_col + j * LANES_PER_ROW) * K_STRIDE + d0 + e)]
+            for e in range(VEC):
+                for i in range(TM):
+                    for j in range(TN):
+                        s[i, j] += q_frag[i, e] * k_frag[j, e]
 
     @cuda.jit(device=True, inline=True)
     def softmax_tile(s, m_i, l_i, acc, smem, row0, lane_row, lane_col, start_n, seq_q, seq_k, causal,
@@ -140,25 +171,28 @@ def make_tile_functions(L):
             for j in range(TN):
                 p = math.exp2(s[i, j] - m_ref)
                 l_sum += p
-                smem[P_OFF + (lane_row + i) * P_STRIDE + lane_col + j * LANES_PER_ROW] = p
+                smem[uidx(P_OFF + (lane_row + i) * P_STRIDE + lane_col + j * LANES_PER_ROW)] = p
             l_i[i] = l_i[i] * alpha + l_sum
-            for dd in range(TD):
-                acc[i, dd] *= alpha
+            for c in range(TD):
+                acc[i, c] *= alpha
             m_i[i] = m_new
 
     @cuda.jit(device=True, inline=True)
     def pv_tile(acc, smem, v_off, lane_row, lane_col):
-        """acc[i, dd] += sum_j p[lane_row + i, j] * v[j, lane_col + dd*LANES_PER_ROW]."""
-        p_frag = cuda.local.array(TM, float32)
-        v_frag = cuda.local.array(TD, float32)
-        for j in range(BLOCK_N):
+        """acc[i, c] += sum_j p[lane_row + i, j] * v[j, column(c)], VEC keys j at a time."""
+        p_frag = cuda.local.array((TM, VEC), float32)
+        v_frag = cuda.local.array((VEC, TD), float32)
+        for j0 in range(0, BLOCK_N, VEC):
             for i in range(TM):
-                p_frag[i] = smem[P_OFF + (lane_row + i) * P_STRIDE + j]
-            for dd in range(TD):
-                v_frag[dd] = smem[v_off + j * V_STRIDE + lane_col + dd * LANES_PER_ROW]
-            for i in range(TM):
-                for dd in range(TD):
-                    acc[i, dd] += p_frag[i] * v_frag[dd]
+                for e in range(VEC):
+                    p_frag[i, e] = smem[uidx(P_OFF + (lane_row + i) * P_STRIDE + j0 + e)]
+            for e in range(VEC):
+                for c in range(TD):
+                    v_frag[e, c] = smem[uidx(v_off + (j0 + e) * V_STRIDE + column(lane_col, c, LANES_PER_ROW))]
+            for e in range(VEC):
+                for i in range(TM):
+                    for c in range(TD):
+                        acc[i, c] += p_frag[i, e] * v_frag[e, c]
 
     @cuda.jit(device=True, inline=True)
     def store_output(O, b, h, row0, lane_row, lane_col, acc, l_i, seq_q):
@@ -173,8 +207,8 @@ def make_tile_functions(L):
             # <<< exercise
             row = row0 + lane_row + i
             if row < seq_q:
-                for dd in range(TD):
-                    O[b, h, row, lane_col + dd * LANES_PER_ROW] = finalize(acc[i, dd], l_row)
+                for c in range(TD):
+                    O[b, h, row, column(lane_col, c, LANES_PER_ROW)] = finalize(acc[i, c], l_row)
 
     return scores_tile, softmax_tile, pv_tile, store_output
 
@@ -190,7 +224,7 @@ def build_kernel(L) -> KernelConfig:
 
     @cuda.jit
     def warp_tiled_attention(Q, K, V, O, causal, qk_scale):
-        smem = cuda.shared.array(0, float32)
+        smem = cuda.shared.array(0, float32, alignment=16)  # 16-byte rows: vector loads
         b = cuda.blockIdx.z
         h = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -210,8 +244,8 @@ def build_kernel(L) -> KernelConfig:
         for i in range(TM):
             m_i[i] = float32(-math.inf)
             l_i[i] = float32(0.0)
-            for dd in range(TD):
-                acc[i, dd] = float32(0.0)
+            for c in range(TD):
+                acc[i, c] = float32(0.0)
 
         load_tile(smem, Q_OFF, Q_STRIDE, Q, b, h, row0, seq_q, tid, N_THREADS, BLOCK_M, HEAD_DIM)
         block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
@@ -235,7 +269,7 @@ def build_kernel(L) -> KernelConfig:
 
 
 def smem_layout(HEAD_DIM: int) -> dict:
-    return layout(HEAD_DIM, smem_pad=SMEM_PAD)
+    return layout(HEAD_DIM, SMEM_PAD, **TILES[HEAD_DIM])
 
 
 @lru_cache(maxsize=None)

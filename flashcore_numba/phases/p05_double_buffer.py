@@ -16,7 +16,11 @@ Why the hardware rewards it
     compute (software pipelining), even with few warps per SM. The price: two K/V buffers
     in shared memory and PER_THREAD extra registers. Prefetching K and V separately, each
     behind half of the arithmetic, keeps only one tile operand in registers at a time:
-    prefetching both at the top of the loop needed 64 extra registers and spilled.
+    prefetching both at the top of the loop needed twice the registers and spilled.
+
+    Phase 04 already hides some latency across blocks: while one block waits for its tile,
+    another block on the same SM computes. Double buffering hides it inside each block, which
+    pays most when few blocks fit on an SM (here the larger shared-memory footprint leaves one).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -32,8 +36,8 @@ from functools import lru_cache
 from numba import cuda, float32
 from numba.types import float16
 
-from ..common import KernelConfig, key_end, load_tile
-from .p03_warp_shuffle import layout, make_tile_functions
+from ..common import KernelConfig, key_end, load_tile, uidx
+from .p03_warp_shuffle import TILES, layout, make_tile_functions
 from .p04_padding import SMEM_PAD
 
 ID = "05"
@@ -58,7 +62,7 @@ def make_pipeline_functions(L):
             r = idx // HEAD_DIM
             value = float16(0.0)
             if row0 + r < seq_len:
-                value = src[b, h, row0 + r, idx % HEAD_DIM]
+                value = src[uidx(b), uidx(h), uidx(row0 + r), uidx(idx % HEAD_DIM)]
             regs[i] = value
 
     @cuda.jit(device=True, inline=True)
@@ -66,7 +70,7 @@ def make_pipeline_functions(L):
         """Write a prefetched tile into shared memory as fp32 (first use of the loaded values)."""
         for i in range(PER_THREAD):
             idx = tid + i * N_THREADS
-            smem[base + (idx // HEAD_DIM) * row_stride + idx % HEAD_DIM] = float32(regs[i])
+            smem[uidx(base + (idx // HEAD_DIM) * row_stride + idx % HEAD_DIM)] = float32(regs[i])
 
     return PER_THREAD, prefetch_tile, store_tile
 
@@ -82,7 +86,7 @@ def build_kernel(L) -> KernelConfig:
 
     @cuda.jit
     def double_buffered_attention(Q, K, V, O, causal, qk_scale):
-        smem = cuda.shared.array(0, float32)
+        smem = cuda.shared.array(0, float32, alignment=16)
         b = cuda.blockIdx.z
         h = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -102,8 +106,8 @@ def build_kernel(L) -> KernelConfig:
         for i in range(TM):
             m_i[i] = float32(-math.inf)
             l_i[i] = float32(0.0)
-            for dd in range(TD):
-                acc[i, dd] = float32(0.0)
+            for c in range(TD):
+                acc[i, c] = float32(0.0)
 
         load_tile(smem, Q_OFF, Q_STRIDE, Q, b, h, row0, seq_q, tid, N_THREADS, BLOCK_M, HEAD_DIM)
         block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
@@ -147,7 +151,7 @@ def build_kernel(L) -> KernelConfig:
 
 
 def smem_layout(HEAD_DIM: int) -> dict:
-    return layout(HEAD_DIM, smem_pad=SMEM_PAD, stages=STAGES)
+    return layout(HEAD_DIM, SMEM_PAD, **TILES[HEAD_DIM], stages=STAGES)
 
 
 @lru_cache(maxsize=None)

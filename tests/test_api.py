@@ -1,0 +1,129 @@
+"""attention(): every bad input raises TypeError/ValueError naming the argument; good input works."""
+
+import numpy as np
+import pytest
+
+from flashcore_numba import PHASES, attention, check_close, get_phase, lowp_attention, reference_attention
+from flashcore_numba.reference import random_qkv
+
+
+def qkv(shape=(1, 1, 8, 64), seq_k=None, dtype=np.float16):
+    return random_qkv(shape, seq_k, seed=0, dtype=dtype)
+
+
+def raises(exc, arg, fn, *args, **kwargs):
+    """Assert fn raises `exc` and that its message starts with the argument's name."""
+    with pytest.raises(exc) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert message.startswith(f"{arg}:"), f"message does not name {arg!r}: {message}"
+    return message
+
+
+def test_wrong_rank():
+    q, k, v = qkv()
+    msg = raises(ValueError, "q", attention, q[0], k, v)
+    assert "4 dimensions" in msg and "(1, 8, 64)" in msg
+    raises(ValueError, "v", attention, q, k, v[0, 0])
+
+
+def test_mismatched_batch_heads_head_dim():
+    q, k, v = qkv((2, 2, 8, 64))
+    raises(ValueError, "k", attention, q, k[:1], v[:1])  # batch
+    raises(ValueError, "k", attention, q, k[:, :1], v[:, :1])  # heads (no GQA before phase 07)
+    raises(ValueError, "k", attention, q, np.ascontiguousarray(k[..., :32]), v)  # head dim
+    raises(ValueError, "v", attention, q, k, np.ascontiguousarray(v[:, :, :4]))  # v length != k length
+
+
+def test_wrong_dtype():
+    q, k, v = qkv(dtype=np.float32)
+    msg = raises(TypeError, "q", attention, q, k, v)
+    assert "float16" in msg and "float32" in msg
+    q16, k16, v16 = qkv()
+    raises(TypeError, "k", attention, q16, k16.astype(np.float32), v16)
+
+
+def test_host_device_mix():
+    from numba import cuda
+
+    q, k, v = qkv()
+    msg = raises(TypeError, "k", attention, q, cuda.to_device(k), v)
+    assert "NumPy" in msg
+
+
+def test_not_an_array():
+    q, k, v = qkv()
+    raises(TypeError, "v", attention, q, k, v.tolist())
+
+
+def test_non_contiguous_refused():
+    q, k, v = qkv((1, 1, 8, 128))
+    msg = raises(ValueError, "q", attention, q[..., ::2], k[..., ::2].copy(), v[..., ::2].copy())
+    assert "contiguous" in msg
+
+
+def test_unsupported_head_dim():
+    q, k, v = qkv((1, 1, 8, 96))
+    msg = raises(ValueError, "q", attention, q, k, v)
+    assert "96" in msg and "64" in msg and "128" in msg
+
+
+def test_empty():
+    q, k, v = qkv((1, 1, 0, 64))
+    raises(ValueError, "q", attention, q, k, v)
+    q, k, v = qkv((1, 1, 8, 64), seq_k=0)
+    raises(ValueError, "k", attention, q, k, v)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_scale(scale):
+    q, k, v = qkv()
+    raises(ValueError, "scale", attention, q, k, v, scale=scale)
+
+
+def test_scale_and_causal_types():
+    q, k, v = qkv()
+    raises(TypeError, "scale", attention, q, k, v, scale="0.1")
+    raises(TypeError, "causal", attention, q, k, v, causal="yes")
+
+
+@pytest.mark.parametrize("phase", ["99", "fast", 0, 3.0])
+def test_unknown_phase(phase):
+    q, k, v = qkv()
+    raises((ValueError, TypeError), "phase", attention, q, k, v, phase=phase)
+
+
+def test_phase_lookup():
+    assert get_phase("best") is PHASES[max(PHASES)]
+    assert get_phase(3) is get_phase("03") is get_phase("warp_shuffle") is get_phase("p03_warp_shuffle")
+
+
+def test_numpy_round_trip_and_scale():
+    """NumPy in, NumPy out; a custom scale and differing query/key lengths are honoured."""
+    q, k, v = qkv((1, 2, 5, 64), seq_k=9)
+    out = attention(q, k, v, causal=True, scale=0.3, phase="02")
+    assert isinstance(out, np.ndarray) and out.dtype == np.float16 and out.shape == q.shape
+    ref = reference_attention(q, k, v, causal=True, scale=0.3)
+    verdict = check_close(out, ref, lowp_attention(q, k, v, causal=True, scale=0.3))
+    assert verdict.ok, verdict.message
+
+
+def test_rows_without_keys_are_zero():
+    """Causal with S_q > S_k: the first S_q - S_k rows see no key and must be 0, not NaN."""
+    q, k, v = qkv((1, 1, 6, 64), seq_k=2)
+    out = attention(q, k, v, causal=True, phase="01")
+    assert np.all(out[0, 0, :4] == 0) and np.all(np.isfinite(out))
+    assert np.allclose(reference_attention(q, k, v, causal=True)[0, 0, :4], 0)
+
+
+def test_oracle_rejects_nan_and_wrong_values():
+    q, k, v = qkv()
+    ref = reference_attention(q, k, v)
+    lowp = lowp_attention(q, k, v)
+    bad = ref.copy()
+    bad[0, 0, 3, 5] = np.nan
+    assert not check_close(bad, ref, lowp).ok
+    bad = ref.copy()
+    bad[0, 0, 1, 1] += 0.05
+    assert not check_close(bad, ref, lowp).ok
+    assert check_close(lowp, ref, lowp).ok

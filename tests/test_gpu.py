@@ -1,0 +1,82 @@
+"""GPU tests: every phase against the float64 reference on a real GPU.
+
+Run on a GPU machine with `FLASHCORE_GPU=1 python3 -m pytest -m gpu`; in the simulator these
+skip with the reason. Inputs are fresh random tensors every run, outputs are poisoned (NaN)
+before each launch, and the reference shape of the benchmark (B=16 H=16 S=2048 D=64) is
+checked too.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+
+from flashcore_numba import PHASES, attention, check_close, lowp_attention, reference_attention
+from flashcore_numba.common import LOG2E
+from flashcore_numba.reference import random_qkv
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [
+    pytest.param((2, 3, 257, 64), None, False, id="257 tail"),
+    pytest.param((2, 3, 257, 64), None, True, id="257 tail causal"),
+    pytest.param((1, 2, 100, 128), None, True, id="D=128 causal"),
+    pytest.param((1, 1, 1, 64), None, False, id="S=1"),
+    pytest.param((2, 2, 300, 64), 450, True, id="S_q=300 S_k=450 causal"),
+    pytest.param((1, 2, 77, 64), 30, True, id="S_q=77 S_k=30 causal (rows without keys)"),
+    pytest.param((1, 1, 512, 128), None, False, id="D=128 S=512"),
+]
+
+
+def launch_poisoned(phase, q, k, v, causal):
+    from numba import cuda
+
+    out = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
+    PHASES[phase].build(q.shape[-1]).launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out,
+                                            causal, LOG2E / np.sqrt(q.shape[-1]))
+    cuda.synchronize()
+    return out.copy_to_host()
+
+
+@pytest.mark.parametrize("phase", sorted(PHASES))
+@pytest.mark.parametrize("shape,seq_k,causal", SHAPES)
+def test_phase_on_gpu(phase, shape, seq_k, causal):
+    q, k, v = random_qkv(shape, seq_k)
+    out = launch_poisoned(phase, q, k, v, causal)
+    verdict = check_close(out, reference_attention(q, k, v, causal=causal), lowp_attention(q, k, v, causal=causal))
+    assert verdict.ok, f"phase {phase}: {verdict.message}"
+
+
+@functools.lru_cache(maxsize=None)
+def reference_shape_case(causal):
+    """Inputs and the two reference results at the benchmark shape (computed once, on the GPU)."""
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.randn(16, 16, 2048, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    ref = reference_attention(q, k, v, causal=causal)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        lowp = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal).double().cpu().numpy()
+    return q, k, v, ref, lowp
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("phase", sorted(PHASES))
+def test_reference_shape_through_torch(phase, causal):
+    """The benchmark shape, through the public API with torch tensors (zero-copy, torch's stream)."""
+    import torch
+
+    q, k, v, ref, lowp = reference_shape_case(causal)
+    out = attention(q, k, v, causal=causal, phase=phase)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float16 and out.is_cuda
+    verdict = check_close(out.double().cpu().numpy(), ref, lowp)
+    assert verdict.ok, f"phase {phase}: {verdict.message}"
+
+
+def test_device_array_round_trip():
+    from numba import cuda
+
+    q, k, v = random_qkv((1, 2, 90, 64))
+    out = attention(*(cuda.to_device(x) for x in (q, k, v)), causal=True)
+    assert hasattr(out, "copy_to_host")
+    verdict = check_close(out.copy_to_host(), reference_attention(q, k, v, causal=True),
+                          lowp_attention(q, k, v, causal=True))
+    assert verdict.ok, verdict.message
