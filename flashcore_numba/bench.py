@@ -1,0 +1,880 @@
+"""The benchmark harness: every speed figure this project quotes comes from here.
+
+The protocol (../shared/DESIGN.md), in the order the code runs it:
+
+1. Fresh random inputs, never zeros (a kernel that reads nothing can look right on zeros).
+2. Correctness gate before any timing: the output buffer is poisoned with NaN, the kernel
+   runs once, every element must have been overwritten, and the oracle of
+   `reference.check_close` must pass against the float64 reference. A kernel that fails
+   gets no speed figure: a fast wrong answer is not a result.
+3. Warm-up launches (the first launch also compiles the kernel).
+4. CUDA-event timing of `repeats` launches; before each one a buffer larger than L2 is
+   overwritten (outside the timed region), so no launch finds K and V already in cache.
+   Median, min and max are kept.
+5. FLOPs = 4·B·H·S_q·S_k·D (two matmuls, 2 FLOPs per multiply-add), halved when causal;
+   TFLOPS from the median; and the percentage of the tensor-core ceiling, a large fp16
+   matmul measured in the same run on the same card.
+6. Peers in the same run, same inputs, same gate: torch SDPA with the flash, cuDNN,
+   efficient and math backends. One that cannot run says why.
+7. A JSON record with the provenance needed to trust or reproduce the numbers.
+
+Two device back ends keep one code path per situation: with torch installed, tensors are
+torch CUDA tensors (the kernels see them through `cuda.as_cuda_array`), timing uses torch
+events, and the peers and the ceiling exist. Without torch, Numba device arrays and Numba
+events are used; there are no peers and no ceiling, and the record says so.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import math
+import platform
+import re
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import phases as phase_registry
+from .common import LOG2E
+from .reference import ATOL, check_close, default_scale, lowp_attention, random_qkv, reference_attention
+from .sim import simulator_enabled
+
+SCHEMA = 1
+REFERENCE_SHAPE = (16, 16, 2048, 64)  # B, H, S, D of the ladder in DESIGN.md
+SWEEP_S = (512, 1024, 2048, 4096, 8192, 16384)
+L2_FLUSH_BYTES = 256 * 2**20  # H100 L2 is 50 MB: 256 MB evicts all of it
+CEILING_N = 8192  # the ceiling is an N×N×N matmul
+DTYPES = {"fp16": "float16", "bf16": "bfloat16"}  # CLI name -> dtype name used everywhere else
+SHORT_DTYPE = {v: k for k, v in DTYPES.items()}
+
+# Peer name -> (torch SDPBackend member, title)
+PEERS = {
+    "sdpa_flash": ("FLASH_ATTENTION", "torch SDPA, flash backend"),
+    "sdpa_cudnn": ("CUDNN_ATTENTION", "torch SDPA, cuDNN backend"),
+    "sdpa_efficient": ("EFFICIENT_ATTENTION", "torch SDPA, memory-efficient backend"),
+    "sdpa_math": ("MATH", "torch SDPA, math backend"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# What is measured: the problem and its FLOP count
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Problem:
+    """One attention problem: q is (B, H, S_q, D), k and v are (B, H, S_k, D)."""
+
+    B: int
+    H: int
+    S_q: int
+    S_k: int
+    D: int
+    dtype: str = "float16"
+    causal: bool = False
+
+    @classmethod
+    def from_shape(cls, shape, *, dtype="float16", causal=False) -> Problem:
+        B, H, S, D = shape
+        return cls(B, H, S, S, D, dtype, bool(causal))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def flops(self) -> int:
+        return attention_flops(self.B, self.H, self.S_q, self.S_k, self.D, self.causal)
+
+    @property
+    def tag(self) -> str:
+        """File-name fragment, e.g. b16h16s2048d64_fp16_causal."""
+        s = f"s{self.S_q}" if self.S_q == self.S_k else f"s{self.S_q}k{self.S_k}"
+        dtype = SHORT_DTYPE.get(self.dtype, self.dtype)
+        return f"b{self.B}h{self.H}{s}d{self.D}_{dtype}" + ("_causal" if self.causal else "")
+
+    def describe(self) -> str:
+        s = f"S={self.S_q}" if self.S_q == self.S_k else f"S_q={self.S_q} S_k={self.S_k}"
+        dtype = SHORT_DTYPE.get(self.dtype, self.dtype)
+        return f"B={self.B} H={self.H} {s} D={self.D} {dtype}" + (" causal" if self.causal else "")
+
+
+def visible_pairs(S_q: int, S_k: int, causal: bool) -> int:
+    """Number of (query, key) pairs the mask lets through: the work a kernel must do.
+
+    The rule is the kernels' `key_end`: query row i sees keys j < min(S_k, max(0, i+1+S_k-S_q)).
+    """
+    if not causal:
+        return S_q * S_k
+    rows = np.arange(S_q, dtype=np.int64)
+    return int(np.clip(rows + 1 + (S_k - S_q), 0, S_k).sum())
+
+
+def attention_flops(B: int, H: int, S_q: int, S_k: int, D: int, causal: bool) -> int:
+    """FLOPs of one forward pass: 2·D for q·k and 2·D for p·v per visible pair.
+
+    Non-causal: 4·B·H·S_q·S_k·D. Causal with S_q == S_k: exactly half of that, the convention
+    of the FlashAttention papers and torch's benchmarks, so our TFLOPS compare with theirs
+    (the exact count, S(S+1)/2 pairs, differs by 1/S). Causal with S_q != S_k: no convention
+    exists, so the visible pairs are counted exactly.
+    """
+    if causal and S_q == S_k:
+        return 2 * B * H * S_q * S_k * D
+    return 4 * B * H * D * visible_pairs(S_q, S_k, causal)
+
+
+def sweep_problems(base: Problem, lengths=SWEEP_S) -> list[Problem]:
+    """One problem per sequence length, keeping B·S (tokens per launch) as in `base`.
+
+    The FlashAttention papers sweep this way: the work grows like S, not S², so the longest
+    point stays affordable and short sequences still fill the GPU.
+    """
+    tokens = base.B * base.S_q
+    return [Problem(max(1, tokens // S), base.H, S, S, base.D, base.dtype, base.causal) for S in lengths]
+
+
+# ---------------------------------------------------------------------------------------------
+# Results and records
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Timing:
+    warmup: int = 3
+    repeats: int = 20
+    l2_flush_bytes: int = L2_FLUSH_BYTES
+
+
+@dataclass
+class Result:
+    """One row of a record: a phase or a peer on one problem."""
+
+    name: str  # phase id ("03") or peer name ("sdpa_flash")
+    kind: str  # "phase" | "peer"
+    title: str
+    available: bool = True
+    reason: str | None = None  # why not available
+    correct: bool | None = None
+    message: str | None = None  # the oracle's verdict, or what went wrong
+    max_err: float | None = None
+    allowed_err: float | None = None
+    median_ms: float | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    tflops: float | None = None
+    pct_of_ceiling: float | None = None
+    # kernel resources (phases on a real GPU only)
+    registers: int | None = None
+    static_smem_bytes: int | None = None
+    dynamic_smem_bytes: int | None = None
+    local_bytes_per_thread: int | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for key in ("max_err", "allowed_err"):  # JSON has no inf
+            if d[key] is not None and not math.isfinite(d[key]):
+                d[key] = None
+        if self.kind == "peer":
+            for key in ("registers", "static_smem_bytes", "dynamic_smem_bytes", "local_bytes_per_thread"):
+                del d[key]
+        return d
+
+
+def unavailable(name: str, kind: str, title: str, reason: str) -> Result:
+    return Result(name, kind, title, available=False, reason=reason)
+
+
+def set_timing(result: Result, times_ms, flops: int, ceiling_tflops: float | None) -> None:
+    """Fill median/min/max, TFLOPS (from the median) and the share of the ceiling."""
+    times = np.asarray(times_ms, dtype=np.float64)
+    result.median_ms = float(np.median(times))
+    result.min_ms = float(times.min())
+    result.max_ms = float(times.max())
+    result.tflops = flops / (result.median_ms * 1e-3) / 1e12
+    if ceiling_tflops:
+        result.pct_of_ceiling = 100.0 * result.tflops / ceiling_tflops
+
+
+def build_record(*, problem: Problem, results, provenance: dict, timing: Timing, ceiling: dict | None,
+                 oracle: dict, command, seed: int | None = None, sweep: list | None = None) -> dict:
+    """The JSON record of one `flashcore bench` run (see `validate_record` for the schema).
+
+    A single run carries `flops`, `seed` and `results`; a sweep carries `sweep`, a list of
+    {"S", "B", "config", "flops", "seed", "results"}, with `config` the base problem.
+    """
+    record = {
+        "schema": SCHEMA,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": list(command),
+        "provenance": provenance,
+        "config": problem.as_dict(),
+        "timing": asdict(timing),
+        "ceiling": ceiling,
+        "ceiling_tflops": ceiling.get("tflops") if ceiling else None,
+        "oracle": oracle,
+    }
+    if sweep is None:
+        record.update(flops=problem.flops, seed=seed, results=[_as_dict(r) for r in results])
+    else:
+        record["sweep"] = [dict(point, results=[_as_dict(r) for r in point["results"]]) for point in sweep]
+    return record
+
+
+def _as_dict(result) -> dict:
+    return result.to_dict() if isinstance(result, Result) else dict(result)
+
+
+_NUMBER = (int, float)
+_TOP_KEYS = {"schema": int, "created": str, "command": list, "provenance": dict, "config": dict,
+             "timing": dict, "oracle": dict}
+_CONFIG_KEYS = {"B": int, "H": int, "S_q": int, "S_k": int, "D": int, "dtype": str, "causal": bool}
+_RESULT_KEYS = {"name": str, "kind": str, "title": str, "available": bool}
+_MEASURED_KEYS = ("median_ms", "min_ms", "max_ms", "tflops")
+_PHASE_RESOURCE_KEYS = ("registers", "static_smem_bytes", "dynamic_smem_bytes", "local_bytes_per_thread")
+
+
+def validate_record(record: dict) -> list[str]:
+    """Problems with a record's schema, as messages; an empty list means valid."""
+    errors = []
+
+    def check(obj, keys, where):
+        for key, typ in keys.items():
+            if key not in obj:
+                errors.append(f"{where}: missing key {key!r}")
+            elif not isinstance(obj[key], typ) or (typ is int and isinstance(obj[key], bool)):
+                errors.append(f"{where}.{key}: expected {typ.__name__}, got {type(obj[key]).__name__}")
+
+    if not isinstance(record, dict):
+        return ["record: expected a JSON object"]
+    check(record, _TOP_KEYS, "record")
+    if record.get("schema") != SCHEMA:
+        errors.append(f"record.schema: expected {SCHEMA}, got {record.get('schema')!r}")
+    check(record.get("config", {}), _CONFIG_KEYS, "config")
+    for key in ("gpu_name", "git_commit"):
+        if key not in record.get("provenance", {}):
+            errors.append(f"provenance: missing key {key!r}")
+    ceiling = record.get("ceiling_tflops")
+    if ceiling is not None and not isinstance(ceiling, _NUMBER):
+        errors.append("record.ceiling_tflops: expected a number or null")
+    if "sweep" in record:
+        points = [(f"sweep[{i}]", p) for i, p in enumerate(record["sweep"])]
+        for where, point in points:
+            check(point, {"S": int, "flops": int, "results": list, "config": dict}, where)
+    else:
+        points = [("record", record)]
+        check(record, {"flops": int, "results": list}, "record")
+    for where, point in points:
+        for i, r in enumerate(point.get("results", [])):
+            errors.extend(_validate_result(r, f"{where}.results[{i}]"))
+    return errors
+
+
+def _validate_result(r, where) -> list[str]:
+    errors = []
+    for key, typ in _RESULT_KEYS.items():
+        if not isinstance(r.get(key), typ):
+            errors.append(f"{where}.{key}: expected {typ.__name__}, got {r.get(key)!r}")
+    if r.get("kind") not in ("phase", "peer"):
+        errors.append(f"{where}.kind: expected 'phase' or 'peer', got {r.get('kind')!r}")
+    if r.get("available") is False:
+        if not isinstance(r.get("reason"), str):
+            errors.append(f"{where}.reason: an unavailable result must say why")
+        return errors
+    if not isinstance(r.get("correct"), bool):
+        errors.append(f"{where}.correct: expected true or false, got {r.get('correct')!r}")
+    if not isinstance(r.get("message"), str):
+        errors.append(f"{where}.message: expected a string")
+    for key in ("max_err", "allowed_err"):
+        if r.get(key) is not None and not isinstance(r.get(key), _NUMBER):
+            errors.append(f"{where}.{key}: expected a number or null")
+    keys = _MEASURED_KEYS + (("pct_of_ceiling",) if r.get("pct_of_ceiling") is not None else ())
+    for key in keys:
+        value = r.get(key)
+        if r.get("correct") and not isinstance(value, _NUMBER):
+            errors.append(f"{where}.{key}: a correct result must be timed, got {value!r}")
+        if not r.get("correct") and value is not None:
+            errors.append(f"{where}.{key}: an incorrect result must not carry a speed figure")
+    if r.get("kind") == "phase":
+        for key in _PHASE_RESOURCE_KEYS:
+            if key not in r:
+                errors.append(f"{where}: missing key {key!r}")
+            elif r[key] is not None and not isinstance(r[key], int):
+                errors.append(f"{where}.{key}: expected an integer or null")
+    return errors
+
+
+class RecordError(ValueError):
+    """A record file that cannot be read or does not follow the schema."""
+
+
+def default_records_dir() -> Path:
+    return repo_root() / "docs" / "bench"
+
+
+def load_records(directory=None) -> list[dict]:
+    """Every record in `directory` (default docs/bench), oldest first.
+
+    Each record gets a `_path` key: its file, as a string. A missing directory holds no
+    records; a file that is not a valid record raises RecordError naming it: a committed
+    record nobody can read is a bug worth hearing about.
+    """
+    directory = Path(directory) if directory is not None else default_records_dir()
+    records = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise RecordError(f"{path}: not readable as JSON ({e})") from None
+        errors = validate_record(record)
+        if errors:
+            raise RecordError(f"{path}: not a valid benchmark record: {errors[0]}")
+        record["_path"] = str(path)
+        records.append(record)
+    return sorted(records, key=lambda r: r["created"])
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def repo_root() -> Path:
+    """The checkout this package lives in (where docs/ and README.md are), else the cwd."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").exists() else Path.cwd()
+
+
+def default_record_path(gpu_name: str, problem: Problem, *, sweep: bool = False, phase_ids=None) -> Path:
+    """docs/bench/<gpu>_[sweep_]<problem>[_p<ids>].json.
+
+    A run of only some phases gets their ids in the name, so it never overwrites the record
+    of the whole ladder.
+    """
+    kind = "sweep_" if sweep else ""
+    ids = sorted(phase_ids) if phase_ids is not None else sorted(phase_registry.PHASES)
+    subset = "" if ids == sorted(phase_registry.PHASES) else "_p" + "-".join(ids)
+    return default_records_dir() / f"{gpu_slug(gpu_name)}_{kind}{problem.tag}{subset}.json"
+
+
+def write_record(record: dict, path) -> Path:
+    errors = validate_record(record)
+    if errors:  # a bug in this module, not a user error: refuse to write a bad record
+        raise ValueError("refusing to write an invalid record: " + "; ".join(errors[:5]))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Provenance: what a reader needs to trust or reproduce a number
+# ---------------------------------------------------------------------------------------------
+def _run(cmd, cwd=None) -> str | None:
+    try:
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def nvidia_smi() -> dict:
+    """SM clock (now and max, MHz) and driver version of the first GPU; {} without nvidia-smi."""
+    out = _run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,driver_version",
+                "--format=csv,noheader,nounits"])
+    if out:
+        fields = [f.strip() for f in out.splitlines()[0].split(",")]
+        if len(fields) == 3:
+            return {"sm_clock_mhz": _int_or_none(fields[0]), "sm_clock_max_mhz": _int_or_none(fields[1]),
+                    "driver": fields[2]}
+    try:  # pynvml, where installed, answers the same questions
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        return {"sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "driver": driver.decode() if isinstance(driver, bytes) else driver}
+    except Exception:  # noqa: BLE001 - provenance is best effort: no NVML, no clocks
+        return {}
+
+
+def _int_or_none(text):
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_state() -> dict:
+    """Commit of the checkout and whether it has uncommitted changes (records themselves aside)."""
+    root = repo_root()
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
+    status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)docs/bench"], cwd=root)
+    return {"git_commit": commit, "git_dirty": None if commit is None else bool(status)}
+
+
+def provenance(device, *, sm_clock_start=None) -> dict:
+    """Everything about the machine and the software that produced a record."""
+    smi = nvidia_smi()
+    try:
+        from numba.cuda.cudadrv.driver import driver
+
+        cuda_driver = ".".join(map(str, driver.get_version()))
+    except Exception:  # noqa: BLE001 - provenance is best effort
+        cuda_driver = None
+    info = {
+        "gpu_name": device.name,
+        "compute_capability": ".".join(map(str, device.cc)),
+        "sm_clock_mhz_start": sm_clock_start,
+        "sm_clock_mhz_end": smi.get("sm_clock_mhz"),
+        "sm_clock_max_mhz": smi.get("sm_clock_max_mhz"),
+        "driver": smi.get("driver"),
+        "cuda_driver_api": cuda_driver,
+        "torch_cuda": device.torch_cuda,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "array_backend": device.kind,
+    }
+    for pkg in ("numba", "numba-cuda", "numpy", "torch", "cuda-bindings"):
+        info[pkg.replace("-", "_")] = package_version(pkg)
+    info.update(git_state())
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Devices: where tensors live and how launches are timed
+# ---------------------------------------------------------------------------------------------
+def _events_to_ms(pairs, elapsed) -> list[float]:
+    return [float(elapsed(start, end)) for start, end in pairs]
+
+
+class NumbaDevice:
+    """Numba device arrays and Numba events: the path without torch (also the simulator's)."""
+
+    kind = "numba"
+    torch_cuda = None
+    no_peers_reason = "torch is not installed (pip install -e '.[torch]')"
+
+    def __init__(self):
+        from numba import cuda
+
+        self.cuda = cuda
+        if simulator_enabled():
+            self.name, self.cc, self.stream = "CUDA simulator (CPU)", (0, 0), 0
+        else:
+            dev = cuda.get_current_device()
+            name = dev.name
+            self.name = name.decode() if isinstance(name, bytes) else str(name)
+            self.cc = tuple(dev.compute_capability)
+            # Our own stream: the L2 flush is queued asynchronously before each timed launch,
+            # so the host's launch overhead hides behind it instead of landing in the timing.
+            self.stream = cuda.stream()
+        self._flush = None
+
+    def inputs(self, problem: Problem, seed):
+        if problem.dtype != "float16":
+            raise ValueError(f"dtype: {problem.dtype} needs torch (NumPy has no bfloat16); "
+                             f"install torch or use fp16")
+        host = random_qkv((problem.B, problem.H, problem.S_q, problem.D), problem.S_k, seed=seed)
+        return host, tuple(self.cuda.to_device(x) for x in host)
+
+    def poisoned_output(self, q):
+        return self.cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
+
+    def kernel_arrays(self, *arrays):
+        return arrays
+
+    def host(self, x) -> np.ndarray:
+        return x.copy_to_host()
+
+    def oracle(self, host_qkv, device_qkv, problem):
+        """float64 reference and fp16 yardstick, in NumPy on the CPU (slow for big shapes)."""
+        q, k, v = host_qkv
+        ref = reference_attention(q, k, v, causal=problem.causal)
+        lowp = lowp_attention(q, k, v, causal=problem.causal)
+        return ref, lowp, {"reference": "reference_attention: float64 NumPy on the CPU",
+                           "yardstick": "lowp_attention: NumPy, each step rounded to float16"}
+
+    def ceiling(self, dtype, timing):
+        return None  # the ceiling is a torch matmul
+
+    def time_ms(self, fn: Callable[[], None], timing: Timing) -> list[float]:
+        cuda = self.cuda
+        if self._flush is None or self._flush.size != timing.l2_flush_bytes:
+            self._flush = cuda.device_array(timing.l2_flush_bytes, dtype=np.uint8)
+        from numba.cuda.cudadrv.driver import device_memset
+
+        for _ in range(timing.warmup):
+            fn()
+        pairs = []
+        for i in range(timing.repeats):
+            device_memset(self._flush, i & 0xFF, self._flush.size, stream=self.stream)  # evict L2
+            start, end = cuda.event(), cuda.event()
+            start.record(self.stream)
+            fn()
+            end.record(self.stream)
+            pairs.append((start, end))
+        self.stream.synchronize()
+        return _events_to_ms(pairs, cuda.event_elapsed_time)
+
+    def release(self):
+        pass
+
+
+class TorchDevice:
+    """torch CUDA tensors and torch events: the path that can also run the SDPA peers."""
+
+    kind = "torch"
+
+    def __init__(self):
+        import torch
+        from numba import cuda
+
+        self.torch, self.cuda = torch, cuda
+        self.name = torch.cuda.get_device_name()
+        self.cc = tuple(torch.cuda.get_device_capability())
+        self.torch_cuda = torch.version.cuda
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self._flush = None
+
+    @property
+    def stream(self):
+        # Numba launches go to torch's current stream, so torch's events bracket them.
+        return self.cuda.external_stream(self.torch.cuda.current_stream().cuda_stream)
+
+    def inputs(self, problem: Problem, seed):
+        torch = self.torch
+        dtype = getattr(torch, problem.dtype)
+        host = random_qkv((problem.B, problem.H, problem.S_q, problem.D), problem.S_k, seed=seed,
+                          dtype=np.float32)
+        qkv = tuple(torch.from_numpy(x).to(self.device, dtype) for x in host)
+        return None, qkv
+
+    def poisoned_output(self, q):
+        return self.torch.full_like(q, float("nan"))
+
+    def kernel_arrays(self, *tensors):
+        return tuple(self.cuda.as_cuda_array(t) for t in tensors)
+
+    def host(self, x) -> np.ndarray:
+        return x.float().cpu().numpy()
+
+    def _chunks(self, problem: Problem):
+        """(b, h0, h1) slices small enough that a float64 score matrix stays near 2 GB."""
+        per_head = problem.S_q * problem.S_k
+        heads = max(1, min(problem.H, 2**28 // per_head))
+        for b in range(problem.B):
+            for h0 in range(0, problem.H, heads):
+                yield b, h0, min(problem.H, h0 + heads)
+
+    def oracle(self, host_qkv, device_qkv, problem):
+        """float64 reference on the GPU, and torch's math SDPA in the input dtype as the yardstick.
+
+        Both go a slice of heads at a time: at S = 16384 a whole batch of float64 scores
+        would not fit in GPU memory. The math backend is allowed to reduce in fp16/bf16
+        (torch >= 2.5 otherwise upcasts to fp32), so the yardstick is what plain
+        same-dtype framework arithmetic achieves, as the oracle intends.
+        """
+        torch = self.torch
+        q, k, v = device_qkv
+        shape = (problem.B, problem.H, problem.S_q, problem.D)
+        ref, lowp = np.empty(shape), np.empty(shape)
+        backends = torch.backends.cuda
+        can_reduce = hasattr(backends, "allow_fp16_bf16_reduction_math_sdp")
+        if can_reduce:
+            previous = backends.fp16_bf16_reduction_math_sdp_allowed()
+            backends.allow_fp16_bf16_reduction_math_sdp(True)
+        try:
+            for b, h0, h1 in self._chunks(problem):
+                sl = (slice(b, b + 1), slice(h0, h1))
+                ref[sl] = reference_attention(q[sl], k[sl], v[sl], causal=problem.causal)
+                lowp[sl] = self.host(self.sdpa("MATH", q[sl], k[sl], v[sl], problem))
+        finally:
+            if can_reduce:
+                backends.allow_fp16_bf16_reduction_math_sdp(previous)
+        torch.cuda.empty_cache()
+        return ref, lowp, {
+            "reference": "reference_attention: float64 torch on the GPU",
+            "yardstick": f"torch SDPA math backend in {problem.dtype}"
+                         + (", fp16/bf16 reductions allowed" if can_reduce else ""),
+        }
+
+    def sdpa(self, backend: str, q, k, v, problem: Problem):
+        """torch's scaled_dot_product_attention restricted to one backend."""
+        torch = self.torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        kwargs = {}
+        if problem.causal and problem.S_q == problem.S_k:
+            kwargs["is_causal"] = True
+        elif problem.causal:  # torch's is_causal aligns top-left; ours is bottom-right
+            from torch.nn.attention.bias import causal_lower_right
+
+            kwargs["attn_mask"] = causal_lower_right(problem.S_q, problem.S_k)
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    def ceiling(self, dtype: str, timing: Timing) -> dict:
+        """Tensor-core ceiling of this card now: median TFLOPS of an N×N×N matmul."""
+        torch = self.torch
+        n = CEILING_N
+        operands = [torch.randn(n, n, device=self.device, dtype=getattr(torch, dtype)) for _ in range(3)]
+        a, b, c = operands
+        times = self.time_ms(lambda: torch.matmul(a, b, out=c), Timing(3, 10, timing.l2_flush_bytes))
+        median = float(np.median(times))
+        operands.clear()
+        torch.cuda.empty_cache()
+        return {"what": f"torch.matmul {n}x{n}x{n} {dtype}, median of {len(times)}",
+                "median_ms": median, "tflops": 2 * n**3 / (median * 1e-3) / 1e12}
+
+    def time_ms(self, fn: Callable[[], None], timing: Timing) -> list[float]:
+        torch = self.torch
+        if self._flush is None or self._flush.numel() != timing.l2_flush_bytes:
+            self._flush = torch.empty(timing.l2_flush_bytes, dtype=torch.uint8, device=self.device)
+        for _ in range(timing.warmup):
+            fn()
+        pairs = []
+        for _ in range(timing.repeats):
+            self._flush.zero_()  # evict L2; queued before the start event, so not timed
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            pairs.append((start, end))
+        torch.cuda.synchronize()
+        return _events_to_ms(pairs, lambda s, e: s.elapsed_time(e))
+
+    def release(self):
+        self.torch.cuda.empty_cache()
+
+
+def open_device(prefer_torch: bool = True):
+    """TorchDevice when torch with CUDA is importable, else NumbaDevice."""
+    if prefer_torch and not simulator_enabled():
+        try:
+            import torch
+        except ImportError:
+            return NumbaDevice()
+        if torch.cuda.is_available():
+            return TorchDevice()
+        device = NumbaDevice()
+        device.no_peers_reason = f"torch {torch.__version__} cannot see a CUDA GPU (a CPU-only build?)"
+        return device
+    return NumbaDevice()
+
+
+# ---------------------------------------------------------------------------------------------
+# The gate and the timing of one candidate
+# ---------------------------------------------------------------------------------------------
+def gate(result: Result, out: np.ndarray, ref: np.ndarray, lowp: np.ndarray, *, poisoned: bool) -> None:
+    """Apply the correctness gate to a host copy of a candidate's output."""
+    out = np.asarray(out, dtype=np.float64)
+    if poisoned and out.shape == ref.shape:
+        left = int(np.count_nonzero(np.isnan(out)))
+        if left:
+            first = np.argwhere(np.isnan(out))[0].tolist()
+            result.correct = False
+            result.message = (f"{left} of {out.size} outputs still NaN after the launch (never written, "
+                              f"or NaN computed); first at index {first}")
+            return
+    verdict = check_close(out, ref, lowp)
+    result.correct = verdict.ok
+    result.message = verdict.message
+    result.max_err = verdict.max_err
+    result.allowed_err = verdict.allowed
+
+
+def _raised(e: Exception) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first}"[:300]
+
+
+def phase_skip_reason(phase, problem: Problem, device) -> str | None:
+    """Why `phase` cannot run `problem` on `device`, or None."""
+    allowed = phase_registry.dtypes(phase)
+    if problem.dtype not in allowed:
+        return f"phase {phase.ID} supports {', '.join(allowed)} only, not {problem.dtype}"
+    if problem.D not in phase.HEAD_DIMS:
+        return f"phase {phase.ID} supports head dim {', '.join(map(str, phase.HEAD_DIMS))}, not {problem.D}"
+    need = phase_registry.min_cc(phase)
+    if not simulator_enabled() and tuple(device.cc) < tuple(need):
+        return f"phase {phase.ID} needs compute capability {need[0]}.{need[1]}, this GPU has {device.cc}"
+    return None
+
+
+def kernel_resources(kernel, args) -> dict:
+    """Registers, static shared memory and local memory of the specialization `args` ran.
+
+    The dispatcher reports them per compiled signature; we take the one matching the launch
+    arguments (the only one, in practice).
+    """
+    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
+
+    def pick(table):
+        if not isinstance(table, dict):
+            return table
+        if argtypes in table:
+            return table[argtypes]
+        return next(iter(table.values())) if len(table) == 1 else None
+
+    return {"registers": pick(kernel.get_regs_per_thread()),
+            "static_smem_bytes": pick(kernel.get_shared_mem_per_block()),
+            "local_bytes_per_thread": pick(kernel.get_local_mem_per_thread())}
+
+
+def check_phase(phase, device, qkv, problem: Problem, ref, lowp):
+    """Run `phase` once on poisoned output and gate it. Returns (result, launch) where
+    `launch()` repeats the launch for timing (None when the phase did not pass)."""
+    result = Result(phase.ID, "phase", phase.TITLE)
+    reason = phase_skip_reason(phase, problem, device)
+    if reason:
+        return unavailable(phase.ID, "phase", phase.TITLE, reason), None
+    qk_scale = default_scale(problem.D) * LOG2E
+    try:
+        config = phase.build(problem.D)
+        result.dynamic_smem_bytes = int(config.smem_bytes)
+        out = device.poisoned_output(qkv[0])
+        arrays = device.kernel_arrays(*qkv, out)
+        stream = device.stream
+
+        def launch():
+            config.launch(*arrays, problem.causal, qk_scale, stream=stream)
+
+        launch()
+        host_out = device.host(out)
+    except Exception as e:  # noqa: BLE001 - a compile or launch error is this phase's result, not a crash
+        result.correct, result.message = False, f"raised {_raised(e)}"
+        return result, None
+    gate(result, host_out, ref, lowp, poisoned=True)
+    if not simulator_enabled():
+        try:
+            resources = kernel_resources(config.kernel, (*arrays, problem.causal, np.float32(qk_scale)))
+            for key, value in resources.items():
+                setattr(result, key, None if value is None else int(value))
+        except Exception as e:  # noqa: BLE001 - resources are informative; never lose a measurement
+            warnings.warn(f"phase {phase.ID}: kernel resources unavailable ({_raised(e)})", stacklevel=2)
+    return result, (launch if result.correct else None)
+
+
+def check_peer(name: str, device, qkv, problem: Problem, ref, lowp):
+    """Run a torch SDPA backend once and gate it. Returns (result, launch or None)."""
+    backend, title = PEERS[name]
+    if device.kind != "torch":
+        return unavailable(name, "peer", title, device.no_peers_reason), None
+    from torch.nn.attention import SDPBackend
+
+    if not hasattr(SDPBackend, backend):
+        return unavailable(name, "peer", title, f"this torch has no SDPBackend.{backend}"), None
+    q, k, v = qkv
+    try:
+        # torch says why a backend refuses an input in warnings; keep them for the reason
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = device.sdpa(backend, q, k, v, problem)
+            device.torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - whatever torch raises is the reason it is unavailable
+        why = "; ".join(str(w.message).splitlines()[0] for w in caught[:2])
+        return unavailable(name, "peer", title, f"{_raised(e)}" + (f" ({why})" if why else "")), None
+    result = Result(name, "peer", title)
+    gate(result, device.host(out), ref, lowp, poisoned=False)
+    del out
+
+    def launch():
+        device.sdpa(backend, q, k, v, problem)
+
+    return result, (launch if result.correct else None)
+
+
+def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timing, *,
+                  ceiling_tflops=None, seed=None, progress: Callable[[str], None] | None = None):
+    """Check and time every phase and peer on one problem. Returns (results, oracle, seed)."""
+    step = progress or (lambda label: None)
+    if seed is None:  # fresh inputs every run, but the seed is recorded so they can be remade
+        seed = int(np.random.SeedSequence().entropy % 2**32)
+    step(f"{problem.describe()}: inputs and reference")
+    host_qkv, qkv = device.inputs(problem, seed)
+    ref, lowp, oracle = device.oracle(host_qkv, qkv, problem)
+    oracle = dict(oracle, atol=ATOL, rule="max|out - ref| <= 2 * max|yardstick - ref| + atol")
+    candidates = [(f"phase {p.ID}", lambda p=p: check_phase(p, device, qkv, problem, ref, lowp))
+                  for p in phase_list]
+    candidates += [(name, lambda n=name: check_peer(n, device, qkv, problem, ref, lowp))
+                   for name in peer_names]
+    results = []
+    for label, check in candidates:
+        step(f"{problem.describe()}: {label}")
+        result, launch = check()
+        if launch is not None:
+            try:
+                set_timing(result, device.time_ms(launch, timing), problem.flops, ceiling_tflops)
+            except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
+                result.correct = False
+                result.message = f"passed the gate, then timing raised {_raised(e)}"
+        results.append(result)
+        device.release()
+    return results, oracle, seed
+
+
+def run_benchmark(problem: Problem, *, phase_ids=None, peer_names=tuple(PEERS), timing=Timing(),
+                  sweep_lengths=None, measure_ceiling=True, command=None, progress=None,
+                  device=None) -> dict:
+    """`flashcore bench`: the whole protocol on one problem (or a sweep), returned as a record."""
+    device = device or open_device()
+    phase_list = [phase_registry.get_phase(p) for p in (phase_ids or phase_registry.PHASES)]
+    clock_start = nvidia_smi().get("sm_clock_mhz")
+    step = progress or (lambda label: None)
+    ceiling = None
+    if measure_ceiling:
+        step("tensor-core ceiling (fp16 matmul)")
+        ceiling = device.ceiling(problem.dtype, timing)
+    ceiling_tflops = ceiling["tflops"] if ceiling else None
+    common = {"device": device, "timing": timing, "ceiling_tflops": ceiling_tflops, "progress": progress}
+    command = command if command is not None else ["flashcore", *sys.argv[1:]]
+    if sweep_lengths is None:
+        results, oracle, seed = bench_problem(problem, phase_list, peer_names, **common)
+        return build_record(problem=problem, results=results, provenance=provenance(
+            device, sm_clock_start=clock_start), timing=timing, ceiling=ceiling, oracle=oracle,
+            command=command, seed=seed)
+    points = []
+    for point in sweep_problems(problem, sweep_lengths):
+        results, oracle, seed = bench_problem(point, phase_list, peer_names, **common)
+        points.append({"S": point.S_q, "B": point.B, "config": point.as_dict(), "flops": point.flops,
+                       "seed": seed, "results": results})
+    oracle = dict(oracle, sweep_rule=f"B*S held at {problem.B * problem.S_q} tokens")
+    return build_record(problem=problem, results=None, provenance=provenance(
+        device, sm_clock_start=clock_start), timing=timing, ceiling=ceiling, oracle=oracle,
+        command=command, sweep=points)
+
+
+def ladder_speedups(results) -> dict[str, tuple[str, float]]:
+    """Phase id -> (id of the nearest earlier timed phase, TFLOPS ratio to it).
+
+    A phase that failed or was skipped is passed over, and the comparison names the phase it
+    is made against, so a regression reads "0.8x phase 03", never a silent gap.
+    """
+    speedups, previous = {}, None
+    phase_results = sorted((r for r in results if r["kind"] == "phase"), key=lambda r: r["name"])
+    for r in phase_results:
+        if r.get("tflops"):
+            if previous is not None:
+                speedups[r["name"]] = (previous["name"], r["tflops"] / previous["tflops"])
+            previous = r
+    return speedups
+
+
+def format_tflops(value) -> str:
+    """About 3 significant digits, without exponents: 0.81, 1.00, 11.4, 298."""
+    if value is None:
+        return "—"
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"

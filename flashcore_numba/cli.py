@@ -1,0 +1,473 @@
+"""`flashcore`: the command line of the course.
+
+    flashcore run        walk the phase ladder: check and time every phase on a GPU, or check
+                         every phase in Numba's CUDA simulator when there is no GPU
+    flashcore bench      the benchmark protocol; writes a JSON record to docs/bench/
+    flashcore report     regenerate the README table, the plots and the phase docstrings'
+                         "Measured effect" from the committed records
+    flashcore doctor     is this machine ready? one line per check, with the fix
+    flashcore grade      grade an exercise (flashcore_numba.grade)
+    flashcore lessons    the notebooks (flashcore_numba.notebooks)
+
+Mistakes in the arguments get one line naming the option and a nonzero exit status, never a
+traceback. `python -m flashcore_numba ...` is the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .phases import PHASES, get_phase
+from .sim import simulator_enabled
+
+MIN_REPEATS = 20  # the protocol: median of at least 20 timed runs
+SIM_SHAPE = (1, 1, 48, 64)  # one 64-row tile, 48 keys: a tail on every phase; a few seconds each
+DELEGATED = {"grade": "flashcore_numba.grade", "lessons": "flashcore_numba.notebooks"}
+SIM_DISCLAIMER = ("Simulator timings mean nothing: every CUDA thread ran as a Python thread on the CPU. "
+                  "Run `flashcore run` on a GPU to time the phases.")
+
+
+class CLIError(Exception):
+    """A mistake the user can fix: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of argparse's usage block
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument types: each error says what was expected and what was given (argparse adds the
+# option's name in front: "argument --shape: expected ...")
+# ---------------------------------------------------------------------------------------------
+def _positive_ints(text: str, count: int | None = None) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        values = ()
+    if not values or any(v <= 0 for v in values) or (count is not None and len(values) != count):
+        what = "a positive integer" if count == 1 else "positive integers separated by commas"
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    return _positive_ints(text, 1)[0]
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    try:
+        return _positive_ints(text, 4)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected B,H,S,D (four positive integers, e.g. 16,16,2048,64), "
+                                         f"got {text!r}") from None
+
+
+def parse_phases(text: str) -> list[str]:
+    if text.strip() == "all":
+        return list(PHASES)
+    ids = []
+    for part in text.split(","):
+        try:
+            ids.append(get_phase(part.strip()).ID)
+        except (ValueError, TypeError) as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix("phase: ")) from None
+    return ids
+
+
+def parse_peers(text: str) -> list[str]:
+    from .bench import PEERS
+
+    if text.strip() == "none":
+        return []
+    names = []
+    for part in text.split(","):
+        name = part.strip() if part.strip().startswith("sdpa_") else f"sdpa_{part.strip()}"
+        if name not in PEERS:
+            known = ", ".join(n.removeprefix("sdpa_") for n in PEERS)
+            raise argparse.ArgumentTypeError(f"unknown peer {part!r}; expected none or some of {known}")
+        names.append(name)
+    return names
+
+
+def _build_parser() -> _Parser:
+    parser = _Parser(prog="flashcore", description="FlashAttention in Numba CUDA, one phase at a time.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser("run", help="walk the phase ladder: check (and on a GPU, time) every phase")
+    run.add_argument("--shape", type=parse_shape, help="B,H,S,D (GPU default 16,16,2048,64; "
+                     "simulator default 1,1,48,64)")
+    run.add_argument("--causal", action="store_true",
+                     help="causal mask (the simulator checks both by default)")
+    run.add_argument("--repeats", type=_positive_int, default=20,
+                     help="timed launches per kernel (GPU)")
+    run.set_defaults(handler=cmd_run)
+
+    bench = sub.add_parser("bench", help="benchmark phases and torch SDPA; write a JSON record")
+    bench.add_argument("--phases", type=parse_phases,
+                       help="comma-separated phase ids, e.g. 01,03 (default: all)")
+    bench.add_argument("--shape", type=parse_shape, default=None, help="B,H,S,D (default 16,16,2048,64)")
+    bench.add_argument("--causal", action="store_true", help="causal mask")
+    bench.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    bench.add_argument("--sweep", action="store_true",
+                       help="run S = 512 .. 16384 (powers of two), keeping B*S of --shape")
+    bench.add_argument("--sweep-s", type=_positive_ints, default=None,
+                       help="the sequence lengths of --sweep, e.g. 512,1024,2048 (implies --sweep)")
+    bench.add_argument("--repeats", type=_positive_int, default=20,
+                       help=f"timed launches per kernel (at least {MIN_REPEATS}, the protocol)")
+    bench.add_argument("--warmup", type=_positive_int, default=3)
+    bench.add_argument("--peers", type=parse_peers, default=None,
+                       help="torch SDPA backends to compare: flash,cudnn,efficient,math (default) or none")
+    bench.add_argument("--out", type=Path, help="record file (default docs/bench/<gpu>_<shape>.json)")
+    bench.set_defaults(handler=cmd_bench)
+
+    report = sub.add_parser("report", help="regenerate the README table, plots and phase docstrings")
+    report.add_argument("--records", type=Path, default=None,
+                        help="directory of records (default docs/bench)")
+    report.add_argument("--readme", type=Path, default=None, help="README to update (default README.md)")
+    report.set_defaults(handler=cmd_report)
+
+    doctor = sub.add_parser("doctor", help="check this machine: GPU, driver, packages, simulator")
+    doctor.set_defaults(handler=cmd_doctor)
+
+    # grade and lessons belong to other modules; they take their own arguments (see main)
+    sub.add_parser("grade", help="grade an exercise (flashcore grade --help)", add_help=False)
+    sub.add_parser("lessons", help="the notebook lessons (flashcore lessons --help)", add_help=False)
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        return _delegate(argv[0], argv[1:])
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a bad argument already reported in one line
+        return e.code if isinstance(e.code, int) else 2
+    args.argv = argv
+    try:
+        return int(args.handler(args) or 0)
+    except CLIError as e:
+        print(f"flashcore {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"flashcore {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _delegate(name: str, argv) -> int:
+    module_name = DELEGATED[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:
+            raise
+        print(f"flashcore {name}: error: {module_name} is not part of this installation", file=sys.stderr)
+        return 2
+    return int(module.main(argv) or 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where do kernels run?
+# ---------------------------------------------------------------------------------------------
+def kernel_target() -> str:
+    """'simulator' (NUMBA_ENABLE_CUDASIM is set), 'gpu', or 'none'.
+
+    Importing this package already imported numba.cuda; with the simulator off that is the
+    real CUDA module, whose is_available() answers without crashing on a machine with no
+    driver. Turning the simulator on needs a new process (see `_rerun_in_simulator`).
+    """
+    if simulator_enabled():
+        return "simulator"
+    from numba import cuda
+
+    return "gpu" if cuda.is_available() else "none"
+
+
+def _rerun_in_simulator(argv) -> int:
+    """Run this command again in a child process with NUMBA_ENABLE_CUDASIM=1.
+
+    numba reads the variable once, when numba.cuda is first imported, and this process has
+    imported it already.
+    """
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    return subprocess.call([sys.executable, "-m", "flashcore_numba", *argv], env=env)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _text(value) -> str:
+    """Escape text from results (reasons, messages) for rich: "pip install '.[torch]'" must
+    print as is, not lose "[torch]" as a markup tag."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
+def _progress(console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# flashcore run
+# ---------------------------------------------------------------------------------------------
+def cmd_run(args) -> int:
+    target = kernel_target()
+    if target == "none":
+        print("No CUDA GPU found: checking every phase in Numba's CUDA simulator on the CPU instead.",
+              flush=True)
+        return _rerun_in_simulator(args.argv)
+    if target == "simulator":
+        return _run_simulator(args)
+    return _run_gpu(args)
+
+
+def _run_simulator(args) -> int:
+    from rich.table import Table
+
+    from . import bench
+
+    console = _console()
+    shape = args.shape or SIM_SHAPE
+    modes = (True,) if args.causal else (False, True)
+    device = bench.NumbaDevice()
+    verdicts = {}  # (phase id, causal) -> Result
+    with _progress(console) as progress:
+        task = progress.add_task("simulator", total=len(PHASES) * len(modes))
+        for causal in modes:
+            problem = bench.Problem.from_shape(shape, causal=causal)
+            host_qkv, qkv = device.inputs(problem, seed=None)
+            ref, lowp, _ = device.oracle(host_qkv, qkv, problem)
+            for phase in PHASES.values():
+                progress.update(task, description=f"phase {phase.ID} {'causal' if causal else 'non-causal'}")
+                verdicts[phase.ID, causal], _ = bench.check_phase(phase, device, qkv, problem, ref, lowp)
+                progress.advance(task)
+
+    B, H, S, D = shape
+    table = Table(title=f"Phase ladder in the CUDA simulator: B={B} H={H} S={S} D={D} fp16")
+    table.add_column("Phase")
+    table.add_column("Kernel")
+    for causal in modes:
+        table.add_column("causal" if causal else "non-causal")
+    for phase in PHASES.values():
+        table.add_row(phase.ID, phase.TITLE, *(_verdict_cell(verdicts[phase.ID, c]) for c in modes))
+    console.print(table)
+    failed = [key for key, r in verdicts.items() if r.available and not r.correct]
+    skipped = [key for key, r in verdicts.items() if not r.available]
+    for pid, causal in failed:
+        mode = "causal" if causal else "non-causal"
+        console.print(f"phase {pid} ({mode}): {_text(verdicts[pid, causal].message)}", soft_wrap=True)
+    if failed:
+        console.print(f"{len(failed)} of {len(verdicts)} checks INCORRECT in the simulator.")
+    elif skipped:
+        console.print(f"Every phase that ran is correct in the simulator; {len(skipped)} checks skipped.")
+    else:
+        console.print(f"All {len(PHASES)} phases correct in the simulator "
+                      f"({', '.join('causal' if c else 'non-causal' for c in modes)}).")
+    console.print(SIM_DISCLAIMER, soft_wrap=True)
+    return 1 if failed else 0
+
+
+def _verdict_cell(result) -> str:
+    if not result.available:
+        return f"skipped: {_text(result.reason)}"
+    if result.correct:
+        return f"[green]correct[/green] (err {result.max_err:.1e})"
+    return "[red]INCORRECT[/red]"
+
+
+def _run_gpu(args) -> int:
+    from . import bench
+
+    console = _console()
+    problem = bench.Problem.from_shape(args.shape or bench.REFERENCE_SHAPE, causal=args.causal)
+    device = bench.open_device()
+    peers = ["sdpa_flash", "sdpa_cudnn"] if device.kind == "torch" else []
+    timing = bench.Timing(warmup=2, repeats=args.repeats)
+    with _progress(console) as progress:
+        task = progress.add_task("run", total=1 + len(PHASES) + len(peers))
+
+        def step(label):
+            progress.update(task, description=label, advance=1)
+
+        results, _, _ = bench.bench_problem(problem, list(PHASES.values()), peers, device, timing,
+                                            progress=step)
+    results = [r.to_dict() for r in results]
+    console.print(_results_table(results, f"Phase ladder on {device.name}: {problem.describe()}",
+                                 vs_peers=peers))
+    if device.kind != "torch":
+        console.print(f"No SDPA comparison: {_text(device.no_peers_reason)}.", soft_wrap=True)
+    console.print("A quick look; `flashcore bench` measures with the full protocol and writes a record.",
+                  soft_wrap=True)
+    wrong = [r for r in results if r["kind"] == "phase" and r["available"] and not r["correct"]]
+    return 1 if wrong else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+# ---------------------------------------------------------------------------------------------
+def _results_table(results, title, *, vs_peers=(), resources=False):
+    """Rich table of one problem's results (dicts as in a record)."""
+    from rich.table import Table
+
+    from .bench import format_tflops, ladder_speedups
+
+    speedups = ladder_speedups(results)
+    peer_tflops = {r["name"]: r.get("tflops") for r in results if r["kind"] == "peer"}
+    has_pct = any(r.get("pct_of_ceiling") is not None for r in results)
+    table = Table(title=title)
+    table.add_column("Kernel")
+    for name in ("median ms", "TFLOPS", "× previous") + (("% ceiling",) if has_pct else ()):
+        table.add_column(name, justify="right")
+    for peer in vs_peers:
+        table.add_column(f"vs SDPA {peer.removeprefix('sdpa_')}", justify="right")
+    if resources:
+        for name in ("regs", "smem B", "local B"):
+            table.add_column(name, justify="right")
+    table.add_column("check")
+    for r in results:
+        label = _text(f"{r['name']} {r['title']}" if r["kind"] == "phase" else r["title"])
+        if not r["available"]:
+            cells = ["—"] * (3 + has_pct + len(vs_peers) + 3 * resources)
+            table.add_row(label, *cells, f"[yellow]n/a[/yellow]: {_text(r['reason'])}")
+            continue
+        median = "—" if r.get("median_ms") is None else f"{r['median_ms']:.3f}"
+        row = [label, median, format_tflops(r.get("tflops"))]
+        prev = speedups.get(r["name"])
+        row.append(f"{prev[1]:.2f}× vs {prev[0]}" + (" [red]SLOWER[/red]" if prev[1] < 1 else "")
+                   if prev else "")
+        if has_pct:
+            row.append("" if r.get("pct_of_ceiling") is None else f"{r['pct_of_ceiling']:.1f}%")
+        for peer in vs_peers:
+            base = peer_tflops.get(peer)
+            ratio = r["tflops"] / base if r.get("tflops") and base and r["kind"] == "phase" else None
+            row.append("" if ratio is None else f"{ratio:.3g}×")
+        if resources:
+            static = r.get("static_smem_bytes") or 0
+            dynamic = r.get("dynamic_smem_bytes") or 0
+            row += [str(r.get("registers", "") or ""), f"{static + dynamic}" if r["kind"] == "phase" else "",
+                    "" if r.get("local_bytes_per_thread") is None else str(r["local_bytes_per_thread"])]
+        if r["correct"]:
+            row.append(f"[green]ok[/green] {r['max_err']:.1e}")
+        else:
+            row.append(f"[red]FAILED[/red]: {_text(r['message'])}")
+        table.add_row(*row)
+    return table
+
+
+def _sweep_table(record, title):
+    from rich.table import Table
+
+    from .bench import format_tflops
+
+    table = Table(title=title)
+    table.add_column("Kernel (TFLOPS)")
+    for point in record["sweep"]:
+        table.add_column(f"S={point['S']}\nB={point['B']}", justify="right")
+    names = [(r["name"], r["title"], r["kind"]) for r in record["sweep"][0]["results"]]
+    for name, title_, kind in names:
+        cells = []
+        for point in record["sweep"]:
+            r = next((x for x in point["results"] if x["name"] == name), None)
+            if r is None or not r["available"]:
+                cells.append("n/a")
+            elif not r["correct"]:
+                cells.append("[red]FAILED[/red]")
+            else:
+                cells.append(format_tflops(r["tflops"]))
+        table.add_row(_text(f"{name} {title_}" if kind == "phase" else title_), *cells)
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# flashcore bench
+# ---------------------------------------------------------------------------------------------
+def cmd_bench(args) -> int:
+    if args.repeats < MIN_REPEATS:
+        raise CLIError(f"--repeats: the benchmark protocol times at least {MIN_REPEATS} runs, got "
+                       f"{args.repeats} (`flashcore run --repeats N` is the quick look)")
+    target = kernel_target()
+    if target != "gpu":
+        why = ("the CUDA simulator is on (NUMBA_ENABLE_CUDASIM)" if target == "simulator"
+               else "no CUDA GPU found")
+        raise CLIError(f"{why}; benchmarks need a GPU, and simulator timings mean nothing. "
+                       f"`flashcore run` checks every phase on the CPU.")
+    from . import bench
+
+    dtype = bench.DTYPES[args.dtype]
+    problem = bench.Problem.from_shape(args.shape or bench.REFERENCE_SHAPE, dtype=dtype, causal=args.causal)
+    phase_ids = args.phases or list(PHASES)
+    peers = list(bench.PEERS) if args.peers is None else args.peers
+    sweep = args.sweep_s or (bench.SWEEP_S if args.sweep else None)
+    device = bench.open_device()
+    if dtype != "float16" and device.kind != "torch":
+        raise CLIError(f"--dtype {args.dtype}: needs torch with CUDA (NumPy has no bfloat16): "
+                       f"{device.no_peers_reason}")
+    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats)
+    n_points = len(sweep) if sweep else 1
+    console = _console()
+    with _progress(console) as progress:
+        task = progress.add_task("bench", total=1 + n_points * (1 + len(phase_ids) + len(peers)))
+
+        def step(label):
+            progress.update(task, description=label, advance=1)
+
+        record = bench.run_benchmark(problem, phase_ids=phase_ids, peer_names=peers, timing=timing,
+                                     sweep_lengths=sweep, command=["flashcore", *args.argv],
+                                     progress=step, device=device)
+    gpu = record["provenance"]["gpu_name"]
+    if sweep:
+        console.print(_sweep_table(record, f"{gpu}: sweep over S, B·S = {problem.B * problem.S_q}, "
+                                           f"H={problem.H} D={problem.D} {args.dtype}"
+                                           + (" causal" if problem.causal else "")))
+    else:
+        console.print(_results_table(record["results"], f"{gpu}: {problem.describe()}", resources=True))
+    if record.get("ceiling_tflops"):
+        console.print(f"Tensor-core ceiling, same run: {_text(record['ceiling']['what'])} = "
+                      f"{record['ceiling_tflops']:.0f} TFLOPS", soft_wrap=True)
+    path = args.out or bench.default_record_path(gpu, problem, sweep=bool(sweep), phase_ids=phase_ids)
+    bench.write_record(record, path)
+    console.print(f"Record written to {path}; `flashcore report` regenerates the README and plots.",
+                  soft_wrap=True)
+    results = [r for p in record.get("sweep", [record]) for r in p["results"]]
+    wrong = [r for r in results if r["kind"] == "phase" and r["available"] and not r["correct"]]
+    return 1 if wrong else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# flashcore report, flashcore doctor
+# ---------------------------------------------------------------------------------------------
+def cmd_report(args) -> int:
+    from . import report
+
+    if args.records is not None and not args.records.is_dir():
+        raise CLIError(f"--records: {args.records} is not a directory")
+    try:
+        summary = report.generate(records_dir=args.records, readme=args.readme)
+    except report.ReportError as e:
+        raise CLIError(str(e)) from None
+    for line in summary:
+        print(line)
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from . import doctor
+
+    return doctor.main()

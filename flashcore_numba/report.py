@@ -1,0 +1,412 @@
+"""`flashcore report`: every performance figure in the README, the plots and the phase
+docstrings is regenerated from the committed benchmark records (docs/bench/*.json), never typed.
+
+It writes three things:
+
+1. the README's performance table, between the lines `<!-- bench:begin -->` and
+   `<!-- bench:end -->`;
+2. docs/bench/ladder.png (TFLOPS per phase on a log scale, torch SDPA as reference lines)
+   and docs/bench/sweep.png (TFLOPS over S, when a sweep record exists);
+3. the "Measured effect" block of each phase module's docstring, between the lines
+   `[measured:begin]` and `[measured:end]`. A phase slower than its predecessor says so.
+
+`load_records` (from flashcore_numba.bench, re-exported here) and `measured_phase` are the
+read side, for the lessons.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+from .bench import (
+    REFERENCE_SHAPE,
+    Problem,
+    RecordError,
+    default_records_dir,
+    format_tflops,
+    ladder_speedups,
+    load_records,
+    repo_root,
+)
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+MEASURED_BEGIN, MEASURED_END = "[measured:begin]", "[measured:end]"
+DOCSTRING_INDENT = "    "
+NOT_MEASURED = "not measured yet"
+
+
+class ReportError(Exception):
+    """A problem with the inputs of the report (a bad record, a missing marker)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading records
+# ---------------------------------------------------------------------------------------------
+def _shape_key(record) -> tuple:
+    """Everything of the problem except the causal flag, plus the GPU."""
+    c = record["config"]
+    return (record["provenance"]["gpu_name"], c["B"], c["H"], c["S_q"], c["S_k"], c["D"], c["dtype"])
+
+
+def _is_reference_shape(record) -> bool:
+    B, H, S, D = REFERENCE_SHAPE
+    return _shape_key(record)[1:] == (B, H, S, S, D, "float16")
+
+
+def _preference(record) -> tuple:
+    """Most phases first, then newest: a later run of a few phases never hides the full ladder."""
+    results = record["results"] if "results" in record else record["sweep"][0]["results"]
+    return sum(r["kind"] == "phase" for r in results), record["created"]
+
+
+def _latest_pair(records):
+    """(non-causal, causal) records of one GPU and shape, each the preferred one or None."""
+    if not records:
+        return None, None
+    anchor = max(records, key=_preference)
+    same = [r for r in records if _shape_key(r) == _shape_key(anchor)]
+    pick = {}
+    for causal in (False, True):
+        candidates = [r for r in same if r["config"]["causal"] == causal]
+        pick[causal] = max(candidates, key=_preference) if candidates else None
+    return pick[False], pick[True]
+
+
+def ladder_records(records):
+    """The (non-causal, causal) records the README table shows: single-problem records at the
+    reference shape when there are any; among those the most complete, then the newest."""
+    singles = [r for r in records if "sweep" not in r]
+    return _latest_pair([r for r in singles if _is_reference_shape(r)] or singles)
+
+
+def sweep_records(records):
+    return _latest_pair([r for r in records if "sweep" in r])
+
+
+def _result(record, name):
+    if record is None:
+        return None
+    return next((r for r in record["results"] if r["name"] == name), None)
+
+
+def measured_phase(phase_id: str, records=None) -> dict | None:
+    """What the committed records say about one phase, for a lesson to quote.
+
+    Returns None when no record exists, else {"gpu", "date", "config", "noncausal",
+    "causal", "speedup_noncausal", "speedup_causal"}: the result dicts as stored in the
+    record (or None), and (previous phase id, ratio) pairs (or None).
+    """
+    records = load_records() if records is None else records
+    nc, c = ladder_records(records)
+    anchor = nc or c
+    if anchor is None:
+        return None
+    return {
+        "gpu": anchor["provenance"]["gpu_name"],
+        "date": anchor["created"][:10],
+        "config": {k: v for k, v in anchor["config"].items() if k != "causal"},
+        "noncausal": _result(nc, phase_id),
+        "causal": _result(c, phase_id),
+        "speedup_noncausal": ladder_speedups(nc["results"]).get(phase_id) if nc else None,
+        "speedup_causal": ladder_speedups(c["results"]).get(phase_id) if c else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+# ---------------------------------------------------------------------------------------------
+def _describe(config) -> str:
+    """'B=16 H=16 S=2048 D=64 fp16': the problem of a record, causal or not."""
+    return Problem(**dict(config, causal=False)).describe()
+
+
+def _mode(record) -> str:
+    return "causal" if record["config"]["causal"] else "non-causal"
+
+
+def _cell(result) -> str:
+    """TFLOPS, or why there is no figure."""
+    if result is None:
+        return "—"
+    if not result["available"]:
+        return "n/a"
+    if not result["correct"]:
+        return "FAILED check"
+    return format_tflops(result["tflops"])
+
+
+def _speedup_cell(speedup) -> str:
+    if speedup is None:
+        return ""
+    prev, ratio = speedup
+    return f"{ratio:.2f}× vs {prev}" + (" (**slower**)" if ratio < 1 else "")
+
+
+def _machine_line(record) -> str:
+    p = record["provenance"]
+    details = [f"compute capability {p.get('compute_capability')}"]
+    if p.get("driver"):
+        details.append(f"driver {p['driver']}")
+    clocks = [p.get("sm_clock_mhz_start"), p.get("sm_clock_mhz_end")]
+    if any(x is not None for x in clocks):
+        details.append("SM clock " + " → ".join("?" if x is None else str(x) for x in clocks) + " MHz")
+    return f"**{p['gpu_name']}** ({', '.join(details)})"
+
+
+def readme_table(nc, c, readme_dir: Path, plots: list[Path]) -> str:
+    """The markdown between the README markers."""
+    lines = ["<!-- generated by `flashcore report` from the benchmark records; do not edit by hand -->", ""]
+    anchor = nc or c
+    if anchor is None:
+        lines.append("No benchmark record yet: run `flashcore bench` (and `flashcore bench --causal`) on a "
+                     "GPU, commit the records in docs/bench/, then run `flashcore report`.")
+        return "\n".join(lines)
+    timing = anchor["timing"]
+    ceilings = [f"{format_tflops(r['ceiling_tflops'])} TFLOPS ({_mode(r)} run)"
+                for r in (nc, c) if r is not None and r.get("ceiling_tflops")]
+    lines.append(f"Measured on {_machine_line(anchor)} on {anchor['created'][:10]}, "
+                 f"{_describe(anchor['config'])}; median of {timing['repeats']} runs, "
+                 "L2 flushed before each. "
+                 + (f"Tensor-core ceiling measured in the same runs ({anchor['ceiling']['what']}): "
+                    f"{', '.join(ceilings)}." if ceilings else "No tensor-core ceiling in these records."))
+    lines += ["", "| Phase | Kernel | TFLOPS | vs previous | causal TFLOPS | vs previous | % of ceiling |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    sp_nc = ladder_speedups(nc["results"]) if nc else {}
+    sp_c = ladder_speedups(c["results"]) if c else {}
+    names = []  # phases first, then peers, in record order, without duplicates
+    for record in (nc, c):
+        for r in (record or {}).get("results", []):
+            if (r["name"], r["kind"], r["title"]) not in names:
+                names.append((r["name"], r["kind"], r["title"]))
+    names.sort(key=lambda n: (n[1] != "phase", n[0] if n[1] == "phase" else ""))
+    for name, kind, title in names:
+        r_nc, r_c = _result(nc, name), _result(c, name)
+        pct = " / ".join("—" if r is None or r.get("pct_of_ceiling") is None
+                         else f"{r['pct_of_ceiling']:.1f}%" for r in (r_nc, r_c))
+        label = name if kind == "phase" else "SDPA"
+        lines.append(f"| {label} | {title} | {_cell(r_nc)} | {_speedup_cell(sp_nc.get(name))} | "
+                     f"{_cell(r_c)} | {_speedup_cell(sp_c.get(name))} | {pct} |")
+    unavailable = [f"{r['title']}: {r['reason']}" for record in (nc, c) if record
+                   for r in record["results"] if not r["available"]]
+    failed = [f"{r['name']} {r['title']}: {r['message']}" for record in (nc, c) if record
+              for r in record["results"] if r["available"] and not r["correct"]]
+    lines.append("")
+    lines.append("% of ceiling: non-causal / causal. Causal FLOPs are half of the non-causal ones.")
+    for note in sorted(set(unavailable)):
+        lines.append(f"- n/a — {note}")
+    for note in sorted(set(failed)):
+        lines.append(f"- FAILED the correctness gate, so not timed — {note}")
+    rel = [_rel(r["_path"], readme_dir) for r in (nc, c) if r is not None]
+    lines += ["", "Records: " + ", ".join(f"[`{p}`]({p})" for p in rel) + "."]
+    for plot in plots:
+        lines += ["", f"![{plot.stem}]({_rel(plot, readme_dir)})"]
+    return "\n".join(lines)
+
+
+def _rel(path, start) -> str:
+    return Path(os.path.relpath(Path(path).resolve(), Path(start).resolve())).as_posix()
+
+
+def measured_lines(phase_id: str, nc, c) -> list[str]:
+    """The generated lines of one phase's "Measured effect" docstring block."""
+    anchor = nc or c
+    r_nc, r_c = _result(nc, phase_id), _result(c, phase_id)
+    if anchor is None or (r_nc is None and r_c is None):
+        return [DOCSTRING_INDENT + NOT_MEASURED]
+    parts = []
+    for label, r, record in (("", r_nc, nc), ("causal ", r_c, c)):
+        if r is None:
+            continue
+        if not r["available"]:
+            parts.append(f"{label}not run ({r['reason']})")
+        elif not r["correct"]:
+            parts.append(f"{label}FAILED the correctness gate ({r['message']})")
+        else:
+            text = f"{label}{format_tflops(r['tflops'])} TFLOPS"
+            speedup = ladder_speedups(record["results"]).get(phase_id)
+            if speedup is not None:
+                prev, ratio = speedup
+                slower = f", SLOWER than phase {prev}" if ratio < 1 else ""
+                text += f" ({ratio:.2f}x phase {prev}{slower})"
+            parts.append(text)
+    text = f"{anchor['provenance']['gpu_name']}, {anchor['created'][:10]}, {_describe(anchor['config'])}: "
+    text += ", ".join(parts)
+    resources = r_nc if r_nc and r_nc.get("registers") is not None else r_c
+    if resources and resources.get("registers") is not None:
+        local = resources.get("local_bytes_per_thread")
+        text += f"; {resources['registers']} registers, {local} B local memory"
+    text += f" ({', '.join(Path(r['_path']).name for r in (nc, c) if r is not None)})."
+    # the lines land inside a docstring: keep messages from closing it or adding escapes
+    text = text.replace("\\", "/").replace(3 * '"', 3 * "'")
+    return textwrap.wrap(text, width=100, initial_indent=DOCSTRING_INDENT, subsequent_indent=DOCSTRING_INDENT,
+                         break_on_hyphens=False)
+
+
+def replace_between(text: str, begin: str, end: str, new_lines: list[str], where: str) -> str:
+    """Replace the lines strictly between the line holding `begin` and the one holding `end`."""
+    lines = text.split("\n")
+    starts = [i for i, line in enumerate(lines) if line.strip() == begin]
+    ends = [i for i, line in enumerate(lines) if line.strip() == end]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise ReportError(f"{where}: expected one line {begin!r} followed by one line {end!r}")
+    return "\n".join(lines[: starts[0] + 1] + new_lines + lines[ends[0]:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: diffs show real changes
+
+
+def plot_ladder(nc, c, path: Path) -> Path:
+    """Bars: TFLOPS per phase (non-causal, causal), log scale; lines: SDPA peers and the ceiling."""
+    plt = _pyplot()
+    anchor = nc or c
+    runs = [(label, record) for label, record in (("non-causal", nc), ("causal", c)) if record is not None]
+    phase_ids = sorted({r["name"] for _, rec in runs for r in rec["results"] if r["kind"] == "phase"})
+    fig, ax = plt.subplots(figsize=(9, 5))
+    width = 0.8 / len(runs)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = {"non-causal": "-", "causal": "--"}
+    for i, (label, record) in enumerate(runs):
+        xs, ys = [], []
+        for x, pid in enumerate(phase_ids):
+            r = _result(record, pid)
+            x_bar = x + (i - (len(runs) - 1) / 2) * width
+            if r is not None and r.get("tflops"):
+                xs.append(x_bar)
+                ys.append(r["tflops"])
+            elif r is not None:  # no bar: say why at the foot of the axis
+                ax.text(x_bar, 0.02, "n/a" if not r["available"] else "FAILED", color=colors[i], fontsize=7,
+                        ha="center", transform=ax.get_xaxis_transform())
+        bars = ax.bar(xs, ys, width, label=f"phases, {label}", color=colors[i], alpha=0.85)
+        ax.bar_label(bars, labels=[format_tflops(y) for y in ys], fontsize=7)
+        peers = [r for r in record["results"] if r["kind"] == "peer" and r.get("tflops")]
+        for j, r in enumerate(peers):
+            name = r["title"].replace("torch SDPA, ", "SDPA ")
+            ax.axhline(r["tflops"], color=colors[(2 + j) % len(colors)], linestyle=styles[label], linewidth=1,
+                       label=f"{name}, {label}: {format_tflops(r['tflops'])}")
+        if record.get("ceiling_tflops") and i == 0:
+            ax.axhline(record["ceiling_tflops"], color="gray", linestyle=":", linewidth=1,
+                       label=f"tensor-core ceiling (matmul): {format_tflops(record['ceiling_tflops'])}")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(phase_ids)), phase_ids)
+    ax.set_xlim(-0.5, len(phase_ids) - 0.5)  # room for every phase, bar or not
+    ax.set_xlabel("phase")
+    ax.set_ylabel("TFLOPS (log scale)")
+    gpu = anchor["provenance"]["gpu_name"]
+    ax.set_title(f"{gpu}, {_describe(anchor['config'])}, {anchor['created'][:10]}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(nc, c, path: Path) -> Path:
+    """TFLOPS over S, one line per kernel; one panel per causal mode present."""
+    plt = _pyplot()
+    runs = [(label, record) for label, record in (("non-causal", nc), ("causal", c)) if record is not None]
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.5), squeeze=False)
+    for ax, (label, record) in zip(axes[0], runs, strict=True):
+        names = [(r["name"], r["kind"], r["title"]) for r in record["sweep"][0]["results"]]
+        for name, kind, title in names:
+            xs, ys = [], []
+            for point in record["sweep"]:
+                r = next((x for x in point["results"] if x["name"] == name), None)
+                if r is not None and r.get("tflops"):
+                    xs.append(point["S"])
+                    ys.append(r["tflops"])
+            if xs:
+                style = "-o" if kind == "phase" else "--s"
+                ax.plot(xs, ys, style, markersize=3, label=f"{name} {title}" if kind == "phase" else title)
+        c0 = record["config"]
+        ax.set_xscale("log", base=2)
+        lengths = [point["S"] for point in record["sweep"]]
+        ax.set_xticks(lengths, [str(S) for S in lengths])
+        ax.minorticks_off()
+        ax.set_yscale("log")
+        ax.set_xlabel(f"S (B·S = {c0['B'] * c0['S_q']} tokens)")
+        ax.set_ylabel("TFLOPS (log scale)")
+        ax.set_title(f"{record['provenance']['gpu_name']}, {label}, H={c0['H']} D={c0['D']}", fontsize=10)
+        ax.grid(which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------------
+def phase_files(phases_dir: Path) -> dict[str, Path]:
+    """Phase id -> module file, from the file names pNN_*.py."""
+    files = {}
+    for path in sorted(Path(phases_dir).glob("p[0-9][0-9]_*.py")):
+        files[path.name[1:3]] = path
+    return files
+
+
+def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> list[str]:
+    """Regenerate README table, plots and phase docstrings. Returns one line per file written."""
+    records_dir = Path(records_dir) if records_dir is not None else default_records_dir()
+    readme = Path(readme) if readme is not None else repo_root() / "README.md"
+    phases_dir = Path(phases_dir) if phases_dir is not None else Path(__file__).parent / "phases"
+    plots_dir = Path(plots_dir) if plots_dir is not None else records_dir
+    if records_dir.exists() and not records_dir.is_dir():
+        raise ReportError(f"--records: {records_dir} is not a directory")
+    try:
+        records = load_records(records_dir)
+    except RecordError as e:
+        raise ReportError(str(e)) from None
+    nc, c = ladder_records(records)
+    sweep_nc, sweep_c = sweep_records(records)
+    summary = [f"{len(records)} record(s) in {records_dir}"]
+
+    plots = []
+    if nc or c or sweep_nc or sweep_c:
+        try:
+            _pyplot()
+        except ImportError:
+            summary.append("plots skipped: matplotlib is not installed (pip install matplotlib)")
+        else:
+            if nc or c:
+                plots.append(plot_ladder(nc, c, plots_dir / "ladder.png"))
+            if sweep_nc or sweep_c:
+                plots.append(plot_sweep(sweep_nc, sweep_c, plots_dir / "sweep.png"))
+            summary += [f"{p}: written" for p in plots]
+
+    if not readme.exists():
+        raise ReportError(f"--readme: {readme} does not exist")
+    text = readme.read_text()
+    table = readme_table(nc, c, readme.parent, plots)
+    new = replace_between(text, BEGIN, END, table.split("\n"), str(readme))
+    if new != text:
+        readme.write_text(new)
+    summary.append(f"{readme}: performance table {'updated' if new != text else 'unchanged'}")
+
+    for phase_id, path in phase_files(phases_dir).items():
+        text = path.read_text()
+        if MEASURED_BEGIN not in text:
+            summary.append(f"{path}: no {MEASURED_BEGIN} block, left alone")
+            continue
+        new = replace_between(text, MEASURED_BEGIN, MEASURED_END, measured_lines(phase_id, nc, c), str(path))
+        if new != text:
+            path.write_text(new)
+        summary.append(f"{path}: measured effect {'updated' if new != text else 'unchanged'}")
+    return summary

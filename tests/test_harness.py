@@ -1,0 +1,410 @@
+"""CPU tests of the benchmark harness and the CLI: FLOP counting, the record schema, the
+correctness gate, `flashcore report` from a fixture record, and `flashcore doctor` and
+`flashcore run` on a machine without a GPU. No torch, no GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from flashcore_numba import PHASES, bench, report
+from flashcore_numba.cli import main
+from flashcore_numba.reference import visible_mask
+from flashcore_numba.sim import simulator_enabled
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE_RECORDS = Path(__file__).parent / "data" / "bench_records"
+README_TEXT = """# Some project
+
+Text before the table.
+
+## Performance
+
+<!-- bench:begin -->
+stale text
+<!-- bench:end -->
+
+Text after the table.
+"""
+
+
+def _cli_env(*, simulator: bool) -> dict:
+    """Environment for `python -m flashcore_numba` in a child: this checkout importable, wide
+    output (rich wraps at 80 columns when not on a terminal), simulator on or off."""
+    env = dict(os.environ, COLUMNS="200")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    if simulator:
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+    else:
+        env.pop("NUMBA_ENABLE_CUDASIM", None)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs
+# ---------------------------------------------------------------------------------------------
+def test_flops_non_causal():
+    assert bench.attention_flops(2, 3, 128, 96, 64, False) == 4 * 2 * 3 * 128 * 96 * 64
+    assert bench.Problem.from_shape((16, 16, 2048, 64)).flops == 4 * 16 * 16 * 2048 * 2048 * 64
+
+
+def test_flops_causal_square_is_half():
+    assert bench.attention_flops(2, 3, 128, 128, 64, True) == 2 * 3 * 128 * 128 * 64 * 4 // 2
+    assert bench.visible_pairs(128, 128, True) == 128 * 129 // 2  # the exact count differs by 1/S
+
+
+@pytest.mark.parametrize("seq_q, seq_k", [(5, 8), (8, 5), (1, 7), (7, 1), (64, 48), (48, 64), (3, 3)])
+def test_flops_causal_rectangular_counts_the_visible_pairs(seq_q, seq_k):
+    brute = int(visible_mask(seq_q, seq_k, True).sum())
+    assert bench.visible_pairs(seq_q, seq_k, True) == brute
+    if seq_q != seq_k:
+        assert bench.attention_flops(2, 3, seq_q, seq_k, 64, True) == 4 * 2 * 3 * 64 * brute
+
+
+def test_sweep_keeps_tokens_per_launch():
+    points = bench.sweep_problems(bench.Problem.from_shape((16, 16, 2048, 64), causal=True))
+    assert [p.S_q for p in points] == [512, 1024, 2048, 4096, 8192, 16384]
+    assert {p.B * p.S_q for p in points} == {16 * 2048}
+    assert all(p.causal and p.H == 16 for p in points)
+
+
+def test_default_record_path_names_gpu_and_problem():
+    path = bench.default_record_path("NVIDIA H100 80GB HBM3", bench.Problem.from_shape((16, 16, 2048, 64),
+                                                                                       causal=True))
+    assert path.name == "nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json"
+    assert path.parent.name == "bench"
+    partial = bench.default_record_path("H100", bench.Problem.from_shape((1, 2, 512, 128)), sweep=True,
+                                        phase_ids=["05", "03"])
+    assert partial.name == "h100_sweep_b1h2s512d128_fp16_p03-05.json"  # never overwrites the full ladder
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------------
+PROVENANCE = {"gpu_name": "Test GPU", "git_commit": None, "git_dirty": None}
+ORACLE = {"reference": "test", "yardstick": "test"}
+
+
+def _fake_results(flops):
+    timed = bench.Result("01", "phase", "Phase one", correct=True, message="ok", max_err=1e-4,
+                         allowed_err=2e-3, registers=40, static_smem_bytes=0, dynamic_smem_bytes=1024,
+                         local_bytes_per_thread=0)
+    bench.set_timing(timed, [2.0, 1.0, 3.0, 2.0], flops, ceiling_tflops=500.0)
+    wrong = bench.Result("02", "phase", "Phase two", correct=False, message="max error 1 > allowed 0.002",
+                         max_err=1.0, allowed_err=2e-3)
+    peer = bench.unavailable("sdpa_cudnn", "peer", "torch SDPA, cuDNN backend", "no cuDNN")
+    return [timed, wrong, peer]
+
+
+def test_record_schema_round_trip():
+    problem = bench.Problem.from_shape((1, 2, 256, 64))
+    record = bench.build_record(problem=problem, results=_fake_results(problem.flops), provenance=PROVENANCE,
+                                timing=bench.Timing(), ceiling={"what": "test", "tflops": 500.0},
+                                oracle=ORACLE, command=["flashcore", "bench"], seed=7)
+    assert bench.validate_record(record) == []
+    record = json.loads(json.dumps(record))  # what a reader of the file sees
+    assert bench.validate_record(record) == []
+    assert record["config"] == {"B": 1, "H": 2, "S_q": 256, "S_k": 256, "D": 64, "dtype": "float16",
+                                "causal": False}
+    timed, wrong, peer = record["results"]
+    assert timed["median_ms"] == 2.0 and timed["min_ms"] == 1.0 and timed["max_ms"] == 3.0
+    assert timed["tflops"] == pytest.approx(problem.flops / 2e-3 / 1e12)
+    assert timed["pct_of_ceiling"] == pytest.approx(100 * timed["tflops"] / 500.0)
+    assert timed["registers"] == 40 and timed["dynamic_smem_bytes"] == 1024
+    assert wrong["correct"] is False and wrong["tflops"] is None and wrong["median_ms"] is None
+    assert peer == {**peer, "available": False, "reason": "no cuDNN"}
+    assert "registers" not in peer
+
+
+def test_record_schema_rejects_bad_records():
+    problem = bench.Problem.from_shape((1, 2, 256, 64))
+    good = bench.build_record(problem=problem, results=_fake_results(problem.flops), provenance=PROVENANCE,
+                              timing=bench.Timing(), ceiling=None, oracle=ORACLE, command=[], seed=1)
+    cases = {
+        "a correct result must be timed": lambda r: r["results"][0].pop("tflops"),
+        "must not carry a speed figure": lambda r: r["results"][1].update(tflops=9.9),
+        "must say why": lambda r: r["results"][2].pop("reason"),
+        "missing key 'flops'": lambda r: r.pop("flops"),
+        "config.B": lambda r: r["config"].update(B="16"),
+        "kind": lambda r: r["results"][0].update(kind="kernel"),
+    }
+    for expected, corrupt in cases.items():
+        record = json.loads(json.dumps(good))
+        corrupt(record)
+        errors = bench.validate_record(record)
+        assert any(expected in e for e in errors), (expected, errors)
+
+
+class FakeTimedDevice(bench.NumbaDevice):
+    """The simulator's device, with fixed timings: run_benchmark end to end without a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.timed = 0
+
+    def time_ms(self, fn, timing):
+        self.timed += 1
+        return [1.0, 2.0, 3.0]
+
+    def ceiling(self, dtype, timing):
+        return {"what": "fake", "median_ms": 1.0, "tflops": 100.0}
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="uses the CUDA simulator")
+def test_run_benchmark_builds_a_valid_record():
+    device = FakeTimedDevice()
+    problem = bench.Problem(1, 1, 16, 16, 64)
+    record = bench.run_benchmark(problem, phase_ids=["01"], peer_names=["sdpa_flash"],
+                                 timing=bench.Timing(1, 3), command=["flashcore", "bench"], device=device)
+    assert bench.validate_record(record) == []
+    phase, peer = record["results"]
+    assert phase["correct"] is True and phase["median_ms"] == 2.0
+    assert phase["tflops"] == pytest.approx(problem.flops / 2e-3 / 1e12)
+    assert phase["pct_of_ceiling"] == pytest.approx(phase["tflops"])  # ceiling 100 TFLOPS
+    assert peer["available"] is False and "torch" in peer["reason"]
+    assert record["ceiling_tflops"] == 100.0 and device.timed == 1
+
+    sweep = bench.run_benchmark(bench.Problem(2, 1, 16, 16, 64, causal=True), phase_ids=["01"], peer_names=[],
+                                timing=bench.Timing(1, 3), sweep_lengths=(16, 32), device=device)
+    assert bench.validate_record(sweep) == []
+    assert [(p["S"], p["B"]) for p in sweep["sweep"]] == [(16, 2), (32, 1)]
+    assert all(p["results"][0]["correct"] for p in sweep["sweep"])
+
+
+class _FakeConfig:
+    """A kernel config whose 'kernel' writes nothing, or zeros."""
+
+    def __init__(self, write_zeros):
+        self.write_zeros, self.smem_bytes = write_zeros, 0
+
+    def launch(self, q, k, v, o, causal, qk_scale, stream=0):
+        if self.write_zeros:
+            o.copy_to_device(np.zeros(o.shape, dtype=np.float16))
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="uses the CUDA simulator")
+@pytest.mark.parametrize("write_zeros, expected", [(False, "still NaN"), (True, "max error")])
+def test_wrong_output_fails_the_gate_and_is_not_timed(write_zeros, expected):
+    fake_phase = SimpleNamespace(ID="99", TITLE="Broken", HEAD_DIMS=(64,),
+                                 build=lambda D: _FakeConfig(write_zeros))
+    device = FakeTimedDevice()
+    problem = bench.Problem(1, 1, 8, 8, 64)
+    results, _, _ = bench.bench_problem(problem, [fake_phase], [], device, bench.Timing(1, 3))
+    (result,) = results
+    assert result.correct is False and expected in result.message
+    assert result.median_ms is None and result.tflops is None and device.timed == 0
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="uses the CUDA simulator")
+def test_phase_without_the_dtype_is_skipped_with_a_reason():
+    problem = bench.Problem(1, 1, 8, 8, 64, dtype="bfloat16")
+    result, launch = bench.check_phase(PHASES["01"], bench.NumbaDevice(), None, problem, None, None)
+    assert result.available is False and "float16" in result.reason and launch is None
+
+
+# ---------------------------------------------------------------------------------------------
+# flashcore report, from the fixture records
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture()
+def report_tree(tmp_path):
+    """A temporary README, phase files and record directory: the real ones are never touched."""
+    records = tmp_path / "docs" / "bench"
+    shutil.copytree(FIXTURE_RECORDS, records)
+    (tmp_path / "README.md").write_text(README_TEXT)
+    phases_dir = tmp_path / "phases"
+    phases_dir.mkdir()
+    for phase_id in ("01", "02", "03"):
+        shutil.copy(PHASES[phase_id].__file__, phases_dir)
+    return SimpleNamespace(root=tmp_path, records=records, readme=tmp_path / "README.md", phases=phases_dir)
+
+
+def _generate(tree):
+    return report.generate(records_dir=tree.records, readme=tree.readme, phases_dir=tree.phases)
+
+
+def test_report_table_from_fixture(report_tree):
+    _generate(report_tree)
+    text = report_tree.readme.read_text()
+    assert text.startswith("# Some project\n\nText before the table.")
+    assert text.endswith("Text after the table.\n")
+    assert "stale text" not in text
+    block = text[text.index(report.BEGIN):text.index(report.END)]
+    assert "Fixture GPU (test data, not a measurement)" in block and "2026-11-20" in block
+    assert "| 01 | Naive: one thread per query row | 1.00 |  | 0.80 |" in block
+    assert "| 02 | Shared-memory tiling of K and V | 3.00 | 3.00× vs 01 | 2.40 | 3.00× vs 01 |" in block
+    assert "| 2.50 | 0.83× vs 02 (**slower**) | FAILED check |" in block
+    assert "| SDPA | torch SDPA, flash backend | 298 |  | 262 |" in block
+    assert "| SDPA | torch SDPA, cuDNN backend | n/a |" in block and "fixture: no cuDNN here" in block
+    assert "42.6% / 37.4%" in block  # 298 and 262 of the 700-TFLOPS ceiling
+    assert "docs/bench/fixture_b16h16s2048d64_fp16.json" in block
+    assert "docs/bench/fixture_b16h16s2048d64_fp16_causal.json" in block
+    for plot in ("ladder.png", "sweep.png"):
+        path = report_tree.records / plot
+        assert path.stat().st_size > 10_000
+        assert f"(docs/bench/{plot})" in block
+    assert "Text after" not in block
+
+
+def test_report_phase_docstrings_from_fixture(report_tree):
+    _generate(report_tree)
+    texts = {pid: next(report_tree.phases.glob(f"p{pid}_*.py")).read_text() for pid in ("01", "02", "03")}
+    for text in texts.values():
+        ast.parse(text)  # still a valid module
+        assert "not measured yet" not in text
+    assert re.search(r"fp16: 1\.00 TFLOPS,\s+causal 0\.80 TFLOPS; 41 registers, 0 B local memory",
+                     texts["01"])
+    assert re.search(r"3\.00 TFLOPS\s+\(3\.00x phase 01\), causal 2\.40 TFLOPS \(3\.00x phase 01\)",
+                     texts["02"])
+    assert re.search(r"2\.50 TFLOPS\s+\(0\.83x phase 02, SLOWER than phase 02\)", texts["03"])
+    assert re.search(r"causal FAILED the correctness\s+gate", texts["03"])
+    # the rest of each file is untouched
+    original = Path(PHASES["02"].__file__).read_text()
+    assert texts["02"].split("[measured:end]")[1] == original.split("[measured:end]")[1]
+    assert texts["02"].split("[measured:begin]")[0] == original.split("[measured:begin]")[0]
+
+
+def test_report_is_idempotent_and_records_are_read_back(report_tree):
+    _generate(report_tree)
+    first = report_tree.readme.read_text()
+    summary = _generate(report_tree)
+    assert report_tree.readme.read_text() == first
+    assert any("unchanged" in line for line in summary)
+    numbers = report.measured_phase("03", report.load_records(report_tree.records))
+    assert numbers["noncausal"]["tflops"] == pytest.approx(2.5)
+    assert numbers["causal"]["correct"] is False
+    assert numbers["speedup_noncausal"][0] == "02"
+    assert numbers["speedup_noncausal"][1] == pytest.approx(2.5 / 3.0)
+
+
+def test_report_prefers_the_full_ladder_over_a_newer_partial_run(report_tree):
+    full = json.loads((report_tree.records / "fixture_b16h16s2048d64_fp16.json").read_text())
+    partial = dict(full, created="2026-12-01T00:00:00+00:00",
+                   results=[dict(r, tflops=9.99) for r in full["results"] if r["name"] == "02"])
+    (report_tree.records / "fixture_b16h16s2048d64_fp16_p02.json").write_text(json.dumps(partial))
+    _generate(report_tree)
+    text = report_tree.readme.read_text()
+    assert "9.99" not in text and "| 01 | Naive: one thread per query row | 1.00 |" in text
+
+
+def test_report_errors_are_clear(report_tree):
+    (report_tree.records / "broken.json").write_text('{"schema": 1}')
+    with pytest.raises(report.ReportError, match="broken.json"):
+        _generate(report_tree)
+    (report_tree.records / "broken.json").unlink()
+    report_tree.readme.write_text("# no markers here\n")
+    with pytest.raises(report.ReportError, match="bench:begin"):
+        _generate(report_tree)
+
+
+def test_report_without_records(report_tree, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    report.generate(records_dir=empty, readme=report_tree.readme, phases_dir=report_tree.phases)
+    assert "No benchmark record yet" in report_tree.readme.read_text()
+    assert "not measured yet" in next(report_tree.phases.glob("p01_*.py")).read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, option", [
+    (["bench", "--shape", "16,16"], "--shape"),
+    (["bench", "--shape", "16,16,x,64"], "--shape"),
+    (["run", "--shape", "1,1,0,64"], "--shape"),
+    (["bench", "--phases", "01,42"], "phase"),
+    (["bench", "--peers", "flashy"], "--peers"),
+    (["bench", "--dtype", "fp8"], "--dtype"),
+    (["bench", "--repeats", "5"], "--repeats"),
+])
+def test_cli_bad_arguments_give_one_line(argv, option, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and option in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="uses the CUDA simulator")
+def test_cli_bench_refuses_the_simulator(capsys):
+    assert main(["bench"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "flashcore run" in err
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="uses the CUDA simulator")
+def test_cli_gpu_paths_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
+    """`bench` and `run` as on a GPU, with the simulator's device and fixed timings standing in:
+    argument handling, tables, the record file. (The device code itself needs a real GPU.)"""
+    from flashcore_numba import cli
+
+    monkeypatch.setattr(cli, "kernel_target", lambda: "gpu")
+    monkeypatch.setattr(bench, "open_device", FakeTimedDevice)
+    monkeypatch.setattr(cli, "PHASES", {pid: PHASES[pid] for pid in ("01", "02")})  # keep it quick
+    monkeypatch.setenv("COLUMNS", "250")  # rich: no wrapping inside table cells
+    out = tmp_path / "record.json"
+    argv = ["bench", "--phases", "01", "--shape", "1,1,16,64", "--peers", "flash", "--out", str(out)]
+    assert main(argv) == 0
+    record = json.loads(out.read_text())
+    assert bench.validate_record(record) == [] and record["command"] == ["flashcore", *argv]
+    assert [r["name"] for r in record["results"]] == ["01", "sdpa_flash"]
+    printed = capsys.readouterr().out
+    assert "Record written to" in printed and "pip install -e '.[torch]'" in printed
+
+    sweep = tmp_path / "sweep.json"
+    assert main(["bench", "--phases", "01", "--shape", "2,1,16,64", "--sweep-s", "16,32", "--peers", "none",
+                 "--causal", "--out", str(sweep)]) == 0
+    record = json.loads(sweep.read_text())
+    assert [p["S"] for p in record["sweep"]] == [16, 32] and record["config"]["causal"] is True
+
+    assert main(["run", "--shape", "1,1,16,64"]) == 0
+    printed = capsys.readouterr().out
+    assert "1.00× vs 01" in printed  # phase 02 against phase 01, with the same fake timing
+    assert "flashcore bench" in printed
+
+
+def test_doctor_without_gpu():
+    has_gpu = shutil.which("nvidia-smi") is not None
+    for simulator in (False, True):
+        done = subprocess.run([sys.executable, "-m", "flashcore_numba", "doctor"],
+                              env=_cli_env(simulator=simulator), capture_output=True, text=True,
+                              timeout=300, check=False)
+        lines = done.stdout.strip().splitlines()
+        assert lines and all(re.match(r"(OK|WARN|FAIL) ", line) for line in lines), done.stdout + done.stderr
+        failed = any(line.startswith("FAIL") for line in lines)
+        assert done.returncode == (1 if failed else 0)
+        names = [line.split()[1] for line in lines]
+        for name in ("numba", "numba-cuda", "numpy", "nvJitLink", "GPU", "driver", "simulator", "torch"):
+            assert name in names, name
+        assert any(line.split()[1] == "sm_90a" for line in lines)
+        simulator_line = next(line for line in lines if line.split()[1] == "simulator")
+        assert ("ON" in simulator_line) == simulator
+        if not has_gpu:
+            assert any(line.startswith("WARN GPU") for line in lines)
+
+
+def test_run_without_gpu():
+    """`flashcore run` on a CPU machine: every phase correct in the simulator, and it says that
+    simulator timings mean nothing. Without a GPU the child starts with the simulator off, so
+    this also covers run re-launching itself in the simulator."""
+    has_gpu = shutil.which("nvidia-smi") is not None
+    done = subprocess.run([sys.executable, "-m", "flashcore_numba", "run"], env=_cli_env(simulator=has_gpu),
+                          capture_output=True, text=True, timeout=600, check=False)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    if not has_gpu:
+        assert "No CUDA GPU found" in out
+    for phase_id in PHASES:
+        row = next(line for line in out.splitlines() if re.match(rf"\W*{phase_id}\b", line))
+        assert row.count("correct (err") == 2, row  # non-causal and causal
+    assert "INCORRECT" not in out
+    assert f"All {len(PHASES)} phases correct in the simulator" in out
+    assert "timings mean nothing" in out
