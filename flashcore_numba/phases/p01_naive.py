@@ -14,9 +14,16 @@ Why it is slow
     The online softmax itself (never materializing the S×S score matrix) is already the
     FlashAttention idea; every later phase keeps it and changes only how data moves.
 
+    This naive kernel measures faster than FlashCore's C++ naive kernel (0.65-1.6 TFLOPS):
+    HEAD_DIM is a compile-time constant, so the loops over d unroll and q and acc live in
+    registers (the record shows 0 bytes of local memory), and since all threads of a warp
+    read the same k_j[d] together, one cached load serves the whole warp.
+
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    not measured yet
+    NVIDIA H100 80GB HBM3, 2026-11-21, B=16 H=16 S=2048 D=64 fp16: 5.80 TFLOPS, causal 5.25 TFLOPS;
+    168 registers, 0 B local memory (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json).
     [measured:end]
 """
 

@@ -1,0 +1,68 @@
+"""Sweep tile configurations of phases 02-05 on a GPU; check each against torch and time it.
+
+A tuning aid, not the benchmark: it times without an L2 flush and with 10 runs. The logs of the
+sweeps that chose the shapes in phases 02-05 are in docs/tuning/. Run on a GPU machine:
+
+    python3 tools/sweep_tiles.py [phases|sweep|all]      # D=64;  D=128 python3 tools/sweep_tiles.py sweep
+"""
+import sys, time, math, json, os
+import numpy as np, torch
+from numba import cuda
+from flashcore_numba.phases import PHASES, p02_smem_tiling as p2, p03_warp_shuffle as p3, p05_double_buffer as p5
+from flashcore_numba.common import LOG2E, KernelConfig
+
+B, H, S, D = 16, 16, 2048, int(os.environ.get("D", "64"))
+torch.manual_seed(0)
+q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(3))
+refs = {c: torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=c) for c in (False, True)}
+qk_scale = LOG2E / math.sqrt(D)
+dq, dk, dv = (cuda.as_cuda_array(t) for t in (q, k, v))
+o = torch.empty_like(q); do = cuda.as_cuda_array(o)
+
+def check_and_time(cfg, causal, reps=10):
+    o.fill_(float("nan"))
+    cfg.launch(dq, dk, dv, do, causal, qk_scale); torch.cuda.synchronize()
+    err = (o.float() - refs[causal]).abs().max().item()
+    if not math.isfinite(err) or err > 5e-3:
+        return err, float("nan")
+    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(reps):
+        st.record(); cfg.launch(dq, dk, dv, do, causal, qk_scale); en.record(); torch.cuda.synchronize()
+        ts.append(st.elapsed_time(en))
+    ms = float(np.median(ts))
+    flops = 4 * B * H * S * S * D * (0.5 if causal else 1)
+    return err, flops / ms / 1e9
+
+rows = []
+def one(x):
+    return list(x.values())[0] if isinstance(x, dict) else x
+def run(name, cfg):
+    t0 = time.time()
+    try:
+        r = [check_and_time(cfg, c) for c in (False, True)]
+        regs = one(cfg.kernel.get_regs_per_thread()); lm = one(cfg.kernel.get_local_mem_per_thread())
+    except Exception as e:
+        print(name, "FAILED", repr(e)[:300], flush=True); rows.append(f"{name} FAILED {str(e)[:80]}"); return
+    line = f"{name:<44} nc {r[0][1]:7.2f} TF (err {r[0][0]:.1e})  causal {r[1][1]:7.2f} TF  regs {regs} lmem {lm}  smem {cfg.smem_bytes//1024}K  [{time.time()-t0:.0f}s]"
+    print(line, flush=True); rows.append(line)
+
+which = sys.argv[1] if len(sys.argv) > 1 else "all"
+if which in ("all", "phases"):
+    for pid, m in PHASES.items():
+        run(f"phase {pid}", m.build(D))
+if which in ("all", "sweep"):
+    if D == 64:
+        for bm, bn in [(128, 64), (64, 64), (256, 32)]:
+            run(f"02 bm{bm} bn{bn}", p2.build_kernel(D, bm, bn))
+    for bm, bn, nw, lpr in [(64,64,4,16),(128,64,8,16),(128,32,8,8),(128,64,8,8),(64,64,4,8),(64,32,4,8)]:
+        for name, stages, mod, pad_ in (("03", 1, p3, 0), ("04", 1, p3, 4), ("05", 2, p5, 4)):
+            L = p3.layout(D, pad_, bm, bn, nw, lpr, stages)
+            cfg = mod.build_kernel(L)
+            tag = f"{name} D{D} bm{bm} bn{bn} w{nw} lpr{lpr} pad{pad_}"
+            run(tag, cfg)
+            if stages == 2 and nw == 8:
+                k2 = cuda.jit(max_registers=128)(cfg.kernel.py_func)
+                run(tag + f" maxreg128", KernelConfig(k2, cfg.block_m, cfg.n_threads, cfg.smem_bytes))
+print("\n==== summary ====")
+for r in rows: print(r)
