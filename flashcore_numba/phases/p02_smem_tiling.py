@@ -17,7 +17,10 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    not measured yet
+    NVIDIA H100 80GB HBM3, 2026-11-21, B=16 H=16 S=2048 D=64 fp16: 20.7 TFLOPS (3.57x phase 01),
+    causal 18.2 TFLOPS (3.47x phase 01); 166 registers, 256 B local memory
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json).
     [measured:end]
 """
 
@@ -29,6 +32,7 @@ from functools import lru_cache
 from numba import cuda, float32
 
 from ..common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
+from ..sim import simulator_enabled
 
 ID = "02"
 NAME = "smem_tiling"
@@ -37,10 +41,15 @@ HEAD_DIMS = (64, 128)
 
 BLOCK_M = 128  # query rows (= threads) per block
 BLOCK_N = 64  # keys per K/V tile (measured on the H100: 64 beat 32 and 16)
+# The simulator runs one Python thread per CUDA thread: there the same kernel is built with small
+# tiles, so that a tiny test problem still spans several blocks and tiles (GPU tests use the above).
+SIM_BLOCK_M, SIM_BLOCK_N = 32, 16
 
 
 @lru_cache(maxsize=None)
 def build(HEAD_DIM: int) -> KernelConfig:
+    if simulator_enabled():
+        return build_kernel(HEAD_DIM, SIM_BLOCK_M, SIM_BLOCK_N)
     return build_kernel(HEAD_DIM, BLOCK_M, BLOCK_N)
 
 

@@ -24,7 +24,10 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    not measured yet
+    NVIDIA H100 80GB HBM3, 2026-11-21, B=16 H=16 S=2048 D=64 fp16: 23.4 TFLOPS (1.58x phase 03),
+    causal 20.6 TFLOPS (1.54x phase 03); 168 registers, 0 B local memory
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json).
     [measured:end]
 """
 
@@ -33,7 +36,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..common import KernelConfig
-from .p03_warp_shuffle import TILES, build_kernel, layout
+from .p03_warp_shuffle import TILES, build_kernel, layout, tiles
 
 ID = "04"
 NAME = "padding"
@@ -46,10 +49,11 @@ SMEM_PAD = 4  # shifts row r by 4r banks: one 16-byte chunk
 # <<< exercise
 
 
-def smem_layout(HEAD_DIM: int) -> dict:
-    return layout(HEAD_DIM, SMEM_PAD, **TILES[HEAD_DIM])
+def smem_layout(HEAD_DIM: int, tile_shape=None) -> dict:
+    """The shared-memory layout of this phase (the GPU's tiles unless `tile_shape` is given)."""
+    return layout(HEAD_DIM, SMEM_PAD, **(tile_shape or TILES[HEAD_DIM]))
 
 
 @lru_cache(maxsize=None)
 def build(HEAD_DIM: int) -> KernelConfig:
-    return build_kernel(smem_layout(HEAD_DIM))
+    return build_kernel(smem_layout(HEAD_DIM, tiles(HEAD_DIM)))
