@@ -1,0 +1,330 @@
+"""What the compiler made of a phase: registers, spills, shared and local memory, PTX and SASS.
+
+No GPU is needed. `numba.cuda.compile_ptx` turns a phase's kernel into PTX for sm_90a (the
+H100; numba-cuda targets sm_90a there too), and nvJitLink, the linker numba-cuda itself uses,
+assembles that PTX into machine code. With `-verbose` the assembler (ptxas) reports what the
+kernel costs per thread:
+
+    ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+    ptxas info    : Used 168 registers, used 1 barriers
+
+A *spill* is a value the compiler could not keep in a register and parked in local memory
+(per-thread memory that lives in DRAM, cached in L1): a phase that promises to keep its tiles
+in registers must show zero spill bytes and a zero stack frame.
+
+In Numba's simulator (NUMBA_ENABLE_CUDASIM=1) `numba.cuda` has no compiler, so `kernel_report`
+then runs this module in a fresh Python process without that variable:
+
+    python -m flashcore_numba.machine_code 03 64           # the report of phase 03 at D=64, JSON
+    python -m flashcore_numba.machine_code 02 03 64        # several phases: {"02": ..., "03": ...}
+    python -m flashcore_numba.machine_code 03 64 --sass    # with SASS (needs nvdisasm or cuobjdump)
+
+SASS, the GPU's native instructions, is disassembled from the same cubin when `nvdisasm` (or
+`cuobjdump`) is found: on PATH, in a CUDA toolkit, or from the `nvidia-cuda-nvdisasm` wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+
+SIG = ("void(float16[:,:,:,::1], float16[:,:,:,::1], float16[:,:,:,::1], float16[:,:,:,::1], "
+       "boolean, float32)")
+CC = (9, 0, "a")  # the H100, as numba-cuda compiles for it
+ARCH = "sm_90a"
+RESERVED_SMEM_BYTES = 1024  # shared memory the CUDA runtime reserves per block on sm_80 and newer
+
+REPORT_KEYS = ("registers", "spill_store_bytes", "spill_load_bytes", "stack_frame_bytes", "static_smem_bytes",
+               "dynamic_smem_bytes", "ptx")
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile and assemble
+# ---------------------------------------------------------------------------------------------
+def compile_phase_ptx(phase_id: str, head_dim: int) -> str:
+    """PTX of a phase's kernel specialized to `head_dim`, for sm_90a."""
+    from numba import cuda
+
+    from .phases import get_phase
+
+    config = get_phase(phase_id).build(head_dim)
+    ptx, _ = cuda.compile_ptx(config.kernel.py_func, SIG, cc=CC)
+    return ptx
+
+
+def assemble(ptx: str, arch: str = ARCH) -> tuple[str, bytes]:
+    """Assemble PTX with nvJitLink; returns (the verbose info log, the cubin)."""
+    from cuda.bindings import nvjitlink
+
+    options = [f"-arch={arch}", "-verbose"]
+    handle = nvjitlink.create(len(options), options)
+    try:
+        data = ptx.encode()
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+        try:
+            nvjitlink.complete(handle)
+        except Exception as exc:
+            raise RuntimeError(f"nvJitLink could not assemble the PTX for {arch}:\n"
+                               f"{_log(nvjitlink, handle, 'error')}") from exc
+        log = _log(nvjitlink, handle, "info")
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, cubin)
+        return log, bytes(cubin)
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def _log(nvjitlink, handle, kind: str) -> str:
+    size = getattr(nvjitlink, f"get_{kind}_log_size")(handle)
+    buf = bytearray(size)
+    if size:
+        getattr(nvjitlink, f"get_{kind}_log")(handle, buf)
+    return bytes(buf).rstrip(b"\0").decode(errors="replace")
+
+
+_USED_REGISTERS = re.compile(r"Used (\d+) registers")
+_STACK_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_BARRIERS = re.compile(r"used (\d+) barriers")
+_LINKER_SMEM = re.compile(r"(\d+) bytes smem")
+_STATIC_SHARED = re.compile(r"^\s*\.shared\s.*?\[(\d+)\]", re.MULTILINE)
+
+
+def parse_resource_usage(log: str) -> dict:
+    """registers, stack frame, spills and barriers of the (single) kernel in an nvJitLink -verbose log."""
+    regs = _USED_REGISTERS.search(log)
+    frame = _STACK_SPILLS.search(log)
+    if regs is None or frame is None:
+        raise ValueError(f"log: no 'Used N registers' / 'bytes stack frame' line in the assembler "
+                         f"log:\n{log}")
+    barriers = _BARRIERS.search(log)
+    linker_smem = _LINKER_SMEM.search(log)
+    return {
+        "registers": int(regs.group(1)),
+        "stack_frame_bytes": int(frame.group(1)),
+        "spill_store_bytes": int(frame.group(2)),
+        "spill_load_bytes": int(frame.group(3)),
+        "barriers": int(barriers.group(1)) if barriers else 0,
+        # the linker's figure includes the 1 KB the runtime reserves per block that uses shared memory
+        "linker_smem_bytes": int(linker_smem.group(1)) if linker_smem else None,
+    }
+
+
+def static_smem_from_ptx(ptx: str) -> int:
+    """Bytes of statically sized `.shared` arrays declared in the PTX (dynamic ones are `.extern`)."""
+    return sum(int(n) for n in _STATIC_SHARED.findall(ptx))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading PTX and SASS
+# ---------------------------------------------------------------------------------------------
+_PTX_OPCODE = re.compile(r"^\s*(?:@!?%\w+\s+)?([a-z][\w.:]*)")
+_SASS_OPCODE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s*(?:@!?U?P\w+\s+)?([A-Z][\w.]*)")
+
+
+def opcode(line: str) -> str | None:
+    """The instruction name of one PTX or nvdisasm/cuobjdump SASS line (None for other lines)."""
+    m = _SASS_OPCODE.match(line) or _PTX_OPCODE.match(line)
+    if m is None or m.group(1).startswith((".", "//")):
+        return None
+    return m.group(1)
+
+
+def instruction_counts(text: str, patterns) -> dict[str, int]:
+    """How many instructions in `text` (PTX or SASS) start with each pattern, e.g. "shfl.sync.bfly".
+
+    These are static counts, the number of times an instruction appears in the code; a loop
+    body appears once however often it runs.
+    """
+    counts = dict.fromkeys(patterns, 0)
+    for line in text.splitlines():
+        op = opcode(line)
+        if op is None:
+            continue
+        for p in patterns:
+            if op.startswith(p):
+                counts[p] += 1
+    return counts
+
+
+def ptx_excerpt(ptx: str, patterns, max_lines: int = 16, context: int = 1) -> str:
+    """A short excerpt: the first occurrence of each pattern with `context` lines of code around it.
+
+    Works on SASS text too. Blank and comment lines are skipped; windows that touch are merged,
+    gaps are marked with '...'; at most `max_lines` lines are returned, each with its line number.
+    """
+    code = [(n, line.rstrip()) for n, line in enumerate(ptx.splitlines(), start=1)
+            if line.strip() and not line.strip().startswith("//")]
+    hits = []
+    for p in patterns:
+        for i, (_, line) in enumerate(code):
+            op = opcode(line)
+            if op is not None and op.startswith(p):
+                hits.append(i)
+                break
+    keep: set[int] = set()
+    for i in sorted(hits):
+        window = [j for j in range(max(0, i - context), min(len(code), i + context + 1)) if j not in keep]
+        if len(keep) + len(window) > max_lines:
+            break
+        keep.update(window)
+    out, previous = [], None
+    for j in sorted(keep):
+        if previous is not None and j != previous + 1:
+            out.append("    ...")
+        number, line = code[j]
+        out.append(f"{number:6d}  {line}")
+        previous = j
+    return "\n".join(out) if out else f"(none of {', '.join(patterns)} in this code)"
+
+
+def find_disassembler() -> str | None:
+    """Path of nvdisasm, else cuobjdump: on PATH, in CUDA_HOME, or from the NVIDIA wheels."""
+    for tool in ("nvdisasm", "cuobjdump"):
+        path = shutil.which(tool)
+        if path is None:
+            try:
+                from cuda.pathfinder import find_nvidia_binary_utility
+
+                path = find_nvidia_binary_utility(tool)
+            except (ImportError, RuntimeError, OSError):  # no cuda-pathfinder, or one without it
+                path = None
+        if path:
+            return path
+    return None
+
+
+def disassemble(cubin: bytes) -> str | None:
+    """SASS of a cubin, or None when no disassembler is installed."""
+    tool = find_disassembler()
+    if tool is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        nvdisasm = Path(tool).name.startswith("nvdisasm")
+        args = [tool, "-c", str(path)] if nvdisasm else [tool, "-sass", str(path)]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------
+def _report_here(phase_id: str, head_dim: int, sass: bool) -> dict:
+    from .phases import get_phase
+
+    phase = get_phase(phase_id)
+    ptx = compile_phase_ptx(phase.ID, head_dim)
+    log, cubin = assemble(ptx)
+    report = {"phase": phase.ID, "name": phase.NAME, "head_dim": head_dim, "arch": ARCH}
+    report.update(parse_resource_usage(log))
+    report["static_smem_bytes"] = static_smem_from_ptx(ptx)
+    report["dynamic_smem_bytes"] = phase.build(head_dim).smem_bytes
+    report["n_threads"] = phase.build(head_dim).n_threads
+    report["ptx"] = ptx
+    report["assembler_log"] = log
+    report["sass"] = disassemble(cubin) if sass else None
+    return report
+
+
+def _in_subprocess(phase_ids, head_dim: int, sass: bool) -> dict[str, dict]:
+    """Run this module in a fresh interpreter that compiles for real (no simulator)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    args = [sys.executable, "-m", "flashcore_numba.machine_code", *phase_ids, str(head_dim), "--many"]
+    if sass:
+        args.append("--sass")
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling phases {', '.join(phase_ids)} in a subprocess failed:\n{done.stderr}")
+    return json.loads(done.stdout)
+
+
+@cache
+def _reports(phase_ids: tuple, head_dim: int, sass: bool) -> dict:
+    from .sim import simulator_enabled
+
+    if simulator_enabled():
+        return _in_subprocess(phase_ids, head_dim, sass)
+    return {p: _report_here(p, head_dim, sass) for p in phase_ids}
+
+
+def kernel_reports(phase_ids, head_dim: int, *, sass: bool = False) -> dict[str, dict]:
+    """`kernel_report` of several phases at once (one subprocess in the simulator)."""
+    from .phases import get_phase
+
+    ids = tuple(get_phase(p).ID for p in phase_ids)
+    reports = _reports(ids, int(head_dim), bool(sass))
+    return {p: dict(reports[p]) for p in ids}
+
+
+def kernel_report(phase_id, head_dim: int, *, sass: bool = False) -> dict:
+    """What one phase's kernel costs per thread and per block, compiled for sm_90a.
+
+    Keys: registers, spill_store_bytes, spill_load_bytes, stack_frame_bytes (per thread);
+    static_smem_bytes (from the PTX's `.shared` declarations), dynamic_smem_bytes (what the
+    phase launches with, `build(D).smem_bytes`), n_threads, barriers, linker_smem_bytes
+    (static + the runtime's 1 KB reservation); ptx, assembler_log, and sass (text, or None
+    when not asked for or no disassembler is installed).
+    """
+    (report,) = kernel_reports([phase_id], head_dim, sass=sass).values()
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Occupancy: how many blocks of a kernel fit on one SM of an H100
+# ---------------------------------------------------------------------------------------------
+H100_SM = {"registers": 65536, "smem_bytes": 228 * 1024, "threads": 2048, "blocks": 32,
+           "register_granularity": 256}
+
+
+def occupancy(report: dict, sm: dict = H100_SM) -> dict:
+    """Resident blocks per SM and what limits them, from a kernel report (registers, smem, threads)."""
+    n_threads = report["n_threads"]
+    warps = -(-n_threads // 32)
+    gran = sm["register_granularity"]
+    regs_per_warp = -(-report["registers"] * 32 // gran) * gran
+    smem = report["dynamic_smem_bytes"] + report["static_smem_bytes"]
+    smem_per_block = smem + RESERVED_SMEM_BYTES if smem else 0
+    limits = {
+        "registers": sm["registers"] // (regs_per_warp * warps) if regs_per_warp else sm["blocks"],
+        "shared memory": sm["smem_bytes"] // smem_per_block if smem_per_block else sm["blocks"],
+        "threads": sm["threads"] // n_threads,
+        "blocks": sm["blocks"],
+    }
+    blocks = min(limits.values())
+    return {"blocks_per_sm": blocks, "limited_by": min(limits, key=limits.get), "limits": limits,
+            "warps_per_sm": blocks * warps, "occupancy": blocks * warps / (sm["threads"] // 32)}
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m flashcore_numba.machine_code",
+                                     description="Registers, spills, shared memory and PTX of a phase's "
+                                                 "kernel, compiled for sm_90a without a GPU (JSON).")
+    parser.add_argument("phases", nargs="+", help="phase ids, then the head dim: 03 64  or  02 03 64")
+    parser.add_argument("--sass", action="store_true", help="include SASS (needs nvdisasm or cuobjdump)")
+    parser.add_argument("--many", action="store_true", help="always print {phase: report}")
+    args = parser.parse_args(argv)
+    if len(args.phases) < 2 or not args.phases[-1].isdigit():
+        parser.error("expected one or more phase ids followed by the head dim, e.g. 03 64")
+    *ids, head_dim = args.phases
+    reports = kernel_reports(ids, int(head_dim), sass=args.sass)
+    json.dump(reports if args.many or len(reports) > 1 else next(iter(reports.values())), sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

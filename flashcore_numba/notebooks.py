@@ -1,0 +1,957 @@
+"""What the lesson notebooks share, and the `flashcore lessons` command that builds and runs them.
+
+Every lesson is one file, `lessons/NN_<name>.py` in jupytext's "percent" format, paired with the
+notebook `lessons/NN_<name>.ipynb` generated from it. All lessons follow one template (see
+`TEMPLATE` and `flashcore lessons --new NN`): the idea and a diagram, the kernel source, a
+correctness check, timing, the machine code, the exercise. The prose and the diagram are the
+phase's own; everything that runs is here, written once, behind the `Lesson` class:
+
+    lesson = Lesson("03")
+    lesson.intro()          # where the kernels run: a GPU, or Numba's simulator on the CPU
+    lesson.check()          # against flashcore_numba.reference on fresh random inputs
+    timing = lesson.timing()  # live on a GPU; on a CPU read from the committed record
+    lesson.plot_timing(timing)
+    lesson.machine_code()   # registers, spills, shared memory, occupancy (flashcore_numba.machine_code)
+    lesson.ptx(["shfl.sync.bfly", "ex2.approx"])
+    lesson.exercise()
+
+The notebook itself chooses at run time where kernels run: `flashcore_numba.sim.simulator_enabled()`.
+
+    flashcore lessons --sync      regenerate every .ipynb from its .py (outputs of unchanged cells kept)
+    flashcore lessons --check     fail if a notebook's cells differ from its .py, or a phase has no lesson
+    flashcore lessons --execute   run every lesson top to bottom and save the outputs into its .ipynb
+    flashcore lessons --new 06    write lessons/06_<name>.py from the template
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import hashlib
+import inspect
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .phases import PHASES, get_phase
+from .reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
+from .sim import simulator_enabled
+
+REFERENCE_SHAPE = (16, 16, 2048, 64)  # B, H, S, D: the shape every timing in the course uses
+# (B, H, S_q, S_k, D, causal) checked in the simulator, which runs one Python thread per CUDA thread:
+# one block of query rows; 100 keys span two K/V tiles and end in a tail; then the causal triangle
+SIM_PROBLEMS = ((1, 1, 40, 100, 64, False), (1, 1, 40, 40, 64, True))
+LESSON_GLOB = "[0-9][0-9]_*.py"
+JUPYTEXT_FORMAT = "py:percent"
+
+
+# =============================================================================================
+# Where things are
+# =============================================================================================
+def repo_root() -> Path:
+    """The checkout holding lessons/ and docs/: beside the package, else the nearest parent of cwd."""
+    here = Path(__file__).resolve().parent.parent
+    candidates = [here, Path.cwd(), *Path.cwd().parents]
+    for root in candidates:
+        if (root / "lessons").is_dir() or (root / "docs" / "bench").is_dir():
+            return root
+    return here
+
+
+def lessons_dir() -> Path:
+    return repo_root() / "lessons"
+
+
+def lesson_stem(phase) -> str:
+    phase = get_phase(phase)
+    return f"{phase.ID}_{phase.NAME}"
+
+
+def lesson_path(phase, suffix: str = ".py") -> Path:
+    return lessons_dir() / f"{lesson_stem(phase)}{suffix}"
+
+
+def exercise_path(phase) -> Path:
+    return lessons_dir() / "exercises" / f"{lesson_stem(phase)}.py"
+
+
+def lesson_sources(directory: Path | None = None) -> list[Path]:
+    """Every lesson .py (NN_<name>.py) in the lessons folder, in course order."""
+    directory = lessons_dir() if directory is None else Path(directory)
+    return sorted(Path(p) for p in glob.glob(str(directory / LESSON_GLOB)))
+
+
+def previous_phase(phase):
+    """The phase before `phase` on the ladder, or None for the first."""
+    ids = sorted(PHASES)
+    i = ids.index(get_phase(phase).ID)
+    return PHASES[ids[i - 1]] if i > 0 else None
+
+
+# =============================================================================================
+# Showing things: plain text that reads the same in a notebook, a terminal and on GitHub
+# =============================================================================================
+def _display(obj) -> None:
+    try:
+        from IPython.display import display
+
+        display(obj)
+    except ImportError:  # outside IPython
+        print(obj)
+
+
+def show_code(source: str, language: str = "python") -> None:
+    """Source code, syntax-highlighted in a notebook (its plain-text form is the source itself)."""
+    try:
+        from IPython.display import Code
+
+        _display(Code(source, language=language))
+    except ImportError:
+        print(source)
+
+
+def table(rows, columns) -> str:
+    """A fixed-width text table: `rows` are dicts, `columns` are (key, header) pairs."""
+    cells = [[header for _, header in columns]]
+    for row in rows:
+        cells.append([_fmt(row.get(key)) for key, _ in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value == 0 or math.isinf(value) or math.isnan(value):
+            return f"{value:g}"
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def source_of(*objects) -> str:
+    """Source of functions, classes or modules; a Numba dispatcher shows its Python function."""
+    return "\n\n".join(inspect.getsource(getattr(o, "py_func", o)).rstrip() for o in objects)
+
+
+def exercise_regions(phase) -> list[tuple[str, int, int]]:
+    """The `# >>> exercise ...` / `# <<< exercise` regions of a phase module: (title, first line, lines)."""
+    lines = inspect.getsource(get_phase(phase)).splitlines()
+    regions, title, start = [], None, 0
+    for number, line in enumerate(lines, start=1):
+        stripped = line.strip()
+        if stripped.startswith("# >>> exercise"):
+            title, start = stripped[len("# >>> "):], number + 1
+        elif stripped.startswith("# <<< exercise") and title is not None:
+            regions.append((title, start, number - start))
+            title = None
+    return regions
+
+
+# =============================================================================================
+# Timing: through flashcore_numba.bench, the one harness (live on a GPU, its committed records on a CPU)
+# =============================================================================================
+PEERS_SHOWN = ("sdpa_flash", "sdpa_cudnn")
+
+
+def records_dir() -> Path:
+    from .bench import default_records_dir
+
+    return default_records_dir()
+
+
+def latest_record(directory=None) -> dict | None:
+    """The record `flashcore report` shows: newest full ladder at the reference shape, non-causal first."""
+    from .bench import load_records
+    from .report import ladder_records
+
+    noncausal, causal = ladder_records(load_records(directory))
+    return noncausal or causal
+
+
+def measure(phase_ids, shape=REFERENCE_SHAPE, causal: bool = False) -> dict:
+    """Benchmark phases and torch SDPA on this GPU with the full protocol; returns a record (not saved)."""
+    from .bench import Problem, run_benchmark
+
+    return run_benchmark(Problem.from_shape(shape, causal=causal), phase_ids=list(phase_ids),
+                         peer_names=PEERS_SHOWN, measure_ceiling=False,
+                         command=["python", "-m", "flashcore_numba.notebooks", "(a lesson's timing cell)"])
+
+
+def timing_rows(record: dict, phase_ids) -> list[dict]:
+    """The record's rows for these phases and the SDPA peers, labelled for a table and a plot."""
+    rows = []
+    for r in record["results"]:
+        if (r["kind"] == "phase" and r["name"] not in phase_ids) or (r["kind"] == "peer"
+                                                                     and r["name"] not in PEERS_SHOWN):
+            continue
+        if r["kind"] == "phase":
+            label = f"{r['name']} {get_phase(r['name']).NAME}"
+        else:
+            label = r["title"].replace("torch SDPA, ", "torch SDPA ").replace(" backend", "")
+        note = "" if r.get("tflops") else (r.get("reason") or r.get("message") or "not timed")
+        rows.append({"name": label, "phase": r["name"] if r["kind"] == "phase" else None,
+                     "peer": r["kind"] == "peer", "median_ms": r.get("median_ms"), "tflops": r.get("tflops"),
+                     "note": note})
+    return rows
+
+
+def _describe_shape(config: dict) -> str:
+    causal = config.get("causal")
+    S = config["S_q"] if config["S_q"] == config["S_k"] else f"{config['S_q']}×{config['S_k']}"
+    return (f"B={config['B']} H={config['H']} S={S} D={config['D']} {config.get('dtype', 'float16')}, "
+            f"{'causal' if causal else 'not causal'}; "
+            f"TFLOPS = 4·B·H·S²·D{'/2' if causal else ''} / median time")
+
+
+def _display_path(path) -> str:
+    if path is None:
+        return "the benchmark record"
+    try:
+        return str(Path(path).resolve().relative_to(repo_root()))
+    except ValueError:
+        return str(path)
+
+
+# =============================================================================================
+# Diagrams
+# =============================================================================================
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def draw_memory_hierarchy():
+    """The H100's memory hierarchy as nested boxes: size, latency and bandwidth (rough figures)."""
+    plt = _plt()
+    from matplotlib.patches import FancyBboxPatch
+
+    levels = [
+        ("registers", "64K × 32-bit per SM (256 KB)", "~1 cycle", "feeds the FP32 units directly", "#4c72b0"),
+        ("shared memory / L1", "up to 228 KB shared per SM", "~30 cycles", "~32 TB/s over 132 SMs",
+         "#55a868"),
+        ("L2 cache", "50 MB, shared by all SMs", "~250 cycles", "several TB/s", "#dd8452"),
+        ("HBM3 (global memory)", "80 GB", "~500-800 cycles", "3.35 TB/s", "#c44e52"),
+    ]
+    _, ax = plt.subplots(figsize=(9, 3.6))
+    for i, (name, size, latency, bw, color) in enumerate(levels):
+        width = 0.4 + 0.2 * i
+        x = (1.6 - width) / 2
+        y = 3 - i
+        ax.add_patch(FancyBboxPatch((x, y + 0.08), width, 0.84, boxstyle="round,pad=0.01", color=color,
+                                    alpha=0.85))
+        ax.text(0.8, y + 0.6, name, ha="center", va="center", color="white", fontsize=11, weight="bold")
+        ax.text(0.8, y + 0.3, size, ha="center", va="center", color="white", fontsize=9)
+        ax.text(1.7, y + 0.5, f"{latency}   ·   {bw}", ha="left", va="center", fontsize=10)
+    ax.text(1.7, 4.15, "latency   ·   bandwidth", ha="left", fontsize=10, style="italic")
+    ax.set_xlim(0, 3.2)
+    ax.set_ylim(0, 4.4)
+    ax.axis("off")
+    ax.set_title("Closer to the cores = smaller, faster (rough H100 figures; see docs/hardware.md)")
+    plt.show()
+
+
+def draw_warp_tile(L):
+    """Which lane of warp 0 computes which score of the warp's ROWS_PER_WARP × BLOCK_N tile."""
+    plt = _plt()
+    rows, cols = L["ROWS_PER_WARP"], L["BLOCK_N"]
+    lpr, tm = L["LANES_PER_ROW"], L["TM"]
+    owner = np.zeros((rows, cols), dtype=int)
+    for lane in range(32):
+        r0 = (lane // lpr) * tm
+        c = lane % lpr
+        for i in range(tm):
+            for j in range(L["TN"]):
+                owner[r0 + i, c + j * lpr] = lane
+    _, ax = plt.subplots(figsize=(11, 3.4))
+    ax.imshow(owner, cmap="tab20", aspect="auto", interpolation="nearest")
+    for (r, c), lane in np.ndenumerate(owner):
+        ax.text(c, r, str(lane), ha="center", va="center", fontsize=5.5)
+    ax.set_xlabel(f"key j in the tile (BLOCK_N = {cols}); lane owns keys lane_col + j·{lpr}")
+    ax.set_ylabel(f"query row (warp 0: {rows} rows)")
+    ax.set_title(f"Warp 0's scores: each number is the lane that computes it (TM = {tm} rows × "
+                 f"TN = {L['TN']} keys per lane)")
+    plt.show()
+
+
+def draw_bank_map(layouts):
+    """Banks hit by the lanes that read K in one pass (column 0 of rows 0, 1, 2 ...), per layout.
+
+    A lane reads `VEC` consecutive words per instruction (1, or 4 for 16-byte loads). A warp's
+    access is served 32 / VEC lanes at a time; the picture shows the first such group.
+    """
+    plt = _plt()
+    from .banks import N_BANKS, warp_tile_conflicts
+
+    _, axes = plt.subplots(1, len(layouts), figsize=(5.5 * len(layouts), 3.6), squeeze=False)
+    for ax, (title, L) in zip(axes[0], layouts):
+        width = L.get("VEC", 1)
+        lanes = min(L["LANES_PER_ROW"], 32 // width)
+        grid = np.zeros((lanes, N_BANKS))
+        for lane in range(lanes):  # lane c reads k[c][0 : width]
+            for w in range(width):
+                grid[lane, (L["K_OFF"] + lane * L["K_STRIDE"] + w) % N_BANKS] = 1
+        ax.imshow(grid, cmap="Greens", aspect="auto", vmin=0, vmax=1.3)
+        load = grid.sum(axis=0)
+        for bank in range(N_BANKS):
+            if load[bank] > 1:
+                ax.text(bank, -0.9, f"{int(load[bank])}×", ha="center", color="#c44e52", fontsize=9,
+                        weight="bold")
+        degree = warp_tile_conflicts(L)["k read (scores)"]
+        access = "one 4-byte word" if width == 1 else f"{4 * width} bytes ({width} banks)"
+        ax.set_xlabel("bank (word address mod 32)")
+        ax.set_ylabel("lane c, reading row c of K")
+        ax.set_title(f"{title}: row stride {L['K_STRIDE']} words\n"
+                     f"each lane reads {access}; "
+                     f"{degree} pass{'es' if degree > 1 else ''}", fontsize=10)
+        ax.set_ylim(lanes - 0.5, -1.5)
+    plt.tight_layout()
+    plt.show()
+
+
+def with_pad(L: dict, pad: int) -> dict:
+    """Layout `L` of a warp-tiled phase rebuilt with another row padding (the rest unchanged).
+
+    `p03_warp_shuffle.layout` takes its parameters by the names of the keys it returns
+    (HEAD_DIM, block_m -> BLOCK_M, ...), so they are read back from L.
+    """
+    from .phases.p03_warp_shuffle import layout
+
+    args = {}
+    for name in inspect.signature(layout).parameters:
+        if name == "smem_pad":
+            args[name] = pad
+        elif name.upper() in L:
+            args[name] = L[name.upper()]
+    return layout(**args)
+
+
+def pad_sweep(L: dict, pads=range(9)) -> None:
+    """Conflict degree of every shared-memory access of layout `L`, for each row padding it allows."""
+    from .banks import warp_tile_conflicts
+
+    rows, refused = [], {}
+    for pad in pads:
+        try:
+            padded = with_pad(L, pad)
+        except AssertionError as exc:  # the layout refuses this pad (e.g. it breaks 16-byte alignment)
+            refused.setdefault(str(exc), []).append(str(pad))
+            continue
+        conflicts = warp_tile_conflicts(padded)
+        rows.append({"pad": pad, **conflicts, "smem": padded["SMEM_FLOATS"] * 4,
+                     "note": "conflict-free" if max(conflicts.values()) == 1 else ""})
+    names = [k for k in rows[0] if k not in ("pad", "smem", "note")]
+    print(f"Passes each warp-wide access needs (1 = conflict-free), per padding of the tile rows "
+          f"(head dim {L['HEAD_DIM']}):")
+    columns = [("pad", "pad (words)"), *((n, n) for n in names), ("smem", "smem bytes"), ("note", "")]
+    print(table(rows, columns))
+    for why, which in refused.items():
+        print(f"pads {', '.join(which)}: not allowed ({why})")
+
+
+def draw_pipeline(n_tiles: int = 4):
+    """Schematic timeline: load-then-compute (phase 04) against prefetch-while-computing (phase 05)."""
+    plt = _plt()
+    load, compute = 1.0, 1.6
+    _, ax = plt.subplots(figsize=(10, 2.6))
+    t = 0.0
+    for j in range(n_tiles):  # phase 04: wait for the tile, then compute on it
+        ax.broken_barh([(t, load)], (1.6, 0.6), color="#c44e52")
+        ax.text(t + load / 2, 1.9, f"load {j}", ha="center", va="center", color="white", fontsize=8)
+        ax.broken_barh([(t + load, compute)], (1.6, 0.6), color="#4c72b0")
+        ax.text(t + load + compute / 2, 1.9, f"compute {j}", ha="center", va="center", color="white",
+                fontsize=8)
+        t += load + compute
+    end04 = t
+    ax.broken_barh([(0, load)], (0.2, 0.6), color="#c44e52")  # phase 05: only tile 0 is waited for
+    ax.text(load / 2, 0.5, "load 0", ha="center", va="center", color="white", fontsize=8)
+    t = load
+    for j in range(n_tiles):
+        ax.broken_barh([(t, compute)], (0.2, 0.6), color="#4c72b0")
+        ax.text(t + compute / 2, 0.5, f"compute {j}", ha="center", va="center", color="white", fontsize=8)
+        if j + 1 < n_tiles:
+            ax.broken_barh([(t + 0.1, load)], (0.85, 0.25), color="#c44e52", alpha=0.6)
+            ax.text(t + 0.1 + load / 2, 0.975, f"load {j + 1}", ha="center", va="center", fontsize=6.5)
+        t += compute
+    ax.set_yticks([0.5, 1.9], ["phase 05: prefetch", "phase 04: load, wait"])
+    ax.set_xlabel(f"time (schematic): {end04:.1f} vs {t:.1f} units for {n_tiles} tiles")
+    ax.set_xlim(0, end04 + 0.2)
+    ax.set_ylim(0, 2.4)
+    ax.set_title("Double buffering hides the load of tile j+1 behind the arithmetic of tile j")
+    plt.show()
+
+
+# =============================================================================================
+# The lesson
+# =============================================================================================
+class Lesson:
+    """One phase's notebook: every cell after the prose is one method call."""
+
+    def __init__(self, phase, head_dim: int = 64):
+        self.phase = get_phase(phase)
+        self.previous = previous_phase(self.phase)
+        self.head_dim = head_dim
+        self.on_gpu = not simulator_enabled()
+        self._reports = None
+        self._timed = None  # (record, where it comes from) of the timing cell
+
+    # -- where we are ----------------------------------------------------------------------
+    def intro(self) -> None:
+        p = self.phase
+        print(f"Phase {p.ID} — {p.TITLE}   (flashcore_numba.phases.{p.__name__.rsplit('.', 1)[-1]})")
+        if self.on_gpu:
+            from numba import cuda
+
+            if not cuda.is_available():
+                raise RuntimeError("NUMBA_ENABLE_CUDASIM is off but no CUDA GPU is available: restart the "
+                                   "kernel with NUMBA_ENABLE_CUDASIM=1 to run the lesson in the simulator")
+            dev = cuda.get_current_device()
+            name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
+            cc = dev.compute_capability
+            print(f"Kernels run on: {name} (compute capability {cc[0]}.{cc[1]}); timings are measured live.")
+        else:
+            print("Kernels run in Numba's CUDA simulator on the CPU (NUMBA_ENABLE_CUDASIM=1): one Python "
+                  "thread per CUDA thread,\nso correctness is checked on a tiny shape and timings are read "
+                  "from the committed GPU record.")
+        import numba
+
+        from . import __version__
+
+        print(f"flashcore_numba {__version__}, numba {numba.__version__}, numpy {np.__version__}")
+
+    def changelog(self) -> None:
+        """The phase module's docstring: its changelog and the measured effect from the record."""
+        print(inspect.getdoc(self.phase))
+
+    # -- source ----------------------------------------------------------------------------
+    def show_source(self, *objects) -> None:
+        """Source of the given functions (default: the phase's `build`), straight from the package."""
+        show_code(source_of(*(objects or (self.phase.build,))))
+
+    def show_diff(self, old, new) -> None:
+        """Unified diff between two functions' sources: only what the new phase changed."""
+        old, new = (getattr(o, "py_func", o) for o in (old, new))
+        a = inspect.getsource(old).splitlines()
+        b = inspect.getsource(new).splitlines()
+        name_a = f"{old.__module__.rsplit('.', 1)[-1]}.{old.__qualname__}"
+        name_b = f"{new.__module__.rsplit('.', 1)[-1]}.{new.__qualname__}"
+        diff = difflib.unified_diff(a, b, name_a, name_b, lineterm="", n=2)
+        show_code("\n".join(diff), language="diff")
+
+    # -- correctness -----------------------------------------------------------------------
+    def check_shapes(self) -> list[tuple]:
+        """(B, H, S_q, S_k, D, causal) problems for `check`: tails, several K/V tiles, masks."""
+        if not self.on_gpu:
+            return list(SIM_PROBLEMS)
+        problems = [(2, 3, 200, 200, d, c) for d in self.phase.HEAD_DIMS for c in (False, True)]
+        return problems + [(1, 2, 1000, 1000, self.head_dim, True), (1, 2, 130, 300, self.head_dim, True)]
+
+    def check(self, problems=None) -> None:
+        """Run the kernel on fresh random inputs (output poisoned with NaN first) against the reference."""
+        from numba import cuda
+
+        from .common import LOG2E
+        from .reference import ATOL
+
+        rows = []
+        for B, H, Sq, Sk, D, causal in problems or self.check_shapes():
+            q, k, v = random_qkv((B, H, Sq, D), Sk)
+            dq, dk, dv = (cuda.to_device(x) for x in (q, k, v))
+            dout = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))  # every element must be written
+            self.phase.build(D).launch(dq, dk, dv, dout, causal, default_scale(D) * LOG2E)
+            verdict = check_close(dout.copy_to_host(), reference_attention(q, k, v, causal=causal),
+                                  lowp_attention(q, k, v, causal=causal))
+            rows.append({"shape": f"{B}×{H}×{Sq}×{Sk}×{D}", "causal": causal, "max_err": verdict.max_err,
+                         "allowed": verdict.allowed, "nan/inf": verdict.nonfinite,
+                         "result": "pass" if verdict.ok else "FAIL", "why": verdict.message})
+        print(table(rows, [("shape", "B×H×S_q×S_k×D"), ("causal", "causal"), ("max_err", "max |out-ref|"),
+                           ("allowed", "allowed"), ("nan/inf", "NaN/Inf left"), ("result", "result")]))
+        failed = [r for r in rows if r["result"] != "pass"]
+        if failed:
+            raise AssertionError("; ".join(f"{r['shape']} causal={r['causal']}: {r['why']}" for r in failed))
+        print(f"allowed = 2 × (error of plain fp16 attention) + {ATOL:g}: FlashAttention's test oracle")
+
+    # -- timing ----------------------------------------------------------------------------
+    def timing(self, directory=None) -> dict | None:
+        """This phase, the previous one and torch SDPA: measured live on a GPU, else the committed record."""
+        ids = [p.ID for p in (self.previous, self.phase) if p is not None]
+        if self.on_gpu:
+            record = measure(ids)
+            label = (f"Measured live on {record['provenance']['gpu_name']} on {record['created'][:10]} "
+                     f"(flashcore_numba.bench: median of {record['timing']['repeats']} runs, L2 flushed)")
+        else:
+            record = latest_record(directory)
+            if record is None:
+                where = _display_path(directory or records_dir())
+                print(f"No GPU benchmark record in {where} yet, so there is nothing to show here on a CPU.\n"
+                      "On a GPU machine `flashcore bench` writes one; this cell then shows its numbers.")
+                return None
+            label = (f"Not measured here (no GPU): measured on {record['provenance']['gpu_name']} on "
+                     f"{record['created'][:10]}, read from {_display_path(record.get('_path'))}")
+            if not any(r["kind"] == "phase" and r["name"] == self.phase.ID for r in record["results"]):
+                label += f"\n(that record has no row for phase {self.phase.ID} yet)"
+        self._timed = (record, "measured by the timing cell" if self.on_gpu
+                       else f"read from {_display_path(record.get('_path'))}")
+        rows = timing_rows(record, ids)
+        print(label)
+        print(_describe_shape(record["config"]))
+        print(table(rows, [("name", "kernel"), ("median_ms", "median ms"), ("tflops", "TFLOPS"),
+                           ("note", "")]))
+        mine = {r["phase"]: r for r in rows if r["phase"] and r["tflops"]}
+        if self.previous is not None and self.previous.ID in mine and self.phase.ID in mine:
+            ratio = mine[self.phase.ID]["tflops"] / mine[self.previous.ID]["tflops"]
+            print(f"\nphase {self.phase.ID} runs at {ratio:.2f}× the throughput of phase {self.previous.ID}")
+        return {"rows": rows, "label": label}
+
+    def plot_timing(self, timing: dict | None) -> None:
+        """Bars of the timing rows on a log scale: the peers are orders of magnitude ahead at first."""
+        rows = [r for r in (timing or {}).get("rows", []) if r.get("tflops")]
+        if not rows:
+            print("nothing to plot")
+            return
+        plt = _plt()
+        colors = ["#4c72b0" if r["phase"] == self.phase.ID else "#dd8452" if r["peer"] else "#8c8c8c"
+                  for r in rows]
+        _, ax = plt.subplots(figsize=(8, max(2.4, 0.8 + 0.45 * len(rows))))
+        values = [r["tflops"] for r in rows]
+        ax.barh([r["name"] for r in rows], values, color=colors)
+        for i, value in enumerate(values):
+            ax.text(value * 1.08, i, f"{value:.3g} TFLOPS", va="center", fontsize=9)
+        ax.set_xscale("log")
+        ax.set_xlim(min(values) / 2, max(values) * 10)
+        ax.invert_yaxis()
+        ax.set_xlabel("TFLOPS (log scale)")
+        ax.set_title(timing["label"], fontsize=9)
+        plt.tight_layout()
+        plt.show()
+
+    # -- machine code ----------------------------------------------------------------------
+    def reports(self) -> dict:
+        """kernel_report of the previous and this phase (compiled once; in a subprocess in the simulator)."""
+        if self._reports is None:
+            from .machine_code import find_disassembler, kernel_reports
+
+            ids = [p.ID for p in (self.previous, self.phase) if p is not None]
+            self._reports = kernel_reports(ids, self.head_dim, sass=find_disassembler() is not None)
+        return self._reports
+
+    def machine_code(self) -> None:
+        """Registers, spills, local and shared memory, and the occupancy they allow, side by side."""
+        from .machine_code import occupancy
+
+        rows = []
+        for pid, r in self.reports().items():
+            occ = occupancy(r)
+            rows.append({"phase": f"{pid} {r['name']}", "registers": r["registers"],
+                         "spill st/ld B": f"{r['spill_store_bytes']}/{r['spill_load_bytes']}",
+                         "stack B": r["stack_frame_bytes"], "static smem": r["static_smem_bytes"],
+                         "dynamic smem": r["dynamic_smem_bytes"], "threads": r["n_threads"],
+                         "blocks/SM": f"{occ['blocks_per_sm']} ({occ['limited_by']})",
+                         "occupancy": f"{occ['occupancy']:.0%}"})
+        print(f"Compiled for sm_90a (H100) at D={self.head_dim}; per thread: registers, spill bytes, stack "
+              "frame (local memory); per block: shared memory in bytes.")
+        print(table(rows, [(k, k) for k in rows[0]]))
+        print("blocks/SM and occupancy: how many blocks fit on one H100 SM (65536 registers, 228 KB shared "
+              "memory, 2048 threads) and what runs out first.")
+        for pid, r in self.reports().items():
+            if r["spill_store_bytes"] or r["spill_load_bytes"]:
+                print(f"\nphase {pid} spills: {r['spill_store_bytes']} bytes stored to and "
+                      f"{r['spill_load_bytes']} loaded from local memory per thread "
+                      f"({r['registers']} registers in use).")
+            elif r["stack_frame_bytes"]:
+                print(f"\nphase {pid} keeps a {r['stack_frame_bytes']}-byte stack frame in local memory per "
+                      "thread: an array the compiler could not place in registers.")
+        if self._timed:  # what the driver reported for the kernels the timing record ran
+            record, source = self._timed
+            loaded = [r for r in record["results"] if r["name"] in self.reports() and r.get("registers")]
+            if loaded:
+                print(f"\nThe driver on {record['provenance']['gpu_name']} ({source}): " + "; ".join(
+                    f"phase {r['name']} {r['registers']} registers, {r['local_bytes_per_thread']} bytes "
+                    "of local memory per thread" for r in loaded))
+
+    def ptx(self, patterns, max_lines: int = 16, context: int = 1) -> None:
+        """How often each key PTX instruction appears in each phase; where it first appears in this one."""
+        from .machine_code import ptx_excerpt
+
+        self._counts("ptx", patterns, "PTX")
+        ptx = self.reports()[self.phase.ID]["ptx"]
+        header = [line.strip() for line in ptx.splitlines() if line.startswith((".version", ".target"))]
+        print(f"\nPTX of phase {self.phase.ID} ({', '.join(header)}), first occurrence of each:")
+        print(ptx_excerpt(ptx, patterns, max_lines, context))
+
+    def sass(self, patterns, max_lines: int = 16, context: int = 1) -> None:
+        """The same for SASS, the GPU's own instructions, when a disassembler (nvdisasm) is installed."""
+        from .machine_code import ptx_excerpt
+
+        text = self.reports()[self.phase.ID].get("sass")
+        if not text:
+            print("No SASS here: it needs nvdisasm or cuobjdump (a CUDA toolkit, or "
+                  "`pip install nvidia-cuda-nvdisasm`).\nThe PTX above is what the assembler starts from; "
+                  "it unrolls loops further and allocates registers.")
+            return
+        self._counts("sass", patterns, "SASS")
+        print(f"\nSASS of phase {self.phase.ID}, first occurrence of each:")
+        print(ptx_excerpt(text, patterns, max_lines, context))
+
+    def _counts(self, key, patterns, what) -> None:
+        from .machine_code import instruction_counts
+
+        rows = []
+        for pid, r in self.reports().items():
+            counts = instruction_counts(r.get(key) or "", patterns)
+            rows.append({"phase": f"{pid} {r['name']}", **counts})
+        print(f"{what} instructions in the code (static counts: a loop body counts once):")
+        print(table(rows, [("phase", "phase")] + [(p, p) for p in patterns]))
+
+    def bank_conflicts(self) -> None:
+        """Worst shared-memory bank-conflict degree of each access (phases with a warp-tile layout)."""
+        from .banks import warp_tile_conflicts
+
+        rows = []
+        for p in (self.previous, self.phase):
+            if p is not None and hasattr(p, "smem_layout"):
+                L = p.smem_layout(self.head_dim)
+                rows.append({"phase": f"{p.ID} {p.NAME} (pad {L['SMEM_PAD']})", **warp_tile_conflicts(L)})
+        if not rows:
+            print("This phase has no warp-tiled shared-memory layout to analyse.")
+            return
+        print("Passes each warp-wide shared-memory access needs (1 = conflict-free), from the layout alone:")
+        print(table(rows, [(k, k) for k in rows[0]]))
+
+    # -- exercise --------------------------------------------------------------------------
+    def exercise(self) -> None:
+        """Where this phase's exercise regions are, where the stub lives, and how to grade it."""
+        stub = exercise_path(self.phase)
+        module = self.phase.__name__.rsplit(".", 1)[-1]
+        print(f"The stub is flashcore_numba/phases/{module}.py with these regions cut out; "
+              "you write them back:")
+        for title, start, n_lines in exercise_regions(self.phase):
+            print(f"  - {title}   (lines {start}-{start + n_lines - 1} of the phase source, {n_lines} lines)")
+        where = _display_path(stub) if stub.exists() else f"{_display_path(stub)} (not written yet)"
+        print(f"\nYour stub: {where}")
+        print(f"Grade it:  flashcore grade {self.phase.ID}")
+        print(f"     or:   pytest lessons/exercises --grade {self.phase.ID}")
+
+
+# =============================================================================================
+# The template every lesson follows (`flashcore lessons --new NN` writes it)
+# =============================================================================================
+HEADER = """\
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+"""
+
+DEVICE_CELL = """\
+# %%
+# Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
+# driver shows one, else in Numba's CUDA simulator on the CPU. Set NUMBA_ENABLE_CUDASIM to choose.
+import os
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if os.path.exists("/dev/nvidiactl") else "1"
+"""
+
+TEMPLATE = HEADER + """
+# %% [markdown]
+# # Phase {ID} — {TITLE}
+#
+# *Previous: {PREV}. Hardware background: [docs/hardware.md](../docs/hardware.md).*
+#
+# ## The idea
+#
+# *(to write: what changes from the previous phase, in two or three sentences)*
+#
+# ## Why the hardware rewards it
+#
+# *(to write: the hardware reason, with a diagram where a picture beats words)*
+
+""" + DEVICE_CELL + """
+# %%
+from flashcore_numba import notebooks
+from flashcore_numba.phases import {MODULE} as phase
+
+lesson = notebooks.Lesson("{ID}")
+lesson.intro()
+
+# %% [markdown]
+# ## The kernel
+#
+# Straight from the package: what runs is what you read.
+
+# %%
+lesson.show_source(phase.build)
+
+# %% [markdown]
+# ## Is it correct?
+#
+# Fresh random inputs, the output poisoned with NaN first, compared with the float64 reference.
+
+# %%
+lesson.check()
+
+# %% [markdown]
+# ## How fast is it?
+
+# %%
+timings = lesson.timing()
+
+# %%
+lesson.plot_timing(timings)
+
+# %% [markdown]
+# ## What changed in the machine code
+
+# %%
+lesson.machine_code()
+
+# %%
+lesson.ptx(["ld.shared", "fma.rn.f32", "ex2.approx"])
+
+# %%
+lesson.sass(["LDS", "FFMA", "MUFU.EX2"])
+
+# %% [markdown]
+# ## Exercise
+
+# %%
+lesson.exercise()
+"""
+
+
+def new_lesson(phase, directory: Path | None = None) -> Path:
+    """Write NN_<name>.py for a phase from the template (into lessons/ by default); never overwrites."""
+    phase = get_phase(phase)
+    path = (lessons_dir() if directory is None else Path(directory)) / f"{lesson_stem(phase)}.py"
+    if path.exists():
+        raise FileExistsError(f"phase: {_display_path(path)} exists already")
+    prev = previous_phase(phase)
+    text = TEMPLATE.format(ID=phase.ID, TITLE=phase.TITLE, MODULE=phase.__name__.rsplit(".", 1)[-1],
+                           PREV=f"[{prev.ID} {prev.NAME}]({lesson_stem(prev)}.ipynb)" if prev else "none")
+    path.write_text(text)
+    return path
+
+
+# =============================================================================================
+# Building, checking and running the notebooks
+# =============================================================================================
+def _jupytext():
+    try:
+        import jupytext
+    except ImportError as exc:
+        raise SystemExit("the lessons need jupytext: pip install -e '.[notebooks]'") from exc
+    return jupytext
+
+
+def _cell_id(cell, taken: set) -> str:
+    digest = hashlib.sha1(f"{cell.cell_type}\n{cell.source}".encode()).hexdigest()
+    n = 8
+    while digest[:n] in taken and n < len(digest):
+        n += 1
+    taken.add(digest[:n])
+    return digest[:n]
+
+
+def notebook_from_py(py: Path):
+    """The notebook a lesson .py describes, with stable cell ids (so regenerating it changes nothing)."""
+    jupytext = _jupytext()
+    nb = jupytext.read(str(py), fmt=JUPYTEXT_FORMAT)
+    taken: set = set()
+    for cell in nb.cells:
+        cell["id"] = _cell_id(cell, taken)
+    return nb
+
+
+def _cells(nb) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source) for c in nb.cells]
+
+
+def sync(sources=None, *, quiet: bool = False) -> list[Path]:
+    """Regenerate each lesson's .ipynb from its .py; outputs of unchanged cells are kept."""
+    import nbformat
+
+    jupytext = _jupytext()
+    written = []
+    for py in sources or lesson_sources():
+        py = Path(py)
+        ipynb = py.with_suffix(".ipynb")
+        nb = notebook_from_py(py)
+        if ipynb.exists():
+            old = nbformat.read(str(ipynb), as_version=4)
+            outputs = {(c.cell_type, c.source): c for c in old.cells if c.cell_type == "code"}
+            for cell in nb.cells:
+                kept = outputs.get((cell.cell_type, cell.source))
+                if kept is not None:
+                    cell["outputs"] = kept.get("outputs", [])
+                    cell["execution_count"] = kept.get("execution_count")
+            for key in ("language_info",):
+                if key in old.metadata:
+                    nb.metadata[key] = old.metadata[key]
+        text = jupytext.writes(nb, fmt="ipynb")
+        if not ipynb.exists() or ipynb.read_text() != text:
+            ipynb.write_text(text)
+            written.append(ipynb)
+            if not quiet:
+                print(f"wrote {_display_path(ipynb)}")
+    return written
+
+
+def check(directory: Path | None = None) -> list[str]:
+    """Problems with the lessons: a phase without one, a notebook out of sync with its .py."""
+    import nbformat
+
+    directory = lessons_dir() if directory is None else Path(directory)
+    problems = []
+    for phase in PHASES.values():
+        for suffix in (".py", ".ipynb"):
+            path = directory / f"{lesson_stem(phase)}{suffix}"
+            if not path.exists():
+                problems.append(f"phase {phase.ID} has no lesson {_display_path(path)}"
+                                + (" (write it: flashcore lessons --new " + phase.ID + ")" if suffix == ".py"
+                                   else " (generate it: flashcore lessons --sync)"))
+    for py in lesson_sources(directory):
+        ipynb = py.with_suffix(".ipynb")
+        if not ipynb.exists():
+            continue
+        want = _cells(notebook_from_py(py))
+        have = _cells(nbformat.read(str(ipynb), as_version=4))
+        if want != have:
+            first = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+            problems.append(f"{_display_path(ipynb)} differs from {py.name} (first at cell {first}); "
+                            "run: flashcore lessons --sync")
+    for ipynb in sorted(directory.glob("[0-9][0-9]_*.ipynb")):
+        if not ipynb.with_suffix(".py").exists():
+            problems.append(f"{_display_path(ipynb)} has no {ipynb.with_suffix('.py').name}: "
+                            "the .py is the source")
+    return problems
+
+
+def kernel_env(extra: dict | None = None) -> dict:
+    """Environment of a notebook kernel: this one, with this checkout importable."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    env.update(extra or {})
+    return env
+
+
+def execute_notebook(py: Path, cwd: Path | None = None, timeout: int = 600, env: dict | None = None):
+    """Run a lesson top to bottom in a fresh kernel; returns the executed notebook (a cell error raises)."""
+    from nbclient import NotebookClient
+
+    py = Path(py)
+    nb = notebook_from_py(py)
+    from jupyter_client.manager import KernelManager
+
+    with tempfile.TemporaryDirectory() as sockets:
+        # IPC sockets where available: a local kernel needs no TCP port (ipykernel warns about
+        # unencrypted TCP, and the warning would land in the outputs)
+        transport = {"transport": "ipc", "ip": str(Path(sockets) / "kernel")} if os.name == "posix" else {}
+        km = KernelManager(kernel_name="python3", **transport)
+        client = NotebookClient(nb, km=km, timeout=timeout, kernel_name="python3", record_timing=False,
+                                resources={"metadata": {"path": str(cwd or py.parent)}})
+        client.execute(env=env or kernel_env())
+    return nb
+
+
+def execute(sources=None, timeout: int = 600) -> list[str]:
+    """Execute every lesson and save its outputs into its .ipynb (the committed outputs come from here).
+
+    A lesson whose cell fails keeps its previous .ipynb; the others still run. Returns the failures.
+    """
+    from nbclient.exceptions import CellExecutionError
+
+    jupytext = _jupytext()
+    failures = []
+    for py in sources or lesson_sources():
+        py = Path(py)
+        t0 = time.perf_counter()
+        print(f"executing {_display_path(py)} ...", flush=True)
+        try:
+            nb = execute_notebook(py, timeout=timeout)
+        except CellExecutionError as exc:
+            failures.append(f"{_display_path(py)}: {exc}")
+            print(f"  FAILED after {time.perf_counter() - t0:.0f} s; "
+                  f"{py.with_suffix('.ipynb').name} left as it was:\n{exc}", flush=True)
+            continue
+        ipynb = py.with_suffix(".ipynb")
+        ipynb.write_text(jupytext.writes(nb, fmt="ipynb"))
+        print(f"  wrote {_display_path(ipynb)} in {time.perf_counter() - t0:.0f} s", flush=True)
+    return failures
+
+
+def main(argv=None) -> int:
+    """`flashcore lessons [--sync] [--execute] [--check] [--new NN] [--only NN ...]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="flashcore lessons",
+                                     description="Build, check and run the lesson notebooks "
+                                                 "(lessons/NN_<name>.py is the source; the .ipynb is "
+                                                 "generated from it).")
+    parser.add_argument("--sync", action="store_true", help="regenerate every .ipynb from its .py")
+    parser.add_argument("--execute", action="store_true",
+                        help="run every lesson and save its outputs into the .ipynb "
+                             "(on a GPU when there is one)")
+    parser.add_argument("--check", action="store_true",
+                        help="fail if a phase has no lesson or a .ipynb differs from its .py (the default)")
+    parser.add_argument("--new", metavar="NN",
+                        help="write lessons/NN_<name>.py for phase NN from the template")
+    parser.add_argument("--only", nargs="+", metavar="NN", help="only these phases' lessons")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds a cell may run (default 600)")
+    args = parser.parse_args(argv)
+
+    def fail(message: str) -> int:
+        print(f"flashcore lessons: error: {message}", file=sys.stderr)
+        return 2
+
+    if args.new:
+        try:
+            path = new_lesson(args.new)
+        except (FileExistsError, ValueError, TypeError) as exc:
+            return fail(f"--new: {exc}")
+        print(f"wrote {_display_path(path)}: fill in its prose, then flashcore lessons --sync")
+    sources = None
+    if args.only:
+        try:
+            sources = [lesson_path(p) for p in args.only]
+        except (ValueError, TypeError) as exc:
+            return fail(f"--only: {exc}")
+        missing = [_display_path(p) for p in sources if not p.exists()]
+        if missing:
+            return fail(f"--only: no lesson {', '.join(missing)} (write it: flashcore lessons --new NN)")
+    if args.sync:
+        written = sync(sources)
+        print(f"{len(written)} notebook(s) regenerated" if written else "every notebook is in sync")
+    if args.execute:
+        where = "the simulator" if simulator_enabled() or not os.path.exists("/dev/nvidiactl") else "the GPU"
+        print(f"kernels will run on {where}")
+        failures = execute(sources, timeout=args.timeout)
+        if failures:
+            return fail(f"{len(failures)} lesson(s) failed: " + ", ".join(f.split(":")[0] for f in failures))
+    if args.check or not (args.sync or args.execute or args.new):
+        problems = check()
+        if problems:
+            print("\n".join(problems), file=sys.stderr)
+            return 1
+        print(f"{len(lesson_sources())} lessons, every phase has one, every notebook in sync with its .py")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""The lesson notebooks: one per phase, in sync with their jupytext source, and runnable headless.
+
+Each lesson is executed top to bottom with nbclient in a fresh kernel, which inherits this
+session's environment: in CI that is the simulator (the root conftest sets NUMBA_ENABLE_CUDASIM=1).
+The executed notebooks are written to a temporary folder, never over the committed ones.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from flashcore_numba import PHASES, notebooks
+
+LESSONS = Path(__file__).resolve().parent.parent / "lessons"
+FIXTURE_RECORDS = Path(__file__).parent / "data" / "bench_records"
+TEMPLATE_CALLS = ("lesson.intro()", "lesson.show_source(", "lesson.check()", "lesson.timing()",
+                  "lesson.plot_timing(", "lesson.machine_code()", "lesson.ptx(", "lesson.sass(",
+                  "lesson.exercise()")
+
+
+@pytest.mark.parametrize("pid", sorted(PHASES))
+def test_every_phase_has_a_lesson(pid):
+    stem = notebooks.lesson_stem(pid)
+    for suffix in (".py", ".ipynb"):
+        assert (LESSONS / f"{stem}{suffix}").exists(), (
+            f"phase {pid} has no lessons/{stem}{suffix}: write it with `flashcore lessons --new {pid}`, "
+            f"then `flashcore lessons --sync`")
+
+
+def test_course_map_links_every_lesson():
+    readme = (LESSONS / "README.md").read_text()
+    for pid in PHASES:
+        stem = notebooks.lesson_stem(pid)
+        assert f"]({stem}.ipynb)" in readme, f"lessons/README.md has no row linking {stem}.ipynb"
+        assert f"](exercises/{stem}.py)" in readme, f"lessons/README.md does not link exercises/{stem}.py"
+
+
+def test_notebooks_are_in_sync_with_their_sources():
+    assert notebooks.check() == []
+
+
+@pytest.mark.parametrize("pid", sorted(PHASES))
+def test_lesson_follows_the_template(pid):
+    text = notebooks.lesson_path(pid).read_text()
+    assert f'notebooks.Lesson("{pid}")' in text
+    missing = [call for call in TEMPLATE_CALLS if call not in text]
+    assert not missing, f"lesson {pid} lacks the template's cells: {missing}"
+    assert "NUMBA_ENABLE_CUDASIM" in text.split("notebooks.Lesson(")[0], (
+        "the device cell must come before the package is imported")
+
+
+def test_sync_and_check_catch_a_stale_notebook(tmp_path):
+    py = tmp_path / "01_naive.py"
+    shutil.copy(LESSONS / "01_naive.py", py)
+    assert notebooks.sync([py], quiet=True) == [py.with_suffix(".ipynb")]
+    assert notebooks.sync([py], quiet=True) == [], "regenerating an unchanged lesson must change nothing"
+
+    def problems():
+        return [p for p in notebooks.check(tmp_path) if "01_naive" in p and "has no lesson" not in p]
+
+    assert problems() == []
+    py.write_text(py.read_text().replace("lesson.check()", "lesson.check()  # edited"))
+    assert any("differs from 01_naive.py" in p for p in problems())
+    notebooks.sync([py], quiet=True)
+    assert problems() == []
+
+
+def test_sync_keeps_outputs_of_unchanged_cells(tmp_path):
+    py = tmp_path / "01_naive.py"
+    shutil.copy(LESSONS / "01_naive.py", py)
+    notebooks.sync([py], quiet=True)
+    ipynb = py.with_suffix(".ipynb")
+    nb = nbformat.read(ipynb, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for cell in code[-2:]:
+        cell.outputs = [nbformat.v4.new_output("stream", text=f"output of {cell.source}\n")]
+    nbformat.write(nb, ipynb)
+    py.write_text(py.read_text().replace("lesson.exercise()", "lesson.exercise()  # edited"))
+    notebooks.sync([py], quiet=True)
+    code = [c for c in nbformat.read(ipynb, as_version=4).cells if c.cell_type == "code"]
+    assert code[-2].outputs, "an unchanged cell keeps its output"
+    assert not code[-1].outputs, "an edited cell loses its stale output"
+
+
+def test_new_lesson_from_the_template(tmp_path):
+    path = notebooks.new_lesson("03", tmp_path)
+    text = path.read_text()
+    assert path.name == "03_warp_shuffle.py"
+    assert 'notebooks.Lesson("03")' in text and "p03_warp_shuffle as phase" in text
+    assert all(call in text for call in TEMPLATE_CALLS)
+    assert notebooks.notebook_from_py(path).cells, "the template is valid jupytext"
+    with pytest.raises(FileExistsError, match="phase"):
+        notebooks.new_lesson("03", tmp_path)
+
+
+def test_timing_reads_the_committed_record_on_a_cpu(capsys):
+    if not notebooks.Lesson("03").on_gpu:
+        result = notebooks.Lesson("03").timing(FIXTURE_RECORDS)
+        out = capsys.readouterr().out
+        assert re.search(r"measured on .+ on \d{4}-\d{2}-\d{2}, read from .+\.json", out)
+        names = [r["name"] for r in result["rows"]]
+        assert "02 smem_tiling" in names and "03 warp_shuffle" in names
+        assert any(r["peer"] and r["tflops"] for r in result["rows"])
+
+
+def test_timing_without_a_record_says_so(tmp_path, capsys):
+    if not notebooks.Lesson("03").on_gpu:
+        assert notebooks.Lesson("03").timing(tmp_path) is None
+        assert "No GPU benchmark record" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pid", [p for p in sorted(PHASES) if hasattr(PHASES[p], "smem_layout")])
+def test_with_pad_rebuilds_a_phase_layout(pid):
+    """The pad sweep of lesson 04 re-derives a phase's layout with another pad; same pad, same layout."""
+    L = PHASES[pid].smem_layout(64)
+    assert notebooks.with_pad(L, L["SMEM_PAD"]) == L
+
+
+def test_main_check_passes(capsys):
+    assert notebooks.main(["--check"]) == 0
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """Every lesson executed from a temporary copy, two at a time (a kernel is one busy process)."""
+    def run(pid):
+        py = tmp_path_factory.mktemp(f"lesson{pid}") / notebooks.lesson_path(pid).name
+        shutil.copy(notebooks.lesson_path(pid), py)
+        return py, notebooks.execute([py], timeout=300)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(sorted(PHASES), pool.map(run, sorted(PHASES))))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pid", sorted(PHASES))
+def test_lesson_executes(pid, executed):
+    """Every cell runs without error (in the simulator in CI), and the check prints its verdict."""
+    py, failures = executed[pid]
+    assert not failures, failures[0]
+    nb = nbformat.read(py.with_suffix(".ipynb"), as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert any("pass" in o.get("text", "") for o in outputs), "the correctness check printed no verdict"

@@ -1,0 +1,97 @@
+"""The machine-code report: kernels compiled for sm_90a and assembled by nvJitLink, no GPU needed.
+
+In the simulator (the default test session) `kernel_report` compiles in a subprocess without
+NUMBA_ENABLE_CUDASIM; one subprocess serves every phase these tests look at.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from flashcore_numba.machine_code import (
+    REPORT_KEYS,
+    instruction_counts,
+    kernel_reports,
+    occupancy,
+    opcode,
+    parse_resource_usage,
+    ptx_excerpt,
+)
+
+REGISTER_PHASES = ("03", "04")  # phases whose lesson promises every tile value lives in registers
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return kernel_reports(["01", *REGISTER_PHASES], 64)
+
+
+def test_report_parses(reports):
+    for pid, r in reports.items():
+        for key in REPORT_KEYS:
+            assert key in r, f"phase {pid}: no {key!r} in the report"
+        assert 0 < r["registers"] <= 255, f"phase {pid}: {r['registers']} registers"
+        assert ".target sm_90a" in r["ptx"]
+        assert r["static_smem_bytes"] == 0, f"phase {pid}: the phases use dynamic shared memory only"
+    assert reports["01"]["dynamic_smem_bytes"] == 0
+    assert reports["03"]["dynamic_smem_bytes"] > 48 * 1024  # why launch() raises the per-kernel limit
+
+
+@pytest.mark.parametrize("pid", REGISTER_PHASES)
+def test_register_phases_do_not_spill(reports, pid):
+    r = reports[pid]
+    assert (r["spill_store_bytes"], r["spill_load_bytes"], r["stack_frame_bytes"]) == (0, 0, 0), (
+        f"phase {pid} keeps its tiles in registers, but ptxas reports {r['stack_frame_bytes']} bytes of stack "
+        f"frame, {r['spill_store_bytes']} bytes of spill stores, {r['spill_load_bytes']} of spill loads "
+        f"({r['registers']} registers)")
+
+
+def test_phase03_ptx_has_its_key_instructions(reports):
+    counts = instruction_counts(reports["03"]["ptx"], ["shfl.sync.bfly", "ex2.approx", "ld.local", "st.local"])
+    assert counts["shfl.sync.bfly"] > 0, "the row max and sum are butterfly shuffles"
+    assert counts["ex2.approx"] > 0, "exp2 is a single ex2.approx instruction"
+    assert counts["ld.local"] == counts["st.local"] == 0
+
+
+def test_parse_resource_usage():
+    log = ("ptxas info    : 0 bytes gmem\n"
+           "ptxas         .     192 bytes stack frame, 192 bytes spill stores, 288 bytes spill loads\n"
+           "ptxas info    : Used 255 registers, used 1 barriers\n"
+           "info    : used 255 registers, used 1 barriers, 192 stack, 1024 bytes smem, 952 bytes cmem[0]\n")
+    assert parse_resource_usage(log) == {"registers": 255, "stack_frame_bytes": 192, "spill_store_bytes": 192,
+                                         "spill_load_bytes": 288, "barriers": 1, "linker_smem_bytes": 1024}
+    with pytest.raises(ValueError, match="log"):
+        parse_resource_usage("nothing useful")
+
+
+def test_opcode_reads_ptx_and_sass():
+    assert opcode("\t@%p3 bra \t$L__BB0_4;") == "bra"
+    assert opcode("\tshfl.sync.bfly.b32 \t%r80|%p125, %r76, %r78, %r77, %r79;") == "shfl.sync.bfly.b32"
+    assert opcode("        /*7640*/                   SHFL.BFLY PT, R89, R88, 0x8, 0x1f ;") == "SHFL.BFLY"
+    assert opcode("        /*0090*/              @!P0 LDS R4, [R2] ;") == "LDS"
+    assert opcode("\t// begin inline asm") is None
+    assert opcode("\t.reg .pred \t%p<5>;") is None
+
+
+SMALL_PTX = ("\tmov.u32 \t%r1, 0;", "\t// begin inline asm", "\tex2.approx.f32 \t%f2, %f1;",
+             "\tadd.f32 \t%f3, %f2, %f2;", "", "\tmov.u32 \t%r2, 1;", "\tmov.u32 \t%r3, 2;",
+             "\tshfl.sync.bfly.b32 \t%r4|%p1, %r3, 8, 31, -1;")
+
+
+def test_excerpt_and_counts():
+    ptx = "\n".join(SMALL_PTX)
+    assert instruction_counts(ptx, ["ex2.approx", "mov", "fma"]) == {"ex2.approx": 1, "mov": 3, "fma": 0}
+    excerpt = ptx_excerpt(ptx, ["ex2.approx", "shfl.sync.bfly"], max_lines=10, context=1)
+    lines = excerpt.splitlines()
+    assert "ex2.approx.f32" in lines[1] and "shfl.sync.bfly" in lines[-1]
+    assert "// begin inline asm" not in excerpt and "    ..." in lines
+    assert "none of" in ptx_excerpt(ptx, ["wgmma"])
+
+
+def test_occupancy_on_h100():
+    small = {"registers": 168, "n_threads": 128, "dynamic_smem_bytes": 0, "static_smem_bytes": 0}
+    assert occupancy(small)["blocks_per_sm"] == 3  # 168 regs × 128 threads: 3 blocks of 64K registers
+    assert occupancy(small)["limited_by"] == "registers"
+    big_smem = dict(small, registers=32, dynamic_smem_bytes=100 * 1024)
+    assert occupancy(big_smem)["blocks_per_sm"] == 2
+    assert occupancy(big_smem)["limited_by"] == "shared memory"
