@@ -1,0 +1,256 @@
+"""Exercise stubs, generated from the phase sources: `lessons/exercises/NN_<name>.py`.
+
+A phase module marks the lines a student writes:
+
+    # >>> exercise 03-a: reduce m_ij to the max over the LANES_PER_ROW lanes of this row
+    offset = LANES_PER_ROW // 2
+    ...
+    # <<< exercise
+
+The stub is the phase source with the lines between each pair of markers removed (the
+markers stay, so the student sees where to write and what), a header saying what to do and
+how to grade, and the package-relative imports made absolute (`from ..common import` ->
+`from flashcore_numba.common import`) so that the file runs from anywhere. Solving an
+exercise therefore only adds lines, as in mojo-gpu-puzzles: the stub's lines are a
+subsequence of the solution's, which tests/test_exercises.py checks.
+
+Stubs are never edited by hand. After changing a phase:
+
+    python -m flashcore_numba.exercises           # which stubs are out of date? (exit 1 if any)
+    python -m flashcore_numba.exercises --write   # regenerate them all
+
+Everything is driven by `flashcore_numba.phases.PHASES`: a new phase with marked regions gets
+its stub with no new code here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXERCISES_DIR = REPO_ROOT / "lessons" / "exercises"
+
+# `# >>> exercise 03-a: what to write` ... `# <<< exercise`. The label is optional for a phase
+# with a single region (`# >>> exercise 01: ...`).
+BEGIN = re.compile(r"^(?P<indent>[ \t]*)# >>> exercise(?: (?P<label>[^:]+?))?: (?P<instruction>\S.*?)\s*$")
+END = re.compile(r"^[ \t]*# <<< exercise\s*$")
+# `from .x import` / `from ..x import`: resolved against the phase's package.
+RELATIVE_IMPORT = re.compile(r"^(?P<head>[ \t]*from[ \t]+)(?P<name>\.+[\w.]*)(?P<tail>[ \t]+import\b.*)$")
+
+
+class ExerciseFormatError(ValueError):
+    """A phase source whose exercise markers are malformed; names the file and line."""
+
+
+@dataclass(frozen=True)
+class Region:
+    label: str  # "03-a", or the phase id when the region has none
+    instruction: str
+    begin: int  # index of the `# >>>` line in the source's lines
+    end: int  # index of the `# <<<` line
+    solution: tuple[str, ...]  # the lines in between, as written in the phase
+
+
+def find_regions(source: str, filename: str = "<source>", default_label: str = "") -> list[Region]:
+    """The marked regions of a source, in order. Raises ExerciseFormatError on bad markers."""
+    lines = source.splitlines()
+    regions: list[Region] = []
+    open_at = None
+    for i, line in enumerate(lines):
+        begin, end = BEGIN.match(line), END.match(line)
+        if begin:
+            if open_at is not None:
+                raise ExerciseFormatError(f"{filename}:{i + 1}: exercise region opened inside the region "
+                                          f"opened at line {open_at + 1}; close it first with `# <<< exercise`")
+            open_at = i
+        elif end:
+            if open_at is None:
+                raise ExerciseFormatError(f"{filename}:{i + 1}: `# <<< exercise` without an opening "
+                                          f"`# >>> exercise LABEL: instruction` line")
+            m = BEGIN.match(lines[open_at])
+            body = tuple(lines[open_at + 1:i])
+            if not any(s.strip() for s in body):
+                raise ExerciseFormatError(f"{filename}:{open_at + 1}: exercise region is empty: "
+                                          f"there is nothing for the student to write")
+            regions.append(Region(label=(m["label"] or default_label).strip(), instruction=m["instruction"],
+                                  begin=open_at, end=i, solution=body))
+            open_at = None
+        elif ">>> exercise" in line or "<<< exercise" in line:
+            raise ExerciseFormatError(f"{filename}:{i + 1}: malformed exercise marker {line.strip()!r}; "
+                                      f"expected `# >>> exercise LABEL: instruction` or `# <<< exercise`")
+    if open_at is not None:
+        raise ExerciseFormatError(f"{filename}:{open_at + 1}: exercise region is never closed "
+                                  f"with `# <<< exercise`")
+    labels = [r.label for r in regions]
+    duplicates = sorted({x for x in labels if labels.count(x) > 1})
+    if duplicates:
+        raise ExerciseFormatError(f"{filename}: exercise labels must be unique; repeated: {', '.join(duplicates)} "
+                                  f"(label several regions 03-a, 03-b, ...)")
+    return regions
+
+
+def absolute_imports(source: str, package: str) -> str:
+    """Rewrite `from ..common import x` as `from flashcore_numba.common import x` (for `package`)."""
+
+    def rewrite(line: str) -> str:
+        m = RELATIVE_IMPORT.match(line)
+        if not m:
+            return line
+        return f"{m['head']}{importlib.util.resolve_name(m['name'], package)}{m['tail']}"
+
+    return "\n".join(rewrite(line) for line in source.splitlines()) + "\n"
+
+
+def strip_regions(source: str, regions: list[Region]) -> str:
+    """The source with every region's lines removed; the marker lines stay."""
+    lines = source.splitlines()
+    removed = {i for r in regions for i in range(r.begin + 1, r.end)}
+    return "\n".join(line for i, line in enumerate(lines) if i not in removed) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Per phase
+# ---------------------------------------------------------------------------------------------
+def phase_source(phase: ModuleType) -> str:
+    return Path(phase.__file__).read_text(encoding="utf-8")
+
+
+def phase_regions(phase: ModuleType) -> list[Region]:
+    return find_regions(phase_source(phase), _relative(phase.__file__), default_label=phase.ID)
+
+
+def stub_name(phase: ModuleType) -> str:
+    return f"{phase.ID}_{phase.NAME}.py"
+
+
+def stub_path(phase: ModuleType, directory: Path = EXERCISES_DIR) -> Path:
+    return Path(directory) / stub_name(phase)
+
+
+def _relative(path) -> str:
+    path = Path(path).resolve()
+    try:
+        return path.relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def header(phase: ModuleType, regions: list[Region]) -> str:
+    """What the student reads first: what to do, how to grade, where the solution is."""
+    n = len(regions)
+    todo = "\n".join(f"#   {r.label}: {r.instruction}" for r in regions)
+    return f"""\
+# Exercise {phase.ID}: {phase.TITLE}
+#
+# This is the finished phase {phase.ID} kernel with {n} marked region{"s" * (n != 1)} emptied:
+{todo}
+# Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
+# Change nothing else: solving only adds lines. The docstring below is the lesson.
+#
+# Grade it (hidden random inputs and adversarial shapes; points and reasons per check):
+#     flashcore grade {phase.ID}                         this file
+#     flashcore grade {phase.ID} path/to/copy.py         a copy of it
+#     pytest lessons/exercises --grade {phase.ID}        the same checks, as pytest tests
+# Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
+# Stuck? The solution is {_relative(phase.__file__)}.
+#
+# Generated from that file by `python -m flashcore_numba.exercises --write`: improve the phase, not this copy.
+"""
+
+
+def solution_source(phase: ModuleType) -> str:
+    """The solved exercise file: the stub with every region filled in as the phase has it."""
+    return header(phase, phase_regions(phase)) + absolute_imports(phase_source(phase), phase.__package__)
+
+
+def stub_source(phase: ModuleType) -> str:
+    """The exercise stub of a phase, exactly as committed under lessons/exercises/."""
+    source = phase_source(phase)
+    regions = phase_regions(phase)
+    if not regions:
+        raise ExerciseFormatError(f"{_relative(phase.__file__)}: no `# >>> exercise` region; every phase "
+                                  f"ships with an exercise (see flashcore_numba/exercises.py)")
+    stub = header(phase, regions) + absolute_imports(strip_regions(source, regions), phase.__package__)
+    try:  # an emptied region must leave valid Python (e.g. not the whole body of an `if`)
+        compile(stub, stub_name(phase), "exec")
+    except SyntaxError as e:
+        raise ExerciseFormatError(f"{_relative(phase.__file__)}: the stub is not valid Python once the "
+                                  f"regions are emptied ({e.msg}, stub line {e.lineno}); keep a statement "
+                                  f"such as `pass` or an initial value outside the region") from None
+    return stub
+
+
+def fill_regions(stub: str, fills: dict[str, str]) -> str:
+    """Insert text into a stub's regions by label (used to build deliberately wrong answers)."""
+    lines = stub.splitlines()
+    out = []
+    label = None
+    for line in lines:
+        begin = BEGIN.match(line)
+        if begin:
+            label = (begin["label"] or "").strip()
+        if END.match(line) and label in fills:
+            indent = re.match(r"[ \t]*", line).group()
+            out += [indent + x for x in fills[label].splitlines()]
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m flashcore_numba.exercises [--write]
+# ---------------------------------------------------------------------------------------------
+def out_of_date(directory: Path = EXERCISES_DIR) -> list[Path]:
+    from .phases import PHASES
+
+    return [stub_path(p, directory) for p in PHASES.values()
+            if not stub_path(p, directory).exists()
+            or stub_path(p, directory).read_text(encoding="utf-8") != stub_source(p)]
+
+
+def write_all(directory: Path = EXERCISES_DIR) -> list[Path]:
+    from .phases import PHASES
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for phase in PHASES.values():
+        path = stub_path(phase, directory)
+        text = stub_source(phase)
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    return written
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashcore_numba.exercises",
+                                     description="Check or regenerate the exercise stubs in lessons/exercises/.")
+    parser.add_argument("--write", action="store_true", help="rewrite the stubs from the phase sources")
+    args = parser.parse_args(argv)
+    try:
+        if args.write:
+            written = write_all()
+            for path in written:
+                print(f"wrote {_relative(path)}")
+            print(f"{len(written)} stub(s) rewritten" if written else "all stubs were up to date")
+            return 0
+        stale = out_of_date()
+    except ExerciseFormatError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for path in stale:
+        print(f"out of date: {_relative(path)}")
+    if stale:
+        print("regenerate with: python -m flashcore_numba.exercises --write")
+        return 1
+    print("all stubs are up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,617 @@
+"""`flashcore grade NN [path/to/solution.py]`: grade an exercise, with points and a reason per check.
+
+    flashcore grade 03                      # lessons/exercises/03_warp_shuffle.py
+    flashcore grade 03 my_copy.py --seed 7  # another file; --seed repeats a run exactly
+    python -m flashcore_numba.grade 03      # the same without the `flashcore` script
+    pytest lessons/exercises --grade 03     # the same checks, one pytest test each
+
+The student's file is loaded as a module of its own and its kernel is launched the way every
+phase is: `module.build(D).launch(q, k, v, out, causal, qk_scale)` on Numba device arrays.
+
+The checks (`checks_for(phase)` lists them; `--list` prints them):
+- correctness on adversarial shapes (see `correctness_checks`): S a multiple of the tile and
+  not, S smaller than a tile, S = 1, causal rows that see a single key and rows that see none
+  (they must give zeros), scores of about ±30, every head dim of the phase. Inputs are fresh
+  random numbers from a seed drawn at run time, so no answer can be hard-coded; the seed is
+  printed when a check fails, and --seed repeats the run. The output is filled with NaN
+  before each launch, so a value the kernel never writes cannot pass, and neither can NaN or
+  Inf. A check stops at its first failing case. The oracle is
+  flashcore_numba.reference.check_close: at most twice fp16 arithmetic's error, plus 1e-3.
+- the phase's own point: phase 04 must remove the shared-memory bank conflicts (counted from
+  the layout by flashcore_numba.banks, no GPU needed); on a GPU, phase 04 must beat phase 03
+  and phase 05 must beat phase 04, measured in the same run; phases without a point of their
+  own must run at least 0.8x as fast as their reference solution. Timing checks need a GPU and
+  are skipped, with that reason, in the simulator.
+
+Exit status 0 only on full marks (of the checks this machine can run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import traceback
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from .common import LOG2E
+from .phases import PHASES, get_phase
+from .reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
+from .sim import simulator_enabled
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent
+
+UNTILED_KEYS = 16  # a phase that walks the keys one at a time (01) is graded as if its key tile were 16
+LARGE_LOGITS = 30.0  # the largest |score| of the large-logits check
+TIMING_SHAPE = (4, 8, 1024, 64)  # B, H, S, D of the GPU timing checks
+TIMED_RUNS = 10  # per kernel; the median counts
+NOT_SLOWER = 0.8  # a phase without a point of its own must reach 0.8x its reference solution's speed
+NEEDS_A_GPU = "needs a GPU: timings in the CUDA simulator mean nothing"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks and their outcomes
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """One kernel launch of a correctness check."""
+
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    causal: bool = False
+    logits: float | None = None  # scale q and k so that the largest |score| is this
+
+    def __str__(self) -> str:
+        text = f"S_q={self.seq_q} S_k={self.seq_k} D={self.head_dim} {'causal' if self.causal else 'non-causal'}"
+        return text + (f", scores up to ±{self.logits:g}" if self.logits else "")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # "pass" | "fail" | "skip"
+    detail: str
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str  # short id, for --only and test ids
+    title: str
+    points: int
+    run: Callable[[Grading, Check], Outcome]  # run(grading, this check)
+    gpu_only: bool = False
+    kind: str = "correctness"  # or "point": the phase's own point
+    cases: tuple[Case, ...] = ()
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    title: str
+    points: int
+    status: str
+    detail: str
+    gpu_only: bool
+    kind: str
+
+    @property
+    def earned(self) -> int:
+        return self.points if self.status == "pass" else 0
+
+
+@dataclass
+class Grading:
+    """What a check needs: the student's module, the phase it solves, where kernels run."""
+
+    phase: ModuleType  # the package's phase module: the reference solution
+    student: ModuleType | None  # None when the file did not load
+    path: Path
+    on_gpu: bool
+    seed: int
+    load_error: str | None = None
+    results: list[Result] = field(default_factory=list)
+
+    def run(self, check: Check) -> Result:
+        if check.gpu_only and not self.on_gpu:
+            outcome = Outcome("skip", NEEDS_A_GPU)
+        elif self.student is None:
+            outcome = Outcome("fail", f"the file does not load: {self.load_error}")
+        else:
+            try:
+                outcome = check.run(self, check)
+            except Exception as e:  # noqa: BLE001 - a bug in the student's code, outside a launch
+                outcome = Outcome("fail", _raised(e))
+        result = Result(check.name, check.title, check.points, outcome.status, outcome.detail,
+                        check.gpu_only, check.kind)
+        self.results.append(result)
+        return result
+
+    def case_seed(self, check: Check, index: int):
+        """The inputs of case `index` of `check`: a function of the run's seed, so --seed repeats it."""
+        return np.random.SeedSequence([self.seed, _stable_hash(check.name), index])
+
+
+def _stable_hash(text: str) -> int:
+    return zlib.crc32(text.encode())  # unlike hash(), the same in every process
+
+
+def _raised(e: BaseException) -> str:
+    message = " ".join(str(e).split())
+    if len(message) > 400:
+        message = message[:400] + " ..."
+    return f"raised {type(e).__name__}: {message}" if message else f"raised {type(e).__name__}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one case: fresh inputs, poisoned output, the oracle
+# ---------------------------------------------------------------------------------------------
+def make_inputs(case: Case, seed):
+    """Random fp16 (q, k, v); with `logits`, q and k are scaled so that max |score| ≈ logits."""
+    q, k, v = random_qkv((1, 1, case.seq_q, case.head_dim), case.seq_k, seed=seed, dtype=np.float64)
+    if case.logits:
+        scores = np.abs(q[0, 0] @ k[0, 0].T) * default_scale(case.head_dim)
+        factor = math.sqrt(case.logits / max(float(scores.max()), 1e-6))
+        q, k = q * factor, k * factor
+    return tuple(x.astype(np.float16) for x in (q, k, v))
+
+
+def launch(module: ModuleType, q, k, v, causal: bool) -> np.ndarray:
+    """Run the module's kernel on (q, k, v) and return its output.
+
+    The output array is filled with NaN first (the poison): an element the kernel forgets
+    to write stays NaN, and NaN never passes.
+    """
+    from numba import cuda
+
+    D = q.shape[-1]
+    dq, dk, dv = (cuda.to_device(x) for x in (q, k, v))
+    dout = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
+    module.build(D).launch(dq, dk, dv, dout, causal, default_scale(D) * LOG2E)
+    cuda.synchronize()
+    return dout.copy_to_host()
+
+
+def judge(out: np.ndarray, q, k, v, causal: bool) -> Outcome:
+    """The oracle, with a precise reason for outputs left unwritten."""
+    nan = np.isnan(out)
+    if nan.any():
+        first = np.argwhere(nan)[0].tolist()
+        return Outcome("fail", f"{int(nan.sum())} of {out.size} outputs are NaN, first at [b, h, row, d] = "
+                               f"{first}: never written (the output was filled with NaN before the "
+                               f"launch) or computed as NaN. A row that sees no key must give zeros.")
+    verdict = check_close(out, reference_attention(q, k, v, causal=causal), lowp_attention(q, k, v, causal=causal))
+    return Outcome("pass" if verdict.ok else "fail", verdict.message)
+
+
+def run_cases(g: Grading, check: Check) -> Outcome:
+    """Every case of a correctness check, in order; stops at the first failure."""
+    errors = []
+    for index, case in enumerate(check.cases):
+        q, k, v = make_inputs(case, g.case_seed(check, index))
+        try:
+            out = launch(g.student, q, k, v, case.causal)
+        except Exception as e:  # noqa: BLE001 - whatever the student's kernel raises is a failed case
+            return Outcome("fail", f"{case}: the kernel {_raised(e)}")
+        outcome = judge(out, q, k, v, case.causal)
+        if outcome.status != "pass":
+            return Outcome("fail", f"{case}: {outcome.detail}")
+        errors.append(outcome.detail.split(" <=")[0].removeprefix("max error "))
+    n = len(check.cases)
+    return Outcome("pass", f"{n} case{'s' * (n != 1)} correct (max error {', '.join(errors)})")
+
+
+# ---------------------------------------------------------------------------------------------
+# The correctness checks, derived from the phase's tile sizes
+# ---------------------------------------------------------------------------------------------
+def tile_sizes(phase: ModuleType, head_dim: int) -> tuple[int, int]:
+    """(query rows per block, keys per tile) of a phase."""
+    block_m = phase.build(head_dim).block_m
+    block_n = getattr(phase, "BLOCK_N", None)
+    if block_n is None and hasattr(phase, "smem_layout"):
+        block_n = phase.smem_layout(head_dim).get("BLOCK_N")
+    return block_m, block_n or UNTILED_KEYS
+
+
+def correctness_checks(phase: ModuleType) -> list[Check]:
+    """The adversarial shapes, one case per check, as few simulated blocks as show the point.
+
+    In the simulator every CUDA thread is a Python thread: a case costs roughly one unit per
+    (row block, key tile) it runs, whatever the number of rows actually used. So B = H = 1,
+    most cases fit one row block, and the properties share cases where they can:
+
+        tile_multiple  S = S_q = S_k a multiple of both tiles, causal: full tiles, the diagonal
+                       tile masked, and row 0 sees a single key
+        tail           S_q = BM + S_k, S_k = BN + 6, causal: row and key tails; the whole first
+                       row block sees no key (its key loop never runs) and must write zeros;
+                       row BM sees key 0 only
+        short          S_q = S_k smaller than any tile
+        s_one          S_q = S_k = 1
+        large_logits   q and k scaled so that the largest |score| is 30; S_k = BN + 6 keys,
+                       non-causal, so the running max must be rescaled across tiles
+        head_dims      the other head dims of the phase, with their own tile sizes
+
+    Every case but `short` and `s_one` spans two key tiles, so a kernel whose multi-tile path
+    is broken (phase 05's prefetching, for one) fails them.
+    """
+    D = phase.HEAD_DIMS[0]
+    BM, BN = tile_sizes(phase, D)
+    S = math.lcm(BM, 2 * BN)  # whole row blocks holding at least two key tiles
+    short = min(BM, BN) // 3 + 1  # fewer rows and keys than any tile
+
+    def check(name, title, *cases):
+        return Check(name, title, 1, run=run_cases, cases=cases)
+
+    checks = [
+        check("tile_multiple", "S a multiple of the tile; causal row 0 sees one key", Case(S, S, D, causal=True)),
+        check("tail", "S not a multiple of the tile; rows seeing no key give 0",
+              Case(BM + BN + 6, BN + 6, D, causal=True)),
+        check("short", "S smaller than a tile", Case(short, short, D)),
+        check("s_one", "S = 1", Case(1, 1, D)),
+        check("large_logits", f"large logits (scores up to ±{LARGE_LOGITS:g})",
+              Case(short, BN + 6, D, logits=LARGE_LOGITS)),
+    ]
+    others = phase.HEAD_DIMS[1:]
+    if others:
+        cases = []
+        for d in others:
+            bm, bn = tile_sizes(phase, d)
+            cases.append(Case(min(bm, bn) // 3 + 1, bn + 6, d))
+        checks.append(check("head_dims", f"head dim {', '.join(map(str, others))}", *cases))
+    return checks
+
+
+# ---------------------------------------------------------------------------------------------
+# The phase's own point
+# ---------------------------------------------------------------------------------------------
+def bank_conflicts_check(points: int = 2) -> Check:
+    """The layout's shared-memory accesses conflict no more than the reference solution's.
+
+    Counted from `smem_layout(D)` by flashcore_numba.banks, at every head dim; no GPU needed.
+    Relative to the solution, not an absolute zero: an access that the solution leaves
+    conflicted on purpose (a cheap one outside the inner loops) does not cost points.
+    """
+
+    def run(g: Grading, check: Check) -> Outcome:
+        from .banks import warp_tile_conflicts
+
+        if not hasattr(g.student, "smem_layout"):
+            return Outcome("fail", "the module has no smem_layout(HEAD_DIM) function to inspect")
+        problems, pads = [], []
+        for D in g.phase.HEAD_DIMS:
+            layout = g.student.smem_layout(D)
+            pads.append(str(layout.get("SMEM_PAD")))
+            target = warp_tile_conflicts(g.phase.smem_layout(D))
+            worse = [f"{what} {degree}-way (the solution: {target[what]}-way)"
+                     for what, degree in warp_tile_conflicts(layout).items() if degree > target.get(what, 1)]
+            if worse:
+                problems.append(f"D={D}: {', '.join(worse)}")
+        pad = f"SMEM_PAD = {', '.join(dict.fromkeys(pads))}"
+        if problems:
+            return Outcome("fail", f"bank conflicts remain with {pad}: {'; '.join(problems)}")
+        return Outcome("pass", f"{pad}: no access conflicts more than in the solution, at D = "
+                               f"{', '.join(map(str, g.phase.HEAD_DIMS))}")
+
+    return Check("bank_conflicts", "bank conflicts: none worse than in the solution", points, run,
+                 kind="point")
+
+
+def speed_check(baseline_id: str | None, at_least: float, points: int) -> Check:
+    """Time the student's kernel against a package kernel in the same run (GPU only).
+
+    baseline_id None: the phase's own reference solution. The student's kernel must first be
+    correct on the timing shape: a wrong kernel's time means nothing.
+    """
+
+    def run(g: Grading, check: Check) -> Outcome:
+        baseline = g.phase if baseline_id is None else PHASES[baseline_id]
+        who = "the reference solution" if baseline_id is None else f"phase {baseline_id}"
+        B, H, S, D = TIMING_SHAPE
+        shape = f"B={B} H={H} S={S} D={D}"
+        q, k, v = random_qkv(TIMING_SHAPE, seed=g.case_seed(check, 0))
+        try:
+            out = launch(g.student, q, k, v, False)
+        except Exception as e:  # noqa: BLE001 - whatever the student's kernel raises is a failed check
+            return Outcome("fail", f"{shape}: the kernel {_raised(e)}")
+        correct = judge(out, q, k, v, False)
+        if correct.status != "pass":
+            return Outcome("fail", f"not timed: wrong at {shape} ({correct.detail})")
+        mine, theirs = time_against(g.student, baseline, q, k, v)
+        ratio = theirs / mine
+        detail = (f"{ratio:.2f}x {who}'s speed (yours {mine:.3f} ms, {who} {theirs:.3f} ms; medians of "
+                  f"{TIMED_RUNS} at {shape}); needs at least {at_least:.2f}x")
+        return Outcome("pass" if ratio >= at_least else "fail", detail)
+
+    if baseline_id is None:
+        title = f"speed: at least {at_least:g}x the reference solution"
+    else:
+        title = f"speed: beats phase {baseline_id} (at least {at_least:g}x)"
+    return Check(f"speed_vs_{baseline_id or 'solution'}", title, points, run, gpu_only=True, kind="point")
+
+
+def time_against(student: ModuleType, baseline: ModuleType, q, k, v) -> tuple[float, float]:
+    """Median milliseconds of the two kernels, timed alternately with CUDA events (bench's protocol:
+    warm-up launches, the L2 cache flushed before each timed one)."""
+    from numba import cuda
+
+    from .bench import NumbaDevice, Timing
+
+    device = NumbaDevice()
+    D = q.shape[-1]
+    qk_scale = default_scale(D) * LOG2E
+    arrays = [cuda.to_device(x) for x in (q, k, v)] + [cuda.device_array(q.shape, dtype=np.float16)]
+
+    def launcher(module):
+        config = module.build(D)
+        return lambda: config.launch(*arrays, False, qk_scale, stream=device.stream)
+
+    mine_fn, theirs_fn = launcher(student), launcher(baseline)
+    timing = Timing(warmup=2, repeats=TIMED_RUNS // 2)
+    mine, theirs = [], []
+    for _ in range(2):  # alternate, so that clock drift or a busy neighbour hits both kernels alike
+        mine += device.time_ms(mine_fn, timing)
+        theirs += device.time_ms(theirs_fn, timing)
+    return statistics.median(mine), statistics.median(theirs)
+
+
+# The point of each phase beyond correctness; a phase not listed (and every new one) must be
+# at least NOT_SLOWER times as fast as its reference solution.
+PHASE_POINTS: dict[str, Callable[[], list[Check]]] = {
+    "04": lambda: [bank_conflicts_check(points=2), speed_check("03", at_least=1.05, points=2)],
+    "05": lambda: [speed_check("04", at_least=1.0, points=2)],
+}
+
+
+def point_checks(phase: ModuleType) -> list[Check]:
+    make = PHASE_POINTS.get(phase.ID)
+    return make() if make else [speed_check(None, at_least=NOT_SLOWER, points=1)]
+
+
+_CHECKS: dict[str, list[Check]] = {}
+
+
+def checks_for(phase) -> list[Check]:
+    """Every graded check of a phase (by id, name or module), in the order they run."""
+    phase = get_phase(phase)
+    if phase.ID not in _CHECKS:
+        _CHECKS[phase.ID] = correctness_checks(phase) + point_checks(phase)
+    return _CHECKS[phase.ID]
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading the student's file
+# ---------------------------------------------------------------------------------------------
+_loaded = itertools.count()
+
+
+def default_path(phase: ModuleType) -> Path:
+    """lessons/exercises/NN_<name>.py: under the current directory, else in this source checkout."""
+    relative = Path("lessons", "exercises", f"{phase.ID}_{phase.NAME}.py")
+    return relative if relative.exists() else REPO_ROOT / relative
+
+
+def load_module(path: Path) -> ModuleType:
+    """Import a file as a fresh module of its own (a unique name, so nothing is shared or cached).
+
+    A file inside this package (a phase module, the reference solution) is loaded as a
+    sibling of its package so that its relative imports resolve.
+    """
+    path = Path(path).resolve()
+    stem = re.sub(r"\W", "_", path.stem)
+    name = f"_flashcore_graded_{stem}_{next(_loaded)}"
+    try:
+        package = ".".join(("flashcore_numba",) + path.parent.relative_to(PACKAGE_DIR).parts)
+        name = f"{package}.{name}"
+    except ValueError:
+        pass
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and numba look modules up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def describe_load_error(e: BaseException, path: Path) -> str:
+    """The error and the line of the student's file it came from."""
+    if isinstance(e, SyntaxError):
+        return f"{Path(e.filename or path).name} line {e.lineno}: SyntaxError: {e.msg}"
+    where = ""
+    for frame in traceback.extract_tb(e.__traceback__):
+        if Path(frame.filename).resolve() == Path(path).resolve():
+            where = f"line {frame.lineno}: "
+    hint = ""
+    if isinstance(e, ImportError) and "relative import" in str(e):
+        hint = " (exercise files import absolutely: `from flashcore_numba.common import ...`)"
+    return f"{where}{_raised(e).removeprefix('raised ')}{hint}"
+
+
+def start(phase, path: Path | None = None, *, seed: int | None = None, on_gpu: bool | None = None) -> Grading:
+    """Load the student's file for `phase` and return the grading context (nothing run yet)."""
+    phase = get_phase(phase)
+    path = Path(path) if path else default_path(phase)
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    on_gpu = (not simulator_enabled()) if on_gpu is None else on_gpu
+    try:
+        student, error = load_module(path), None
+    except Exception as e:  # noqa: BLE001 - a file that does not import fails every check, with the reason
+        student, error = None, describe_load_error(e, path)
+    return Grading(phase=phase, student=student, path=path, on_gpu=on_gpu, seed=seed, load_error=error)
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+def score(results: list[Result]) -> tuple[int, int]:
+    """(points earned, points available on this machine): skipped checks count in neither."""
+    graded = [r for r in results if r.status != "skip"]
+    return sum(r.earned for r in graded), sum(r.points for r in graded)
+
+
+def full_marks(results: list[Result]) -> bool:
+    return bool(results) and all(r.status != "fail" for r in results) and any(r.status == "pass" for r in results)
+
+
+def command_line(g: Grading, *, seed: bool) -> str:
+    path = os.path.relpath(g.path) if not str(os.path.relpath(g.path)).startswith("..") else str(g.path)
+    return f"flashcore grade {g.phase.ID} {path}" + (f" --seed {g.seed}" if seed else "")
+
+
+def render(g: Grading, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(soft_wrap=True)
+    mark = {"pass": "[green]pass[/green]", "fail": "[red]FAIL[/red]", "skip": "[yellow]skipped[/yellow]"}
+    table = Table(title=f"Exercise {g.phase.ID}: {g.phase.TITLE}")
+    table.add_column("#", justify="right")
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("points", justify="right")
+    for i, r in enumerate(g.results, 1):
+        points = "—" if r.status == "skip" else f"{r.earned}/{r.points}"
+        table.add_row(str(i), r.title, mark[r.status], points)
+    console.print(table)
+    for i, r in enumerate(g.results, 1):
+        if r.status != "pass":
+            label = "FAIL" if r.status == "fail" else "skipped"
+            console.print(f"{i}. {r.title}: {label}: {r.detail}", markup=False, highlight=False)
+    earned, available = score(g.results)
+    skipped = [r for r in g.results if r.status == "skip"]
+    line = f"Score: {earned}/{available}"
+    if skipped:
+        worth = sum(r.points for r in skipped)
+        line += f" ({len(skipped)} check{'s' * (len(skipped) != 1)} worth {worth} point{'s' * (worth != 1)} skipped)"
+    console.print(line, markup=False, highlight=False)
+    if full_marks(g.results):
+        console.print("Full marks.", highlight=False)
+    elif any(r.status == "fail" and r.kind == "correctness" for r in g.results):
+        console.print(f"Inputs came from the hidden seed {g.seed}; `{command_line(g, seed=True)}` repeats "
+                      f"this run exactly.", markup=False, highlight=False)
+
+
+def to_json(g: Grading) -> dict:
+    earned, available = score(g.results)
+    return {"phase": g.phase.ID, "file": str(g.path), "device": "gpu" if g.on_gpu else "simulator",
+            "seed": g.seed, "load_error": g.load_error, "score": earned, "available": available,
+            "full_marks": full_marks(g.results), "results": [asdict(r) for r in g.results]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like the rest of the `flashcore` command
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _parser() -> _Parser:
+    ids = ", ".join(PHASES)
+    parser = _Parser(prog="flashcore grade", description="Grade an exercise: points and a reason per check.")
+    parser.add_argument("phase", metavar="NN", help=f"the phase of the exercise ({ids})")
+    parser.add_argument("path", nargs="?", type=Path,
+                        help="the solution to grade (default lessons/exercises/NN_<name>.py)")
+    parser.add_argument("--seed", type=int, help="repeat a run: the seed printed by a failing one")
+    parser.add_argument("--only", action="append", metavar="CHECK", help="run only this check (repeatable; "
+                        "names from --list)")
+    parser.add_argument("--list", action="store_true", help="list the checks of the phase and exit")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    return parser
+
+
+def _kernel_target() -> str:
+    """'simulator', 'gpu' or 'none': the same rule as `flashcore run` (flashcore_numba.cli)."""
+    from .cli import kernel_target
+
+    return kernel_target()
+
+
+def _rerun_in_simulator(argv) -> int:
+    """Grade again in a child process with NUMBA_ENABLE_CUDASIM=1.
+
+    Numba reads the variable once, when numba.cuda is first imported, and importing this
+    package has imported it already.
+    """
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return subprocess.call([sys.executable, "-m", "flashcore_numba.grade", *argv], env=env)
+
+
+def _usage_error(message: str) -> int:
+    print(f"flashcore grade: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        phase = get_phase(args.phase)
+    except (ValueError, TypeError) as e:
+        return _usage_error(f"NN: {e}")
+    checks = checks_for(phase)
+    names = [c.name for c in checks]
+    if args.list:
+        for c in checks:
+            cases = "; ".join(map(str, c.cases))
+            print(f"{c.name:<18} {c.points} pt{'s' * (c.points != 1)}  {c.title}"
+                  + (" [GPU]" if c.gpu_only else "") + (f"\n{'':<25}{cases}" if cases else ""))
+        return 0
+    unknown = [n for n in args.only or () if n not in names]
+    if unknown:
+        return _usage_error(f"--only: unknown check {unknown[0]!r}; the checks of phase {phase.ID} are "
+                            f"{', '.join(names)}")
+    path = args.path or default_path(phase)
+    if not path.is_file():
+        return _usage_error(f"path: no file {str(path)!r}; the exercise stubs are in lessons/exercises/ "
+                            f"(regenerate them with python -m flashcore_numba.exercises --write)")
+
+    target = _kernel_target()
+    if target == "none":
+        print("No CUDA GPU found: grading in Numba's CUDA simulator on the CPU instead.", flush=True)
+        return _rerun_in_simulator(argv)
+
+    from rich.console import Console
+
+    console = Console(soft_wrap=True)
+    g = start(phase, path, seed=args.seed, on_gpu=(target == "gpu"))
+    where = "a GPU" if g.on_gpu else "the CUDA simulator (no GPU: slow, and the timing checks are skipped)"
+    console.print(f"Grading {path} as exercise {phase.ID} ({phase.TITLE}) on {where}.",
+                  markup=False, highlight=False)
+    selected = [c for c in checks if not args.only or c.name in args.only]
+    try:
+        with console.status("") as status:
+            for i, check in enumerate(selected, 1):
+                status.update(f"check {i}/{len(selected)}: {check.title}")
+                g.run(check)
+    except KeyboardInterrupt:
+        console.print("interrupted", highlight=False)
+        return 130
+    render(g, console)
+    if args.json:
+        args.json.write_text(json.dumps(to_json(g), indent=2) + "\n", encoding="utf-8")
+    return 0 if full_marks(g.results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,394 @@
+"""The graded exercises: stubs in sync with the phases, and graded checks that can fail and can pass.
+
+Two kinds of test:
+
+- the stubs (cheap, text only): each committed stub is exactly what flashcore_numba.exercises
+  generates from its phase; every phase has at least one marked region; solving only adds
+  lines; every region matters (removing it changes the program, not just comments).
+- the grader (simulator runs): for every phase, each graded check FAILS on the untouched stub
+  and PASSES on the reference solution (the phase module itself); a check that cannot fail
+  is a defect. `python -m flashcore_numba.grade 03` prints a failing score with a reason per
+  check on the stub and full marks on the solution. Checks that need a GPU are skipped in
+  the simulator with their reason; their fail-on-stub / pass-on-solution tests are marked
+  `gpu` and run with FLASHCORE_GPU=1 on a GPU machine.
+
+The grader runs as a subprocess per (phase, stub or solution), exactly as a student runs it;
+in the simulator two at a time, one per CI core (the simulator is bound to one core by the
+GIL). Each subprocess writes its results as JSON, which the per-check tests read.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from flashcore_numba import PHASES, exercises, grade
+from flashcore_numba.sim import simulator_enabled
+
+REPO = Path(__file__).resolve().parents[1]
+JOB_TIMEOUT_S = 900
+
+# Checks that a phase's untouched stub passes by design, and the phase whose stub proves them
+# able to fail instead. Phases 03-05 share their tiles, so their correctness checks are the
+# same checks (same cases, same code); test_check_fails_on_stub verifies that equality.
+# - 04: the exercise is pure performance: the stub (SMEM_PAD = 0) is phase 03's layout and
+#   computes the right numbers, only slower.
+# - 05: with a single key tile there is no next tile to prefetch, so the emptied prefetch
+#   regions never run: the single-tile cases are right on the stub.
+STUB_RIGHT_BY_DESIGN = {
+    "04": ("03", {c.name for c in grade.checks_for("04") if c.kind == "correctness"}),
+    "05": ("03", {"short", "s_one"}),
+}
+
+
+def _stub_proof(phase_id: str, check_name: str) -> str:
+    """The phase whose stub must fail this check."""
+    donor, names = STUB_RIGHT_BY_DESIGN.get(phase_id, (None, set()))
+    return donor if check_name in names else phase_id
+
+
+def _all_checks():
+    for phase in PHASES.values():
+        for check in grade.checks_for(phase):
+            marks = [pytest.mark.gpu] if check.gpu_only else []
+            yield pytest.param(phase.ID, check.name, marks=marks, id=f"{phase.ID}-{check.name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The stubs
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("phase_id", list(PHASES))
+def test_every_phase_has_regions_and_a_stub(phase_id):
+    phase = PHASES[phase_id]
+    assert exercises.phase_regions(phase), f"phase {phase_id} has no `# >>> exercise` region"
+    path = exercises.stub_path(phase)
+    assert path.is_file(), f"{path} is missing: run python -m flashcore_numba.exercises --write"
+
+
+@pytest.mark.parametrize("phase_id", list(PHASES))
+def test_stub_is_in_sync_with_its_phase(phase_id):
+    phase = PHASES[phase_id]
+    path = exercises.stub_path(phase)
+    committed = path.read_text(encoding="utf-8") if path.exists() else ""
+    assert committed == exercises.stub_source(phase), (
+        f"{path.relative_to(REPO)} differs from the stub generated from {Path(phase.__file__).name}: "
+        f"after changing the phase run `python -m flashcore_numba.exercises --write` (if you are solving "
+        f"the exercise in place, this failure is expected)")
+
+
+@pytest.mark.parametrize("phase_id", list(PHASES))
+def test_solving_only_adds_lines(phase_id):
+    """The stub's lines are a subsequence of the solved file's: a student never deletes a line."""
+    phase = PHASES[phase_id]
+    solved = iter(exercises.solution_source(phase).splitlines())
+    for number, line in enumerate(exercises.stub_source(phase).splitlines(), 1):
+        assert any(line == other for other in solved), f"stub line {number} is not in the solution: {line!r}"
+
+
+@pytest.mark.parametrize("phase_id", list(PHASES))
+def test_every_region_changes_the_program(phase_id):
+    """Emptying any one region changes the code (its AST), not merely comments or blank lines."""
+    phase = PHASES[phase_id]
+    source = exercises.phase_source(phase)
+    full = ast.dump(ast.parse(source))
+    for region in exercises.phase_regions(phase):
+        emptied = exercises.strip_regions(source, [region])
+        assert ast.dump(ast.parse(emptied)) != full, f"region {region.label} holds no code"
+
+
+@pytest.mark.parametrize("phase_id", list(PHASES))
+def test_stub_imports_absolutely_and_loads(phase_id, tmp_path):
+    phase = PHASES[phase_id]
+    stub = exercises.stub_source(phase)
+    assert not [line for line in stub.splitlines() if line.lstrip().startswith("from .")]
+    path = tmp_path / exercises.stub_name(phase)
+    path.write_text(stub, encoding="utf-8")
+    module = grade.load_module(path)  # standalone: no package-relative import left
+    assert module.ID == phase.ID and callable(module.build)
+
+
+def test_exercises_command_reports_in_sync():
+    assert exercises.main([]) == 0
+
+
+def test_stub_generation_from_marked_source():
+    source = (
+        "from ..common import key_end\n"
+        "from .p03_warp_shuffle import layout\n"
+        "def f(x):\n"
+        "    y = 0\n"
+        "    # >>> exercise 09-a: double x\n"
+        "    y = 2 * x\n"
+        "    # <<< exercise\n"
+        "    return y\n"
+    )
+    regions = exercises.find_regions(source, "p09.py")
+    assert [(r.label, r.instruction, r.solution) for r in regions] == [("09-a", "double x", ("    y = 2 * x",))]
+    stub = exercises.absolute_imports(exercises.strip_regions(source, regions), "flashcore_numba.phases")
+    assert stub.splitlines() == [
+        "from flashcore_numba.common import key_end",
+        "from flashcore_numba.phases.p03_warp_shuffle import layout",
+        "def f(x):",
+        "    y = 0",
+        "    # >>> exercise 09-a: double x",
+        "    # <<< exercise",
+        "    return y",
+    ]
+    filled = exercises.fill_regions(stub, {"09-a": "y = 3 * x"})
+    assert "    y = 3 * x\n    # <<< exercise" in filled
+
+
+@pytest.mark.parametrize("source, error", [
+    ("# >>> exercise a: x\ny = 1\n", "never closed"),
+    ("y = 1\n# <<< exercise\n", "without an opening"),
+    ("# >>> exercise a: x\n# >>> exercise b: y\n# <<< exercise\n", "inside the region"),
+    ("# >>> exercise a: x\n\n# <<< exercise\n", "empty"),
+    ("# >>> exercise\ny = 1\n# <<< exercise\n", "malformed"),
+    ("# >>> exercise a: x\ny = 1\n# <<< exercise\n# >>> exercise a: z\ny = 2\n# <<< exercise\n", "unique"),
+])
+def test_malformed_markers_are_reported_with_their_line(source, error):
+    with pytest.raises(exercises.ExerciseFormatError, match=error):
+        exercises.find_regions(source, "p09.py")
+
+
+# ---------------------------------------------------------------------------------------------
+# The grader, run as students run it
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    report: dict | None
+
+    def result(self, check_name: str) -> dict:
+        assert self.report is not None, f"the grader wrote no report:\n{self.stdout}\n{self.stderr}"
+        for r in self.report["results"]:
+            if r["name"] == check_name:
+                return r
+        raise AssertionError(f"check {check_name} did not run:\n{self.stdout}")
+
+
+class GraderRuns:
+    """Grader subprocesses, started together when the first test needs one, waited for per test."""
+
+    def __init__(self, workdir: Path, phase_ids):
+        self.workdir = workdir
+        self.futures: dict[tuple[str, str], Future] = {}
+        self.procs: list[subprocess.Popen] = []
+        # Timing checks must not share the GPU with another grader; simulator runs use every core.
+        workers = 1 if not simulator_enabled() else max(1, os.cpu_count() or 1)
+        self.pool = ThreadPoolExecutor(max_workers=workers)
+        jobs = []
+        for pid in phase_ids:
+            jobs += [(pid, "solution"), (pid, "stub")]
+        # The longest first (later phases are slower in the simulator; a solution runs every case)
+        for job in sorted(jobs, key=lambda j: (-int(j[0]), j[1] != "solution")):
+            self.futures[job] = self.pool.submit(self._run, *job)
+
+    def _command(self, pid: str, variant: str):
+        phase = PHASES[pid]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        out = self.workdir / f"{pid}_{variant}.json"
+        argv = [sys.executable, "-m", "flashcore_numba.grade", pid]
+        if variant == "solution":  # the phase module itself, by its path in the repository
+            cwd = REPO
+            argv.append(str(Path(phase.__file__).relative_to(REPO)))
+        else:  # the default path, lessons/exercises/NN_<name>.py, holding the generated stub
+            cwd = self.workdir / pid
+            stub = exercises.stub_path(phase, cwd / "lessons" / "exercises")
+            stub.parent.mkdir(parents=True, exist_ok=True)
+            stub.write_text(exercises.stub_source(phase), encoding="utf-8")
+            if pid in STUB_RIGHT_BY_DESIGN:  # only the checks this stub can fail
+                for check in grade.checks_for(phase):
+                    if _stub_proof(pid, check.name) == pid:
+                        argv += ["--only", check.name]
+        return argv + ["--json", str(out)], cwd, env, out
+
+    def _run(self, pid: str, variant: str) -> Run:
+        argv, cwd, env, out = self._command(pid, variant)
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=JOB_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            stderr += f"\n(killed after {JOB_TIMEOUT_S} s)"
+        report = json.loads(out.read_text()) if out.exists() else None
+        return Run(proc.returncode, stdout, stderr, report)
+
+    def get(self, pid: str, variant: str) -> Run:
+        return self.futures[pid, variant].result()
+
+    def close(self):
+        for future in self.futures.values():
+            future.cancel()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        self.pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    # Start only the phases this session's selected tests ask about (e.g. `-k 03`).
+    wanted = set()
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.module is request.module and "phase_id" in params:
+            wanted.add(params["phase_id"])
+            if "check_name" in params:
+                wanted.add(_stub_proof(params["phase_id"], params["check_name"]))
+        if item.module is request.module and item.name.startswith("test_grade_03"):
+            wanted.add("03")
+    graders = GraderRuns(tmp_path_factory.mktemp("graded"), sorted(wanted))
+    yield graders
+    graders.close()
+
+
+def _explain(run: Run) -> str:
+    return f"\n--- grader output ---\n{run.stdout}\n{run.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase_id, check_name", _all_checks())
+def test_check_fails_on_stub(phase_id, check_name, runs):
+    check = next(c for c in grade.checks_for(phase_id) if c.name == check_name)
+    donor = _stub_proof(phase_id, check_name)
+    if donor != phase_id:
+        same = next(c for c in grade.checks_for(donor) if c.name == check_name)
+        assert (same.cases, same.run) == (check.cases, check.run), (
+            f"phase {phase_id}'s stub passes {check_name} by design; phase {donor}'s stub proves the check "
+            f"able to fail only while the two checks are the same")
+    run = runs.get(donor, "stub")
+    result = run.result(check_name)
+    assert result["status"] == "fail", f"{check_name} did not fail on the stub: {result['detail']}" + _explain(run)
+    assert result["detail"], "a failure must say why"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase_id, check_name", _all_checks())
+def test_check_passes_on_solution(phase_id, check_name, runs):
+    run = runs.get(phase_id, "solution")
+    result = run.result(check_name)
+    assert result["status"] == "pass", f"{check_name} failed on the solution: {result['detail']}" + _explain(run)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase_id", list(PHASES))
+def test_timing_checks_are_skipped_in_the_simulator_with_the_reason(phase_id, runs):
+    if not simulator_enabled():
+        pytest.skip("runs in the simulator only (here the timing checks run)")
+    run = runs.get(phase_id, "solution")
+    gpu_checks = [c.name for c in grade.checks_for(phase_id) if c.gpu_only]
+    assert gpu_checks, f"phase {phase_id} has no GPU check: its own point is missing"
+    for name in gpu_checks:
+        result = run.result(name)
+        assert result["status"] == "skip" and result["detail"].startswith("needs a GPU"), result
+    assert run.returncode == 0 and run.report["full_marks"], _explain(run)
+    assert "skipped: needs a GPU" in run.stdout
+
+
+@pytest.mark.slow
+def test_grade_03_on_the_stub_prints_a_failing_score_with_reasons(runs):
+    run = runs.get("03", "stub")
+    assert run.returncode == 1, _explain(run)
+    report = run.report
+    assert report["score"] < report["available"]
+    assert f"Score: {report['score']}/{report['available']}" in run.stdout
+    assert "lessons/exercises/03_warp_shuffle.py" in run.stdout  # the default path
+    for r in report["results"]:
+        if r["status"] != "pass":
+            label = "FAIL" if r["status"] == "fail" else "skipped"
+            assert f"{r['title']}: {label}: {r['detail']}" in run.stdout, r
+    assert f"--seed {report['seed']}" in run.stdout  # how to reproduce the hidden inputs
+
+
+@pytest.mark.slow
+def test_grade_03_on_the_solution_prints_full_marks(runs):
+    run = runs.get("03", "solution")
+    assert run.returncode == 0, _explain(run)
+    report = run.report
+    assert report["score"] == report["available"] > 0
+    assert f"Score: {report['available']}/{report['available']}" in run.stdout
+    assert "Full marks." in run.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Grader details that need no kernel run
+# ---------------------------------------------------------------------------------------------
+def test_a_file_that_does_not_load_fails_every_check_with_the_reason(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text("from flashcore_numba.common import KernelConfig\nx = (\n", encoding="utf-8")
+    g = grade.start("01", path, seed=1)
+    result = g.run(grade.checks_for("01")[0])
+    assert result.status == "fail" and "SyntaxError" in result.detail and "line 2" in result.detail
+
+
+def test_relative_imports_outside_the_package_get_a_hint(tmp_path):
+    path = tmp_path / "copied_phase.py"
+    path.write_text("from ..common import KernelConfig\n", encoding="utf-8")
+    g = grade.start("01", path, seed=1)
+    assert "import absolutely" in g.load_error
+
+
+def test_nan_output_fails_with_the_poison_explained():
+    q, k, v = grade.make_inputs(grade.Case(3, 3, 64, causal=True), seed=5)
+    out = grade.reference_attention(q, k, v, causal=True).astype("float16")
+    assert grade.judge(out, q, k, v, True).status == "pass"
+    out[0, 0, 2, 7] = float("nan")
+    outcome = grade.judge(out, q, k, v, True)
+    assert outcome.status == "fail" and "never written" in outcome.detail and "[0, 0, 2, 7]" in outcome.detail
+    out[0, 0, 2, 7] = float("inf")
+    assert grade.judge(out, q, k, v, True).status == "fail"
+
+
+def test_large_logits_reach_the_target_score():
+    case = grade.Case(64, 64, 64, logits=grade.LARGE_LOGITS)
+    q, k, _ = grade.make_inputs(case, seed=3)
+    scores = q[0, 0].astype(float) @ k[0, 0].astype(float).T / 8.0
+    assert 0.97 * grade.LARGE_LOGITS <= abs(scores).max() <= 1.03 * grade.LARGE_LOGITS
+
+
+def test_seeds_are_drawn_at_run_time_unless_given():
+    path = exercises.stub_path(PHASES["01"])
+    assert len({grade.start("01", path).seed for _ in range(3)}) > 1
+    assert grade.start("01", path, seed=42).seed == 42
+
+
+def test_unknown_phase_and_missing_file_are_one_line_errors(capsys):
+    assert grade.main(["42"]) == 2
+    assert "NN:" in capsys.readouterr().err
+    assert grade.main(["03", "no/such/file.py"]) == 2
+    assert "no file" in capsys.readouterr().err
+
+
+def _pytest(*args):
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_pytest_entry_without_grade_skips_with_the_command_to_use():
+    run = _pytest("lessons/exercises", "-q")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 skipped" in run.stdout and "--grade NN" in run.stdout
+
+
+def test_pytest_entry_grades_one_check_per_test():
+    # the bank-conflict check needs no kernel launch: fast on the stub and on the solution
+    stub = _pytest("lessons/exercises", "--grade", "04", "-k", "bank_conflicts", "-q")
+    assert stub.returncode == 1 and "test_graded_check[bank_conflicts]" in stub.stdout, stub.stdout
+    assert "bank conflicts remain" in stub.stdout and "Score: 0/2" in stub.stdout
+    solved = _pytest("lessons/exercises", "--grade", "04", "--solution", "flashcore_numba/phases/p04_padding.py",
+                     "-k", "bank_conflicts", "-q")
+    assert solved.returncode == 0 and "1 passed" in solved.stdout and "Full marks." in solved.stdout, solved.stdout
