@@ -33,7 +33,6 @@ Measured effect (written by `flashcore report` from the committed record; do not
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 from numba import cuda, float32
@@ -80,13 +79,12 @@ def make_pipeline_functions(L):
 
 
 def build_kernel(L) -> KernelConfig:
-    scores_tile, softmax_tile, pv_tile, store_output = make_tile_functions(L)
+    lane_position, init_rows, scores_tile, softmax_tile, pv_tile, store_output = make_tile_functions(L)
     PER_THREAD, prefetch_tile, store_tile = make_pipeline_functions(L)
     HEAD_DIM, BLOCK_M, BLOCK_N, N_THREADS = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"], L["N_THREADS"]
     TM, TD, TN = L["TM"], L["TD"], L["TN"]
     Q_OFF, K_OFF, V_OFF, STAGE_FLOATS = L["Q_OFF"], L["K_OFF"], L["V_OFF"], L["STAGE_FLOATS"]
     Q_STRIDE, K_STRIDE, V_STRIDE = L["Q_STRIDE"], L["K_STRIDE"], L["V_STRIDE"]
-    ROWS_PER_WARP, LANES_PER_ROW = L["ROWS_PER_WARP"], L["LANES_PER_ROW"]
 
     @cuda.jit
     def double_buffered_attention(Q, K, V, O, causal, qk_scale):
@@ -94,24 +92,17 @@ def build_kernel(L) -> KernelConfig:
         b = cuda.blockIdx.z
         h = cuda.blockIdx.y
         tid = cuda.threadIdx.x
-        warp = tid // 32
-        lane = tid % 32
         row0 = cuda.blockIdx.x * BLOCK_M
         seq_q = Q.shape[2]
         seq_k = K.shape[2]
-        lane_row = warp * ROWS_PER_WARP + (lane // LANES_PER_ROW) * TM
-        lane_col = lane % LANES_PER_ROW
+        lane_row, lane_col = lane_position(tid)
 
         m_i = cuda.local.array(TM, float32)
         l_i = cuda.local.array(TM, float32)
         acc = cuda.local.array((TM, TD), float32)
         s = cuda.local.array((TM, TN), float32)
         regs = cuda.local.array(PER_THREAD, float16)  # one tile operand in flight
-        for i in range(TM):
-            m_i[i] = float32(-math.inf)
-            l_i[i] = float32(0.0)
-            for c in range(TD):
-                acc[i, c] = float32(0.0)
+        init_rows(m_i, l_i, acc)
 
         load_tile(smem, Q_OFF, Q_STRIDE, Q, b, h, row0, seq_q, tid, N_THREADS, BLOCK_M, HEAD_DIM)
         block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)

@@ -153,6 +153,22 @@ def make_tile_functions(L):
     column = cuda.jit(device=True, inline=True)(acc_column)
 
     @cuda.jit(device=True, inline=True)
+    def lane_position(tid):
+        """This lane's first row in the block (it owns TM rows) and its column lane."""
+        lane = tid % 32
+        lane_row = (tid // 32) * ROWS_PER_WARP + (lane // LANES_PER_ROW) * TM
+        return lane_row, lane % LANES_PER_ROW
+
+    @cuda.jit(device=True, inline=True)
+    def init_rows(m_i, l_i, acc):
+        """-- before the first tile: m_i = -inf, l_i = 0, acc = 0 for this lane's rows."""
+        for i in range(TM):
+            m_i[i] = float32(-math.inf)
+            l_i[i] = float32(0.0)
+            for c in range(TD):
+                acc[i, c] = float32(0.0)
+
+    @cuda.jit(device=True, inline=True)
     def scores_tile(s, smem, k_off, lane_row, lane_col):
         """s[i, j] = q[lane_row + i] · k[lane_col + j*LANES_PER_ROW]: a TM×TN outer-product block."""
         for i in range(TM):
@@ -231,17 +247,16 @@ def make_tile_functions(L):
                 for c in range(TD):
                     O[b, h, row, column(lane_col, c, LANES_PER_ROW)] = finalize(acc[i, c], l_row)
 
-    return scores_tile, softmax_tile, pv_tile, store_output
+    return lane_position, init_rows, scores_tile, softmax_tile, pv_tile, store_output
 
 
 def build_kernel(L) -> KernelConfig:
     """The phase 03 kernel for layout L (phase 04 calls this with padded rows)."""
-    scores_tile, softmax_tile, pv_tile, store_output = make_tile_functions(L)
+    lane_position, init_rows, scores_tile, softmax_tile, pv_tile, store_output = make_tile_functions(L)
     HEAD_DIM, BLOCK_M, BLOCK_N, N_THREADS = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"], L["N_THREADS"]
     TM, TN, TD = L["TM"], L["TN"], L["TD"]
     Q_OFF, K_OFF, V_OFF = L["Q_OFF"], L["K_OFF"], L["V_OFF"]
     Q_STRIDE, K_STRIDE, V_STRIDE = L["Q_STRIDE"], L["K_STRIDE"], L["V_STRIDE"]
-    ROWS_PER_WARP, LANES_PER_ROW = L["ROWS_PER_WARP"], L["LANES_PER_ROW"]
 
     @cuda.jit
     def warp_tiled_attention(Q, K, V, O, causal, qk_scale):
@@ -249,24 +264,17 @@ def build_kernel(L) -> KernelConfig:
         b = cuda.blockIdx.z
         h = cuda.blockIdx.y
         tid = cuda.threadIdx.x
-        warp = tid // 32
-        lane = tid % 32
         row0 = cuda.blockIdx.x * BLOCK_M
         seq_q = Q.shape[2]
         seq_k = K.shape[2]
         # this lane's rows: lane_row .. lane_row+TM-1; its keys: lane_col + j*LANES_PER_ROW
-        lane_row = warp * ROWS_PER_WARP + (lane // LANES_PER_ROW) * TM
-        lane_col = lane % LANES_PER_ROW
+        lane_row, lane_col = lane_position(tid)
 
         m_i = cuda.local.array(TM, float32)
         l_i = cuda.local.array(TM, float32)
         acc = cuda.local.array((TM, TD), float32)
         s = cuda.local.array((TM, TN), float32)
-        for i in range(TM):
-            m_i[i] = float32(-math.inf)
-            l_i[i] = float32(0.0)
-            for c in range(TD):
-                acc[i, c] = float32(0.0)
+        init_rows(m_i, l_i, acc)
 
         load_tile(smem, Q_OFF, Q_STRIDE, Q, b, h, row0, seq_q, tid, N_THREADS, BLOCK_M, HEAD_DIM)
         block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
