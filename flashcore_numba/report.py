@@ -366,6 +366,7 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
     """Regenerate README table, plots and phase docstrings. Returns one line per file written."""
     records_dir = Path(records_dir) if records_dir is not None else default_records_dir()
     readme = Path(readme) if readme is not None else repo_root() / "README.md"
+    package_phases = phases_dir is None
     phases_dir = Path(phases_dir) if phases_dir is not None else Path(__file__).parent / "phases"
     plots_dir = Path(plots_dir) if plots_dir is not None else records_dir
     if records_dir.exists() and not records_dir.is_dir():
@@ -409,4 +410,8 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
         if new != text:
             path.write_text(new)
         summary.append(f"{path}: measured effect {'updated' if new != text else 'unchanged'}")
+    if package_phases:  # the exercise stubs copy the phase sources, docstrings included
+        from .exercises import write_all
+
+        summary += [f"{path}: exercise stub regenerated" for path in write_all()]
     return summary
