@@ -38,6 +38,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 import traceback
 import zlib
 from collections.abc import Callable
@@ -49,7 +50,14 @@ import numpy as np
 
 from .common import LOG2E
 from .phases import PHASES, get_phase
-from .reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
+from .reference import (
+    check_close,
+    default_scale,
+    lowp_attention,
+    random_qkv,
+    reference_attention,
+    visible_mask,
+)
 from .sim import simulator_enabled
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -57,7 +65,8 @@ REPO_ROOT = PACKAGE_DIR.parent
 
 UNTILED_KEYS = 16  # a phase that walks the keys one at a time (01) is graded as if its key tile were 16
 LARGE_LOGITS = 30.0  # the largest |score| of the large-logits check
-TIMING_SHAPE = (4, 8, 1024, 64)  # B, H, S, D of the GPU timing checks
+TIMING_SHAPE = (4, 8, 2048, 64)  # B, H, S, D of the GPU timing checks: the reference S, fewer heads
+# so that the NumPy oracle that gates them stays quick
 TIMED_RUNS = 10  # per kernel; the median counts
 NOT_SLOWER = 0.8  # a phase without a point of its own must reach 0.8x its reference solution's speed
 NEEDS_A_GPU = "needs a GPU: timings in the CUDA simulator mean nothing"
@@ -107,6 +116,7 @@ class Result:
     detail: str
     gpu_only: bool
     kind: str
+    seconds: float = 0.0
 
     @property
     def earned(self) -> int:
@@ -126,6 +136,7 @@ class Grading:
     results: list[Result] = field(default_factory=list)
 
     def run(self, check: Check) -> Result:
+        started = time.perf_counter()
         if check.gpu_only and not self.on_gpu:
             outcome = Outcome("skip", NEEDS_A_GPU)
         elif self.student is None:
@@ -136,7 +147,7 @@ class Grading:
             except Exception as e:  # noqa: BLE001 - a bug in the student's code, outside a launch
                 outcome = Outcome("fail", _raised(e))
         result = Result(check.name, check.title, check.points, outcome.status, outcome.detail,
-                        check.gpu_only, check.kind)
+                        check.gpu_only, check.kind, round(time.perf_counter() - started, 2))
         self.results.append(result)
         return result
 
@@ -190,9 +201,12 @@ def judge(out: np.ndarray, q, k, v, causal: bool) -> Outcome:
     nan = np.isnan(out)
     if nan.any():
         first = np.argwhere(nan)[0].tolist()
+        hint = ""
+        if not visible_mask(q.shape[2], k.shape[2], causal)[first[2]].any():
+            hint = f"; row {first[2]} sees no key: it must give zeros"
         return Outcome("fail", f"{int(nan.sum())} of {out.size} outputs are NaN, first at [b, h, row, d] = "
                                f"{first}: never written (the output was filled with NaN before the "
-                               f"launch) or computed as NaN. A row that sees no key must give zeros.")
+                               f"launch) or computed as NaN{hint}")
     verdict = check_close(out, reference_attention(q, k, v, causal=causal), lowp_attention(q, k, v, causal=causal))
     return Outcome("pass" if verdict.ok else "fail", verdict.message)
 
@@ -218,10 +232,22 @@ def run_cases(g: Grading, check: Check) -> Outcome:
 # The correctness checks, derived from the phase's tile sizes
 # ---------------------------------------------------------------------------------------------
 def tile_sizes(phase: ModuleType, head_dim: int) -> tuple[int, int]:
-    """(query rows per block, keys per tile) of a phase."""
+    """(query rows per block, keys per tile) of the kernel `phase.build(head_dim)` builds here.
+
+    In the simulator the phases build the same kernels with small tiles, so the graded shapes
+    shrink with them. The row tile is on the KernelConfig; the key tile is found by the
+    phases' conventions: `tiles(D)` (phases 03+), SIM_BLOCK_N / BLOCK_N, `smem_layout(D)`.
+    A phase without one walks the keys one at a time (01) and is graded as if its tile were 16.
+    """
     block_m = phase.build(head_dim).block_m
-    block_n = getattr(phase, "BLOCK_N", None)
-    if block_n is None and hasattr(phase, "smem_layout"):
+    block_n = None
+    if hasattr(phase, "tiles"):
+        block_n = phase.tiles(head_dim).get("block_n")
+    elif simulator_enabled() and hasattr(phase, "SIM_BLOCK_N"):
+        block_n = phase.SIM_BLOCK_N
+    elif hasattr(phase, "BLOCK_N"):
+        block_n = phase.BLOCK_N
+    elif hasattr(phase, "smem_layout"):
         block_n = phase.smem_layout(head_dim).get("BLOCK_N")
     return block_m, block_n or UNTILED_KEYS
 
@@ -256,8 +282,8 @@ def correctness_checks(phase: ModuleType) -> list[Check]:
         return Check(name, title, 1, run=run_cases, cases=cases)
 
     checks = [
-        check("tile_multiple", "S a multiple of the tile; causal row 0 sees one key", Case(S, S, D, causal=True)),
-        check("tail", "S not a multiple of the tile; rows seeing no key give 0",
+        check("tile_multiple", "S a multiple of the tile; row 0 sees one key", Case(S, S, D, causal=True)),
+        check("tail", "S not a multiple of the tile; empty rows give 0",
               Case(BM + BN + 6, BN + 6, D, causal=True)),
         check("short", "S smaller than a tile", Case(short, short, D)),
         check("s_one", "S = 1", Case(1, 1, D)),
@@ -369,9 +395,12 @@ def time_against(student: ModuleType, baseline: ModuleType, q, k, v) -> tuple[fl
 
 # The point of each phase beyond correctness; a phase not listed (and every new one) must be
 # at least NOT_SLOWER times as fast as its reference solution.
+# "Beats" means by a margin timing noise cannot supply (an unchanged kernel measures 1.00x
+# +- a few percent); the committed H100 records show 1.57x (04 over 03) and 1.27x (05 over 04).
+BEATS = 1.05
 PHASE_POINTS: dict[str, Callable[[], list[Check]]] = {
-    "04": lambda: [bank_conflicts_check(points=2), speed_check("03", at_least=1.05, points=2)],
-    "05": lambda: [speed_check("04", at_least=1.0, points=2)],
+    "04": lambda: [bank_conflicts_check(points=2), speed_check("03", at_least=BEATS, points=2)],
+    "05": lambda: [speed_check("04", at_least=BEATS, points=2)],
 }
 
 
@@ -469,7 +498,8 @@ def full_marks(results: list[Result]) -> bool:
 
 
 def command_line(g: Grading, *, seed: bool) -> str:
-    path = os.path.relpath(g.path) if not str(os.path.relpath(g.path)).startswith("..") else str(g.path)
+    relative = os.path.relpath(g.path)
+    path = str(g.path) if relative.startswith("..") else relative  # outside the current directory: in full
     return f"flashcore grade {g.phase.ID} {path}" + (f" --seed {g.seed}" if seed else "")
 
 
@@ -484,9 +514,10 @@ def render(g: Grading, console=None) -> None:
     table.add_column("check")
     table.add_column("result")
     table.add_column("points", justify="right")
+    table.add_column("time", justify="right")
     for i, r in enumerate(g.results, 1):
         points = "—" if r.status == "skip" else f"{r.earned}/{r.points}"
-        table.add_row(str(i), r.title, mark[r.status], points)
+        table.add_row(str(i), r.title, mark[r.status], points, "" if r.status == "skip" else f"{r.seconds:.0f} s")
     console.print(table)
     for i, r in enumerate(g.results, 1):
         if r.status != "pass":
@@ -594,6 +625,8 @@ def main(argv=None) -> int:
     from rich.console import Console
 
     console = Console(soft_wrap=True)
+    if not console.is_terminal:  # a pipe or a file: no terminal width to fit, keep table rows on one line
+        console = Console(soft_wrap=True, width=120)
     g = start(phase, path, seed=args.seed, on_gpu=(target == "gpu"))
     where = "a GPU" if g.on_gpu else "the CUDA simulator (no GPU: slow, and the timing checks are skipped)"
     console.print(f"Grading {path} as exercise {phase.ID} ({phase.TITLE}) on {where}.",
