@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, uint64
 
-from .sim import simulator_enabled, simulator_pacing
+from .sim import arithmetic_device_function, simulator_enabled, simulator_pacing
 
 LOG2E = 1.4426950408889634
 STATIC_SMEM_LIMIT = 48 * 1024  # bytes a block may use without raising its dynamic limit
@@ -36,7 +36,7 @@ STATIC_SMEM_LIMIT = 48 * 1024  # bytes a block may use without raising its dynam
 # ---------------------------------------------------------------------------------------------
 # Indexing
 # ---------------------------------------------------------------------------------------------
-@cuda.jit(device=True, inline=True)
+@arithmetic_device_function
 def uidx(i):
     """An array index as an unsigned integer, for the hot loops.
 

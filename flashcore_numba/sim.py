@@ -123,6 +123,20 @@ _WARP_FUNCTIONS = {
 }
 
 
+def arithmetic_device_function(fn):
+    """A device function of plain arithmetic (no `cuda.*` inside), compiled inline on the GPU.
+
+    In the simulator every call of a `cuda.jit` device function takes a lock and rewrites its
+    module's globals; for a helper called on every shared-memory access that became a lock
+    convoy (10-70x slower under load). There the plain Python function is used instead.
+    """
+    if simulator_enabled():
+        return fn
+    from numba import cuda
+
+    return cuda.jit(device=True, inline=True)(fn)
+
+
 @contextmanager
 def simulator_pacing(interval_s: float = 5e-4):
     """Hand the interpreter lock between simulated threads more often during a launch.

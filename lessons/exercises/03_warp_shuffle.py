@@ -66,7 +66,7 @@ from functools import lru_cache
 from numba import cuda, float32
 
 from flashcore_numba.common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
-from flashcore_numba.sim import simulator_enabled
+from flashcore_numba.sim import arithmetic_device_function, simulator_enabled
 
 ID = "03"
 NAME = "warp_shuffle"
@@ -150,7 +150,7 @@ def make_tile_functions(L):
     Q_OFF, P_OFF = L["Q_OFF"], L["P_OFF"]
     ROWS_PER_WARP, NUM_WARPS = L["ROWS_PER_WARP"], L["NUM_WARPS"]
     assert ROWS_PER_WARP * NUM_WARPS == L["BLOCK_M"]
-    column = cuda.jit(device=True, inline=True)(acc_column)
+    column = arithmetic_device_function(acc_column)
 
     @cuda.jit(device=True, inline=True)
     def lane_position(tid):
