@@ -37,9 +37,11 @@ def conflict_degree(word_addresses, width_words: int = 1) -> int:
 
 
 def _lanes(L, warp=0):
-    """(lane_row, lane_col) of each lane, as the warp-tiled kernel assigns them."""
-    LPR = L["LANES_PER_ROW"]
-    return [(warp * L["ROWS_PER_WARP"] + (lane // LPR) * L["TM"], lane % LPR) for lane in range(32)]
+    """(lane_row, lane_col) of each lane of `warp`, by the kernel's own lane_position."""
+    from .phases.p03_warp_shuffle import lane_position
+
+    return [lane_position(32 * warp + lane, L["ROWS_PER_WARP"], L["TM"], L["LANES_PER_ROW"])
+            for lane in range(32)]
 
 
 def warp_tile_conflicts(L) -> dict[str, int]:

@@ -117,6 +117,16 @@ def layout(HEAD_DIM, smem_pad, block_m, block_n, num_warps, lanes_per_row, stage
     return L
 
 
+def lane_position(tid, ROWS_PER_WARP, TM, LANES_PER_ROW):
+    """(first of the TM rows this lane owns within the block, its column lane).
+
+    Warp w owns rows w*ROWS_PER_WARP ..; inside it, each group of LANES_PER_ROW lanes shares TM
+    rows. `flashcore_numba.banks` calls this same function to model the kernel's accesses.
+    """
+    lane = tid % 32
+    return (tid // 32) * ROWS_PER_WARP + (lane // LANES_PER_ROW) * TM, lane % LANES_PER_ROW
+
+
 def acc_column(lane_col, c, LANES_PER_ROW):
     """Head-dim column of a lane's c-th accumulator: VEC-wide chunks, interleaved over the lanes.
 
@@ -135,13 +145,12 @@ def make_tile_functions(L):
     ROWS_PER_WARP, NUM_WARPS = L["ROWS_PER_WARP"], L["NUM_WARPS"]
     assert ROWS_PER_WARP * NUM_WARPS == L["BLOCK_M"]
     column = arithmetic_device_function(acc_column)
+    position = arithmetic_device_function(lane_position)
 
     @cuda.jit(device=True, inline=True)
-    def lane_position(tid):
+    def lane_of(tid):
         """This lane's first row in the block (it owns TM rows) and its column lane."""
-        lane = tid % 32
-        lane_row = (tid // 32) * ROWS_PER_WARP + (lane // LANES_PER_ROW) * TM
-        return lane_row, lane % LANES_PER_ROW
+        return position(tid, ROWS_PER_WARP, TM, LANES_PER_ROW)
 
     @cuda.jit(device=True, inline=True)
     def init_rows(m_i, l_i, acc):
@@ -239,12 +248,12 @@ def make_tile_functions(L):
                 for c in range(TD):
                     O[b, h, row, column(lane_col, c, LANES_PER_ROW)] = finalize(acc[i, c], l_row)
 
-    return lane_position, init_rows, scores_tile, softmax_tile, pv_tile, store_output
+    return lane_of, init_rows, scores_tile, softmax_tile, pv_tile, store_output
 
 
 def build_kernel(L) -> KernelConfig:
     """The phase 03 kernel for layout L (phase 04 calls this with padded rows)."""
-    lane_position, init_rows, scores_tile, softmax_tile, pv_tile, store_output = make_tile_functions(L)
+    lane_of, init_rows, scores_tile, softmax_tile, pv_tile, store_output = make_tile_functions(L)
     HEAD_DIM, BLOCK_M, BLOCK_N, N_THREADS = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"], L["N_THREADS"]
     TM, TN, TD = L["TM"], L["TN"], L["TD"]
     Q_OFF, K_OFF, V_OFF = L["Q_OFF"], L["K_OFF"], L["V_OFF"]
@@ -260,7 +269,7 @@ def build_kernel(L) -> KernelConfig:
         seq_q = Q.shape[2]
         seq_k = K.shape[2]
         # this lane's rows: lane_row .. lane_row+TM-1; its keys: lane_col + j*LANES_PER_ROW
-        lane_row, lane_col = lane_position(tid)
+        lane_row, lane_col = lane_of(tid)
 
         m_i = cuda.local.array(TM, float32)
         l_i = cuda.local.array(TM, float32)

@@ -79,7 +79,7 @@ def make_pipeline_functions(L):
 
 
 def build_kernel(L) -> KernelConfig:
-    lane_position, init_rows, scores_tile, softmax_tile, pv_tile, store_output = make_tile_functions(L)
+    lane_of, init_rows, scores_tile, softmax_tile, pv_tile, store_output = make_tile_functions(L)
     PER_THREAD, prefetch_tile, store_tile = make_pipeline_functions(L)
     HEAD_DIM, BLOCK_M, BLOCK_N, N_THREADS = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"], L["N_THREADS"]
     TM, TD, TN = L["TM"], L["TD"], L["TN"]
@@ -95,7 +95,7 @@ def build_kernel(L) -> KernelConfig:
         row0 = cuda.blockIdx.x * BLOCK_M
         seq_q = Q.shape[2]
         seq_k = K.shape[2]
-        lane_row, lane_col = lane_position(tid)
+        lane_row, lane_col = lane_of(tid)
 
         m_i = cuda.local.array(TM, float32)
         l_i = cuda.local.array(TM, float32)
