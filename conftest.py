@@ -13,7 +13,7 @@ if os.environ.get("FLASHCORE_GPU", "0") in ("", "0"):
 
 import pytest  # noqa: E402
 
-from flashcore_numba.sim import simulator_enabled  # noqa: E402
+from flashcore_numba.arch.sim import simulator_enabled  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

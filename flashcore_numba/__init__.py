@@ -7,7 +7,7 @@
 `PHASES` maps phase ids ("01" ...) to their modules; each module's docstring is its lesson.
 """
 
-from . import sim as _sim
+from .arch import sim as _sim
 
 _sim.install()  # the simulator gains warp shuffles; a no-op on a real GPU
 

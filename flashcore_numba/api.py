@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arch.sim import simulator_enabled
 from .phases import dtypes as phase_dtypes
 from .phases import get_phase, min_cc, supports_gqa
+from .phases.common import LOG2E
 from .reference import default_scale
-from .sim import simulator_enabled
-from .common import LOG2E
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@
     flashcore report     regenerate the README table, the plots and the phase docstrings'
                          "Measured effect" from the committed records
     flashcore doctor     is this machine ready? one line per check, with the fix
-    flashcore grade      grade an exercise (flashcore_numba.grade)
-    flashcore lessons    the notebooks (flashcore_numba.notebooks)
+    flashcore grade      grade an exercise (flashcore_numba.course.grade)
+    flashcore lessons    the notebooks (flashcore_numba.course.notebooks)
 
 Mistakes in the arguments get one line naming the option and a nonzero exit status, never a
 traceback. `python -m flashcore_numba ...` is the same command.
@@ -22,12 +22,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .arch.sim import simulator_enabled
 from .phases import PHASES, get_phase
-from .sim import simulator_enabled
 
 MIN_REPEATS = 20  # the protocol: median of at least 20 timed runs
 SIM_SHAPE = (1, 1, 48, 64)  # one 64-row tile, 48 keys: a tail on every phase; a few seconds each
-DELEGATED = {"grade": "flashcore_numba.grade", "lessons": "flashcore_numba.notebooks"}
+DELEGATED = {"grade": "flashcore_numba.course.grade", "lessons": "flashcore_numba.course.notebooks"}
 SIM_DISCLAIMER = ("Simulator timings mean nothing: every CUDA thread ran as a Python thread on the CPU. "
                   "Run `flashcore run` on a GPU to time the phases.")
 
@@ -82,7 +82,7 @@ def parse_phases(text: str) -> list[str]:
 
 
 def parse_peers(text: str) -> list[str]:
-    from .bench import PEERS
+    from .measure.bench import PEERS
 
     if text.strip() == "none":
         return []
@@ -241,7 +241,7 @@ def cmd_run(args) -> int:
 def _run_simulator(args) -> int:
     from rich.table import Table
 
-    from . import bench
+    from .measure import bench
 
     console = _console()
     shape = args.shape or SIM_SHAPE
@@ -293,7 +293,7 @@ def _verdict_cell(result) -> str:
 
 
 def _run_gpu(args) -> int:
-    from . import bench
+    from .measure import bench
 
     console = _console()
     problem = bench.Problem.from_shape(args.shape or bench.REFERENCE_SHAPE, causal=args.causal)
@@ -326,7 +326,7 @@ def _results_table(results, title, *, vs_peers=(), resources=False):
     """Rich table of one problem's results (dicts as in a record)."""
     from rich.table import Table
 
-    from .bench import format_tflops, ladder_speedups
+    from .measure.bench import format_tflops, ladder_speedups
 
     speedups = ladder_speedups(results)
     peer_tflops = {r["name"]: r.get("tflops") for r in results if r["kind"] == "peer"}
@@ -374,7 +374,7 @@ def _results_table(results, title, *, vs_peers=(), resources=False):
 def _sweep_table(record, title):
     from rich.table import Table
 
-    from .bench import format_tflops
+    from .measure.bench import format_tflops
 
     table = Table(title=title)
     table.add_column("Kernel (TFLOPS)")
@@ -408,7 +408,7 @@ def cmd_bench(args) -> int:
                else "no CUDA GPU found")
         raise CLIError(f"{why}; benchmarks need a GPU, and simulator timings mean nothing. "
                        f"`flashcore run` checks every phase on the CPU.")
-    from . import bench
+    from .measure import bench
 
     dtype = bench.DTYPES[args.dtype]
     problem = bench.Problem.from_shape(args.shape or bench.REFERENCE_SHAPE, dtype=dtype, causal=args.causal)
@@ -454,7 +454,7 @@ def cmd_bench(args) -> int:
 # flashcore report, flashcore doctor
 # ---------------------------------------------------------------------------------------------
 def cmd_report(args) -> int:
-    from . import report
+    from .measure import report
 
     if args.records is not None and not args.records.is_dir():
         raise CLIError(f"--records: {args.records} is not a directory")
@@ -468,6 +468,6 @@ def cmd_report(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from . import doctor
+    from .measure import doctor
 
     return doctor.main()

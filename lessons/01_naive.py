@@ -82,7 +82,8 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if os.path.exists("/dev/nvidiactl") else "1"
 
 # %%
-from flashcore_numba import common, notebooks
+from flashcore_numba.course import notebooks
+from flashcore_numba.phases import common
 from flashcore_numba.phases import p01_naive as phase
 
 lesson = notebooks.Lesson("01")
@@ -107,8 +108,8 @@ lesson.show_source(phase.build)
 
 # %% [markdown]
 # The online-softmax update and the epilogue are shared by every phase and written once in
-# `flashcore_numba.common`. Note the guard for rows that have seen only masked keys: measuring
-# against 0 instead of `-inf` keeps `(-inf) − (-inf)` from producing NaN.
+# `flashcore_numba.phases.common`. Note the guard for rows that have seen only masked keys:
+# measuring against 0 instead of `-inf` keeps `(-inf) − (-inf)` from producing NaN.
 
 # %%
 lesson.show_source(common.softmax_rescale, common.finalize, common.key_end)

@@ -62,7 +62,8 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if os.path.exists("/dev/nvidiactl") else "1"
 
 # %%
-from flashcore_numba import common, notebooks
+from flashcore_numba.course import notebooks
+from flashcore_numba.phases import common
 from flashcore_numba.phases import p02_smem_tiling as phase
 
 lesson = notebooks.Lesson("02")

@@ -64,7 +64,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if os.path.exists("/dev/nvidiactl") else "1"
 
 # %%
-from flashcore_numba import notebooks
+from flashcore_numba.course import notebooks
 from flashcore_numba.phases import p03_warp_shuffle as phase
 
 lesson = notebooks.Lesson("03")
@@ -108,7 +108,7 @@ lesson.show_source(phase.make_tile_functions)
 # %% [markdown]
 # ## Is it correct?
 #
-# The simulator has no warp shuffles of its own; `flashcore_numba.sim` supplies them by letting
+# The simulator has no warp shuffles of its own; `flashcore_numba.arch.sim` supplies them by letting
 # the 32 lanes of a simulated warp meet at a barrier and exchange values.
 
 # %%
@@ -151,7 +151,7 @@ lesson.sass(["LDS", "FFMA", "SHFL.BFLY", "MUFU.EX2"])
 # Shared memory is split into 32 banks; lanes that read different words of the same bank in one
 # instruction are served one after another. The lanes of a row group read the same column of
 # different K rows, and the rows are `HEAD_DIM = 64` words apart, a multiple of 32: every one of
-# those words sits in the same bank. `flashcore_numba.banks` computes how many passes each
+# those words sits in the same bank. `flashcore_numba.measure.banks` computes how many passes each
 # shared-memory access of this layout needs (1 means conflict-free):
 
 # %%

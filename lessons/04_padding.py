@@ -44,7 +44,7 @@
 # The cost is `pad` words per row of Q, K and P. Which pad is right depends on how wide each
 # lane's access is: the kernel may read several consecutive words per lane in one instruction
 # (a 16-byte `ld.shared.v4.f32`), and then a warp is served a quarter at a time, each lane
-# covering several banks. `flashcore_numba.banks` models exactly that, and the sweep below
+# covering several banks. `flashcore_numba.measure.banks` models exactly that, and the sweep below
 # tries every pad the layout allows.
 
 # %%
@@ -56,7 +56,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if os.path.exists("/dev/nvidiactl") else "1"
 
 # %%
-from flashcore_numba import notebooks
+from flashcore_numba.course import notebooks
 from flashcore_numba.phases import p03_warp_shuffle
 from flashcore_numba.phases import p04_padding as phase
 
@@ -76,9 +76,10 @@ notebooks.draw_bank_map([("phase 03", p03_warp_shuffle.smem_layout(64)),
                          ("phase 04", phase.smem_layout(64))])
 
 # %% [markdown]
-# Every shared-memory access of the warp-tiled kernel, for each padding: `flashcore_numba.banks`
-# evaluates them from the layout alone, no GPU needed. The p writes happen once per tile element,
-# the other accesses inside the inner loops, so those are the ones that must be conflict-free.
+# Every shared-memory access of the warp-tiled kernel, for each padding:
+# `flashcore_numba.measure.banks` evaluates them from the layout alone, no GPU needed. The p writes
+# happen once per tile element, the other accesses inside the inner loops, so those are the ones
+# that must be conflict-free.
 
 # %%
 notebooks.pad_sweep(p03_warp_shuffle.smem_layout(64))

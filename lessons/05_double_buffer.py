@@ -50,7 +50,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if os.path.exists("/dev/nvidiactl") else "1"
 
 # %%
-from flashcore_numba import notebooks
+from flashcore_numba.course import notebooks
 from flashcore_numba.phases import p03_warp_shuffle
 from flashcore_numba.phases import p05_double_buffer as phase
 

@@ -2,12 +2,12 @@
 
 Two kinds of test:
 
-- the stubs (cheap, text only): each committed stub is exactly what flashcore_numba.exercises
+- the stubs (cheap, text only): each committed stub is exactly what flashcore_numba.course.exercises
   generates from its phase; every phase has at least one marked region; solving only adds
   lines; every region matters (removing it changes the program, not just comments).
 - the grader (simulator runs): for every phase, each graded check FAILS on the untouched stub
   and PASSES on the reference solution (the phase module itself); a check that cannot fail
-  is a defect. `python -m flashcore_numba.grade 03` prints a failing score with a reason per
+  is a defect. `python -m flashcore_numba.course.grade 03` prints a failing score with a reason per
   check on the stub and full marks on the solution. Checks that need a GPU are skipped in
   the simulator with their reason; their fail-on-stub / pass-on-solution tests are marked
   `gpu` and run with FLASHCORE_GPU=1 on a GPU machine.
@@ -30,8 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from flashcore_numba import PHASES, exercises, grade
-from flashcore_numba.sim import simulator_enabled
+from flashcore_numba import PHASES
+from flashcore_numba.arch.sim import simulator_enabled
+from flashcore_numba.course import exercises, grade
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 900
@@ -70,7 +71,7 @@ def test_every_phase_has_regions_and_a_stub(phase_id):
     phase = PHASES[phase_id]
     assert exercises.phase_regions(phase), f"phase {phase_id} has no `# >>> exercise` region"
     path = exercises.stub_path(phase)
-    assert path.is_file(), f"{path} is missing: run python -m flashcore_numba.exercises --write"
+    assert path.is_file(), f"{path} is missing: run python -m flashcore_numba.course.exercises --write"
 
 
 @pytest.mark.parametrize("phase_id", list(PHASES))
@@ -80,8 +81,8 @@ def test_stub_is_in_sync_with_its_phase(phase_id):
     committed = path.read_text(encoding="utf-8") if path.exists() else ""
     assert committed == exercises.stub_source(phase), (
         f"{path.relative_to(REPO)} differs from the stub generated from {Path(phase.__file__).name}: "
-        f"after changing the phase run `python -m flashcore_numba.exercises --write` (if you are solving "
-        f"the exercise in place, this failure is expected)")
+        f"after changing the phase run `python -m flashcore_numba.course.exercises --write` (if you are "
+        f"solving the exercise in place, this failure is expected)")
 
 
 @pytest.mark.parametrize("phase_id", list(PHASES))
@@ -199,7 +200,7 @@ class GraderRuns:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         out = self.workdir / f"{pid}_{variant}.json"
-        argv = [sys.executable, "-m", "flashcore_numba.grade", pid]
+        argv = [sys.executable, "-m", "flashcore_numba.course.grade", pid]
         if variant == "solution":  # the phase module itself, by its path in the repository
             cwd = REPO
             argv.append(str(Path(phase.__file__).relative_to(REPO)))
@@ -331,7 +332,7 @@ def test_grade_03_on_the_solution_prints_full_marks(runs):
 # ---------------------------------------------------------------------------------------------
 def test_a_file_that_does_not_load_fails_every_check_with_the_reason(tmp_path):
     path = tmp_path / "broken.py"
-    path.write_text("from flashcore_numba.common import KernelConfig\nx = (\n", encoding="utf-8")
+    path.write_text("from flashcore_numba.phases.common import KernelConfig\nx = (\n", encoding="utf-8")
     g = grade.start("01", path, seed=1)
     result = g.run(grade.checks_for("01")[0])
     assert result.status == "fail" and "SyntaxError" in result.detail and "line 2" in result.detail

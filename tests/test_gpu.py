@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flashcore_numba import PHASES, attention, check_close, lowp_attention, reference_attention
-from flashcore_numba.common import LOG2E
+from flashcore_numba.phases.common import LOG2E
 from flashcore_numba.reference import random_qkv
 
 pytestmark = pytest.mark.gpu

@@ -18,10 +18,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from flashcore_numba import PHASES, bench, report
+from flashcore_numba import PHASES
+from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.cli import main
+from flashcore_numba.measure import bench, report
 from flashcore_numba.reference import visible_mask
-from flashcore_numba.sim import simulator_enabled
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_RECORDS = Path(__file__).parent / "data" / "bench_records"

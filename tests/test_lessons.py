@@ -15,7 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from flashcore_numba import PHASES, notebooks
+from flashcore_numba import PHASES
+from flashcore_numba.course import notebooks
 
 LESSONS = Path(__file__).resolve().parent.parent / "lessons"
 FIXTURE_RECORDS = Path(__file__).parent / "data" / "bench_records"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashcore_numba.machine_code import (
+from flashcore_numba.measure.machine_code import (
     REPORT_KEYS,
     instruction_counts,
     kernel_reports,

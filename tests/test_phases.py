@@ -17,7 +17,7 @@ def run_phase(phase, q, k, v, causal):
     """Launch a phase on poisoned output memory and return what it wrote."""
     from numba import cuda
 
-    from flashcore_numba.common import LOG2E
+    from flashcore_numba.phases.common import LOG2E
 
     D = q.shape[-1]
     out = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))  # poison: unwritten -> NaN

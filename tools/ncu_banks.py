@@ -10,7 +10,7 @@ import sys
 import numpy as np
 from numba import cuda
 from flashcore_numba.phases import PHASES
-from flashcore_numba.common import LOG2E
+from flashcore_numba.phases.common import LOG2E
 from flashcore_numba.reference import random_qkv
 q, k, v = random_qkv((1, 8, 1024, 64), seed=0)
 dq, dk, dv = (cuda.to_device(x) for x in (q, k, v))

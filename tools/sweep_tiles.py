@@ -9,7 +9,7 @@ import sys, time, math, json, os
 import numpy as np, torch
 from numba import cuda
 from flashcore_numba.phases import PHASES, p02_smem_tiling as p2, p03_warp_shuffle as p3, p05_double_buffer as p5
-from flashcore_numba.common import LOG2E, KernelConfig
+from flashcore_numba.phases.common import LOG2E, KernelConfig
 
 B, H, S, D = 16, 16, 2048, int(os.environ.get("D", "64"))
 torch.manual_seed(0)

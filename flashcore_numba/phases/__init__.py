@@ -2,7 +2,7 @@
 
 Each phase module defines ID ("01"), NAME, TITLE, HEAD_DIMS, a docstring changelog, and
 `build(head_dim) -> KernelConfig`. Every kernel has the signature
-`kernel(Q, K, V, O, causal, qk_scale)` (see flashcore_numba.common). Later phases add
+`kernel(Q, K, V, O, causal, qk_scale)` (see flashcore_numba.phases.common). Later phases add
 DTYPES (bf16), GQA support and a minimum compute capability; the defaults below say what
 phases 01-05 support.
 """

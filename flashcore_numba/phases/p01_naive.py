@@ -34,7 +34,7 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
-from ..common import KernelConfig, finalize, key_end, softmax_rescale
+from .common import KernelConfig, finalize, key_end, softmax_rescale
 
 ID = "01"
 NAME = "naive"

@@ -31,8 +31,8 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
-from ..common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
-from ..sim import simulator_enabled
+from ..arch.sim import simulator_enabled
+from .common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
 
 ID = "02"
 NAME = "smem_tiling"

@@ -29,7 +29,7 @@ What is still wrong (phase 04 fixes it), and why this phase is slower than phase
     read rows lane_col, lane_col + 1, ... of the K tile at the same d: addresses HEAD_DIM
     words apart. With HEAD_DIM = 64 (a multiple of the 32 banks) all 8 land in the same four
     banks, an 8-way bank conflict on every k load: the load takes 8 passes instead of one.
-    `flashcore_numba.banks.warp_tile_conflicts` counts it. That conflict costs more than
+    `flashcore_numba.measure.banks.warp_tile_conflicts` counts it. That conflict costs more than
     the register tiling saves, so this phase is measured slower than phase 02 (the record
     says by how much): the price of the lesson, paid back in phase 04.
 
@@ -49,8 +49,8 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
-from ..common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
-from ..sim import arithmetic_device_function, simulator_enabled
+from ..arch.sim import arithmetic_device_function, simulator_enabled
+from .common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
 
 ID = "03"
 NAME = "warp_shuffle"
@@ -121,7 +121,7 @@ def lane_position(tid, ROWS_PER_WARP, TM, LANES_PER_ROW):
     """(first of the TM rows this lane owns within the block, its column lane).
 
     Warp w owns rows w*ROWS_PER_WARP ..; inside it, each group of LANES_PER_ROW lanes shares TM
-    rows. `flashcore_numba.banks` calls this same function to model the kernel's accesses.
+    rows. `flashcore_numba.measure.banks` calls this same function to model the kernel's accesses.
     """
     lane = tid % 32
     return (tid // 32) * ROWS_PER_WARP + (lane // LANES_PER_ROW) * TM, lane % LANES_PER_ROW

@@ -16,7 +16,7 @@ Why the hardware rewards it
     Why 4 and not 1: the pad must keep each row 16 bytes aligned, or the compiler cannot use
     16-byte loads at all; 4 words is the smallest such pad. It leaves one 2-way conflict on
     the p stores (TM·TN per tile, a few percent of the traffic), which
-    `flashcore_numba.banks.warp_tile_conflicts` reports alongside the conflict-free loads
+    `flashcore_numba.measure.banks.warp_tile_conflicts` reports alongside the conflict-free loads
     of the inner loops. ncu's `l1tex__data_bank_conflicts_pipe_lsu_mem_shared` counters
     measure the same on the GPU.
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..common import KernelConfig
+from .common import KernelConfig
 from .p03_warp_shuffle import TILES, build_kernel, layout, tiles
 
 ID = "04"

@@ -38,7 +38,7 @@ from functools import lru_cache
 from numba import cuda, float32
 from numba.types import float16
 
-from ..common import KernelConfig, key_end, load_tile, uidx
+from .common import KernelConfig, key_end, load_tile, uidx
 from .p03_warp_shuffle import TILES, layout, make_tile_functions, tiles
 from .p04_padding import SMEM_PAD
 

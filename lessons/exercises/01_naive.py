@@ -12,7 +12,8 @@
 # Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
 # Stuck? The solution is flashcore_numba/phases/p01_naive.py.
 #
-# Generated from that file by `python -m flashcore_numba.exercises --write`: improve the phase, not this copy.
+# Generated from that file by `python -m flashcore_numba.course.exercises --write`:
+# improve the phase, not this copy.
 """Phase 01 — naive: one thread per query row, online softmax, fp32 arithmetic.
 
 What it does
@@ -49,7 +50,7 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
-from flashcore_numba.common import KernelConfig, finalize, key_end, softmax_rescale
+from flashcore_numba.phases.common import KernelConfig, finalize, key_end, softmax_rescale
 
 ID = "01"
 NAME = "naive"

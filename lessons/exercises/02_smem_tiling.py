@@ -12,7 +12,8 @@
 # Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
 # Stuck? The solution is flashcore_numba/phases/p02_smem_tiling.py.
 #
-# Generated from that file by `python -m flashcore_numba.exercises --write`: improve the phase, not this copy.
+# Generated from that file by `python -m flashcore_numba.course.exercises --write`:
+# improve the phase, not this copy.
 """Phase 02 — shared-memory tiling: K/V tiles staged in shared memory, a block of query rows per CTA.
 
 What changed from phase 01
@@ -46,8 +47,8 @@ from functools import lru_cache
 
 from numba import cuda, float32
 
-from flashcore_numba.common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
-from flashcore_numba.sim import simulator_enabled
+from flashcore_numba.arch.sim import simulator_enabled
+from flashcore_numba.phases.common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
 
 ID = "02"
 NAME = "smem_tiling"

@@ -12,7 +12,8 @@
 # Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
 # Stuck? The solution is flashcore_numba/phases/p04_padding.py.
 #
-# Generated from that file by `python -m flashcore_numba.exercises --write`: improve the phase, not this copy.
+# Generated from that file by `python -m flashcore_numba.course.exercises --write`:
+# improve the phase, not this copy.
 """Phase 04 — padding: a bank-conflict-free shared-memory layout.
 
 What changed from phase 03
@@ -31,7 +32,7 @@ Why the hardware rewards it
     Why 4 and not 1: the pad must keep each row 16 bytes aligned, or the compiler cannot use
     16-byte loads at all; 4 words is the smallest such pad. It leaves one 2-way conflict on
     the p stores (TM·TN per tile, a few percent of the traffic), which
-    `flashcore_numba.banks.warp_tile_conflicts` reports alongside the conflict-free loads
+    `flashcore_numba.measure.banks.warp_tile_conflicts` reports alongside the conflict-free loads
     of the inner loops. ncu's `l1tex__data_bank_conflicts_pipe_lsu_mem_shared` counters
     measure the same on the GPU.
 
@@ -50,7 +51,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from flashcore_numba.common import KernelConfig
+from flashcore_numba.phases.common import KernelConfig
 from flashcore_numba.phases.p03_warp_shuffle import TILES, build_kernel, layout, tiles
 
 ID = "04"

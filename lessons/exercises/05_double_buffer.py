@@ -13,7 +13,8 @@
 # Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
 # Stuck? The solution is flashcore_numba/phases/p05_double_buffer.py.
 #
-# Generated from that file by `python -m flashcore_numba.exercises --write`: improve the phase, not this copy.
+# Generated from that file by `python -m flashcore_numba.course.exercises --write`:
+# improve the phase, not this copy.
 """Phase 05 — double buffering: load tile j+1 while computing tile j.
 
 What changed from phase 04
@@ -54,7 +55,7 @@ from functools import lru_cache
 from numba import cuda, float32
 from numba.types import float16
 
-from flashcore_numba.common import KernelConfig, key_end, load_tile, uidx
+from flashcore_numba.phases.common import KernelConfig, key_end, load_tile, uidx
 from flashcore_numba.phases.p03_warp_shuffle import TILES, layout, make_tile_functions, tiles
 from flashcore_numba.phases.p04_padding import SMEM_PAD
 

@@ -1,6 +1,6 @@
 """`pytest lessons/exercises --grade NN [--solution PATH] [--grade-seed N]`: grade an exercise with pytest.
 
-Each graded check of `flashcore grade NN` is one test (flashcore_numba.grade defines them);
+Each graded check of `flashcore grade NN` is one test (flashcore_numba.course.grade defines them);
 the score table is printed at the end. Without --grade nothing is graded: the tests are
 reported as skipped with the command to use, so a plain `pytest lessons/exercises` never fails.
 The root conftest.py chooses the CUDA simulator unless FLASHCORE_GPU=1.
@@ -30,7 +30,7 @@ def pytest_generate_tests(metafunc):
         skip = pytest.mark.skip(reason="nothing to grade: run `pytest lessons/exercises --grade NN` (e.g. 03)")
         metafunc.parametrize("graded_check", [pytest.param(None, marks=skip)], ids=["no-grade-option"])
         return
-    from flashcore_numba import grade
+    from flashcore_numba.course import grade
 
     try:
         checks = grade.checks_for(phase)
@@ -42,7 +42,7 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture(scope="session")
 def grading(pytestconfig):
     """The student's module, loaded once, and the run's seed: shared by every check."""
-    from flashcore_numba import grade
+    from flashcore_numba.course import grade
 
     g = grade.start(pytestconfig.getoption("grade"), pytestconfig.getoption("solution"),
                     seed=pytestconfig.getoption("grade_seed"))
@@ -56,7 +56,7 @@ def pytest_terminal_summary(terminalreporter, config):
         return
     from rich.console import Console
 
-    from flashcore_numba import grade
+    from flashcore_numba.course import grade
 
     buffer = io.StringIO()
     grade.render(g, Console(file=buffer, width=100, soft_wrap=True))

@@ -19,8 +19,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from ..arch.sim import simulator_enabled
 from .bench import nvidia_smi, package_version
-from .sim import simulator_enabled
 
 # Runs in a fresh interpreter with NUMBA_ENABLE_CUDASIM unset; prints one JSON line.
 _PROBE = r"""

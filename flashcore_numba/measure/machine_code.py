@@ -15,9 +15,9 @@ in registers must show zero spill bytes and a zero stack frame.
 In Numba's simulator (NUMBA_ENABLE_CUDASIM=1) `numba.cuda` has no compiler, so `kernel_report`
 then runs this module in a fresh Python process without that variable:
 
-    python -m flashcore_numba.machine_code 03 64           # the report of phase 03 at D=64, JSON
-    python -m flashcore_numba.machine_code 02 03 64        # several phases: {"02": ..., "03": ...}
-    python -m flashcore_numba.machine_code 03 64 --sass    # with SASS (needs nvdisasm or cuobjdump)
+    python -m flashcore_numba.measure.machine_code 03 64         # the report of phase 03 at D=64, JSON
+    python -m flashcore_numba.measure.machine_code 02 03 64      # several phases: {"02": ..., "03": ...}
+    python -m flashcore_numba.measure.machine_code 03 64 --sass  # with SASS (needs nvdisasm or cuobjdump)
 
 SASS, the GPU's native instructions, is disassembled from the same cubin when `nvdisasm` (or
 `cuobjdump`) is found: on PATH, in a CUDA toolkit, or from the `nvidia-cuda-nvdisasm` wheel.
@@ -52,7 +52,7 @@ def compile_phase_ptx(phase_id: str, head_dim: int) -> str:
     """PTX of a phase's kernel specialized to `head_dim`, for sm_90a."""
     from numba import cuda
 
-    from .phases import get_phase
+    from ..phases import get_phase
 
     config = get_phase(phase_id).build(head_dim)
     ptx, _ = cuda.compile_ptx(config.kernel.py_func, SIG, cc=CC)
@@ -220,7 +220,7 @@ def disassemble(cubin: bytes) -> str | None:
 # The report
 # ---------------------------------------------------------------------------------------------
 def _report_here(phase_id: str, head_dim: int, sass: bool) -> dict:
-    from .phases import get_phase
+    from ..phases import get_phase
 
     phase = get_phase(phase_id)
     ptx = compile_phase_ptx(phase.ID, head_dim)
@@ -239,9 +239,9 @@ def _report_here(phase_id: str, head_dim: int, sass: bool) -> dict:
 def _in_subprocess(phase_ids, head_dim: int, sass: bool) -> dict[str, dict]:
     """Run this module in a fresh interpreter that compiles for real (no simulator)."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    package_parent = str(Path(__file__).resolve().parent.parent)
+    package_parent = str(Path(__file__).resolve().parents[2])  # the checkout holding flashcore_numba/
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    args = [sys.executable, "-m", "flashcore_numba.machine_code", *phase_ids, str(head_dim), "--many"]
+    args = [sys.executable, "-m", "flashcore_numba.measure.machine_code", *phase_ids, str(head_dim), "--many"]
     if sass:
         args.append("--sass")
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, check=False)
@@ -252,7 +252,7 @@ def _in_subprocess(phase_ids, head_dim: int, sass: bool) -> dict[str, dict]:
 
 @cache
 def _reports(phase_ids: tuple, head_dim: int, sass: bool) -> dict:
-    from .sim import simulator_enabled
+    from ..arch.sim import simulator_enabled
 
     if simulator_enabled():
         return _in_subprocess(phase_ids, head_dim, sass)
@@ -261,7 +261,7 @@ def _reports(phase_ids: tuple, head_dim: int, sass: bool) -> dict:
 
 def kernel_reports(phase_ids, head_dim: int, *, sass: bool = False) -> dict[str, dict]:
     """`kernel_report` of several phases at once (one subprocess in the simulator)."""
-    from .phases import get_phase
+    from ..phases import get_phase
 
     ids = tuple(get_phase(p).ID for p in phase_ids)
     reports = _reports(ids, int(head_dim), bool(sass))
@@ -310,7 +310,7 @@ def occupancy(report: dict, sm: dict = H100_SM) -> dict:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m flashcore_numba.machine_code",
+    parser = argparse.ArgumentParser(prog="python -m flashcore_numba.measure.machine_code",
                                      description="Registers, spills, shared memory and PTX of a phase's "
                                                  "kernel, compiled for sm_90a without a GPU (JSON).")
     parser.add_argument("phases", nargs="+", help="phase ids, then the head dim: 03 64  or  02 03 64")

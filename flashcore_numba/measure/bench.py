@@ -42,10 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import phases as phase_registry
-from .common import LOG2E
-from .reference import ATOL, check_close, default_scale, lowp_attention, random_qkv, reference_attention
-from .sim import simulator_enabled
+from .. import phases as phase_registry
+from ..arch.sim import simulator_enabled
+from ..phases.common import LOG2E
+from ..reference import ATOL, check_close, default_scale, lowp_attention, random_qkv, reference_attention
 
 SCHEMA = 1
 REFERENCE_SHAPE = (16, 16, 2048, 64)  # B, H, S, D of the ladder in DESIGN.md
@@ -343,7 +343,7 @@ def gpu_slug(name: str) -> str:
 
 def repo_root() -> Path:
     """The checkout this package lives in (where docs/ and README.md are), else the cwd."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # flashcore_numba/measure/bench.py -> the checkout
     return root if (root / "pyproject.toml").exists() else Path.cwd()
 
 

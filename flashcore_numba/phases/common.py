@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, uint64
 
-from .sim import arithmetic_device_function, simulator_enabled, simulator_pacing
+from ..arch.sim import arithmetic_device_function, simulator_enabled, simulator_pacing
+from ..arch.smem import STATIC_SMEM_LIMIT, raise_dynamic_smem_limit
 
 LOG2E = 1.4426950408889634
-STATIC_SMEM_LIMIT = 48 * 1024  # bytes a block may use without raising its dynamic limit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,31 +134,6 @@ def grid_for(q_shape, block_m: int):
     return (cdiv(S, block_m), H, B)
 
 
-_smem_limit_raised: set = set()
-
-
-def _raise_dynamic_smem_limit(kernel, args, nbytes: int) -> None:
-    """Allow `kernel` to use more than 48 KB of dynamic shared memory.
-
-    Numba has no API for this; the driver call is made on the compiled function. Done once
-    per compiled specialization.
-    """
-    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
-    key = (id(kernel), argtypes, nbytes)
-    if key in _smem_limit_raised:
-        return
-    from cuda.bindings import driver
-
-    compiled = kernel.compile(argtypes)
-    cufunc = compiled.library.get_cufunc()
-    device_id = cuda.get_current_device().id
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    (err,) = driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, device_id)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"could not raise the dynamic shared memory limit to {nbytes} bytes: {err}")
-    _smem_limit_raised.add(key)
-
-
 def launch(kernel, grid, block: int, smem_bytes: int, args, stream=0) -> None:
     """Launch `kernel[grid, block, stream, smem_bytes](*args)`, raising the limit if needed."""
     if simulator_enabled():
@@ -166,7 +141,7 @@ def launch(kernel, grid, block: int, smem_bytes: int, args, stream=0) -> None:
             kernel[grid, block, stream, smem_bytes](*args)
         return
     if smem_bytes > STATIC_SMEM_LIMIT:
-        _raise_dynamic_smem_limit(kernel, args, smem_bytes)
+        raise_dynamic_smem_limit(kernel, args, smem_bytes)
     kernel[grid, block, stream, smem_bytes](*args)
 
 

@@ -9,15 +9,15 @@ A phase module marks the lines a student writes:
 
 The stub is the phase source with the lines between each pair of markers removed (the
 markers stay, so the student sees where to write and what), a header saying what to do and
-how to grade, and the package-relative imports made absolute (`from ..common import` ->
-`from flashcore_numba.common import`) so that the file runs from anywhere. Solving an
+how to grade, and the package-relative imports made absolute (`from .common import` ->
+`from flashcore_numba.phases.common import`) so that the file runs from anywhere. Solving an
 exercise therefore only adds lines, as in mojo-gpu-puzzles: the stub's lines are a
 subsequence of the solution's, which tests/test_exercises.py checks.
 
 Stubs are never edited by hand. After changing a phase:
 
-    python -m flashcore_numba.exercises           # which stubs are out of date? (exit 1 if any)
-    python -m flashcore_numba.exercises --write   # regenerate them all
+    python -m flashcore_numba.course.exercises           # which stubs are out of date? (exit 1 if any)
+    python -m flashcore_numba.course.exercises --write   # regenerate them all
 
 Everything is driven by `flashcore_numba.phases.PHASES`: a new phase with marked regions gets
 its stub with no new code here.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding flashcore_numba/ and lessons/
 EXERCISES_DIR = REPO_ROOT / "lessons" / "exercises"
 
 # `# >>> exercise 03-a: what to write` ... `# <<< exercise`. The label is optional for a phase
@@ -96,7 +96,7 @@ def find_regions(source: str, filename: str = "<source>", default_label: str = "
 
 
 def absolute_imports(source: str, package: str) -> str:
-    """Rewrite `from ..common import x` as `from flashcore_numba.common import x` (for `package`)."""
+    """Rewrite `from .common import x` as `from flashcore_numba.phases.common import x` (for `package`)."""
 
     def rewrite(line: str) -> str:
         m = RELATIVE_IMPORT.match(line)
@@ -160,7 +160,8 @@ def header(phase: ModuleType, regions: list[Region]) -> str:
 # Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
 # Stuck? The solution is {_relative(phase.__file__)}.
 #
-# Generated from that file by `python -m flashcore_numba.exercises --write`: improve the phase, not this copy.
+# Generated from that file by `python -m flashcore_numba.course.exercises --write`:
+# improve the phase, not this copy.
 """
 
 
@@ -175,7 +176,7 @@ def stub_source(phase: ModuleType) -> str:
     regions = phase_regions(phase)
     if not regions:
         raise ExerciseFormatError(f"{_relative(phase.__file__)}: no `# >>> exercise` region; every phase "
-                                  f"ships with an exercise (see flashcore_numba/exercises.py)")
+                                  f"ships with an exercise (see flashcore_numba/course/exercises.py)")
     stub = header(phase, regions) + absolute_imports(strip_regions(source, regions), phase.__package__)
     try:  # an emptied region must leave valid Python (e.g. not the whole body of an `if`)
         compile(stub, stub_name(phase), "exec")
@@ -203,10 +204,10 @@ def fill_regions(stub: str, fills: dict[str, str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# python -m flashcore_numba.exercises [--write]
+# python -m flashcore_numba.course.exercises [--write]
 # ---------------------------------------------------------------------------------------------
 def out_of_date(directory: Path = EXERCISES_DIR) -> list[Path]:
-    from .phases import PHASES
+    from ..phases import PHASES
 
     return [stub_path(p, directory) for p in PHASES.values()
             if not stub_path(p, directory).exists()
@@ -214,7 +215,7 @@ def out_of_date(directory: Path = EXERCISES_DIR) -> list[Path]:
 
 
 def write_all(directory: Path = EXERCISES_DIR) -> list[Path]:
-    from .phases import PHASES
+    from ..phases import PHASES
 
     directory.mkdir(parents=True, exist_ok=True)
     written = []
@@ -228,7 +229,7 @@ def write_all(directory: Path = EXERCISES_DIR) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashcore_numba.exercises",
+    parser = argparse.ArgumentParser(prog="python -m flashcore_numba.course.exercises",
                                      description="Check or regenerate the exercise stubs in lessons/exercises/.")
     parser.add_argument("--write", action="store_true", help="rewrite the stubs from the phase sources")
     args = parser.parse_args(argv)
@@ -246,7 +247,7 @@ def main(argv=None) -> int:
     for path in stale:
         print(f"out of date: {_relative(path)}")
     if stale:
-        print("regenerate with: python -m flashcore_numba.exercises --write")
+        print("regenerate with: python -m flashcore_numba.course.exercises --write")
         return 1
     print("all stubs are up to date")
     return 0

@@ -2,7 +2,7 @@
 
     flashcore grade 03                      # lessons/exercises/03_warp_shuffle.py
     flashcore grade 03 my_copy.py --seed 7  # another file; --seed repeats a run exactly
-    python -m flashcore_numba.grade 03      # the same without the `flashcore` script
+    python -m flashcore_numba.course.grade 03   # the same without the `flashcore` script
     pytest lessons/exercises --grade 03     # the same checks, one pytest test each
 
 The student's file is loaded as a module of its own and its kernel is launched the way every
@@ -18,7 +18,7 @@ The checks (`checks_for(phase)` lists them; `--list` prints them):
   Inf. A check stops at its first failing case. The oracle is
   flashcore_numba.reference.check_close: at most twice fp16 arithmetic's error, plus 1e-3.
 - the phase's own point: phase 04 must remove the shared-memory bank conflicts (counted from
-  the layout by flashcore_numba.banks, no GPU needed); on a GPU, phase 04 must beat phase 03
+  the layout by flashcore_numba.measure.banks, no GPU needed); on a GPU, phase 04 must beat phase 03
   and phase 05 must beat phase 04, measured in the same run; phases without a point of their
   own must run at least 0.8x as fast as their reference solution. Timing checks need a GPU and
   are skipped, with that reason, in the simulator.
@@ -48,9 +48,10 @@ from types import ModuleType
 
 import numpy as np
 
-from .common import LOG2E
-from .phases import PHASES, get_phase
-from .reference import (
+from ..arch.sim import simulator_enabled
+from ..phases import PHASES, get_phase
+from ..phases.common import LOG2E
+from ..reference import (
     check_close,
     default_scale,
     lowp_attention,
@@ -58,9 +59,8 @@ from .reference import (
     reference_attention,
     visible_mask,
 )
-from .sim import simulator_enabled
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # flashcore_numba/
 REPO_ROOT = PACKAGE_DIR.parent
 
 UNTILED_KEYS = 16  # a phase that walks the keys one at a time (01) is graded as if its key tile were 16
@@ -306,13 +306,13 @@ def correctness_checks(phase: ModuleType) -> list[Check]:
 def bank_conflicts_check(points: int = 2) -> Check:
     """The layout's shared-memory accesses conflict no more than the reference solution's.
 
-    Counted from `smem_layout(D)` by flashcore_numba.banks, at every head dim; no GPU needed.
+    Counted from `smem_layout(D)` by flashcore_numba.measure.banks, at every head dim; no GPU needed.
     Relative to the solution, not an absolute zero: an access that the solution leaves
     conflicted on purpose (a cheap one outside the inner loops) does not cost points.
     """
 
     def run(g: Grading, check: Check) -> Outcome:
-        from .banks import warp_tile_conflicts
+        from ..measure.banks import warp_tile_conflicts
 
         if not hasattr(g.student, "smem_layout"):
             return Outcome("fail", "the module has no smem_layout(HEAD_DIM) function to inspect")
@@ -373,7 +373,7 @@ def time_against(student: ModuleType, baseline: ModuleType, q, k, v) -> tuple[fl
     warm-up launches, the L2 cache flushed before each timed one)."""
     from numba import cuda
 
-    from .bench import NumbaDevice, Timing
+    from ..measure.bench import NumbaDevice, Timing
 
     device = NumbaDevice()
     D = q.shape[-1]
@@ -467,7 +467,7 @@ def describe_load_error(e: BaseException, path: Path) -> str:
             where = f"line {frame.lineno}: "
     hint = ""
     if isinstance(e, ImportError) and "relative import" in str(e):
-        hint = " (exercise files import absolutely: `from flashcore_numba.common import ...`)"
+        hint = " (exercise files import absolutely: `from flashcore_numba.phases.common import ...`)"
     return f"{where}{_raised(e).removeprefix('raised ')}{hint}"
 
 
@@ -568,7 +568,7 @@ def _parser() -> _Parser:
 
 def _kernel_target() -> str:
     """'simulator', 'gpu' or 'none': the same rule as `flashcore run` (flashcore_numba.cli)."""
-    from .cli import kernel_target
+    from ..cli import kernel_target
 
     return kernel_target()
 
@@ -581,7 +581,7 @@ def _rerun_in_simulator(argv) -> int:
     """
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    return subprocess.call([sys.executable, "-m", "flashcore_numba.grade", *argv], env=env)
+    return subprocess.call([sys.executable, "-m", "flashcore_numba.course.grade", *argv], env=env)
 
 
 def _usage_error(message: str) -> int:
@@ -615,7 +615,7 @@ def main(argv=None) -> int:
     path = args.path or default_path(phase)
     if not path.is_file():
         return _usage_error(f"path: no file {str(path)!r}; the exercise stubs are in lessons/exercises/ "
-                            f"(regenerate them with python -m flashcore_numba.exercises --write)")
+                            f"(regenerate them with python -m flashcore_numba.course.exercises --write)")
 
     target = _kernel_target()
     if target == "none":

@@ -38,7 +38,7 @@ def conflict_degree(word_addresses, width_words: int = 1) -> int:
 
 def _lanes(L, warp=0):
     """(lane_row, lane_col) of each lane of `warp`, by the kernel's own lane_position."""
-    from .phases.p03_warp_shuffle import lane_position
+    from ..phases.p03_warp_shuffle import lane_position
 
     return [lane_position(32 * warp + lane, L["ROWS_PER_WARP"], L["TM"], L["LANES_PER_ROW"])
             for lane in range(32)]
@@ -46,7 +46,7 @@ def _lanes(L, warp=0):
 
 def warp_tile_conflicts(L) -> dict[str, int]:
     """Worst conflict degree of each shared-memory access of the warp-tiled kernel."""
-    from .phases.p03_warp_shuffle import acc_column
+    from ..phases.p03_warp_shuffle import acc_column
 
     lanes = _lanes(L)
     LPR, VEC = L["LANES_PER_ROW"], L["VEC"]

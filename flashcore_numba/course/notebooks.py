@@ -11,11 +11,11 @@ phase's own; everything that runs is here, written once, behind the `Lesson` cla
     lesson.check()          # against flashcore_numba.reference on fresh random inputs
     timing = lesson.timing()  # live on a GPU; on a CPU read from the committed record
     lesson.plot_timing(timing)
-    lesson.machine_code()   # registers, spills, shared memory, occupancy (flashcore_numba.machine_code)
+    lesson.machine_code()   # registers, spills, shared memory, occupancy (measure.machine_code)
     lesson.ptx(["shfl.sync.bfly", "ex2.approx"])
     lesson.exercise()
 
-The notebook itself chooses at run time where kernels run: `flashcore_numba.sim.simulator_enabled()`.
+The notebook itself chooses at run time where kernels run: `flashcore_numba.arch.sim.simulator_enabled()`.
 
     flashcore lessons --sync      regenerate every .ipynb from its .py (outputs of unchanged cells kept)
     flashcore lessons --check     fail if a notebook's cells differ from its .py, or a phase has no lesson
@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .phases import PHASES, get_phase
-from .reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
-from .sim import simulator_enabled
+from ..arch.sim import simulator_enabled
+from ..phases import PHASES, get_phase
+from ..reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
 
 REFERENCE_SHAPE = (16, 16, 2048, 64)  # B, H, S, D: the shape every timing in the course uses
 # (B, H, S_q, S_k, D, causal) checked in the simulator, which runs one Python thread per CUDA thread:
@@ -55,7 +55,7 @@ JUPYTEXT_FORMAT = "py:percent"
 # =============================================================================================
 def repo_root() -> Path:
     """The checkout holding lessons/ and docs/: beside the package, else the nearest parent of cwd."""
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]  # flashcore_numba/course/notebooks.py -> the checkout
     candidates = [here, Path.cwd(), *Path.cwd().parents]
     for root in candidates:
         if (root / "lessons").is_dir() or (root / "docs" / "bench").is_dir():
@@ -157,21 +157,21 @@ def exercise_regions(phase) -> list[tuple[str, int, int]]:
 
 
 # =============================================================================================
-# Timing: through flashcore_numba.bench, the one harness (live on a GPU, its committed records on a CPU)
+# Timing: through measure.bench, the one harness (live on a GPU, its committed records on a CPU)
 # =============================================================================================
 PEERS_SHOWN = ("sdpa_flash", "sdpa_cudnn")
 
 
 def records_dir() -> Path:
-    from .bench import default_records_dir
+    from ..measure.bench import default_records_dir
 
     return default_records_dir()
 
 
 def latest_record(directory=None) -> dict | None:
     """The record `flashcore report` shows: newest full ladder at the reference shape, non-causal first."""
-    from .bench import load_records
-    from .report import ladder_records
+    from ..measure.bench import load_records
+    from ..measure.report import ladder_records
 
     noncausal, causal = ladder_records(load_records(directory))
     return noncausal or causal
@@ -179,11 +179,12 @@ def latest_record(directory=None) -> dict | None:
 
 def measure(phase_ids, shape=REFERENCE_SHAPE, causal: bool = False) -> dict:
     """Benchmark phases and torch SDPA on this GPU with the full protocol; returns a record (not saved)."""
-    from .bench import Problem, run_benchmark
+    from ..measure.bench import Problem, run_benchmark
 
     return run_benchmark(Problem.from_shape(shape, causal=causal), phase_ids=list(phase_ids),
                          peer_names=PEERS_SHOWN, measure_ceiling=False,
-                         command=["python", "-m", "flashcore_numba.notebooks", "(a lesson's timing cell)"])
+                         command=["python", "-m", "flashcore_numba.course.notebooks",
+                                  "(a lesson's timing cell)"])
 
 
 def timing_rows(record: dict, phase_ids) -> list[dict]:
@@ -290,7 +291,7 @@ def draw_bank_map(layouts):
     access is served 32 / VEC lanes at a time; the picture shows the first such group.
     """
     plt = _plt()
-    from .banks import N_BANKS, warp_tile_conflicts
+    from ..measure.banks import N_BANKS, warp_tile_conflicts
 
     _, axes = plt.subplots(1, len(layouts), figsize=(5.5 * len(layouts), 3.6), squeeze=False)
     for ax, (title, L) in zip(axes[0], layouts):
@@ -324,7 +325,7 @@ def with_pad(L: dict, pad: int) -> dict:
     `p03_warp_shuffle.layout` takes its parameters by the names of the keys it returns
     (HEAD_DIM, block_m -> BLOCK_M, ...), so they are read back from L.
     """
-    from .phases.p03_warp_shuffle import layout
+    from ..phases.p03_warp_shuffle import layout
 
     args = {}
     for name in inspect.signature(layout).parameters:
@@ -337,7 +338,7 @@ def with_pad(L: dict, pad: int) -> dict:
 
 def pad_sweep(L: dict, pads=range(9)) -> None:
     """Conflict degree of every shared-memory access of layout `L`, for each row padding it allows."""
-    from .banks import warp_tile_conflicts
+    from ..measure.banks import warp_tile_conflicts
 
     rows, refused = [], {}
     for pad in pads:
@@ -424,7 +425,7 @@ class Lesson:
                   "from the committed GPU record.")
         import numba
 
-        from . import __version__
+        from .. import __version__
 
         print(f"flashcore_numba {__version__}, numba {numba.__version__}, numpy {np.__version__}")
 
@@ -459,8 +460,8 @@ class Lesson:
         """Run the kernel on fresh random inputs (output poisoned with NaN first) against the reference."""
         from numba import cuda
 
-        from .common import LOG2E
-        from .reference import ATOL
+        from ..phases.common import LOG2E
+        from ..reference import ATOL
 
         rows = []
         for B, H, Sq, Sk, D, causal in problems or self.check_shapes():
@@ -487,7 +488,8 @@ class Lesson:
         if self.on_gpu:
             record = measure(ids)
             label = (f"Measured live on {record['provenance']['gpu_name']} on {record['created'][:10]} "
-                     f"(flashcore_numba.bench: median of {record['timing']['repeats']} runs, L2 flushed)")
+                     f"(flashcore_numba.measure.bench: median of {record['timing']['repeats']} runs, "
+                     "L2 flushed)")
         else:
             record = latest_record(directory)
             if record is None:
@@ -538,7 +540,7 @@ class Lesson:
     def reports(self) -> dict:
         """kernel_report of the previous and this phase (compiled once; in a subprocess in the simulator)."""
         if self._reports is None:
-            from .machine_code import find_disassembler, kernel_reports
+            from ..measure.machine_code import find_disassembler, kernel_reports
 
             ids = [p.ID for p in (self.previous, self.phase) if p is not None]
             self._reports = kernel_reports(ids, self.head_dim, sass=find_disassembler() is not None)
@@ -546,7 +548,7 @@ class Lesson:
 
     def machine_code(self) -> None:
         """Registers, spills, local and shared memory, and the occupancy they allow, side by side."""
-        from .machine_code import occupancy
+        from ..measure.machine_code import occupancy
 
         rows = []
         for pid, r in self.reports().items():
@@ -580,7 +582,7 @@ class Lesson:
 
     def ptx(self, patterns, max_lines: int = 16, context: int = 1) -> None:
         """How often each key PTX instruction appears in each phase; where it first appears in this one."""
-        from .machine_code import ptx_excerpt
+        from ..measure.machine_code import ptx_excerpt
 
         self._counts("ptx", patterns, "PTX")
         ptx = self.reports()[self.phase.ID]["ptx"]
@@ -590,7 +592,7 @@ class Lesson:
 
     def sass(self, patterns, max_lines: int = 16, context: int = 1) -> None:
         """The same for SASS, the GPU's own instructions, when a disassembler (nvdisasm) is installed."""
-        from .machine_code import ptx_excerpt
+        from ..measure.machine_code import ptx_excerpt
 
         text = self.reports()[self.phase.ID].get("sass")
         if not text:
@@ -603,7 +605,7 @@ class Lesson:
         print(ptx_excerpt(text, patterns, max_lines, context))
 
     def _counts(self, key, patterns, what) -> None:
-        from .machine_code import instruction_counts
+        from ..measure.machine_code import instruction_counts
 
         rows = []
         for pid, r in self.reports().items():
@@ -614,7 +616,7 @@ class Lesson:
 
     def bank_conflicts(self) -> None:
         """Worst shared-memory bank-conflict degree of each access (phases with a warp-tile layout)."""
-        from .banks import warp_tile_conflicts
+        from ..measure.banks import warp_tile_conflicts
 
         rows = []
         for p in (self.previous, self.phase):
@@ -683,7 +685,7 @@ TEMPLATE = HEADER + """
 
 """ + DEVICE_CELL + """
 # %%
-from flashcore_numba import notebooks
+from flashcore_numba.course import notebooks
 from flashcore_numba.phases import {MODULE} as phase
 
 lesson = notebooks.Lesson("{ID}")
@@ -844,7 +846,7 @@ def check(directory: Path | None = None) -> list[str]:
 def kernel_env(extra: dict | None = None) -> dict:
     """Environment of a notebook kernel: this one, with this checkout importable."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the checkout holding flashcore_numba/
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     env.update(extra or {})

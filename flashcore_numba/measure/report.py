@@ -10,7 +10,7 @@ It writes three things:
 3. the "Measured effect" block of each phase module's docstring, between the lines
    `[measured:begin]` and `[measured:end]`. A phase slower than its predecessor says so.
 
-`load_records` (from flashcore_numba.bench, re-exported here) and `measured_phase` are the
+`load_records` (from flashcore_numba.measure.bench, re-exported here) and `measured_phase` are the
 read side, for the lessons.
 """
 
@@ -20,6 +20,7 @@ import os
 import textwrap
 from pathlib import Path
 
+from .. import phases as phase_registry
 from .bench import (
     REFERENCE_SHAPE,
     Problem,
@@ -367,7 +368,7 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
     records_dir = Path(records_dir) if records_dir is not None else default_records_dir()
     readme = Path(readme) if readme is not None else repo_root() / "README.md"
     package_phases = phases_dir is None
-    phases_dir = Path(phases_dir) if phases_dir is not None else Path(__file__).parent / "phases"
+    phases_dir = Path(phases_dir) if phases_dir is not None else Path(phase_registry.__file__).parent
     plots_dir = Path(plots_dir) if plots_dir is not None else records_dir
     if records_dir.exists() and not records_dir.is_dir():
         raise ReportError(f"--records: {records_dir} is not a directory")
@@ -411,7 +412,7 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
             path.write_text(new)
         summary.append(f"{path}: measured effect {'updated' if new != text else 'unchanged'}")
     if package_phases:  # the exercise stubs copy the phase sources, docstrings included
-        from .exercises import write_all
+        from ..course.exercises import write_all
 
         summary += [f"{path}: exercise stub regenerated" for path in write_all()]
     return summary

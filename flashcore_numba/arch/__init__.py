@@ -1,0 +1,17 @@
+"""The hardware layer: what the kernels are built from below Numba's surface (cf. CuTe's arch/).
+
+Phases import from here; nothing here imports a phase, the measurement, the course or the CLI.
+
+    sim.py    what Numba's CUDA simulator lacks (warp shuffles, votes, aligned shared arrays),
+              supplied so every phase runs there unchanged; and where kernels run (GPU,
+              simulator or nowhere)
+    smem.py   dynamic shared memory beyond the 48 KB a block gets without asking
+
+Coming with the tensor-core phases (06-09):
+
+    ptx.py    the hand-written PTX of the top-level ptx/ folder turned into device functions,
+              by both routes (linked `.func`s, and inline assembly without a call)
+    emulations of WMMA, mma.sync, ldmatrix, wgmma and TMA for the simulator, with the
+              fragment layouts of the real instructions, so every phase's numerics run on a CPU
+    tensor-map helpers for TMA
+"""

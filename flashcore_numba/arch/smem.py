@@ -1,0 +1,39 @@
+"""Dynamic shared memory beyond the 48 KB a block may use without asking.
+
+A launch that asks for more dynamic shared memory than 48 KB fails with
+CUDA_ERROR_INVALID_VALUE unless the kernel's limit was raised first with the driver attribute
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES. Numba has no API for it, so the driver call is
+made here, on the compiled function; `phases.common.launch` calls it whenever a phase asks for
+more than STATIC_SMEM_LIMIT. The attribute cannot go past the hardware's per-block maximum:
+227 KB on an H100 (sm_90), 163 KB on an A100 (sm_80), 99 KB on most GeForce RTX cards.
+"""
+
+from __future__ import annotations
+
+from numba import cuda
+
+STATIC_SMEM_LIMIT = 48 * 1024  # bytes a block may use without raising its dynamic limit
+
+_smem_limit_raised: set = set()
+
+
+def raise_dynamic_smem_limit(kernel, args, nbytes: int) -> None:
+    """Allow `kernel` to use more than 48 KB of dynamic shared memory.
+
+    Numba has no API for this; the driver call is made on the compiled function. Done once
+    per compiled specialization (the one `args` select).
+    """
+    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
+    key = (id(kernel), argtypes, nbytes)
+    if key in _smem_limit_raised:
+        return
+    from cuda.bindings import driver
+
+    compiled = kernel.compile(argtypes)
+    cufunc = compiled.library.get_cufunc()
+    device_id = cuda.get_current_device().id
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    (err,) = driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, device_id)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"could not raise the dynamic shared memory limit to {nbytes} bytes: {err}")
+    _smem_limit_raised.add(key)
