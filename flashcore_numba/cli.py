@@ -7,7 +7,7 @@
                          "Measured effect" from the committed records
     flashcore doctor     is this machine ready? one line per check, with the fix
     flashcore grade      grade an exercise (flashcore_numba.course.grade)
-    flashcore lessons    the notebooks (flashcore_numba.course.notebooks)
+    flashcore lessons    the notebooks (flashcore_numba.course.lessons)
 
 Mistakes in the arguments get one line naming the option and a nonzero exit status, never a
 traceback. `python -m flashcore_numba ...` is the same command.
@@ -27,7 +27,7 @@ from .phases import PHASES, get_phase
 
 MIN_REPEATS = 20  # the protocol: median of at least 20 timed runs
 SIM_SHAPE = (1, 1, 48, 64)  # one 64-row tile, 48 keys: a tail on every phase; a few seconds each
-DELEGATED = {"grade": "flashcore_numba.course.grade", "lessons": "flashcore_numba.course.notebooks"}
+DELEGATED = {"grade": "flashcore_numba.course.grade", "lessons": "flashcore_numba.course.lessons"}
 SIM_DISCLAIMER = ("Simulator timings mean nothing: every CUDA thread ran as a Python thread on the CPU. "
                   "Run `flashcore run` on a GPU to time the phases.")
 

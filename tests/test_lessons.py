@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 from flashcore_numba import PHASES
-from flashcore_numba.course import notebooks
+from flashcore_numba.course import lessons, notebooks
 
 LESSONS = Path(__file__).resolve().parent.parent / "lessons"
 FIXTURE_RECORDS = Path(__file__).parent / "data" / "bench_records"
@@ -43,7 +43,7 @@ def test_course_map_links_every_lesson():
 
 
 def test_notebooks_are_in_sync_with_their_sources():
-    assert notebooks.check() == []
+    assert lessons.check() == []
 
 
 @pytest.mark.parametrize("pid", sorted(PHASES))
@@ -59,23 +59,23 @@ def test_lesson_follows_the_template(pid):
 def test_sync_and_check_catch_a_stale_notebook(tmp_path):
     py = tmp_path / "01_naive.py"
     shutil.copy(LESSONS / "01_naive.py", py)
-    assert notebooks.sync([py], quiet=True) == [py.with_suffix(".ipynb")]
-    assert notebooks.sync([py], quiet=True) == [], "regenerating an unchanged lesson must change nothing"
+    assert lessons.sync([py], quiet=True) == [py.with_suffix(".ipynb")]
+    assert lessons.sync([py], quiet=True) == [], "regenerating an unchanged lesson must change nothing"
 
     def problems():
-        return [p for p in notebooks.check(tmp_path) if "01_naive" in p and "has no lesson" not in p]
+        return [p for p in lessons.check(tmp_path) if "01_naive" in p and "has no lesson" not in p]
 
     assert problems() == []
     py.write_text(py.read_text().replace("lesson.check()", "lesson.check()  # edited"))
     assert any("differs from 01_naive.py" in p for p in problems())
-    notebooks.sync([py], quiet=True)
+    lessons.sync([py], quiet=True)
     assert problems() == []
 
 
 def test_sync_keeps_outputs_of_unchanged_cells(tmp_path):
     py = tmp_path / "01_naive.py"
     shutil.copy(LESSONS / "01_naive.py", py)
-    notebooks.sync([py], quiet=True)
+    lessons.sync([py], quiet=True)
     ipynb = py.with_suffix(".ipynb")
     nb = nbformat.read(ipynb, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -83,21 +83,21 @@ def test_sync_keeps_outputs_of_unchanged_cells(tmp_path):
         cell.outputs = [nbformat.v4.new_output("stream", text=f"output of {cell.source}\n")]
     nbformat.write(nb, ipynb)
     py.write_text(py.read_text().replace("lesson.exercise()", "lesson.exercise()  # edited"))
-    notebooks.sync([py], quiet=True)
+    lessons.sync([py], quiet=True)
     code = [c for c in nbformat.read(ipynb, as_version=4).cells if c.cell_type == "code"]
     assert code[-2].outputs, "an unchanged cell keeps its output"
     assert not code[-1].outputs, "an edited cell loses its stale output"
 
 
 def test_new_lesson_from_the_template(tmp_path):
-    path = notebooks.new_lesson("03", tmp_path)
+    path = lessons.new_lesson("03", tmp_path)
     text = path.read_text()
     assert path.name == "03_warp_shuffle.py"
     assert 'notebooks.Lesson("03")' in text and "p03_warp_shuffle as phase" in text
     assert all(call in text for call in TEMPLATE_CALLS)
-    assert notebooks.notebook_from_py(path).cells, "the template is valid jupytext"
+    assert lessons.notebook_from_py(path).cells, "the template is valid jupytext"
     with pytest.raises(FileExistsError, match="phase"):
-        notebooks.new_lesson("03", tmp_path)
+        lessons.new_lesson("03", tmp_path)
 
 
 def test_timing_reads_the_committed_record_on_a_cpu(capsys):
@@ -124,7 +124,7 @@ def test_with_pad_rebuilds_a_phase_layout(pid):
 
 
 def test_main_check_passes(capsys):
-    assert notebooks.main(["--check"]) == 0
+    assert lessons.main(["--check"]) == 0
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def executed(tmp_path_factory):
     def run(pid):
         py = tmp_path_factory.mktemp(f"lesson{pid}") / notebooks.lesson_path(pid).name
         shutil.copy(notebooks.lesson_path(pid), py)
-        return py, notebooks.execute([py], timeout=300)
+        return py, lessons.execute([py], timeout=300)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(zip(sorted(PHASES), pool.map(run, sorted(PHASES))))

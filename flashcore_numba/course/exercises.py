@@ -230,7 +230,8 @@ def write_all(directory: Path = EXERCISES_DIR) -> list[Path]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_numba.course.exercises",
-                                     description="Check or regenerate the exercise stubs in lessons/exercises/.")
+                                     description="Check or regenerate the exercise stubs in "
+                                                 "lessons/exercises/.")
     parser.add_argument("--write", action="store_true", help="rewrite the stubs from the phase sources")
     args = parser.parse_args(argv)
     try:
