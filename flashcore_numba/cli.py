@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-from .arch.sim import simulator_enabled
+from .arch.sim import kernel_target, rerun_in_simulator
 from .phases import PHASES, get_phase
 
 MIN_REPEATS = 20  # the protocol: median of at least 20 timed runs
@@ -174,35 +172,6 @@ def _delegate(name: str, argv) -> int:
     return int(module.main(argv) or 0)
 
 
-# ---------------------------------------------------------------------------------------------
-# Where do kernels run?
-# ---------------------------------------------------------------------------------------------
-def kernel_target() -> str:
-    """'simulator' (NUMBA_ENABLE_CUDASIM is set), 'gpu', or 'none'.
-
-    Importing this package already imported numba.cuda; with the simulator off that is the
-    real CUDA module, whose is_available() answers without crashing on a machine with no
-    driver. Turning the simulator on needs a new process (see `_rerun_in_simulator`).
-    """
-    if simulator_enabled():
-        return "simulator"
-    from numba import cuda
-
-    return "gpu" if cuda.is_available() else "none"
-
-
-def _rerun_in_simulator(argv) -> int:
-    """Run this command again in a child process with NUMBA_ENABLE_CUDASIM=1.
-
-    numba reads the variable once, when numba.cuda is first imported, and this process has
-    imported it already.
-    """
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    package_parent = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    return subprocess.call([sys.executable, "-m", "flashcore_numba", *argv], env=env)
-
-
 def _console():
     from rich.console import Console
 
@@ -232,7 +201,7 @@ def cmd_run(args) -> int:
     if target == "none":
         print("No CUDA GPU found: checking every phase in Numba's CUDA simulator on the CPU instead.",
               flush=True)
-        return _rerun_in_simulator(args.argv)
+        return rerun_in_simulator("flashcore_numba", args.argv)
     if target == "simulator":
         return _run_simulator(args)
     return _run_gpu(args)

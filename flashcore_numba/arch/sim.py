@@ -13,15 +13,20 @@ source lane; a second barrier keeps a fast lane from overwriting a slot before a
 has read it. `warp_exchange` is that primitive; the tensor-core phases (mma.sync,
 ldmatrix fragments) build their simulated instructions on it too.
 
-Nothing here is imported on a real GPU: `install()` is a no-op unless the simulator is on.
+It also says where kernels run (`kernel_target`: the GPU, the simulator or nowhere) and starts
+a command again in the simulator when there is no GPU (`rerun_in_simulator`): `flashcore run`
+and `flashcore grade` both do. On a real GPU `install()` is a no-op and the kernels see none
+of this.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
@@ -30,6 +35,33 @@ _BARRIER_TIMEOUT_S = 600.0  # a lane that died leaves its warp waiting: fail ins
 
 def simulator_enabled() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def kernel_target() -> str:
+    """'simulator' (NUMBA_ENABLE_CUDASIM is set), 'gpu', or 'none': where a launch runs now.
+
+    Importing this package already imported numba.cuda; with the simulator off that is the
+    real CUDA module, whose is_available() answers without crashing on a machine with no
+    driver. Turning the simulator on needs a new process (see `rerun_in_simulator`).
+    """
+    if simulator_enabled():
+        return "simulator"
+    from numba import cuda
+
+    return "gpu" if cuda.is_available() else "none"
+
+
+def rerun_in_simulator(module: str, argv) -> int:
+    """Run `python -m <module> <argv>` again in a child process with NUMBA_ENABLE_CUDASIM=1.
+
+    numba reads the variable once, when numba.cuda is first imported, and this process has
+    imported it already. The child imports this same checkout, installed or not. Returns the
+    child's exit status.
+    """
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    package_parent = str(Path(__file__).resolve().parents[2])  # the checkout holding flashcore_numba/
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    return subprocess.call([sys.executable, "-m", module, *argv], env=env)
 
 
 class _WarpState:

@@ -36,7 +36,6 @@ import math
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -48,7 +47,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ..arch.sim import simulator_enabled
+from ..arch.sim import kernel_target, rerun_in_simulator, simulator_enabled
 from ..phases import PHASES, get_phase
 from ..phases.common import LOG2E
 from ..reference import (
@@ -566,24 +565,6 @@ def _parser() -> _Parser:
     return parser
 
 
-def _kernel_target() -> str:
-    """'simulator', 'gpu' or 'none': the same rule as `flashcore run` (flashcore_numba.cli)."""
-    from ..cli import kernel_target
-
-    return kernel_target()
-
-
-def _rerun_in_simulator(argv) -> int:
-    """Grade again in a child process with NUMBA_ENABLE_CUDASIM=1.
-
-    Numba reads the variable once, when numba.cuda is first imported, and importing this
-    package has imported it already.
-    """
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    return subprocess.call([sys.executable, "-m", "flashcore_numba.course.grade", *argv], env=env)
-
-
 def _usage_error(message: str) -> int:
     print(f"flashcore grade: error: {message}", file=sys.stderr)
     return 2
@@ -617,10 +598,10 @@ def main(argv=None) -> int:
         return _usage_error(f"path: no file {str(path)!r}; the exercise stubs are in lessons/exercises/ "
                             f"(regenerate them with python -m flashcore_numba.course.exercises --write)")
 
-    target = _kernel_target()
+    target = kernel_target()  # the same rule as `flashcore run`
     if target == "none":
         print("No CUDA GPU found: grading in Numba's CUDA simulator on the CPU instead.", flush=True)
-        return _rerun_in_simulator(argv)
+        return rerun_in_simulator("flashcore_numba.course.grade", argv)
 
     from rich.console import Console
 
