@@ -423,6 +423,7 @@ def cmd_bench(args) -> int:
 # flashcore report, flashcore doctor
 # ---------------------------------------------------------------------------------------------
 def cmd_report(args) -> int:
+    from .course import exercises
     from .measure import report
 
     if args.records is not None and not args.records.is_dir():
@@ -431,6 +432,8 @@ def cmd_report(args) -> int:
         summary = report.generate(records_dir=args.records, readme=args.readme)
     except report.ReportError as e:
         raise CLIError(str(e)) from None
+    # the exercise stubs copy the phase sources, whose docstrings the report may just have changed
+    summary += [f"{path}: exercise stub regenerated" for path in exercises.write_all()]
     for line in summary:
         print(line)
     return 0

@@ -10,6 +10,10 @@ It writes three things:
 3. the "Measured effect" block of each phase module's docstring, between the lines
    `[measured:begin]` and `[measured:end]`. A phase slower than its predecessor says so.
 
+The exercise stubs copy the phase sources, docstrings included, so `flashcore report` then
+regenerates them (course.exercises): the CLI wires the two, as measurement never imports the
+course.
+
 `load_records` (from flashcore_numba.measure.bench, re-exported here) and `measured_phase` are the
 read side, for the lessons.
 """
@@ -367,7 +371,6 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
     """Regenerate README table, plots and phase docstrings. Returns one line per file written."""
     records_dir = Path(records_dir) if records_dir is not None else default_records_dir()
     readme = Path(readme) if readme is not None else repo_root() / "README.md"
-    package_phases = phases_dir is None
     phases_dir = Path(phases_dir) if phases_dir is not None else Path(phase_registry.__file__).parent
     plots_dir = Path(plots_dir) if plots_dir is not None else records_dir
     if records_dir.exists() and not records_dir.is_dir():
@@ -411,8 +414,4 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
         if new != text:
             path.write_text(new)
         summary.append(f"{path}: measured effect {'updated' if new != text else 'unchanged'}")
-    if package_phases:  # the exercise stubs copy the phase sources, docstrings included
-        from ..course.exercises import write_all
-
-        summary += [f"{path}: exercise stub regenerated" for path in write_all()]
     return summary
