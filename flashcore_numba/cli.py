@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from .arch.sim import kernel_target, rerun_in_simulator
-from .phases import PHASES, get_phase
+from .phases import KERNELS, PHASES, get_phase
 
 MIN_REPEATS = 20  # the protocol: median of at least 20 timed runs
 SIM_SHAPE = (1, 1, 48, 64)  # one 64-row tile, 48 keys: a tail on every phase; a few seconds each
@@ -69,7 +69,7 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
 
 def parse_phases(text: str) -> list[str]:
     if text.strip() == "all":
-        return list(PHASES)
+        return list(KERNELS)
     ids = []
     for part in text.split(","):
         try:
@@ -270,12 +270,12 @@ def _run_gpu(args) -> int:
     peers = ["sdpa_flash", "sdpa_cudnn"] if device.kind == "torch" else []
     timing = bench.Timing(warmup=2, repeats=args.repeats)
     with _progress(console) as progress:
-        task = progress.add_task("run", total=1 + len(PHASES) + len(peers))
+        task = progress.add_task("run", total=1 + len(KERNELS) + len(peers))
 
         def step(label):
             progress.update(task, description=label, advance=1)
 
-        results, _, _ = bench.bench_problem(problem, list(PHASES.values()), peers, device, timing,
+        results, _, _ = bench.bench_problem(problem, list(KERNELS.values()), peers, device, timing,
                                             progress=step)
     results = [r.to_dict() for r in results]
     console.print(_results_table(results, f"Phase ladder on {device.name}: {problem.describe()}",
@@ -381,7 +381,7 @@ def cmd_bench(args) -> int:
 
     dtype = bench.DTYPES[args.dtype]
     problem = bench.Problem.from_shape(args.shape or bench.REFERENCE_SHAPE, dtype=dtype, causal=args.causal)
-    phase_ids = args.phases or list(PHASES)
+    phase_ids = args.phases or list(KERNELS)
     peers = list(bench.PEERS) if args.peers is None else args.peers
     sweep = args.sweep_s or (bench.SWEEP_S if args.sweep else None)
     device = bench.open_device()

@@ -94,7 +94,11 @@ def test_unknown_phase(phase):
 
 
 def test_phase_lookup():
-    assert get_phase("best") is PHASES[max(PHASES)]
+    from flashcore_numba.phases import BEST, KERNELS
+
+    assert get_phase("best") is KERNELS[BEST] and BEST.startswith(max(PHASES))
+    assert get_phase("06-inline") is get_phase("wmma-inline") is KERNELS["06-inline"]
+    assert get_phase("06-inline").phase is PHASES["06"]
     assert get_phase(3) is get_phase("03") is get_phase("warp_shuffle") is get_phase("p03_warp_shuffle")
 
 

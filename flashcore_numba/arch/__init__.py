@@ -7,11 +7,12 @@ Phases import from here; nothing here imports a phase, the measurement, the cour
               simulator or nowhere)
     smem.py   dynamic shared memory beyond the 48 KB a block gets without asking
 
-Coming with the tensor-core phases (06-09):
-
     ptx.py    the hand-written PTX of the top-level ptx/ folder turned into device functions,
-              by both routes (linked `.func`s, and inline assembly without a call)
-    emulations of WMMA, mma.sync, ldmatrix, wgmma and TMA for the simulator, with the
-              fragment layouts of the real instructions, so every phase's numerics run on a CPU
-    tensor-map helpers for TMA
+              by both routes (linked `.func`s, and inline assembly without a call), and the
+              32-bit shared-memory addresses the PTX takes
+    sim_wmma.py  the simulator's WMMA: Python versions of ptx/wmma.ptx's functions
+
+Coming with the later tensor-core phases (07-09): emulations of mma.sync, ldmatrix, wgmma and
+TMA for the simulator, with the fragment layouts of the real instructions, and tensor-map
+helpers for TMA.
 """

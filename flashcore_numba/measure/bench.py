@@ -354,8 +354,8 @@ def default_record_path(gpu_name: str, problem: Problem, *, sweep: bool = False,
     of the whole ladder.
     """
     kind = "sweep_" if sweep else ""
-    ids = sorted(phase_ids) if phase_ids is not None else sorted(phase_registry.PHASES)
-    subset = "" if ids == sorted(phase_registry.PHASES) else "_p" + "-".join(ids)
+    ids = sorted(phase_ids) if phase_ids is not None else sorted(phase_registry.KERNELS)
+    subset = "" if ids == sorted(phase_registry.KERNELS) else "_p" + "-".join(ids)
     return default_records_dir() / f"{gpu_slug(gpu_name)}_{kind}{problem.tag}{subset}.json"
 
 
@@ -838,7 +838,7 @@ def run_benchmark(problem: Problem, *, phase_ids=None, peer_names=tuple(PEERS), 
                   device=None) -> dict:
     """`flashcore bench`: the whole protocol on one problem (or a sweep), returned as a record."""
     device = device or open_device()
-    phase_list = [phase_registry.get_phase(p) for p in (phase_ids or phase_registry.PHASES)]
+    phase_list = [phase_registry.get_phase(p) for p in (phase_ids or phase_registry.KERNELS)]
     clock_start = nvidia_smi().get("sm_clock_mhz")
     step = progress or (lambda label: None)
     ceiling = None

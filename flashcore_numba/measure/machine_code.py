@@ -59,15 +59,18 @@ def compile_phase_ptx(phase_id: str, head_dim: int) -> str:
     return ptx
 
 
-def assemble(ptx: str, arch: str = ARCH) -> tuple[str, bytes]:
-    """Assemble PTX with nvJitLink; returns (the verbose info log, the cubin)."""
+def assemble(ptx: str, arch: str = ARCH, linked=()) -> tuple[str, bytes]:
+    """Assemble PTX with nvJitLink, linking the `.ptx` files in `linked` as a kernel on the link
+    route does; returns (the verbose info log, the cubin)."""
     from cuda.bindings import nvjitlink
 
     options = [f"-arch={arch}", "-verbose"]
     handle = nvjitlink.create(len(options), options)
     try:
-        data = ptx.encode()
-        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+        inputs = [("kernel.ptx", ptx)] + [(Path(f).name, Path(f).read_text()) for f in linked]
+        for name, text in inputs:
+            data = text.encode()
+            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)
         try:
             nvjitlink.complete(handle)
         except Exception as exc:
@@ -116,6 +119,14 @@ def parse_resource_usage(log: str) -> dict:
     }
 
 
+_CALLEE = re.compile(r"Function properties for (\w+)\n.*?(\d+) bytes stack frame")
+
+
+def callee_frames(log: str) -> dict[str, int]:
+    """Stack frame bytes of each linked `.func` in an nvJitLink -verbose log (the kernel excluded)."""
+    return {name: int(frame) for name, frame in _CALLEE.findall(log) if not name.startswith("_Z")}
+
+
 def static_smem_from_ptx(ptx: str) -> int:
     """Bytes of statically sized `.shared` arrays declared in the PTX (dynamic ones are `.extern`)."""
     return sum(int(n) for n in _STATIC_SHARED.findall(ptx))
@@ -150,6 +161,18 @@ def instruction_counts(text: str, patterns) -> dict[str, int]:
         for p in patterns:
             if op.startswith(p):
                 counts[p] += 1
+    return counts
+
+
+_SASS_CALL = re.compile(r"\bCALL\.\S+\s+`\((\w+)\)")
+
+
+def sass_calls(sass: str) -> dict[str, int]:
+    """Callee -> number of SASS `CALL` sites: the linked PTX functions, and the compiler's own
+    subroutines (such as the slow path of an IEEE fp32 division, present since phase 01)."""
+    counts: dict[str, int] = {}
+    for callee in _SASS_CALL.findall(sass):
+        counts[callee] = counts.get(callee, 0) + 1
     return counts
 
 
@@ -223,13 +246,17 @@ def _report_here(phase_id: str, head_dim: int, sass: bool) -> dict:
     from ..phases import get_phase
 
     phase = get_phase(phase_id)
+    config = phase.build(head_dim)
     ptx = compile_phase_ptx(phase.ID, head_dim)
-    log, cubin = assemble(ptx)
+    log, cubin = assemble(ptx, linked=config.ptx_files)
     report = {"phase": phase.ID, "name": phase.NAME, "head_dim": head_dim, "arch": ARCH}
     report.update(parse_resource_usage(log))
+    # the link route: which ptx/ files were linked, and the stack frame of each function called
+    report["linked_ptx"] = [Path(f).name for f in config.ptx_files]
+    report["callee_frames"] = callee_frames(log)
     report["static_smem_bytes"] = static_smem_from_ptx(ptx)
-    report["dynamic_smem_bytes"] = phase.build(head_dim).smem_bytes
-    report["n_threads"] = phase.build(head_dim).n_threads
+    report["dynamic_smem_bytes"] = config.smem_bytes
+    report["n_threads"] = config.n_threads
     report["ptx"] = ptx
     report["assembler_log"] = log
     report["sass"] = disassemble(cubin) if sass else None
@@ -274,7 +301,8 @@ def kernel_report(phase_id, head_dim: int, *, sass: bool = False) -> dict:
     Keys: registers, spill_store_bytes, spill_load_bytes, stack_frame_bytes (per thread);
     static_smem_bytes (from the PTX's `.shared` declarations), dynamic_smem_bytes (what the
     phase launches with, `build(D).smem_bytes`), n_threads, barriers, linker_smem_bytes
-    (static + the runtime's 1 KB reservation); ptx, assembler_log, and sass (text, or None
+    (static + the runtime's 1 KB reservation); linked_ptx and callee_frames (the ptx/ files a
+    link-route kernel calls into, and each called function's stack frame); ptx, assembler_log, and sass (text, or None
     when not asked for or no disassembler is installed).
     """
     (report,) = kernel_reports([phase_id], head_dim, sass=sass).values()

@@ -1,7 +1,9 @@
 """The phase ladder: one module per optimization, in teaching order.
 
 Each phase module defines ID ("01"), NAME, TITLE, HEAD_DIMS, a docstring changelog, and
-`build(head_dim) -> KernelConfig`. Every kernel has the signature
+`build(head_dim) -> KernelConfig`. A phase may also be built another way (phase 06 on the
+inline PTX route): its VARIANTS name those builds, `build(head_dim, variant)` makes them, and
+each is a kernel of its own here ("06-inline"), benchmarked beside the phase. Every kernel has the signature
 `kernel(Q, K, V, O, causal, qk_scale)` (see flashcore_numba.phases.common). Later phases add
 DTYPES (bf16), GQA support and a minimum compute capability; the defaults below say what
 phases 01-05 support.
@@ -18,6 +20,7 @@ _MODULES = (
     "p03_warp_shuffle",
     "p04_padding",
     "p05_double_buffer",
+    "p06_wmma",
 )
 
 DEFAULT_DTYPES = ("float16",)
@@ -32,8 +35,48 @@ def _load() -> dict[str, ModuleType]:
     return phases
 
 
+class Variant:
+    """Another build of a phase's kernel ("06-inline"): the phase's attributes, its own id and build.
+
+    It is not a lesson or an exercise of its own (PHASES holds those); it is a row of the
+    benchmark and a value of `attention(..., phase=...)`.
+    """
+
+    def __init__(self, phase: ModuleType, key: str, description: str):
+        self.phase = phase
+        self.key = key
+        self.ID = f"{phase.ID}-{key}"
+        self.NAME = f"{phase.NAME}-{key}"
+        self.TITLE = f"{phase.TITLE} ({description})"
+        self.__doc__ = phase.__doc__
+
+    def build(self, head_dim: int):
+        return self.phase.build(head_dim, self.key)
+
+    def __getattr__(self, name):  # HEAD_DIMS, DTYPES, MIN_CC, ... are the phase's
+        return getattr(self.phase, name)
+
+    def __repr__(self):
+        return f"<variant {self.ID} of phase {self.phase.ID}>"
+
+
 PHASES: dict[str, ModuleType] = _load()
-BEST = max(PHASES)
+VARIANTS: dict[str, Variant] = {
+    v.ID: v for phase in PHASES.values()
+    for v in (Variant(phase, key, text) for key, text in getattr(phase, "VARIANTS", {}).items())
+}
+# Every kernel, in ladder order: each phase followed by its variants ("06", "06-inline").
+KERNELS: dict = {k.ID: k for k in sorted([*PHASES.values(), *VARIANTS.values()], key=lambda k: k.ID)}
+
+
+def _best() -> str:
+    """The newest phase, built the fastest way it has (its FASTEST variant, when it names one)."""
+    newest = PHASES[max(PHASES)]
+    fastest = getattr(newest, "FASTEST", None)
+    return f"{newest.ID}-{fastest}" if fastest else newest.ID
+
+
+BEST = _best()
 
 
 def dtypes(phase: ModuleType) -> tuple[str, ...]:
@@ -48,9 +91,9 @@ def supports_gqa(phase: ModuleType) -> bool:
     return getattr(phase, "GQA", False)
 
 
-def get_phase(phase) -> ModuleType:
-    """Look a phase up by id ("03", 3), name ("warp_shuffle"), module name or "best"."""
-    if isinstance(phase, ModuleType) and getattr(phase, "ID", None) in PHASES:
+def get_phase(phase):
+    """Look a kernel up by id ("03", 3, "06-inline"), name ("warp_shuffle"), module name or "best"."""
+    if isinstance(phase, (ModuleType, Variant)) and getattr(phase, "ID", None) in KERNELS:
         return phase
     key = phase
     if isinstance(phase, bool) or not isinstance(phase, (str, int)):
@@ -62,10 +105,10 @@ def get_phase(phase) -> ModuleType:
     elif phase.isdigit():
         key = f"{int(phase):02d}"
     else:
-        for module in PHASES.values():
-            if phase in (module.NAME, module.__name__.rsplit(".", 1)[-1]):
-                return module
-    if key in PHASES:
-        return PHASES[key]
-    known = ", ".join(f"{m.ID} ({m.NAME})" for m in PHASES.values())
+        for kernel in KERNELS.values():
+            if phase in (kernel.NAME, getattr(kernel, "__name__", "").rsplit(".", 1)[-1]):
+                return kernel
+    if key in KERNELS:
+        return KERNELS[key]
+    known = ", ".join(f"{m.ID} ({m.NAME})" for m in KERNELS.values())
     raise ValueError(f"phase: unknown phase {phase!r}; expected 'best' or one of {known}")

@@ -101,7 +101,9 @@ def finalize(acc_value, l_i):
 # ---------------------------------------------------------------------------------------------
 @cuda.jit(device=True, inline=True)
 def load_tile(smem, base, row_stride, src, b, h, row0, seq_len, tid, N_THREADS, N_ROWS, HEAD_DIM):
-    """Copy rows row0 .. row0+N_ROWS-1 of src[b, h] into smem[base + r*row_stride + d] as fp32.
+    """Copy rows row0 .. row0+N_ROWS-1 of src[b, h] into smem[base + r*row_stride + d].
+
+    The value is stored as smem's element type: fp32 in phases 01-05, fp16 from phase 06 on.
 
     Consecutive threads take consecutive elements of a row: the global reads of a warp are
     coalesced and its shared-memory writes hit 32 different banks. Rows past seq_len are
@@ -153,6 +155,7 @@ class KernelConfig:
     block_m: int
     n_threads: int
     smem_bytes: int  # dynamic shared memory per block
+    ptx_files: tuple = ()  # ptx/ files the kernel links (the link route): what machine_code must link too
 
     def launch(self, q, k, v, o, causal: bool, qk_scale: float, stream=0) -> None:
         # float32 on purpose: a Python float would be typed float64 and drag fp64 math in.

@@ -1,0 +1,283 @@
+"""PTX from `ptx/` as device functions, by two routes, and the simulator's stand-ins.
+
+Every hand-written PTX function lives in one file of the top-level `ptx/` folder, as a
+`.visible .func` in numba-cuda's C ABI. A kernel gets it from here in one of two ways:
+
+- the **link route**: `cuda.declare_device(name, signature, abi="c", link=[file])`. The
+  `.ptx` file is linked as written, and every use is a real call: arguments through `.param`
+  space, a SASS `CALL`, registers the callee must save. nvJitLink never inlines PTX.
+- the **inline route**: the same function body pasted into the kernel as inline assembly
+  (`numba.cuda.extending.intrinsic` + `llvmlite.ir.InlineAsm`). No call: the compiler
+  allocates the registers of the body together with the kernel's own.
+
+Why inline assembly and not a `.cu` wrapper compiled with LTO: the wrapper would have to
+hold the PTX text again inside `asm volatile("...")` strings, a second copy to keep in step.
+Here the inline text is *derived* from the `.ptx` file by two mechanical edits, so the file a
+reader opens in `ptx/` is exactly what runs on both routes:
+
+    ld.param.b32  %x, [name];   ->   mov.b32  %x, $i;     (operand i = parameter `name`)
+    st.param.f32  [func_retval0+8], %y;  ->  mov.f32  $j, %y;   (output j, by offset)
+    ret;                        ->   (dropped)
+
+and the body is wrapped in `{ }`, which gives its registers and labels their own scope, so a
+function may be pasted many times into one kernel.
+
+In Numba's simulator there is no PTX at all: `function()` hands back the Python emulation
+registered for that name (see `flashcore_numba.arch.sim_wmma`), which takes the same
+arguments. `shared_address()` then returns a `SharedPointer`, an (array, byte offset) pair
+that emulations read and write through.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .sim import simulator_enabled
+
+ROUTES = ("link", "inline")
+
+# PTX parameter type -> (Numba type name, inline-asm constraint letter, LLVM IR type)
+_TYPES = {
+    "b16": ("uint16", "h", "i16"),
+    "u16": ("uint16", "h", "i16"),
+    "b32": ("uint32", "r", "i32"),
+    "u32": ("uint32", "r", "i32"),
+    "s32": ("int32", "r", "i32"),
+    "f32": ("float32", "f", "float"),
+    "b64": ("uint64", "l", "i64"),
+    "u64": ("uint64", "l", "i64"),
+    "s64": ("int64", "l", "i64"),
+}
+
+
+def ptx_dir() -> Path:
+    """The `ptx/` folder: beside the package in a checkout, inside it in an installed wheel."""
+    package = Path(__file__).resolve().parents[1]  # flashcore_numba/
+    for candidate in (package.parent / "ptx", package / "ptx"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"no ptx/ folder beside or inside {package}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a .ptx file
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PtxFunction:
+    """One `.visible .func` of a ptx/ file."""
+
+    name: str
+    path: Path
+    params: tuple[tuple[str, str], ...]  # (name, PTX type) in order
+    results: tuple[tuple[int, str], ...]  # (byte offset in func_retval0, PTX type), by offset
+    body: str  # the text between the braces
+
+    @property
+    def signature(self):
+        """The Numba signature both routes declare: PTX .b32 -> uint32, .f32 -> float32, ..."""
+        from numba import types
+
+        args = [getattr(types, _TYPES[t][0]) for _, t in self.params]
+        outs = [getattr(types, _TYPES[t][0]) for _, t in self.results]
+        if not outs:
+            return types.void(*args)
+        if len(outs) == 1:
+            return outs[0](*args)
+        if len(set(outs)) == 1:
+            return types.UniTuple(outs[0], len(outs))(*args)
+        return types.Tuple(outs)(*args)
+
+    def inline_asm(self) -> tuple[str, str]:
+        """(assembly text, LLVM constraint string) of the body as inline assembly.
+
+        Outputs come first in LLVM's operand numbering ($0 ..), then the inputs.
+        """
+        n_out = len(self.results)
+        params = [name for name, _ in self.params]
+        out_index = {offset: i for i, (offset, _) in enumerate(self.results)}
+        lines = []
+        for line in self.body.splitlines():
+            code = line.split("//")[0].strip()
+            load = _LD_PARAM.fullmatch(code)
+            store = _ST_RETVAL.fullmatch(code)
+            if load:
+                kind, reg, name = load.groups()
+                lines.append(f"    mov.{kind} {reg}, ${n_out + params.index(name)};")
+            elif store:
+                kind, offset, reg = store.groups()
+                lines.append(f"    mov.{kind} ${out_index[int(offset or 0)]}, {reg};")
+            elif code == "ret;":
+                continue
+            else:
+                lines.append(line)
+        constraints = [f"={_TYPES[t][1]}" for _, t in self.results]
+        constraints += [_TYPES[t][1] for _, t in self.params]
+        constraints.append("~{memory}")  # it may read and write memory: nothing moves across it
+        return "{\n" + "\n".join(lines) + "\n}", ",".join(constraints)
+
+
+_FUNC = re.compile(
+    r"^\.visible\s+\.func\s+(?:\((?P<ret>[^)]*)\)\s*)?(?P<name>\w+)\s*\((?P<params>[^)]*)\)\s*\n\{\n"
+    r"(?P<body>.*?)^\}", re.MULTILINE | re.DOTALL)
+_PARAM = re.compile(r"\.param\s+\.(\w+)\s+(\w+)")
+_LD_PARAM = re.compile(r"ld\.param\.(\w+)\s+(%\w+),\s*\[(\w+)\];")
+_ST_RETVAL = re.compile(r"st\.param\.(\w+)\s+\[func_retval0(?:\+(\d+))?\],\s*(%\w+);")
+
+
+def parse(path: Path) -> dict[str, PtxFunction]:
+    """Every `.visible .func` of a ptx/ file, by name."""
+    text = Path(path).read_text()
+    functions = {}
+    for m in _FUNC.finditer(text):
+        params = tuple((name, kind) for kind, name in _PARAM.findall(m.group("params")))
+        for name, kind in params:
+            if kind not in _TYPES:
+                raise ValueError(f"{path}: {m.group('name')}: parameter {name} has type .{kind}; "
+                                 f"supported: {', '.join('.' + t for t in _TYPES)}")
+        stores = {}
+        for line in m.group("body").splitlines():
+            store = _ST_RETVAL.fullmatch(line.split("//")[0].strip())
+            if store:
+                stores[int(store.group(2) or 0)] = store.group(1)
+        functions[m.group("name")] = PtxFunction(m.group("name"), Path(path), params,
+                                                 tuple(sorted(stores.items())), m.group("body"))
+    if not functions:
+        raise ValueError(f"{path}: no `.visible .func` found")
+    return functions
+
+
+@lru_cache(maxsize=None)
+def load(filename: str) -> dict[str, PtxFunction]:
+    return parse(ptx_dir() / filename)
+
+
+# ---------------------------------------------------------------------------------------------
+# The two routes
+# ---------------------------------------------------------------------------------------------
+def _linked(fn: PtxFunction):
+    from numba import cuda
+
+    return cuda.declare_device(fn.name, fn.signature, link=[str(fn.path)], abi="c")
+
+
+def _inlined(fn: PtxFunction):
+    """An intrinsic of fixed arity (Numba intrinsics take no *args) emitting the body inline."""
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    sig = fn.signature
+    asm, constraints = fn.inline_asm()
+    llvm = {"i16": ir.IntType(16), "i32": ir.IntType(32), "i64": ir.IntType(64), "float": ir.FloatType()}
+    in_types = [llvm[_TYPES[t][2]] for _, t in fn.params]
+    out_types = [llvm[_TYPES[t][2]] for _, t in fn.results]
+    if not out_types:
+        ret = ir.VoidType()
+    elif len(out_types) == 1:
+        ret = out_types[0]
+    else:
+        ret = ir.LiteralStructType(out_types)
+
+    def typer(typingctx, *args):
+        def codegen(context, builder, signature, llargs):
+            call = builder.asm(ir.FunctionType(ret, in_types), asm, constraints, llargs, side_effect=True)
+            if not out_types:
+                return context.get_dummy_value()
+            if len(out_types) == 1:
+                return call
+            values = [builder.extract_value(call, i) for i in range(len(out_types))]
+            return context.make_tuple(builder, sig.return_type, values)
+
+        return sig, codegen
+
+    arg_names = ", ".join(f"arg{i}" for i in range(len(fn.params)))
+    namespace = {"typer": typer}
+    exec(f"def {fn.name}(typingctx, {arg_names}):\n    return typer(typingctx, {arg_names})\n", namespace)
+    return intrinsic(namespace[fn.name])
+
+
+_EMULATIONS: dict = {}
+
+
+def emulation(name: str):
+    """Register the simulator's Python version of PTX function `name` (a decorator)."""
+
+    def register(pyfunc):
+        _EMULATIONS[name] = pyfunc
+        return pyfunc
+
+    return register
+
+
+@lru_cache(maxsize=None)
+def function(filename: str, name: str, route: str = "link"):
+    """PTX function `name` of ptx/`filename`, callable from a kernel, by `route`.
+
+    In the simulator both routes give the same Python emulation: there is no PTX to run.
+    """
+    if route not in ROUTES:
+        raise ValueError(f"route: expected one of {', '.join(ROUTES)}, got {route!r}")
+    fn = load(filename).get(name)
+    if fn is None:
+        raise ValueError(f"name: ptx/{filename} has no function {name!r}; it has {', '.join(load(filename))}")
+    if simulator_enabled():
+        from . import sim_wmma  # noqa: F401 - registers the emulations
+
+        if name not in _EMULATIONS:
+            raise NotImplementedError(f"{name} (ptx/{filename}) has no emulation for the simulator")
+        return _EMULATIONS[name]
+    return _linked(fn) if route == "link" else _inlined(fn)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared-memory addresses
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SharedPointer:
+    """The simulator's shared-memory address: an array and a byte offset into it."""
+
+    array: object
+    offset: int = 0
+
+    def __add__(self, nbytes):
+        return SharedPointer(self.array, self.offset + int(nbytes))
+
+    __radd__ = __add__
+
+    def view(self, dtype, rows: int, cols: int, ld: int):
+        """A (rows, cols) NumPy view of elements of `dtype`, rows `ld` elements apart."""
+        import numpy as np
+
+        dtype = np.dtype(dtype)
+        return np.ndarray((rows, cols), dtype=dtype, buffer=self.array, offset=self.offset,
+                          strides=(int(ld) * dtype.itemsize, dtype.itemsize))
+
+
+def _make_shared_address():
+    if simulator_enabled():
+        return SharedPointer
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def shared_address(typingctx, array):
+        """The 32-bit .shared address of a shared array's first element (`cvta.to.shared`)."""
+        if not isinstance(array, types.Array):
+            return None
+
+        def codegen(context, builder, signature, args):
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            generic = builder.ptrtoint(data, ir.IntType(64))
+            shared = builder.asm(ir.FunctionType(ir.IntType(64), [ir.IntType(64)]),
+                                 "cvta.to.shared.u64 $0, $1;", "=l,l", [generic], side_effect=False)
+            return builder.trunc(shared, ir.IntType(32))
+
+        return types.uint32(array), codegen
+
+    return shared_address
+
+
+shared_address = _make_shared_address()
