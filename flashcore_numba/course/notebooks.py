@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..arch.sim import simulator_enabled
-from ..phases import PHASES, get_phase
+from ..phases import PHASES, VARIANTS, get_phase
 from ..reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
 from .exercises import phase_regions
 
@@ -360,6 +360,47 @@ def draw_pipeline(n_tiles: int = 4):
     plt.show()
 
 
+def mma_accumulator_owner(rows: int = 16, cols: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """(lane, register index) of each element of an `mma.m16n8k16` fp32 accumulator (C/D) fragment.
+
+    The layout the PTX ISA documents: lane = 4·group + t (group = lane // 4, t = lane % 4) holds
+    c0, c1 at row group, columns 2t and 2t+1, and c2, c3 at row group + 8, the same columns.
+    """
+    lane = np.zeros((rows, cols), dtype=int)
+    reg = np.zeros((rows, cols), dtype=int)
+    for ln in range(32):
+        group, t = ln // 4, ln % 4
+        for i in range(4):
+            r, c = group + 8 * (i // 2), 2 * t + i % 2
+            lane[r, c], reg[r, c] = ln, i
+    return lane, reg
+
+
+def draw_fragment_layout():
+    """A 16×16 WMMA accumulator tile as the two `mma.m16n8k16` accumulators the hardware computes.
+
+    The colour and number of each element is the lane that holds it; c0..c3 its register.
+    """
+    plt = _plt()
+    lane, reg = mma_accumulator_owner()
+    tile_lane = np.hstack([lane, lane])
+    tile_reg = np.hstack([reg, reg + 4])
+    _, ax = plt.subplots(figsize=(11, 6))
+    ax.imshow(tile_lane, cmap="tab20", aspect="auto", interpolation="nearest")
+    for (r, c), ln in np.ndenumerate(tile_lane):
+        ax.text(c, r, f"{ln}\nc{tile_reg[r, c]}", ha="center", va="center", fontsize=6)
+    ax.axvline(7.5, color="black", lw=2)
+    ax.axhline(7.5, color="white", lw=1, ls="--")
+    ax.set_xticks(range(16))
+    ax.set_yticks(range(16))
+    ax.set_xlabel("column of the 16×16 tile (left: first mma.m16n8k16, c0-c3; right: second, c4-c7)")
+    ax.set_ylabel("row")
+    ax.set_title("mma.m16n8k16 accumulators, as PTX documents them: lane = 4·(row mod 8) + (column mod 8) // 2."
+                 "\nA wmma.mma m16n16k16 runs as two of them on sm_80/sm_90 (2 HMMA.16816 in the SASS), but "
+                 "PTX does not promise WMMA's lane layout", fontsize=9)
+    plt.show()
+
+
 # =============================================================================================
 # The lesson
 # =============================================================================================
@@ -369,10 +410,16 @@ class Lesson:
     def __init__(self, phase, head_dim: int = 64):
         self.phase = get_phase(phase)
         self.previous = previous_phase(self.phase)
+        # other builds of the same kernel ("06-inline"): timed and compiled beside the phase
+        self.variants = [v for v in VARIANTS.values() if v.phase is self.phase]
         self.head_dim = head_dim
         self.on_gpu = not simulator_enabled()
         self._reports = None
         self._timed = None  # (record, where it comes from) of the timing cell
+
+    def _ids(self) -> list[str]:
+        """The kernels this lesson compares: the previous phase, this one, and its variants."""
+        return [p.ID for p in (self.previous, self.phase, *self.variants) if p is not None]
 
     # -- where we are ----------------------------------------------------------------------
     def intro(self) -> None:
@@ -417,6 +464,21 @@ class Lesson:
         diff = difflib.unified_diff(a, b, name_a, name_b, lineterm="", n=2)
         show_code("\n".join(diff), language="diff")
 
+    def show_ptx(self, filename: str, name: str | None = None) -> None:
+        """A file of ptx/ (or one function of it, with the comment above it), exactly as it runs."""
+        from ..arch.ptx import ptx_dir
+
+        text = (ptx_dir() / filename).read_text()
+        if name is not None:
+            lines = text.splitlines()
+            start = next(i for i, line in enumerate(lines) if f" {name}(" in line)
+            while start > 0 and lines[start - 1].startswith("//"):
+                start -= 1
+            end = next(i for i in range(start, len(lines)) if lines[i] == "}")
+            text = "\n".join(lines[start:end + 1])
+        print(f"ptx/{filename}" + (f": {name}" if name else ""))
+        show_code(text, language="text")
+
     # -- correctness -----------------------------------------------------------------------
     def check_shapes(self) -> list[tuple]:
         """(B, H, S_q, S_k, D, causal) problems for `check`: tails, several K/V tiles, masks."""
@@ -453,7 +515,7 @@ class Lesson:
     # -- timing ----------------------------------------------------------------------------
     def timing(self, directory=None) -> dict | None:
         """This phase, the previous one and torch SDPA: measured live on a GPU, else the committed record."""
-        ids = [p.ID for p in (self.previous, self.phase) if p is not None]
+        ids = self._ids()
         if self.on_gpu:
             record = measure(ids)
             label = (f"Measured live on {record['provenance']['gpu_name']} on {record['created'][:10]} "
@@ -511,8 +573,7 @@ class Lesson:
         if self._reports is None:
             from ..measure.machine_code import find_disassembler, kernel_reports
 
-            ids = [p.ID for p in (self.previous, self.phase) if p is not None]
-            self._reports = kernel_reports(ids, self.head_dim, sass=find_disassembler() is not None)
+            self._reports = kernel_reports(self._ids(), self.head_dim, sass=find_disassembler() is not None)
         return self._reports
 
     def machine_code(self) -> None:
@@ -572,6 +633,32 @@ class Lesson:
         self._counts("sass", patterns, "SASS")
         print(f"\nSASS of phase {self.phase.ID}, first occurrence of each:")
         print(ptx_excerpt(text, patterns, max_lines, context))
+
+    def call_cost(self) -> None:
+        """The phase beside its variants: what calling linked PTX costs (registers, stack, CALLs, time)."""
+        from ..measure.machine_code import instruction_counts, sass_calls
+
+        timed = {}
+        if self._timed:
+            timed = {r["name"]: r for r in self._timed[0]["results"] if r["kind"] == "phase"}
+        rows = []
+        for kid in [self.phase.ID, *(v.ID for v in self.variants)]:
+            r = self.reports()[kid]
+            calls = sass_calls(r["sass"]) if r.get("sass") else None
+            linked = {name for name in r["callee_frames"]}
+            row = {"kernel": f"{kid} {r['name']}", "registers": r["registers"],
+                   "stack B": r["stack_frame_bytes"],
+                   "callee stack B": sum(r["callee_frames"].values()) if linked else "-",
+                   "CALL to ptx/": "-" if calls is None else sum(n for c, n in calls.items() if c in linked),
+                   "HMMA": "-" if not r.get("sass") else instruction_counts(r["sass"], ["HMMA"])["HMMA"],
+                   "TFLOPS": timed.get(kid, {}).get("tflops")}
+            rows.append(row)
+        print(f"Compiled for sm_90a at D={self.head_dim} (static counts: a loop body counts once); TFLOPS "
+              "from the timing cell above.")
+        print(table(rows, [(k, k) for k in rows[0]]))
+        print("CALL to ptx/: SASS call sites into the linked functions. HMMA: tensor-core instructions in "
+              "the cubin; on the link route they sit once in the called functions' loops, on the inline "
+              "route the compiler unrolls them into the kernel.")
 
     def _counts(self, key, patterns, what) -> None:
         from ..measure.machine_code import instruction_counts

@@ -419,15 +419,16 @@ def package_version(name: str) -> str | None:
 def git_state() -> dict:
     """Commit of the checkout and whether it has uncommitted changes (records themselves aside).
 
-    A copy of the tree without its .git folder (as on a rented GPU machine) cannot tell; the
-    caller then names the commit in FLASHCORE_GIT_COMMIT (and FLASHCORE_GIT_DIRTY=0/1).
+    A copy of the tree whose .git folder is missing or stale (as on a rented GPU machine that
+    receives the working tree, not the history) cannot tell: the caller then names the commit
+    in FLASHCORE_GIT_COMMIT (and FLASHCORE_GIT_DIRTY=0/1), which takes precedence.
     """
-    root = repo_root()
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
-    if commit is None and os.environ.get("FLASHCORE_GIT_COMMIT"):
+    if os.environ.get("FLASHCORE_GIT_COMMIT"):
         dirty = os.environ.get("FLASHCORE_GIT_DIRTY")
         return {"git_commit": os.environ["FLASHCORE_GIT_COMMIT"],
                 "git_dirty": None if dirty is None else dirty not in ("0", "")}
+    root = repo_root()
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)docs/bench"], cwd=root)
     return {"git_commit": commit, "git_dirty": None if commit is None else bool(status)}
 

@@ -2,7 +2,7 @@
 
 Each phase module defines ID ("01"), NAME, TITLE, HEAD_DIMS, a docstring changelog, and
 `build(head_dim) -> KernelConfig`. A phase may also be built another way (phase 06 on the
-inline PTX route): its VARIANTS name those builds, `build(head_dim, variant)` makes them, and
+inline PTX route): its VARIANTS name those builds, `build(head_dim, variant)` makes them (VARIANTS maps each to its title), and
 each is a kernel of its own here ("06-inline"), benchmarked beside the phase. Every kernel has the signature
 `kernel(Q, K, V, O, causal, qk_scale)` (see flashcore_numba.phases.common). Later phases add
 DTYPES (bf16), GQA support and a minimum compute capability; the defaults below say what
@@ -42,12 +42,12 @@ class Variant:
     benchmark and a value of `attention(..., phase=...)`.
     """
 
-    def __init__(self, phase: ModuleType, key: str, description: str):
+    def __init__(self, phase: ModuleType, key: str, title: str):
         self.phase = phase
         self.key = key
         self.ID = f"{phase.ID}-{key}"
         self.NAME = f"{phase.NAME}-{key}"
-        self.TITLE = f"{phase.TITLE} ({description})"
+        self.TITLE = title
         self.__doc__ = phase.__doc__
 
     def build(self, head_dim: int):

@@ -44,10 +44,10 @@ from .common import KernelConfig, finalize, key_end, load_tile, softmax_rescale,
 
 ID = "06"
 NAME = "wmma"
-TITLE = "Tensor cores: WMMA through linked PTX"
+TITLE = "Tensor cores: WMMA from linked PTX"
 HEAD_DIMS = (64, 128)
 # Same kernel, other ways in: `attention(..., phase="06-inline")` and the "06-inline" benchmark row.
-VARIANTS = {"inline": "the PTX pasted in as inline assembly, no call"}
+VARIANTS = {"inline": "Tensor cores: WMMA from inlined PTX (no call)"}  # build variant -> its title
 FASTEST = "inline"  # what attention(..., phase="best") runs
 
 FULL_MASK = 0xFFFFFFFF
@@ -273,11 +273,10 @@ def build_kernel(L, route: str = "link") -> KernelConfig:
                         ptx_files=linked)
 
 
-def smem_layout(HEAD_DIM: int, tile_shape=None) -> dict:
-    return layout(HEAD_DIM, **(tile_shape or TILES[HEAD_DIM]))
-
-
 @lru_cache(maxsize=None)
 def build(HEAD_DIM: int, variant: str | None = None) -> KernelConfig:
+    """The kernel for HEAD_DIM: WMMA by the link route, or by `variant="inline"`."""
+    if variant not in (None, *VARIANTS):
+        raise ValueError(f"variant: expected None or one of {', '.join(VARIANTS)}, got {variant!r}")
     route = "inline" if variant == "inline" else "link"
-    return build_kernel(smem_layout(HEAD_DIM, tiles(HEAD_DIM)), route)
+    return build_kernel(layout(HEAD_DIM, **tiles(HEAD_DIM)), route)

@@ -1,4 +1,4 @@
-# Exercise 06: Tensor cores: WMMA through linked PTX
+# Exercise 06: Tensor cores: WMMA from linked PTX
 #
 # This is the finished phase 06 kernel with 2 marked regions emptied:
 #   06-a: one call of mma_abt: S (this warp's buffer at c_warp) = Q (q_warp) · Kᵀ (k_cur)
@@ -61,10 +61,10 @@ from flashcore_numba.phases.common import KernelConfig, finalize, key_end, load_
 
 ID = "06"
 NAME = "wmma"
-TITLE = "Tensor cores: WMMA through linked PTX"
+TITLE = "Tensor cores: WMMA from linked PTX"
 HEAD_DIMS = (64, 128)
 # Same kernel, other ways in: `attention(..., phase="06-inline")` and the "06-inline" benchmark row.
-VARIANTS = {"inline": "the PTX pasted in as inline assembly, no call"}
+VARIANTS = {"inline": "Tensor cores: WMMA from inlined PTX (no call)"}  # build variant -> its title
 FASTEST = "inline"  # what attention(..., phase="best") runs
 
 FULL_MASK = 0xFFFFFFFF
@@ -286,11 +286,10 @@ def build_kernel(L, route: str = "link") -> KernelConfig:
                         ptx_files=linked)
 
 
-def smem_layout(HEAD_DIM: int, tile_shape=None) -> dict:
-    return layout(HEAD_DIM, **(tile_shape or TILES[HEAD_DIM]))
-
-
 @lru_cache(maxsize=None)
 def build(HEAD_DIM: int, variant: str | None = None) -> KernelConfig:
+    """The kernel for HEAD_DIM: WMMA by the link route, or by `variant="inline"`."""
+    if variant not in (None, *VARIANTS):
+        raise ValueError(f"variant: expected None or one of {', '.join(VARIANTS)}, got {variant!r}")
     route = "inline" if variant == "inline" else "link"
-    return build_kernel(smem_layout(HEAD_DIM, tiles(HEAD_DIM)), route)
+    return build_kernel(layout(HEAD_DIM, **tiles(HEAD_DIM)), route)
