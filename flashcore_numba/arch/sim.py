@@ -28,6 +28,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
 _BARRIER_TIMEOUT_S = 600.0  # a lane that died leaves its warp waiting: fail instead of hanging
@@ -188,9 +190,21 @@ def simulator_pacing(interval_s: float = 5e-4):
 
 def _accept_alignment(shared_array):
     """The simulator refuses `alignment=` on shared arrays; NumPy memory needs none: drop it."""
+    from numba.core import types
+    from numba.np import numpy_support
 
     def array(self, shape, dtype, alignment=None):
-        return shared_array(self, shape, dtype)
+        if shape == 0:  # dynamic shared memory: one buffer for the block
+            return shared_array(self, shape, dtype)
+        # A static array is identified by the line that declares it, as the simulator does; the
+        # line is our caller's (calling through would make this wrapper's line the key of all).
+        frame = sys._getframe(1)
+        key = (frame.f_code.co_filename, frame.f_lineno)
+        if key not in self._allocations:
+            if isinstance(dtype, types.Type):
+                dtype = numpy_support.as_dtype(dtype)
+            self._allocations[key] = np.empty(shape, dtype)
+        return self._allocations[key]
 
     array._flashcore = True
     return array
