@@ -257,8 +257,9 @@ def _figures(kernel_id: str, nc, c) -> list[str]:
             speedup = ladder_speedups(record["results"]).get(kernel_id)
             if speedup is not None:
                 prev, ratio = speedup
+                prev = prev if "-" in prev else f"phase {prev}"  # "phase 05", "06-inline"
                 slower = f", SLOWER than {prev}" if ratio < 1 else ""
-                text += f" ({ratio:.2f}x {'phase ' if '-' not in prev else ''}{prev}{slower})"
+                text += f" ({ratio:.2f}x {prev}{slower})"
             parts.append(text)
     return parts
 
