@@ -28,7 +28,8 @@ What changed from phase 05
     acc, which stays in registers. PTX does not say which lane holds which element of a WMMA
     fragment, so the softmax cannot work on fragments in registers: S and O go through
     shared memory (phase 07's `mma.sync` removes that trip). Phase 05's pipelined K/V loads
-    stay as they were.
+    stay; each thread now carries one contiguous run of a row, in fp16 (fewer index
+    registers beside the fragments: no stack frame on either route).
 
     The PTX is linked with `cuda.declare_device(..., link=[...])`: every call is a real
     call that nvJitLink never inlines. Each call does a warp's whole tile (16 or 32 `mma`),
