@@ -48,11 +48,21 @@ def _is_device_array(x) -> bool:
     return cuda.is_cuda_array(x) and hasattr(x, "dtype")
 
 
+def _grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
+
+
 def _describe(name: str, x) -> _Operand:
     module = type(x).__module__
     if isinstance(x, np.ndarray):
         return _Operand(name, "numpy", tuple(x.shape), x.dtype.name, bool(x.flags.c_contiguous), "host")
     if module.startswith("torch"):
+        if x.requires_grad and _grad_enabled():
+            raise ValueError(f"{name}: requires grad, but flashcore_numba has no backward pass (it computes "
+                             f"the forward output only); call attention under torch.no_grad() or "
+                             f"torch.inference_mode(), or pass {name}.detach()")
         device = str(x.device)
         if not x.is_cuda:
             raise TypeError(f"{name}: expected a CUDA torch tensor, got a tensor on {device}; "
@@ -165,7 +175,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         with cuda.gpus[q.device.index or 0]:
             stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
-            arrays = [cuda.as_cuda_array(t) for t in (q, k, v, out)]
+            # detach: a tensor that requires grad (allowed under no_grad) hides its memory from
+            # __cuda_array_interface__; detach() is the same memory, without the autograd record
+            arrays = [cuda.as_cuda_array(t.detach()) for t in (q, k, v, out)]
             config.launch(*arrays, causal, qk_scale, stream=stream)
         return out
 

@@ -131,3 +131,28 @@ def test_oracle_rejects_nan_and_wrong_values():
     bad[0, 0, 1, 1] += 0.05
     assert not check_close(bad, ref, lowp).ok
     assert check_close(lowp, ref, lowp).ok
+
+
+class _TorchLike:
+    """Just enough of a CUDA torch tensor for the validation (there is no torch on a CPU CI machine)."""
+
+    __module__ = "torch"
+
+    def __init__(self, requires_grad):
+        self.requires_grad = requires_grad
+        self.device, self.is_cuda, self.shape, self.dtype = "cuda:0", True, (1, 1, 8, 64), "torch.float16"
+
+    def is_contiguous(self):
+        return True
+
+
+def test_requires_grad_is_refused_by_name(monkeypatch):
+    """Grad enabled and an input that requires grad: no backward pass here, said plainly."""
+    from flashcore_numba import api
+
+    monkeypatch.setattr(api, "_grad_enabled", lambda: True)
+    with pytest.raises(ValueError, match=r"^k: requires grad.*no backward pass.*no_grad"):
+        api._describe("k", _TorchLike(requires_grad=True))
+    assert api._describe("k", _TorchLike(requires_grad=False)).kind == "torch"
+    monkeypatch.setattr(api, "_grad_enabled", lambda: False)  # under torch.no_grad(): accepted
+    assert api._describe("k", _TorchLike(requires_grad=True)).kind == "torch"

@@ -81,3 +81,38 @@ def test_device_array_round_trip():
     verdict = check_close(out.copy_to_host(), reference_attention(q, k, v, causal=True),
                           lowp_attention(q, k, v, causal=True))
     assert verdict.ok, verdict.message
+
+
+def test_requires_grad_under_no_grad_and_with_grad():
+    """Activations inside a model require grad: fine under no_grad / inference_mode, refused otherwise."""
+    torch = pytest.importorskip("torch")
+    host = random_qkv((1, 2, 70, 64))
+    q, k, v = (torch.tensor(x, device="cuda").requires_grad_() for x in host)
+    with pytest.raises(ValueError, match="q: requires grad.*no backward pass"):
+        attention(q, k, v)
+    ref, lowp = reference_attention(*host), lowp_attention(*host)
+    for context in (torch.no_grad, torch.inference_mode):
+        with context():
+            out = attention(q, k, v)
+        assert not out.requires_grad
+        verdict = check_close(out.double().cpu().numpy(), ref, lowp)
+        assert verdict.ok, verdict.message
+
+
+def test_small_launches_do_not_warn(monkeypatch):
+    """No NumbaPerformanceWarning per call on a small grid; the numba variable brings it back."""
+    import warnings
+
+    from numba.core.errors import NumbaPerformanceWarning
+
+    q, k, v = random_qkv((1, 1, 40, 64))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            attention(q, k, v)
+    assert not [w for w in seen if issubclass(w.category, NumbaPerformanceWarning)]
+    monkeypatch.setenv("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "1")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        attention(q, k, v)
+    assert [w for w in seen if issubclass(w.category, NumbaPerformanceWarning)]

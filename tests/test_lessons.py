@@ -12,11 +12,16 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import nbformat
 import pytest
 
-from flashcore_numba import PHASES
-from flashcore_numba.course import lessons, notebooks
+# the notebook tools are the `notebooks` extra: without them these tests skip, saying which is missing
+for _module in ("nbformat", "nbclient", "jupytext"):
+    pytest.importorskip(_module, reason=f"{_module} is not installed (pip install -e '.[notebooks]')",
+                        exc_type=ImportError)
+import nbformat  # noqa: E402
+
+from flashcore_numba import PHASES  # noqa: E402
+from flashcore_numba.course import lessons, notebooks  # noqa: E402
 
 LESSONS = Path(__file__).resolve().parent.parent / "lessons"
 FIXTURE_RECORDS = Path(__file__).parent / "data" / "bench_records"

@@ -22,10 +22,13 @@ z = batch.
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, float32, uint64
+from numba.core.errors import NumbaPerformanceWarning
 
 from ..arch.sim import arithmetic_device_function, simulator_enabled, simulator_pacing
 from ..arch.smem import STATIC_SMEM_LIMIT, raise_dynamic_smem_limit
@@ -137,14 +140,28 @@ def grid_for(q_shape, block_m: int):
 
 
 def launch(kernel, grid, block: int, smem_bytes: int, args, stream=0) -> None:
-    """Launch `kernel[grid, block, stream, smem_bytes](*args)`, raising the limit if needed."""
+    """Launch `kernel[grid, block, stream, smem_bytes](*args)`, raising the limit if needed.
+
+    Numba warns on every launch of fewer than 128 blocks ("Grid size N will likely result in
+    GPU under-utilization"). For attention on a small problem that is expected, and a caller
+    in a loop would get a wall of warnings, so our launches silence it, and only it. Setting
+    NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=1 in the environment brings it back.
+    """
     if simulator_enabled():
         with simulator_pacing():
             kernel[grid, block, stream, smem_bytes](*args)
         return
     if smem_bytes > STATIC_SMEM_LIMIT:
         raise_dynamic_smem_limit(kernel, args, smem_bytes)
-    kernel[grid, block, stream, smem_bytes](*args)
+    if os.environ.get("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS"):
+        kernel[grid, block, stream, smem_bytes](*args)
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=LOW_OCCUPANCY_WARNING, category=NumbaPerformanceWarning)
+        kernel[grid, block, stream, smem_bytes](*args)
+
+
+LOW_OCCUPANCY_WARNING = r"Grid size \d+ will likely result in GPU under-utilization"
 
 
 @dataclass(frozen=True)
