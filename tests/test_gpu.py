@@ -103,16 +103,19 @@ def test_small_launches_do_not_warn(monkeypatch):
     """No NumbaPerformanceWarning per call on a small grid; the numba variable brings it back."""
     import warnings
 
-    from numba.core.errors import NumbaPerformanceWarning
+    def low_occupancy(seen):  # by message: numba-cuda has its own warning classes
+        return [w for w in seen if "under-utilization" in str(w.message)]
 
-    q, k, v = random_qkv((1, 1, 40, 64))
+    # numba warns once per launch configuration: each part uses a grid no other test launches
+    q, k, v = random_qkv((1, 5, 40, 64))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for _ in range(3):
             attention(q, k, v)
-    assert not [w for w in seen if issubclass(w.category, NumbaPerformanceWarning)]
+    assert not low_occupancy(seen)
     monkeypatch.setenv("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "1")
+    q, k, v = random_qkv((1, 7, 40, 64))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         attention(q, k, v)
-    assert [w for w in seen if issubclass(w.category, NumbaPerformanceWarning)]
+    assert low_occupancy(seen)

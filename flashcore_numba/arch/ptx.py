@@ -20,12 +20,19 @@ reader opens in `ptx/` is exactly what runs on both routes:
     ret;                        ->   (dropped)
 
 and the body is wrapped in `{ }`, which gives its registers and labels their own scope, so a
-function may be pasted many times into one kernel.
+function may be pasted many times into one kernel. One rule follows for the files: a body must
+not declare registers named like the compiler's own (%r1, %rd2, %f3, %p4, %rs5, %fd6): LLVM
+writes the asm operands as such names, and inside the braces a local %r1 would capture them.
+`parse` refuses such a file.
 
 In Numba's simulator there is no PTX at all: `function()` hands back the Python emulation
-registered for that name (see `flashcore_numba.arch.sim_wmma`), which takes the same
-arguments. `shared_address()` then returns a `SharedPointer`, an (array, byte offset) pair
-that emulations read and write through.
+registered for that name (see `flashcore_numba.arch.sim_wmma` and `sim_mma`), which takes
+the same arguments. `shared_address()` and `global_address()` then return a `Pointer`, an
+(array, byte offset) pair that emulations read and write through.
+
+A function that touches no memory (an `mma`, a conversion) is pasted without a memory
+clobber, so the compiler may still move loads and stores around it; the others keep every
+memory access on its side.
 """
 
 from __future__ import annotations
@@ -90,6 +97,16 @@ class PtxFunction:
             return types.UniTuple(outs[0], len(outs))(*args)
         return types.Tuple(outs)(*args)
 
+    @property
+    def touches_memory(self) -> bool:
+        """Whether the body reads, writes or orders memory (beyond its own parameters).
+
+        A register-only function (an `mma`, a conversion) is pasted without a memory clobber,
+        so the compiler may still schedule loads and stores around it.
+        """
+        code = [line.split("//")[0] for line in self.body.splitlines()]
+        return any(_MEMORY_OP.search(line) and not _PARAM_OP.search(line) for line in code)
+
     def inline_asm(self) -> tuple[str, str]:
         """(assembly text, LLVM constraint string) of the body as inline assembly.
 
@@ -115,7 +132,8 @@ class PtxFunction:
                 lines.append(line)
         constraints = [f"={_TYPES[t][1]}" for _, t in self.results]
         constraints += [_TYPES[t][1] for _, t in self.params]
-        constraints.append("~{memory}")  # it may read and write memory: nothing moves across it
+        if self.touches_memory:
+            constraints.append("~{memory}")  # it reads or writes memory: no memory access moves across it
         return "{\n" + "\n".join(lines) + "\n}", ",".join(constraints)
 
 
@@ -123,6 +141,9 @@ _FUNC = re.compile(
     r"^\.visible\s+\.func\s+(?:\((?P<ret>[^)]*)\)\s*)?(?P<name>\w+)\s*\((?P<params>[^)]*)\)\s*\n\{\n"
     r"(?P<body>.*?)^\}", re.MULTILINE | re.DOTALL)
 _PARAM = re.compile(r"\.param\s+\.(\w+)\s+(\w+)")
+_COMPILER_REGISTER = re.compile(r"\.reg\s+\.\w+\s+[^;]*?%(?:r|rd|rs|f|fd|p|h|hh)(?:\d+\b|<\d+>)")
+_MEMORY_OP = re.compile(r"\b(ld|st|cp|ldmatrix|stmatrix|wmma\.load|wmma\.store|atom|red|bar|fence|mbarrier)\.")
+_PARAM_OP = re.compile(r"\b(ld|st)\.param\.")
 _LD_PARAM = re.compile(r"ld\.param\.(\w+)\s+(%\w+),\s*\[(\w+)\];")
 _ST_RETVAL = re.compile(r"st\.param\.(\w+)\s+\[func_retval0(?:\+(\d+))?\],\s*(%\w+);")
 
@@ -137,6 +158,11 @@ def parse(path: Path) -> dict[str, PtxFunction]:
             if kind not in _TYPES:
                 raise ValueError(f"{path}: {m.group('name')}: parameter {name} has type .{kind}; "
                                  f"supported: {', '.join('.' + t for t in _TYPES)}")
+        clash = _COMPILER_REGISTER.search(m.group("body"))
+        if clash:
+            raise ValueError(f"{path}: {m.group('name')} declares register {clash.group(0)}, named like the "
+                             f"compiler's own registers (%r1, %rd1, %f1, %p1 ...): on the inline route it "
+                             f"would capture an asm operand; give it another name")
         stores = {}
         for line in m.group("body").splitlines():
             store = _ST_RETVAL.fullmatch(line.split("//")[0].strip())
@@ -223,7 +249,7 @@ def function(filename: str, name: str, route: str = "link"):
     if fn is None:
         raise ValueError(f"name: ptx/{filename} has no function {name!r}; it has {', '.join(load(filename))}")
     if simulator_enabled():
-        from . import sim_wmma  # noqa: F401 - registers the emulations
+        from . import sim_mma, sim_wmma  # noqa: F401 - registers the emulations
 
         if name not in _EMULATIONS:
             raise NotImplementedError(f"{name} (ptx/{filename}) has no emulation for the simulator")
@@ -235,14 +261,14 @@ def function(filename: str, name: str, route: str = "link"):
 # Shared-memory addresses
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class SharedPointer:
-    """The simulator's shared-memory address: an array and a byte offset into it."""
+class Pointer:
+    """The simulator's address: an array (shared or global) and a byte offset into it."""
 
     array: object
     offset: int = 0
 
     def __add__(self, nbytes):
-        return SharedPointer(self.array, self.offset + int(nbytes))
+        return Pointer(self.array, self.offset + int(nbytes))
 
     __radd__ = __add__
 
@@ -251,33 +277,41 @@ class SharedPointer:
         import numpy as np
 
         dtype = np.dtype(dtype)
-        return np.ndarray((rows, cols), dtype=dtype, buffer=self.array, offset=self.offset,
+        base = getattr(self.array, "_ary", self.array)  # a simulator device array wraps its NumPy array
+        return np.ndarray((rows, cols), dtype=dtype, buffer=base, offset=self.offset,
                           strides=(int(ld) * dtype.itemsize, dtype.itemsize))
 
 
-def _make_shared_address():
+SharedPointer = Pointer  # the name phase 06's emulation reads best with
+
+
+def _make_address(space: str):
+    """`shared_address(array)` (32-bit .shared) or `global_address(array)` (64-bit .global):
+    the address of an array's first element in that state space (`cvta.to.<space>`)."""
     if simulator_enabled():
-        return SharedPointer
+        return Pointer
     from llvmlite import ir
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    @intrinsic
-    def shared_address(typingctx, array):
-        """The 32-bit .shared address of a shared array's first element (`cvta.to.shared`)."""
+    bits = 32 if space == "shared" else 64
+
+    def address(typingctx, array):
         if not isinstance(array, types.Array):
             return None
 
         def codegen(context, builder, signature, args):
             data = context.make_array(signature.args[0])(context, builder, args[0]).data
             generic = builder.ptrtoint(data, ir.IntType(64))
-            shared = builder.asm(ir.FunctionType(ir.IntType(64), [ir.IntType(64)]),
-                                 "cvta.to.shared.u64 $0, $1;", "=l,l", [generic], side_effect=False)
-            return builder.trunc(shared, ir.IntType(32))
+            converted = builder.asm(ir.FunctionType(ir.IntType(64), [ir.IntType(64)]),
+                                    f"cvta.to.{space}.u64 $0, $1;", "=l,l", [generic], side_effect=False)
+            return builder.trunc(converted, ir.IntType(32)) if bits == 32 else converted
 
-        return types.uint32(array), codegen
+        return (types.uint32 if bits == 32 else types.uint64)(array), codegen
 
-    return shared_address
+    address.__name__ = f"{space}_address"
+    return intrinsic(address)
 
 
-shared_address = _make_shared_address()
+shared_address = _make_address("shared")  # for WMMA, ldmatrix, cp.async destinations
+global_address = _make_address("global")  # for cp.async sources

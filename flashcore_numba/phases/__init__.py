@@ -21,6 +21,7 @@ _MODULES = (
     "p04_padding",
     "p05_double_buffer",
     "p06_wmma",
+    "p07_mma_sync",
 )
 
 DEFAULT_DTYPES = ("float16",)

@@ -1,0 +1,172 @@
+"""The simulator's mma.sync, ldmatrix and cp.async: Python versions of the functions in
+ptx/mma_sync.ptx, ptx/ldmatrix.ptx and ptx/cp_async.ptx.
+
+Unlike WMMA (see sim_wmma), these instructions have fragment layouts the PTX ISA documents,
+and the emulation keeps them lane by lane: each lane passes in the registers it holds on the
+GPU and gets back the registers the GPU would give it. A kernel that reads a fragment's
+registers directly (phase 07's softmax does) therefore computes the same thing here as on the
+H100; tests/test_ptx.py runs the same kernels on both and checks the layouts against NumPy.
+
+mma.sync (m16n8k16, g = lane // 4, t = lane % 4; a .b32 holds two 16-bit values, the lower
+column or k in its lower half):
+
+    A 16 x 16:  a0 = A[g][2t:2t+2]    a1 = A[g+8][2t:2t+2]    a2 = A[g][2t+8:2t+10]    a3 = A[g+8][2t+8:2t+10]
+    B 16 x 8:   b0 = B[2t:2t+2][g]    b1 = B[2t+8:2t+10][g]
+    C, D 16 x 8 (fp32):  c0, c1 = C[g][2t], C[g][2t+1]    c2, c3 = C[g+8][2t], C[g+8][2t+1]
+
+Numerics: products of fp16 (or bf16) values are exact in fp32; the emulation sums in fp32 and
+adds C, as the tensor cores do up to the order of the additions (rounding, far inside the
+reference oracle's tolerance; the GPU tests compare the hardware with a float64 product).
+
+cp.async is a plain copy here: it has landed when the call returns, which is what
+`cp.async.wait_group` would guarantee, so commit and wait have nothing left to do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ptx import emulation
+from .sim import warp_exchange
+
+# -- 16-bit halves of a .b32 register ------------------------------------------------------------
+
+
+def _bits_to_float(bits, kind: str) -> float:
+    if kind == "f16":
+        return float(np.uint16(bits).view(np.float16))
+    return float(np.uint32(int(bits) << 16).view(np.float32))  # bf16: the upper half of an fp32
+
+
+def _halves(reg, kind: str) -> tuple[float, float]:
+    """(lower, upper) 16-bit values of a .b32 register, as floats."""
+    reg = int(reg)
+    return _bits_to_float(reg & 0xFFFF, kind), _bits_to_float(reg >> 16, kind)
+
+
+def _pack(lo_bits: int, hi_bits: int) -> np.uint32:
+    return np.uint32((int(hi_bits) << 16) | int(lo_bits))
+
+
+def f16_bits(x) -> int:
+    """fp32 -> fp16 bits, round to nearest even (cvt.rn.f16.f32; beyond fp16's range: inf)."""
+    with np.errstate(over="ignore"):
+        return int(np.float16(np.float32(x)).view(np.uint16))
+
+
+def bf16_bits(x) -> int:
+    """fp32 -> bf16 bits, round to nearest even (cvt.rn.bf16.f32); NaN stays a (quiet) NaN."""
+    bits = int(np.float32(x).view(np.uint32))
+    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
+        return (bits >> 16) | 0x40
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+# -- mma.sync ----------------------------------------------------------------------------------
+
+
+def _mma(kind, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """Gather the warp's fragments, multiply once (lane 0), hand each lane its four results."""
+    values, lane = warp_exchange((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3))
+    D = None
+    if lane == 0:
+        A = np.zeros((16, 16), np.float32)
+        B = np.zeros((16, 8), np.float32)
+        C = np.zeros((16, 8), np.float32)
+        for ln, regs in enumerate(values):
+            g, t = ln // 4, ln % 4
+            A[g, 2 * t:2 * t + 2] = _halves(regs[0], kind)
+            A[g + 8, 2 * t:2 * t + 2] = _halves(regs[1], kind)
+            A[g, 2 * t + 8:2 * t + 10] = _halves(regs[2], kind)
+            A[g + 8, 2 * t + 8:2 * t + 10] = _halves(regs[3], kind)
+            B[2 * t:2 * t + 2, g] = _halves(regs[4], kind)
+            B[2 * t + 8:2 * t + 10, g] = _halves(regs[5], kind)
+            C[g, 2 * t:2 * t + 2] = regs[6:8]
+            C[g + 8, 2 * t:2 * t + 2] = regs[8:10]
+        D = (A @ B).astype(np.float32) + C
+    D = warp_exchange(D)[0][0]  # lane 0's product, to every lane
+    g, t = lane // 4, lane % 4
+    return (D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1])
+
+
+@emulation("flashcore_mma_f16")
+def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: this lane's (d0, d1, d2, d3)."""
+    return _mma("f16", a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+
+@emulation("flashcore_mma_bf16")
+def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: this lane's (d0, d1, d2, d3)."""
+    return _mma("bf16", a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+
+@emulation("flashcore_pack_f16x2")
+def pack_f16x2(lo, hi):
+    """cvt.rn.f16x2.f32: `lo` in bits 0-15, `hi` in bits 16-31."""
+    return _pack(f16_bits(lo), f16_bits(hi))
+
+
+@emulation("flashcore_pack_bf16x2")
+def pack_bf16x2(lo, hi):
+    """cvt.rn.bf16x2.f32: `lo` in bits 0-15, `hi` in bits 16-31."""
+    return _pack(bf16_bits(lo), bf16_bits(hi))
+
+
+# -- ldmatrix ----------------------------------------------------------------------------------
+
+
+def _ldmatrix(row_addr, trans: bool):
+    """Lanes 8i..8i+7 give the row addresses of matrix i; each lane gets one register per matrix."""
+    values, lane = warp_exchange(row_addr)
+    g, t = lane // 4, lane % 4
+    regs = []
+    for i in range(4):
+        M = np.stack([values[8 * i + r].view(np.uint16, 1, 8, 8)[0] for r in range(8)])
+        lo, hi = (M[2 * t, g], M[2 * t + 1, g]) if trans else (M[g, 2 * t], M[g, 2 * t + 1])
+        regs.append(_pack(lo, hi))
+    return tuple(regs)
+
+
+@emulation("flashcore_ldmatrix_x4")
+def ldmatrix_x4(row_addr):
+    """ldmatrix.sync.aligned.m8n8.x4.shared.b16: (r0, r1, r2, r3) of this lane."""
+    return _ldmatrix(row_addr, trans=False)
+
+
+@emulation("flashcore_ldmatrix_x4_trans")
+def ldmatrix_x4_trans(row_addr):
+    """ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: each matrix transposed."""
+    return _ldmatrix(row_addr, trans=True)
+
+
+# -- cp.async ----------------------------------------------------------------------------------
+
+
+@emulation("flashcore_cp_async_16")
+def cp_async_16(dst, src, src_bytes):
+    """cp.async.cg.shared.global [dst], [src], 16, src_bytes: bytes past src_bytes become zeros."""
+    n = int(src_bytes)
+    out = dst.view(np.uint8, 1, 16, 16)[0]
+    out[:n] = src.view(np.uint8, 1, n, n)[0] if n else out[:0]
+    out[n:] = 0
+
+
+@emulation("flashcore_cp_async_commit")
+def cp_async_commit():
+    """cp.async.commit_group: nothing to do, every copy has landed already."""
+
+
+@emulation("flashcore_cp_async_wait_0")
+def cp_async_wait_0():
+    """cp.async.wait_group 0."""
+
+
+@emulation("flashcore_cp_async_wait_1")
+def cp_async_wait_1():
+    """cp.async.wait_group 1."""
+
+
+@emulation("flashcore_cp_async_wait_2")
+def cp_async_wait_2():
+    """cp.async.wait_group 2."""
