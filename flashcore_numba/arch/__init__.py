@@ -11,8 +11,8 @@ Phases import from here; nothing here imports a phase, the measurement, the cour
               by both routes (linked `.func`s, and inline assembly without a call), and the
               32-bit shared-memory addresses the PTX takes
     sim_wmma.py  the simulator's WMMA: Python versions of ptx/wmma.ptx's functions
+    sim_mma.py   the simulator's mma.sync, ldmatrix and cp.async, lane by lane with the
+                 fragment layouts the PTX ISA documents
 
-Coming with the later tensor-core phases (07-09): emulations of mma.sync, ldmatrix, wgmma and
-TMA for the simulator, with the fragment layouts of the real instructions, and tensor-map
-helpers for TMA.
+Coming with phases 08-09: emulations of wgmma and TMA, and tensor-map helpers.
 """

@@ -376,6 +376,46 @@ def mma_accumulator_owner(rows: int = 16, cols: int = 8) -> tuple[np.ndarray, np
     return lane, reg
 
 
+def mma_operand_owner(operand: str) -> tuple[np.ndarray, np.ndarray]:
+    """(lane, register) of each element of an `mma.m16n8k16` operand: "A" (16×16), "B" (16×8, k × n)
+    or "C" (16×8), as the PTX ISA documents them (g = lane // 4, t = lane % 4)."""
+    if operand == "C":
+        return mma_accumulator_owner()
+    shape = (16, 16) if operand == "A" else (16, 8)
+    lane, reg = np.zeros(shape, dtype=int), np.zeros(shape, dtype=int)
+    for ln in range(32):
+        g, t = ln // 4, ln % 4
+        for i in range(4 if operand == "A" else 2):
+            for half in range(2):
+                if operand == "A":  # a0: (g, 2t) a1: (g+8, 2t) a2: (g, 2t+8) a3: (g+8, 2t+8)
+                    r, c = g + 8 * (i % 2), 2 * t + half + 8 * (i // 2)
+                else:  # b0: (k=2t, n=g) b1: (k=2t+8, n=g)
+                    r, c = 2 * t + half + 8 * i, g
+                lane[r, c], reg[r, c] = ln, i
+    return lane, reg
+
+
+def draw_mma_fragments():
+    """The three operands of `mma.sync.m16n8k16`: which lane holds each element, in which register."""
+    plt = _plt()
+    _, axes = plt.subplots(1, 3, figsize=(15, 5.2), gridspec_kw={"width_ratios": [2, 1, 1]})
+    for ax, (operand, title) in zip(axes, [("A", "A = Q or P (16 × 16, fp16 pairs)"),
+                                           ("B", "B = Kᵀ or V (16 k × 8 n, fp16 pairs)"),
+                                           ("C", "C, D = S or O (16 × 8, fp32)")]):
+        lane, reg = mma_operand_owner(operand)
+        ax.imshow(lane, cmap="tab20", aspect="auto", interpolation="nearest")
+        prefix = operand.lower() if operand != "C" else "c"
+        for (r, c), ln in np.ndenumerate(lane):
+            ax.text(c, r, f"{ln}\n{prefix}{reg[r, c]}", ha="center", va="center", fontsize=5.5)
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    plt.suptitle("mma.m16n8k16: number = lane, then register. The four lanes of a quad (same lane // 4) "
+                 "share rows of A and C: a row reduction is two shuffles", fontsize=10)
+    plt.tight_layout()
+    plt.show()
+
+
 def draw_fragment_layout():
     """A 16×16 WMMA accumulator tile as the two `mma.m16n8k16` accumulators the hardware computes.
 

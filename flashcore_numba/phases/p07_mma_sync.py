@@ -218,11 +218,12 @@ def build_kernel(L) -> KernelConfig:
                         s[j, 3] = float32(-math.inf)
                 m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
                 m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
-            # the row's max over the quad of lanes that hold it
+            # >>> exercise 07-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
             m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
             m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
             m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
             m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
+            # <<< exercise
 
             # -- update m_i and l_i (per-lane partial sums), rescale acc
             m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a)
@@ -247,11 +248,13 @@ def build_kernel(L) -> KernelConfig:
                 acc[j, 3] *= alpha_b
 
             # -- p as A fragments: the accumulators of n-tiles 2kk and 2kk+1 are k-step kk's A
+            # >>> exercise 07-b: P as A fragments: p_frag[kk, 0..3] from s of n-tiles 2kk and 2kk+1
             for kk in range(KP):
                 p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
                 p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
                 p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
                 p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+            # <<< exercise
 
             # -- acc += p · v: NO n-tiles of 8 output columns, KP k-steps of 16 keys
             for jj in range(NO // 2):

@@ -1,0 +1,134 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Phase 07 — FlashAttention-2: mma.sync fragments in registers
+#
+# *Previous: [06 WMMA](06_wmma.ipynb). Hardware background:
+# [docs/hardware.md](../docs/hardware.md#tensor-cores-phases-06-09). Course map: [README](README.md).*
+#
+# ## The idea
+#
+# Phase 06 put the matrix products on the tensor cores but kept everything else in shared memory:
+# S was stored, read back for the softmax, P written, O stored and read again. WMMA left no choice,
+# because PTX does not say which lane holds which element of a WMMA fragment. `mma.sync` does say,
+# and that changes the whole kernel:
+#
+# 1. **Q in registers** — `ldmatrix` reads the warp's 16 query rows into A fragments once.
+# 2. **S = Q·Kᵀ in registers** — one `mma.sync.m16n8k16` per 8 keys and 16 dims, K's fragments read by
+#    `ldmatrix` (four 8×8 matrices per instruction).
+# 3. **The softmax on the fragments** — a lane holds two rows (g and g + 8) of every 8-key tile; the
+#    four lanes of a quad hold the whole row, so the row max and sum are two shuffles each.
+# 4. **P stays in registers** — the accumulator layout of two adjacent 8-key tiles *is* the A-fragment
+#    layout of one 16-key step: packing pairs of fp32 into fp16x2 is the whole conversion.
+# 5. **O += P·V in registers** — V's fragments read by `ldmatrix.trans`.
+# 6. **cp.async** — K and V are copied global → shared without passing through registers, into the
+#    other of two stages while the current tile is computed; tails are zero-filled by the copy.
+#
+# Every instruction is one inline PTX function from [`ptx/`](../ptx/) (no call: phase 06 measured
+# what a call costs).
+
+# %%
+# Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
+# driver shows one, else in Numba's CUDA simulator on the CPU. Set NUMBA_ENABLE_CUDASIM to choose.
+import os
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if os.path.exists("/dev/nvidiactl") else "1"
+
+# %%
+from flashcore_numba.course import notebooks
+from flashcore_numba.phases import p06_wmma
+from flashcore_numba.phases import p07_mma_sync as phase
+
+lesson = notebooks.Lesson("07")
+lesson.intro()
+
+# %%
+lesson.changelog()
+
+# %% [markdown]
+# ## Fragments: which lane holds what
+#
+# The layouts the PTX ISA documents for `mma.sync.m16n8k16`, drawn from the same formulas the
+# simulator's emulation ([`arch/sim_mma.py`](../flashcore_numba/arch/sim_mma.py)) uses; a GPU test
+# checks them against the hardware. Compare C (right) with A (left): the accumulators of two 8-column
+# tiles, side by side, are exactly the registers of one 16-column A fragment.
+
+# %%
+notebooks.draw_mma_fragments()
+
+# %% [markdown]
+# ## The pipeline
+#
+# Two shared-memory stages: while the warps compute on tile j, `cp.async` brings tile j + 1 into the
+# other stage; one `cp.async.wait_group 0` and one barrier per tile. The picture is phase 05's, and so
+# is the idea; what changed is that the copies no longer pass through registers.
+
+# %%
+notebooks.draw_pipeline()
+
+# %% [markdown]
+# ## The kernel
+#
+# The PTX it is built from, one instruction per function:
+
+# %%
+lesson.show_ptx("mma_sync.ptx", "flashcore_mma_f16")
+
+# %%
+lesson.show_ptx("ldmatrix.ptx", "flashcore_ldmatrix_x4")
+
+# %% [markdown]
+# The copy of a tile by `cp.async`, and the kernel against phase 06's:
+
+# %%
+lesson.show_source(phase.make_copy_tile)
+
+# %%
+lesson.show_diff(p06_wmma.build_kernel, phase.build_kernel)
+
+# %% [markdown]
+# ## Is it correct?
+
+# %%
+lesson.check()
+
+# %% [markdown]
+# ## How fast is it?
+
+# %%
+timings = lesson.timing()
+
+# %%
+lesson.plot_timing(timings)
+
+# %% [markdown]
+# ## What changed in the machine code
+#
+# The phase promises that every fragment lives in registers: no spill, no stack frame.
+
+# %%
+lesson.machine_code()
+
+# %%
+lesson.ptx(["mma.sync", "ldmatrix", "cp.async", "shfl.sync.bfly", "ex2.approx", "st.shared"], max_lines=16)
+
+# %%
+lesson.sass(["HMMA", "LDSM", "LDGSTS", "SHFL", "MUFU.EX2", "STL", "LDL"])
+
+# %% [markdown]
+# ## Exercise
+#
+# Two places where the fragment layout does the work: the row maximum over the quad of lanes that
+# hold a row (07-a), and P's A fragments built from S's accumulators (07-b).
+
+# %%
+lesson.exercise()

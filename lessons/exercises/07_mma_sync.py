@@ -1,0 +1,302 @@
+# Exercise 07: FlashAttention-2: mma.sync fragments in registers
+#
+# This is the finished phase 07 kernel with 2 marked regions emptied:
+#   07-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
+#   07-b: P as A fragments: p_frag[kk, 0..3] from s of n-tiles 2kk and 2kk+1
+# Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
+# Change nothing else: solving only adds lines. The docstring below is the lesson.
+#
+# Grade it (hidden random inputs and adversarial shapes; points and reasons per check):
+#     flashcore grade 07                         this file
+#     flashcore grade 07 path/to/copy.py         a copy of it
+#     pytest lessons/exercises --grade 07        the same checks, as pytest tests
+# Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
+# Stuck? The solution is flashcore_numba/phases/p07_mma_sync.py.
+#
+# Generated from that file by `python -m flashcore_numba.course.exercises --write`:
+# improve the phase, not this copy.
+"""Phase 07 — FlashAttention-2 from mma.sync: fragments in registers, ldmatrix and cp.async.
+
+What changed from phase 06
+    The scores never leave the registers. Each warp still owns 16 query rows, but the tensor
+    cores are driven one `mma.sync.m16n8k16` at a time, inline (no call), and mma.sync's
+    fragment layout is documented: lane l holds rows l/4 and l/4 + 8 of every accumulator
+    tile, columns 2(l%4) and 2(l%4)+1. So:
+    - Q is read from shared memory into A fragments once (`ldmatrix`), before the loop;
+    - S = Q·Kᵀ accumulates in registers, K's B fragments read by `ldmatrix`;
+    - the online softmax runs on those accumulators: a row's max and sum are two shuffles
+      inside the quad of lanes that hold it (xor 1, xor 2), nothing goes to shared memory;
+    - P is converted in registers from S's accumulator layout to A fragments (two fp32 ->
+      one fp16x2 register: the C layout of two n-tiles is the A layout of one k-step);
+    - O += P·V accumulates in registers, V's B fragments read by `ldmatrix.trans`.
+    K and V arrive by `cp.async`: 16-byte copies from global to shared memory that no
+    register waits for, into the other of two stages while the current tile is computed;
+    rows past the end of the sequence are zero-filled by the copy itself. Causal tiles above
+    the diagonal are skipped; only tiles that cross it are masked. K/V heads may be fewer
+    than Q heads (grouped-query attention): head h reads K/V head h // (H_q / H_kv).
+
+Why the hardware rewards it
+    Phase 06 spent most of its time outside the tensor cores: storing S, reading it back
+    for the softmax, writing P, storing and re-reading O. Here a tile costs its `mma`s, a
+    few shuffles and exp2s per row, and the shared-memory reads of K and V by `ldmatrix`
+    (one instruction fetches four 8×8 fragments for the warp).
+
+Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
+    [measured:begin]
+    not measured yet
+    [measured:end]
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from numba import cuda, float32, uint32, uint64
+
+from flashcore_numba.arch import ptx
+from flashcore_numba.arch.sim import simulator_enabled
+from flashcore_numba.phases.common import KernelConfig, finalize, key_end, softmax_rescale
+
+ID = "07"
+NAME = "mma_sync"
+TITLE = "FlashAttention-2: mma.sync fragments in registers"
+HEAD_DIMS = (64, 128)
+GQA = True
+MIN_CC = (8, 0)
+
+FULL_MASK = 0xFFFFFFFF
+MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync.m16n8k16
+PAD = 8  # fp16 elements added to each shared-memory row: rows 16 bytes apart mod 128, so the
+#          eight row addresses of an ldmatrix hit eight different 16-byte bank groups
+
+TILES = {
+    64: dict(block_m=64, block_n=64),
+    128: dict(block_m=64, block_n=64),
+}
+SIM_TILES = dict(block_m=32, block_n=32)  # 2 warps in the simulator
+
+
+def tiles(HEAD_DIM: int) -> dict:
+    return SIM_TILES if simulator_enabled() else TILES[HEAD_DIM]
+
+
+def layout(HEAD_DIM, block_m, block_n):
+    """Every derived constant. Shared memory holds fp16 rows of STRIDE elements: Q (BLOCK_M rows),
+    then two stages of K and V (BLOCK_N rows each); offsets are in bytes."""
+    assert block_m % MMA_M == 0 and block_n % MMA_K == 0 and HEAD_DIM % MMA_K == 0
+    L = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=block_n, NUM_WARPS=block_m // MMA_M)
+    L["N_THREADS"] = 32 * L["NUM_WARPS"]
+    L["STRIDE"] = HEAD_DIM + PAD  # fp16 elements per shared-memory row
+    row_bytes = L["STRIDE"] * 2
+    L["Q_OFF"] = 0
+    L["K_OFF"] = block_m * row_bytes
+    L["V_OFF"] = L["K_OFF"] + block_n * row_bytes
+    L["STAGE_BYTES"] = 2 * block_n * row_bytes  # stage s: K at K_OFF + s*STAGE_BYTES, V at V_OFF + ...
+    L["SMEM_BYTES"] = L["K_OFF"] + 2 * L["STAGE_BYTES"]
+    L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row
+    L["NT"] = block_n // MMA_N  # n-tiles of S per warp (8 keys each)
+    L["KQ"] = HEAD_DIM // MMA_K  # k-steps of Q·Kᵀ
+    L["KP"] = block_n // MMA_K  # k-steps of P·V
+    L["NO"] = HEAD_DIM // MMA_N  # n-tiles of O (8 columns each)
+    return L
+
+
+def make_copy_tile(L):
+    """Global -> shared by cp.async, 16 bytes per copy, consecutive threads on consecutive chunks."""
+    copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
+    CHUNKS, STRIDE, N_THREADS = L["CHUNKS"], L["STRIDE"], L["N_THREADS"]
+
+    @cuda.jit(device=True, inline=True)
+    def copy_tile(smem, offset, src_base, head_bytes, row0, n_rows, seq_len, tid):
+        """Start copying rows row0 .. row0+n_rows-1 of one head (at src_base + head_bytes) to smem+offset.
+
+        A row past seq_len copies 0 bytes and is zero-filled (its address is clamped to a real row).
+        """
+        for i in range(n_rows * CHUNKS // N_THREADS):
+            c = tid + i * N_THREADS
+            r, chunk = c // CHUNKS, c % CHUNKS
+            row = row0 + r
+            n_bytes = uint32(16) if row < seq_len else uint32(0)
+            src = src_base + head_bytes + uint64(min(row, seq_len - 1)) * uint64(CHUNKS * 16) + uint64(chunk * 16)
+            copy16(smem + offset + r * (STRIDE * 2) + chunk * 16, src, n_bytes)
+
+    return copy_tile
+
+
+def build_kernel(L) -> KernelConfig:
+    mma = ptx.function("mma_sync.ptx", "flashcore_mma_f16", "inline")
+    pack = ptx.function("mma_sync.ptx", "flashcore_pack_f16x2", "inline")
+    ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
+    ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
+    commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
+    wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
+    shared_address, global_address = ptx.shared_address, ptx.global_address
+    copy_tile = make_copy_tile(L)
+    HEAD_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"]
+    STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
+    NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
+    ROW_BYTES = STRIDE * 2
+
+    @cuda.jit
+    def mma_attention(Q, K, V, O, causal, qk_scale):
+        smem_h = cuda.shared.array(0, uint32, alignment=128)
+        smem = shared_address(smem_h)
+        b = cuda.blockIdx.z
+        h = cuda.blockIdx.y
+        h_kv = h * K.shape[1] // Q.shape[1]  # grouped-query attention: several q heads per k/v head
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4  # this lane's rows of every fragment: g and g + 8
+        t = lane % 4  # and its columns: 2t, 2t + 1 of every 8-column tile
+        row0 = cuda.blockIdx.x * BLOCK_M
+        seq_q = Q.shape[2]
+        seq_k = K.shape[2]
+        head_q = uint64(((b * Q.shape[1] + h) * seq_q) * HEAD_DIM * 2)
+        head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * HEAD_DIM * 2)
+        row_a = row0 + warp * MMA_M + g  # the lane's two query rows
+        row_b = row_a + 8
+        k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
+        k_end_b = key_end(min(row_b, seq_q - 1), seq_q, seq_k, causal)
+
+        q_frag = cuda.local.array((KQ, 4), uint32)
+        s = cuda.local.array((NT, 4), float32)
+        p_frag = cuda.local.array((KP, 4), uint32)
+        acc = cuda.local.array((NO, 4), float32)
+        for j in range(NO):
+            for e in range(4):
+                acc[j, e] = float32(0.0)
+        m_a = float32(-math.inf)
+        m_b = float32(-math.inf)
+        l_a = float32(0.0)
+        l_b = float32(0.0)
+
+        # -- prologue: Q and the first K/V tile, one cp.async group
+        block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
+        copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, seq_q, tid)
+        copy_tile(smem, K_OFF, global_address(K), head_kv, 0, BLOCK_N, seq_k, tid)
+        copy_tile(smem, V_OFF, global_address(V), head_kv, 0, BLOCK_N, seq_k, tid)
+        commit()
+        wait_all()
+        cuda.syncthreads()
+        # -- Q's A fragments, once: lane l gives row l % 16 and column 8 (l // 16) of each 16x16 block
+        q_row = smem + (warp * MMA_M + lane % 16) * ROW_BYTES + (lane // 16) * 16
+        for kk in range(KQ):
+            q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = ldsm(q_row + kk * 32)
+
+        # K fragments of two n-tiles per ldmatrix: lane l gives key 8 (l // 16) + l % 8, dims 8 ((l // 8) % 2)
+        k_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
+        # V fragments (transposed) of two n-tiles: key 8 ((l // 8) % 2) + l % 8, dims 8 (l // 16)
+        v_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
+
+        stage = 0
+        for start_n in range(0, block_k_end, BLOCK_N):
+            next_n = start_n + BLOCK_N
+            if next_n < block_k_end:  # -- the next tile flies into the other stage meanwhile
+                copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
+                          seq_k, tid)
+                copy_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_kv, next_n, BLOCK_N,
+                          seq_k, tid)
+                commit()
+            k_tile = smem + K_OFF + stage * STAGE_BYTES + k_lane
+            v_tile = smem + V_OFF + stage * STAGE_BYTES + v_lane
+
+            # -- s = q · kᵀ: NT n-tiles of 8 keys, KQ k-steps each, in registers
+            for j in range(NT):
+                for e in range(4):
+                    s[j, e] = float32(0.0)
+            for jj in range(NT // 2):
+                for kk in range(KQ):
+                    b0, b1, b2, b3 = ldsm(k_tile + jj * 16 * ROW_BYTES + kk * 32)
+                    s[2 * jj, 0], s[2 * jj, 1], s[2 * jj, 2], s[2 * jj, 3] = mma(
+                        q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b0, b1,
+                        s[2 * jj, 0], s[2 * jj, 1], s[2 * jj, 2], s[2 * jj, 3])
+                    s[2 * jj + 1, 0], s[2 * jj + 1, 1], s[2 * jj + 1, 2], s[2 * jj + 1, 3] = mma(
+                        q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b2, b3,
+                        s[2 * jj + 1, 0], s[2 * jj + 1, 1], s[2 * jj + 1, 2], s[2 * jj + 1, 3])
+
+            # -- scale; mask only a tile that crosses the diagonal or the end of the keys
+            masked = start_n + BLOCK_N > min(k_end_a, k_end_b)
+            m_ij_a = float32(-math.inf)
+            m_ij_b = float32(-math.inf)
+            for j in range(NT):
+                for e in range(4):
+                    s[j, e] *= qk_scale
+                if masked:
+                    col = start_n + j * MMA_N + 2 * t
+                    if col >= k_end_a:
+                        s[j, 0] = float32(-math.inf)
+                    if col + 1 >= k_end_a:
+                        s[j, 1] = float32(-math.inf)
+                    if col >= k_end_b:
+                        s[j, 2] = float32(-math.inf)
+                    if col + 1 >= k_end_b:
+                        s[j, 3] = float32(-math.inf)
+                m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
+                m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
+            # >>> exercise 07-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
+            # <<< exercise
+
+            # -- update m_i and l_i (per-lane partial sums), rescale acc
+            m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a)
+            m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b)
+            sum_a = float32(0.0)
+            sum_b = float32(0.0)
+            for j in range(NT):
+                s[j, 0] = math.exp2(s[j, 0] - m_ref_a)
+                s[j, 1] = math.exp2(s[j, 1] - m_ref_a)
+                s[j, 2] = math.exp2(s[j, 2] - m_ref_b)
+                s[j, 3] = math.exp2(s[j, 3] - m_ref_b)
+                sum_a += s[j, 0] + s[j, 1]
+                sum_b += s[j, 2] + s[j, 3]
+            l_a = l_a * alpha_a + sum_a
+            l_b = l_b * alpha_b + sum_b
+            m_a = m_new_a
+            m_b = m_new_b
+            for j in range(NO):
+                acc[j, 0] *= alpha_a
+                acc[j, 1] *= alpha_a
+                acc[j, 2] *= alpha_b
+                acc[j, 3] *= alpha_b
+
+            # -- p as A fragments: the accumulators of n-tiles 2kk and 2kk+1 are k-step kk's A
+            # >>> exercise 07-b: P as A fragments: p_frag[kk, 0..3] from s of n-tiles 2kk and 2kk+1
+            # <<< exercise
+
+            # -- acc += p · v: NO n-tiles of 8 output columns, KP k-steps of 16 keys
+            for jj in range(NO // 2):
+                for kk in range(KP):
+                    b0, b1, b2, b3 = ldsm_t(v_tile + kk * 16 * ROW_BYTES + jj * 32)
+                    acc[2 * jj, 0], acc[2 * jj, 1], acc[2 * jj, 2], acc[2 * jj, 3] = mma(
+                        p_frag[kk, 0], p_frag[kk, 1], p_frag[kk, 2], p_frag[kk, 3], b0, b1,
+                        acc[2 * jj, 0], acc[2 * jj, 1], acc[2 * jj, 2], acc[2 * jj, 3])
+                    acc[2 * jj + 1, 0], acc[2 * jj + 1, 1], acc[2 * jj + 1, 2], acc[2 * jj + 1, 3] = mma(
+                        p_frag[kk, 0], p_frag[kk, 1], p_frag[kk, 2], p_frag[kk, 3], b2, b3,
+                        acc[2 * jj + 1, 0], acc[2 * jj + 1, 1], acc[2 * jj + 1, 2], acc[2 * jj + 1, 3])
+
+            # -- the next tile has landed (this thread's copies), and every warp is done with this one
+            wait_all()
+            cuda.syncthreads()
+            stage = 1 - stage
+
+        # -- epilogue: the rows' sums over the quad, o = acc / l_i
+        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
+        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
+        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
+        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
+        for j in range(NO):
+            col = j * MMA_N + 2 * t
+            if row_a < seq_q:
+                O[b, h, row_a, col] = finalize(acc[j, 0], l_a)
+                O[b, h, row_a, col + 1] = finalize(acc[j, 1], l_a)
+            if row_b < seq_q:
+                O[b, h, row_b, col] = finalize(acc[j, 2], l_b)
+                O[b, h, row_b, col + 1] = finalize(acc[j, 3], l_b)
+
+    return KernelConfig(mma_attention, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"])
+
+
+@lru_cache(maxsize=None)
+def build(HEAD_DIM: int) -> KernelConfig:
+    return build_kernel(layout(HEAD_DIM, **tiles(HEAD_DIM)))
