@@ -1,0 +1,95 @@
+"""Run every GPU kernel under compute-sanitizer (memcheck, racecheck, synccheck) at small shapes with
+tails; write one log per tool under docs/sanitizer/ and fail on any error.
+
+    python tools/sanitize.py                         # every kernel, every tool
+    python tools/sanitize.py --kernels 06,07 --tools racecheck
+
+`--report-api-errors no`: cuda-bindings probes the driver with calls that fail by design
+(cuGetProcAddress of entry points this driver lacks); those are not errors of the kernels.
+Each tool runs one child process (`--child`) that launches every kernel on every shape and checks
+its output against the float64 reference, so a log also says that the kernels ran and were right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ("memcheck", "racecheck", "synccheck")
+# (B, H, S_q, S_k, D, causal): tails everywhere, S_q != S_k both ways, rows without keys, D 64 and 128
+SHAPES = ((1, 2, 77, 50, 64, True), (1, 1, 130, 130, 128, False), (2, 1, 33, 65, 64, True),
+          (1, 1, 70, 70, 128, True))
+
+
+def child(kernel_ids) -> int:
+    import numpy as np
+    from numba import cuda
+
+    from flashcore_numba import check_close, lowp_attention, reference_attention
+    from flashcore_numba.phases import KERNELS
+    from flashcore_numba.phases.common import LOG2E
+    from flashcore_numba.reference import default_scale, random_qkv
+
+    failed = 0
+    for kid in kernel_ids:
+        kernel = KERNELS[kid]
+        for B, H, Sq, Sk, D, causal in SHAPES:
+            if D not in kernel.HEAD_DIMS:
+                continue
+            q, k, v = random_qkv((B, H, Sq, D), Sk, seed=0)
+            out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+            kernel.build(D).launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal,
+                                   default_scale(D) * LOG2E)
+            cuda.synchronize()
+            verdict = check_close(out.copy_to_host(), reference_attention(q, k, v, causal=causal),
+                                  lowp_attention(q, k, v, causal=causal))
+            failed += not verdict.ok
+            print(f"kernel {kid} B={B} H={H} S_q={Sq} S_k={Sk} D={D} causal={causal}: "
+                  f"{'ok' if verdict.ok else 'WRONG'} ({verdict.message})", flush=True)
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", help="comma-separated kernel ids (default: every kernel, variants too)")
+    parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated sanitizer tools")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "sanitizer", help="folder for the logs")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from flashcore_numba.phases import KERNELS
+
+    ids = args.kernels.split(",") if args.kernels else list(KERNELS)
+    unknown = [k for k in ids if k not in KERNELS]
+    if unknown:
+        parser.error(f"--kernels: unknown {', '.join(unknown)}; known: {', '.join(KERNELS)}")
+    if args.child:
+        return child(ids)
+    sanitizer = shutil.which("compute-sanitizer")
+    if sanitizer is None:
+        parser.error("compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    worst = 0
+    for tool in args.tools.split(","):
+        cmd = [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "99",
+               sys.executable, __file__, "--child", "--kernels", ",".join(ids)]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        log = args.out / f"{tool}.log"
+        shown = ["compute-sanitizer", *cmd[1:7], "python", "tools/sanitize.py", *cmd[9:]]
+        log.write_text(f"$ {' '.join(shown)}\n"
+                       f"{done.stdout}{done.stderr}exit status {done.returncode}\n")
+        clean = done.returncode == 0 and "ERROR SUMMARY: 0 errors" in done.stdout + done.stderr
+        print(f"{tool}: {'clean' if clean else 'ERRORS (or wrong output)'}, {log.relative_to(ROOT)}")
+        worst = max(worst, 0 if clean else 1)
+    return worst
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
