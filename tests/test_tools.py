@@ -13,3 +13,20 @@ def test_sanitize_names_an_unknown_kernel():
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "sanitize.py"), "--kernels", "01,99"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--kernels: unknown 99" in done.stderr, done.stderr
+
+
+def test_long_context_oracle_on_sampled_rows():
+    """The row-sampled reference of the long-context record equals the full reference on those rows."""
+    import numpy as np
+
+    from flashcore_numba.measure.long_context import sampled_reference
+    from flashcore_numba.reference import default_scale, lowp_attention, random_qkv, reference_attention
+
+    for causal, s_k in ((False, None), (True, None), (True, 9), (True, 30)):
+        q, k, v = random_qkv((1, 2, 20, 64), s_k)
+        rows = [0, 3, 11, 19]
+        ref, lowp = sampled_reference(q, k, v, rows, causal=causal, scale=default_scale(64))
+        full = reference_attention(q, k, v, causal=causal)[:, :, rows]
+        np.testing.assert_allclose(ref, full, rtol=1e-12, atol=1e-12)
+        yardstick = lowp_attention(q, k, v, causal=causal)[:, :, rows]
+        assert np.abs(lowp - full).max() < 4 * np.abs(yardstick - full).max() + 1e-3
