@@ -119,3 +119,18 @@ def test_small_launches_do_not_warn(monkeypatch):
         warnings.simplefilter("always")
         attention(q, k, v)
     assert low_occupancy(seen)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_grouped_query_attention_on_gpu(causal):
+    """H_q = 32 on H_kv = 8, through the API, for every phase that supports it."""
+    from flashcore_numba.phases import PHASES, supports_gqa
+
+    q, _, _ = random_qkv((1, 32, 300, 64))
+    _, k, v = random_qkv((1, 8, 333, 64))
+    k_rep, v_rep = np.repeat(k, 4, axis=1), np.repeat(v, 4, axis=1)
+    ref, lowp = reference_attention(q, k_rep, v_rep, causal=causal), lowp_attention(q, k_rep, v_rep, causal=causal)
+    for pid, phase in PHASES.items():
+        if supports_gqa(phase):
+            verdict = check_close(attention(q, k, v, causal=causal, phase=pid), ref, lowp)
+            assert verdict.ok, f"phase {pid}: {verdict.message}"

@@ -63,3 +63,30 @@ def test_every_phase_declares_the_contract():
         assert module.ID == pid and module.NAME and module.TITLE
         assert set(module.HEAD_DIMS) >= {64, 128}
         assert "[measured:begin]" in module.__doc__ and "What changed" in module.__doc__ or pid == "01"
+
+
+GQA_PHASES = [pid for pid, module in sorted(PHASES.items()) if getattr(module, "GQA", False)]
+
+
+@pytest.mark.parametrize("phase", GQA_PHASES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_attention(phase, causal):
+    """4 query heads on 2 key/value heads: head h reads k/v head h // 2 (through the public API)."""
+    from flashcore_numba import attention
+
+    q, _, _ = random_qkv((1, 4, 20, 64))
+    _, k, v = random_qkv((1, 2, 27, 64))
+    out = attention(q, k, v, causal=causal, phase=phase)
+    k_rep, v_rep = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    verdict = check_close(out, reference_attention(q, k_rep, v_rep, causal=causal),
+                          lowp_attention(q, k_rep, v_rep, causal=causal))
+    assert verdict.ok, f"phase {phase} GQA causal={causal}: {verdict.message}"
+
+
+def test_gqa_is_refused_by_phases_without_it():
+    from flashcore_numba import attention
+
+    q, _, _ = random_qkv((1, 4, 8, 64))
+    _, k, v = random_qkv((1, 2, 8, 64))
+    with pytest.raises(ValueError, match="k: 2 heads differ from q's 4; phase 05"):
+        attention(q, k, v, phase="05")
