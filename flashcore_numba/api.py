@@ -154,8 +154,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
            that sees no key at all gets a zero output row.
         scale: multiplier of q·kᵀ; default 1/sqrt(D).
         phase: which kernel of the ladder runs: "best" (default: the newest phase, built its
-           fastest way; today "06-inline"), an id such as "03" or 3, a build variant such as
-           "06-inline", or a name such as "padding".
+           fastest way), an id such as "03" or 3, a build variant such as "06-inline", or a
+           name such as "padding".
     Returns:
         (B, H, S_q, D) fp16 output, of the same kind as q.
     """
