@@ -23,7 +23,7 @@ import numpy as np
 
 from .arch.sim import simulator_enabled
 from .phases import dtypes as phase_dtypes
-from .phases import get_phase, min_cc, supports_gqa
+from .phases import PHASES, get_phase, min_cc, supports_gqa
 from .phases.common import LOG2E
 from .reference import default_scale
 
@@ -143,6 +143,22 @@ def _require_device(phase):
                            f"this GPU has {tuple(cc)}")
 
 
+def _best_for_this_gpu():
+    """"best": the registry's best kernel, or on an older GPU the newest phase it can run."""
+    best = get_phase("best")
+    if simulator_enabled():
+        return best
+    from numba import cuda
+
+    if not cuda.is_available():
+        return best  # _require_device says what to do
+    cc = tuple(cuda.get_current_device().compute_capability)
+    if cc >= min_cc(best):
+        return best
+    runnable = [p for p in PHASES.values() if cc >= min_cc(p)]
+    return max(runnable, key=lambda p: p.ID) if runnable else best
+
+
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phase="best"):
     """softmax(q·kᵀ·scale [+ causal mask])·v for (B, H, S, D) fp16 inputs, fp32 accumulation.
 
@@ -154,12 +170,12 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
            that sees no key at all gets a zero output row.
         scale: multiplier of q·kᵀ; default 1/sqrt(D).
         phase: which kernel of the ladder runs: "best" (default: the newest phase, built its
-           fastest way), an id such as "03" or 3, a build variant such as "06-inline", or a
+           fastest way; on a GPU too old for it, the newest phase the GPU can run), an id such as "03" or 3, a build variant such as "06-inline", or a
            name such as "padding".
     Returns:
         (B, H, S_q, D) fp16 output, of the same kind as q.
     """
-    phase = get_phase(phase)
+    phase = _best_for_this_gpu() if isinstance(phase, str) and phase == "best" else get_phase(phase)
     ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     _validate(ops, phase, causal, scale)
     _require_device(phase)

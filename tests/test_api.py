@@ -156,3 +156,22 @@ def test_requires_grad_is_refused_by_name(monkeypatch):
     assert api._describe("k", _TorchLike(requires_grad=False)).kind == "torch"
     monkeypatch.setattr(api, "_grad_enabled", lambda: False)  # under torch.no_grad(): accepted
     assert api._describe("k", _TorchLike(requires_grad=True)).kind == "torch"
+
+
+def test_best_falls_back_on_an_older_gpu(monkeypatch):
+    """'best' on a GPU below the best phase's compute capability: the newest phase it can run."""
+    from types import SimpleNamespace
+
+    from flashcore_numba import api
+    from flashcore_numba.phases import PHASES, min_cc
+
+    monkeypatch.setattr(api, "simulator_enabled", lambda: False)
+    fake = SimpleNamespace(is_available=lambda: True,
+                           get_current_device=lambda: SimpleNamespace(compute_capability=(7, 5)))
+    import numba
+
+    monkeypatch.setattr(numba, "cuda", fake, raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "numba.cuda", fake)
+    chosen = api._best_for_this_gpu()
+    assert min_cc(chosen) <= (7, 5)
+    assert chosen.ID == max(pid for pid, p in PHASES.items() if min_cc(p) <= (7, 5))

@@ -55,6 +55,7 @@ ID = "06"
 NAME = "wmma"
 TITLE = "Tensor cores: WMMA from linked PTX"
 HEAD_DIMS = (64, 128)
+MIN_CC = (8, 0)  # ptx/wmma.ptx is written for sm_80 (.target sm_80)
 # Same kernel, other ways in: `attention(..., phase="06-inline")` and the "06-inline" benchmark row.
 VARIANTS = {"inline": "Tensor cores: WMMA from inlined PTX (no call)"}  # build variant -> its title
 FASTEST = "inline"  # what attention(..., phase="best") runs
