@@ -58,7 +58,7 @@ HEAD_DIMS = (64, 128)
 MIN_CC = (8, 0)  # ptx/wmma.ptx is written for sm_80 (.target sm_80)
 # Same kernel, other ways in: `attention(..., phase="06-inline")` and the "06-inline" benchmark row.
 VARIANTS = {"inline": "Tensor cores: WMMA from inlined PTX (no call)"}  # build variant -> its title
-FASTEST = "inline"  # what attention(..., phase="best") runs
+FASTEST = "inline"  # its fastest build: what phase="best" runs when 06 is the newest phase
 
 FULL_MASK = 0xFFFFFFFF
 WMMA = 16  # edge of the m16n16k16 tile: a warp owns WMMA query rows
