@@ -147,8 +147,8 @@ lesson.plot_timing(timings)
 #
 # The two routes side by side: registers, the stack frame (local memory), the SASS `CALL` sites into
 # `ptx/wmma.ptx`, the tensor-core instructions (`HMMA`) visible in the kernel's own code, and speed.
-# With one call per tile of work, a call costs a few percent, not the factor of 30 that one call per
-# `mma` cost in a microbenchmark.
+# With one call per tile of work, the call's cost is the gap between the two TFLOPS figures below,
+# not the factor of 30 that one call per `mma` cost in a microbenchmark.
 
 # %%
 lesson.call_cost()
