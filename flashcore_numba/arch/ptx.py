@@ -282,9 +282,6 @@ class Pointer:
                           strides=(int(ld) * dtype.itemsize, dtype.itemsize))
 
 
-SharedPointer = Pointer  # the name phase 06's emulation reads best with
-
-
 def _make_address(space: str):
     """`shared_address(array)` (32-bit .shared) or `global_address(array)` (64-bit .global):
     the address of an array's first element in that state space (`cvta.to.<space>`)."""
