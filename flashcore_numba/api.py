@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arch.sim import simulator_enabled
+from .phases import PHASES, build, get_phase, min_cc, supports_gqa
 from .phases import dtypes as phase_dtypes
-from .phases import PHASES, get_phase, min_cc, supports_gqa
 from .phases.common import LOG2E
 from .reference import default_scale
 
@@ -143,6 +143,23 @@ def _require_device(phase):
                            f"this GPU has {tuple(cc)}")
 
 
+def torch_to_kernel(t):
+    """A torch CUDA tensor as the Numba device array a kernel takes: the same memory.
+
+    detach(): a tensor that requires grad (allowed under no_grad) hides its memory from
+    __cuda_array_interface__; detach() is the same memory without the autograd record.
+    bf16 travels as its int16 bit patterns: Numba has no bf16 type, and the kernels only move
+    the bits to the tensor cores, which know them as bf16.
+    """
+    import torch
+    from numba import cuda
+
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return cuda.as_cuda_array(t)
+
+
 def _best_for_this_gpu():
     """"best": the registry's best kernel, or on an older GPU the newest phase it can run."""
     best = get_phase("best")
@@ -160,11 +177,13 @@ def _best_for_this_gpu():
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phase="best"):
-    """softmax(q·kᵀ·scale [+ causal mask])·v for (B, H, S, D) fp16 inputs, fp32 accumulation.
+    """softmax(q·kᵀ·scale [+ causal mask])·v for (B, H, S, D) fp16 or bf16 inputs, fp32 accumulation.
 
     Args:
         q: (B, H, S_q, D); k, v: (B, H, S_k, D). torch CUDA tensors, Numba device arrays or
-           NumPy arrays, all of one kind, contiguous, fp16.
+           NumPy arrays, all of one kind, contiguous, fp16; bf16 torch tensors for the phases
+           whose DTYPES list it (07 on). k and v may have fewer heads than q (grouped-query
+           attention, H_q a multiple of H_kv) for phases that support it (07 on).
         causal: mask future keys; with S_q != S_k the mask is aligned to the bottom-right
            corner (query i sees keys j <= i + S_k - S_q), as in FlashAttention-2. A query
            that sees no key at all gets a zero output row.
@@ -173,7 +192,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
            fastest way; on a GPU too old for it, the newest phase the GPU can run), an id such as "03" or 3, a build variant such as "06-inline", or a
            name such as "padding".
     Returns:
-        (B, H, S_q, D) fp16 output, of the same kind as q.
+        (B, H, S_q, D) output of q's dtype, of the same kind as q.
     """
     phase = _best_for_this_gpu() if isinstance(phase, str) and phase == "best" else get_phase(phase)
     ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
@@ -181,7 +200,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
     _require_device(phase)
     D = ops[0].shape[3]
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
-    config = phase.build(D)
+    config = build(phase, D, ops[0].dtype)
     kind = ops[0].kind
 
     if kind == "torch":
@@ -191,9 +210,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         with cuda.gpus[q.device.index or 0]:
             stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
-            # detach: a tensor that requires grad (allowed under no_grad) hides its memory from
-            # __cuda_array_interface__; detach() is the same memory, without the autograd record
-            arrays = [cuda.as_cuda_array(t.detach()) for t in (q, k, v, out)]
+            arrays = [torch_to_kernel(t) for t in (q, k, v, out)]
             config.launch(*arrays, causal, qk_scale, stream=stream)
         return out
 

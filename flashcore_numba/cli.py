@@ -113,6 +113,8 @@ def _build_parser() -> _Parser:
     bench.add_argument("--shape", type=parse_shape, default=None, help="B,H,S,D (default 16,16,2048,64)")
     bench.add_argument("--causal", action="store_true", help="causal mask")
     bench.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    bench.add_argument("--kv-heads", type=_positive_int, default=None,
+                       help="K/V heads, fewer than H for grouped-query attention (default: H)")
     bench.add_argument("--sweep", action="store_true",
                        help="run S = 512 .. 16384 (powers of two), keeping B*S of --shape")
     bench.add_argument("--sweep-s", type=_positive_ints, default=None,
@@ -400,7 +402,10 @@ def cmd_bench(args) -> int:
     from .measure import bench
 
     dtype = bench.DTYPES[args.dtype]
-    problem = bench.Problem.from_shape(args.shape or bench.REFERENCE_SHAPE, dtype=dtype, causal=args.causal)
+    shape = args.shape or bench.REFERENCE_SHAPE
+    if args.kv_heads is not None and shape[1] % args.kv_heads:
+        raise CLIError(f"--kv-heads {args.kv_heads}: must divide the {shape[1]} query heads of --shape")
+    problem = bench.Problem.from_shape(shape, dtype=dtype, causal=args.causal, kv_heads=args.kv_heads)
     phase_ids = args.phases or list(KERNELS)
     peers = list(bench.PEERS) if args.peers is None else args.peers
     sweep = args.sweep_s or (bench.SWEEP_S if args.sweep else None)

@@ -50,11 +50,18 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
+def kv_head(h: int, heads_q: int, heads_kv: int) -> int:
+    """The K/V head that query head h reads: grouped-query attention gives each group of
+    heads_q / heads_kv consecutive query heads one K/V head (MQA: heads_kv = 1)."""
+    return h * heads_kv // heads_q
+
+
 def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = None) -> np.ndarray:
     """float64 attention of (B, H, S, D) arrays; returns a float64 NumPy array.
 
     Accepts NumPy arrays or torch tensors. Torch tensors are computed with torch in float64
-    on their own device (fast on a GPU); NumPy arrays with NumPy, one head at a time.
+    on their own device (fast on a GPU); NumPy arrays with NumPy, one head at a time. k and v
+    may have fewer heads than q (grouped-query attention; see `kv_head`).
     """
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     if type(q).__module__.startswith("torch"):
@@ -65,8 +72,9 @@ def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = 
     out = np.empty((B, H, Sq, v.shape[-1]), dtype=np.float64)
     for b in range(B):
         for h in range(H):
-            p = _softmax_rows(q[b, h] @ k[b, h].T * scale, mask)
-            out[b, h] = p @ v[b, h]
+            hk = kv_head(h, H, k.shape[1])
+            p = _softmax_rows(q[b, h] @ k[b, hk].T * scale, mask)
+            out[b, h] = p @ v[b, hk]
     return out
 
 
@@ -77,6 +85,8 @@ def _reference_torch(q, k, v, causal, scale):
     Sk = k.shape[2]
     mask = torch.from_numpy(visible_mask(Sq, Sk, causal)).to(q.device)
     out = torch.empty((B, H, Sq, v.shape[-1]), dtype=torch.float64, device=q.device)
+    if k.shape[1] != H:  # grouped-query attention: each K/V head serves H / H_kv query heads
+        k, v = (x.repeat_interleave(H // x.shape[1], dim=1) for x in (k, v))
     for b in range(B):  # one batch at a time keeps the float64 score matrix small
         s = torch.matmul(q[b].double(), k[b].double().transpose(-1, -2)) * scale
         s = s.masked_fill(~mask, float("-inf"))
@@ -89,12 +99,40 @@ def _reference_torch(q, k, v, causal, scale):
     return out.cpu().numpy()
 
 
+# ---------------------------------------------------------------------------------------------
+# bfloat16 on the host: NumPy has no bf16 type, so bf16 arrays travel as their 16-bit patterns
+# ---------------------------------------------------------------------------------------------
+def bf16_bits(x) -> np.ndarray:
+    """float32 values -> the int16 bit patterns of their bf16 roundings (round to nearest even).
+
+    bf16 is the upper half of an fp32: rounding adds 0x7FFF plus the lowest kept bit, then
+    drops the low 16 bits. NaN stays NaN (a quiet one).
+    """
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint32)
+    nan = np.isnan(np.asarray(x, dtype=np.float32))
+    rounded = np.where(nan, (bits >> 16).astype(np.uint32) | 0x40, rounded)
+    return rounded.astype(np.uint16).view(np.int16)
+
+
+def bf16_to_float(bits) -> np.ndarray:
+    """int16 (or uint16) bf16 bit patterns -> float32 values."""
+    return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def round_to(x, dtype) -> np.ndarray:
+    """x rounded to `dtype` ("float16", "bfloat16" or a NumPy dtype), returned as float32."""
+    if str(dtype) == "bfloat16":
+        return bf16_to_float(bf16_bits(x))
+    return np.asarray(x, dtype=np.float32).astype(dtype).astype(np.float32)
+
+
 def lowp_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                    dtype=np.float16) -> np.ndarray:
-    """Attention the way plain fp16 framework code computes it (the oracle's yardstick).
+    """Attention the way plain fp16 (or bf16) framework code computes it (the oracle's yardstick).
 
-    Each of the three steps is accumulated in float32 and rounded to `dtype`, as torch's
-    math backend does. Returns float64 for comparison.
+    Each of the three steps is accumulated in float32 and rounded to `dtype` (np.float16 or
+    "bfloat16"), as torch's math backend does. Returns float64 for comparison.
     """
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     if type(q).__module__.startswith("torch"):
@@ -105,9 +143,10 @@ def lowp_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     out = np.empty((B, H, Sq, v.shape[-1]), dtype=np.float64)
     for b in range(B):
         for h in range(H):
-            s = (q[b, h] @ k[b, h].T * np.float32(scale)).astype(dtype).astype(np.float32)
-            p = _softmax_rows(s, mask).astype(dtype).astype(np.float32)
-            out[b, h] = (p @ v[b, h]).astype(dtype)
+            hk = kv_head(h, H, k.shape[1])
+            s = round_to(q[b, h] @ k[b, hk].T * np.float32(scale), dtype)
+            p = round_to(_softmax_rows(s, mask), dtype)
+            out[b, h] = round_to(p @ v[b, hk], dtype)
     return out
 
 
@@ -149,12 +188,14 @@ def check_close(out, ref, lowp, *, atol: float = ATOL) -> Verdict:
                    f"got {out[worst]:.5f}, expected {ref[worst]:.5f}")
 
 
-def random_qkv(shape_q, seq_k=None, *, seed=None, dtype=np.float16, scale=1.0):
-    """Fresh random (q, k, v) NumPy arrays of shape (B, H, S, D), normal * `scale`."""
+def random_qkv(shape_q, seq_k=None, *, seed=None, dtype=np.float16, scale=1.0, heads_kv=None):
+    """Fresh random (q, k, v) NumPy arrays of shape (B, H, S, D), normal * `scale`; k and v
+    have `heads_kv` heads when given (grouped-query attention)."""
     B, H, Sq, D = shape_q
     Sk = Sq if seq_k is None else seq_k
     rng = np.random.default_rng(seed)
+    Hk = H if heads_kv is None else heads_kv
     q = (rng.standard_normal((B, H, Sq, D)) * scale).astype(dtype)
-    k = (rng.standard_normal((B, H, Sk, D)) * scale).astype(dtype)
-    v = rng.standard_normal((B, H, Sk, D)).astype(dtype)
+    k = (rng.standard_normal((B, Hk, Sk, D)) * scale).astype(dtype)
+    v = rng.standard_normal((B, Hk, Sk, D)).astype(dtype)
     return q, k, v

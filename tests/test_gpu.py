@@ -134,3 +134,40 @@ def test_grouped_query_attention_on_gpu(causal):
         if supports_gqa(phase):
             verdict = check_close(attention(q, k, v, causal=causal, phase=pid), ref, lowp)
             assert verdict.ok, f"phase {pid}: {verdict.message}"
+
+
+BF16_KERNELS = [kid for kid, kernel in KERNELS.items() if "bfloat16" in getattr(kernel, "DTYPES", ())]
+
+
+@pytest.mark.parametrize("phase", BF16_KERNELS)
+@pytest.mark.parametrize("shape,seq_k,causal", [
+    pytest.param((2, 3, 257, 64), None, True, id="257 tail causal"),
+    pytest.param((1, 2, 300, 128), 450, False, id="D=128 S_q=300 S_k=450"),
+    pytest.param((16, 16, 2048, 64), None, False, id="reference shape"),
+    pytest.param((16, 16, 2048, 128), None, True, id="reference shape D=128 causal"),
+])
+def test_bf16_through_torch(phase, shape, seq_k, causal):
+    """bf16 torch tensors in, bf16 out; the yardstick is torch's math SDPA in bf16."""
+    torch = pytest.importorskip("torch")
+    B, H, S, D = shape
+    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, H, seq_k or S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out = attention(q, k, v, causal=causal, phase=phase)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    ref = reference_attention(q, k, v, causal=causal)
+    mask = None
+    if causal and (seq_k or S) != S:
+        from torch.nn.attention.bias import causal_lower_right
+        mask = causal_lower_right(S, seq_k)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        lowp = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal and mask is None, attn_mask=mask).double().cpu().numpy()
+    verdict = check_close(out.double().cpu().numpy(), ref, lowp)
+    assert verdict.ok, f"phase {phase} bf16: {verdict.message}"
+
+
+def test_bf16_refused_by_fp16_phases_by_name():
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="q: expected dtype float16 for phase 06, got bfloat16"):
+        attention(q, q, q, phase="06")

@@ -409,3 +409,36 @@ def test_run_without_gpu():
     assert "INCORRECT" not in out
     assert f"All {len(PHASES)} phases correct in the simulator" in out
     assert "timings mean nothing" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Grouped-query attention in the benchmark
+# ---------------------------------------------------------------------------------------------
+def test_gqa_problem_names_and_validation():
+    problem = bench.Problem.from_shape((16, 32, 2048, 64), kv_heads=8)
+    assert problem.tag == "b16h32kv8s2048d64_fp16" and "H=32 H_kv=8" in problem.describe()
+    assert problem.as_dict()["H_kv"] == 8 and problem.heads_kv == 8
+    assert "H_kv" not in bench.Problem.from_shape((1, 4, 8, 64), kv_heads=4).as_dict()  # not grouped
+    with pytest.raises(ValueError, match="H_kv: 3 key/value heads must divide the 32"):
+        bench.Problem.from_shape((1, 32, 8, 64), kv_heads=3)
+
+
+def test_reference_reads_each_query_heads_kv_head():
+    from flashcore_numba.reference import random_qkv, reference_attention
+
+    q, k, v = random_qkv((1, 6, 9, 64), 11, heads_kv=2)
+    assert k.shape == (1, 2, 11, 64)
+    expected = reference_attention(q, np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1), causal=True)
+    np.testing.assert_array_equal(reference_attention(q, k, v, causal=True), expected)
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="uses the CUDA simulator")
+def test_gqa_benchmark_runs_gqa_phases_and_says_why_not_the_others():
+    device = FakeTimedDevice()
+    problem = bench.Problem(1, 4, 16, 16, 64, H_kv=2)
+    record = bench.run_benchmark(problem, phase_ids=["05", "07"], peer_names=[], timing=bench.Timing(1, 3),
+                                 device=device)
+    assert bench.validate_record(record) == [] and record["config"]["H_kv"] == 2
+    p05, p07 = record["results"]
+    assert p05["available"] is False and "grouped-query" in p05["reason"]
+    assert p07["correct"] is True, p07["message"]

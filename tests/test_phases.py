@@ -58,6 +58,19 @@ def test_large_logits(phase):
     check(phase, (1, 1, 24, 64), causal=False, scale=2.4)
 
 
+@pytest.mark.parametrize("phase", sorted(PHASES))
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+def test_negative_and_zero_scale(phase, scale):
+    """attention() takes any finite scale: negative flips which keys win, zero averages v."""
+    from flashcore_numba import attention
+
+    q, k, v = random_qkv((1, 1, 20, 64), 23)
+    out = attention(q, k, v, causal=True, scale=scale, phase=phase)
+    verdict = check_close(out, reference_attention(q, k, v, causal=True, scale=scale),
+                          lowp_attention(q, k, v, causal=True, scale=scale))
+    assert verdict.ok, f"phase {phase} scale={scale}: {verdict.message}"
+
+
 def test_every_phase_declares_the_contract():
     for pid, module in PHASES.items():
         assert module.ID == pid and module.NAME and module.TITLE
@@ -90,3 +103,51 @@ def test_gqa_is_refused_by_phases_without_it():
     _, k, v = random_qkv((1, 2, 8, 64))
     with pytest.raises(ValueError, match="k: 2 heads differ from q's 4; phase 05"):
         attention(q, k, v, phase="05")
+
+
+BF16_PHASES = [pid for pid, module in sorted(PHASES.items()) if "bfloat16" in getattr(module, "DTYPES", ())]
+
+
+def run_bf16(phase, q, k, v, causal):
+    """A bf16 kernel on bf16 bit patterns (NumPy has no bf16): float32 in, the bf16 output as float32."""
+    from numba import cuda
+
+    from flashcore_numba import phases
+    from flashcore_numba.phases.common import LOG2E
+    from flashcore_numba.reference import bf16_bits, bf16_to_float
+
+    D = q.shape[-1]
+    out = cuda.to_device(np.full(q.shape, 0x7FC0, dtype=np.int16))  # poison: bf16 NaN
+    config = phases.build(PHASES[phase], D, "bfloat16")
+    config.launch(*(cuda.to_device(bf16_bits(x)) for x in (q, k, v)), out, causal, LOG2E / np.sqrt(D))
+    return bf16_to_float(out.copy_to_host())
+
+
+@pytest.mark.parametrize("phase", BF16_PHASES)
+@pytest.mark.parametrize("shape,seq_k,causal", [
+    pytest.param((1, 2, 40, 64), 37, False, id="S_q=40 S_k=37"),
+    pytest.param((1, 1, 33, 128), 50, True, id="D=128 S_q=33 S_k=50 causal"),
+])
+def test_bf16_matches_reference(phase, shape, seq_k, causal):
+    """bf16 inputs, rounded to bf16 first; the yardstick is the same attention rounded to bf16."""
+    from flashcore_numba.reference import round_to
+
+    q, k, v = (round_to(x, "bfloat16") for x in random_qkv(shape, seq_k, dtype=np.float32))
+    out = run_bf16(phase, q, k, v, causal)
+    verdict = check_close(out, reference_attention(q, k, v, causal=causal),
+                          lowp_attention(q, k, v, causal=causal, dtype="bfloat16"))
+    assert verdict.ok, f"phase {phase} bf16 {shape} seq_k={seq_k} causal={causal}: {verdict.message}"
+
+
+def test_bf16_oracle_is_not_the_fp16_one():
+    """bf16 keeps 8 significant bits, fp16 11: the bf16 yardstick must be the looser one, and a
+    kernel that read bf16 bits as fp16 would be far outside it."""
+    from flashcore_numba.reference import bf16_bits, round_to
+
+    q, k, v = (round_to(x, "bfloat16") for x in random_qkv((1, 1, 16, 64), dtype=np.float32))
+    ref = reference_attention(q, k, v)
+    err_bf16 = np.abs(lowp_attention(q, k, v, dtype="bfloat16") - ref).max()
+    err_fp16 = np.abs(lowp_attention(q, k, v) - ref).max()
+    assert err_bf16 > 2 * err_fp16 > 0
+    misread = np.asarray(bf16_bits(q)).view(np.float16).astype(np.float64)  # bf16 bits taken as fp16
+    assert not check_close(misread, ref, lowp_attention(q, k, v, dtype="bfloat16")).ok

@@ -152,6 +152,42 @@ def test_phase06_routes(phase06_reports):
 
 
 # ---------------------------------------------------------------------------------------------
+# Phase 07 compiled for the H100: fragments stay in registers (no spill, no local memory)
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=[(64, "float16"), (128, "float16"), (64, "bfloat16"), (128, "bfloat16")],
+                ids=["D=64 fp16", "D=128 fp16", "D=64 bf16", "D=128 bf16"])
+def phase07_report(request):
+    from flashcore_numba.measure.machine_code import kernel_report
+
+    head_dim, dtype = request.param
+    return kernel_report("07", head_dim, dtype=dtype)
+
+
+def test_phase07_has_no_spill_and_no_local_memory(phase07_report):
+    r = phase07_report
+    where = f"phase 07 D={r['head_dim']} {r['dtype']}"
+    assert (r["spill_store_bytes"], r["spill_load_bytes"], r["stack_frame_bytes"]) == (0, 0, 0), (
+        f"{where}: {r['stack_frame_bytes']} B stack, {r['spill_store_bytes']} B spill stores, "
+        f"{r['spill_load_bytes']} B spill loads ({r['registers']} registers)")
+    assert "st.local" not in r["ptx"] and "ld.local" not in r["ptx"], f"{where}: local memory in the PTX"
+
+
+def test_phase07_is_inline_mma_ldmatrix_and_cp_async(phase07_report):
+    r = phase07_report
+    kind = "bf16" if r["dtype"] == "bfloat16" else "f16"
+    ptx_text = r["ptx"]
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx_text
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx_text
+    assert "cp.async.cg.shared.global" in ptx_text and f"cvt.rn.{kind}x2.f32" in ptx_text
+    # the scale folded into the exponent: s * scale - m_i is one fma per score (32 per lane and tile)
+    from flashcore_numba.measure.machine_code import instruction_counts
+
+    assert instruction_counts(ptx_text, ["fma.rn.f32"])["fma.rn.f32"] >= 32
+    assert not re.search(r"^\s*call", ptx_text, re.M), "every PTX function is inlined: no call"
+    assert r["linked_ptx"] == []
+
+
+# ---------------------------------------------------------------------------------------------
 # One call of a WMMA function, in a one-warp kernel: the simulator's emulation, and on a GPU
 # both routes
 # ---------------------------------------------------------------------------------------------

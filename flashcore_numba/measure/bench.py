@@ -69,7 +69,10 @@ PEERS = {
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Problem:
-    """One attention problem: q is (B, H, S_q, D), k and v are (B, H, S_k, D)."""
+    """One attention problem: q is (B, H, S_q, D), k and v are (B, H_kv, S_k, D).
+
+    H_kv is None when k and v have H heads too; fewer is grouped-query attention (MQA at 1).
+    """
 
     B: int
     H: int
@@ -78,14 +81,29 @@ class Problem:
     D: int
     dtype: str = "float16"
     causal: bool = False
+    H_kv: int | None = None
+
+    def __post_init__(self):
+        if self.H_kv is not None and (self.H_kv < 1 or self.H % self.H_kv):
+            raise ValueError(f"H_kv: {self.H_kv} key/value heads must divide the {self.H} query heads")
+        if self.H_kv == self.H:
+            object.__setattr__(self, "H_kv", None)  # one spelling of "no grouping"
 
     @classmethod
-    def from_shape(cls, shape, *, dtype="float16", causal=False) -> Problem:
+    def from_shape(cls, shape, *, dtype="float16", causal=False, kv_heads=None) -> Problem:
         B, H, S, D = shape
-        return cls(B, H, S, S, D, dtype, bool(causal))
+        return cls(B, H, S, S, D, dtype, bool(causal), kv_heads)
+
+    @property
+    def heads_kv(self) -> int:
+        return self.H if self.H_kv is None else self.H_kv
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The record's "config"; H_kv only when K/V heads are grouped (older records lack it)."""
+        d = asdict(self)
+        if d["H_kv"] is None:
+            del d["H_kv"]
+        return d
 
     @property
     def flops(self) -> int:
@@ -96,12 +114,14 @@ class Problem:
         """File-name fragment, e.g. b16h16s2048d64_fp16_causal."""
         s = f"s{self.S_q}" if self.S_q == self.S_k else f"s{self.S_q}k{self.S_k}"
         dtype = SHORT_DTYPE.get(self.dtype, self.dtype)
-        return f"b{self.B}h{self.H}{s}d{self.D}_{dtype}" + ("_causal" if self.causal else "")
+        kv = "" if self.H_kv is None else f"kv{self.H_kv}"
+        return f"b{self.B}h{self.H}{kv}{s}d{self.D}_{dtype}" + ("_causal" if self.causal else "")
 
     def describe(self) -> str:
         s = f"S={self.S_q}" if self.S_q == self.S_k else f"S_q={self.S_q} S_k={self.S_k}"
         dtype = SHORT_DTYPE.get(self.dtype, self.dtype)
-        return f"B={self.B} H={self.H} {s} D={self.D} {dtype}" + (" causal" if self.causal else "")
+        kv = "" if self.H_kv is None else f" H_kv={self.H_kv}"
+        return f"B={self.B} H={self.H}{kv} {s} D={self.D} {dtype}" + (" causal" if self.causal else "")
 
 
 def visible_pairs(S_q: int, S_k: int, causal: bool) -> int:
@@ -135,7 +155,8 @@ def sweep_problems(base: Problem, lengths=SWEEP_S) -> list[Problem]:
     point stays affordable and short sequences still fill the GPU.
     """
     tokens = base.B * base.S_q
-    return [Problem(max(1, tokens // S), base.H, S, S, base.D, base.dtype, base.causal) for S in lengths]
+    return [Problem(max(1, tokens // S), base.H, S, S, base.D, base.dtype, base.causal, base.H_kv)
+            for S in lengths]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -495,7 +516,8 @@ class NumbaDevice:
         if problem.dtype != "float16":
             raise ValueError(f"dtype: {problem.dtype} needs torch (NumPy has no bfloat16); "
                              f"install torch or use fp16")
-        host = random_qkv((problem.B, problem.H, problem.S_q, problem.D), problem.S_k, seed=seed)
+        host = random_qkv((problem.B, problem.H, problem.S_q, problem.D), problem.S_k, seed=seed,
+                          heads_kv=problem.heads_kv)
         return host, tuple(self.cuda.to_device(x) for x in host)
 
     def poisoned_output(self, q):
@@ -566,7 +588,7 @@ class TorchDevice:
         torch = self.torch
         dtype = getattr(torch, problem.dtype)
         host = random_qkv((problem.B, problem.H, problem.S_q, problem.D), problem.S_k, seed=seed,
-                          dtype=np.float32)
+                          dtype=np.float32, heads_kv=problem.heads_kv)
         qkv = tuple(torch.from_numpy(x).to(self.device, dtype) for x in host)
         return None, qkv
 
@@ -574,7 +596,9 @@ class TorchDevice:
         return self.torch.full_like(q, float("nan"))
 
     def kernel_arrays(self, *tensors):
-        return tuple(self.cuda.as_cuda_array(t) for t in tensors)
+        from ..api import torch_to_kernel
+
+        return tuple(torch_to_kernel(t) for t in tensors)
 
     def host(self, x) -> np.ndarray:
         return x.float().cpu().numpy()
@@ -597,6 +621,8 @@ class TorchDevice:
         """
         torch = self.torch
         q, k, v = device_qkv
+        if problem.H_kv is not None:  # the oracle sees every query head's K/V head spelled out
+            k, v = (x.repeat_interleave(problem.H // problem.H_kv, dim=1) for x in (k, v))
         shape = (problem.B, problem.H, problem.S_q, problem.D)
         ref, lowp = np.empty(shape), np.empty(shape)
         backends = torch.backends.cuda
@@ -631,6 +657,8 @@ class TorchDevice:
             from torch.nn.attention.bias import causal_lower_right
 
             kwargs["attn_mask"] = causal_lower_right(problem.S_q, problem.S_k)
+        if k.shape[1] != q.shape[1]:
+            kwargs["enable_gqa"] = True  # torch >= 2.5; a backend without GQA refuses, and says so
         with sdpa_kernel(getattr(SDPBackend, backend)):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
 
@@ -716,6 +744,8 @@ def phase_skip_reason(phase, problem: Problem, device) -> str | None:
         return f"phase {phase.ID} supports {', '.join(allowed)} only, not {problem.dtype}"
     if problem.D not in phase.HEAD_DIMS:
         return f"phase {phase.ID} supports head dim {', '.join(map(str, phase.HEAD_DIMS))}, not {problem.D}"
+    if problem.H_kv is not None and not phase_registry.supports_gqa(phase):
+        return f"phase {phase.ID} needs as many K/V heads as query heads (no grouped-query attention)"
     need = phase_registry.min_cc(phase)
     if not simulator_enabled() and tuple(device.cc) < tuple(need):
         return f"phase {phase.ID} needs compute capability {need[0]}.{need[1]}, this GPU has {device.cc}"
@@ -751,7 +781,7 @@ def check_phase(phase, device, qkv, problem: Problem, ref, lowp):
         return unavailable(phase.ID, "phase", phase.TITLE, reason), None
     qk_scale = default_scale(problem.D) * LOG2E
     try:
-        config = phase.build(problem.D)
+        config = phase_registry.build(phase, problem.D, problem.dtype)
         result.dynamic_smem_bytes = int(config.smem_bytes)
         out = device.poisoned_output(qkv[0])
         arrays = device.kernel_arrays(*qkv, out)
@@ -768,7 +798,7 @@ def check_phase(phase, device, qkv, problem: Problem, ref, lowp):
     gate(result, host_out, ref, lowp, poisoned=True)
     if not simulator_enabled():
         try:
-            resources = kernel_resources(config.kernel, (*arrays, problem.causal, np.float32(qk_scale)))
+            resources = kernel_resources(config.kernel, config.arguments(*arrays, problem.causal, qk_scale))
             for key, value in resources.items():
                 setattr(result, key, None if value is None else int(value))
         except Exception as e:  # noqa: BLE001 - resources are informative; never lose a measurement

@@ -35,8 +35,16 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-SIG = ("void(float16[:,:,:,::1], float16[:,:,:,::1], float16[:,:,:,::1], float16[:,:,:,::1], "
-       "boolean, float32)")
+ELEMENT = {"float16": "float16", "bfloat16": "int16"}  # bf16 reaches a kernel as its int16 bit patterns
+
+
+def signature(config, dtype: str = "float16") -> str:
+    """The kernel's signature as a launch types it: Q, K, V (and O) of `dtype`, O as uint32 pairs
+    when the kernel stores packed output (see KernelConfig)."""
+    element = ELEMENT[dtype]
+    out = "uint32" if config.packed_output else element
+    qkv = ", ".join(3 * [f"{element}[:,:,:,::1]"])
+    return f"void({qkv}, {out}[:,:,:,::1], boolean, float32)"
 CC = (9, 0, "a")  # the H100, as numba-cuda compiles for it
 ARCH = "sm_90a"
 RESERVED_SMEM_BYTES = 1024  # shared memory the CUDA runtime reserves per block on sm_80 and newer
@@ -48,14 +56,14 @@ REPORT_KEYS = ("registers", "spill_store_bytes", "spill_load_bytes", "stack_fram
 # ---------------------------------------------------------------------------------------------
 # Compile and assemble
 # ---------------------------------------------------------------------------------------------
-def compile_phase_ptx(phase_id: str, head_dim: int) -> str:
-    """PTX of a phase's kernel specialized to `head_dim`, for sm_90a."""
+def compile_phase_ptx(phase_id: str, head_dim: int, dtype: str = "float16") -> str:
+    """PTX of a phase's kernel specialized to `head_dim` and `dtype`, for sm_90a."""
     from numba import cuda
 
-    from ..phases import get_phase
+    from ..phases import build, get_phase
 
-    config = get_phase(phase_id).build(head_dim)
-    ptx, _ = cuda.compile_ptx(config.kernel.py_func, SIG, cc=CC)
+    config = build(get_phase(phase_id), head_dim, dtype)
+    ptx, _ = cuda.compile_ptx(config.kernel.py_func, signature(config, dtype), cc=CC)
     return ptx
 
 
@@ -242,14 +250,14 @@ def disassemble(cubin: bytes) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # The report
 # ---------------------------------------------------------------------------------------------
-def _report_here(phase_id: str, head_dim: int, sass: bool) -> dict:
-    from ..phases import get_phase
+def _report_here(phase_id: str, head_dim: int, sass: bool, dtype: str = "float16") -> dict:
+    from ..phases import build, get_phase
 
     phase = get_phase(phase_id)
-    config = phase.build(head_dim)
-    ptx = compile_phase_ptx(phase.ID, head_dim)
+    config = build(phase, head_dim, dtype)
+    ptx = compile_phase_ptx(phase.ID, head_dim, dtype)
     log, cubin = assemble(ptx, linked=config.ptx_files)
-    report = {"phase": phase.ID, "name": phase.NAME, "head_dim": head_dim, "arch": ARCH}
+    report = {"phase": phase.ID, "name": phase.NAME, "head_dim": head_dim, "dtype": dtype, "arch": ARCH}
     report.update(parse_resource_usage(log))
     # the link route: which ptx/ files were linked, and the stack frame of each function called
     report["linked_ptx"] = [Path(f).name for f in config.ptx_files]
@@ -263,12 +271,13 @@ def _report_here(phase_id: str, head_dim: int, sass: bool) -> dict:
     return report
 
 
-def _in_subprocess(phase_ids, head_dim: int, sass: bool) -> dict[str, dict]:
+def _in_subprocess(phase_ids, head_dim: int, sass: bool, dtype: str) -> dict[str, dict]:
     """Run this module in a fresh interpreter that compiles for real (no simulator)."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     package_parent = str(Path(__file__).resolve().parents[2])  # the checkout holding flashcore_numba/
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    args = [sys.executable, "-m", "flashcore_numba.measure.machine_code", *phase_ids, str(head_dim), "--many"]
+    args = [sys.executable, "-m", "flashcore_numba.measure.machine_code", *phase_ids, str(head_dim), "--many",
+            "--dtype", dtype]
     if sass:
         args.append("--sass")
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, check=False)
@@ -278,24 +287,24 @@ def _in_subprocess(phase_ids, head_dim: int, sass: bool) -> dict[str, dict]:
 
 
 @cache
-def _reports(phase_ids: tuple, head_dim: int, sass: bool) -> dict:
+def _reports(phase_ids: tuple, head_dim: int, sass: bool, dtype: str) -> dict:
     from ..arch.sim import simulator_enabled
 
     if simulator_enabled():
-        return _in_subprocess(phase_ids, head_dim, sass)
-    return {p: _report_here(p, head_dim, sass) for p in phase_ids}
+        return _in_subprocess(phase_ids, head_dim, sass, dtype)
+    return {p: _report_here(p, head_dim, sass, dtype) for p in phase_ids}
 
 
-def kernel_reports(phase_ids, head_dim: int, *, sass: bool = False) -> dict[str, dict]:
+def kernel_reports(phase_ids, head_dim: int, *, sass: bool = False, dtype: str = "float16") -> dict[str, dict]:
     """`kernel_report` of several phases at once (one subprocess in the simulator)."""
     from ..phases import get_phase
 
     ids = tuple(get_phase(p).ID for p in phase_ids)
-    reports = _reports(ids, int(head_dim), bool(sass))
+    reports = _reports(ids, int(head_dim), bool(sass), dtype)
     return {p: dict(reports[p]) for p in ids}
 
 
-def kernel_report(phase_id, head_dim: int, *, sass: bool = False) -> dict:
+def kernel_report(phase_id, head_dim: int, *, sass: bool = False, dtype: str = "float16") -> dict:
     """What one phase's kernel costs per thread and per block, compiled for sm_90a.
 
     Keys: registers, spill_store_bytes, spill_load_bytes, stack_frame_bytes (per thread);
@@ -305,7 +314,7 @@ def kernel_report(phase_id, head_dim: int, *, sass: bool = False) -> dict:
     link-route kernel calls into, and each called function's stack frame); ptx, assembler_log, and sass (text, or None
     when not asked for or no disassembler is installed).
     """
-    (report,) = kernel_reports([phase_id], head_dim, sass=sass).values()
+    (report,) = kernel_reports([phase_id], head_dim, sass=sass, dtype=dtype).values()
     return report
 
 
@@ -344,11 +353,12 @@ def main(argv=None) -> int:
     parser.add_argument("phases", nargs="+", help="phase ids, then the head dim: 03 64  or  02 03 64")
     parser.add_argument("--sass", action="store_true", help="include SASS (needs nvdisasm or cuobjdump)")
     parser.add_argument("--many", action="store_true", help="always print {phase: report}")
+    parser.add_argument("--dtype", choices=sorted(ELEMENT), default="float16")
     args = parser.parse_args(argv)
     if len(args.phases) < 2 or not args.phases[-1].isdigit():
         parser.error("expected one or more phase ids followed by the head dim, e.g. 03 64")
     *ids, head_dim = args.phases
-    reports = kernel_reports(ids, int(head_dim), sass=args.sass)
+    reports = kernel_reports(ids, int(head_dim), sass=args.sass, dtype=args.dtype)
     json.dump(reports if args.many or len(reports) > 1 else next(iter(reports.values())), sys.stdout)
     sys.stdout.write("\n")
     return 0

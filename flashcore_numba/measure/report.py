@@ -52,12 +52,13 @@ class ReportError(Exception):
 def _shape_key(record) -> tuple:
     """Everything of the problem except the causal flag, plus the GPU."""
     c = record["config"]
-    return (record["provenance"]["gpu_name"], c["B"], c["H"], c["S_q"], c["S_k"], c["D"], c["dtype"])
+    return (record["provenance"]["gpu_name"], c["B"], c["H"], c["S_q"], c["S_k"], c["D"], c["dtype"],
+            c.get("H_kv"))
 
 
 def _is_reference_shape(record) -> bool:
     B, H, S, D = REFERENCE_SHAPE
-    return _shape_key(record)[1:] == (B, H, S, S, D, "float16")
+    return _shape_key(record)[1:] == (B, H, S, S, D, "float16", None)
 
 
 def _preference(record) -> tuple:
@@ -218,6 +219,9 @@ def ladder_table(nc, c) -> list[str]:
             if (r["name"], r["kind"], r["title"]) not in names:
                 names.append((r["name"], r["kind"], r["title"]))
     names.sort(key=lambda n: (n[1] != "phase", n[0] if n[1] == "phase" else ""))
+    # a phase that could not run this problem at all (bf16 on an fp16-only phase) gets no row,
+    # only its reason in the notes below
+    names = [n for n in names if n[1] != "phase" or _ran(n[0], nc, c)]
     for name, kind, title in names:
         r_nc, r_c = _result(nc, name), _result(c, name)
         pct = " / ".join("—" if r is None or r.get("pct_of_ceiling") is None
@@ -264,6 +268,11 @@ def _figures(kernel_id: str, nc, c) -> list[str]:
     return parts
 
 
+def _ran(kernel_id: str, *records) -> bool:
+    """Whether a kernel ran in any of the records (a bf16 record lists fp16-only phases as n/a)."""
+    return any(r is not None and r["available"] for r in (_result(rec, kernel_id) for rec in records))
+
+
 def _variant_ids(phase_id: str, *records) -> list[str]:
     """Ids of a phase's other builds ("06-inline") present in the records, in order."""
     ids = []
@@ -292,7 +301,7 @@ def measured_lines(phase_id: str, nc, c, others=()) -> list[str]:
     files = [Path(r["_path"]).name for r in (nc, c) if r is not None]
     for o_nc, o_c in others:
         o_parts = [f"{kid} " + ", ".join(_figures(kid, o_nc, o_c))
-                   for kid in [phase_id, *_variant_ids(phase_id, o_nc, o_c)] if _figures(kid, o_nc, o_c)]
+                   for kid in [phase_id, *_variant_ids(phase_id, o_nc, o_c)] if _ran(kid, o_nc, o_c)]
         if o_parts:
             o_anchor = o_nc or o_c
             text += f". At {_describe(o_anchor['config'])}: " + "; ".join(o_parts)

@@ -51,8 +51,8 @@ class Variant:
         self.TITLE = title
         self.__doc__ = phase.__doc__
 
-    def build(self, head_dim: int):
-        return self.phase.build(head_dim, self.key)
+    def build(self, head_dim: int, **options):
+        return self.phase.build(head_dim, self.key, **options)
 
     def __getattr__(self, name):  # HEAD_DIMS, DTYPES, MIN_CC, ... are the phase's
         return getattr(self.phase, name)
@@ -82,6 +82,19 @@ BEST = _best()
 
 def dtypes(phase: ModuleType) -> tuple[str, ...]:
     return getattr(phase, "DTYPES", DEFAULT_DTYPES)
+
+
+def build(phase, head_dim: int, dtype: str = "float16"):
+    """`phase.build(head_dim)`, or for another dtype `phase.build(head_dim, dtype=dtype)`.
+
+    Phases 01-06 build fp16 kernels only and take no dtype; a phase whose DTYPES lists more
+    builds one kernel per dtype. The caller has checked that the phase supports `dtype`.
+    """
+    if dtype not in dtypes(phase):
+        raise ValueError(f"dtype: phase {phase.ID} supports {' and '.join(dtypes(phase))}, not {dtype}")
+    if dtype == DEFAULT_DTYPES[0]:
+        return phase.build(head_dim)
+    return phase.build(head_dim, dtype=dtype)
 
 
 def min_cc(phase: ModuleType) -> tuple[int, int]:

@@ -16,7 +16,9 @@ fused-attention tutorial):
 
 Every kernel has the same signature, `kernel(Q, K, V, O, causal, qk_scale)`, with Q, K, V, O
 of shape (B, H, S, D) fp16, and the same grid: x = block of BLOCK_M query rows, y = head,
-z = batch.
+z = batch. A bf16 kernel (phase 07 on) gets the arrays as int16 bit patterns (Numba has no
+bf16 type), and a kernel that stores two neighbouring output columns at once
+(`packed_output`) gets O viewed as uint32 pairs, (B, H, S, D/2).
 """
 
 from __future__ import annotations
@@ -174,8 +176,15 @@ class KernelConfig:
     n_threads: int
     smem_bytes: int  # dynamic shared memory per block
     ptx_files: tuple = ()  # ptx/ files the kernel links (the link route): what machine_code must link too
+    packed_output: bool = False  # the kernel writes O as uint32 pairs of 16-bit values
+
+    def arguments(self, q, k, v, o, causal: bool, qk_scale: float) -> tuple:
+        """The kernel's arguments, as `launch` passes them (the benchmark reads registers by them)."""
+        if self.packed_output:
+            o = o.view(np.uint32)
+        # float32 on purpose: a Python float would be typed float64 and drag fp64 math in.
+        return (q, k, v, o, bool(causal), np.float32(qk_scale))
 
     def launch(self, q, k, v, o, causal: bool, qk_scale: float, stream=0) -> None:
-        # float32 on purpose: a Python float would be typed float64 and drag fp64 math in.
-        args = (q, k, v, o, bool(causal), np.float32(qk_scale))
+        args = self.arguments(q, k, v, o, causal, qk_scale)
         launch(self.kernel, grid_for(q.shape, self.block_m), self.n_threads, self.smem_bytes, args, stream)

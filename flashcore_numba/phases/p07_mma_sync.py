@@ -9,6 +9,7 @@ What changed from phase 06
     - S = Q·Kᵀ accumulates in registers, K's B fragments read by `ldmatrix`;
     - the online softmax runs on those accumulators: a row's max and sum are two shuffles
       inside the quad of lanes that hold it (xor 1, xor 2), nothing goes to shared memory;
+      the scale is folded into the exponent, exp2(s * qk_scale - m_i), one FFMA per score;
     - P is converted in registers from S's accumulator layout to A fragments (two fp32 ->
       one fp16x2 register: the C layout of two n-tiles is the A layout of one k-step);
     - O += P·V accumulates in registers, V's B fragments read by `ldmatrix.trans`.
@@ -17,6 +18,9 @@ What changed from phase 06
     rows past the end of the sequence are zero-filled by the copy itself. Causal tiles above
     the diagonal are skipped; only tiles that cross it are masked. K/V heads may be fewer
     than Q heads (grouped-query attention): head h reads K/V head h // (H_q / H_kv).
+    bf16 is the same kernel with the bf16 mma and conversions: the kernel never does
+    arithmetic on 16-bit values itself, it only moves their bits to the tensor cores. The
+    output is stored two columns at a time, packed as the P fragments are (one 32-bit store).
 
 Why the hardware rewards it
     Phase 06 spent most of its time outside the tensor cores: storing S, reading it back
@@ -51,6 +55,7 @@ ID = "07"
 NAME = "mma_sync"
 TITLE = "FlashAttention-2: mma.sync fragments in registers"
 HEAD_DIMS = (64, 128)
+DTYPES = ("float16", "bfloat16")
 GQA = True
 MIN_CC = (8, 0)
 
@@ -113,9 +118,12 @@ def make_copy_tile(L):
     return copy_tile
 
 
-def build_kernel(L) -> KernelConfig:
-    mma = ptx.function("mma_sync.ptx", "flashcore_mma_f16", "inline")
-    pack = ptx.function("mma_sync.ptx", "flashcore_pack_f16x2", "inline")
+PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
+
+
+def build_kernel(L, dtype="float16") -> KernelConfig:
+    mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
     ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
     ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
     commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
@@ -171,8 +179,16 @@ def build_kernel(L) -> KernelConfig:
         cuda.syncthreads()
         # -- Q's A fragments, once: lane l gives row l % 16 and column 8 (l // 16) of each 16x16 block
         q_row = smem + (warp * MMA_M + lane % 16) * ROW_BYTES + (lane // 16) * 16
+        # qk_scale is folded into exp2, p = exp2(s * scale - m_i): one FFMA per score, and the row
+        # max is taken on the raw scores. Both need scale >= 0, so a negative qk_scale flips the
+        # sign of q instead (bit 15 of each 16-bit half, fp16 and bf16 alike), and a zero one
+        # becomes tiny: a masked -inf times 0 would be NaN, times 1e-30 it stays -inf.
+        flip = uint32(0x80008000) if qk_scale < 0 else uint32(0)
+        scale = max(abs(qk_scale), float32(1e-30))
         for kk in range(KQ):
             q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = ldsm(q_row + kk * 32)
+            for e in range(4):
+                q_frag[kk, e] ^= flip
 
         # K fragments of two n-tiles per ldmatrix: lane l gives key 8 (l // 16) + l % 8, dims 8 ((l // 8) % 2)
         k_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
@@ -205,13 +221,11 @@ def build_kernel(L) -> KernelConfig:
                         q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b2, b3,
                         s[2 * jj + 1, 0], s[2 * jj + 1, 1], s[2 * jj + 1, 2], s[2 * jj + 1, 3])
 
-            # -- scale; mask only a tile that crosses the diagonal or the end of the keys
+            # -- mask only a tile that crosses the diagonal or the end of the keys; raw row maxima
             masked = start_n + BLOCK_N > min(k_end_a, k_end_b)
             m_ij_a = float32(-math.inf)
             m_ij_b = float32(-math.inf)
             for j in range(NT):
-                for e in range(4):
-                    s[j, e] *= qk_scale
                 if masked:
                     col = start_n + j * MMA_N + 2 * t
                     if col >= k_end_a:
@@ -231,16 +245,18 @@ def build_kernel(L) -> KernelConfig:
             m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
             # <<< exercise
 
+            m_ij_a *= scale  # the max of the scaled scores (scale > 0; -inf stays -inf)
+            m_ij_b *= scale
             # -- update m_i and l_i (per-lane partial sums), rescale acc
             m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a)
             m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b)
             sum_a = float32(0.0)
             sum_b = float32(0.0)
             for j in range(NT):
-                s[j, 0] = math.exp2(s[j, 0] - m_ref_a)
-                s[j, 1] = math.exp2(s[j, 1] - m_ref_a)
-                s[j, 2] = math.exp2(s[j, 2] - m_ref_b)
-                s[j, 3] = math.exp2(s[j, 3] - m_ref_b)
+                s[j, 0] = math.exp2(cuda.fma(s[j, 0], scale, -m_ref_a))  # one FFMA, one MUFU.EX2
+                s[j, 1] = math.exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
+                s[j, 2] = math.exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
+                s[j, 3] = math.exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
                 sum_a += s[j, 0] + s[j, 1]
                 sum_b += s[j, 2] + s[j, 3]
             l_a = l_a * alpha_a + sum_a
@@ -278,23 +294,26 @@ def build_kernel(L) -> KernelConfig:
             cuda.syncthreads()
             stage = 1 - stage
 
-        # -- epilogue: the rows' sums over the quad, o = acc / l_i
+        # -- epilogue: the rows' sums over the quad, o = acc / l_i; O is viewed as uint32 pairs,
+        # so columns 2t and 2t+1 of n-tile j (pair 4j + t) are one store
         l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
         l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
         l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
         l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
         for j in range(NO):
-            col = j * MMA_N + 2 * t
+            pair = j * (MMA_N // 2) + t
             if row_a < seq_q:
-                O[b, h, row_a, col] = finalize(acc[j, 0], l_a)
-                O[b, h, row_a, col + 1] = finalize(acc[j, 1], l_a)
+                O[b, h, row_a, pair] = pack(finalize(acc[j, 0], l_a), finalize(acc[j, 1], l_a))
             if row_b < seq_q:
-                O[b, h, row_b, col] = finalize(acc[j, 2], l_b)
-                O[b, h, row_b, col + 1] = finalize(acc[j, 3], l_b)
+                O[b, h, row_b, pair] = pack(finalize(acc[j, 2], l_b), finalize(acc[j, 3], l_b))
 
-    return KernelConfig(mma_attention, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"])
+    return KernelConfig(mma_attention, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
+                        packed_output=True)
 
 
 @lru_cache(maxsize=None)
-def build(HEAD_DIM: int) -> KernelConfig:
-    return build_kernel(layout(HEAD_DIM, **tiles(HEAD_DIM)))
+def build(HEAD_DIM: int, dtype: str = "float16") -> KernelConfig:
+    """The kernel for head dim HEAD_DIM and `dtype` ("float16" or "bfloat16")."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: phase 07 builds {' and '.join(DTYPES)}, not {dtype!r}")
+    return build_kernel(layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype)
