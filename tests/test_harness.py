@@ -442,3 +442,19 @@ def test_gqa_benchmark_runs_gqa_phases_and_says_why_not_the_others():
     p05, p07 = record["results"]
     assert p05["available"] is False and "grouped-query" in p05["reason"]
     assert p07["correct"] is True, p07["message"]
+
+
+def test_ladder_table_folds_phases_that_could_not_run():
+    """A bf16 record lists fp16-only phases as n/a: one note for them, no empty rows."""
+    def phase(name, **kw):
+        return {"name": name, "kind": "phase", "title": f"Phase {name}", **kw}
+
+    skipped = [phase(p, available=False, reason=f"phase {p} supports float16 only, not bfloat16") for p in ("05", "06")]
+    ran = phase("07", available=True, correct=True, message="ok", tflops=200.0, pct_of_ceiling=None)
+    peer = {"name": "sdpa_cudnn", "kind": "peer", "title": "torch SDPA, cuDNN backend", "available": False,
+            "reason": "no cuDNN"}
+    lines = report.ladder_table({"results": [*skipped, ran, peer]}, None)
+    rows = [line for line in lines if line.startswith("| 0")]
+    assert [row.split("|")[1].strip() for row in rows] == ["07"]
+    assert "- n/a — 05, 06: supports float16 only, not bfloat16" in lines
+    assert any("no cuDNN" in line for line in lines)  # a peer's reason is kept

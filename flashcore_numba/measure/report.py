@@ -96,7 +96,11 @@ def other_ladders(records, anchor) -> list[tuple]:
                and r["provenance"]["gpu_name"] == anchor["provenance"]["gpu_name"]
                and _shape_key(r) != _shape_key(anchor)]
     pairs = []
-    for key in sorted({_shape_key(r) for r in singles}, key=lambda k: tuple(map(str, k))):
+    def order(key):  # fp16 first, then bf16, then grouped-query shapes; by head dim within each
+        gpu, B, H, S_q, S_k, D, dtype, H_kv = key
+        return (H_kv is not None, dtype != "float16", D, S_q, S_k, B, H, str(dtype), H_kv or 0)
+
+    for key in sorted({_shape_key(r) for r in singles}, key=order):
         pairs.append(_latest_pair([r for r in singles if _shape_key(r) == key]))
     return pairs
 
@@ -230,7 +234,17 @@ def ladder_table(nc, c) -> list[str]:
         lines.append(f"| {label} | {title} | {_cell(r_nc)} | {_speedup_cell(sp_nc.get(name))} | "
                      f"{_cell(r_c)} | {_speedup_cell(sp_c.get(name))} | {pct} |")
     unavailable = [f"{r['title']}: {r['reason']}" for record in (nc, c) if record
-                   for r in record["results"] if not r["available"]]
+                   for r in record["results"] if not r["available"] and (r["kind"] == "peer" or _ran(r["name"], nc, c))]
+    # phases that ran nothing here (bf16 on an fp16-only phase) share one line per reason
+    skipped = {}
+    for record in (nc, c):
+        for r in (record or {}).get("results", []):
+            if r["kind"] == "phase" and not _ran(r["name"], nc, c):
+                reason = r["reason"].replace(f"phase {r['name']} ", "", 1)
+                skipped.setdefault(reason, [])
+                if r["name"] not in skipped[reason]:
+                    skipped[reason].append(r["name"])
+    unavailable += [f"{', '.join(ids)}: {reason}" for reason, ids in skipped.items()]
     failed = [f"{r['name']} {r['title']}: {r['message']}" for record in (nc, c) if record
               for r in record["results"] if r["available"] and not r["correct"]]
     lines.append("")

@@ -47,13 +47,21 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-24, B=16 H=16 S=2048 D=64 fp16: 221 TFLOPS (3.11x 06-inline),
-    causal 193 TFLOPS (3.17x 06-inline); 131 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 07 246 TFLOPS (4.02x 06-inline), causal 208 TFLOPS (3.90x 06-inline)
+    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 231 TFLOPS (3.24x 06-inline),
+    causal 203 TFLOPS (3.34x 06-inline); 136 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    fp16: 07 253 TFLOPS (4.12x 06-inline), causal 220 TFLOPS (4.12x 06-inline). At B=16 H=16 S=2048
+    D=64 bf16: 07 232 TFLOPS, causal 203 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 253 TFLOPS,
+    causal 221 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 236 TFLOPS, causal 209 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json).
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16_causal.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16_causal.json,
+    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16.json,
+    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16_causal.json).
     [measured:end]
 """
 
