@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arch.sim import simulator_enabled
-from .phases import PHASES, build, get_phase, min_cc, supports_gqa
+from .phases import PHASES, build, cc_reason, get_phase, supports_gqa
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E
 from .reference import default_scale
@@ -137,10 +137,9 @@ def _require_device(phase):
     if not cuda.is_available():
         raise RuntimeError("no CUDA GPU is available; to run the kernels in Numba's simulator on the CPU, "
                            "set NUMBA_ENABLE_CUDASIM=1 before importing flashcore_numba")
-    cc = cuda.get_current_device().compute_capability
-    if tuple(cc) < min_cc(phase):
-        raise RuntimeError(f"phase {phase.ID} needs compute capability {min_cc(phase)}, "
-                           f"this GPU has {tuple(cc)}")
+    reason = cc_reason(phase, cuda.get_current_device().compute_capability)
+    if reason:
+        raise RuntimeError(f"{reason}; pass phase='best' for the fastest phase this GPU can run")
 
 
 def torch_to_kernel(t):
@@ -161,7 +160,7 @@ def torch_to_kernel(t):
 
 
 def _best_for_this_gpu():
-    """"best": the registry's best kernel, or on an older GPU the newest phase it can run."""
+    """"best": the registry's best kernel, or on a GPU that cannot run it the newest phase it can."""
     best = get_phase("best")
     if simulator_enabled():
         return best
@@ -170,9 +169,9 @@ def _best_for_this_gpu():
     if not cuda.is_available():
         return best  # _require_device says what to do
     cc = tuple(cuda.get_current_device().compute_capability)
-    if cc >= min_cc(best):
+    if cc_reason(best, cc) is None:
         return best
-    runnable = [p for p in PHASES.values() if cc >= min_cc(p)]
+    runnable = [p for p in PHASES.values() if cc_reason(p, cc) is None]
     return max(runnable, key=lambda p: p.ID) if runnable else best
 
 

@@ -175,3 +175,15 @@ def test_best_falls_back_on_an_older_gpu(monkeypatch):
     chosen = api._best_for_this_gpu()
     assert min_cc(chosen) <= (7, 5)
     assert chosen.ID == max(pid for pid, p in PHASES.items() if min_cc(p) <= (7, 5))
+    # a newer GPU than Hopper has no wgmma: 'best' is the newest phase without it (07 on sm_100)
+    fake.get_current_device = lambda: SimpleNamespace(compute_capability=(10, 0))
+    chosen = api._best_for_this_gpu()
+    assert chosen.ID == "07"
+
+
+def test_phases_say_which_gpus_they_need():
+    from flashcore_numba.phases import PHASES, cc_reason
+
+    assert cc_reason(PHASES["08"], (9, 0)) is None and cc_reason(PHASES["07"], (10, 0)) is None
+    assert "needs compute capability 9.0, this GPU has 8.0" in cc_reason(PHASES["08"], (8, 0))
+    assert "9.0 only" in cc_reason(PHASES["08"], (10, 0))

@@ -26,8 +26,21 @@ def test_ptx_folder_is_the_one_at_the_top():
     assert ptx.ptx_dir().name == "ptx" and "wmma.ptx" in [p.name for p in PTX_FILES]
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-@pytest.mark.parametrize("path", PTX_FILES, ids=lambda p: p.name)
+def _target(path) -> str:
+    return re.search(r"^\.target\s+(\w+)", path.read_text(), re.M).group(1)
+
+
+# every file for the H100, and for the A100 the files that do not need Hopper (wgmma.ptx: sm_90a)
+ASSEMBLE_CASES = [pytest.param(path, arch, id=f"{path.name}-{arch}") for path in PTX_FILES
+                  for arch in ("sm_80", "sm_90a") if arch == "sm_90a" or _target(path) == "sm_80"]
+
+
+def test_hopper_only_files_say_so():
+    assert _target(ptx.ptx_dir() / "wgmma.ptx") == "sm_90a"
+    assert {_target(p) for p in PTX_FILES} <= {"sm_80", "sm_90a"}
+
+
+@pytest.mark.parametrize("path,arch", ASSEMBLE_CASES)
 def test_every_ptx_file_assembles(path, arch):
     from flashcore_numba.measure.machine_code import assemble
 
@@ -442,3 +455,123 @@ def test_pack_rounds_to_nearest_even(kind):
     for route in (("link", "inline") if _on_gpu() else ("inline",)):
         got, lo, hi = run_pack(kind, route)
         assert np.array_equal(got, expected_pack(kind, lo, hi)), f"{route} route"
+
+
+# ---------------------------------------------------------------------------------------------
+# wgmma (ptx/wgmma.ptx): one warpgroup multiplies tiles laid out as core matrices, through
+# descriptors; the emulation in the simulator, the hardware on an H100 (sm_90 only)
+# ---------------------------------------------------------------------------------------------
+def core_matrix_order(tile: np.ndarray) -> np.ndarray:
+    """A (rows, cols) tile of 16-bit values in phase 08's shared-memory order: [row/8][col/8] core
+    matrices of 8 rows x 8 values, each 128 contiguous bytes."""
+    rows, cols = tile.shape
+    return tile.reshape(rows // 8, 8, cols // 8, 8).transpose(0, 2, 1, 3).reshape(-1)
+
+
+def accumulator_registers(M: np.ndarray) -> np.ndarray:
+    """(128, N/2): register 4j + e of thread 32w + lane = M[16w + g (+8 if e >= 2), 8j + 2t (+1 if e odd)]."""
+    out = np.zeros((128, M.shape[1] // 2), M.dtype)
+    for tid in range(128):
+        w, g, t = tid // 32, (tid % 32) // 4, tid % 4
+        for j in range(M.shape[1] // 8):
+            for e in range(4):
+                out[tid, 4 * j + e] = M[16 * w + g + 8 * (e >= 2), 8 * j + 2 * t + e % 2]
+    return out
+
+
+def a_fragments(P_bits: np.ndarray) -> np.ndarray:
+    """(128, 16) .b32: per k-step k, a0..a3 of mma.sync's A layout for the thread's warp rows."""
+    out = np.zeros((128, 16), np.uint32)
+    for tid in range(128):
+        w, g, t = tid // 32, (tid % 32) // 4, tid % 4
+        for k in range(4):
+            for e, (dr, dc) in enumerate([(0, 0), (8, 0), (0, 8), (8, 8)]):
+                r, c = 16 * w + g + dr, 16 * k + 2 * t + dc
+                out[tid, 4 * k + e] = (int(P_bits[r, c + 1]) << 16) | int(P_bits[r, c])
+    return out
+
+
+def wgmma_kernel(head_dim: int, kind: str):
+    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{head_dim}_{kind}", "inline")
+    pv = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_d{head_dim}_{kind}", "inline")
+    fence = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
+    shared_address, descriptor = ptx.shared_address, ptx.matrix_descriptor
+    TILE = 64 * head_dim * 2  # bytes of one 64-row tile
+    WORDS = 3 * TILE // 4
+    ROW_BLOCK = head_dim * 16
+
+    @cuda.jit
+    def products(tiles, frags, s_out, o_out):
+        smem_h = cuda.shared.array(WORDS, uint32, alignment=128)
+        tid = cuda.threadIdx.x
+        for i in range(WORDS // 128):
+            smem_h[tid + i * 128] = tiles[tid + i * 128]
+        fence()
+        cuda.syncthreads()
+        smem = shared_address(smem_h)
+        s = qk(descriptor(smem, 128, ROW_BLOCK), descriptor(smem + TILE, 128, ROW_BLOCK))
+        for i in range(32):
+            s_out[tid, i] = s[i]
+        f = frags
+        o = pv(f[tid, 0], f[tid, 1], f[tid, 2], f[tid, 3], f[tid, 4], f[tid, 5], f[tid, 6], f[tid, 7],
+               f[tid, 8], f[tid, 9], f[tid, 10], f[tid, 11], f[tid, 12], f[tid, 13], f[tid, 14], f[tid, 15],
+               descriptor(smem + 2 * TILE, ROW_BLOCK, 128))
+        for i in range(head_dim // 2):
+            o_out[tid, i] = o[i]
+
+    return products
+
+
+def _on_hopper():
+    return _on_gpu() and cuda.get_current_device().compute_capability == (9, 0)
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_wgmma_tiles_through_descriptors(head_dim, kind):
+    """S = Q.K^T (K-major descriptors) and P.V (P in registers, V MN-major) with the documented
+    accumulator layout. On a GPU without wgmma (not sm_90) there is nothing to run it on."""
+    if _on_gpu() and not _on_hopper():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    from flashcore_numba.reference import bf16_bits, bf16_to_float
+
+    rng = np.random.default_rng()
+    q, k, v, p = (rng.standard_normal(shape).astype(np.float32) * scale for shape, scale in
+                  (((64, head_dim), 1.0), ((64, head_dim), 1.0), ((64, head_dim), 1.0), ((64, 64), 0.3)))
+    if kind == "f16":
+        bits = [x.astype(np.float16).view(np.uint16) for x in (q, k, v, p)]
+        q, k, v, p = (b.view(np.float16).astype(np.float64) for b in bits)
+    else:
+        bits = [bf16_bits(x).view(np.uint16) for x in (q, k, v, p)]
+        q, k, v, p = (bf16_to_float(b).astype(np.float64) for b in bits)
+    tiles = np.concatenate([core_matrix_order(b) for b in bits[:3]]).view(np.uint32)
+    s_out = cuda.to_device(np.full((128, 32), np.nan, np.float32))
+    o_out = cuda.to_device(np.full((128, head_dim // 2), np.nan, np.float32))
+    wgmma_kernel(head_dim, kind)[1, 128](cuda.to_device(tiles), cuda.to_device(a_fragments(bits[3])), s_out, o_out)
+    np.testing.assert_allclose(s_out.copy_to_host(), accumulator_registers(q @ k.T), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(o_out.copy_to_host(), accumulator_registers(p @ v), rtol=1e-4, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase 08 compiled for the H100: no spill, no call (a call would serialize every wgmma)
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=[(64, "float16"), (128, "float16"), (64, "bfloat16"), (128, "bfloat16")],
+                ids=["D=64 fp16", "D=128 fp16", "D=64 bf16", "D=128 bf16"])
+def phase08_report(request):
+    from flashcore_numba.measure.machine_code import kernel_report
+
+    head_dim, dtype = request.param
+    return kernel_report("08", head_dim, dtype=dtype)
+
+
+def test_phase08_has_no_spill_and_wgmmas_run_asynchronously(phase08_report):
+    r = phase08_report
+    where = f"phase 08 D={r['head_dim']} {r['dtype']}"
+    assert (r["spill_store_bytes"], r["spill_load_bytes"], r["stack_frame_bytes"]) == (0, 0, 0), (
+        f"{where}: {r['stack_frame_bytes']} B stack, {r['spill_store_bytes']} B spill stores "
+        f"({r['registers']} registers)")
+    assert "st.local" not in r["ptx"] and "ld.local" not in r["ptx"]
+    # ptxas serializes the wgmmas of a kernel that calls a subroutine (a 64-bit integer or an IEEE
+    # float division is one) and says so with warning C7509/C7510
+    assert "wgmma.mma_async instructions are serialized" not in r["assembler_log"], where
+    assert ".target sm_90a" in r["ptx"] and "wgmma.mma_async.sync.aligned.m64n64k16" in r["ptx"]

@@ -249,7 +249,7 @@ def function(filename: str, name: str, route: str = "link"):
     if fn is None:
         raise ValueError(f"name: ptx/{filename} has no function {name!r}; it has {', '.join(load(filename))}")
     if simulator_enabled():
-        from . import sim_mma, sim_wmma  # noqa: F401 - registers the emulations
+        from . import sim_mma, sim_wgmma, sim_wmma  # noqa: F401 - registers the emulations
 
         if name not in _EMULATIONS:
             raise NotImplementedError(f"{name} (ptx/{filename}) has no emulation for the simulator")
@@ -312,3 +312,34 @@ def _make_address(space: str):
 
 shared_address = _make_address("shared")  # for WMMA, ldmatrix, cp.async destinations
 global_address = _make_address("global")  # for cp.async sources
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared-memory matrix descriptors (wgmma)
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Descriptor:
+    """The simulator's matrix descriptor: where the tile starts, and its LBO and SBO in bytes."""
+
+    pointer: Pointer
+    lbo: int
+    sbo: int
+
+
+def _make_matrix_descriptor():
+    if simulator_enabled():
+        return Descriptor
+    from numba import cuda, uint64
+
+    @cuda.jit(device=True, inline=True)
+    def matrix_descriptor(address, lbo, sbo):
+        """The 64-bit wgmma descriptor of a tile without swizzle at shared `address` (see
+        ptx/wgmma.ptx): 14-bit fields of address, LBO and SBO, each in 16-byte units."""
+        return (uint64((address >> 4) & 0x3FFF)
+                | (uint64((lbo >> 4) & 0x3FFF) << uint64(16))
+                | (uint64((sbo >> 4) & 0x3FFF) << uint64(32)))
+
+    return matrix_descriptor
+
+
+matrix_descriptor = _make_matrix_descriptor()

@@ -223,3 +223,16 @@ def install() -> bool:
     if not getattr(shared.array, "_flashcore", False):
         shared.array = _accept_alignment(shared.array)
     return True
+
+
+def _fast_fdividef():
+    """libdevice's fast approximate division x / y (div.approx: no slow path, so no subroutine
+    call), or in the simulator the same division in float32."""
+    if simulator_enabled():
+        return lambda x, y: np.float32(np.float32(x) / np.float32(y))
+    from numba.cuda import libdevice
+
+    return libdevice.fast_fdividef
+
+
+fast_fdividef = _fast_fdividef()

@@ -395,6 +395,57 @@ def mma_operand_owner(operand: str) -> tuple[np.ndarray, np.ndarray]:
     return lane, reg
 
 
+def core_matrix_offsets(rows: int, cols: int, lbo: int = 128) -> np.ndarray:
+    """Byte offset of each element of a (rows, cols) tile of 16-bit values stored as phase 08 stores
+    it: [row / 8][col / 8] core matrices of 128 contiguous bytes (cols / 8 of them per 8 rows)."""
+    r = np.arange(rows)[:, None]
+    c = np.arange(cols)[None, :]
+    return (r // 8) * (cols // 8) * lbo + (c // 8) * lbo + (r % 8) * 16 + (c % 8) * 2
+
+
+def draw_core_matrices(rows: int = 32, cols: int = 32):
+    """A tile as wgmma reads it: row-major (left) against phase 08's core-matrix order (right), each
+    element coloured by the 128-byte core matrix it belongs to and labelled by its byte offset."""
+    plt = _plt()
+    _, axes = plt.subplots(1, 2, figsize=(15, 6.5))
+    core = (np.arange(rows)[:, None] // 8) * (cols // 8) + np.arange(cols)[None, :] // 8
+    row_major = np.arange(rows)[:, None] * cols * 2 + np.arange(cols)[None, :] * 2
+    blocked = core_matrix_offsets(rows, cols)
+    for ax, offsets, title in [(axes[0], row_major, "row-major: a core matrix's 8 rows are "
+                                                   f"{cols * 2} bytes apart"),
+                               (axes[1], blocked, "core-matrix order: each core matrix is 128 "
+                                                  "contiguous bytes; LBO = 128, SBO = "
+                                                  f"{cols // 8 * 128}")]:
+        ax.imshow(core % 10, cmap="tab10", aspect="auto", interpolation="nearest", alpha=0.55)
+        for (r, c), off in np.ndenumerate(offsets):
+            if c % 2 == 0:
+                ax.text(c + 0.5, r, str(off), ha="center", va="center", fontsize=4.5)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("column (d): the 16-byte rows of a core matrix run along it")
+        ax.set_ylabel("row (query or key)")
+    plt.suptitle(f"A {rows} x {cols} tile of fp16: byte offset of every other element, colour = core matrix",
+                 fontsize=10)
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_warpgroup_rows():
+    """Which warp of a warpgroup holds which rows of a 64-row wgmma accumulator, and which
+    registers of a lane hold which columns (mma.sync's C layout, repeated per 8-column block)."""
+    plt = _plt()
+    _, ax = plt.subplots(figsize=(12, 4.5))
+    owner = np.repeat(np.arange(4), 16)[:, None] * np.ones((1, 64), int)
+    ax.imshow(owner, cmap="Pastel1", aspect="auto", interpolation="nearest")
+    for w in range(4):
+        ax.text(31.5, 16 * w + 7.5, f"warp {w}: rows {16 * w}-{16 * w + 15}; lane (g, t) holds rows "
+                f"{16 * w}+g and {16 * w}+g+8, columns 8j+2t and 8j+2t+1 in registers 4j .. 4j+3",
+                ha="center", va="center", fontsize=8)
+    ax.set_xlabel("column of S (key) or of O (d)")
+    ax.set_ylabel("row (query)")
+    ax.set_title("The accumulator of one wgmma m64nNk16: four warps, each mma.sync's C layout on its 16 rows")
+    plt.show()
+
+
 def draw_mma_fragments():
     """The three operands of `mma.sync.m16n8k16`: which lane holds each element, in which register."""
     plt = _plt()

@@ -746,9 +746,8 @@ def phase_skip_reason(phase, problem: Problem, device) -> str | None:
         return f"phase {phase.ID} supports head dim {', '.join(map(str, phase.HEAD_DIMS))}, not {problem.D}"
     if problem.H_kv is not None and not phase_registry.supports_gqa(phase):
         return f"phase {phase.ID} needs as many K/V heads as query heads (no grouped-query attention)"
-    need = phase_registry.min_cc(phase)
-    if not simulator_enabled() and tuple(device.cc) < tuple(need):
-        return f"phase {phase.ID} needs compute capability {need[0]}.{need[1]}, this GPU has {device.cc}"
+    if not simulator_enabled():
+        return phase_registry.cc_reason(phase, device.cc)
     return None
 
 

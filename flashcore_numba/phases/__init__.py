@@ -22,6 +22,7 @@ _MODULES = (
     "p05_double_buffer",
     "p06_wmma",
     "p07_mma_sync",
+    "p08_wgmma",
 )
 
 DEFAULT_DTYPES = ("float16",)
@@ -99,6 +100,22 @@ def build(phase, head_dim: int, dtype: str = "float16"):
 
 def min_cc(phase: ModuleType) -> tuple[int, int]:
     return getattr(phase, "MIN_CC", DEFAULT_MIN_CC)
+
+
+def cc_reason(phase, cc) -> str | None:
+    """Why `phase` cannot run on a GPU of compute capability `cc`, or None when it can.
+
+    A phase names its lowest capability (MIN_CC) and, when its instructions exist on one
+    architecture only, its highest (MAX_CC): wgmma is Hopper's (sm_90a), not Blackwell's.
+    """
+    cc = tuple(cc)
+    low, high = min_cc(phase), getattr(phase, "MAX_CC", None)
+    if cc < tuple(low):
+        return f"phase {phase.ID} needs compute capability {low[0]}.{low[1]}, this GPU has {cc[0]}.{cc[1]}"
+    if high is not None and cc > tuple(high):
+        return (f"phase {phase.ID} runs on compute capability {high[0]}.{high[1]} only (its instructions exist "
+                f"there alone), this GPU has {cc[0]}.{cc[1]}")
+    return None
 
 
 def supports_gqa(phase: ModuleType) -> bool:

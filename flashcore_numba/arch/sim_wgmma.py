@@ -1,0 +1,117 @@
+"""The simulator's wgmma: Python versions of the functions in ptx/wgmma.ptx.
+
+The emulation works at the level the phase uses them: one call multiplies a whole tile, read
+from shared memory through its descriptor exactly as ptx/wgmma.ptx steps through it (the
+start address moved on by each k-step, core matrices found LBO and SBO apart), and each
+thread gets back the accumulator registers the hardware would give it:
+
+    register 4j + e of warp w (of the warpgroup), lane (g = lane // 4, t = lane % 4):
+        row 16w + g (+ 8 for e = 2, 3), column 8j + 2t (+ 1 for odd e)
+
+A descriptor here is a `flashcore_numba.arch.ptx.Descriptor` (a Pointer into the shared
+array, LBO and SBO in bytes); on the GPU it is the 64-bit value of the PTX ISA's format.
+What the simulator cannot show is the asynchrony: each call is complete when it returns, as
+the PTX functions are too (they end with wgmma.wait_group 0). The GPU tests compare the
+hardware with this emulation (tests/test_ptx.py).
+
+Numerics: products of fp16 or bf16 values are exact in fp32; the sums are fp32, as on the
+tensor cores up to the order of the additions.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .ptx import emulation
+from .sim import warp_exchange
+from .sim_mma import _halves
+
+WARPGROUP = 128
+CORE_ROW_BYTES = 16  # a core matrix: 8 rows of 16 bytes, 128 contiguous bytes
+
+
+def _bits_as_float(bits: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "f16":
+        return bits.view(np.float16).astype(np.float32)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _read(desc, start_bytes: int, rows: int, cols: int, k_major: bool, kind: str) -> np.ndarray:
+    """A (rows, cols) operand of one wgmma from shared memory, rows along M/N and cols along K
+    for a K-major operand, rows along K and cols along N for an MN-major one."""
+    base = getattr(desc.pointer.array, "_ary", desc.pointer.array)
+    data = np.ascontiguousarray(base).view(np.uint8).reshape(-1)
+    i = np.arange(rows)[:, None]
+    j = np.arange(cols)[None, :]
+    if k_major:  # 16-byte rows run along K (j)
+        offset = (i // 8) * desc.sbo + (j // 8) * desc.lbo + (i % 8) * CORE_ROW_BYTES + (j % 8) * 2
+    else:  # 16-byte rows run along N (j); K (i) goes down the core matrix
+        offset = (j // 8) * desc.sbo + (i // 8) * desc.lbo + (i % 8) * CORE_ROW_BYTES + (j % 8) * 2
+    offset = offset + desc.pointer.offset + start_bytes
+    bits = data[offset].astype(np.uint16) | (data[offset + 1].astype(np.uint16) << 8)
+    return _bits_as_float(bits, kind)
+
+
+def _place() -> tuple[int, int, int]:
+    """(warp in the warpgroup, g, t) of the calling thread."""
+    tid = threading.current_thread().thread_id
+    lane = tid % 32
+    return (tid % WARPGROUP) // 32, lane // 4, lane % 4
+
+
+def _lane_values(D: np.ndarray, w: int, g: int, t: int) -> tuple:
+    """This thread's accumulator registers of a (64, N) result."""
+    values = []
+    for j in range(D.shape[1] // 8):
+        for r in (16 * w + g, 16 * w + g + 8):
+            values += [D[r, 8 * j + 2 * t], D[r, 8 * j + 2 * t + 1]]
+    return tuple(np.float32(v) for v in values)
+
+
+def _qk(head_dim: int, kind: str):
+    def qk(desc_q, desc_k):
+        S = np.zeros((64, 64), np.float32)
+        for k in range(head_dim // 16):  # the k-steps of the PTX: 256 bytes on each
+            a = _read(desc_q, 256 * k, 64, 16, True, kind)
+            b = _read(desc_k, 256 * k, 64, 16, True, kind)
+            S += a @ b.T
+        return _lane_values(S, *_place())
+
+    return qk
+
+
+def _pv(head_dim: int, kind: str):
+    def pv(*args):
+        frags, desc_v = args[:16], args[16]
+        lanes, _ = warp_exchange(tuple(frags))  # P's rows of this warp are in its 32 lanes
+        P = np.zeros((16, 64), np.float32)
+        for lane, regs in enumerate(lanes):
+            g, t = lane // 4, lane % 4
+            for k in range(4):
+                a0, a1, a2, a3 = regs[4 * k:4 * k + 4]
+                c = 16 * k
+                P[g, c + 2 * t:c + 2 * t + 2] = _halves(a0, kind)
+                P[g + 8, c + 2 * t:c + 2 * t + 2] = _halves(a1, kind)
+                P[g, c + 2 * t + 8:c + 2 * t + 10] = _halves(a2, kind)
+                P[g + 8, c + 2 * t + 8:c + 2 * t + 10] = _halves(a3, kind)
+        # the 4 k-steps of the PTX: 16 keys each, 2 * D * 16 bytes on
+        V = np.concatenate([_read(desc_v, 2 * head_dim * 16 * k, 16, head_dim, False, kind) for k in range(4)])
+        w, g, t = _place()
+        rows = np.zeros((64, head_dim), np.float32)
+        rows[16 * w:16 * w + 16] = P @ V  # this warp's 16 rows of the 64
+        return _lane_values(rows, w, g, t)
+
+    return pv
+
+
+for _kind in ("f16", "bf16"):
+    for _D in (64, 128):
+        emulation(f"flashcore_wgmma_qk_d{_D}_{_kind}")(_qk(_D, _kind))
+        emulation(f"flashcore_wgmma_pv_d{_D}_{_kind}")(_pv(_D, _kind))
+
+
+@emulation("flashcore_fence_proxy_async")
+def fence_proxy_async():
+    """fence.proxy.async.shared::cta: nothing to order, the emulation reads shared memory directly."""
