@@ -249,7 +249,7 @@ def function(filename: str, name: str, route: str = "link"):
     if fn is None:
         raise ValueError(f"name: ptx/{filename} has no function {name!r}; it has {', '.join(load(filename))}")
     if simulator_enabled():
-        from . import sim_mma, sim_wgmma, sim_wmma  # noqa: F401 - registers the emulations
+        from . import sim_mma, sim_tma, sim_wgmma, sim_wmma  # noqa: F401 - registers the emulations
 
         if name not in _EMULATIONS:
             raise NotImplementedError(f"{name} (ptx/{filename}) has no emulation for the simulator")
@@ -312,6 +312,32 @@ def _make_address(space: str):
 
 shared_address = _make_address("shared")  # for WMMA, ldmatrix, cp.async destinations
 global_address = _make_address("global")  # for cp.async sources
+
+
+def _make_map_address():
+    """`map_address(tmap)`: the generic 64-bit address of a tensor map's 128 bytes (a device
+    array from flashcore_numba.arch.tma.tensor_map), the operand TMA instructions take."""
+    if simulator_enabled():
+        return lambda tmap: tmap  # the emulation looks the map up by the array itself
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def map_address(typingctx, array):
+        if not isinstance(array, types.Array):
+            return None
+
+        def codegen(context, builder, signature, args):
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            return builder.ptrtoint(data, ir.IntType(64))
+
+        return types.uint64(array), codegen
+
+    return map_address
+
+
+map_address = _make_map_address()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def make_copy_tile(L):
     (r // 8) * ROW_BLOCK + c * 128 + (r % 8) * 16. Consecutive threads take consecutive 16-byte
     slots of shared memory (r % 8 fastest): their writes never share a bank."""
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
-    CHUNKS, ROW_BLOCK, N_THREADS = L["CHUNKS"], L["ROW_BLOCK"], L["N_THREADS"]
+    CHUNKS, N_THREADS = L["CHUNKS"], L["N_THREADS"]
 
     @cuda.jit(device=True, inline=True)
     def copy_tile(smem, offset, src_base, head_bytes, row0, n_rows, seq_len, tid):

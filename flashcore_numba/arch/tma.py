@@ -1,0 +1,155 @@
+"""Tensor maps for TMA: the 128-byte descriptors `cp.async.bulk.tensor` reads (phase 09).
+
+A tensor map describes a tensor in global memory (its address, sizes, strides and element
+type) and the box one TMA instruction copies, with the shared-memory swizzle to apply. It is
+built on the host by the driver (`cuTensorMapEncodeTiled`, through cuda-bindings: Numba has no
+API for it), copied to the GPU, and the kernel passes its address to the PTX functions of
+ptx/tma.ptx (`map_address`).
+
+    tmap = tensor_map(k, box=(1, 64, 64), swizzle="128B")   # k: (B*H, S, D) fp16 on the GPU
+
+What TMA cannot describe is refused here with a message that names the argument: a base address
+or a stride that is not a multiple of 16 bytes, a box side above 256 elements, a box row that is
+not a multiple of 16 bytes, or one wider than the 128-byte swizzle. Maps are cached per
+(address, shape, dtype, box, swizzle): a loop of launches on the same tensors builds each once.
+
+In Numba's simulator a tensor map is a Python description kept in a registry (`SimTensorMap`);
+the kernel gets a small array naming it, and ptx/tma.ptx's emulation (`sim_tma`) copies the box,
+zero-fills what lies outside the tensor and applies the swizzle, as the hardware does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .sim import simulator_enabled
+
+SWIZZLE_BYTES = {"none": 0, "128B": 128}
+MAX_BOX = 256  # elements per box side
+DTYPES = {"float16": 2, "bfloat16": 2, "int16": 2, "uint16": 2}  # bf16 travels as int16 bit patterns
+
+
+@dataclass(frozen=True)
+class TensorMapLayout:
+    """What a tensor map says, in array order (outermost dimension first)."""
+
+    shape: tuple[int, ...]
+    strides_bytes: tuple[int, ...]
+    itemsize: int
+    box: tuple[int, ...]
+    swizzle: str
+
+    @property
+    def box_bytes(self) -> int:
+        return int(np.prod(self.box)) * self.itemsize
+
+
+def check_layout(shape, strides_bytes, itemsize: int, box, swizzle: str, address: int = 0) -> TensorMapLayout:
+    """The layout, or ValueError naming what TMA cannot describe."""
+    shape, strides_bytes, box = tuple(map(int, shape)), tuple(map(int, strides_bytes)), tuple(map(int, box))
+    if not 1 <= len(shape) <= 5:
+        raise ValueError(f"array: TMA describes tensors of 1 to 5 dimensions, got {len(shape)}")
+    if swizzle not in SWIZZLE_BYTES:
+        raise ValueError(f"swizzle: expected one of {', '.join(SWIZZLE_BYTES)}, got {swizzle!r}")
+    if len(box) != len(shape):
+        raise ValueError(f"box: one side per dimension of the array {shape}, got {box}")
+    if address % 16:
+        raise ValueError(f"array: TMA needs a 16-byte aligned address, this one is {address % 16} bytes past")
+    if strides_bytes[-1] != itemsize:
+        raise ValueError(f"array: the innermost dimension must be contiguous (stride {strides_bytes[-1]} bytes, "
+                         f"elements of {itemsize})")
+    for dim, stride in enumerate(strides_bytes[:-1]):
+        if stride % 16:
+            raise ValueError(f"array: stride {stride} bytes of dimension {dim} is not a multiple of 16, which TMA "
+                             f"requires (make the rows a multiple of {16 // itemsize} elements)")
+    for dim, (side, size) in enumerate(zip(box, shape)):
+        if not 1 <= side <= MAX_BOX:
+            raise ValueError(f"box: side {side} of dimension {dim} must be 1 .. {MAX_BOX} elements")
+        if size > 2**32:
+            raise ValueError(f"array: dimension {dim} has {size} elements, more than TMA's 2^32")
+    row_bytes = box[-1] * itemsize
+    if row_bytes % 16:
+        raise ValueError(f"box: its innermost side is {row_bytes} bytes; TMA copies whole 16-byte chunks")
+    if SWIZZLE_BYTES[swizzle] and row_bytes > SWIZZLE_BYTES[swizzle]:
+        raise ValueError(f"box: its innermost side is {row_bytes} bytes, wider than the {swizzle} swizzle; "
+                         f"split it into boxes of {SWIZZLE_BYTES[swizzle] // itemsize} elements")
+    return TensorMapLayout(shape, strides_bytes, itemsize, box, swizzle)
+
+
+def _describe(array):
+    """(address, shape, strides in bytes, dtype name) of a Numba device array or torch CUDA tensor."""
+    if type(array).__module__.startswith("torch"):
+        return (array.data_ptr(), tuple(array.shape), tuple(s * array.element_size() for s in array.stride()),
+                str(array.dtype).replace("torch.", ""))
+    iface = array.__cuda_array_interface__
+    shape = tuple(iface["shape"])
+    itemsize = np.dtype(iface["typestr"]).itemsize
+    strides = iface.get("strides") or tuple(int(np.prod(shape[i + 1:])) * itemsize for i in range(len(shape)))
+    return iface["data"][0], shape, tuple(strides), np.dtype(iface["typestr"]).name
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulator's tensor maps
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class SimTensorMap:
+    array: object  # the (simulator) array the map describes
+    layout: TensorMapLayout
+
+
+_SIM_MAPS: list[SimTensorMap] = []
+
+
+def sim_map(handle) -> SimTensorMap:
+    """The SimTensorMap a kernel's map array names (its element 0 is the registry index)."""
+    return _SIM_MAPS[int(handle[0])]
+
+
+# ---------------------------------------------------------------------------------------------
+# Building one
+# ---------------------------------------------------------------------------------------------
+def tensor_map(array, box, swizzle: str = "128B"):
+    """The tensor map of `array` (a Numba device array or torch CUDA tensor) for boxes of `box`
+    elements (one side per dimension, array order), as a device array to pass to a kernel."""
+    if simulator_enabled():
+        base = getattr(array, "_ary", array)
+        layout = check_layout(base.shape, base.strides, base.itemsize, box, swizzle)
+        _SIM_MAPS.append(SimTensorMap(array, layout))
+        from numba import cuda
+
+        return cuda.to_device(np.array([len(_SIM_MAPS) - 1] + [0] * 15, dtype=np.uint64))
+    address, shape, strides, dtype = _describe(array)
+    if dtype not in DTYPES:
+        raise ValueError(f"array: dtype {dtype}; the tensor maps here describe 16-bit elements "
+                         f"({', '.join(DTYPES)})")
+    check_layout(shape, strides, DTYPES[dtype], box, swizzle, address)
+    return _encoded(address, shape, strides, dtype, tuple(map(int, box)), swizzle)
+
+
+@lru_cache(maxsize=256)
+def _encoded(address, shape, strides, dtype, box, swizzle):
+    from cuda.bindings import driver
+    from numba import cuda
+
+    kinds = driver.CUtensorMapDataType
+    data_type = kinds.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if dtype == "bfloat16" else kinds.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    swizzles = {"none": driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+                "128B": driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}
+    rank = len(shape)
+    err, tmap = driver.cuTensorMapEncodeTiled(
+        data_type, rank, address,
+        [driver.cuuint64_t(s) for s in reversed(shape)],  # innermost first
+        [driver.cuuint64_t(s) for s in reversed(strides[:-1])],  # the innermost stride is the element
+        [driver.cuuint32_t(b) for b in reversed(box)],
+        [driver.cuuint32_t(1)] * rank,
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzles[swizzle],
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)  # outside the tensor: zeros
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise ValueError(f"array: the driver refused this tensor map ({err.name}): shape {shape}, strides "
+                         f"{strides} bytes, box {box}, swizzle {swizzle}")
+    words = np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
+    return cuda.to_device(words)
