@@ -458,14 +458,20 @@ def test_pack_rounds_to_nearest_even(kind):
 
 
 # ---------------------------------------------------------------------------------------------
-# wgmma (ptx/wgmma.ptx): one warpgroup multiplies tiles laid out as core matrices, through
-# descriptors; the emulation in the simulator, the hardware on an H100 (sm_90 only)
+# wgmma (ptx/wgmma.ptx): one warpgroup multiplies tiles kept in the 128-byte swizzle layout,
+# through descriptors; the emulation in the simulator, the hardware on an H100 (sm_90 only)
 # ---------------------------------------------------------------------------------------------
-def core_matrix_order(tile: np.ndarray) -> np.ndarray:
-    """A (rows, cols) tile of 16-bit values in phase 08's shared-memory order: [row/8][col/8] core
-    matrices of 8 rows x 8 values, each 128 contiguous bytes."""
+def swizzled_order(tile: np.ndarray) -> np.ndarray:
+    """A (64, D) tile of 16-bit values in the 128-byte swizzle layout of ptx/wgmma.ptx: atoms of
+    64 columns, row r at r * 128 bytes, its 16-byte chunk c stored at chunk c ^ (r % 8)."""
     rows, cols = tile.shape
-    return tile.reshape(rows // 8, 8, cols // 8, 8).transpose(0, 2, 1, 3).reshape(-1)
+    out = np.zeros(rows * cols, np.uint16)
+    for a in range(cols // 64):
+        for r in range(rows):
+            for c in range(8):
+                dst = (a * rows * 128 + r * 128 + ((c ^ (r % 8)) * 16)) // 2
+                out[dst:dst + 8] = tile[r, a * 64 + c * 8:a * 64 + c * 8 + 8]
+    return out
 
 
 def accumulator_registers(M: np.ndarray) -> np.ndarray:
@@ -495,27 +501,26 @@ def wgmma_kernel(head_dim: int, kind: str):
     qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{head_dim}_{kind}", "inline")
     pv = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_d{head_dim}_{kind}", "inline")
     fence = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
-    shared_address, descriptor = ptx.shared_address, ptx.matrix_descriptor
+    shared_address, descriptor, SW128 = ptx.shared_address, ptx.matrix_descriptor, ptx.SWIZZLE_128B
     TILE = 64 * head_dim * 2  # bytes of one 64-row tile
     WORDS = 3 * TILE // 4
-    ROW_BLOCK = head_dim * 16
 
     @cuda.jit
     def products(tiles, frags, s_out, o_out):
-        smem_h = cuda.shared.array(WORDS, uint32, alignment=128)
+        smem_h = cuda.shared.array(WORDS, uint32, alignment=1024)
         tid = cuda.threadIdx.x
         for i in range(WORDS // 128):
             smem_h[tid + i * 128] = tiles[tid + i * 128]
         fence()
         cuda.syncthreads()
         smem = shared_address(smem_h)
-        s = qk(descriptor(smem, 128, ROW_BLOCK), descriptor(smem + TILE, 128, ROW_BLOCK))
+        s = qk(descriptor(smem, 16, 1024, SW128), descriptor(smem + TILE, 16, 1024, SW128))
         for i in range(32):
             s_out[tid, i] = s[i]
         f = frags
         o = pv(f[tid, 0], f[tid, 1], f[tid, 2], f[tid, 3], f[tid, 4], f[tid, 5], f[tid, 6], f[tid, 7],
                f[tid, 8], f[tid, 9], f[tid, 10], f[tid, 11], f[tid, 12], f[tid, 13], f[tid, 14], f[tid, 15],
-               descriptor(smem + 2 * TILE, ROW_BLOCK, 128))
+               descriptor(smem + 2 * TILE, 64 * 128, 1024, SW128))
         for i in range(head_dim // 2):
             o_out[tid, i] = o[i]
 
@@ -529,8 +534,8 @@ def _on_hopper():
 @pytest.mark.parametrize("kind", ["f16", "bf16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_wgmma_tiles_through_descriptors(head_dim, kind):
-    """S = Q.K^T (K-major descriptors) and P.V (P in registers, V MN-major) with the documented
-    accumulator layout. On a GPU without wgmma (not sm_90) there is nothing to run it on."""
+    """S = Q.K^T (K-major descriptors) and P.V (P in registers, V MN-major), tiles swizzled, with
+    the documented accumulator layout. On a GPU without wgmma (not sm_90) there is nothing to run it on."""
     if _on_gpu() and not _on_hopper():
         pytest.skip("wgmma needs an sm_90 GPU")
     from flashcore_numba.reference import bf16_bits, bf16_to_float
@@ -544,7 +549,7 @@ def test_wgmma_tiles_through_descriptors(head_dim, kind):
     else:
         bits = [bf16_bits(x).view(np.uint16) for x in (q, k, v, p)]
         q, k, v, p = (bf16_to_float(b).astype(np.float64) for b in bits)
-    tiles = np.concatenate([core_matrix_order(b) for b in bits[:3]]).view(np.uint32)
+    tiles = np.concatenate([swizzled_order(b) for b in bits[:3]]).view(np.uint32)
     s_out = cuda.to_device(np.full((128, 32), np.nan, np.float32))
     o_out = cuda.to_device(np.full((128, head_dim // 2), np.nan, np.float32))
     wgmma_kernel(head_dim, kind)[1, 128](cuda.to_device(tiles), cuda.to_device(a_fragments(bits[3])), s_out, o_out)

@@ -345,11 +345,16 @@ map_address = _make_map_address()
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Descriptor:
-    """The simulator's matrix descriptor: where the tile starts, and its LBO and SBO in bytes."""
+    """The simulator's matrix descriptor: where the tile starts, its LBO and SBO in bytes, and
+    its swizzle mode (0 none, 1 the 128-byte swizzle)."""
 
     pointer: Pointer
     lbo: int
     sbo: int
+    swizzle: int = 0
+
+
+SWIZZLE_128B = 1  # the descriptor's swizzle mode (bits 62-63) for the 128-byte swizzle
 
 
 def _make_matrix_descriptor():
@@ -358,12 +363,13 @@ def _make_matrix_descriptor():
     from numba import cuda, uint64
 
     @cuda.jit(device=True, inline=True)
-    def matrix_descriptor(address, lbo, sbo):
-        """The 64-bit wgmma descriptor of a tile without swizzle at shared `address` (see
-        ptx/wgmma.ptx): 14-bit fields of address, LBO and SBO, each in 16-byte units."""
+    def matrix_descriptor(address, lbo, sbo, swizzle):
+        """The 64-bit wgmma descriptor of a tile at shared `address` (see ptx/wgmma.ptx): 14-bit
+        fields of address, LBO and SBO in 16-byte units, and the swizzle mode in bits 62-63."""
         return (uint64((address >> 4) & 0x3FFF)
                 | (uint64((lbo >> 4) & 0x3FFF) << uint64(16))
-                | (uint64((sbo >> 4) & 0x3FFF) << uint64(32)))
+                | (uint64((sbo >> 4) & 0x3FFF) << uint64(32))
+                | (uint64(swizzle) << uint64(62)))
 
     return matrix_descriptor
 

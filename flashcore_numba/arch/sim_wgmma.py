@@ -9,7 +9,9 @@ thread gets back the accumulator registers the hardware would give it:
         row 16w + g (+ 8 for e = 2, 3), column 8j + 2t (+ 1 for odd e)
 
 A descriptor here is a `flashcore_numba.arch.ptx.Descriptor` (a Pointer into the shared
-array, LBO and SBO in bytes); on the GPU it is the 64-bit value of the PTX ISA's format.
+array, LBO and SBO in bytes, the swizzle mode); on the GPU it is the 64-bit value of the PTX
+ISA's format. With the 128-byte swizzle every address is computed as for the plain layout and
+then XORed (bits 4-6 with bits 7-9), as the hardware does.
 What the simulator cannot show is the asynchrony: each call is complete when it returns, as
 the PTX functions are too (they end with wgmma.wait_group 0). The GPU tests compare the
 hardware with this emulation (tests/test_ptx.py).
@@ -29,13 +31,19 @@ from .sim import warp_exchange
 from .sim_mma import _halves
 
 WARPGROUP = 128
-CORE_ROW_BYTES = 16  # a core matrix: 8 rows of 16 bytes, 128 contiguous bytes
+CORE_ROW_BYTES = 16  # a core matrix: 8 rows of 16 bytes, 128 contiguous bytes (without swizzle)
+ATOM_BYTES = 64 * 128  # a 128-byte-swizzle atom of ptx/wgmma.ptx: 64 rows of 128 bytes
 
 
 def _bits_as_float(bits: np.ndarray, kind: str) -> np.ndarray:
     if kind == "f16":
         return bits.view(np.float16).astype(np.float32)
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _swizzle_128b(offset):
+    """The 128-byte swizzle: address bits 4-6 XOR bits 7-9 (offsets from a 1024-byte aligned base)."""
+    return offset ^ (((offset >> 7) & 7) << 4)
 
 
 def _read(desc, start_bytes: int, rows: int, cols: int, k_major: bool, kind: str) -> np.ndarray:
@@ -45,11 +53,17 @@ def _read(desc, start_bytes: int, rows: int, cols: int, k_major: bool, kind: str
     data = np.ascontiguousarray(base).view(np.uint8).reshape(-1)
     i = np.arange(rows)[:, None]
     j = np.arange(cols)[None, :]
-    if k_major:  # 16-byte rows run along K (j)
-        offset = (i // 8) * desc.sbo + (j // 8) * desc.lbo + (i % 8) * CORE_ROW_BYTES + (j % 8) * 2
-    else:  # 16-byte rows run along N (j); K (i) goes down the core matrix
-        offset = (j // 8) * desc.sbo + (i // 8) * desc.lbo + (i % 8) * CORE_ROW_BYTES + (j % 8) * 2
-    offset = offset + desc.pointer.offset + start_bytes
+    start = desc.pointer.offset + start_bytes
+    if desc.swizzle:  # 128-byte rows, eight of them SBO apart; MN-major atoms of 64 columns LBO apart
+        if k_major:
+            offset = start + (i // 8) * desc.sbo + (i % 8) * 128 + j * 2
+        else:
+            offset = start + (i // 8) * desc.sbo + (i % 8) * 128 + (j // 64) * desc.lbo + (j % 64) * 2
+        offset = _swizzle_128b(offset)
+    elif k_major:  # core matrices of 8 rows x 16 bytes, 128 contiguous bytes each
+        offset = start + (i // 8) * desc.sbo + (j // 8) * desc.lbo + (i % 8) * CORE_ROW_BYTES + (j % 8) * 2
+    else:
+        offset = start + (j // 8) * desc.sbo + (i // 8) * desc.lbo + (i % 8) * CORE_ROW_BYTES + (j % 8) * 2
     bits = data[offset].astype(np.uint16) | (data[offset + 1].astype(np.uint16) << 8)
     return _bits_as_float(bits, kind)
 
@@ -73,9 +87,10 @@ def _lane_values(D: np.ndarray, w: int, g: int, t: int) -> tuple:
 def _qk(head_dim: int, kind: str):
     def qk(desc_q, desc_k):
         S = np.zeros((64, 64), np.float32)
-        for k in range(head_dim // 16):  # the k-steps of the PTX: 256 bytes on each
-            a = _read(desc_q, 256 * k, 64, 16, True, kind)
-            b = _read(desc_k, 256 * k, 64, 16, True, kind)
+        for k in range(head_dim // 16):  # the k-steps of the PTX: 32 bytes on, the next atom after 4
+            start = (k // 4) * ATOM_BYTES + (k % 4) * 32
+            a = _read(desc_q, start, 64, 16, True, kind)
+            b = _read(desc_k, start, 64, 16, True, kind)
             S += a @ b.T
         return _lane_values(S, *_place())
 
@@ -96,8 +111,8 @@ def _pv(head_dim: int, kind: str):
                 P[g + 8, c + 2 * t:c + 2 * t + 2] = _halves(a1, kind)
                 P[g, c + 2 * t + 8:c + 2 * t + 10] = _halves(a2, kind)
                 P[g + 8, c + 2 * t + 8:c + 2 * t + 10] = _halves(a3, kind)
-        # the 4 k-steps of the PTX: 16 keys each, 2 * D * 16 bytes on
-        V = np.concatenate([_read(desc_v, 2 * head_dim * 16 * k, 16, head_dim, False, kind) for k in range(4)])
+        # the 4 k-steps of the PTX: 16 keys each, 2048 bytes on
+        V = np.concatenate([_read(desc_v, 2048 * k, 16, head_dim, False, kind) for k in range(4)])
         w, g, t = _place()
         rows = np.zeros((64, head_dim), np.float32)
         rows[16 * w:16 * w + 16] = P @ V  # this warp's 16 rows of the 64

@@ -395,36 +395,31 @@ def mma_operand_owner(operand: str) -> tuple[np.ndarray, np.ndarray]:
     return lane, reg
 
 
-def core_matrix_offsets(rows: int, cols: int, lbo: int = 128) -> np.ndarray:
-    """Byte offset of each element of a (rows, cols) tile of 16-bit values stored as phase 08 stores
-    it: [row / 8][col / 8] core matrices of 128 contiguous bytes (cols / 8 of them per 8 rows)."""
-    r = np.arange(rows)[:, None]
-    c = np.arange(cols)[None, :]
-    return (r // 8) * (cols // 8) * lbo + (c // 8) * lbo + (r % 8) * 16 + (c % 8) * 2
+def swizzled_chunk(row: int, chunk: int) -> int:
+    """Where the 128-byte swizzle stores 16-byte chunk `chunk` of row `row`: chunk ^ (row % 8)."""
+    return chunk ^ (row % 8)
 
 
-def draw_core_matrices(rows: int = 32, cols: int = 32):
-    """A tile as wgmma reads it: row-major (left) against phase 08's core-matrix order (right), each
-    element coloured by the 128-byte core matrix it belongs to and labelled by its byte offset."""
+def draw_swizzle(rows: int = 16):
+    """The 128-byte swizzle of ptx/wgmma.ptx: each 128-byte row of a tile holds eight 16-byte chunks
+    (8 fp16 of d); row r stores its chunk c at position c ^ (r % 8). Left the plain layout, right the
+    swizzled one; the colour and number of a cell is the chunk it holds."""
     plt = _plt()
-    _, axes = plt.subplots(1, 2, figsize=(15, 6.5))
-    core = (np.arange(rows)[:, None] // 8) * (cols // 8) + np.arange(cols)[None, :] // 8
-    row_major = np.arange(rows)[:, None] * cols * 2 + np.arange(cols)[None, :] * 2
-    blocked = core_matrix_offsets(rows, cols)
-    for ax, offsets, title in [(axes[0], row_major, "row-major: a core matrix's 8 rows are "
-                                                   f"{cols * 2} bytes apart"),
-                               (axes[1], blocked, "core-matrix order: each core matrix is 128 "
-                                                  "contiguous bytes; LBO = 128, SBO = "
-                                                  f"{cols // 8 * 128}")]:
-        ax.imshow(core % 10, cmap="tab10", aspect="auto", interpolation="nearest", alpha=0.55)
-        for (r, c), off in np.ndenumerate(offsets):
-            if c % 2 == 0:
-                ax.text(c + 0.5, r, str(off), ha="center", va="center", fontsize=4.5)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("column (d): the 16-byte rows of a core matrix run along it")
+    _, axes = plt.subplots(1, 2, figsize=(12, 6))
+    plain = np.tile(np.arange(8), (rows, 1))
+    swizzled = np.array([[swizzled_chunk(r, p) for p in range(8)] for r in range(rows)])  # XOR is its own inverse
+    for ax, grid, title in [(axes[0], plain, "plain: chunk c of every row at position c\n"
+                                             "(eight rows' chunk 0 in the same 4 banks: an 8-way conflict)"),
+                            (axes[1], swizzled, "128-byte swizzle: chunk c of row r at position c ^ (r % 8)\n"
+                                                "(eight rows' chunk 0 in eight different bank groups)")]:
+        ax.imshow(grid, cmap="tab10", aspect="auto", interpolation="nearest", alpha=0.6)
+        for (r, p), c in np.ndenumerate(grid):
+            ax.text(p, r, str(c), ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(8), [f"{16 * p}" for p in range(8)])
+        ax.set_xlabel("byte position in the 128-byte row (16-byte chunks: 4 banks each)")
         ax.set_ylabel("row (query or key)")
-    plt.suptitle(f"A {rows} x {cols} tile of fp16: byte offset of every other element, colour = core matrix",
-                 fontsize=10)
+        ax.set_title(title, fontsize=9)
+    plt.suptitle("A 64-column atom of an fp16 tile in shared memory: which chunk of d sits where", fontsize=10)
     plt.tight_layout()
     plt.show()
 

@@ -22,10 +22,10 @@ What changed from phase 07
     warpgroup, 128 threads) multiply a 64-row tile in one instruction, reading the B operand
     (and for S = Q·Kᵀ also A) straight from shared memory. No `ldmatrix`: a 64-bit *matrix
     descriptor* tells the tensor cores where the tile is and how it is laid out. So:
-    - Q, K and V are stored in shared memory as 8×8 *core matrices* (8 rows of 16 bytes, 128
-      contiguous bytes each) laid out [row / 8][column / 8]; `cp.async` writes them there (a
-      16-byte copy can go anywhere), and the descriptor's LBO and SBO say how far apart the core
-      matrices are along the reduction dimension and along the rows;
+    - Q, K and V are stored in shared memory in the *128-byte swizzle* layout wgmma and TMA
+      share: 64-column atoms of 128-byte rows, chunk c of row r stored at chunk c ^ (r % 8);
+      `cp.async` writes each 16-byte chunk where it belongs, and the descriptor says "swizzled",
+      how far apart groups of eight rows are (SBO) and, for V, the atoms (LBO);
     - S = Q·Kᵀ for a warpgroup's 64 rows and a 64-key tile is one call: D/16 wgmmas issued
       back to back (ptx/wgmma.ptx), Q and K both read through descriptors;
     - the softmax runs on S exactly as in phase 07: wgmma's accumulators have mma.sync's C
@@ -42,6 +42,8 @@ Why the hardware rewards it
     at a time, with its operands first moved through registers (ldmatrix). wgmma gives a
     tensor core a 64×N×16 product per instruction, operands fetched by the tensor cores from
     shared memory themselves: fewer instructions to issue, no register traffic for K and V.
+    The swizzle matters as much: the same kernel with the unswizzled core-matrix layout measured
+    250 TFLOPS at D=64 and 240 at D=128 (commit 800ba99's records), slower than phase 07 at D=128.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -87,7 +89,9 @@ MIN_CC = MAX_CC = (9, 0)  # wgmma exists on Hopper alone (sm_90a): not before, n
 FULL_MASK = 0xFFFFFFFF
 WG_M = 64  # rows of one wgmma: a warpgroup's share of the query block
 BLOCK_N = 64  # keys per tile (the n of S's wgmma, the k of P·V's)
-CORE = 128  # bytes of one 8x8 core matrix of 16-bit values
+ROW = 128  # bytes of one row of a 128-byte-swizzle atom (64 fp16)
+ATOM = WG_M * ROW  # one atom of a 64-row tile: 64 columns of d, 8192 bytes
+GROUP = 8 * ROW  # eight rows: the SBO of every descriptor here
 MMA_N, MMA_K = 8, 16  # the accumulator's 8-column blocks; the k-step of P's A fragments
 
 SIM_WARPGROUPS = 1  # 128 threads per block in the simulator (one Python thread each)
@@ -96,13 +100,13 @@ PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 
 
 def layout(HEAD_DIM, warpgroups):
-    """Every derived constant. Shared memory holds Q (BLOCK_M rows), then two stages of K and V
-    (BLOCK_N rows each), every tile as [row / 8][column / 8] core matrices; offsets in bytes."""
+    """Every derived constant. Shared memory holds Q (BLOCK_M rows, one 64-row tile per warpgroup),
+    then two stages of K and V (BLOCK_N rows each), every 64-row tile as D / 64 swizzled atoms;
+    offsets in bytes, all multiples of 1024 (the swizzle's alignment)."""
     L = dict(HEAD_DIM=HEAD_DIM, WARPGROUPS=warpgroups, BLOCK_M=WG_M * warpgroups, BLOCK_N=BLOCK_N)
     L["N_THREADS"] = 128 * warpgroups
     assert (BLOCK_N * HEAD_DIM // 8) % L["N_THREADS"] == 0, "every thread copies the same number of chunks"
-    L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks (core-matrix columns) per row
-    L["ROW_BLOCK"] = L["CHUNKS"] * CORE  # bytes of 8 rows: the SBO of a K-major tile, the LBO of V
+    L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row
     L["Q_OFF"] = 0
     L["K_OFF"] = L["BLOCK_M"] * HEAD_DIM * 2
     L["V_OFF"] = L["K_OFF"] + BLOCK_N * HEAD_DIM * 2
@@ -115,11 +119,13 @@ def layout(HEAD_DIM, warpgroups):
 
 
 def make_copy_tile(L):
-    """Global -> shared by cp.async into core-matrix order: chunk c of row r lands at
-    (r // 8) * ROW_BLOCK + c * 128 + (r % 8) * 16. Consecutive threads take consecutive 16-byte
-    slots of shared memory (r % 8 fastest): their writes never share a bank."""
+    """Global -> shared by cp.async into the 128-byte swizzle layout: chunk c of row r of a
+    64-row tile lands in atom c // 8, row r, chunk (c % 8) ^ (r % 8). Consecutive threads take
+    consecutive chunks of a row: 128-byte global reads, and writes to the eight different
+    chunks of one 128-byte row, which never share a bank."""
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
     CHUNKS, N_THREADS = L["CHUNKS"], L["N_THREADS"]
+    TILE_BYTES = WG_M * L["HEAD_DIM"] * 2
 
     @cuda.jit(device=True, inline=True)
     def copy_tile(smem, offset, src_base, head_bytes, row0, n_rows, seq_len, tid):
@@ -128,13 +134,14 @@ def make_copy_tile(L):
         A row past seq_len copies 0 bytes and is zero-filled (its address is clamped to a real row).
         """
         for i in range(n_rows * CHUNKS // N_THREADS):
-            slot = tid + i * N_THREADS  # 16-byte slot of shared memory, in order
-            r8, chunk, block = slot % 8, (slot // 8) % CHUNKS, slot // (8 * CHUNKS)
-            r = block * 8 + r8
+            c = tid + i * N_THREADS
+            r, chunk = c // CHUNKS, c % CHUNKS
             row = row0 + r
             n_bytes = uint32(16) if row < seq_len else uint32(0)
             src = src_base + head_bytes + uint64(min(row, seq_len - 1)) * uint64(CHUNKS * 16) + uint64(chunk * 16)
-            copy16(smem + offset + slot * 16, src, n_bytes)
+            tile, r64 = r // WG_M, r % WG_M  # Q holds one 64-row tile per warpgroup
+            dst = tile * TILE_BYTES + (chunk // 8) * ATOM + r64 * ROW + ((chunk % 8) ^ (r64 % 8)) * 16
+            copy16(smem + offset + dst, src, n_bytes)
 
     return copy_tile
 
@@ -151,7 +158,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     shared_address, global_address = ptx.shared_address, ptx.global_address
     descriptor = ptx.matrix_descriptor
     copy_tile = make_copy_tile(L)
-    BLOCK_M, ROW_BLOCK = L["BLOCK_M"], L["ROW_BLOCK"]
+    BLOCK_M = L["BLOCK_M"]
+    SW128 = ptx.SWIZZLE_128B
     K_OFF, V_OFF, STAGE_BYTES = L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
     Q_WG_BYTES = WG_M * HEAD_DIM * 2  # one warpgroup's 64 rows of Q
@@ -159,7 +167,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
 
     @cuda.jit
     def wgmma_attention(Q, K, V, O, causal, qk_scale):
-        smem_h = cuda.shared.array(0, uint32, alignment=128)
+        smem_h = cuda.shared.array(0, uint32, alignment=1024)
         smem = shared_address(smem_h)
         b = cuda.blockIdx.z
         h = cuda.blockIdx.y
@@ -196,8 +204,9 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         # qk_scale folded into exp2 as in phase 07: a negative one flips the sign of q (below)
         scale = max(abs(qk_scale), float32(1e-30))
 
-        # -- descriptors: K-major Q and K (LBO along d, SBO along rows), MN-major V (the reverse)
-        desc_q = descriptor(smem + wg * Q_WG_BYTES, CORE, ROW_BLOCK)
+        # -- descriptors, 128-byte swizzle: K-major Q and K (SBO between groups of eight rows; LBO
+        # unused), MN-major V (SBO between groups of eight keys, LBO between atoms of d)
+        desc_q = descriptor(smem + wg * Q_WG_BYTES, 16, GROUP, SW128)
 
         # -- prologue: Q and the first K/V tile, one cp.async group
         block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
@@ -222,8 +231,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
                 copy_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_kv, next_n, BLOCK_N,
                           seq_k, tid)
                 commit()
-            desc_k = descriptor(smem + K_OFF + stage * STAGE_BYTES, CORE, ROW_BLOCK)
-            desc_v = descriptor(smem + V_OFF + stage * STAGE_BYTES, ROW_BLOCK, CORE)
+            desc_k = descriptor(smem + K_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
+            desc_v = descriptor(smem + V_OFF + stage * STAGE_BYTES, ATOM, GROUP, SW128)
 
             # -- s = q · kᵀ: one warpgroup-wide call, HEAD_DIM / 16 wgmmas
             s_tile = qk(desc_q, desc_k)
