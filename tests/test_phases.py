@@ -151,3 +151,14 @@ def test_bf16_oracle_is_not_the_fp16_one():
     assert err_bf16 > 2 * err_fp16 > 0
     misread = np.asarray(bf16_bits(q)).view(np.float16).astype(np.float64)  # bf16 bits taken as fp16
     assert not check_close(misread, ref, lowp_attention(q, k, v, dtype="bfloat16")).ok
+
+
+@pytest.mark.parametrize("variant", ["09-ws", "09-fused"])
+def test_phase09_variants_match_reference(variant):
+    """The builds that leave one idea of phase 09 out (or add one) compute the same attention."""
+    from flashcore_numba import attention
+
+    q, k, v = random_qkv((1, 1, 70, 64))
+    out = attention(q, k, v, causal=True, phase=variant)
+    verdict = check_close(out, reference_attention(q, k, v, causal=True), lowp_attention(q, k, v, causal=True))
+    assert verdict.ok, f"{variant}: {verdict.message}"

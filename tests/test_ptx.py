@@ -580,3 +580,32 @@ def test_phase08_has_no_spill_and_wgmmas_run_asynchronously(phase08_report):
     # float division is one) and says so with warning C7509/C7510
     assert "wgmma.mma_async instructions are serialized" not in r["assembler_log"], where
     assert ".target sm_90a" in r["ptx"] and "wgmma.mma_async.sync.aligned.m64n64k16" in r["ptx"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase 09 compiled for the H100 as Numba links it (LTO): the launch registers fit one block per
+# SM, setmaxnreg is kept, no spill, no serialized wgmma
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=[(64, "float16"), (128, "float16"), (128, "bfloat16")],
+                ids=["D=64 fp16", "D=128 fp16", "D=128 bf16"])
+def phase09_report(request):
+    from flashcore_numba.measure.machine_code import kernel_report
+
+    head_dim, dtype = request.param
+    return kernel_report("09", head_dim, dtype=dtype)
+
+
+def test_phase09_trades_registers_without_spilling(phase09_report):
+    r = phase09_report
+    where = f"phase 09 D={r['head_dim']} {r['dtype']}"
+    n_threads = r["n_threads"]
+    assert r["registers"] * n_threads <= 65536, f"{where}: {r['registers']} registers x {n_threads} threads"
+    assert (r["spill_store_bytes"], r["spill_load_bytes"], r["stack_frame_bytes"]) == (0, 0, 0), (
+        f"{where}: {r['stack_frame_bytes']} B stack, {r['spill_store_bytes']} B spill stores "
+        f"({r['registers']} registers)")
+    assert ".maxntid" in r["ptx"] and ".minnctapersm 1" in r["ptx"], "the launch bounds setmaxnreg needs"
+    assert "setmaxnreg.inc" in r["ptx"] and "setmaxnreg.dec" in r["ptx"]
+    # C7504: ptxas dropped setmaxnreg (it did when the kernel was assembled from PTX as one unit of many)
+    assert "C7504" not in r["assembler_log"] and "C7508" not in r["assembler_log"], where
+    assert "wgmma.mma_async instructions are serialized" not in r["assembler_log"], where
+    assert "cp.async.bulk.tensor.3d" in r["ptx"] and "mbarrier.try_wait.parity" in r["ptx"]

@@ -127,4 +127,54 @@ def test_tma_ptx_is_documented_and_assembles_for_hopper():
     _, cubin = assemble(path.read_text(), "sm_90a")
     assert cubin[:4] == b"\x7fELF"
     names = set(ptx.load("tma.ptx"))
-    assert {"flashcore_tma_load_3d", "flashcore_mbarrier_wait", "flashcore_setmaxnreg_inc_240"} <= names
+    assert {"flashcore_tma_load_3d", "flashcore_mbarrier_wait", "flashcore_mbarrier_arrive_expect_tx"} <= names
+
+
+# ---------------------------------------------------------------------------------------------
+# Named barriers (ptx/warpgroup.ptx): the turns of phase 09's ping-pong
+# ---------------------------------------------------------------------------------------------
+def turns_kernel(rounds: int):
+    bar_sync = ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline")
+    bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
+
+    @cuda.jit
+    def turns(log):
+        count = cuda.shared.array(1, int32)
+        tid = cuda.threadIdx.x
+        c = tid // 128  # two warpgroups take turns: c = 0 first
+        if tid == 0:
+            count[0] = 0
+        cuda.syncthreads()
+        if c == 1:
+            bar_arrive(uint32(1), uint32(256))  # opens warpgroup 0's first turn
+        for _ in range(rounds):
+            bar_sync(uint32(1 + c), uint32(256))  # my turn
+            if tid % 128 == 0:
+                log[count[0]] = c
+                count[0] += 1
+            bar_arrive(uint32(1 + (1 - c)), uint32(256))  # the other's turn
+        if c == 0:
+            bar_sync(uint32(1), uint32(256))  # the last arrival of warpgroup 1: no barrier left half-full
+
+    return turns
+
+
+def test_named_barriers_make_two_warpgroups_alternate():
+    if not simulator_enabled() and not _on_hopper():
+        pytest.skip("the PTX of warpgroup.ptx is assembled for sm_90a")
+    rounds = 5
+    log = cuda.to_device(np.full(2 * rounds, -1, np.int32))
+    turns_kernel(rounds)[1, 256](log)
+    assert log.copy_to_host().tolist() == [0, 1] * rounds
+
+
+def test_head_maps_refuse_what_is_not_one_head_after_another():
+    from flashcore_numba.arch.tma import head_maps
+
+    q = np.zeros((1, 2, 64, 64), np.float16)
+    with pytest.raises(ValueError, match=r"array 0: expected \(B, H, S, D\)"):
+        head_maps([cuda.to_device(q[0])], box=(1, 64, 64))
+    if simulator_enabled():  # strides as NumPy has them: heads 64 * 2 bytes apart, rows 2 * 64 * 2
+        heads_apart = np.zeros((1, 64, 2, 64), np.float16).transpose(0, 2, 1, 3)
+        with pytest.raises(ValueError, match="array 0: its heads are not one after another"):
+            head_maps([heads_apart], box=(1, 64, 64))

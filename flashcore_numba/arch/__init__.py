@@ -13,6 +13,9 @@ Phases import from here; nothing here imports a phase, the measurement, the cour
     sim_wmma.py  the simulator's WMMA: Python versions of ptx/wmma.ptx's functions
     sim_mma.py   the simulator's mma.sync, ldmatrix and cp.async, lane by lane with the
                  fragment layouts the PTX ISA documents
-
-Coming with phases 08-09: emulations of wgmma and TMA, and tensor-map helpers.
+    sim_wgmma.py the simulator's wgmma: a whole tile per call, read through its descriptor
+    tma.py       tensor maps for TMA (cuTensorMapEncodeTiled), with the layouts TMA cannot
+                 describe refused by name
+    sim_tma.py   the simulator's mbarriers and TMA copies (zero fill, 128-byte swizzle)
+    sim_warpgroup.py  the simulator's named barriers (and setmaxnreg, a no-op there)
 """

@@ -249,7 +249,7 @@ def function(filename: str, name: str, route: str = "link"):
     if fn is None:
         raise ValueError(f"name: ptx/{filename} has no function {name!r}; it has {', '.join(load(filename))}")
     if simulator_enabled():
-        from . import sim_mma, sim_tma, sim_wgmma, sim_wmma  # noqa: F401 - registers the emulations
+        from . import sim_mma, sim_tma, sim_wgmma, sim_warpgroup, sim_wmma  # noqa: F401 - registers the emulations
 
         if name not in _EMULATIONS:
             raise NotImplementedError(f"{name} (ptx/{filename}) has no emulation for the simulator")

@@ -10,7 +10,7 @@ barrier, waiting for parity 1 returns at once, as on the GPU.
 A TMA load copies its box at once (then completes its bytes on the barrier): the tensor's
 elements, zeros where the box reaches past the tensor, and with 128-byte swizzle each 16-byte
 chunk moved within its 128-byte line by the XOR the hardware applies to shared-memory address
-bits 4-6 with bits 7-9. setmaxnreg has nothing to emulate.
+bits 4-6 with bits 7-9.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ _LOCK = threading.Lock()
 
 
 def _key(pointer):
-    return id(getattr(pointer.array, "_ary", pointer.array)), pointer.offset
+    """The barrier's memory address: every thread gets its own NumPy view of dynamic shared
+    memory, so the view itself cannot name it."""
+    array = getattr(pointer.array, "_ary", pointer.array)
+    return array.__array_interface__["data"][0] + pointer.offset
 
 
 def _barrier(pointer) -> _MBarrier:
@@ -123,13 +126,3 @@ def tma_load_3d(dst, tmap, col, row, plane, bar):
     with b.cond:
         b.tx -= data.size
         b._complete_if_done()
-
-
-@emulation("flashcore_setmaxnreg_inc_240")
-def setmaxnreg_inc_240():
-    """Registers are not a resource in the simulator."""
-
-
-@emulation("flashcore_setmaxnreg_dec_40")
-def setmaxnreg_dec_40():
-    """Registers are not a resource in the simulator."""

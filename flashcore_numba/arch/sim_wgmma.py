@@ -121,10 +121,20 @@ def _pv(head_dim: int, kind: str):
     return pv
 
 
+def _qk_pv(head_dim: int, kind: str):
+    qk, pv = _qk(head_dim, kind), _pv(head_dim, kind)
+
+    def qk_pv(*args):  # desc_q, desc_k, 16 P fragments, desc_v: both products, S's registers first
+        return qk(args[0], args[1]) + pv(*args[2:])
+
+    return qk_pv
+
+
 for _kind in ("f16", "bf16"):
     for _D in (64, 128):
         emulation(f"flashcore_wgmma_qk_d{_D}_{_kind}")(_qk(_D, _kind))
         emulation(f"flashcore_wgmma_pv_d{_D}_{_kind}")(_pv(_D, _kind))
+        emulation(f"flashcore_wgmma_qk_pv_d{_D}_{_kind}")(_qk_pv(_D, _kind))
 
 
 @emulation("flashcore_fence_proxy_async")

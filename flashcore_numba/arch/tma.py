@@ -91,6 +91,42 @@ def _describe(array):
     return iface["data"][0], shape, tuple(strides), np.dtype(iface["typestr"]).name
 
 
+def head_maps(arrays, box, swizzle: str = "128B"):
+    """The tensor maps of attention's (B, H, S, D) arrays, each seen as (B*H, S, D): plane b*H + h
+    is one head. One device array of shape (len(arrays), 16), map i in row i; cached, so a loop
+    of launches on the same arrays builds and copies it once."""
+    described = []
+    for i, array in enumerate(arrays):
+        if simulator_enabled():
+            base = getattr(array, "_ary", array)
+            address, shape, strides, dtype = 0, base.shape, base.strides, base.dtype.name
+        else:
+            address, shape, strides, dtype = _describe(array)
+        if len(shape) != 4:
+            raise ValueError(f"array {i}: expected (B, H, S, D), got shape {tuple(shape)}")
+        if strides[0] != shape[1] * strides[1]:
+            raise ValueError(f"array {i}: its heads are not one after another in memory (strides {strides})")
+        described.append((address, (shape[0] * shape[1], shape[2], shape[3]), tuple(strides[1:]), dtype))
+    if simulator_enabled():
+        handles = [tensor_map(getattr(a, "_ary", a).reshape(d[1]), box, swizzle) for a, d in zip(arrays, described)]
+        from numba import cuda
+
+        return cuda.to_device(np.stack([h.copy_to_host() for h in handles]))
+    return _head_maps(tuple(described), tuple(map(int, box)), swizzle)
+
+
+@lru_cache(maxsize=64)
+def _head_maps(described, box, swizzle):
+    from numba import cuda
+
+    for address, shape, strides, dtype in described:
+        if dtype not in DTYPES:
+            raise ValueError(f"array: dtype {dtype}; the tensor maps here describe 16-bit elements "
+                             f"({', '.join(DTYPES)})")
+        check_layout(shape, strides, DTYPES[dtype], box, swizzle, address)
+    return cuda.to_device(np.stack([_words(*d, box, swizzle) for d in described]))
+
+
 # ---------------------------------------------------------------------------------------------
 # The simulator's tensor maps
 # ---------------------------------------------------------------------------------------------
@@ -131,8 +167,14 @@ def tensor_map(array, box, swizzle: str = "128B"):
 
 @lru_cache(maxsize=256)
 def _encoded(address, shape, strides, dtype, box, swizzle):
-    from cuda.bindings import driver
     from numba import cuda
+
+    return cuda.to_device(_words(address, shape, strides, dtype, box, swizzle))
+
+
+def _words(address, shape, strides, dtype, box, swizzle) -> np.ndarray:
+    """The map's 128 bytes, as 16 uint64, from the driver."""
+    from cuda.bindings import driver
 
     kinds = driver.CUtensorMapDataType
     data_type = kinds.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if dtype == "bfloat16" else kinds.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
@@ -151,5 +193,4 @@ def _encoded(address, shape, strides, dtype, box, swizzle):
     if err != driver.CUresult.CUDA_SUCCESS:
         raise ValueError(f"array: the driver refused this tensor map ({err.name}): shape {shape}, strides "
                          f"{strides} bytes, box {box}, swizzle {swizzle}")
-    words = np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
-    return cuda.to_device(words)
+    return np.array([int(w) for w in tmap.opaque], dtype=np.uint64)

@@ -441,6 +441,45 @@ def draw_warpgroup_rows():
     plt.show()
 
 
+def draw_warp_specialization(n_tiles: int = 5, gemm: float = 1.0, softmax: float = 1.3, load: float = 1.2):
+    """Schematic timeline of phase 09 (two consumers): the producer's TMA loads into the ring, and
+    the consumers taking turns, one running its products (S = Q·Kᵀ of tile n, P·V of tile n-1)
+    while the other runs its softmax. Bottom row: who has the tensor cores."""
+    plt = _plt()
+    _, ax = plt.subplots(figsize=(12, 3.4))
+    colors = {"load": "#c44e52", "gemm": "#4c72b0", "softmax": "#55a868", "wait": "#dddddd"}
+    y = {"producer": 3.0, "consumer 0": 2.0, "consumer 1": 1.0, "tensor cores": 0.0}
+
+    def bar(row, start, length, kind, text):
+        ax.broken_barh([(start, length)], (y[row] + 0.15, 0.7), color=colors[kind])
+        ax.text(start + length / 2, y[row] + 0.5, text, ha="center", va="center", color="white", fontsize=7)
+
+    for n in range(n_tiles + 2):  # the producer runs ahead, limited by the ring (4 stages), not by the consumers
+        bar("producer", n * load * 0.55, load * 0.5, "load", f"K,V {n}")
+    free = 0.0  # when the tensor cores are next free
+    ready = {0: load, 1: load}  # when each consumer can take its next turn
+    for n in range(n_tiles):
+        for c in (0, 1):
+            start = max(free, ready[c])
+            label = f"S{n}" if n == 0 else f"S{n} + PV{n - 1}"
+            length = gemm if n == 0 else 1.6 * gemm
+            bar(f"consumer {c}", start, length, "gemm", label)
+            bar("tensor cores", start, length, "gemm", f"c{c}")
+            free = start + length
+            bar(f"consumer {c}", free, softmax, "softmax", f"softmax {n}")
+            ready[c] = free + softmax
+    end = max(ready.values())
+    ax.set_yticks([v + 0.5 for v in y.values()], list(y))
+    ax.set_xlim(0, end + 0.2)
+    ax.set_xlabel("time (schematic): while one consumer has the tensor cores, the other runs its softmax")
+    ax.set_title("Phase 09: a TMA producer fills the ring; two consumer warpgroups take turns at the tensor cores")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in ("load", "gemm", "softmax")]
+    ax.legend(handles, ["TMA load (one thread)", "wgmma products", "softmax (FP32 + exp2)"], loc="upper right",
+              fontsize=7, ncol=3)
+    plt.tight_layout()
+    plt.show()
+
+
 def draw_mma_fragments():
     """The three operands of `mma.sync.m16n8k16`: which lane holds each element, in which register."""
     plt = _plt()

@@ -44,7 +44,8 @@ def signature(config, dtype: str = "float16") -> str:
     element = ELEMENT[dtype]
     out = "uint32" if config.packed_output else element
     qkv = ", ".join(3 * [f"{element}[:,:,:,::1]"])
-    return f"void({qkv}, {out}[:,:,:,::1], boolean, float32)"
+    maps = ", uint64[:,::1]" if config.tma_box else ""  # the tensor maps of a TMA kernel
+    return f"void({qkv}, {out}[:,:,:,::1], boolean, float32{maps})"
 CC = (9, 0, "a")  # the H100, as numba-cuda compiles for it
 ARCH = "sm_90a"
 RESERVED_SMEM_BYTES = 1024  # shared memory the CUDA runtime reserves per block on sm_80 and newer
@@ -63,20 +64,43 @@ def compile_phase_ptx(phase_id: str, head_dim: int, dtype: str = "float16") -> s
     from ..phases import build, get_phase
 
     config = build(get_phase(phase_id), head_dim, dtype)
-    ptx, _ = cuda.compile_ptx(config.kernel.py_func, signature(config, dtype), cc=CC)
+    ptx, _ = cuda.compile_ptx(config.kernel.py_func, signature(config, dtype), cc=CC,
+                              launch_bounds=config.launch_bounds)
     return ptx
 
 
-def assemble(ptx: str, arch: str = ARCH, linked=()) -> tuple[str, bytes]:
-    """Assemble PTX with nvJitLink, linking the `.ptx` files in `linked` as a kernel on the link
-    route does; returns (the verbose info log, the cubin)."""
+def compile_phase_ltoir(phase_id: str, head_dim: int, dtype: str = "float16") -> bytes:
+    """The kernel as NVVM's LTO-IR: what numba-cuda hands nvJitLink when it loads a kernel."""
+    from numba import cuda
+
+    from ..phases import build, get_phase
+
+    config = build(get_phase(phase_id), head_dim, dtype)
+    ltoir, _ = cuda.compile(config.kernel.py_func, signature(config, dtype), cc=CC, device=False, abi="numba",
+                            output="ltoir", launch_bounds=config.launch_bounds)
+    return ltoir
+
+
+def assemble(ptx: str | bytes, arch: str = ARCH, linked=()) -> tuple[str, bytes]:
+    """Assemble PTX (or link LTO-IR, given bytes) with nvJitLink, linking the `.ptx` files in
+    `linked` as a kernel on the link route does; returns (the verbose info log, the cubin).
+
+    From PTX, nvJitLink compiles the kernel as one unit of a program that may have others, and
+    ptxas then ignores `setmaxnreg` (info C7504, "to maintain compatibility across compilation
+    units"): a kernel that relies on it (phase 09) is assembled from its LTO-IR, as Numba does.
+    """
     from cuda.bindings import nvjitlink
 
-    options = [f"-arch={arch}", "-verbose"]
+    lto = isinstance(ptx, bytes)
+    options = [f"-arch={arch}", "-verbose"] + (["-lto"] if lto else [])
     handle = nvjitlink.create(len(options), options)
     try:
-        inputs = [("kernel.ptx", ptx)] + [(Path(f).name, Path(f).read_text()) for f in linked]
-        for name, text in inputs:
+        if lto:
+            nvjitlink.add_data(handle, nvjitlink.InputType.LTOIR, ptx, len(ptx), "kernel.ltoir")
+        for name, text in [] if lto else [("kernel.ptx", ptx)]:
+            data = text.encode()
+            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)
+        for name, text in [(Path(f).name, Path(f).read_text()) for f in linked]:
             data = text.encode()
             nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)
         try:
@@ -256,7 +280,10 @@ def _report_here(phase_id: str, head_dim: int, sass: bool, dtype: str = "float16
     phase = get_phase(phase_id)
     config = build(phase, head_dim, dtype)
     ptx = compile_phase_ptx(phase.ID, head_dim, dtype)
-    log, cubin = assemble(ptx, linked=config.ptx_files)
+    # a kernel compiled for launch bounds may trade registers between warpgroups (setmaxnreg), which
+    # only the LTO route keeps (see assemble)
+    code = compile_phase_ltoir(phase.ID, head_dim, dtype) if config.launch_bounds else ptx
+    log, cubin = assemble(code, linked=config.ptx_files)
     report = {"phase": phase.ID, "name": phase.NAME, "head_dim": head_dim, "dtype": dtype, "arch": ARCH}
     report.update(parse_resource_usage(log))
     # the link route: which ptx/ files were linked, and the stack frame of each function called

@@ -105,8 +105,11 @@ def other_ladders(records, anchor) -> list[tuple]:
     return pairs
 
 
-def sweep_records(records):
-    return _latest_pair([r for r in records if "sweep" in r])
+def sweep_records(records) -> list[tuple]:
+    """(non-causal, causal) sweep records, one pair per head dim (ascending), each the newest."""
+    sweeps = [r for r in records if "sweep" in r]
+    return [_latest_pair([r for r in sweeps if r["config"]["D"] == D])
+            for D in sorted({r["config"]["D"] for r in sweeps})]
 
 
 def _result(record, name):
@@ -400,12 +403,14 @@ def plot_ladder(nc, c, path: Path) -> Path:
     return path
 
 
-def plot_sweep(nc, c, path: Path) -> Path:
-    """TFLOPS over S, one line per kernel; one panel per causal mode present."""
+def plot_sweep(pairs, path: Path) -> Path:
+    """TFLOPS over S, one line per kernel; a row of panels per head dim, one panel per causal mode."""
     plt = _pyplot()
-    runs = [(label, record) for label, record in (("non-causal", nc), ("causal", c)) if record is not None]
-    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.5), squeeze=False)
-    for ax, (label, record) in zip(axes[0], runs, strict=True):
+    rows = [[(label, record) for label, record in (("non-causal", nc), ("causal", c)) if record is not None]
+            for nc, c in pairs]
+    width = max(len(runs) for runs in rows)
+    fig, axes = plt.subplots(len(rows), width, figsize=(6 * width, 4.5 * len(rows)), squeeze=False)
+    for ax, (label, record) in ((axes[i][j], run) for i, runs in enumerate(rows) for j, run in enumerate(runs)):
         names = [(r["name"], r["kind"], r["title"]) for r in record["sweep"][0]["results"]]
         for name, kind, title in names:
             xs, ys = [], []
@@ -428,6 +433,9 @@ def plot_sweep(nc, c, path: Path) -> Path:
         ax.set_title(f"{record['provenance']['gpu_name']}, {label}, H={c0['H']} D={c0['D']}", fontsize=10)
         ax.grid(which="both", alpha=0.3)
         ax.legend(fontsize=6)
+    for i, runs in enumerate(rows):
+        for j in range(len(runs), width):
+            axes[i][j].axis("off")  # a head dim measured in one causal mode only
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
@@ -458,11 +466,11 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
     except RecordError as e:
         raise ReportError(str(e)) from None
     nc, c = ladder_records(records)
-    sweep_nc, sweep_c = sweep_records(records)
+    sweeps = sweep_records(records)
     summary = [f"{len(records)} record(s) in {records_dir}"]
 
     plots = []
-    if nc or c or sweep_nc or sweep_c:
+    if nc or c or sweeps:
         try:
             _pyplot()
         except ImportError:
@@ -470,8 +478,8 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
         else:
             if nc or c:
                 plots.append(plot_ladder(nc, c, plots_dir / "ladder.png"))
-            if sweep_nc or sweep_c:
-                plots.append(plot_sweep(sweep_nc, sweep_c, plots_dir / "sweep.png"))
+            if sweeps:
+                plots.append(plot_sweep(sweeps, plots_dir / "sweep.png"))
             summary += [f"{p}: written" for p in plots]
 
     if not readme.exists():

@@ -23,6 +23,7 @@ _MODULES = (
     "p06_wmma",
     "p07_mma_sync",
     "p08_wgmma",
+    "p09_warp_specialized",
 )
 
 DEFAULT_DTYPES = ("float16",)

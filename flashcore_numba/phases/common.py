@@ -18,7 +18,8 @@ Every kernel has the same signature, `kernel(Q, K, V, O, causal, qk_scale)`, wit
 of shape (B, H, S, D) fp16, and the same grid: x = block of BLOCK_M query rows, y = head,
 z = batch. A bf16 kernel (phase 07 on) gets the arrays as int16 bit patterns (Numba has no
 bf16 type), and a kernel that stores two neighbouring output columns at once
-(`packed_output`) gets O viewed as uint32 pairs, (B, H, S, D/2).
+(`packed_output`) gets O viewed as uint32 pairs, (B, H, S, D/2). A kernel that loads its
+tiles by TMA (phase 09, `tma_box`) gets one argument more, last: the tensor maps of Q, K and V.
 """
 
 from __future__ import annotations
@@ -177,13 +178,20 @@ class KernelConfig:
     smem_bytes: int  # dynamic shared memory per block
     ptx_files: tuple = ()  # ptx/ files the kernel links (the link route): what machine_code must link too
     packed_output: bool = False  # the kernel writes O as uint32 pairs of 16-bit values
+    tma_box: tuple | None = None  # the kernel loads Q, K, V by TMA: it also gets their tensor maps (this box)
+    launch_bounds: tuple | None = None  # (threads, blocks per SM) the kernel was compiled for, if any
 
     def arguments(self, q, k, v, o, causal: bool, qk_scale: float) -> tuple:
         """The kernel's arguments, as `launch` passes them (the benchmark reads registers by them)."""
         if self.packed_output:
             o = o.view(np.uint32)
         # float32 on purpose: a Python float would be typed float64 and drag fp64 math in.
-        return (q, k, v, o, bool(causal), np.float32(qk_scale))
+        args = (q, k, v, o, bool(causal), np.float32(qk_scale))
+        if self.tma_box:
+            from ..arch.tma import head_maps
+
+            args += (head_maps((q, k, v), self.tma_box),)
+        return args
 
     def launch(self, q, k, v, o, causal: bool, qk_scale: float, stream=0) -> None:
         args = self.arguments(q, k, v, o, causal, qk_scale)

@@ -1,0 +1,169 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Phase 09 — warp specialization: a TMA producer and consumers taking turns
+#
+# *Previous: [08 wgmma](08_wgmma.ipynb). Hardware background:
+# [docs/hardware.md](../docs/hardware.md#tensor-cores-phases-06-09). Course map: [README](README.md).*
+#
+# ## The idea
+#
+# In phase 08 every warpgroup did everything: computed the addresses of its share of the next K/V tile,
+# issued the `cp.async` copies, waited for them, met every other warp at a block barrier, multiplied,
+# ran the softmax. Hopper lets a block split those jobs by *role*:
+#
+# 1. **TMA** — the Tensor Memory Accelerator copies a whole box (here 64 rows × 64 columns, 8 KB) from
+#    global to shared memory with *one* instruction issued by *one* thread, writes it in the 128-byte
+#    swizzle phase 08 already reads, and fills rows past the end of the tensor with zeros. It is told
+#    what the tensor looks like by a **tensor map**, a 128-byte descriptor the driver builds on the host.
+# 2. **mbarriers** — a TMA copy reports completion by counting its bytes down on a barrier in shared
+#    memory. A ring of K/V *stages*, each with a "full" barrier (the bytes landed) and an "empty"
+#    barrier (every consumer is done with it), replaces the block-wide `syncthreads` of phase 08.
+# 3. **Warp specialization** — warpgroup 0 is the *producer*: one of its threads streams tiles into the
+#    ring. The other warpgroups are *consumers*: they only wait on "full", compute, and arrive on "empty".
+# 4. **setmaxnreg** — the producer needs almost no registers, the consumers need many. A block starts
+#    with the same count for every thread; the producer gives its registers back, the consumers take them.
+# 5. **Ping-pong** — the consumers take turns at the tensor cores, fenced by *named barriers*: while one
+#    runs its two products, the others run their softmax on the FP32 and exp2 units.
+
+# %%
+# Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
+# driver shows one, else in Numba's CUDA simulator on the CPU. Set NUMBA_ENABLE_CUDASIM to choose.
+import os
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if os.path.exists("/dev/nvidiactl") else "1"
+
+# %%
+from flashcore_numba.arch import tma
+from flashcore_numba.course import notebooks
+from flashcore_numba.phases import p08_wgmma
+from flashcore_numba.phases import p09_warp_specialized as phase
+
+lesson = notebooks.Lesson("09")
+lesson.intro()
+
+# %%
+lesson.changelog()
+
+# %% [markdown]
+# ## The pipeline as a timeline
+#
+# A schematic (not measured) picture of one block at D = 128: the producer runs ahead of the consumers,
+# as far as the ring lets it (4 stages); the two consumers alternate at the tensor cores. A turn issues
+# S = Q·Kᵀ of tile n and P·V of tile n − 1 together, so the softmax of tile n follows its own S and
+# P·V of that tile waits for the next turn.
+
+# %%
+notebooks.draw_warp_specialization()
+
+# %% [markdown]
+# ## The ring and its parities
+#
+# An mbarrier counts arrivals (and, for TMA, bytes). When the count reaches zero its *phase* completes
+# and its phase bit flips; a waiter asks "has the phase of parity p completed?". Tile n uses stage
+# `n % STAGES` for the `n // STAGES`-th time, so the consumers wait on "full" with parity
+# `(n // STAGES) % 2`. The producer waits on "empty" with the opposite parity: on a fresh barrier the
+# phase of parity 1 counts as completed, so the first round of stages is free without anyone arriving.
+#
+# The functions, from [ptx/tma.ptx](../ptx/tma.ptx) — the TMA load and the wait:
+
+# %%
+lesson.show_ptx("tma.ptx", "flashcore_tma_load_3d")
+
+# %%
+lesson.show_ptx("tma.ptx", "flashcore_mbarrier_wait")
+
+# %% [markdown]
+# and from [ptx/warpgroup.ptx](../ptx/warpgroup.ptx) the register hand-over and the named barriers of
+# the turns (its header does the register arithmetic):
+
+# %%
+lesson.show_ptx("warpgroup.ptx", "flashcore_setmaxnreg_inc_240")
+
+# %%
+lesson.show_ptx("warpgroup.ptx", "flashcore_bar_arrive")
+
+# %% [markdown]
+# The tensor maps are built on the host by `cuTensorMapEncodeTiled` (through cuda-bindings) and cached;
+# the layouts TMA cannot describe are refused with the argument named:
+
+# %%
+lesson.show_source(tma.head_maps, tma.check_layout)
+
+# %% [markdown]
+# ## The kernel
+#
+# Against phase 08's: the `cp.async` copies and the block barriers are gone; the kernel splits into the
+# producer's loop and the consumers' loop.
+
+# %%
+lesson.show_diff(p08_wgmma.build_kernel, phase.build_kernel)
+
+# %% [markdown]
+# ## Is it correct?
+#
+# In the simulator the mbarriers, TMA copies (with their zero fill and swizzle) and named barriers are
+# emulated ([`arch/sim_tma.py`](../flashcore_numba/arch/sim_tma.py),
+# [`arch/sim_warpgroup.py`](../flashcore_numba/arch/sim_warpgroup.py)), so the whole producer/consumer
+# protocol runs: a wrong parity deadlocks there too, and the emulation says which barrier is stuck.
+
+# %%
+lesson.check()
+
+# %% [markdown]
+# ## How fast is it? One row per idea
+#
+# `09-ws` is the producer and the ring alone, consumers without turns; `09` adds the turns; `09-fused`
+# issues a turn's two products in one call, both in flight before a single wait. Each row is measured
+# in the same run.
+
+# %%
+timings = lesson.timing()
+
+# %%
+lesson.plot_timing(timings)
+
+# %% [markdown]
+# What the rows say, and what is missing: the turns pay, the fused call does not (the tensor cores
+# were not idle between the two products). At D = 64 the softmax costs as much as both products and
+# phase 08, with two blocks of two warpgroups per SM, stays ahead of one block of three consumers.
+# FlashAttention-3 also overlaps a warpgroup's softmax with its *own* next Q·Kᵀ; here a PTX function
+# returns its accumulators at its end, and reading an accumulator before its `wgmma.wait_group` makes
+# ptxas serialize every wgmma of the kernel, so that overlap is not expressible this way.
+
+# %% [markdown]
+# ## What changed in the machine code
+#
+# The kernel reports the registers of its launch (168 per thread at D = 128: 384 threads in one block
+# per SM); after `setmaxnreg` the consumers run with 240. ptxas honours `setmaxnreg` only when it knows
+# the count at entry (the kernel's launch bounds) and compiles the whole program (Numba's LTO route).
+
+# %%
+lesson.machine_code()
+
+# %%
+lesson.ptx(["cp.async.bulk.tensor", "mbarrier.try_wait", "setmaxnreg", "bar.sync", "bar.arrive"], max_lines=16)
+
+# %%
+lesson.sass(["UTMALDG", "SYNCS", "USETMAXREG", "BAR.SYNC", "BAR.ARV", "HGMMA", "STL", "LDL"])
+
+# %% [markdown]
+# ## Exercise
+#
+# Where the boxes come from. A tensor map sees Q, K and V as (B·H, S, D): the plane is the head, the
+# row is the query or key, the column is d, and a box is 64 rows × 64 columns. 09-a: the first query
+# row of consumer c's Q tile. 09-b: the first column and first key of box a of K/V tile n. A wrong
+# coordinate does not hang the kernel (the box still brings its bytes to the barrier); it brings the
+# wrong rows, and the graded checks see it.
+
+# %%
+lesson.exercise()

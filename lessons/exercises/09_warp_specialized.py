@@ -1,0 +1,379 @@
+# Exercise 09: Hopper TMA + warp specialization: a producer warpgroup, consumers taking turns
+#
+# This is the finished phase 09 kernel with 2 marked regions emptied:
+#   09-a: the first query row of consumer c's tile
+#   09-b: the box's first column and first row (key) for atom a of tile n
+# Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
+# Change nothing else: solving only adds lines. The docstring below is the lesson.
+#
+# Grade it (hidden random inputs and adversarial shapes; points and reasons per check):
+#     flashcore grade 09                         this file
+#     flashcore grade 09 path/to/copy.py         a copy of it
+#     pytest lessons/exercises --grade 09        the same checks, as pytest tests
+# Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
+# Stuck? The solution is flashcore_numba/phases/p09_warp_specialized.py.
+#
+# Generated from that file by `python -m flashcore_numba.course.exercises --write`:
+# improve the phase, not this copy.
+"""Phase 09 — warp specialization: a TMA producer and consumer warpgroups taking turns.
+
+What changed from phase 08
+    Phase 08's warpgroups did everything: each thread computed addresses and issued cp.async
+    copies, then every warp met at a block barrier once per tile before the tensor cores could
+    read it. Here the work is split by role (FlashAttention-3's design):
+    - a *producer* warpgroup; one of its threads issues TMA loads (ptx/tma.ptx): one instruction
+      copies a 64 x 64 box of Q, K or V, in the 128-byte swizzle phase 08 already reads, and
+      counts its bytes on an mbarrier. It fills a ring of STAGES K/V stages ahead of the
+      consumers, each stage guarded by two mbarriers: "full" (its bytes landed) and "empty" (every
+      consumer is done with it). No block barrier is left in the loop;
+    - *consumer* warpgroups (two at D = 128, three at D = 64), 64 query rows each, run phase 08's
+      math: S = Q·Kᵀ and P·V by wgmma, the online softmax on the accumulators;
+    - registers follow the work (ptx/warpgroup.ptx): the kernel is compiled for one block per SM
+      (launch bounds), the producer gives most of its registers back (setmaxnreg.dec 24) and the
+      consumers take them (setmaxnreg.inc 240 at D = 128, 160 at D = 64);
+    - ping-pong: the consumers take turns at the tensor cores (named barriers 1, 2, 3, in a
+      circle). While one warpgroup runs its products, the others run their softmax, so the tensor
+      cores and the exp2 units work at the same time instead of every warpgroup waiting for the
+      same one. A turn issues S = Q·Kᵀ of tile n and P·V of tile n - 1 (the loop computes S first,
+      folds in the previous tile's P·V, then runs the softmax; the last P·V follows the loop);
+    - causal work is balanced: the blocks with the most keys (the last query rows) start first.
+    VARIANTS keep each idea measurable: "ws" is the producer and the ring without turns, and
+    "fused" issues a turn's two products in one call (`qk_pv`, ptx/wgmma.ptx), both in flight
+    before one wait. "fused" measured no faster than two calls (406 against 410 TFLOPS at D=128 in
+    a first timing), so phase 09 keeps the two calls; the records carry both rows.
+
+Why the hardware rewards it
+    A TMA load is one instruction for 8 KB; the producer costs the consumers nothing but the
+    registers it hands over. Without a block-wide barrier per tile the consumer warpgroups
+    drift apart, and the turns keep them apart on purpose: the SM's tensor cores see one
+    warpgroup's products while the others' softmax, which the tensor cores cannot help with,
+    runs on the FP32 and MUFU units. The ring must be deep: at D = 128, 2 stages measured 334
+    TFLOPS and 4 stages 410 in a first timing.
+    Not done here, and why: FlashAttention-3 also overlaps a warpgroup's softmax with its *own*
+    next Q·Kᵀ. That needs the S accumulators of an unfinished wgmma to live across the softmax
+    code; in this project a PTX function hands its results back through its output registers at
+    its end, and an accumulator read before its wait makes ptxas serialize every wgmma of the
+    kernel. At D = 64, where the softmax costs as much as both products, phase 09 (one block of
+    three consumers per SM) stays behind phase 08, which fits two blocks of two warpgroups.
+
+Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
+    [measured:begin]
+    [measured:end]
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from numba import cuda, float32, int32, uint32
+
+from flashcore_numba.arch import ptx
+from flashcore_numba.arch.sim import fast_fdividef, simulator_enabled
+from flashcore_numba.phases.common import KernelConfig, key_end, softmax_rescale
+
+ID = "09"
+NAME = "warp_specialized"
+TITLE = "Hopper TMA + warp specialization: a producer warpgroup, consumers taking turns"
+HEAD_DIMS = (64, 128)
+DTYPES = ("float16", "bfloat16")
+GQA = True
+MIN_CC = MAX_CC = (9, 0)  # wgmma, setmaxnreg: Hopper alone (sm_90a)
+VARIANTS = {
+    "ws": "TMA producer + mbarrier ring, consumers without turns",
+    "fused": "warp specialization + turns, a turn's two products in one call",
+}
+
+FULL_MASK = 0xFFFFFFFF
+WG_M = 64  # rows of one wgmma: a consumer warpgroup's share of the query block
+BLOCK_N = 64  # keys per tile
+ROW = 128  # bytes of one row of a 128-byte-swizzle atom (64 fp16)
+ATOM = WG_M * ROW  # one atom: 64 rows of 64 columns, 8192 bytes; also one TMA box
+GROUP = 8 * ROW  # eight rows: the SBO of every descriptor here
+MMA_N, MMA_K = 8, 16
+# per head dim: consumer warpgroups (warpgroup 0 is the producer), and the registers per thread a
+# consumer raises itself to (the most the block's 65536 leave once the producer is down to 24)
+CONSUMERS = {64: 3, 128: 2}
+CONSUMER_REGISTERS = {2: 240, 3: 160}
+SIM_CONSUMERS = 2  # in the simulator (one Python thread per CUDA thread): 384 threads at any D
+STAGES = {64: 4, 128: 4}  # K/V ring depth
+TURN = 1  # named barriers TURN + c: consumer c's turn at the tensor cores
+TURN_THREADS = 256  # a turn barrier completes with its consumer (sync) and the one before (arrive)
+WG_SYNC = 4  # named barriers WG_SYNC + c: consumer c's 128 threads only
+PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
+
+
+def layout(HEAD_DIM):
+    """Every derived constant. Shared memory: Q (BLOCK_M rows, one 64-row tile per consumer), the
+    ring of STAGES K/V stages, then the mbarriers; tiles are D / 64 swizzled atoms, 1024-aligned."""
+    consumers = SIM_CONSUMERS if simulator_enabled() else CONSUMERS[HEAD_DIM]
+    L = dict(HEAD_DIM=HEAD_DIM, CONSUMERS=consumers, BLOCK_M=WG_M * consumers, BLOCK_N=BLOCK_N,
+             N_THREADS=128 * (1 + consumers))
+    L["LAUNCH_BOUNDS"] = (L["N_THREADS"], 1)  # one block per SM: 65536 / N_THREADS registers at launch
+    L["CONSUMER_REGISTERS"] = CONSUMER_REGISTERS[consumers]
+    L["ATOMS"] = HEAD_DIM // 64  # TMA boxes (64 columns) per tile row
+    L["TILE_BYTES"] = WG_M * HEAD_DIM * 2  # one 64-row tile of Q, K or V
+    L["STAGES"] = STAGES[HEAD_DIM]
+    L["Q_OFF"] = 0
+    L["RING_OFF"] = consumers * L["TILE_BYTES"]
+    L["STAGE_BYTES"] = 2 * L["TILE_BYTES"]  # K, then V
+    L["BARS_OFF"] = L["RING_OFF"] + L["STAGES"] * L["STAGE_BYTES"]
+    L["SMEM_BYTES"] = L["BARS_OFF"] + 8 * (2 * L["STAGES"] + 1)  # full[], empty[], q_full
+    L["NT"] = BLOCK_N // MMA_N
+    L["KP"] = BLOCK_N // MMA_K
+    L["NO"] = HEAD_DIM // MMA_N
+    return L
+
+
+def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig:
+    kind = PTX_TYPE[dtype]
+    HEAD_DIM = L["HEAD_DIM"]
+    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{HEAD_DIM}_{kind}", "inline")
+    pv = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_d{HEAD_DIM}_{kind}", "inline")
+    qk_pv = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_pv_d{HEAD_DIM}_{kind}", "inline")
+    fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{kind}x2", "inline")
+    mbar_init = ptx.function("tma.ptx", "flashcore_mbarrier_init", "inline")
+    fence_mbar_init = ptx.function("tma.ptx", "flashcore_fence_mbarrier_init", "inline")
+    expect_tx = ptx.function("tma.ptx", "flashcore_mbarrier_arrive_expect_tx", "inline")
+    arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
+    wait = ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline")
+    tma_load = ptx.function("tma.ptx", "flashcore_tma_load_3d", "inline")
+    regs_inc = ptx.function("warpgroup.ptx", f"flashcore_setmaxnreg_inc_{L['CONSUMER_REGISTERS']}", "inline")
+    regs_dec = ptx.function("warpgroup.ptx", "flashcore_setmaxnreg_dec_24", "inline")
+    bar_sync = ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline")
+    bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
+    shared_address, map_address, descriptor = ptx.shared_address, ptx.map_address, ptx.matrix_descriptor
+    SW128 = ptx.SWIZZLE_128B
+    BLOCK_M, STAGES, ATOMS = L["BLOCK_M"], L["STAGES"], L["ATOMS"]
+    TILE_BYTES, RING_OFF, STAGE_BYTES, BARS_OFF = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"], L["BARS_OFF"]
+    NT, KP, NO = L["NT"], L["KP"], L["NO"]
+    Q_WG_WORDS = TILE_BYTES // 4
+    CONSUMERS = L["CONSUMERS"]
+    CONSUMER_THREADS = 128 * CONSUMERS
+    LAUNCH_BOUNDS = L["LAUNCH_BOUNDS"]
+
+    @cuda.jit(device=True, inline=True)
+    def fold(acc, o_tile, alpha_a, alpha_b):
+        """acc = alpha · acc + P·V of one tile (rows a: registers 0, 1; rows b: 2, 3)."""
+        for j in range(NO):
+            acc[j, 0] = cuda.fma(acc[j, 0], alpha_a, o_tile[4 * j + 0])
+            acc[j, 1] = cuda.fma(acc[j, 1], alpha_a, o_tile[4 * j + 1])
+            acc[j, 2] = cuda.fma(acc[j, 2], alpha_b, o_tile[4 * j + 2])
+            acc[j, 3] = cuda.fma(acc[j, 3], alpha_b, o_tile[4 * j + 3])
+
+    def kernel(Q, K, V, O, causal, qk_scale, maps):
+        smem_h = cuda.shared.array(0, uint32, alignment=1024)
+        smem = shared_address(smem_h)
+        full = smem + BARS_OFF  # full[s] at full + 8 s: stage s holds its tile
+        empty = full + 8 * STAGES  # empty[s]: both consumers are done with stage s
+        q_full = empty + 8 * STAGES  # Q has landed
+        b = cuda.blockIdx.z
+        h = cuda.blockIdx.y
+        h_kv = uint32(uint32(h) * uint32(K.shape[1])) // uint32(Q.shape[1])  # 32-bit: see phase 08
+        # the blocks with the most keys first: under a causal mask the last query rows see the most
+        m_block = cuda.gridDim.x - 1 - cuda.blockIdx.x
+        row0 = m_block * BLOCK_M
+        seq_q = Q.shape[2]
+        seq_k = K.shape[2]
+        block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
+        n_tiles = (block_k_end + BLOCK_N - 1) // BLOCK_N
+        tid = cuda.threadIdx.x
+        wg = tid // 128
+
+        if tid == 0:  # one thread sets the barriers up; the block barrier publishes them
+            mbar_init(q_full, uint32(1))
+            for s in range(STAGES):
+                mbar_init(full + 8 * s, uint32(1))  # the producer's arrival (and the TMA bytes)
+                mbar_init(empty + 8 * s, uint32(CONSUMER_THREADS))  # every consumer thread's
+            fence_mbar_init()
+        cuda.syncthreads()
+
+        if wg == 0:
+            # ---------------- producer: one thread streams Q, then K and V tile after tile --------
+            regs_dec()
+            if tid == 0:
+                map_q, map_k, map_v = map_address(maps[0]), map_address(maps[1]), map_address(maps[2])
+                # tensors are seen as (B*H, S, D): plane b*H + h is one head; a box is 64 rows x 64 columns
+                plane_q = int32(b * Q.shape[1] + h)
+                plane_kv = int32(b * K.shape[1] + h_kv)
+                expect_tx(q_full, uint32(CONSUMERS * TILE_BYTES))  # all of Q completes one barrier
+                for c in range(CONSUMERS):  # consumer c's 64 rows of Q, D / 64 boxes
+                    q_row = int32(0)
+                    # >>> exercise 09-a: the first query row of consumer c's tile
+                    # <<< exercise
+                    for a in range(ATOMS):
+                        tma_load(smem + c * TILE_BYTES + a * ATOM, map_q, int32(64 * a), q_row, plane_q, q_full)
+                for n in range(n_tiles):  # fill stage n % STAGES once it is free
+                    stage = n % STAGES
+                    parity = uint32((n // STAGES) % 2)  # which use of the stage this is, mod 2
+                    wait(empty + 8 * stage, parity ^ uint32(1))  # the use before this one was released
+                    expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
+                    k_tile = smem + RING_OFF + stage * STAGE_BYTES
+                    for a in range(ATOMS):  # box a holds columns 64a .. 64a + 63 of d
+                        col = int32(0)
+                        row = int32(0)
+                        # >>> exercise 09-b: the box's first column and first row (key) for atom a of tile n
+                        # <<< exercise
+                        tma_load(k_tile + a * ATOM, map_k, col, row, plane_kv, full + 8 * stage)
+                        tma_load(k_tile + TILE_BYTES + a * ATOM, map_v, col, row, plane_kv, full + 8 * stage)
+            return
+
+        # -------------------- consumers: warpgroup c owns query rows row0 + 64c .. + 63 ------------
+        regs_inc()
+        c = wg - 1
+        warp = (tid % 128) // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        row_a = row0 + c * WG_M + warp * 16 + g
+        row_b = row_a + 8
+        k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
+        k_end_b = key_end(min(row_b, seq_q - 1), seq_q, seq_k, causal)
+
+        s = cuda.local.array((NT, 4), float32)
+        p_frag = cuda.local.array((KP, 4), uint32)
+        acc = cuda.local.array((NO, 4), float32)
+        for j in range(NO):
+            for e in range(4):
+                acc[j, e] = float32(0.0)
+        m_a = float32(-math.inf)
+        m_b = float32(-math.inf)
+        l_a = float32(0.0)
+        l_b = float32(0.0)
+        alpha_a = float32(1.0)  # the rescale of the previous tile, applied when its P·V is folded in
+        alpha_b = float32(1.0)
+        scale = max(abs(qk_scale), float32(1e-30))
+        desc_q = descriptor(smem + c * TILE_BYTES, 16, GROUP, SW128)
+
+        wait(q_full, uint32(0))
+        if qk_scale < 0:  # flip the sign of this warpgroup's Q, once (phase 07's trick)
+            for i in range(Q_WG_WORDS // 128):
+                smem_h[c * Q_WG_WORDS + tid % 128 + i * 128] ^= uint32(0x80008000)
+            fence_proxy_async()
+            bar_sync(uint32(WG_SYNC + c), uint32(128))
+        if pingpong and c == CONSUMERS - 1:
+            bar_arrive(uint32(TURN), uint32(TURN_THREADS))  # consumer 0 takes the first turn
+
+        for n in range(n_tiles):
+            stage = n % STAGES
+            wait(full + 8 * stage, uint32((n // STAGES) % 2))  # tile n has landed
+            prev = (n + STAGES - 1) % STAGES  # tile n - 1's stage
+            desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
+            desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + TILE_BYTES, ATOM, GROUP, SW128)
+
+            # -- this warpgroup's turn: S of tile n, and P·V of tile n - 1
+            if pingpong:
+                bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
+            if n == 0:
+                s_tile = qk(desc_q, desc_k)
+            elif fused:
+                both = qk_pv(desc_q, desc_k,
+                             p_frag[0, 0], p_frag[0, 1], p_frag[0, 2], p_frag[0, 3],
+                             p_frag[1, 0], p_frag[1, 1], p_frag[1, 2], p_frag[1, 3],
+                             p_frag[2, 0], p_frag[2, 1], p_frag[2, 2], p_frag[2, 3],
+                             p_frag[3, 0], p_frag[3, 1], p_frag[3, 2], p_frag[3, 3], desc_v)
+                s_tile = both[:32]
+                fold(acc, both[32:], alpha_a, alpha_b)
+            else:
+                s_tile = qk(desc_q, desc_k)
+                fold(acc, pv(p_frag[0, 0], p_frag[0, 1], p_frag[0, 2], p_frag[0, 3],
+                             p_frag[1, 0], p_frag[1, 1], p_frag[1, 2], p_frag[1, 3],
+                             p_frag[2, 0], p_frag[2, 1], p_frag[2, 2], p_frag[2, 3],
+                             p_frag[3, 0], p_frag[3, 1], p_frag[3, 2], p_frag[3, 3], desc_v), alpha_a, alpha_b)
+            if pingpong:
+                bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))  # the next one's turn
+            if n > 0:
+                arrive(empty + 8 * prev)  # tile n - 1 is used up: its stage may be refilled
+            for j in range(NT):
+                for e in range(4):
+                    s[j, e] = s_tile[4 * j + e]
+
+            # -- the softmax of phase 08 (masking, row maxima, exp2 with the scale folded in)
+            start_n = n * BLOCK_N
+            masked = start_n + BLOCK_N > min(k_end_a, k_end_b)
+            m_ij_a = float32(-math.inf)
+            m_ij_b = float32(-math.inf)
+            for j in range(NT):
+                if masked:
+                    col = start_n + j * MMA_N + 2 * t
+                    if col >= k_end_a:
+                        s[j, 0] = float32(-math.inf)
+                    if col + 1 >= k_end_a:
+                        s[j, 1] = float32(-math.inf)
+                    if col >= k_end_b:
+                        s[j, 2] = float32(-math.inf)
+                    if col + 1 >= k_end_b:
+                        s[j, 3] = float32(-math.inf)
+                m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
+                m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
+            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
+            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
+            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
+            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
+            m_ij_a *= scale
+            m_ij_b *= scale
+            m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a)
+            m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b)
+            sum_a = float32(0.0)
+            sum_b = float32(0.0)
+            for j in range(NT):
+                s[j, 0] = math.exp2(cuda.fma(s[j, 0], scale, -m_ref_a))
+                s[j, 1] = math.exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
+                s[j, 2] = math.exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
+                s[j, 3] = math.exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
+                sum_a += s[j, 0] + s[j, 1]
+                sum_b += s[j, 2] + s[j, 3]
+            l_a = l_a * alpha_a + sum_a
+            l_b = l_b * alpha_b + sum_b
+            m_a = m_new_a
+            m_b = m_new_b
+            for kk in range(KP):
+                p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
+                p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
+                p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
+                p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+
+        if n_tiles > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
+            last = (n_tiles - 1) % STAGES
+            desc_v = descriptor(smem + RING_OFF + last * STAGE_BYTES + TILE_BYTES, ATOM, GROUP, SW128)
+            fold(acc, pv(p_frag[0, 0], p_frag[0, 1], p_frag[0, 2], p_frag[0, 3],
+                         p_frag[1, 0], p_frag[1, 1], p_frag[1, 2], p_frag[1, 3],
+                         p_frag[2, 0], p_frag[2, 1], p_frag[2, 2], p_frag[2, 3],
+                         p_frag[3, 0], p_frag[3, 1], p_frag[3, 2], p_frag[3, 3], desc_v), alpha_a, alpha_b)
+        if pingpong and c == 0:
+            # the last consumer opened one turn more than consumer 0 took (its first arrival): take
+            # it, so that no barrier is left half-arrived when the block exits
+            bar_sync(uint32(TURN), uint32(TURN_THREADS))
+
+        # -- epilogue as in phase 08: the rows' sums over the quad, o = acc / l_i, packed pairs
+        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
+        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
+        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
+        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
+        inv_a = fast_fdividef(float32(1.0), l_a) if l_a > float32(0.0) else float32(0.0)
+        inv_b = fast_fdividef(float32(1.0), l_b) if l_b > float32(0.0) else float32(0.0)
+        for j in range(NO):
+            pair = j * (MMA_N // 2) + t
+            if row_a < seq_q:
+                O[b, h, row_a, pair] = pack(acc[j, 0] * inv_a, acc[j, 1] * inv_a)
+            if row_b < seq_q:
+                O[b, h, row_b, pair] = pack(acc[j, 2] * inv_b, acc[j, 3] * inv_b)
+
+    if simulator_enabled():
+        compiled = cuda.jit(kernel)
+    else:  # 384 threads, one block per SM: ptxas budgets 168 registers per thread, which setmaxnreg
+        # then moves from the producer to the consumers (see ptx/warpgroup.ptx)
+        compiled = cuda.jit(launch_bounds=LAUNCH_BOUNDS)(kernel)
+    return KernelConfig(compiled, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
+                        packed_output=True, tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS)
+
+
+@lru_cache(maxsize=None)
+def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16") -> KernelConfig:
+    """The kernel for head dim HEAD_DIM and `dtype`; `variant` "ws" (no turns) or "fused" (one call per turn)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: phase 09 builds {' and '.join(DTYPES)}, not {dtype!r}")
+    if variant not in (None, *VARIANTS):
+        raise ValueError(f"variant: expected None or one of {', '.join(VARIANTS)}, got {variant!r}")
+    return build_kernel(layout(HEAD_DIM), dtype, pingpong=variant != "ws", fused=variant == "fused")
