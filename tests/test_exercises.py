@@ -47,6 +47,9 @@ JOB_TIMEOUT_S = 900
 STUB_RIGHT_BY_DESIGN = {
     "04": ("03", {c.name for c in grade.checks_for("04") if c.kind == "correctness"}),
     "05": ("03", {"short", "s_one"}),
+    # phase 09's regions are TMA box coordinates; a problem within the first query tile and the first
+    # key tile has them all 0, the stub's values. Phase 08 has the same tiles in the simulator.
+    "09": ("08", {"short", "s_one"}),
 }
 
 

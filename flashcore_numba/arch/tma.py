@@ -20,6 +20,7 @@ zero-fills what lies outside the tensor and applies the swizzle, as the hardware
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -86,9 +87,10 @@ def _describe(array):
                 str(array.dtype).replace("torch.", ""))
     iface = array.__cuda_array_interface__
     shape = tuple(iface["shape"])
-    itemsize = np.dtype(iface["typestr"]).itemsize
-    strides = iface.get("strides") or tuple(int(np.prod(shape[i + 1:])) * itemsize for i in range(len(shape)))
-    return iface["data"][0], shape, tuple(strides), np.dtype(iface["typestr"]).name
+    dtype = np.dtype(iface["typestr"])
+    # math.prod, not np.prod: this runs on every launch of a TMA kernel
+    strides = iface.get("strides") or tuple(math.prod(shape[i + 1:]) * dtype.itemsize for i in range(len(shape)))
+    return iface["data"][0], shape, tuple(strides), dtype.name
 
 
 def head_maps(arrays, box, swizzle: str = "128B"):

@@ -22,25 +22,59 @@ What changed from phase 08
     - causal work is balanced: the blocks with the most keys (the last query rows) start first.
     VARIANTS keep each idea measurable: "ws" is the producer and the ring without turns, and
     "fused" issues a turn's two products in one call (`qk_pv`, ptx/wgmma.ptx), both in flight
-    before one wait. "fused" measured no faster than two calls (406 against 410 TFLOPS at D=128 in
-    a first timing), so phase 09 keeps the two calls; the records carry both rows.
+    before one wait. "fused" measured no faster than two calls (408 against 407 TFLOPS at D=128 in
+    the records of commit bcaee3a), so phase 09 keeps the two calls; the records carry both rows.
 
 Why the hardware rewards it
     A TMA load is one instruction for 8 KB; the producer costs the consumers nothing but the
     registers it hands over. Without a block-wide barrier per tile the consumer warpgroups
     drift apart, and the turns keep them apart on purpose: the SM's tensor cores see one
     warpgroup's products while the others' softmax, which the tensor cores cannot help with,
-    runs on the FP32 and MUFU units. The ring must be deep: at D = 128, 2 stages measured 334
-    TFLOPS and 4 stages 410 in a first timing.
+    runs on the FP32 and MUFU units. The ring must be deep (4 stages): with 2 the consumers wait
+    for TMA again.
     Not done here, and why: FlashAttention-3 also overlaps a warpgroup's softmax with its *own*
     next Q·Kᵀ. That needs the S accumulators of an unfinished wgmma to live across the softmax
     code; in this project a PTX function hands its results back through its output registers at
     its end, and an accumulator read before its wait makes ptxas serialize every wgmma of the
     kernel. At D = 64, where the softmax costs as much as both products, phase 09 (one block of
     three consumers per SM) stays behind phase 08, which fits two blocks of two warpgroups.
+    Not understood yet: the sweep record's D = 64 causal S = 512 point (commit bcaee3a) measured a
+    median of 1.09 ms, min 0.59, max 1.42, where S = 1024 takes 0.39 ms. The output was right,
+    and launches timed alone at that shape (with or without the turns, with try_wait or with a
+    polling mbarrier.test_wait) did not show it again.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
+    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 297 TFLOPS (0.89x phase 08,
+    SLOWER than phase 08), causal 240 TFLOPS (0.86x phase 08, SLOWER than phase 08); 128 registers,
+    0 B local memory. 09-fused: 293 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal 237 TFLOPS
+    (0.99x phase 09, SLOWER than phase 09). 09-ws: 287 TFLOPS (0.98x 09-fused, SLOWER than
+    09-fused), causal 231 TFLOPS (0.97x 09-fused, SLOWER than 09-fused). At B=16 H=16 S=2048 D=128
+    fp16: 09 407 TFLOPS (1.15x phase 08), causal 344 TFLOPS (1.15x phase 08); 09-fused 408 TFLOPS
+    (1.00x phase 09), causal 343 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 392 TFLOPS
+    (0.96x 09-fused, SLOWER than 09-fused), causal 329 TFLOPS (0.96x 09-fused, SLOWER than
+    09-fused). At B=16 H=16 S=2048 D=64 bf16: 09 297 TFLOPS (0.89x phase 08, SLOWER than phase 08),
+    causal 240 TFLOPS (0.86x phase 08, SLOWER than phase 08); 09-fused 293 TFLOPS (0.99x phase 09,
+    SLOWER than phase 09), causal 237 TFLOPS (0.99x phase 09, SLOWER than phase 09); 09-ws 287
+    TFLOPS (0.98x 09-fused, SLOWER than 09-fused), causal 231 TFLOPS (0.98x 09-fused, SLOWER than
+    09-fused). At B=16 H=16 S=2048 D=128 bf16: 09 408 TFLOPS (1.16x phase 08), causal 345 TFLOPS
+    (1.15x phase 08); 09-fused 405 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal 343 TFLOPS
+    (1.00x phase 09, SLOWER than phase 09); 09-ws 393 TFLOPS (0.97x 09-fused, SLOWER than 09-fused),
+    causal 330 TFLOPS (0.96x 09-fused, SLOWER than 09-fused). At B=16 H=32 H_kv=8 S=2048 D=64 fp16:
+    09 305 TFLOPS (0.90x phase 08, SLOWER than phase 08), causal 248 TFLOPS (0.85x phase 08, SLOWER
+    than phase 08); 09-fused 301 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal 245 TFLOPS
+    (0.99x phase 09, SLOWER than phase 09); 09-ws 294 TFLOPS (0.98x 09-fused, SLOWER than 09-fused),
+    causal 240 TFLOPS (0.98x 09-fused, SLOWER than 09-fused)
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16_causal.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16_causal.json,
+    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16.json,
+    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16_causal.json).
     [measured:end]
 """
 
