@@ -486,11 +486,12 @@ def accumulator_registers(M: np.ndarray) -> np.ndarray:
 
 
 def a_fragments(P_bits: np.ndarray) -> np.ndarray:
-    """(128, 16) .b32: per k-step k, a0..a3 of mma.sync's A layout for the thread's warp rows."""
-    out = np.zeros((128, 16), np.uint32)
+    """(128, 4 k-steps) .b32: per k-step k, a0..a3 of mma.sync's A layout for the thread's warp rows."""
+    steps = P_bits.shape[1] // 16
+    out = np.zeros((128, 4 * steps), np.uint32)
     for tid in range(128):
         w, g, t = tid // 32, (tid % 32) // 4, tid % 4
-        for k in range(4):
+        for k in range(steps):
             for e, (dr, dc) in enumerate([(0, 0), (8, 0), (0, 8), (8, 8)]):
                 r, c = 16 * w + g + dr, 16 * k + 2 * t + dc
                 out[tid, 4 * k + e] = (int(P_bits[r, c + 1]) << 16) | int(P_bits[r, c])
@@ -555,6 +556,90 @@ def test_wgmma_tiles_through_descriptors(head_dim, kind):
     wgmma_kernel(head_dim, kind)[1, 128](cuda.to_device(tiles), cuda.to_device(a_fragments(bits[3])), s_out, o_out)
     np.testing.assert_allclose(s_out.copy_to_host(), accumulator_registers(q @ k.T), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(o_out.copy_to_host(), accumulator_registers(p @ v), rtol=1e-4, atol=1e-3)
+
+
+def wgmma_128_keys_kernel(kind: str):
+    """S = Q.K^T over 128 keys, then O += P.V in place, P and O passed as tuples (the tuples route)."""
+    from flashcore_numba.phases.common import LOG2E  # noqa: F401 - the package's import order
+
+    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d128_n128_{kind}", "inline")
+    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d128_n128_{kind}", "inline", tuples=True)
+    fence = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
+    shared_address, descriptor, SW128 = ptx.shared_address, ptx.matrix_descriptor, ptx.SWIZZLE_128B
+    Q_BYTES, KV_BYTES = 64 * 128 * 2, 128 * 128 * 2
+    WORDS = (Q_BYTES + 2 * KV_BYTES) // 4
+
+    @cuda.jit
+    def products(tiles, frags, acc, s_out, o_out):
+        smem_h = cuda.shared.array(0, uint32, alignment=1024)
+        tid = cuda.threadIdx.x
+        for i in range(WORDS // 128):
+            smem_h[tid + i * 128] = tiles[tid + i * 128]
+        fence()
+        cuda.syncthreads()
+        smem = shared_address(smem_h)
+        s = qk(descriptor(smem, 16, 1024, SW128), descriptor(smem + Q_BYTES, 16, 1024, SW128))
+        for i in range(64):
+            s_out[tid, i] = s[i]
+        f, a = frags, acc
+        p = (f[tid, 0], f[tid, 1], f[tid, 2], f[tid, 3], f[tid, 4], f[tid, 5], f[tid, 6], f[tid, 7],
+             f[tid, 8], f[tid, 9], f[tid, 10], f[tid, 11], f[tid, 12], f[tid, 13], f[tid, 14], f[tid, 15],
+             f[tid, 16], f[tid, 17], f[tid, 18], f[tid, 19], f[tid, 20], f[tid, 21], f[tid, 22], f[tid, 23],
+             f[tid, 24], f[tid, 25], f[tid, 26], f[tid, 27], f[tid, 28], f[tid, 29], f[tid, 30], f[tid, 31])
+        o_in = (a[tid, 0], a[tid, 1], a[tid, 2], a[tid, 3], a[tid, 4], a[tid, 5], a[tid, 6], a[tid, 7],
+                a[tid, 8], a[tid, 9], a[tid, 10], a[tid, 11], a[tid, 12], a[tid, 13], a[tid, 14], a[tid, 15],
+                a[tid, 16], a[tid, 17], a[tid, 18], a[tid, 19], a[tid, 20], a[tid, 21], a[tid, 22], a[tid, 23],
+                a[tid, 24], a[tid, 25], a[tid, 26], a[tid, 27], a[tid, 28], a[tid, 29], a[tid, 30], a[tid, 31],
+                a[tid, 32], a[tid, 33], a[tid, 34], a[tid, 35], a[tid, 36], a[tid, 37], a[tid, 38], a[tid, 39],
+                a[tid, 40], a[tid, 41], a[tid, 42], a[tid, 43], a[tid, 44], a[tid, 45], a[tid, 46], a[tid, 47],
+                a[tid, 48], a[tid, 49], a[tid, 50], a[tid, 51], a[tid, 52], a[tid, 53], a[tid, 54], a[tid, 55],
+                a[tid, 56], a[tid, 57], a[tid, 58], a[tid, 59], a[tid, 60], a[tid, 61], a[tid, 62], a[tid, 63])
+        o = pv_acc(p, descriptor(smem + Q_BYTES + KV_BYTES, 128 * 128, 1024, SW128), o_in)
+        for i in range(64):
+            o_out[tid, i] = o[i]
+
+    return products, (Q_BYTES + 2 * KV_BYTES)
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_wgmma_128_key_tiles_accumulate_in_place(kind):
+    """The 128-key functions: K and V in 128-row swizzle atoms (V's LBO 16384), S of 64 columns per
+    thread, and O += P.V on the accumulator passed in, P's 32 fragments and O as tuples."""
+    if _on_gpu() and not _on_hopper():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    from flashcore_numba.phases.common import launch
+    from flashcore_numba.reference import bf16_bits, bf16_to_float
+
+    rng = np.random.default_rng()
+    q, k, v, p = (rng.standard_normal(shape).astype(np.float32) * scale for shape, scale in
+                  (((64, 128), 1.0), ((128, 128), 1.0), ((128, 128), 1.0), ((64, 128), 0.3)))
+    if kind == "f16":
+        bits = [x.astype(np.float16).view(np.uint16) for x in (q, k, v, p)]
+        q, k, v, p = (b.view(np.float16).astype(np.float64) for b in bits)
+    else:
+        bits = [bf16_bits(x).view(np.uint16) for x in (q, k, v, p)]
+        q, k, v, p = (bf16_to_float(b).astype(np.float64) for b in bits)
+    o0 = rng.standard_normal((64, 128)).astype(np.float32)
+    tiles = np.concatenate([swizzled_order(b) for b in bits[:3]]).view(np.uint32)
+    s_out = cuda.to_device(np.full((128, 64), np.nan, np.float32))
+    o_out = cuda.to_device(np.full((128, 64), np.nan, np.float32))
+    kernel, smem_bytes = wgmma_128_keys_kernel(kind)
+    launch(kernel, 1, 128, smem_bytes, (cuda.to_device(tiles), cuda.to_device(a_fragments(bits[3])),
+                                        cuda.to_device(accumulator_registers(o0)), s_out, o_out))
+    np.testing.assert_allclose(s_out.copy_to_host(), accumulator_registers(q @ k.T), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(o_out.copy_to_host(), accumulator_registers(o0 + p @ v), rtol=1e-4, atol=1e-3)
+
+
+def test_tuples_route_groups_numbered_parameters():
+    fn = ptx.load("wgmma.ptx")["flashcore_wgmma_pv_acc_d128_n128_f16"]
+    assert fn.param_groups() == [("frag", "b32", 32), ("desc_v", "b64", 1), ("acc", "f32", 64)]
+    from numba import types
+
+    sig = fn.tuple_signature()
+    assert sig.args == (types.UniTuple(types.uint32, 32), types.uint64, types.UniTuple(types.float32, 64))
+    assert sig.return_type == types.UniTuple(types.float32, 64)
+    with pytest.raises(ValueError, match="tuples: only the inline route"):
+        ptx.function("wgmma.ptx", "flashcore_wgmma_pv_acc_d128_n128_f16", "link", tuples=True)
 
 
 # ---------------------------------------------------------------------------------------------

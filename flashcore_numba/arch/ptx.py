@@ -97,6 +97,29 @@ class PtxFunction:
             return types.UniTuple(outs[0], len(outs))(*args)
         return types.Tuple(outs)(*args)
 
+    def param_groups(self) -> list[tuple[str, str, int]]:
+        """The parameters as (name, PTX type, count): a run `acc0, acc1, ..., accN-1` of one type is
+        one group of N (one tuple argument with `function(..., tuples=True)`), any other a group of 1."""
+        groups = []
+        for name, kind in self.params:
+            m = _NUMBERED.fullmatch(name)
+            if m and groups and groups[-1][0] == m["stem"] and groups[-1][1] == kind and int(m["i"]) == groups[-1][2]:
+                groups[-1] = (m["stem"], kind, groups[-1][2] + 1)
+            elif m and int(m["i"]) == 0:
+                groups.append((m["stem"], kind, 1))
+            else:
+                groups.append((name, kind, 1))
+        return groups
+
+    def tuple_signature(self):
+        """The Numba signature with each numbered run of parameters taken as one UniTuple."""
+        from numba import types
+
+        sig = self.signature
+        args = [types.UniTuple(getattr(types, _TYPES[t][0]), n) if n > 1 else getattr(types, _TYPES[t][0])
+                for _, t, n in self.param_groups()]
+        return sig.return_type(*args)
+
     @property
     def touches_memory(self) -> bool:
         """Whether the body reads, writes or orders memory (beyond its own parameters).
@@ -144,6 +167,7 @@ _PARAM = re.compile(r"\.param\s+\.(\w+)\s+(\w+)")
 _COMPILER_REGISTER = re.compile(r"\.reg\s+\.\w+\s+[^;]*?%(?:r|rd|rs|f|fd|p|h|hh)(?:\d+\b|<\d+>)")
 _MEMORY_OP = re.compile(r"\b(ld|st|cp|ldmatrix|stmatrix|wmma\.load|wmma\.store|atom|red|bar|fence|mbarrier)\.")
 _PARAM_OP = re.compile(r"\b(ld|st)\.param\.")
+_NUMBERED = re.compile(r"(?P<stem>[A-Za-z_]+?)(?P<i>\d+)")
 _LD_PARAM = re.compile(r"ld\.param\.(\w+)\s+(%\w+),\s*\[(\w+)\];")
 _ST_RETVAL = re.compile(r"st\.param\.(\w+)\s+\[func_retval0(?:\+(\d+))?\],\s*(%\w+);")
 
@@ -189,12 +213,17 @@ def _linked(fn: PtxFunction):
     return cuda.declare_device(fn.name, fn.signature, link=[str(fn.path)], abi="c")
 
 
-def _inlined(fn: PtxFunction):
-    """An intrinsic of fixed arity (Numba intrinsics take no *args) emitting the body inline."""
+def _inlined(fn: PtxFunction, tuples: bool = False):
+    """An intrinsic of fixed arity (Numba intrinsics take no *args) emitting the body inline.
+
+    tuples: each numbered run of parameters (frag0 .. frag31) is one tuple argument, unpacked
+    into one asm operand per element.
+    """
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    sig = fn.signature
+    sig = fn.tuple_signature() if tuples else fn.signature
+    counts = [n for _, _, n in fn.param_groups()] if tuples else [1] * len(fn.params)
     asm, constraints = fn.inline_asm()
     llvm = {"i16": ir.IntType(16), "i32": ir.IntType(32), "i64": ir.IntType(64), "float": ir.FloatType()}
     in_types = [llvm[_TYPES[t][2]] for _, t in fn.params]
@@ -208,7 +237,10 @@ def _inlined(fn: PtxFunction):
 
     def typer(typingctx, *args):
         def codegen(context, builder, signature, llargs):
-            call = builder.asm(ir.FunctionType(ret, in_types), asm, constraints, llargs, side_effect=True)
+            flat = []  # a tuple argument is its elements, one asm operand each
+            for value, n in zip(llargs, counts, strict=True):
+                flat += [builder.extract_value(value, i) for i in range(n)] if n > 1 else [value]
+            call = builder.asm(ir.FunctionType(ret, in_types), asm, constraints, flat, side_effect=True)
             if not out_types:
                 return context.get_dummy_value()
             if len(out_types) == 1:
@@ -218,7 +250,7 @@ def _inlined(fn: PtxFunction):
 
         return sig, codegen
 
-    arg_names = ", ".join(f"arg{i}" for i in range(len(fn.params)))
+    arg_names = ", ".join(f"arg{i}" for i in range(len(counts)))
     namespace = {"typer": typer}
     exec(f"def {fn.name}(typingctx, {arg_names}):\n    return typer(typingctx, {arg_names})\n", namespace)
     return intrinsic(namespace[fn.name])
@@ -238,13 +270,17 @@ def emulation(name: str):
 
 
 @lru_cache(maxsize=None)
-def function(filename: str, name: str, route: str = "link"):
+def function(filename: str, name: str, route: str = "link", tuples: bool = False):
     """PTX function `name` of ptx/`filename`, callable from a kernel, by `route`.
 
+    tuples (inline route only): a numbered run of parameters (frag0 .. frag31, acc0 .. acc63) is
+    passed as one tuple instead of one argument each; such a function's emulation takes the tuples.
     In the simulator both routes give the same Python emulation: there is no PTX to run.
     """
     if route not in ROUTES:
         raise ValueError(f"route: expected one of {', '.join(ROUTES)}, got {route!r}")
+    if tuples and route != "inline":
+        raise ValueError("tuples: only the inline route passes tuples")
     fn = load(filename).get(name)
     if fn is None:
         raise ValueError(f"name: ptx/{filename} has no function {name!r}; it has {', '.join(load(filename))}")
@@ -254,7 +290,7 @@ def function(filename: str, name: str, route: str = "link"):
         if name not in _EMULATIONS:
             raise NotImplementedError(f"{name} (ptx/{filename}) has no emulation for the simulator")
         return _EMULATIONS[name]
-    return _linked(fn) if route == "link" else _inlined(fn)
+    return _linked(fn) if route == "link" else _inlined(fn, tuples)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -84,13 +84,12 @@ def _lane_values(D: np.ndarray, w: int, g: int, t: int) -> tuple:
     return tuple(np.float32(v) for v in values)
 
 
-def _qk(head_dim: int, kind: str):
+def _qk(head_dim: int, kind: str, n_keys: int = 64):
     def qk(desc_q, desc_k):
-        S = np.zeros((64, 64), np.float32)
+        S = np.zeros((64, n_keys), np.float32)
         for k in range(head_dim // 16):  # the k-steps of the PTX: 32 bytes on, the next atom after 4
-            start = (k // 4) * ATOM_BYTES + (k % 4) * 32
-            a = _read(desc_q, start, 64, 16, True, kind)
-            b = _read(desc_k, start, 64, 16, True, kind)
+            a = _read(desc_q, (k // 4) * ATOM_BYTES + (k % 4) * 32, 64, 16, True, kind)
+            b = _read(desc_k, (k // 4) * n_keys * 128 + (k % 4) * 32, n_keys, 16, True, kind)  # K's atoms: n_keys rows
             S += a @ b.T
         return _lane_values(S, *_place())
 
@@ -121,6 +120,30 @@ def _pv(head_dim: int, kind: str):
     return pv
 
 
+def _pv_acc(head_dim: int, kind: str, n_keys: int):
+    """O += P·V for the tuples route: (P's fragments, desc_v, O's registers) -> O's registers."""
+
+    def pv_acc(frags, desc_v, acc):
+        lanes, _ = warp_exchange(tuple(frags))
+        P = np.zeros((16, n_keys), np.float32)
+        for lane, regs in enumerate(lanes):
+            g, t = lane // 4, lane % 4
+            for k in range(n_keys // 16):
+                a0, a1, a2, a3 = regs[4 * k:4 * k + 4]
+                c = 16 * k
+                P[g, c + 2 * t:c + 2 * t + 2] = _halves(a0, kind)
+                P[g + 8, c + 2 * t:c + 2 * t + 2] = _halves(a1, kind)
+                P[g, c + 2 * t + 8:c + 2 * t + 10] = _halves(a2, kind)
+                P[g + 8, c + 2 * t + 8:c + 2 * t + 10] = _halves(a3, kind)
+        V = np.concatenate([_read(desc_v, 2048 * k, 16, head_dim, False, kind) for k in range(n_keys // 16)])
+        w, g, t = _place()
+        rows = np.zeros((64, head_dim), np.float32)
+        rows[16 * w:16 * w + 16] = P @ V
+        return tuple(np.float32(o + a) for o, a in zip(_lane_values(rows, w, g, t), acc, strict=True))
+
+    return pv_acc
+
+
 def _qk_pv(head_dim: int, kind: str):
     qk, pv = _qk(head_dim, kind), _pv(head_dim, kind)
 
@@ -135,6 +158,8 @@ for _kind in ("f16", "bf16"):
         emulation(f"flashcore_wgmma_qk_d{_D}_{_kind}")(_qk(_D, _kind))
         emulation(f"flashcore_wgmma_pv_d{_D}_{_kind}")(_pv(_D, _kind))
         emulation(f"flashcore_wgmma_qk_pv_d{_D}_{_kind}")(_qk_pv(_D, _kind))
+    emulation(f"flashcore_wgmma_qk_d128_n128_{_kind}")(_qk(128, _kind, 128))
+    emulation(f"flashcore_wgmma_pv_acc_d128_n128_{_kind}")(_pv_acc(128, _kind, 128))
 
 
 @emulation("flashcore_fence_proxy_async")
