@@ -96,22 +96,24 @@ def _qk(head_dim: int, kind: str, n_keys: int = 64):
     return qk
 
 
-def _pv(head_dim: int, kind: str):
+def _pv(head_dim: int, kind: str, n_keys: int = 64):
+    steps = n_keys // 16  # k-steps of 16 keys, four P fragments each
+
     def pv(*args):
-        frags, desc_v = args[:16], args[16]
+        frags, desc_v = args[:4 * steps], args[4 * steps]
         lanes, _ = warp_exchange(tuple(frags))  # P's rows of this warp are in its 32 lanes
-        P = np.zeros((16, 64), np.float32)
+        P = np.zeros((16, n_keys), np.float32)
         for lane, regs in enumerate(lanes):
             g, t = lane // 4, lane % 4
-            for k in range(4):
+            for k in range(steps):
                 a0, a1, a2, a3 = regs[4 * k:4 * k + 4]
                 c = 16 * k
                 P[g, c + 2 * t:c + 2 * t + 2] = _halves(a0, kind)
                 P[g + 8, c + 2 * t:c + 2 * t + 2] = _halves(a1, kind)
                 P[g, c + 2 * t + 8:c + 2 * t + 10] = _halves(a2, kind)
                 P[g + 8, c + 2 * t + 8:c + 2 * t + 10] = _halves(a3, kind)
-        # the 4 k-steps of the PTX: 16 keys each, 2048 bytes on
-        V = np.concatenate([_read(desc_v, 2048 * k, 16, head_dim, False, kind) for k in range(4)])
+        # the k-steps of the PTX: 16 keys each, 2048 bytes on
+        V = np.concatenate([_read(desc_v, 2048 * k, 16, head_dim, False, kind) for k in range(steps)])
         w, g, t = _place()
         rows = np.zeros((64, head_dim), np.float32)
         rows[16 * w:16 * w + 16] = P @ V  # this warp's 16 rows of the 64
@@ -122,24 +124,10 @@ def _pv(head_dim: int, kind: str):
 
 def _pv_acc(head_dim: int, kind: str, n_keys: int):
     """O += P·V for the tuples route: (P's fragments, desc_v, O's registers) -> O's registers."""
+    pv = _pv(head_dim, kind, n_keys)
 
     def pv_acc(frags, desc_v, acc):
-        lanes, _ = warp_exchange(tuple(frags))
-        P = np.zeros((16, n_keys), np.float32)
-        for lane, regs in enumerate(lanes):
-            g, t = lane // 4, lane % 4
-            for k in range(n_keys // 16):
-                a0, a1, a2, a3 = regs[4 * k:4 * k + 4]
-                c = 16 * k
-                P[g, c + 2 * t:c + 2 * t + 2] = _halves(a0, kind)
-                P[g + 8, c + 2 * t:c + 2 * t + 2] = _halves(a1, kind)
-                P[g, c + 2 * t + 8:c + 2 * t + 10] = _halves(a2, kind)
-                P[g + 8, c + 2 * t + 8:c + 2 * t + 10] = _halves(a3, kind)
-        V = np.concatenate([_read(desc_v, 2048 * k, 16, head_dim, False, kind) for k in range(n_keys // 16)])
-        w, g, t = _place()
-        rows = np.zeros((64, head_dim), np.float32)
-        rows[16 * w:16 * w + 16] = P @ V
-        return tuple(np.float32(o + a) for o, a in zip(_lane_values(rows, w, g, t), acc, strict=True))
+        return tuple(np.float32(o + a) for o, a in zip(pv(*frags, desc_v), acc, strict=True))
 
     return pv_acc
 

@@ -183,6 +183,14 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
             acc[j, 2] = cuda.fma(acc[j, 2], alpha_b, o_tile[4 * j + 2])
             acc[j, 3] = cuda.fma(acc[j, 3], alpha_b, o_tile[4 * j + 3])
 
+    @cuda.jit(device=True, inline=True)
+    def p_times_v(p_frag, desc_v):
+        """This tile's P·V: P's fragments from registers (k-step kk in p_frag[kk]), V by its descriptor."""
+        return pv(p_frag[0, 0], p_frag[0, 1], p_frag[0, 2], p_frag[0, 3],
+                  p_frag[1, 0], p_frag[1, 1], p_frag[1, 2], p_frag[1, 3],
+                  p_frag[2, 0], p_frag[2, 1], p_frag[2, 2], p_frag[2, 3],
+                  p_frag[3, 0], p_frag[3, 1], p_frag[3, 2], p_frag[3, 3], desc_v)
+
     def kernel(Q, K, V, O, causal, qk_scale, maps):
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
         smem = shared_address(smem_h)
@@ -301,10 +309,7 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
                 fold(acc, both[32:], alpha_a, alpha_b)
             else:
                 s_tile = qk(desc_q, desc_k)
-                fold(acc, pv(p_frag[0, 0], p_frag[0, 1], p_frag[0, 2], p_frag[0, 3],
-                             p_frag[1, 0], p_frag[1, 1], p_frag[1, 2], p_frag[1, 3],
-                             p_frag[2, 0], p_frag[2, 1], p_frag[2, 2], p_frag[2, 3],
-                             p_frag[3, 0], p_frag[3, 1], p_frag[3, 2], p_frag[3, 3], desc_v), alpha_a, alpha_b)
+                fold(acc, p_times_v(p_frag, desc_v), alpha_a, alpha_b)
             if pingpong:
                 bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))  # the next one's turn
             if n > 0:
@@ -361,10 +366,7 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
         if n_tiles > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
             last = (n_tiles - 1) % STAGES
             desc_v = descriptor(smem + RING_OFF + last * STAGE_BYTES + TILE_BYTES, ATOM, GROUP, SW128)
-            fold(acc, pv(p_frag[0, 0], p_frag[0, 1], p_frag[0, 2], p_frag[0, 3],
-                         p_frag[1, 0], p_frag[1, 1], p_frag[1, 2], p_frag[1, 3],
-                         p_frag[2, 0], p_frag[2, 1], p_frag[2, 2], p_frag[2, 3],
-                         p_frag[3, 0], p_frag[3, 1], p_frag[3, 2], p_frag[3, 3], desc_v), alpha_a, alpha_b)
+            fold(acc, p_times_v(p_frag, desc_v), alpha_a, alpha_b)
         if pingpong and c == 0:
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
             # it, so that no barrier is left half-arrived when the block exits
