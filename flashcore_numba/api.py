@@ -159,12 +159,8 @@ def torch_to_kernel(t):
     return cuda.as_cuda_array(t)
 
 
-def _best_for_this_gpu(head_dim=None):
-    """"best": the registry's best kernel, or on a GPU that cannot run it the newest phase it can.
-
-    A phase may name, per head dim, an older phase measured faster there (its DEFER_TO): "best"
-    then runs that one (phase 09 at D = 64 defers to phase 08).
-    """
+def _best_for_this_gpu():
+    """"best": the registry's best kernel, or on a GPU that cannot run it the newest phase it can."""
     best = get_phase("best")
     if simulator_enabled():
         return best
@@ -176,9 +172,6 @@ def _best_for_this_gpu(head_dim=None):
     if cc_reason(best, cc) is not None:
         runnable = [p for p in PHASES.values() if cc_reason(p, cc) is None]
         best = max(runnable, key=lambda p: p.ID) if runnable else best
-    deferred = getattr(best, "DEFER_TO", {}).get(head_dim)
-    if deferred is not None and cc_reason(get_phase(deferred), cc) is None:
-        return get_phase(deferred)
     return best
 
 
@@ -201,8 +194,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
         (B, H, S_q, D) output of q's dtype, of the same kind as q.
     """
     ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
-    head_dim = ops[0].shape[-1] if len(ops[0].shape) == 4 else None
-    phase = _best_for_this_gpu(head_dim) if isinstance(phase, str) and phase == "best" else get_phase(phase)
+    phase = _best_for_this_gpu() if isinstance(phase, str) and phase == "best" else get_phase(phase)
     _validate(ops, phase, causal, scale)
     _require_device(phase)
     D = ops[0].shape[3]

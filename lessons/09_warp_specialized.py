@@ -33,6 +33,10 @@
 #    with the same count for every thread; the producer gives its registers back, the consumers take them.
 # 5. **Ping-pong** — the consumers take turns at the tensor cores, fenced by *named barriers*: while one
 #    runs its two products, the others run their softmax on the FP32 and exp2 units.
+# 6. **Bigger tiles, P·V in place** — phase 08's P·V returned a fresh O-sized tile that the kernel then
+#    folded into `acc`; here the wgmma adds into `acc` itself (its accumulator goes in and comes out).
+#    The registers that saves hold S for 128 keys instead of 64, so every turn, barrier wait and drain
+#    of the tensor cores is paid once per 128 keys.
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
@@ -58,9 +62,9 @@ lesson.changelog()
 # ## The pipeline as a timeline
 #
 # A schematic (not measured) picture of one block at D = 128: the producer runs ahead of the consumers,
-# as far as the ring lets it (4 stages); the two consumers alternate at the tensor cores. A turn issues
-# S = Q·Kᵀ of tile n and P·V of tile n − 1 together, so the softmax of tile n follows its own S and
-# P·V of that tile waits for the next turn.
+# as far as the ring lets it (its STAGES stages); the two consumers alternate at the tensor cores. A
+# turn issues P·V of tile n − 1 and S = Q·Kᵀ of tile n together, so the softmax of tile n follows its
+# own S and P·V of that tile waits for the next turn.
 
 # %%
 notebooks.draw_warp_specialization()
@@ -133,12 +137,14 @@ timings = lesson.timing()
 lesson.plot_timing(timings)
 
 # %% [markdown]
-# What the rows say, and what is missing: the turns pay, the fused call does not (the tensor cores
-# were not idle between the two products). At D = 64 the softmax costs as much as both products and
-# phase 08, with two blocks of two warpgroups per SM, stays ahead of one block of three consumers.
-# FlashAttention-3 also overlaps a warpgroup's softmax with its *own* next Q·Kᵀ; here a PTX function
-# returns its accumulators at its end, and reading an accumulator before its `wgmma.wait_group` makes
-# ptxas serialize every wgmma of the kernel, so that overlap is not expressible this way.
+# What the rows say, and what is missing: the turns pay (09 against 09-ws), the fused call does not
+# (the tensor cores were not idle between the two products). Against phase 08 (the committed records,
+# [docs/bench](../docs/bench/)) the rows to compare are D = 64 and D = 128, causal and not: phase 08
+# held its own at D = 64 until the tiles grew to 128 keys, since there the softmax costs as much as
+# both products. FlashAttention-3 also overlaps a warpgroup's softmax with its *own* next Q·Kᵀ; here a
+# PTX function returns its accumulators at its end, and reading an accumulator before its
+# `wgmma.wait_group` makes ptxas serialize every wgmma of the kernel, so that overlap is not
+# expressible this way.
 
 # %% [markdown]
 # ## What changed in the machine code
@@ -160,8 +166,10 @@ lesson.sass(["UTMALDG", "SYNCS", "USETMAXREG", "BAR.SYNC", "BAR.ARV", "HGMMA", "
 # ## Exercise
 #
 # Where the boxes come from. A tensor map sees Q, K and V as (B·H, S, D): the plane is the head, the
-# row is the query or key, the column is d, and a box is 64 rows × 64 columns. 09-a: the first query
-# row of consumer c's Q tile. 09-b: the first column and first key of box a of K/V tile n. A wrong
+# row is the query or key, the column is d, and a box is 64 rows × 64 columns. A K or V tile of
+# BLOCK_N = 128 keys is cut into atoms of 64 columns of d, each atom two boxes of 64 keys one below the
+# other. 09-a: the first query row of consumer c's Q tile. 09-b: the first column and first key of box
+# `box` of atom a of K/V tile n. A wrong
 # coordinate does not hang the kernel (the box still brings its bytes to the barrier); it brings the
 # wrong rows, and the graded checks see it.
 

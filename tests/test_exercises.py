@@ -47,16 +47,23 @@ JOB_TIMEOUT_S = 900
 STUB_RIGHT_BY_DESIGN = {
     "04": ("03", {c.name for c in grade.checks_for("04") if c.kind == "correctness"}),
     "05": ("03", {"short", "s_one"}),
-    # phase 09's regions are TMA box coordinates; a problem within the first query tile and the first
-    # key tile has them all 0, the stub's values. Phase 08 has the same tiles in the simulator.
-    "09": ("08", {"short", "s_one"}),
+}
+
+# Checks that a stub passes by design with no donor phase sharing them, and the deliberately wrong
+# answer, filled into the phase's own regions, that proves them able to fail instead.
+# - 09: the regions are TMA box coordinates; a problem within the first query tile and the first 64
+#   keys has them all 0, the stub's values. One key off, the V boxes bring the wrong rows.
+WRONG_ANSWER = {
+    "09": ({"short", "s_one"}, {"09-b": "col = int32(64 * a)\nrow = int32(n * BLOCK_N + 64 * box + 1)"}),
 }
 
 
-def _stub_proof(phase_id: str, check_name: str) -> str:
-    """The phase whose stub must fail this check."""
+def _stub_proof(phase_id: str, check_name: str) -> tuple[str, str]:
+    """The run that must fail this check: (phase, "stub"), a donor's (donor, "stub"), or (phase, "wrong")."""
+    if check_name in WRONG_ANSWER.get(phase_id, (set(), {}))[0]:
+        return phase_id, "wrong"
     donor, names = STUB_RIGHT_BY_DESIGN.get(phase_id, (None, set()))
-    return donor if check_name in names else phase_id
+    return (donor if check_name in names else phase_id), "stub"
 
 
 def _all_checks():
@@ -193,7 +200,7 @@ class GraderRuns:
         self.pool = ThreadPoolExecutor(max_workers=workers)
         jobs = []
         for pid in phase_ids:
-            jobs += [(pid, "solution"), (pid, "stub")]
+            jobs += [(pid, "solution"), (pid, "stub")] + ([(pid, "wrong")] if pid in WRONG_ANSWER else [])
         # The longest first (later phases are slower in the simulator; a solution runs every case)
         for job in sorted(jobs, key=lambda j: (-int(j[0]), j[1] != "solution")):
             self.futures[job] = self.pool.submit(self._run, *job)
@@ -211,10 +218,13 @@ class GraderRuns:
             cwd = self.workdir / pid
             stub = exercises.stub_path(phase, cwd / "lessons" / "exercises")
             stub.parent.mkdir(parents=True, exist_ok=True)
-            stub.write_text(exercises.stub_source(phase), encoding="utf-8")
-            if pid in STUB_RIGHT_BY_DESIGN:  # only the checks this stub can fail
+            source = exercises.stub_source(phase)
+            if variant == "wrong":
+                source = exercises.fill_regions(source, WRONG_ANSWER[pid][1])
+            stub.write_text(source, encoding="utf-8")
+            if pid in STUB_RIGHT_BY_DESIGN or pid in WRONG_ANSWER:  # only the checks this run must fail
                 for check in grade.checks_for(phase):
-                    if _stub_proof(pid, check.name) == pid:
+                    if _stub_proof(pid, check.name) == (pid, variant):
                         argv += ["--only", check.name]
         return argv + ["--json", str(out)], cwd, env, out
 
@@ -254,7 +264,7 @@ def runs(request, tmp_path_factory):
         if "phase_id" in params:
             wanted.add(params["phase_id"])
             if "check_name" in params:
-                wanted.add(_stub_proof(params["phase_id"], params["check_name"]))
+                wanted.add(_stub_proof(params["phase_id"], params["check_name"])[0])
         if item.name.startswith("test_grade_03"):
             wanted.add("03")
     graders = GraderRuns(tmp_path_factory.mktemp("graded"), sorted(wanted))
@@ -270,15 +280,15 @@ def _explain(run: Run) -> str:
 @pytest.mark.parametrize("phase_id, check_name", _all_checks())
 def test_check_fails_on_stub(phase_id, check_name, runs):
     check = next(c for c in grade.checks_for(phase_id) if c.name == check_name)
-    donor = _stub_proof(phase_id, check_name)
+    donor, variant = _stub_proof(phase_id, check_name)
     if donor != phase_id:
         same = next(c for c in grade.checks_for(donor) if c.name == check_name)
         assert (same.cases, same.run) == (check.cases, check.run), (
             f"phase {phase_id}'s stub passes {check_name} by design; phase {donor}'s stub proves the check "
             f"able to fail only while the two checks are the same")
-    run = runs.get(donor, "stub")
+    run = runs.get(donor, variant)
     result = run.result(check_name)
-    assert result["status"] == "fail", f"{check_name} did not fail on the stub: {result['detail']}" + _explain(run)
+    assert result["status"] == "fail", f"{check_name} did not fail on the {variant}: {result['detail']}" + _explain(run)
     assert result["detail"], "a failure must say why"
 
 

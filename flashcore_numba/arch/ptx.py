@@ -411,3 +411,65 @@ def _make_matrix_descriptor():
 
 
 matrix_descriptor = _make_matrix_descriptor()
+
+
+# ---------------------------------------------------------------------------------------------
+# Register arrays as tuples (the tuples route)
+# ---------------------------------------------------------------------------------------------
+# A kernel keeps its fragments in small local arrays (acc[j, e], p_frag[kk, e]); LLVM keeps
+# them in registers as long as every index is a compile-time constant. A function of the tuples
+# route takes them as one tuple: `as_tuple(acc, 64)` reads the first 64 elements (in C order)
+# at constant indices, `store_tuple(acc, values)` writes a returned tuple back the same way.
+# Spelled out in Python, either would be a loop with a run-time index, and the array would be
+# put in local memory.
+def _flat(array):
+    return getattr(array, "_ary", array).reshape(-1)  # a C-ordered view (local arrays are C-contiguous)
+
+
+def _make_tuple_helpers():
+    if simulator_enabled():
+        def as_tuple(array, n):
+            return tuple(_flat(array)[:n])
+
+        def store_tuple(array, values):
+            _flat(array)[:len(values)] = values
+
+        return as_tuple, store_tuple
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    def _element(context, builder, aryty, ary, i):
+        data = context.make_array(aryty)(context, builder, ary).data
+        return builder.gep(data, [ir.Constant(ir.IntType(64), i)])
+
+    @intrinsic
+    def as_tuple(typingctx, array, n):
+        if not isinstance(array, types.Array) or not isinstance(n, types.IntegerLiteral):
+            return None
+        count = n.literal_value
+
+        def codegen(context, builder, signature, args):
+            values = [builder.load(_element(context, builder, signature.args[0], args[0], i)) for i in range(count)]
+            return context.make_tuple(builder, signature.return_type, values)
+
+        return types.UniTuple(array.dtype, count)(array, n), codegen
+
+    @intrinsic
+    def store_tuple(typingctx, array, values):
+        if not isinstance(array, types.Array) or not isinstance(values, types.UniTuple) \
+                or values.dtype != array.dtype:
+            return None
+
+        def codegen(context, builder, signature, args):
+            for i in range(signature.args[1].count):
+                builder.store(builder.extract_value(args[1], i),
+                              _element(context, builder, signature.args[0], args[0], i))
+            return context.get_dummy_value()
+
+        return types.none(array, values), codegen
+
+    return as_tuple, store_tuple
+
+
+as_tuple, store_tuple = _make_tuple_helpers()

@@ -132,22 +132,24 @@ def _pv_acc(head_dim: int, kind: str, n_keys: int):
     return pv_acc
 
 
-def _qk_pv(head_dim: int, kind: str):
-    qk, pv = _qk(head_dim, kind), _pv(head_dim, kind)
+def _qk_pv_acc(head_dim: int, kind: str, n_keys: int):
+    """Both products in one call (tuples route): S's registers, then O's (O += P·V)."""
+    qk, pv_acc = _qk(head_dim, kind, n_keys), _pv_acc(head_dim, kind, n_keys)
 
-    def qk_pv(*args):  # desc_q, desc_k, 16 P fragments, desc_v: both products, S's registers first
-        return qk(args[0], args[1]) + pv(*args[2:])
+    def qk_pv_acc(desc_q, desc_k, frags, desc_v, acc):
+        return qk(desc_q, desc_k) + pv_acc(frags, desc_v, acc)
 
-    return qk_pv
+    return qk_pv_acc
 
 
 for _kind in ("f16", "bf16"):
     for _D in (64, 128):
         emulation(f"flashcore_wgmma_qk_d{_D}_{_kind}")(_qk(_D, _kind))
         emulation(f"flashcore_wgmma_pv_d{_D}_{_kind}")(_pv(_D, _kind))
-        emulation(f"flashcore_wgmma_qk_pv_d{_D}_{_kind}")(_qk_pv(_D, _kind))
-    emulation(f"flashcore_wgmma_qk_d128_n128_{_kind}")(_qk(128, _kind, 128))
-    emulation(f"flashcore_wgmma_pv_acc_d128_n128_{_kind}")(_pv_acc(128, _kind, 128))
+    for _D in (64, 128):  # phase 09's 128-key tiles
+        emulation(f"flashcore_wgmma_qk_d{_D}_n128_{_kind}")(_qk(_D, _kind, 128))
+        emulation(f"flashcore_wgmma_pv_acc_d{_D}_n128_{_kind}")(_pv_acc(_D, _kind, 128))
+        emulation(f"flashcore_wgmma_qk_pv_acc_d{_D}_n128_{_kind}")(_qk_pv_acc(_D, _kind, 128))
 
 
 @emulation("flashcore_fence_proxy_async")

@@ -443,7 +443,7 @@ def draw_warpgroup_rows():
 
 def draw_warp_specialization(n_tiles: int = 5, gemm: float = 1.0, softmax: float = 1.3, load: float = 1.2):
     """Schematic timeline of phase 09 (two consumers): the producer's TMA loads into the ring, and
-    the consumers taking turns, one running its products (S = Q·Kᵀ of tile n, P·V of tile n-1)
+    the consumers taking turns, one running its products (P·V of tile n-1, S = Q·Kᵀ of tile n)
     while the other runs its softmax. Bottom row: who has the tensor cores."""
     plt = _plt()
     _, ax = plt.subplots(figsize=(12, 3.4))
@@ -454,14 +454,14 @@ def draw_warp_specialization(n_tiles: int = 5, gemm: float = 1.0, softmax: float
         ax.broken_barh([(start, length)], (y[row] + 0.15, 0.7), color=colors[kind])
         ax.text(start + length / 2, y[row] + 0.5, text, ha="center", va="center", color="white", fontsize=7)
 
-    for n in range(n_tiles + 2):  # the producer runs ahead, limited by the ring (4 stages), not by the consumers
+    for n in range(n_tiles + 2):  # the producer runs ahead, limited by the ring's stages, not by the consumers
         bar("producer", n * load * 0.55, load * 0.5, "load", f"K,V {n}")
     free = 0.0  # when the tensor cores are next free
     ready = {0: load, 1: load}  # when each consumer can take its next turn
     for n in range(n_tiles):
         for c in (0, 1):
             start = max(free, ready[c])
-            label = f"S{n}" if n == 0 else f"S{n} + PV{n - 1}"
+            label = f"S{n}" if n == 0 else f"PV{n - 1} + S{n}"
             length = gemm if n == 0 else 1.6 * gemm
             bar(f"consumer {c}", start, length, "gemm", label)
             bar("tensor cores", start, length, "gemm", f"c{c}")

@@ -19,25 +19,33 @@ What changed from phase 08
       cores and the exp2 units work at the same time instead of every warpgroup waiting for the
       same one. A turn issues S = Q·Kᵀ of tile n and P·V of tile n - 1 (the loop computes S first,
       folds in the previous tile's P·V, then runs the softmax; the last P·V follows the loop);
-    - causal work is balanced: the blocks with the most keys (the last query rows) start first.
+    - causal work is balanced: the blocks with the most keys (the last query rows) start first;
+    - tiles of 128 keys (phase 08: 64), and P·V added into the accumulator in place: phase 08's
+      P·V returned a fresh O-sized tile that the kernel folded in with FMAs, D / 2 registers more
+      per thread and one more pass per tile. `pv_acc` (ptx/wgmma.ptx) takes O's registers in and
+      hands them back with P·V added (the wgmma's scale-d = 1); P's fragments and O travel as
+      tuples (`ptx.function(..., tuples=True)`, `ptx.as_tuple`, `ptx.store_tuple`). The registers
+      saved pay for S of 128 keys, which halves the turns, barrier waits and wgmma waits per key.
+      A turn runs P·V before S: the other order keeps S, P and O's input and output all live at
+      once and spilled at D = 128.
     VARIANTS keep each idea measurable: "ws" is the producer and the ring without turns, and
-    "fused" issues a turn's two products in one call (`qk_pv`, ptx/wgmma.ptx), both in flight
-    before one wait. "fused" measured no faster than two calls (408 against 407 TFLOPS at D=128 in
-    the records of commit bcaee3a), so phase 09 keeps the two calls; the records carry both rows.
+    "fused" issues a turn's two products in one call (`qk_pv_acc`), both in flight before one
+    wait. The records carry both rows beside phase 09's (the block below).
 
 Why the hardware rewards it
     A TMA load is one instruction for 8 KB; the producer costs the consumers nothing but the
     registers it hands over. Without a block-wide barrier per tile the consumer warpgroups
     drift apart, and the turns keep them apart on purpose: the SM's tensor cores see one
     warpgroup's products while the others' softmax, which the tensor cores cannot help with,
-    runs on the FP32 and MUFU units. The ring must be deep (4 stages): with 2 the consumers wait
-    for TMA again.
+    runs on the FP32 and MUFU units. The ring must be deep enough that the consumers never wait
+    for TMA: four stages at D = 64, three at D = 128 (all that shared memory holds).
+    Every wgmma call waits for its result before it returns, so each turn ends in a drained
+    tensor-core pipeline; a tile of 128 keys makes the drains half as frequent per key.
     Not done here, and why: FlashAttention-3 also overlaps a warpgroup's softmax with its *own*
     next Q·Kᵀ. That needs the S accumulators of an unfinished wgmma to live across the softmax
     code; in this project a PTX function hands its results back through its output registers at
     its end, and an accumulator read before its wait makes ptxas serialize every wgmma of the
-    kernel. At D = 64, where the softmax costs as much as both products, phase 09 (one block of
-    three consumers per SM) stays behind phase 08, which fits two blocks of two warpgroups.
+    kernel.
     Not understood yet: the sweep record's D = 64 causal S = 512 point (commit bcaee3a) measured a
     median of 1.09 ms, min 0.59, max 1.42, where S = 1024 takes 0.39 ms. The output was right,
     and launches timed alone at that shape (with or without the turns, with try_wait or with a
@@ -101,15 +109,13 @@ VARIANTS = {
     "fused": "warp specialization + turns, a turn's two products in one call",
 }
 
-# phase="best" runs phase 08 at D = 64: there the softmax costs as much as both products, and 08's
-# two blocks of two warpgroups per SM measured faster than one block of three consumers
-DEFER_TO = {64: "08"}
-
 FULL_MASK = 0xFFFFFFFF
 WG_M = 64  # rows of one wgmma: a consumer warpgroup's share of the query block
-BLOCK_N = 64  # keys per tile
+# keys per tile: twice phase 08's, which halves the turns, barrier waits and wgmma waits per key.
+# It fits in registers because P·V adds into the accumulator in place (no second O-sized tile)
+BLOCK_N = 128
 ROW = 128  # bytes of one row of a 128-byte-swizzle atom (64 fp16)
-ATOM = WG_M * ROW  # one atom: 64 rows of 64 columns, 8192 bytes; also one TMA box
+ATOM = WG_M * ROW  # 64 rows of one atom, 8192 bytes: a Q atom, and one TMA box
 GROUP = 8 * ROW  # eight rows: the SBO of every descriptor here
 MMA_N, MMA_K = 8, 16
 # per head dim: consumer warpgroups (warpgroup 0 is the producer), and the registers per thread a
@@ -117,7 +123,7 @@ MMA_N, MMA_K = 8, 16
 CONSUMERS = {64: 3, 128: 2}
 CONSUMER_REGISTERS = {2: 240, 3: 160}
 SIM_CONSUMERS = 2  # in the simulator (one Python thread per CUDA thread): 384 threads at any D
-STAGES = {64: 4, 128: 4}  # K/V ring depth
+STAGES = {64: 4, 128: 3}  # K/V ring depth: at D = 128 three stages of 64 KB fill shared memory
 TURN = 1  # named barriers TURN + c: consumer c's turn at the tensor cores
 TURN_THREADS = 256  # a turn barrier completes with its consumer (sync) and the one before (arrive)
 WG_SYNC = 4  # named barriers WG_SYNC + c: consumer c's 128 threads only
@@ -126,32 +132,37 @@ PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 
 def layout(HEAD_DIM):
     """Every derived constant. Shared memory: Q (BLOCK_M rows, one 64-row tile per consumer), the
-    ring of STAGES K/V stages, then the mbarriers; tiles are D / 64 swizzled atoms, 1024-aligned."""
+    ring of STAGES K/V stages, then the mbarriers; tiles are D / 64 swizzled atoms, 1024-aligned
+    (an atom of a K or V tile has BLOCK_N rows: BLOCK_N / 64 TMA boxes one below the other)."""
     consumers = SIM_CONSUMERS if simulator_enabled() else CONSUMERS[HEAD_DIM]
     L = dict(HEAD_DIM=HEAD_DIM, CONSUMERS=consumers, BLOCK_M=WG_M * consumers, BLOCK_N=BLOCK_N,
              N_THREADS=128 * (1 + consumers))
     L["LAUNCH_BOUNDS"] = (L["N_THREADS"], 1)  # one block per SM: 65536 / N_THREADS registers at launch
     L["CONSUMER_REGISTERS"] = CONSUMER_REGISTERS[consumers]
     L["ATOMS"] = HEAD_DIM // 64  # TMA boxes (64 columns) per tile row
-    L["TILE_BYTES"] = WG_M * HEAD_DIM * 2  # one 64-row tile of Q, K or V
+    L["TILE_BYTES"] = WG_M * HEAD_DIM * 2  # one consumer's 64-row tile of Q
+    L["KV_BYTES"] = BLOCK_N * HEAD_DIM * 2  # one K or V tile
+    L["KV_ATOM"] = BLOCK_N * ROW  # one atom of a K or V tile: BLOCK_N rows of 128 bytes
     L["STAGES"] = STAGES[HEAD_DIM]
     L["Q_OFF"] = 0
     L["RING_OFF"] = consumers * L["TILE_BYTES"]
-    L["STAGE_BYTES"] = 2 * L["TILE_BYTES"]  # K, then V
+    L["STAGE_BYTES"] = 2 * L["KV_BYTES"]  # K, then V
     L["BARS_OFF"] = L["RING_OFF"] + L["STAGES"] * L["STAGE_BYTES"]
     L["SMEM_BYTES"] = L["BARS_OFF"] + 8 * (2 * L["STAGES"] + 1)  # full[], empty[], q_full
-    L["NT"] = BLOCK_N // MMA_N
-    L["KP"] = BLOCK_N // MMA_K
-    L["NO"] = HEAD_DIM // MMA_N
+    L["NT"] = BLOCK_N // MMA_N  # 8-column blocks of S
+    L["KP"] = BLOCK_N // MMA_K  # k-steps of P·V
+    L["NO"] = HEAD_DIM // MMA_N  # 8-column blocks of O
     return L
 
 
 def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig:
     kind = PTX_TYPE[dtype]
     HEAD_DIM = L["HEAD_DIM"]
-    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{HEAD_DIM}_{kind}", "inline")
-    pv = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_d{HEAD_DIM}_{kind}", "inline")
-    qk_pv = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_pv_d{HEAD_DIM}_{kind}", "inline")
+    shape = f"d{HEAD_DIM}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D
+    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_{shape}_{kind}", "inline")
+    # P·V adds into O in place: P's fragments and O's registers travel as two tuples
+    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_{shape}_{kind}", "inline", tuples=True)
+    qk_pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_pv_acc_{shape}_{kind}", "inline", tuples=True)
     fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{kind}x2", "inline")
     mbar_init = ptx.function("tma.ptx", "flashcore_mbarrier_init", "inline")
@@ -165,31 +176,59 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
     bar_sync = ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline")
     bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
     shared_address, map_address, descriptor = ptx.shared_address, ptx.map_address, ptx.matrix_descriptor
+    as_tuple, store_tuple = ptx.as_tuple, ptx.store_tuple
     SW128 = ptx.SWIZZLE_128B
     BLOCK_M, STAGES, ATOMS = L["BLOCK_M"], L["STAGES"], L["ATOMS"]
     TILE_BYTES, RING_OFF, STAGE_BYTES, BARS_OFF = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"], L["BARS_OFF"]
+    KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
+    HALF = NT // 2  # S's column blocks are walked in two halves: see mask_and_max
+    N_S, N_P, N_O = 4 * NT, 4 * KP, 4 * NO  # registers per thread of S, of P's fragments, of O
     Q_WG_WORDS = TILE_BYTES // 4
     CONSUMERS = L["CONSUMERS"]
     CONSUMER_THREADS = 128 * CONSUMERS
     LAUNCH_BOUNDS = L["LAUNCH_BOUNDS"]
 
     @cuda.jit(device=True, inline=True)
-    def fold(acc, o_tile, alpha_a, alpha_b):
-        """acc = alpha · acc + P·V of one tile (rows a: registers 0, 1; rows b: 2, 3)."""
+    def rescale(acc, alpha_a, alpha_b):
+        """acc = alpha · acc, before the next P·V adds to it (rows a: registers 0, 1; rows b: 2, 3)."""
         for j in range(NO):
-            acc[j, 0] = cuda.fma(acc[j, 0], alpha_a, o_tile[4 * j + 0])
-            acc[j, 1] = cuda.fma(acc[j, 1], alpha_a, o_tile[4 * j + 1])
-            acc[j, 2] = cuda.fma(acc[j, 2], alpha_b, o_tile[4 * j + 2])
-            acc[j, 3] = cuda.fma(acc[j, 3], alpha_b, o_tile[4 * j + 3])
+            acc[j, 0] *= alpha_a
+            acc[j, 1] *= alpha_a
+            acc[j, 2] *= alpha_b
+            acc[j, 3] *= alpha_b
 
     @cuda.jit(device=True, inline=True)
-    def p_times_v(p_frag, desc_v):
-        """This tile's P·V: P's fragments from registers (k-step kk in p_frag[kk]), V by its descriptor."""
-        return pv(p_frag[0, 0], p_frag[0, 1], p_frag[0, 2], p_frag[0, 3],
-                  p_frag[1, 0], p_frag[1, 1], p_frag[1, 2], p_frag[1, 3],
-                  p_frag[2, 0], p_frag[2, 1], p_frag[2, 2], p_frag[2, 3],
-                  p_frag[3, 0], p_frag[3, 1], p_frag[3, 2], p_frag[3, 3], desc_v)
+    def mask_and_max(s, j0, masked, start_n, t, k_end_a, k_end_b, m_ij_a, m_ij_b):
+        """Column blocks j0 .. j0 + HALF - 1 of S: keys past a row's last one set to -inf, the
+        rows' maxima taken. Why halves: LLVM unrolls a loop of 8 blocks fully, one of 16 (128
+        keys) it leaves a loop; s indexed at run time would be put in local memory."""
+        for j in range(j0, j0 + HALF):
+            if masked:
+                col = start_n + j * MMA_N + 2 * t
+                if col >= k_end_a:
+                    s[j, 0] = float32(-math.inf)
+                if col + 1 >= k_end_a:
+                    s[j, 1] = float32(-math.inf)
+                if col >= k_end_b:
+                    s[j, 2] = float32(-math.inf)
+                if col + 1 >= k_end_b:
+                    s[j, 3] = float32(-math.inf)
+            m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
+            m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
+        return m_ij_a, m_ij_b
+
+    @cuda.jit(device=True, inline=True)
+    def exp_and_sum(s, j0, scale, m_ref_a, m_ref_b, sum_a, sum_b):
+        """Column blocks j0 .. j0 + HALF - 1: p = exp2(s · scale - m), the rows' sums taken."""
+        for j in range(j0, j0 + HALF):
+            s[j, 0] = math.exp2(cuda.fma(s[j, 0], scale, -m_ref_a))
+            s[j, 1] = math.exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
+            s[j, 2] = math.exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
+            s[j, 3] = math.exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
+            sum_a += s[j, 0] + s[j, 1]
+            sum_b += s[j, 2] + s[j, 3]
+        return sum_a, sum_b
 
     def kernel(Q, K, V, O, causal, qk_scale, maps):
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
@@ -240,15 +279,17 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
                     wait(empty + 8 * stage, parity ^ uint32(1))  # the use before this one was released
                     expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
                     k_tile = smem + RING_OFF + stage * STAGE_BYTES
-                    for a in range(ATOMS):  # box a holds columns 64a .. 64a + 63 of d
-                        col = int32(0)
-                        row = int32(0)
-                        # >>> exercise 09-b: the box's first column and first row (key) for atom a of tile n
-                        col = int32(64 * a)
-                        row = int32(n * BLOCK_N)
-                        # <<< exercise
-                        tma_load(k_tile + a * ATOM, map_k, col, row, plane_kv, full + 8 * stage)
-                        tma_load(k_tile + TILE_BYTES + a * ATOM, map_v, col, row, plane_kv, full + 8 * stage)
+                    for a in range(ATOMS):  # atom a holds columns 64a .. 64a + 63 of d
+                        for box in range(BLOCK_N // 64):  # its rows, 64 keys per box
+                            col = int32(0)
+                            row = int32(0)
+                            # >>> exercise 09-b: the first column and first row (key) of box `box` of atom a of tile n
+                            col = int32(64 * a)
+                            row = int32(n * BLOCK_N + 64 * box)
+                            # <<< exercise
+                            at = a * KV_ATOM + box * ATOM
+                            tma_load(k_tile + at, map_k, col, row, plane_kv, full + 8 * stage)
+                            tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, full + 8 * stage)
             return
 
         # -------------------- consumers: warpgroup c owns query rows row0 + 64c .. + 63 ------------
@@ -273,7 +314,7 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
         m_b = float32(-math.inf)
         l_a = float32(0.0)
         l_b = float32(0.0)
-        alpha_a = float32(1.0)  # the rescale of the previous tile, applied when its P·V is folded in
+        alpha_a = float32(1.0)  # the rescale of the previous tile, applied before its P·V is added
         alpha_b = float32(1.0)
         scale = max(abs(qk_scale), float32(1e-30))
         desc_q = descriptor(smem + c * TILE_BYTES, 16, GROUP, SW128)
@@ -292,7 +333,7 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
             wait(full + 8 * stage, uint32((n // STAGES) % 2))  # tile n has landed
             prev = (n + STAGES - 1) % STAGES  # tile n - 1's stage
             desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
-            desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + TILE_BYTES, ATOM, GROUP, SW128)
+            desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
 
             # -- this warpgroup's turn: S of tile n, and P·V of tile n - 1
             if pingpong:
@@ -300,42 +341,26 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
             if n == 0:
                 s_tile = qk(desc_q, desc_k)
             elif fused:
-                both = qk_pv(desc_q, desc_k,
-                             p_frag[0, 0], p_frag[0, 1], p_frag[0, 2], p_frag[0, 3],
-                             p_frag[1, 0], p_frag[1, 1], p_frag[1, 2], p_frag[1, 3],
-                             p_frag[2, 0], p_frag[2, 1], p_frag[2, 2], p_frag[2, 3],
-                             p_frag[3, 0], p_frag[3, 1], p_frag[3, 2], p_frag[3, 3], desc_v)
-                s_tile = both[:32]
-                fold(acc, both[32:], alpha_a, alpha_b)
+                rescale(acc, alpha_a, alpha_b)
+                both = qk_pv_acc(desc_q, desc_k, as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O))
+                s_tile = both[:N_S]
+                store_tuple(acc, both[N_S:])
             else:
+                rescale(acc, alpha_a, alpha_b)
+                store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
                 s_tile = qk(desc_q, desc_k)
-                fold(acc, p_times_v(p_frag, desc_v), alpha_a, alpha_b)
             if pingpong:
                 bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))  # the next one's turn
             if n > 0:
                 arrive(empty + 8 * prev)  # tile n - 1 is used up: its stage may be refilled
-            for j in range(NT):
-                for e in range(4):
-                    s[j, e] = s_tile[4 * j + e]
+            store_tuple(s, s_tile)
 
             # -- the softmax of phase 08 (masking, row maxima, exp2 with the scale folded in)
             start_n = n * BLOCK_N
             masked = start_n + BLOCK_N > min(k_end_a, k_end_b)
-            m_ij_a = float32(-math.inf)
-            m_ij_b = float32(-math.inf)
-            for j in range(NT):
-                if masked:
-                    col = start_n + j * MMA_N + 2 * t
-                    if col >= k_end_a:
-                        s[j, 0] = float32(-math.inf)
-                    if col + 1 >= k_end_a:
-                        s[j, 1] = float32(-math.inf)
-                    if col >= k_end_b:
-                        s[j, 2] = float32(-math.inf)
-                    if col + 1 >= k_end_b:
-                        s[j, 3] = float32(-math.inf)
-                m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
-                m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
+            m_ij_a, m_ij_b = mask_and_max(s, 0, masked, start_n, t, k_end_a, k_end_b,
+                                          float32(-math.inf), float32(-math.inf))
+            m_ij_a, m_ij_b = mask_and_max(s, HALF, masked, start_n, t, k_end_a, k_end_b, m_ij_a, m_ij_b)
             m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
             m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
             m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
@@ -344,15 +369,8 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
             m_ij_b *= scale
             m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a)
             m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b)
-            sum_a = float32(0.0)
-            sum_b = float32(0.0)
-            for j in range(NT):
-                s[j, 0] = math.exp2(cuda.fma(s[j, 0], scale, -m_ref_a))
-                s[j, 1] = math.exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
-                s[j, 2] = math.exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
-                s[j, 3] = math.exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
-                sum_a += s[j, 0] + s[j, 1]
-                sum_b += s[j, 2] + s[j, 3]
+            sum_a, sum_b = exp_and_sum(s, 0, scale, m_ref_a, m_ref_b, float32(0.0), float32(0.0))
+            sum_a, sum_b = exp_and_sum(s, HALF, scale, m_ref_a, m_ref_b, sum_a, sum_b)
             l_a = l_a * alpha_a + sum_a
             l_b = l_b * alpha_b + sum_b
             m_a = m_new_a
@@ -365,8 +383,9 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
 
         if n_tiles > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
             last = (n_tiles - 1) % STAGES
-            desc_v = descriptor(smem + RING_OFF + last * STAGE_BYTES + TILE_BYTES, ATOM, GROUP, SW128)
-            fold(acc, p_times_v(p_frag, desc_v), alpha_a, alpha_b)
+            desc_v = descriptor(smem + RING_OFF + last * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
+            rescale(acc, alpha_a, alpha_b)
+            store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
         if pingpong and c == 0:
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
             # it, so that no barrier is left half-arrived when the block exits
