@@ -46,33 +46,33 @@ Why the hardware rewards it
     code; in this project a PTX function hands its results back through its output registers at
     its end, and an accumulator read before its wait makes ptxas serialize every wgmma of the
     kernel.
-    Not understood yet: the sweep record's D = 64 causal S = 512 point (commit bcaee3a) measured a
-    median of 1.09 ms, min 0.59, max 1.42, where S = 1024 takes 0.39 ms. The output was right,
-    and launches timed alone at that shape (with or without the turns, with try_wait or with a
-    polling mbarrier.test_wait) did not show it again.
+    Not understood yet: one sweep point of commit bcaee3a (D = 64 causal, S = 512) measured a
+    median of 1.09 ms with a spread of 0.59 to 1.42 ms, and one record row here (09-ws, GQA,
+    causal) fell to 0.71x of 09-fused where every other row is within a few percent. The outputs
+    were right; the first did not repeat when timed again (the sweep of commit e438997 has that
+    point at 0.25 ms), the second has not been timed again yet.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 297 TFLOPS (0.89x phase 08,
-    SLOWER than phase 08), causal 240 TFLOPS (0.86x phase 08, SLOWER than phase 08); 128 registers,
-    0 B local memory. 09-fused: 293 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal 237 TFLOPS
-    (0.99x phase 09, SLOWER than phase 09). 09-ws: 287 TFLOPS (0.98x 09-fused, SLOWER than
-    09-fused), causal 231 TFLOPS (0.97x 09-fused, SLOWER than 09-fused). At B=16 H=16 S=2048 D=128
-    fp16: 09 407 TFLOPS (1.15x phase 08), causal 344 TFLOPS (1.15x phase 08); 09-fused 408 TFLOPS
-    (1.00x phase 09), causal 343 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 392 TFLOPS
-    (0.96x 09-fused, SLOWER than 09-fused), causal 329 TFLOPS (0.96x 09-fused, SLOWER than
-    09-fused). At B=16 H=16 S=2048 D=64 bf16: 09 297 TFLOPS (0.89x phase 08, SLOWER than phase 08),
-    causal 240 TFLOPS (0.86x phase 08, SLOWER than phase 08); 09-fused 293 TFLOPS (0.99x phase 09,
-    SLOWER than phase 09), causal 237 TFLOPS (0.99x phase 09, SLOWER than phase 09); 09-ws 287
-    TFLOPS (0.98x 09-fused, SLOWER than 09-fused), causal 231 TFLOPS (0.98x 09-fused, SLOWER than
-    09-fused). At B=16 H=16 S=2048 D=128 bf16: 09 408 TFLOPS (1.16x phase 08), causal 345 TFLOPS
-    (1.15x phase 08); 09-fused 405 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal 343 TFLOPS
-    (1.00x phase 09, SLOWER than phase 09); 09-ws 393 TFLOPS (0.97x 09-fused, SLOWER than 09-fused),
-    causal 330 TFLOPS (0.96x 09-fused, SLOWER than 09-fused). At B=16 H=32 H_kv=8 S=2048 D=64 fp16:
-    09 305 TFLOPS (0.90x phase 08, SLOWER than phase 08), causal 248 TFLOPS (0.85x phase 08, SLOWER
-    than phase 08); 09-fused 301 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal 245 TFLOPS
-    (0.99x phase 09, SLOWER than phase 09); 09-ws 294 TFLOPS (0.98x 09-fused, SLOWER than 09-fused),
-    causal 240 TFLOPS (0.98x 09-fused, SLOWER than 09-fused)
+    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 355 TFLOPS (1.08x phase 08),
+    causal 273 TFLOPS (0.97x phase 08, SLOWER than phase 08); 128 registers, 0 B local memory.
+    09-fused: 350 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal 273 TFLOPS (1.00x phase 09,
+    SLOWER than phase 09). 09-ws: 347 TFLOPS (0.99x 09-fused, SLOWER than 09-fused), causal 270
+    TFLOPS (0.99x 09-fused, SLOWER than 09-fused). At B=16 H=16 S=2048 D=128 fp16: 09 486 TFLOPS
+    (1.37x phase 08), causal 400 TFLOPS (1.34x phase 08); 09-fused 482 TFLOPS (0.99x phase 09,
+    SLOWER than phase 09), causal 398 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 453
+    TFLOPS (0.94x 09-fused, SLOWER than 09-fused), causal 374 TFLOPS (0.94x 09-fused, SLOWER than
+    09-fused). At B=16 H=16 S=2048 D=64 bf16: 09 355 TFLOPS (1.07x phase 08), causal 273 TFLOPS
+    (0.97x phase 08, SLOWER than phase 08); 09-fused 351 TFLOPS (0.99x phase 09, SLOWER than phase
+    09), causal 272 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 345 TFLOPS (0.98x 09-fused,
+    SLOWER than 09-fused), causal 269 TFLOPS (0.99x 09-fused, SLOWER than 09-fused). At B=16 H=16
+    S=2048 D=128 bf16: 09 479 TFLOPS (1.36x phase 08), causal 400 TFLOPS (1.34x phase 08); 09-fused
+    486 TFLOPS (1.01x phase 09), causal 402 TFLOPS (1.00x phase 09); 09-ws 453 TFLOPS (0.93x
+    09-fused, SLOWER than 09-fused), causal 378 TFLOPS (0.94x 09-fused, SLOWER than 09-fused). At
+    B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 364 TFLOPS (1.06x phase 08), causal 278 TFLOPS (0.96x
+    phase 08, SLOWER than phase 08); 09-fused 362 TFLOPS (0.99x phase 09, SLOWER than phase 09),
+    causal 278 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 354 TFLOPS (0.98x 09-fused,
+    SLOWER than 09-fused), causal 197 TFLOPS (0.71x 09-fused, SLOWER than 09-fused)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
