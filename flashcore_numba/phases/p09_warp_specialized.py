@@ -48,33 +48,33 @@ Why the hardware rewards it
     code; in this project a PTX function hands its results back through its output registers at
     its end, and an accumulator read before its wait makes ptxas serialize every wgmma of the
     kernel.
-    Not understood yet: the sweep record's D = 64 causal S = 512 point (commit bcaee3a) measured a
-    median of 1.09 ms, min 0.59, max 1.42, where S = 1024 takes 0.39 ms. The output was right,
-    and launches timed alone at that shape (with or without the turns, with try_wait or with a
-    polling mbarrier.test_wait) did not show it again.
+    Not understood yet: one sweep point of commit bcaee3a (D = 64 causal, S = 512) measured a
+    median of 1.09 ms with a spread of 0.59 to 1.42 ms, and one record row here (09-ws, GQA,
+    causal) fell to 0.71x of 09-fused where every other row is within a few percent. The outputs
+    were right; the first did not repeat when timed again (the sweep of commit e438997 has that
+    point at 0.25 ms), the second has not been timed again yet.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 297 TFLOPS (0.89x phase 08,
-    SLOWER than phase 08), causal 240 TFLOPS (0.86x phase 08, SLOWER than phase 08); 128 registers,
-    0 B local memory. 09-fused: 293 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal 237 TFLOPS
-    (0.99x phase 09, SLOWER than phase 09). 09-ws: 287 TFLOPS (0.98x 09-fused, SLOWER than
-    09-fused), causal 231 TFLOPS (0.97x 09-fused, SLOWER than 09-fused). At B=16 H=16 S=2048 D=128
-    fp16: 09 407 TFLOPS (1.15x phase 08), causal 344 TFLOPS (1.15x phase 08); 09-fused 408 TFLOPS
-    (1.00x phase 09), causal 343 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 392 TFLOPS
-    (0.96x 09-fused, SLOWER than 09-fused), causal 329 TFLOPS (0.96x 09-fused, SLOWER than
-    09-fused). At B=16 H=16 S=2048 D=64 bf16: 09 297 TFLOPS (0.89x phase 08, SLOWER than phase 08),
-    causal 240 TFLOPS (0.86x phase 08, SLOWER than phase 08); 09-fused 293 TFLOPS (0.99x phase 09,
-    SLOWER than phase 09), causal 237 TFLOPS (0.99x phase 09, SLOWER than phase 09); 09-ws 287
-    TFLOPS (0.98x 09-fused, SLOWER than 09-fused), causal 231 TFLOPS (0.98x 09-fused, SLOWER than
-    09-fused). At B=16 H=16 S=2048 D=128 bf16: 09 408 TFLOPS (1.16x phase 08), causal 345 TFLOPS
-    (1.15x phase 08); 09-fused 405 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal 343 TFLOPS
-    (1.00x phase 09, SLOWER than phase 09); 09-ws 393 TFLOPS (0.97x 09-fused, SLOWER than 09-fused),
-    causal 330 TFLOPS (0.96x 09-fused, SLOWER than 09-fused). At B=16 H=32 H_kv=8 S=2048 D=64 fp16:
-    09 305 TFLOPS (0.90x phase 08, SLOWER than phase 08), causal 248 TFLOPS (0.85x phase 08, SLOWER
-    than phase 08); 09-fused 301 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal 245 TFLOPS
-    (0.99x phase 09, SLOWER than phase 09); 09-ws 294 TFLOPS (0.98x 09-fused, SLOWER than 09-fused),
-    causal 240 TFLOPS (0.98x 09-fused, SLOWER than 09-fused)
+    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 355 TFLOPS (1.08x phase 08),
+    causal 273 TFLOPS (0.97x phase 08, SLOWER than phase 08); 128 registers, 0 B local memory.
+    09-fused: 350 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal 273 TFLOPS (1.00x phase 09,
+    SLOWER than phase 09). 09-ws: 347 TFLOPS (0.99x 09-fused, SLOWER than 09-fused), causal 270
+    TFLOPS (0.99x 09-fused, SLOWER than 09-fused). At B=16 H=16 S=2048 D=128 fp16: 09 486 TFLOPS
+    (1.37x phase 08), causal 400 TFLOPS (1.34x phase 08); 09-fused 482 TFLOPS (0.99x phase 09,
+    SLOWER than phase 09), causal 398 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 453
+    TFLOPS (0.94x 09-fused, SLOWER than 09-fused), causal 374 TFLOPS (0.94x 09-fused, SLOWER than
+    09-fused). At B=16 H=16 S=2048 D=64 bf16: 09 355 TFLOPS (1.07x phase 08), causal 273 TFLOPS
+    (0.97x phase 08, SLOWER than phase 08); 09-fused 351 TFLOPS (0.99x phase 09, SLOWER than phase
+    09), causal 272 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 345 TFLOPS (0.98x 09-fused,
+    SLOWER than 09-fused), causal 269 TFLOPS (0.99x 09-fused, SLOWER than 09-fused). At B=16 H=16
+    S=2048 D=128 bf16: 09 479 TFLOPS (1.36x phase 08), causal 400 TFLOPS (1.34x phase 08); 09-fused
+    486 TFLOPS (1.01x phase 09), causal 402 TFLOPS (1.00x phase 09); 09-ws 453 TFLOPS (0.93x
+    09-fused, SLOWER than 09-fused), causal 378 TFLOPS (0.94x 09-fused, SLOWER than 09-fused). At
+    B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 364 TFLOPS (1.06x phase 08), causal 278 TFLOPS (0.96x
+    phase 08, SLOWER than phase 08); 09-fused 362 TFLOPS (0.99x phase 09, SLOWER than phase 09),
+    causal 278 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 354 TFLOPS (0.98x 09-fused,
+    SLOWER than 09-fused), causal 197 TFLOPS (0.71x 09-fused, SLOWER than 09-fused)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
@@ -305,8 +305,8 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
         row_b = row_a + 8
         k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
         k_end_b = key_end(min(row_b, seq_q - 1), seq_q, seq_k, causal)
-        # the tiles this warpgroup's rows need (under a causal mask its last row sees the most keys);
-        # with BLOCK_M > BLOCK_N the block's last tiles may hold no key of the first consumers' rows
+        # the tiles this warpgroup's rows need (under a causal mask its last row sees the most keys):
+        # with BLOCK_M > BLOCK_N the block's last tiles hold no key of the first consumers' rows
         wg_last_row = min(row0 + c * WG_M + WG_M - 1, seq_q - 1)
         my_tiles = (key_end(wg_last_row, seq_q, seq_k, causal) + BLOCK_N - 1) // BLOCK_N
 
@@ -334,32 +334,35 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
         if pingpong and c == CONSUMERS - 1:
             bar_arrive(uint32(TURN), uint32(TURN_THREADS))  # consumer 0 takes the first turn
 
-        for n in range(my_tiles):
+        for n in range(n_tiles):
             stage = n % STAGES
             wait(full + 8 * stage, uint32((n // STAGES) % 2))  # tile n has landed
             prev = (n + STAGES - 1) % STAGES  # tile n - 1's stage
             desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
             desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
 
-            # -- this warpgroup's turn: S of tile n, and P·V of tile n - 1
+            # -- this warpgroup's turn: P·V of tile n - 1, and S of tile n. A tile past this warpgroup's
+            # keys (n >= my_tiles) is still waited for, its turn taken and its stage released
             if pingpong:
                 bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
-            if n == 0:
-                s_tile = qk(desc_q, desc_k)
-            elif fused:
+            if 0 < n <= my_tiles:
                 rescale(acc, alpha_a, alpha_b)
-                both = qk_pv_acc(desc_q, desc_k, as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O))
-                s_tile = both[:N_S]
-                store_tuple(acc, both[N_S:])
-            else:
-                rescale(acc, alpha_a, alpha_b)
-                store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
-                s_tile = qk(desc_q, desc_k)
+                if fused and n < my_tiles:
+                    both = qk_pv_acc(desc_q, desc_k, as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O))
+                    store_tuple(s, both[:N_S])
+                    store_tuple(acc, both[N_S:])
+                else:
+                    store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
+                    if n < my_tiles:
+                        store_tuple(s, qk(desc_q, desc_k))
+            elif n < my_tiles:
+                store_tuple(s, qk(desc_q, desc_k))
             if pingpong:
                 bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))  # the next one's turn
             if n > 0:
                 arrive(empty + 8 * prev)  # tile n - 1 is used up: its stage may be refilled
-            store_tuple(s, s_tile)
+            if n >= my_tiles:
+                continue
 
             # -- the softmax of phase 08 (masking, row maxima, exp2 with the scale folded in)
             start_n = n * BLOCK_N
@@ -387,19 +390,11 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
                 p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
                 p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
 
-        if my_tiles > 0:  # -- the last tile's P·V (outside the turns: it waits for nobody)
-            last = (my_tiles - 1) % STAGES
+        if 0 < my_tiles == n_tiles:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
+            last = (n_tiles - 1) % STAGES
             desc_v = descriptor(smem + RING_OFF + last * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
             rescale(acc, alpha_a, alpha_b)
             store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
-        for n in range(my_tiles, n_tiles):  # -- the block's tiles past this warpgroup's keys (causal):
-            # nothing to compute, but the turns go round and the stages must be released
-            wait(full + 8 * (n % STAGES), uint32((n // STAGES) % 2))
-            if pingpong:
-                bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
-                bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
-            if n > 0:
-                arrive(empty + 8 * ((n + STAGES - 1) % STAGES))  # tile n - 1
         if pingpong and c == 0:
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
             # it, so that no barrier is left half-arrived when the block exits
