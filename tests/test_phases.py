@@ -162,16 +162,3 @@ def test_phase09_variants_match_reference(variant):
     out = attention(q, k, v, causal=True, phase=variant)
     verdict = check_close(out, reference_attention(q, k, v, causal=True), lowp_attention(q, k, v, causal=True))
     assert verdict.ok, f"{variant}: {verdict.message}"
-
-
-@pytest.mark.parametrize("variant", ["09", "09-fused"])
-def test_phase09_consumer_skips_tiles_past_its_rows(variant):
-    """Causal, S_k = S_q + 64: consumer 0's rows (0..63) end at key 127, one tile, while the block
-    (consumer 1's rows up to 99, keys up to 163) needs two; consumer 0 only waits for and releases
-    the second, and its last P·V is issued at that tile's turn rather than after the loop."""
-    from flashcore_numba import attention
-
-    q, k, v = random_qkv((1, 1, 100, 64), seq_k=164)
-    out = attention(q, k, v, causal=True, phase=variant)
-    verdict = check_close(out, reference_attention(q, k, v, causal=True), lowp_attention(q, k, v, causal=True))
-    assert verdict.ok, f"{variant}: {verdict.message}"

@@ -19,9 +19,7 @@ What changed from phase 08
       cores and the exp2 units work at the same time instead of every warpgroup waiting for the
       same one. A turn issues S = Q·Kᵀ of tile n and P·V of tile n - 1 (the loop computes S first,
       folds in the previous tile's P·V, then runs the softmax; the last P·V follows the loop);
-    - causal work is balanced: the blocks with the most keys (the last query rows) start first,
-      and a consumer whose 64 rows end before the block's last tiles skips their products (it
-      still waits for them, takes its turns and releases their stages);
+    - causal work is balanced: the blocks with the most keys (the last query rows) start first;
     - tiles of 128 keys (phase 08: 64), and P·V added into the accumulator in place: phase 08's
       P·V returned a fresh O-sized tile that the kernel folded in with FMAs, D / 2 registers more
       per thread and one more pass per tile. `pv_acc` (ptx/wgmma.ptx) takes O's registers in and
@@ -305,10 +303,6 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
         row_b = row_a + 8
         k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
         k_end_b = key_end(min(row_b, seq_q - 1), seq_q, seq_k, causal)
-        # the tiles this warpgroup's rows need (under a causal mask its last row sees the most keys):
-        # with BLOCK_M > BLOCK_N the block's last tiles hold no key of the first consumers' rows
-        wg_last_row = min(row0 + c * WG_M + WG_M - 1, seq_q - 1)
-        my_tiles = (key_end(wg_last_row, seq_q, seq_k, causal) + BLOCK_N - 1) // BLOCK_N
 
         s = cuda.local.array((NT, 4), float32)
         p_frag = cuda.local.array((KP, 4), uint32)
@@ -341,28 +335,25 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
             desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
             desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
 
-            # -- this warpgroup's turn: P·V of tile n - 1, and S of tile n. A tile past this warpgroup's
-            # keys (n >= my_tiles) is still waited for, its turn taken and its stage released
+            # -- this warpgroup's turn: S of tile n, and P·V of tile n - 1
             if pingpong:
                 bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
-            if 0 < n <= my_tiles:
+            if n == 0:
+                s_tile = qk(desc_q, desc_k)
+            elif fused:
                 rescale(acc, alpha_a, alpha_b)
-                if fused and n < my_tiles:
-                    both = qk_pv_acc(desc_q, desc_k, as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O))
-                    store_tuple(s, both[:N_S])
-                    store_tuple(acc, both[N_S:])
-                else:
-                    store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
-                    if n < my_tiles:
-                        store_tuple(s, qk(desc_q, desc_k))
-            elif n < my_tiles:
-                store_tuple(s, qk(desc_q, desc_k))
+                both = qk_pv_acc(desc_q, desc_k, as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O))
+                s_tile = both[:N_S]
+                store_tuple(acc, both[N_S:])
+            else:
+                rescale(acc, alpha_a, alpha_b)
+                store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
+                s_tile = qk(desc_q, desc_k)
             if pingpong:
                 bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))  # the next one's turn
             if n > 0:
                 arrive(empty + 8 * prev)  # tile n - 1 is used up: its stage may be refilled
-            if n >= my_tiles:
-                continue
+            store_tuple(s, s_tile)
 
             # -- the softmax of phase 08 (masking, row maxima, exp2 with the scale folded in)
             start_n = n * BLOCK_N
@@ -390,7 +381,7 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
                 p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
                 p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
 
-        if 0 < my_tiles == n_tiles:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
+        if n_tiles > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
             last = (n_tiles - 1) % STAGES
             desc_v = descriptor(smem + RING_OFF + last * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
             rescale(acc, alpha_a, alpha_b)
