@@ -49,8 +49,8 @@ Why the hardware rewards it
     Not understood yet: one sweep point of commit bcaee3a (D = 64 causal, S = 512) measured a
     median of 1.09 ms with a spread of 0.59 to 1.42 ms, and one record row here (09-ws, GQA,
     causal) fell to 0.71x of 09-fused where every other row is within a few percent. The outputs
-    were right; the first did not repeat when timed again (the sweep of commit e438997 has that
-    point at 0.25 ms), the second has not been timed again yet.
+    were right, and neither repeated when timed again (the sweep of commit e438997 has that
+    point at 0.25 ms).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
