@@ -642,6 +642,40 @@ def test_tuples_route_groups_numbered_parameters():
         ptx.function("wgmma.ptx", "flashcore_wgmma_pv_acc_d128_n128_f16", "link", tuples=True)
 
 
+def test_register_arrays_travel_as_tuples_in_c_order():
+    """ptx.as_tuple reads a local array's first n elements in C order; ptx.store_tuple writes a
+    tuple back the same way (what phase 09 passes to and takes from the tuples route)."""
+    as_tuple, store_tuple = ptx.as_tuple, ptx.store_tuple
+
+    @cuda.jit
+    def kernel(out_tuple, out_array):
+        a = cuda.local.array((2, 4), float32)
+        for r in range(2):
+            for c in range(4):
+                a[r, c] = float32(10 * r + c + cuda.threadIdx.x)
+        t = as_tuple(a, 6)  # (a[0, 0..3], a[1, 0..1])
+        for i in range(6):
+            out_tuple[cuda.threadIdx.x, i] = t[i]
+        b = cuda.local.array((2, 4), float32)
+        for r in range(2):
+            for c in range(4):
+                b[r, c] = float32(-1.0)
+        store_tuple(b, t)
+        for r in range(2):
+            for c in range(4):
+                out_array[cuda.threadIdx.x, r, c] = b[r, c]
+
+    out_tuple = cuda.to_device(np.full((2, 6), np.nan, np.float32))
+    out_array = cuda.to_device(np.full((2, 2, 4), np.nan, np.float32))
+    kernel[1, 2](out_tuple, out_array)
+    for tid in range(2):
+        a = np.array([[10 * r + c + tid for c in range(4)] for r in range(2)], np.float32)
+        np.testing.assert_array_equal(out_tuple.copy_to_host()[tid], a.reshape(-1)[:6])
+        expected = np.full(8, -1.0, np.float32)
+        expected[:6] = a.reshape(-1)[:6]
+        np.testing.assert_array_equal(out_array.copy_to_host()[tid], expected.reshape(2, 4))
+
+
 # ---------------------------------------------------------------------------------------------
 # Phase 08 compiled for the H100: no spill, no call (a call would serialize every wgmma)
 # ---------------------------------------------------------------------------------------------
