@@ -169,10 +169,10 @@ def _best_for_this_gpu():
     if not cuda.is_available():
         return best  # _require_device says what to do
     cc = tuple(cuda.get_current_device().compute_capability)
-    if cc_reason(best, cc) is not None:
-        runnable = [p for p in PHASES.values() if cc_reason(p, cc) is None]
-        best = max(runnable, key=lambda p: p.ID) if runnable else best
-    return best
+    if cc_reason(best, cc) is None:
+        return best
+    runnable = [p for p in PHASES.values() if cc_reason(p, cc) is None]
+    return max(runnable, key=lambda p: p.ID) if runnable else best
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phase="best"):
@@ -193,8 +193,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
     Returns:
         (B, H, S_q, D) output of q's dtype, of the same kind as q.
     """
-    ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     phase = _best_for_this_gpu() if isinstance(phase, str) and phase == "best" else get_phase(phase)
+    ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     _validate(ops, phase, causal, scale)
     _require_device(phase)
     D = ops[0].shape[3]

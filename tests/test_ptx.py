@@ -581,19 +581,8 @@ def wgmma_128_keys_kernel(kind: str):
         s = qk(descriptor(smem, 16, 1024, SW128), descriptor(smem + Q_BYTES, 16, 1024, SW128))
         for i in range(64):
             s_out[tid, i] = s[i]
-        f, a = frags, acc
-        p = (f[tid, 0], f[tid, 1], f[tid, 2], f[tid, 3], f[tid, 4], f[tid, 5], f[tid, 6], f[tid, 7],
-             f[tid, 8], f[tid, 9], f[tid, 10], f[tid, 11], f[tid, 12], f[tid, 13], f[tid, 14], f[tid, 15],
-             f[tid, 16], f[tid, 17], f[tid, 18], f[tid, 19], f[tid, 20], f[tid, 21], f[tid, 22], f[tid, 23],
-             f[tid, 24], f[tid, 25], f[tid, 26], f[tid, 27], f[tid, 28], f[tid, 29], f[tid, 30], f[tid, 31])
-        o_in = (a[tid, 0], a[tid, 1], a[tid, 2], a[tid, 3], a[tid, 4], a[tid, 5], a[tid, 6], a[tid, 7],
-                a[tid, 8], a[tid, 9], a[tid, 10], a[tid, 11], a[tid, 12], a[tid, 13], a[tid, 14], a[tid, 15],
-                a[tid, 16], a[tid, 17], a[tid, 18], a[tid, 19], a[tid, 20], a[tid, 21], a[tid, 22], a[tid, 23],
-                a[tid, 24], a[tid, 25], a[tid, 26], a[tid, 27], a[tid, 28], a[tid, 29], a[tid, 30], a[tid, 31],
-                a[tid, 32], a[tid, 33], a[tid, 34], a[tid, 35], a[tid, 36], a[tid, 37], a[tid, 38], a[tid, 39],
-                a[tid, 40], a[tid, 41], a[tid, 42], a[tid, 43], a[tid, 44], a[tid, 45], a[tid, 46], a[tid, 47],
-                a[tid, 48], a[tid, 49], a[tid, 50], a[tid, 51], a[tid, 52], a[tid, 53], a[tid, 54], a[tid, 55],
-                a[tid, 56], a[tid, 57], a[tid, 58], a[tid, 59], a[tid, 60], a[tid, 61], a[tid, 62], a[tid, 63])
+        p = ptx.as_tuple(frags[tid], 32)  # this thread's 32 P fragments and 64 O registers
+        o_in = ptx.as_tuple(acc[tid], 64)
         o = pv_acc(p, descriptor(smem + Q_BYTES + KV_BYTES, 128 * 128, 1024, SW128), o_in)
         for i in range(64):
             o_out[tid, i] = o[i]

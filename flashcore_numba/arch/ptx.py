@@ -420,6 +420,7 @@ matrix_descriptor = _make_matrix_descriptor()
 # them in registers as long as every index is a compile-time constant. A function of the tuples
 # route takes them as one tuple: `as_tuple(acc, 64)` reads the first 64 elements (in C order)
 # at constant indices, `store_tuple(acc, values)` writes a returned tuple back the same way.
+# Both take C-contiguous arrays only (any other does not type: the elements are read by offset).
 # Spelled out in Python, either would be a loop with a run-time index, and the array would be
 # put in local memory.
 def _flat(array):
@@ -445,7 +446,7 @@ def _make_tuple_helpers():
 
     @intrinsic
     def as_tuple(typingctx, array, n):
-        if not isinstance(array, types.Array) or not isinstance(n, types.IntegerLiteral):
+        if not isinstance(array, types.Array) or array.layout != "C" or not isinstance(n, types.IntegerLiteral):
             return None
         count = n.literal_value
 
@@ -457,7 +458,7 @@ def _make_tuple_helpers():
 
     @intrinsic
     def store_tuple(typingctx, array, values):
-        if not isinstance(array, types.Array) or not isinstance(values, types.UniTuple) \
+        if not isinstance(array, types.Array) or array.layout != "C" or not isinstance(values, types.UniTuple) \
                 or values.dtype != array.dtype:
             return None
 

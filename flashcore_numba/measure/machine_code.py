@@ -97,10 +97,8 @@ def assemble(ptx: str | bytes, arch: str = ARCH, linked=()) -> tuple[str, bytes]
     try:
         if lto:
             nvjitlink.add_data(handle, nvjitlink.InputType.LTOIR, ptx, len(ptx), "kernel.ltoir")
-        for name, text in [] if lto else [("kernel.ptx", ptx)]:
-            data = text.encode()
-            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)
-        for name, text in [(Path(f).name, Path(f).read_text()) for f in linked]:
+        inputs = ([] if lto else [("kernel.ptx", ptx)]) + [(Path(f).name, Path(f).read_text()) for f in linked]
+        for name, text in inputs:
             data = text.encode()
             nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)
         try:

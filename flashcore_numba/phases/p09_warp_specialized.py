@@ -199,6 +199,12 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
             acc[j, 3] *= alpha_b
 
     @cuda.jit(device=True, inline=True)
+    def add_pv(acc, p_frag, desc_v, alpha_a, alpha_b):
+        """acc = alpha · acc + P·V of one tile: the rescale, then the wgmma adds into acc in place."""
+        rescale(acc, alpha_a, alpha_b)
+        store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
+
+    @cuda.jit(device=True, inline=True)
     def mask_and_max(s, j0, masked, start_n, t, k_end_a, k_end_b, m_ij_a, m_ij_b):
         """Column blocks j0 .. j0 + HALF - 1 of S: keys past a row's last one set to -inf, the
         rows' maxima taken. Why halves: LLVM unrolls a loop of 8 blocks fully, one of 16 (128
@@ -346,8 +352,7 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
                 s_tile = both[:N_S]
                 store_tuple(acc, both[N_S:])
             else:
-                rescale(acc, alpha_a, alpha_b)
-                store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
+                add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
                 s_tile = qk(desc_q, desc_k)
             if pingpong:
                 bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))  # the next one's turn
@@ -384,8 +389,7 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
         if n_tiles > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
             last = (n_tiles - 1) % STAGES
             desc_v = descriptor(smem + RING_OFF + last * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
-            rescale(acc, alpha_a, alpha_b)
-            store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
+            add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
         if pingpong and c == 0:
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
             # it, so that no barrier is left half-arrived when the block exits
