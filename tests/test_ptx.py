@@ -558,12 +558,18 @@ def test_wgmma_tiles_through_descriptors(head_dim, kind):
     np.testing.assert_allclose(o_out.copy_to_host(), accumulator_registers(p @ v), rtol=1e-4, atol=1e-3)
 
 
-def wgmma_128_keys_kernel(kind: str):
-    """S = Q.K^T over 128 keys, then O += P.V in place, P and O passed as tuples (the tuples route)."""
+def wgmma_128_keys_kernel(kind: str, issued: bool = False):
+    """S = Q.K^T over 128 keys, then O += P.V in place, P and O passed as tuples (the tuples route).
+    issued: both products issued before either is awaited (the _issue and wait functions)."""
     from flashcore_numba.phases.common import LOG2E  # noqa: F401 - the package's import order
 
     qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d128_n128_{kind}", "inline")
     pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d128_n128_{kind}", "inline", tuples=True)
+    qk_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_issue_d128_n128_{kind}", "inline")
+    pv_acc_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_issue_d128_n128_{kind}", "inline",
+                                tuples=True)
+    wait_s = ptx.function("wgmma.ptx", "flashcore_wgmma_wait_s_n128", "inline", tuples=True)
+    wait_o = ptx.function("wgmma.ptx", "flashcore_wgmma_wait_o_d128_n128", "inline", tuples=True)
     fence = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
     shared_address, descriptor, SW128 = ptx.shared_address, ptx.matrix_descriptor, ptx.SWIZZLE_128B
     Q_BYTES, KV_BYTES = 64 * 128 * 2, 128 * 128 * 2
@@ -578,22 +584,34 @@ def wgmma_128_keys_kernel(kind: str):
         fence()
         cuda.syncthreads()
         smem = shared_address(smem_h)
-        s = qk(descriptor(smem, 16, 1024, SW128), descriptor(smem + Q_BYTES, 16, 1024, SW128))
-        for i in range(64):
-            s_out[tid, i] = s[i]
+        desc_q, desc_k = descriptor(smem, 16, 1024, SW128), descriptor(smem + Q_BYTES, 16, 1024, SW128)
+        desc_v = descriptor(smem + Q_BYTES + KV_BYTES, 128 * 128, 1024, SW128)
         p = ptx.as_tuple(frags[tid], 32)  # this thread's 32 P fragments and 64 O registers
         o_in = ptx.as_tuple(acc[tid], 64)
-        o = pv_acc(p, descriptor(smem + Q_BYTES + KV_BYTES, 128 * 128, 1024, SW128), o_in)
+        if issued:  # S, then P.V behind it; S awaited first (wait_group 1), then both (0)
+            s = qk_issue(desc_q, desc_k)
+            o = pv_acc_issue(p, desc_v, o_in)
+            s = wait_s(s)
+            for i in range(64):
+                s_out[tid, i] = s[i]
+            o = wait_o(p, o)
+        else:
+            s = qk(desc_q, desc_k)
+            for i in range(64):
+                s_out[tid, i] = s[i]
+            o = pv_acc(p, desc_v, o_in)
         for i in range(64):
             o_out[tid, i] = o[i]
 
     return products, (Q_BYTES + 2 * KV_BYTES)
 
 
+@pytest.mark.parametrize("issued", [False, True], ids=["awaited", "issued"])
 @pytest.mark.parametrize("kind", ["f16", "bf16"])
-def test_wgmma_128_key_tiles_accumulate_in_place(kind):
+def test_wgmma_128_key_tiles_accumulate_in_place(kind, issued):
     """The 128-key functions: K and V in 128-row swizzle atoms (V's LBO 16384), S of 64 columns per
-    thread, and O += P.V on the accumulator passed in, P's 32 fragments and O as tuples."""
+    thread, and O += P.V on the accumulator passed in, P's 32 fragments and O as tuples; issued:
+    the same products by the _issue functions, awaited by wait_s and wait_o."""
     if _on_gpu() and not _on_hopper():
         pytest.skip("wgmma needs an sm_90 GPU")
     from flashcore_numba.phases.common import launch
@@ -612,7 +630,7 @@ def test_wgmma_128_key_tiles_accumulate_in_place(kind):
     tiles = np.concatenate([swizzled_order(b) for b in bits[:3]]).view(np.uint32)
     s_out = cuda.to_device(np.full((128, 64), np.nan, np.float32))
     o_out = cuda.to_device(np.full((128, 64), np.nan, np.float32))
-    kernel, smem_bytes = wgmma_128_keys_kernel(kind)
+    kernel, smem_bytes = wgmma_128_keys_kernel(kind, issued)
     launch(kernel, 1, 128, smem_bytes, (cuda.to_device(tiles), cuda.to_device(a_fragments(bits[3])),
                                         cuda.to_device(accumulator_registers(o0)), s_out, o_out))
     np.testing.assert_allclose(s_out.copy_to_host(), accumulator_registers(q @ k.T), rtol=1e-4, atol=1e-3)
@@ -629,6 +647,41 @@ def test_tuples_route_groups_numbered_parameters():
     assert sig.return_type == types.UniTuple(types.float32, 64)
     with pytest.raises(ValueError, match="tuples: only the inline route"):
         ptx.function("wgmma.ptx", "flashcore_wgmma_pv_acc_d128_n128_f16", "link", tuples=True)
+
+
+def test_issued_wgmma_registers_are_named_in_place():
+    """An _issue function's inline text names the asm operands in the wgmma itself: no `mov` reads
+    an accumulator after the commit. O's registers are tied (in and out); P's are inputs read in
+    place; the descriptor, which the body steps on, keeps its `mov`."""
+    fn = ptx.load("wgmma.ptx")["flashcore_wgmma_pv_acc_issue_d64_n128_f16"]
+    assert fn.leaves_in_flight and not fn.awaits_in_flight
+    asm, constraints = fn.inline_asm()
+    parts = constraints.split(",")
+    n_out = 32
+    assert parts[:n_out] == ["=f"] * n_out
+    assert parts[n_out:n_out + 32] == ["r"] * 32 and parts[n_out + 32] == "l"
+    assert parts[n_out + 33:n_out + 33 + 32] == [str(j) for j in range(32)], "O tied: in and out one register"
+    assert "{$0, $1, $2," in asm and "{$32, $33, $34, $35}" in asm
+    assert "mov.b64 %dv, $64;" in asm
+    assert "%o" not in asm.split("wgmma.fence")[1] and "%frag" not in asm.split("wgmma.fence")[1]
+    after_commit = asm.split("wgmma.commit_group.sync.aligned;")[1]
+    assert "mov" not in after_commit and "wait_group" not in asm
+    s = ptx.load("wgmma.ptx")["flashcore_wgmma_qk_issue_d128_n128_f16"]
+    assert s.inline_asm()[1].split(",")[:64] == ["=f"] * 64
+
+
+def test_wait_functions_wait_before_reading_their_parameters():
+    for name in ("flashcore_wgmma_wait_s_n128", "flashcore_wgmma_wait_o_d64_n128", "flashcore_wgmma_wait_o_d128_n128"):
+        fn = ptx.load("wgmma.ptx")[name]
+        assert fn.awaits_in_flight and not fn.leaves_in_flight
+        asm, _ = fn.inline_asm()
+        assert asm.index("wgmma.wait_group") < asm.index("mov."), f"{name}: a parameter read before the wait"
+
+
+@pytest.mark.parametrize("name", ["flashcore_wgmma_qk_issue_d64_n128_f16", "flashcore_wgmma_wait_s_n128"])
+def test_in_flight_functions_are_refused_on_the_link_route(name):
+    with pytest.raises(ValueError, match="route: .*in flight"):
+        ptx.function("wgmma.ptx", name, "link")
 
 
 def test_register_arrays_travel_as_tuples_in_c_order():
@@ -717,3 +770,55 @@ def test_phase09_trades_registers_without_spilling(phase09_report):
     assert "C7504" not in r["assembler_log"] and "C7508" not in r["assembler_log"], where
     assert "wgmma.mma_async instructions are serialized" not in r["assembler_log"], where
     assert "cp.async.bulk.tensor.3d" in r["ptx"] and "mbarrier.try_wait.parity" in r["ptx"]
+
+
+def _issued_registers_touched_before_their_wait(text: str) -> dict:
+    """For each inline block of a PTX that issues wgmma without waiting: the lines between it and
+    its wait (wait_group 1 for S, 0 for a P.V, which reads P's fragments too) that name one of
+    the registers it writes or reads. Inline blocks in between are skipped (their operands
+    are the kernel's registers only through the asm operands, checked by their own text)."""
+    lines = text.splitlines()
+    found = {}
+    i = 0
+    while i < len(lines):
+        if "begin inline asm" not in lines[i]:
+            i += 1
+            continue
+        j = next(k for k in range(i, len(lines)) if "end inline asm" in lines[k])
+        block = "\n".join(lines[i:j])
+        if "wgmma.commit_group" in block and "wgmma.wait_group" not in block:
+            registers = set()
+            for m in re.finditer(r"wgmma\.mma_async[^{]*\{([^}]*)\}(,\s*\{([^}]*)\})?", block):
+                registers |= set(re.findall(r"%[fr]\d+", m.group(1) + (m.group(3) or "")))
+            wait = "wgmma.wait_group.sync.aligned 0" if any(r.startswith("%r") for r in registers) \
+                else "wgmma.wait_group"
+            touched, k, inside = [], j + 1, False
+            while wait not in lines[k]:
+                inside = inside or "begin inline asm" in lines[k]
+                if not inside and set(re.findall(r"%[fr]\d+", lines[k])) & registers:
+                    touched.append(lines[k].strip())
+                inside = inside and "end inline asm" not in lines[k]
+                k += 1
+            found[i] = touched
+        i = j + 1
+    return found
+
+
+def test_in_flight_check_finds_a_copy_before_the_wait():
+    text = ("// begin inline asm\n{\nwgmma.fence.sync.aligned;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16\n"
+            "{%f1, %f2}, %rd1, %rd2, p, 1, 1, 0, 0;\nwgmma.commit_group.sync.aligned;\n}\n// end inline asm\n"
+            "add.f32 %f7, %f8, %f9;\n{0}\n// begin inline asm\nwgmma.wait_group.sync.aligned 1;\n// end inline asm\n")
+    assert list(_issued_registers_touched_before_their_wait(text.replace("{0}", "")).values()) == [[]]
+    found = _issued_registers_touched_before_their_wait(text.replace("{0}", "mov.f32 %f5, %f2;"))
+    assert list(found.values()) == [["mov.f32 %f5, %f2;"]]
+
+
+def test_phase09_overlaps_its_softmax_with_its_own_products(phase09_report):
+    """S and P.V are issued, S awaited alone (wait_group 1), the softmax runs, then P.V is awaited
+    (wait_group 0); between an issue and its wait no instruction names a register in flight."""
+    r = phase09_report
+    where = f"phase 09 D={r['head_dim']} {r['dtype']}"
+    assert "wgmma.wait_group.sync.aligned 1" in r["ptx"], f"{where}: no overlap"
+    touched = _issued_registers_touched_before_their_wait(r["ptx"])
+    assert len(touched) == 2, f"{where}: expected two issued products (S, P.V), found {len(touched)}"
+    assert all(not lines for lines in touched.values()), f"{where}: in-flight registers touched: {touched}"

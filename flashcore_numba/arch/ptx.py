@@ -130,11 +130,27 @@ class PtxFunction:
         code = [line.split("//")[0] for line in self.body.splitlines()]
         return any(_MEMORY_OP.search(line) and not _PARAM_OP.search(line) for line in code)
 
+    @property
+    def leaves_in_flight(self) -> bool:
+        """Whether it returns with its wgmma still running (commit_group and no wait_group): an
+        `_issue` function, whose results may be read only after a later wait (see inline_asm)."""
+        code = "\n".join(line.split("//")[0] for line in self.body.splitlines())
+        return "wgmma.commit_group" in code and "wgmma.wait_group" not in code
+
+    @property
+    def awaits_in_flight(self) -> bool:
+        """Whether its parameters are registers of a wgmma in flight: a wait function (wait_group
+        first, then the parameters, which it hands back unchanged)."""
+        code = "\n".join(line.split("//")[0] for line in self.body.splitlines())
+        return "wgmma.wait_group" in code and "wgmma.mma_async" not in code
+
     def inline_asm(self) -> tuple[str, str]:
         """(assembly text, LLVM constraint string) of the body as inline assembly.
 
         Outputs come first in LLVM's operand numbering ($0 ..), then the inputs.
         """
+        if self.leaves_in_flight:
+            return self._inline_in_place()
         n_out = len(self.results)
         params = [name for name, _ in self.params]
         out_index = {offset: i for i, (offset, _) in enumerate(self.results)}
@@ -158,6 +174,71 @@ class PtxFunction:
         if self.touches_memory:
             constraints.append("~{memory}")  # it reads or writes memory: no memory access moves across it
         return "{\n" + "\n".join(lines) + "\n}", ",".join(constraints)
+
+    def _inline_in_place(self) -> tuple[str, str]:
+        """The inline text of a function that leaves its wgmma in flight.
+
+        The usual `mov` out of a result register would read an accumulator before its wait (not
+        allowed; ptxas would serialize every wgmma of the kernel instead). So the body's registers
+        are renamed to the asm operands themselves, the one mechanical edit here besides dropping
+        the parameter moves and `ret;`:
+            a result register               -> its output operand $j (the st.param dropped);
+            a parameter loaded into it too  -> the input is tied to $j (LLVM's "+", operand "j");
+            a parameter register the body never writes (P's fragments) -> its input operand.
+        A parameter register the body does write (a descriptor it steps on) keeps its `mov`.
+        The kernel then holds the in-flight registers as its own values until a wait function
+        (flashcore_wgmma_wait_*) takes them: no copy of them is made before that wait.
+        """
+        n_out = len(self.results)
+        params = [name for name, _ in self.params]
+        out_index = {offset: i for i, (offset, _) in enumerate(self.results)}
+        code = [line.split("//")[0].strip() for line in self.body.splitlines()]
+        loads = {m[3]: m[2] for m in map(_LD_PARAM.fullmatch, code) if m}  # param -> register
+        stores = {m[3]: out_index[int(m[2] or 0)] for m in map(_ST_RETVAL.fullmatch, code) if m}  # register -> j
+        written = _written_registers(line for line in code if not _LD_PARAM.fullmatch(line))
+        operand, tied = {}, {}
+        for reg, j in stores.items():
+            operand[reg] = f"${j}"
+        for name, reg in loads.items():
+            if reg in stores:
+                tied[name] = stores[reg]
+            elif reg not in written:
+                operand[reg] = f"${n_out + params.index(name)}"
+        rename = re.compile(r"%\w+")
+        lines = []
+        for line, stripped in zip(self.body.splitlines(), code, strict=True):
+            load = _LD_PARAM.fullmatch(stripped)
+            if _ST_RETVAL.fullmatch(stripped) or stripped == "ret;" or (load and load[2] in operand):
+                continue
+            if load:
+                kind, reg, name = load.groups()
+                line = f"    mov.{kind} {reg}, ${n_out + params.index(name)};"
+            elif not stripped.startswith(".reg"):
+                line = rename.sub(lambda m: operand.get(m.group(0), m.group(0)), line)
+            lines.append(line)
+        constraints = [f"={_TYPES[t][1]}" for _, t in self.results]
+        constraints += [str(tied[name]) if name in tied else _TYPES[t][1] for name, t in self.params]
+        if self.touches_memory:
+            constraints.append("~{memory}")
+        return "{\n" + "\n".join(lines) + "\n}", ",".join(constraints)
+
+
+def _written_registers(code_lines) -> set[str]:
+    """Registers an instruction writes: its first operand, or a wgmma's accumulator list."""
+    written = set()
+    for statement in " ".join(code_lines).split(";"):
+        statement = re.sub(r"^\s*@!?%\w+\s+", "", statement)  # a guard predicate is read, not written
+        parts = statement.split(None, 1)
+        if len(parts) < 2 or parts[0].startswith((".", "st.")):
+            continue
+        op, operands = parts
+        if op.startswith("wgmma.mma_async"):
+            written |= set(re.findall(r"%\w+", operands[operands.index("{"):operands.index("}")]))
+        else:
+            first = re.match(r"\s*(%\w+)", operands)
+            if first:
+                written.add(first.group(1))
+    return written
 
 
 _FUNC = re.compile(
@@ -284,6 +365,10 @@ def function(filename: str, name: str, route: str = "link", tuples: bool = False
     fn = load(filename).get(name)
     if fn is None:
         raise ValueError(f"name: ptx/{filename} has no function {name!r}; it has {', '.join(load(filename))}")
+    if route == "link" and (fn.leaves_in_flight or fn.awaits_in_flight):
+        raise ValueError(f"route: {name} (ptx/{filename}) passes registers of a wgmma still in flight, which only "
+                         f"the inline route can name in place; a call would copy them through .param space "
+                         f"before the wait")
     if simulator_enabled():
         from . import sim_mma, sim_tma, sim_wgmma, sim_warpgroup, sim_wmma  # noqa: F401 - registers the emulations
 

@@ -132,16 +132,6 @@ def _pv_acc(head_dim: int, kind: str, n_keys: int):
     return pv_acc
 
 
-def _qk_pv_acc(head_dim: int, kind: str, n_keys: int):
-    """Both products in one call (tuples route): S's registers, then O's (O += P·V)."""
-    qk, pv_acc = _qk(head_dim, kind, n_keys), _pv_acc(head_dim, kind, n_keys)
-
-    def qk_pv_acc(desc_q, desc_k, frags, desc_v, acc):
-        return qk(desc_q, desc_k) + pv_acc(frags, desc_v, acc)
-
-    return qk_pv_acc
-
-
 for _kind in ("f16", "bf16"):
     for _D in (64, 128):
         emulation(f"flashcore_wgmma_qk_d{_D}_{_kind}")(_qk(_D, _kind))
@@ -149,7 +139,24 @@ for _kind in ("f16", "bf16"):
     for _D in (64, 128):  # phase 09's 128-key tiles
         emulation(f"flashcore_wgmma_qk_d{_D}_n128_{_kind}")(_qk(_D, _kind, 128))
         emulation(f"flashcore_wgmma_pv_acc_d{_D}_n128_{_kind}")(_pv_acc(_D, _kind, 128))
-        emulation(f"flashcore_wgmma_qk_pv_acc_d{_D}_n128_{_kind}")(_qk_pv_acc(_D, _kind, 128))
+        # issued, not awaited: the emulation computes at once; nothing writes the operands before the wait
+        emulation(f"flashcore_wgmma_qk_issue_d{_D}_n128_{_kind}")(_qk(_D, _kind, 128))
+        emulation(f"flashcore_wgmma_pv_acc_issue_d{_D}_n128_{_kind}")(_pv_acc(_D, _kind, 128))
+
+
+@emulation("flashcore_wgmma_wait_s_n128")
+def wait_s(acc):
+    """wgmma.wait_group 1: S is ready (it was computed at its issue); handed back unchanged."""
+    return acc
+
+
+def _wait_o(frags, acc):
+    """wgmma.wait_group 0: O is ready; P's fragments were only kept alive until here."""
+    return acc
+
+
+for _D in (64, 128):
+    emulation(f"flashcore_wgmma_wait_o_d{_D}_n128")(_wait_o)
 
 
 @emulation("flashcore_fence_proxy_async")

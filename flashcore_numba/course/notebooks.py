@@ -441,41 +441,64 @@ def draw_warpgroup_rows():
     plt.show()
 
 
-def draw_warp_specialization(n_tiles: int = 5, gemm: float = 1.0, softmax: float = 1.3, load: float = 1.2):
-    """Schematic timeline of phase 09 (two consumers): the producer's TMA loads into the ring, and
-    the consumers taking turns, one running its products (P·V of tile n-1, S = Q·Kᵀ of tile n)
-    while the other runs its softmax. Bottom row: who has the tensor cores."""
+def draw_warp_specialization(n_tiles: int = 5, gemm: float = 0.8, softmax: float = 1.3, load: float = 1.2):
+    """Schematic timelines of phase 09 (two consumers), without and with the overlap inside a
+    warpgroup: the producer's TMA loads into the ring, the consumers taking turns at the tensor
+    cores (S = Q·Kᵀ of tile n, P·V of tile n-1), and their softmax. Bottom row of each: what the
+    tensor cores run. `gemm` is one product's time, `softmax` one tile's softmax."""
     plt = _plt()
-    _, ax = plt.subplots(figsize=(12, 3.4))
-    colors = {"load": "#c44e52", "gemm": "#4c72b0", "softmax": "#55a868", "wait": "#dddddd"}
+    _, axes = plt.subplots(2, 1, figsize=(12, 6.4), sharex=True)
+    colors = {"load": "#c44e52", "S": "#4c72b0", "PV": "#8172b2", "softmax": "#55a868", "wait": "#cccccc"}
     y = {"producer": 3.0, "consumer 0": 2.0, "consumer 1": 1.0, "tensor cores": 0.0}
+    ends = []
+    for ax, overlap in zip(axes, (False, True)):
+        def bar(row, start, length, kind, text, ax=ax):
+            ax.broken_barh([(start, length)], (y[row] + 0.15, 0.7), color=colors[kind])
+            ax.text(start + length / 2, y[row] + 0.5, text, ha="center", va="center", color="white", fontsize=7)
 
-    def bar(row, start, length, kind, text):
-        ax.broken_barh([(start, length)], (y[row] + 0.15, 0.7), color=colors[kind])
-        ax.text(start + length / 2, y[row] + 0.5, text, ha="center", va="center", color="white", fontsize=7)
-
-    for n in range(n_tiles + 2):  # the producer runs ahead, limited by the ring's stages, not by the consumers
-        bar("producer", n * load * 0.55, load * 0.5, "load", f"K,V {n}")
-    free = 0.0  # when the tensor cores are next free
-    ready = {0: load, 1: load}  # when each consumer can take its next turn
-    for n in range(n_tiles):
-        for c in (0, 1):
-            start = max(free, ready[c])
-            label = f"S{n}" if n == 0 else f"PV{n - 1} + S{n}"
-            length = gemm if n == 0 else 1.6 * gemm
-            bar(f"consumer {c}", start, length, "gemm", label)
-            bar("tensor cores", start, length, "gemm", f"c{c}")
-            free = start + length
-            bar(f"consumer {c}", free, softmax, "softmax", f"softmax {n}")
-            ready[c] = free + softmax
-    end = max(ready.values())
-    ax.set_yticks([v + 0.5 for v in y.values()], list(y))
-    ax.set_xlim(0, end + 0.2)
-    ax.set_xlabel("time (schematic): while one consumer has the tensor cores, the other runs its softmax")
-    ax.set_title("Phase 09: a TMA producer fills the ring; two consumer warpgroups take turns at the tensor cores")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in ("load", "gemm", "softmax")]
-    ax.legend(handles, ["TMA load (one thread)", "wgmma products", "softmax (FP32 + exp2)"], loc="upper right",
-              fontsize=7, ncol=3)
+        for n in range(n_tiles + 2):  # the producer runs ahead, limited by the ring, not by the consumers
+            bar("producer", n * load * 0.55, load * 0.5, "load", f"K,V {n}")
+        cores = 0.0  # when the tensor cores are next free
+        turn = 0.0  # when the next consumer may take its turn (issue its products)
+        ready = {0: load, 1: load}  # when each consumer can take its next turn
+        for n in range(n_tiles):
+            for c in (0, 1):
+                row = f"consumer {c}"
+                start = max(turn, ready[c])
+                first = max(start, cores)
+                if overlap or n == 0:  # S first, P·V of the previous tile queued behind it
+                    s_end = first + gemm
+                    pv_end = s_end + (gemm if n > 0 else 0.0)
+                    pv_start = s_end
+                else:  # 09-turns runs P·V first (the other order spilled), then S
+                    pv_start, pv_end = first, first + gemm
+                    s_end = pv_end + gemm
+                bar("tensor cores", s_end - gemm, gemm, "S", f"S{n} c{c}")
+                if n > 0:
+                    bar("tensor cores", pv_start, gemm, "PV", f"PV{n - 1} c{c}")
+                cores = max(s_end, pv_end)
+                pv_end = cores if not overlap else pv_end
+                if overlap:  # issue both, wait for S only, softmax while P·V runs
+                    turn = start + 0.05
+                    bar(row, start, s_end - start, "wait", f"S{n}")
+                    bar(row, s_end, softmax, "softmax", f"softmax {n}")
+                    ready[c] = max(s_end + softmax, pv_end)
+                else:  # wait for both products, then the softmax
+                    turn = pv_end
+                    bar(row, start, pv_end - start, "wait", f"S{n}" if n == 0 else f"PV{n - 1} + S{n}")
+                    bar(row, pv_end, softmax, "softmax", f"softmax {n}")
+                    ready[c] = pv_end + softmax
+        ends.append(max(ready.values()))
+        ax.set_yticks([v + 0.5 for v in y.values()], list(y))
+        title = ("with the overlap (09): S awaited alone, P·V of the previous tile runs under the softmax"
+                 if overlap else "turns without the overlap (09-turns): both products awaited, then the softmax")
+        ax.set_title(f"{title}; done at {ends[-1]:.1f}", fontsize=9)
+    axes[1].set_xlim(0, max(ends) + 0.2)
+    axes[1].set_xlabel("time (schematic, not measured)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in colors]
+    axes[0].legend(handles, ["TMA load (one thread)", "S = Q·Kᵀ", "P·V", "softmax (FP32 + exp2)",
+                             "consumer waiting on its products"], loc="upper right", fontsize=7, ncol=5)
+    plt.suptitle("Phase 09: a TMA producer fills the ring; two consumer warpgroups take turns at the tensor cores")
     plt.tight_layout()
     plt.show()
 

@@ -34,8 +34,17 @@ What changed from phase 08
     - ping-pong: the consumers take turns at the tensor cores (named barriers 1, 2, 3, in a
       circle). While one warpgroup runs its products, the others run their softmax, so the tensor
       cores and the exp2 units work at the same time instead of every warpgroup waiting for the
-      same one. A turn issues S = Q·Kᵀ of tile n and P·V of tile n - 1 (the loop computes S first,
-      folds in the previous tile's P·V, then runs the softmax; the last P·V follows the loop);
+      same one. A turn issues S = Q·Kᵀ of tile n and P·V of tile n - 1 (tile 0 has S alone; the
+      last P·V follows the loop);
+    - overlap within a warpgroup: a turn's products are issued and not awaited (ptx/wgmma.ptx,
+      the _issue functions), S first. `wait_s` (wait_group 1) returns once S is done, and the
+      softmax of tile n runs while the tensor cores are still adding P·V of tile n - 1 into O;
+      `wait_o` (wait_group 0) then hands O back. Until its wait an in-flight register may not be
+      touched, not even copied: the inline route names them in place, the kernel passes them
+      from the issue to the wait untouched, and P's fragments of tile n - 1 go to `wait_o` as
+      well, so the softmax writes tile n's into other registers. The issue and the waits must
+      be on one straight path: with them under `if n > 0` ptxas serialized every wgmma of the
+      kernel (warning C7518), so tile 0 is taken before the loop;
     - causal work is balanced: the blocks with the most keys (the last query rows) start first;
     - tiles of 128 keys (phase 08: 64), and P·V added into the accumulator in place: phase 08's
       P·V returned a fresh O-sized tile that the kernel folded in with FMAs, D / 2 registers more
@@ -43,11 +52,10 @@ What changed from phase 08
       hands them back with P·V added (the wgmma's scale-d = 1); P's fragments and O travel as
       tuples (`ptx.function(..., tuples=True)`, `ptx.as_tuple`, `ptx.store_tuple`). The registers
       saved pay for S of 128 keys, which halves the turns, barrier waits and wgmma waits per key.
-      A turn runs P·V before S: the other order keeps S, P and O's input and output all live at
-      once and spilled at D = 128.
-    VARIANTS keep each idea measurable: "ws" is the producer and the ring without turns, and
-    "fused" issues a turn's two products in one call (`qk_pv_acc`), both in flight before one
-    wait. The records carry both rows beside phase 09's (the block below).
+    VARIANTS keep each idea measurable: "ws" is the producer and the ring without turns, "turns"
+    adds the turns but awaits each product before the softmax (P·V first, then S: the other
+    order kept S, P and O's input and output all live at once and spilled at D = 128). The
+    records carry both rows beside phase 09's (the block below).
 
 Why the hardware rewards it
     A TMA load is one instruction for 8 KB; the producer costs the consumers nothing but the
@@ -56,18 +64,15 @@ Why the hardware rewards it
     warpgroup's products while the others' softmax, which the tensor cores cannot help with,
     runs on the FP32 and MUFU units. The ring must be deep enough that the consumers never wait
     for TMA: four stages at D = 64, three at D = 128 (all that shared memory holds).
-    Every wgmma call waits for its result before it returns, so each turn ends in a drained
-    tensor-core pipeline; a tile of 128 keys makes the drains half as frequent per key.
-    Not done here, and why: FlashAttention-3 also overlaps a warpgroup's softmax with its *own*
-    next Q·Kᵀ. That needs the S accumulators of an unfinished wgmma to live across the softmax
-    code; in this project a PTX function hands its results back through its output registers at
-    its end, and an accumulator read before its wait makes ptxas serialize every wgmma of the
-    kernel.
+    Without the overlap every turn ends in a drained tensor-core pipeline: the warpgroup waits
+    for both products, then computes. With it, P·V (half the turn's FLOPs) runs under the
+    warpgroup's own softmax, and the next warpgroup's turn queues behind it; the registers
+    this costs (P of two tiles, S and O at once) still fit: no spills at either D.
     Not understood yet: one sweep point of commit bcaee3a (D = 64 causal, S = 512) measured a
-    median of 1.09 ms with a spread of 0.59 to 1.42 ms, and one record row here (09-ws, GQA,
-    causal) fell to 0.71x of 09-fused where every other row is within a few percent. The outputs
-    were right, and neither repeated when timed again (the sweep of commit e438997 has that
-    point at 0.25 ms).
+    median of 1.09 ms with a spread of 0.59 to 1.42 ms, and one record row of commit 15ce3d8
+    (09-ws, GQA, causal) fell to 0.71x of the row beside it where every other row is within a
+    few percent. The outputs were right, and neither repeated when timed again (the sweep of
+    commit e438997 has that point at 0.25 ms).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -123,7 +128,7 @@ GQA = True
 MIN_CC = MAX_CC = (9, 0)  # wgmma, setmaxnreg: Hopper alone (sm_90a)
 VARIANTS = {
     "ws": "TMA producer + mbarrier ring, consumers without turns",
-    "fused": "warp specialization + turns, a turn's two products in one call",
+    "turns": "warp specialization + turns, each product awaited before the softmax",
 }
 
 FULL_MASK = 0xFFFFFFFF
@@ -172,14 +177,18 @@ def layout(HEAD_DIM):
     return L
 
 
-def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig:
+def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfig:
     kind = PTX_TYPE[dtype]
     HEAD_DIM = L["HEAD_DIM"]
     shape = f"d{HEAD_DIM}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D
     qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_{shape}_{kind}", "inline")
     # P·V adds into O in place: P's fragments and O's registers travel as two tuples
     pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_{shape}_{kind}", "inline", tuples=True)
-    qk_pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_pv_acc_{shape}_{kind}", "inline", tuples=True)
+    # intra-warpgroup overlap: the products issued, not awaited; the waits come later (see the loop)
+    qk_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_issue_{shape}_{kind}", "inline")
+    pv_acc_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_issue_{shape}_{kind}", "inline", tuples=True)
+    wait_s = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_s_n{BLOCK_N}", "inline", tuples=True)
+    wait_o = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_o_{shape}", "inline", tuples=True)
     fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{kind}x2", "inline")
     mbar_init = ptx.function("tma.ptx", "flashcore_mbarrier_init", "inline")
@@ -200,7 +209,7 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
     KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
     HALF = NT // 2  # S's column blocks are walked in two halves: see mask_and_max
-    N_S, N_P, N_O = 4 * NT, 4 * KP, 4 * NO  # registers per thread of S, of P's fragments, of O
+    N_P, N_O = 4 * KP, 4 * NO  # registers per thread of P's fragments, of O
     Q_WG_WORDS = TILE_BYTES // 4
     CONSUMERS = L["CONSUMERS"]
     CONSUMER_THREADS = 128 * CONSUMERS
@@ -252,6 +261,31 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
             sum_a += s[j, 0] + s[j, 1]
             sum_b += s[j, 2] + s[j, 3]
         return sum_a, sum_b
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_tile(s, p_frag, start_n, t, k_end_a, k_end_b, scale, m_a, m_b, l_a, l_b):
+        """Phase 08's online softmax on S of the tile starting at key start_n (masking, row maxima,
+        exp2 with the scale folded in): P's fragments written, the rows' new m_i, l_i and alpha."""
+        masked = start_n + BLOCK_N > min(k_end_a, k_end_b)
+        m_ij_a, m_ij_b = mask_and_max(s, 0, masked, start_n, t, k_end_a, k_end_b,
+                                      float32(-math.inf), float32(-math.inf))
+        m_ij_a, m_ij_b = mask_and_max(s, HALF, masked, start_n, t, k_end_a, k_end_b, m_ij_a, m_ij_b)
+        m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
+        m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
+        m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
+        m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
+        m_ij_a *= scale
+        m_ij_b *= scale
+        m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a)
+        m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b)
+        sum_a, sum_b = exp_and_sum(s, 0, scale, m_ref_a, m_ref_b, float32(0.0), float32(0.0))
+        sum_a, sum_b = exp_and_sum(s, HALF, scale, m_ref_a, m_ref_b, sum_a, sum_b)
+        for kk in range(KP):
+            p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
+            p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
+            p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
+            p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+        return m_new_a, m_new_b, l_a * alpha_a + sum_a, l_b * alpha_b + sum_b, alpha_a, alpha_b
 
     def kernel(Q, K, V, O, causal, qk_scale, maps):
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
@@ -348,7 +382,18 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
         if pingpong and c == CONSUMERS - 1:
             bar_arrive(uint32(TURN), uint32(TURN_THREADS))  # consumer 0 takes the first turn
 
-        for n in range(n_tiles):
+        if n_tiles > 0:  # -- tile 0: S alone, there is no P·V before it
+            wait(full, uint32(0))
+            if pingpong:
+                bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
+            s_tile = qk(desc_q, descriptor(smem + RING_OFF, 16, GROUP, SW128))
+            if pingpong:
+                bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
+            store_tuple(s, s_tile)
+            m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, p_frag, 0, t, k_end_a, k_end_b, scale,
+                                                                m_a, m_b, l_a, l_b)
+
+        for n in range(1, n_tiles):
             stage = n % STAGES
             wait(full + 8 * stage, uint32((n // STAGES) % 2))  # tile n has landed
             prev = (n + STAGES - 1) % STAGES  # tile n - 1's stage
@@ -358,47 +403,26 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
             # -- this warpgroup's turn: S of tile n, and P·V of tile n - 1
             if pingpong:
                 bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
-            if n == 0:
-                s_tile = qk(desc_q, desc_k)
-            elif fused:
+            if overlap:  # both issued, neither awaited: S first, so that it is the first to finish
+                s_tile = qk_issue(desc_q, desc_k)
                 rescale(acc, alpha_a, alpha_b)
-                both = qk_pv_acc(desc_q, desc_k, as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O))
-                s_tile = both[:N_S]
-                store_tuple(acc, both[N_S:])
+                p_prev = as_tuple(p_frag, N_P)  # read by the tensor cores until wait_o
+                o_tile = pv_acc_issue(p_prev, desc_v, as_tuple(acc, N_O))
             else:
                 add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
                 s_tile = qk(desc_q, desc_k)
             if pingpong:
                 bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))  # the next one's turn
-            if n > 0:
+            if overlap:
+                s_tile = wait_s(s_tile)  # S is done; P·V of tile n - 1 runs on under the softmax
+            else:
                 arrive(empty + 8 * prev)  # tile n - 1 is used up: its stage may be refilled
             store_tuple(s, s_tile)
-
-            # -- the softmax of phase 08 (masking, row maxima, exp2 with the scale folded in)
-            start_n = n * BLOCK_N
-            masked = start_n + BLOCK_N > min(k_end_a, k_end_b)
-            m_ij_a, m_ij_b = mask_and_max(s, 0, masked, start_n, t, k_end_a, k_end_b,
-                                          float32(-math.inf), float32(-math.inf))
-            m_ij_a, m_ij_b = mask_and_max(s, HALF, masked, start_n, t, k_end_a, k_end_b, m_ij_a, m_ij_b)
-            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
-            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
-            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
-            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
-            m_ij_a *= scale
-            m_ij_b *= scale
-            m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a)
-            m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b)
-            sum_a, sum_b = exp_and_sum(s, 0, scale, m_ref_a, m_ref_b, float32(0.0), float32(0.0))
-            sum_a, sum_b = exp_and_sum(s, HALF, scale, m_ref_a, m_ref_b, sum_a, sum_b)
-            l_a = l_a * alpha_a + sum_a
-            l_b = l_b * alpha_b + sum_b
-            m_a = m_new_a
-            m_b = m_new_b
-            for kk in range(KP):
-                p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
-                p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
-                p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
-                p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+            m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, p_frag, n * BLOCK_N, t, k_end_a, k_end_b,
+                                                                scale, m_a, m_b, l_a, l_b)
+            if overlap:
+                store_tuple(acc, wait_o(p_prev, o_tile))  # P·V of tile n - 1 is done
+                arrive(empty + 8 * prev)
 
         if n_tiles > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
             last = (n_tiles - 1) % STAGES
@@ -434,9 +458,9 @@ def build_kernel(L, dtype="float16", pingpong=True, fused=False) -> KernelConfig
 
 @lru_cache(maxsize=None)
 def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16") -> KernelConfig:
-    """The kernel for head dim HEAD_DIM and `dtype`; `variant` "ws" (no turns) or "fused" (one call per turn)."""
+    """The kernel for head dim HEAD_DIM and `dtype`; `variant` "ws" (no turns) or "turns" (no overlap)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 09 builds {' and '.join(DTYPES)}, not {dtype!r}")
     if variant not in (None, *VARIANTS):
         raise ValueError(f"variant: expected None or one of {', '.join(VARIANTS)}, got {variant!r}")
-    return build_kernel(layout(HEAD_DIM), dtype, pingpong=variant != "ws", fused=variant == "fused")
+    return build_kernel(layout(HEAD_DIM), dtype, pingpong=variant != "ws", overlap=variant is None)
