@@ -30,12 +30,12 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 330 TFLOPS (1.43x phase 07),
-    causal 282 TFLOPS (1.38x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 08 354 TFLOPS (1.40x phase 07), causal 299 TFLOPS (1.36x phase 07). At B=16 H=16 S=2048
-    D=64 bf16: 08 333 TFLOPS (1.45x phase 07), causal 281 TFLOPS (1.38x phase 07). At B=16 H=16
-    S=2048 D=128 bf16: 08 353 TFLOPS (1.41x phase 07), causal 299 TFLOPS (1.36x phase 07). At B=16
-    H=32 H_kv=8 S=2048 D=64 fp16: 08 343 TFLOPS (1.45x phase 07), causal 289 TFLOPS (1.39x phase 07)
+    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 332 TFLOPS (1.44x phase 07),
+    causal 280 TFLOPS (1.38x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    fp16: 08 355 TFLOPS (1.39x phase 07), causal 299 TFLOPS (1.36x phase 07). At B=16 H=16 S=2048
+    D=64 bf16: 08 333 TFLOPS (1.44x phase 07), causal 281 TFLOPS (1.38x phase 07). At B=16 H=16
+    S=2048 D=128 bf16: 08 353 TFLOPS (1.38x phase 07), causal 302 TFLOPS (1.36x phase 07). At B=16
+    H=32 H_kv=8 S=2048 D=64 fp16: 08 343 TFLOPS (1.45x phase 07), causal 293 TFLOPS (1.40x phase 07)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,

@@ -48,10 +48,10 @@ Why the hardware rewards it
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 231 TFLOPS (3.26x 06-inline),
-    causal 205 TFLOPS (3.37x 06-inline); 136 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 07 253 TFLOPS (4.18x 06-inline), causal 220 TFLOPS (4.12x 06-inline). At B=16 H=16 S=2048
-    D=64 bf16: 07 229 TFLOPS, causal 204 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 251 TFLOPS,
-    causal 220 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 236 TFLOPS, causal 209 TFLOPS
+    causal 203 TFLOPS (3.32x 06-inline); 136 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    fp16: 07 255 TFLOPS (4.22x 06-inline), causal 220 TFLOPS (4.12x 06-inline). At B=16 H=16 S=2048
+    D=64 bf16: 07 231 TFLOPS, causal 203 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 255 TFLOPS,
+    causal 222 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 236 TFLOPS, causal 209 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
