@@ -175,6 +175,22 @@ def _best_for_this_gpu():
     return max(runnable, key=lambda p: p.ID) if runnable else best
 
 
+# Where "best" on the H100 (phase 09) hands over to phase 08: the committed sweep records
+# (docs/bench/*_sweep_*.json) have phase 08 faster at D = 64 on short sequences, causal up to
+# S = 2048 and not causal up to S = 1024 (phase 09's docstring says what is known of why).
+# (head dim, causal) -> the most keys (S_k) at which phase 08 runs instead. tests/test_api.py
+# checks the rule against every committed record: where it says 08, 08 was not slower.
+SHORT_SEQUENCES_TO_08 = {(64, True): 2048, (64, False): 1024}
+
+
+def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int):
+    """The kernel "best" runs at this shape: `phase` (the newest the GPU runs), or phase 08 where
+    the records have it faster than phase 09 (SHORT_SEQUENCES_TO_08)."""
+    if phase.ID == "09" and seq_k <= SHORT_SEQUENCES_TO_08.get((head_dim, bool(causal)), 0):
+        return PHASES["08"]
+    return phase
+
+
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phase="best"):
     """softmax(q·kᵀ·scale [+ causal mask])·v for (B, H, S, D) fp16 or bf16 inputs, fp32 accumulation.
 
@@ -188,14 +204,18 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
            that sees no key at all gets a zero output row.
         scale: multiplier of q·kᵀ; default 1/sqrt(D).
         phase: which kernel of the ladder runs: "best" (default: the newest phase, built its
-           fastest way; on a GPU too old for it, the newest phase the GPU can run), an id such as "03" or 3, a build variant such as "06-inline", or a
-           name such as "padding".
+           fastest way; on a GPU too old for it, the newest phase the GPU can run; on the
+           H100 phase 08 where the records have it faster, see SHORT_SEQUENCES_TO_08), an id
+           such as "03" or 3, a build variant such as "06-inline", or a name such as "padding".
     Returns:
         (B, H, S_q, D) output of q's dtype, of the same kind as q.
     """
-    phase = _best_for_this_gpu() if isinstance(phase, str) and phase == "best" else get_phase(phase)
+    best = isinstance(phase, str) and phase == "best"
+    phase = _best_for_this_gpu() if best else get_phase(phase)
     ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     _validate(ops, phase, causal, scale)
+    if best and not simulator_enabled():  # the simulator has no speed to choose by
+        phase = best_for_shape(phase, ops[0].shape[3], causal, ops[1].shape[2])
     _require_device(phase)
     D = ops[0].shape[3]
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E

@@ -187,3 +187,50 @@ def test_phases_say_which_gpus_they_need():
     assert cc_reason(PHASES["08"], (9, 0)) is None and cc_reason(PHASES["07"], (10, 0)) is None
     assert "needs compute capability 9.0, this GPU has 8.0" in cc_reason(PHASES["08"], (8, 0))
     assert "9.0 only" in cc_reason(PHASES["08"], (10, 0))
+
+
+def _records_of_08_and_09():
+    """(where, config, {kernel: result}) of every committed record point that timed phases 08 and 09."""
+    from flashcore_numba.measure.bench import load_records
+
+    for record in load_records():
+        points = record.get("sweep") or [record]
+        for point in points:
+            results = {r["name"]: r for r in point["results"]}
+            if all(results.get(k, {}).get("median_ms") for k in ("08", "09")):
+                where = f"{record['_path'].rsplit('/', 1)[-1]} S={point['config']['S_k']}"
+                yield where, point["config"], results
+
+
+def test_best_for_shape_agrees_with_the_committed_records():
+    """Where "best" hands the H100's work to phase 08 (api.SHORT_SEQUENCES_TO_08), phase 08 was not
+    slower in the records, and where it keeps phase 09, 09 was not slower (3 % either way: the
+    run-to-run noise). Points where either kernel's launches spread more than 1.5x (min to max)
+    are not used to judge; phase 09's docstring describes that spread."""
+    from flashcore_numba import api
+    from flashcore_numba.phases import PHASES
+
+    judged, unreliable, wrong = 0, [], []
+    for where, config, results in _records_of_08_and_09():
+        if any(results[k]["max_ms"] > 1.5 * results[k]["min_ms"] for k in ("08", "09")):
+            unreliable.append(where)
+            continue
+        chosen = api.best_for_shape(PHASES["09"], config["D"], config["causal"], config["S_k"]).ID
+        tflops = {k: results[k]["tflops"] for k in ("08", "09")}
+        judged += 1
+        if tflops[chosen] < 0.97 * max(tflops.values()):
+            wrong.append(f"{where}: runs {chosen} at {tflops[chosen]:.0f} TFLOPS, the other ran "
+                         f"{max(tflops.values()):.0f}")
+    assert judged >= 30 and len(unreliable) <= 4, (judged, unreliable)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_best_for_shape_hands_only_short_d64_sequences_to_08():
+    from flashcore_numba import api
+    from flashcore_numba.phases import PHASES
+
+    p09 = PHASES["09"]
+    assert api.best_for_shape(p09, 64, True, 2048).ID == "08" and api.best_for_shape(p09, 64, True, 2049).ID == "09"
+    assert api.best_for_shape(p09, 64, False, 1024).ID == "08" and api.best_for_shape(p09, 64, False, 2048).ID == "09"
+    assert api.best_for_shape(p09, 128, True, 512).ID == "09"
+    assert api.best_for_shape(PHASES["07"], 64, True, 512).ID == "07", "only phase 09 hands over"
