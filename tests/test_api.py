@@ -234,3 +234,27 @@ def test_best_for_shape_hands_only_short_d64_sequences_to_08():
     assert api.best_for_shape(p09, 64, False, 1024).ID == "08" and api.best_for_shape(p09, 64, False, 2048).ID == "09"
     assert api.best_for_shape(p09, 128, True, 512).ID == "09"
     assert api.best_for_shape(PHASES["07"], 64, True, 512).ID == "07", "only phase 09 hands over"
+
+
+def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
+    """attention(phase="best") off the simulator: validation first, then best_for_shape picks the
+    kernel that runs (stopped here at _require_device, which sees the choice)."""
+    from flashcore_numba import api
+
+    chosen = []
+
+    def stop(phase):
+        chosen.append(phase.ID)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(api, "simulator_enabled", lambda: False)
+    monkeypatch.setattr(api, "_best_for_this_gpu", lambda: api.get_phase("09"))
+    monkeypatch.setattr(api, "_require_device", stop)
+    for seq, causal, head_dim in ((512, True, 64), (4096, True, 64), (1024, False, 64), (512, False, 128)):
+        q = np.zeros((1, 2, seq, head_dim), np.float16)
+        with pytest.raises(RuntimeError, match="stop"):
+            api.attention(q, q, q, causal=causal)
+    assert chosen == ["08", "09", "08", "09"]
+    with pytest.raises(RuntimeError, match="stop"):
+        api.attention(q, q, q, phase="09")  # a phase asked for by name is never swapped
+    assert chosen[-1] == "09"
