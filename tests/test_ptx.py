@@ -176,6 +176,16 @@ def phase07_report(request):
     return kernel_report("07", head_dim, dtype=dtype)
 
 
+def assert_scores_take_one_ex2(ptx_text: str, scores: int, where: str):
+    """The exponentials of the scores are ptx/exp2.ptx's ex2.approx.ftz.f32 (one MUFU.EX2 each),
+    at least `scores` of them (a lane's scores of one tile); Numba's math.exp2 (ex2.approx.f32,
+    which ptxas wraps in subnormal fix-ups) is left only for alpha, a few per row and tile."""
+    ftz = len(re.findall(r"\bex2\.approx\.ftz\.f32\b", ptx_text))
+    plain = len(re.findall(r"\bex2\.approx\.f32\b", ptx_text))
+    assert ftz >= scores, f"{where}: {ftz} ex2.approx.ftz.f32, expected one per score ({scores} or more)"
+    assert plain * 8 <= ftz, f"{where}: {plain} ex2.approx.f32 (with fix-ups) beside {ftz} ex2.approx.ftz.f32"
+
+
 def test_phase07_has_no_spill_and_no_local_memory(phase07_report):
     r = phase07_report
     where = f"phase 07 D={r['head_dim']} {r['dtype']}"
@@ -196,6 +206,7 @@ def test_phase07_is_inline_mma_ldmatrix_and_cp_async(phase07_report):
     from flashcore_numba.measure.machine_code import instruction_counts
 
     assert instruction_counts(ptx_text, ["fma.rn.f32"])["fma.rn.f32"] >= 32
+    assert_scores_take_one_ex2(ptx_text, scores=32, where=f"phase 07 D={r['head_dim']} {r['dtype']}")
     assert not re.search(r"^\s*call", ptx_text, re.M), "every PTX function is inlined: no call"
     assert r["linked_ptx"] == []
 
@@ -403,6 +414,39 @@ def expected_pack(kind, lo, hi):
     return np.array([(bits(h) << 16) | bits(x) for x, h in zip(lo, hi)], np.uint32)
 
 
+def exp2_kernel(route: str):
+    exp2 = ptx.function("exp2.ptx", "flashcore_exp2", route)
+
+    @cuda.jit
+    def powers_of_two(x, out):
+        i = cuda.threadIdx.x
+        out[i] = exp2(x[i])
+
+    return powers_of_two
+
+
+# 2^x where the softmax takes it (x <= 0), the edges of fp32's normal range, and what must
+# flush: a subnormal x counts as 0 (2^0 = 1), a result below 2^-126 is 0, not a subnormal
+EXP2_VALUES = np.array([0.0, -0.0, -1.0, -0.5, -13.37, -100.0, -125.9, -126.0, -126.5, -149.0, -200.0,
+                        -np.inf, 1e-40, -1e-40, 3.5, 127.9, 128.0, np.inf, np.nan, -1e-3, -60.25, -0.0078125,
+                        -5.0, -20.0, -30.0, -40.0, -50.0, -70.0, -80.0, -90.0, -110.0, -120.0], np.float32)
+
+
+def run_exp2(route):
+    out = cuda.to_device(np.full(32, -1.0, np.float32))
+    exp2_kernel(route)[1, 32](cuda.to_device(EXP2_VALUES), out)
+    return out.copy_to_host()
+
+
+def expected_exp2(x):
+    tiny = np.finfo(np.float32).tiny
+    x = np.where(np.abs(x) < tiny, np.float32(0), x)
+    with np.errstate(over="ignore", under="ignore"):
+        y = np.exp2(x.astype(np.float64))
+    y = np.where(y >= 2.0**128, np.inf, y)  # past fp32's range
+    return np.where(np.abs(y) < tiny, 0.0, y)
+
+
 def run_cp_async(route, seed):
     rng = np.random.default_rng(seed)
     src = rng.integers(1, 1 << 16, size=(32, 16), dtype=np.uint16)
@@ -455,6 +499,18 @@ def test_pack_rounds_to_nearest_even(kind):
     for route in (("link", "inline") if _on_gpu() else ("inline",)):
         got, lo, hi = run_pack(kind, route)
         assert np.array_equal(got, expected_pack(kind, lo, hi)), f"{route} route"
+
+
+def test_exp2_flushes_subnormals_and_is_within_its_error():
+    """ex2.approx.ftz: within 2 units in the last place (rtol 2^-21), 2^-inf = 0, NaN stays NaN,
+    and nothing subnormal in or out."""
+    expected = expected_exp2(EXP2_VALUES)
+    for route in (("link", "inline") if _on_gpu() else ("inline",)):
+        got = run_exp2(route).astype(np.float64)
+        assert np.array_equal(np.isnan(got), np.isnan(expected)), f"{route} route: NaN where none is due"
+        finite = ~np.isnan(expected)
+        np.testing.assert_allclose(got[finite], expected[finite], rtol=2.0**-21, atol=0, err_msg=f"{route} route")
+        assert not ((got > 0) & (got < np.finfo(np.float32).tiny)).any(), f"{route} route: a subnormal result"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -741,6 +797,7 @@ def test_phase08_has_no_spill_and_wgmmas_run_asynchronously(phase08_report):
     # float division is one) and says so with warning C7509/C7510
     assert "wgmma.mma_async instructions are serialized" not in r["assembler_log"], where
     assert ".target sm_90a" in r["ptx"] and "wgmma.mma_async.sync.aligned.m64n64k16" in r["ptx"]
+    assert_scores_take_one_ex2(r["ptx"], scores=32, where=where)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -770,6 +827,7 @@ def test_phase09_trades_registers_without_spilling(phase09_report):
     assert "C7504" not in r["assembler_log"] and "C7508" not in r["assembler_log"], where
     assert "wgmma.mma_async instructions are serialized" not in r["assembler_log"], where
     assert "cp.async.bulk.tensor.3d" in r["ptx"] and "mbarrier.try_wait.parity" in r["ptx"]
+    assert_scores_take_one_ex2(r["ptx"], scores=64, where=where)
 
 
 def _issued_registers_touched_before_their_wait(text: str) -> dict:

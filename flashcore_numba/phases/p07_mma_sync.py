@@ -9,7 +9,8 @@ What changed from phase 06
     - S = Q·Kᵀ accumulates in registers, K's B fragments read by `ldmatrix`;
     - the online softmax runs on those accumulators: a row's max and sum are two shuffles
       inside the quad of lanes that hold it (xor 1, xor 2), nothing goes to shared memory;
-      the scale is folded into the exponent, exp2(s * qk_scale - m_i), one FFMA per score;
+      the scale is folded into the exponent, exp2(s * qk_scale - m_i): one FFMA and one
+      MUFU.EX2 per score (ptx/exp2.ptx: Numba's math.exp2 costs three instructions more);
     - P is converted in registers from S's accumulator layout to A fragments (two fp32 ->
       one fp16x2 register: the C layout of two n-tiles is the A layout of one k-step);
     - O += P·V accumulates in registers, V's B fragments read by `ldmatrix.trans`.
@@ -27,6 +28,8 @@ Why the hardware rewards it
     for the softmax, writing P, storing and re-reading O. Here a tile costs its `mma`s, a
     few shuffles and exp2s per row, and the shared-memory reads of K and V by `ldmatrix`
     (one instruction fetches four 8×8 fragments for the warp).
+    Not measured yet: the ex2 of ptx/exp2.ptx came after the records below (which are of
+    Numba's math.exp2, an ex2 that ptxas wraps in three subnormal fix-ups).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -132,6 +135,7 @@ PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 def build_kernel(L, dtype="float16") -> KernelConfig:
     mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
+    exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")  # one MUFU.EX2, no subnormal fix-ups
     ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
     ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
     commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
@@ -261,10 +265,10 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             sum_a = float32(0.0)
             sum_b = float32(0.0)
             for j in range(NT):
-                s[j, 0] = math.exp2(cuda.fma(s[j, 0], scale, -m_ref_a))  # one FFMA, one MUFU.EX2
-                s[j, 1] = math.exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
-                s[j, 2] = math.exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
-                s[j, 3] = math.exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
+                s[j, 0] = exp2(cuda.fma(s[j, 0], scale, -m_ref_a))  # one FFMA, one MUFU.EX2 (ptx/exp2.ptx)
+                s[j, 1] = exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
+                s[j, 2] = exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
+                s[j, 3] = exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
                 sum_a += s[j, 0] + s[j, 1]
                 sum_b += s[j, 2] + s[j, 3]
             l_a = l_a * alpha_a + sum_a

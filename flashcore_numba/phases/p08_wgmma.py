@@ -27,6 +27,8 @@ Why the hardware rewards it
     shared memory themselves: fewer instructions to issue, no register traffic for K and V.
     The swizzle matters as much: the same kernel with the unswizzled core-matrix layout measured
     250 TFLOPS at D=64 and 240 at D=128 (commit 800ba99's records), slower than phase 07 at D=128.
+    Not measured yet: since the records below (Numba's math.exp2), the scores' exp2 comes from
+    ptx/exp2.ptx, one MUFU.EX2 without subnormal fix-ups (see phase 07).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -135,6 +137,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     pv = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_d{HEAD_DIM}_{kind}", "inline")
     fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{kind}x2", "inline")
+    exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")  # one MUFU.EX2, no subnormal fix-ups
     commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
     wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
     shared_address, global_address = ptx.shared_address, ptx.global_address
@@ -254,10 +257,10 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             sum_a = float32(0.0)
             sum_b = float32(0.0)
             for j in range(NT):
-                s[j, 0] = math.exp2(cuda.fma(s[j, 0], scale, -m_ref_a))  # one FFMA, one MUFU.EX2
-                s[j, 1] = math.exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
-                s[j, 2] = math.exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
-                s[j, 3] = math.exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
+                s[j, 0] = exp2(cuda.fma(s[j, 0], scale, -m_ref_a))  # one FFMA, one MUFU.EX2 (ptx/exp2.ptx)
+                s[j, 1] = exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
+                s[j, 2] = exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
+                s[j, 3] = exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
                 sum_a += s[j, 0] + s[j, 1]
                 sum_b += s[j, 2] + s[j, 3]
             l_a = l_a * alpha_a + sum_a
