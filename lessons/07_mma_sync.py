@@ -21,7 +21,7 @@
 # because PTX does not say which lane holds which element of a WMMA fragment. `mma.sync` does say,
 # and that changes the whole kernel:
 #
-# 1. **Q in registers** — `ldmatrix` reads the warp's 16 query rows into A fragments once.
+# 1. **Q in registers** — `ldmatrix` reads the warp's query rows into A fragments once.
 # 2. **S = Q·Kᵀ in registers** — one `mma.sync.m16n8k16` per 8 keys and 16 dims, K's fragments read by
 #    `ldmatrix` (four 8×8 matrices per instruction).
 # 3. **The softmax on the fragments** — a lane holds two rows (g and g + 8) of every 8-key tile; the
@@ -31,6 +31,11 @@
 # 5. **O += P·V in registers** — V's fragments read by `ldmatrix.trans`.
 # 6. **cp.async** — K and V are copied global → shared without passing through registers, into the
 #    other of two stages while the current tile is computed; tails are zero-filled by the copy.
+# 7. **Two m-tiles per warp** (D = 64) — as in FlashAttention-2, a warp owns 32 query rows, two
+#    16-row m-tiles (`M_TILES`): every K or V fragment that `ldmatrix` brings feeds two `mma`s
+#    instead of one, and the two m-tiles' products and softmaxes are independent work for the warp
+#    scheduler to interleave. Every fragment and every row's m_i and l_i gains an index `[mt]`.
+#    At D = 128 the Q and O fragments of two m-tiles would not fit in 255 registers: one.
 #
 # Every instruction is one inline PTX function from [`ptx/`](../ptx/) (no call: phase 06 measured
 # what a call costs).

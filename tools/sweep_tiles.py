@@ -1,14 +1,16 @@
-"""Sweep tile configurations of phases 02-05 on a GPU; check each against torch and time it.
+"""Sweep tile configurations of phases 02-05 and 07 on a GPU; check each against torch and time it.
 
 A tuning aid, not the benchmark: it times without an L2 flush and with 10 runs. The logs of the
 sweeps that chose the shapes in phases 02-05 are in docs/tuning/. Run on a GPU machine:
 
     python3 tools/sweep_tiles.py [phases|sweep|all]      # D=64;  D=128 python3 tools/sweep_tiles.py sweep
+    python3 tools/sweep_tiles.py 07                      # phase 07's (BLOCK_M, BLOCK_N, warps); D=128 too
 """
 import sys, time, math, json, os
 import numpy as np, torch
 from numba import cuda
 from flashcore_numba.phases import PHASES, p02_smem_tiling as p2, p03_warp_shuffle as p3, p05_double_buffer as p5
+from flashcore_numba.phases import p07_mma_sync as p7
 from flashcore_numba.phases.common import LOG2E, KernelConfig
 
 B, H, S, D = 16, 16, 2048, int(os.environ.get("D", "64"))
@@ -64,5 +66,14 @@ if which in ("all", "sweep"):
             if stages == 2 and nw == 8:
                 k2 = cuda.jit(max_registers=128)(cfg.kernel.py_func)
                 run(tag + f" maxreg128", KernelConfig(k2, cfg.block_m, cfg.n_threads, cfg.smem_bytes))
+if which == "07":
+    # (BLOCK_M, BLOCK_N, warps): a warp owns BLOCK_M / (16 warps) m-tiles. These assemble for sm_90a
+    # without spills or local memory (BLOCK_N = 128 does not: its loops stay loops, S goes to local
+    # memory); the first of each list is the shape of the committed records before two m-tiles.
+    P07 = {64: [(64, 64, 4), (128, 64, 4), (128, 64, 8), (128, 32, 4), (64, 32, 2), (256, 64, 8)],
+           128: [(64, 64, 4), (128, 64, 8), (64, 32, 4)]}
+    for bm, bn, nw in P07[D]:
+        L = p7.layout(D, bm, bn, nw)
+        run(f"07 D{D} bm{bm} bn{bn} w{nw} m_tiles{L['M_TILES']}", p7.build_kernel(L))
 print("\n==== summary ====")
 for r in rows: print(r)

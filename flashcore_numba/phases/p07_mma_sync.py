@@ -1,10 +1,9 @@
 """Phase 07 — FlashAttention-2 from mma.sync: fragments in registers, ldmatrix and cp.async.
 
 What changed from phase 06
-    The scores never leave the registers. Each warp still owns 16 query rows, but the tensor
-    cores are driven one `mma.sync.m16n8k16` at a time, inline (no call), and mma.sync's
-    fragment layout is documented: lane l holds rows l/4 and l/4 + 8 of every accumulator
-    tile, columns 2(l%4) and 2(l%4)+1. So:
+    The scores never leave the registers. The tensor cores are driven one `mma.sync.m16n8k16`
+    at a time, inline (no call), and mma.sync's fragment layout is documented: lane l holds
+    rows l/4 and l/4 + 8 of every accumulator tile, columns 2(l%4) and 2(l%4)+1. So:
     - Q is read from shared memory into A fragments once (`ldmatrix`), before the loop;
     - S = Q·Kᵀ accumulates in registers, K's B fragments read by `ldmatrix`;
     - the online softmax runs on those accumulators: a row's max and sum are two shuffles
@@ -13,7 +12,11 @@ What changed from phase 06
       MUFU.EX2 per score (ptx/exp2.ptx: Numba's math.exp2 costs three instructions more);
     - P is converted in registers from S's accumulator layout to A fragments (two fp32 ->
       one fp16x2 register: the C layout of two n-tiles is the A layout of one k-step);
-    - O += P·V accumulates in registers, V's B fragments read by `ldmatrix.trans`.
+    - O += P·V accumulates in registers, V's B fragments read by `ldmatrix.trans`;
+    - a warp owns M_TILES m-tiles of 16 rows (FlashAttention-2's split: two at D = 64, 32 rows
+      per warp), so every K or V fragment it reads feeds M_TILES products: half the ldmatrix
+      traffic per product, and two independent chains of mma and of softmax to interleave.
+      At D = 128 two m-tiles' Q and O fragments would not fit in 255 registers: one m-tile.
     K and V arrive by `cp.async`: 16-byte copies from global to shared memory that no
     register waits for, into the other of two stages while the current tile is computed;
     rows past the end of the sequence are zero-filled by the copy itself. Causal tiles above
@@ -27,9 +30,14 @@ Why the hardware rewards it
     Phase 06 spent most of its time outside the tensor cores: storing S, reading it back
     for the softmax, writing P, storing and re-reading O. Here a tile costs its `mma`s, a
     few shuffles and exp2s per row, and the shared-memory reads of K and V by `ldmatrix`
-    (one instruction fetches four 8×8 fragments for the warp).
-    Not measured yet: the ex2 of ptx/exp2.ptx came after the records below (which are of
-    Numba's math.exp2, an ex2 that ptxas wraps in three subnormal fix-ups).
+    (one instruction fetches four 8×8 fragments for the warp). That last cost is why a warp
+    takes two m-tiles where registers allow: an ldmatrix.x4 brings 512 bytes for two products
+    of 16 x 8 x 16, 2 cycles of shared memory (128 bytes per cycle per SM) per product, and at
+    half their rated ~1,000 TFLOPS (docs/hardware.md) the tensor cores finish a product every
+    2 cycles per SM. With one m-tile, shared memory would have to keep pace with the tensor
+    cores; with two, each fragment serves two products.
+    Not measured yet: the ex2 of ptx/exp2.ptx and the two m-tiles at D = 64 came after the
+    records below (which are of one m-tile per warp and Numba's math.exp2).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -56,7 +64,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from numba import cuda, float32, uint32, uint64
+from numba import cuda, float32, int32, uint32, uint64
 
 from ..arch import ptx
 from ..arch.sim import simulator_enabled
@@ -75,23 +83,32 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync.m16n8k16
 PAD = 8  # fp16 elements added to each shared-memory row: rows 16 bytes apart mod 128, so the
 #          eight row addresses of an ldmatrix hit eight different 16-byte bank groups
 
+# A warp owns M_TILES m-tiles of 16 query rows: each K or V fragment it reads by ldmatrix then
+# feeds M_TILES products instead of one (FlashAttention-2 gives each of its 4 warps 32 rows).
+# At D=128 two m-tiles would need 64 registers of Q fragments and 128 of O per lane on top of
+# S: more than the 255 a thread may have, so D=128 keeps one.
 TILES = {
-    64: dict(block_m=64, block_n=64),
-    128: dict(block_m=64, block_n=64),
+    64: dict(block_m=128, block_n=64, warps=4),
+    128: dict(block_m=64, block_n=64, warps=4),
 }
-SIM_TILES = dict(block_m=32, block_n=32)  # 2 warps in the simulator
+SIM_TILES = {  # the simulator runs one Python thread per CUDA thread: one or two warps
+    64: dict(block_m=32, block_n=32, warps=1),  # two m-tiles per warp, as on the GPU
+    128: dict(block_m=32, block_n=32, warps=2),
+}
 
 
 def tiles(HEAD_DIM: int) -> dict:
-    return SIM_TILES if simulator_enabled() else TILES[HEAD_DIM]
+    return (SIM_TILES if simulator_enabled() else TILES)[HEAD_DIM]
 
 
-def layout(HEAD_DIM, block_m, block_n):
+def layout(HEAD_DIM, block_m, block_n, warps):
     """Every derived constant. Shared memory holds fp16 rows of STRIDE elements: Q (BLOCK_M rows),
     then two stages of K and V (BLOCK_N rows each); offsets are in bytes."""
-    assert block_m % MMA_M == 0 and block_n % MMA_K == 0 and HEAD_DIM % MMA_K == 0
-    L = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=block_n, NUM_WARPS=block_m // MMA_M)
-    L["N_THREADS"] = 32 * L["NUM_WARPS"]
+    assert block_m % (MMA_M * warps) == 0 and block_n % MMA_K == 0 and HEAD_DIM % MMA_K == 0
+    L = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=block_n, NUM_WARPS=warps)
+    L["M_TILES"] = block_m // (MMA_M * warps)  # m-tiles of 16 rows per warp
+    L["WARP_ROWS"] = MMA_M * L["M_TILES"]
+    L["N_THREADS"] = 32 * warps
     L["STRIDE"] = HEAD_DIM + PAD  # fp16 elements per shared-memory row
     row_bytes = L["STRIDE"] * 2
     L["Q_OFF"] = 0
@@ -100,7 +117,7 @@ def layout(HEAD_DIM, block_m, block_n):
     L["STAGE_BYTES"] = 2 * block_n * row_bytes  # stage s: K at K_OFF + s*STAGE_BYTES, V at V_OFF + ...
     L["SMEM_BYTES"] = L["K_OFF"] + 2 * L["STAGE_BYTES"]
     L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row
-    L["NT"] = block_n // MMA_N  # n-tiles of S per warp (8 keys each)
+    L["NT"] = block_n // MMA_N  # n-tiles of S per m-tile (8 keys each)
     L["KQ"] = HEAD_DIM // MMA_K  # k-steps of Q·Kᵀ
     L["KP"] = block_n // MMA_K  # k-steps of P·V
     L["NO"] = HEAD_DIM // MMA_N  # n-tiles of O (8 columns each)
@@ -143,9 +160,17 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     shared_address, global_address = ptx.shared_address, ptx.global_address
     copy_tile = make_copy_tile(L)
     HEAD_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"]
+    M_TILES, WARP_ROWS = L["M_TILES"], L["WARP_ROWS"]
     STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
     ROW_BYTES = STRIDE * 2
+
+    @cuda.jit(device=True, inline=True)
+    def mma_into(c, mt, j, a, kk, b0, b1):
+        """c[mt, j] += a[mt, kk] · b: one m16n8k16 product into n-tile j of m-tile mt's accumulators."""
+        c[mt, j, 0], c[mt, j, 1], c[mt, j, 2], c[mt, j, 3] = mma(
+            a[mt, kk, 0], a[mt, kk, 1], a[mt, kk, 2], a[mt, kk, 3], b0, b1,
+            c[mt, j, 0], c[mt, j, 1], c[mt, j, 2], c[mt, j, 3])
 
     @cuda.jit
     def mma_attention(Q, K, V, O, causal, qk_scale):
@@ -157,29 +182,40 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
-        g = lane // 4  # this lane's rows of every fragment: g and g + 8
+        g = lane // 4  # this lane's rows of every m-tile: g and g + 8
         t = lane % 4  # and its columns: 2t, 2t + 1 of every 8-column tile
         row0 = cuda.blockIdx.x * BLOCK_M
+        warp_row0 = row0 + warp * WARP_ROWS  # the warp's M_TILES m-tiles of 16 rows start here
         seq_q = Q.shape[2]
         seq_k = K.shape[2]
         head_q = uint64(((b * Q.shape[1] + h) * seq_q) * HEAD_DIM * 2)
         head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * HEAD_DIM * 2)
-        row_a = row0 + warp * MMA_M + g  # the lane's two query rows
-        row_b = row_a + 8
-        k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
-        k_end_b = key_end(min(row_b, seq_q - 1), seq_q, seq_k, causal)
 
-        q_frag = cuda.local.array((KQ, 4), uint32)
-        s = cuda.local.array((NT, 4), float32)
-        p_frag = cuda.local.array((KP, 4), uint32)
-        acc = cuda.local.array((NO, 4), float32)
-        for j in range(NO):
-            for e in range(4):
-                acc[j, e] = float32(0.0)
-        m_a = float32(-math.inf)
-        m_b = float32(-math.inf)
-        l_a = float32(0.0)
-        l_b = float32(0.0)
+        # The lane's rows in m-tile mt: row_a = g and row_b = g + 8 of its 16 (elements 0, 1 and 2, 3
+        # of every accumulator tile); m_i, l_i and k_end of each, per m-tile
+        q_frag = cuda.local.array((M_TILES, KQ, 4), uint32)
+        s = cuda.local.array((M_TILES, NT, 4), float32)
+        p_frag = cuda.local.array((M_TILES, KP, 4), uint32)
+        acc = cuda.local.array((M_TILES, NO, 4), float32)
+        m_a = cuda.local.array(M_TILES, float32)
+        m_b = cuda.local.array(M_TILES, float32)
+        l_a = cuda.local.array(M_TILES, float32)
+        l_b = cuda.local.array(M_TILES, float32)
+        k_end_a = cuda.local.array(M_TILES, int32)
+        k_end_b = cuda.local.array(M_TILES, int32)
+        k_end_min = seq_k  # the lane's smallest k_end: tiles from it on need the mask
+        for mt in range(M_TILES):
+            row_a = warp_row0 + mt * MMA_M + g
+            k_end_a[mt] = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
+            k_end_b[mt] = key_end(min(row_a + 8, seq_q - 1), seq_q, seq_k, causal)
+            k_end_min = min(k_end_min, k_end_a[mt], k_end_b[mt])
+            m_a[mt] = float32(-math.inf)
+            m_b[mt] = float32(-math.inf)
+            l_a[mt] = float32(0.0)
+            l_b[mt] = float32(0.0)
+            for j in range(NO):
+                for e in range(4):
+                    acc[mt, j, e] = float32(0.0)
 
         # -- prologue: Q and the first K/V tile, one cp.async group
         block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
@@ -190,17 +226,18 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         wait_all()
         cuda.syncthreads()
         # -- Q's A fragments, once: lane l gives row l % 16 and column 8 (l // 16) of each 16x16 block
-        q_row = smem + (warp * MMA_M + lane % 16) * ROW_BYTES + (lane // 16) * 16
         # qk_scale is folded into exp2, p = exp2(s * scale - m_i): one FFMA per score, and the row
         # max is taken on the raw scores. Both need scale >= 0, so a negative qk_scale flips the
         # sign of q instead (bit 15 of each 16-bit half, fp16 and bf16 alike), and a zero one
         # becomes tiny: a masked -inf times 0 would be NaN, times 1e-30 it stays -inf.
         flip = uint32(0x80008000) if qk_scale < 0 else uint32(0)
         scale = max(abs(qk_scale), float32(1e-30))
-        for kk in range(KQ):
-            q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = ldsm(q_row + kk * 32)
-            for e in range(4):
-                q_frag[kk, e] ^= flip
+        for mt in range(M_TILES):
+            q_row = smem + (warp * WARP_ROWS + mt * MMA_M + lane % 16) * ROW_BYTES + (lane // 16) * 16
+            for kk in range(KQ):
+                a0, a1, a2, a3 = ldsm(q_row + kk * 32)
+                q_frag[mt, kk, 0], q_frag[mt, kk, 1] = a0 ^ flip, a1 ^ flip
+                q_frag[mt, kk, 2], q_frag[mt, kk, 3] = a2 ^ flip, a3 ^ flip
 
         # K fragments of two n-tiles per ldmatrix: lane l gives key 8 (l // 16) + l % 8, dims 8 ((l // 8) % 2)
         k_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
@@ -219,87 +256,86 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             k_tile = smem + K_OFF + stage * STAGE_BYTES + k_lane
             v_tile = smem + V_OFF + stage * STAGE_BYTES + v_lane
 
-            # -- s = q · kᵀ: NT n-tiles of 8 keys, KQ k-steps each, in registers
-            for j in range(NT):
-                for e in range(4):
-                    s[j, e] = float32(0.0)
+            # -- s = q · kᵀ: NT n-tiles of 8 keys, KQ k-steps each, in registers; each K fragment
+            # serves the warp's M_TILES m-tiles
+            for mt in range(M_TILES):
+                for j in range(NT):
+                    for e in range(4):
+                        s[mt, j, e] = float32(0.0)
             for jj in range(NT // 2):
                 for kk in range(KQ):
                     b0, b1, b2, b3 = ldsm(k_tile + jj * 16 * ROW_BYTES + kk * 32)
-                    s[2 * jj, 0], s[2 * jj, 1], s[2 * jj, 2], s[2 * jj, 3] = mma(
-                        q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b0, b1,
-                        s[2 * jj, 0], s[2 * jj, 1], s[2 * jj, 2], s[2 * jj, 3])
-                    s[2 * jj + 1, 0], s[2 * jj + 1, 1], s[2 * jj + 1, 2], s[2 * jj + 1, 3] = mma(
-                        q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b2, b3,
-                        s[2 * jj + 1, 0], s[2 * jj + 1, 1], s[2 * jj + 1, 2], s[2 * jj + 1, 3])
+                    for mt in range(M_TILES):
+                        mma_into(s, mt, 2 * jj, q_frag, kk, b0, b1)
+                        mma_into(s, mt, 2 * jj + 1, q_frag, kk, b2, b3)
 
-            # -- mask only a tile that crosses the diagonal or the end of the keys; raw row maxima
-            masked = start_n + BLOCK_N > min(k_end_a, k_end_b)
-            m_ij_a = float32(-math.inf)
-            m_ij_b = float32(-math.inf)
-            for j in range(NT):
-                if masked:
-                    col = start_n + j * MMA_N + 2 * t
-                    if col >= k_end_a:
-                        s[j, 0] = float32(-math.inf)
-                    if col + 1 >= k_end_a:
-                        s[j, 1] = float32(-math.inf)
-                    if col >= k_end_b:
-                        s[j, 2] = float32(-math.inf)
-                    if col + 1 >= k_end_b:
-                        s[j, 3] = float32(-math.inf)
-                m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
-                m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
-            # >>> exercise 07-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
-            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
-            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
-            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
-            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
-            # <<< exercise
+            masked = start_n + BLOCK_N > k_end_min  # the tile crosses the diagonal or the end of the keys
+            for mt in range(M_TILES):
+                # -- mask only a tile that needs it; raw row maxima
+                m_ij_a = float32(-math.inf)
+                m_ij_b = float32(-math.inf)
+                for j in range(NT):
+                    if masked:
+                        col = start_n + j * MMA_N + 2 * t
+                        if col >= k_end_a[mt]:
+                            s[mt, j, 0] = float32(-math.inf)
+                        if col + 1 >= k_end_a[mt]:
+                            s[mt, j, 1] = float32(-math.inf)
+                        if col >= k_end_b[mt]:
+                            s[mt, j, 2] = float32(-math.inf)
+                        if col + 1 >= k_end_b[mt]:
+                            s[mt, j, 3] = float32(-math.inf)
+                    m_ij_a = max(m_ij_a, max(s[mt, j, 0], s[mt, j, 1]))
+                    m_ij_b = max(m_ij_b, max(s[mt, j, 2], s[mt, j, 3]))
+                # >>> exercise 07-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
+                m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
+                m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
+                m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
+                m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
+                # <<< exercise
 
-            m_ij_a *= scale  # the max of the scaled scores (scale > 0; -inf stays -inf)
-            m_ij_b *= scale
-            # -- update m_i and l_i (per-lane partial sums), rescale acc
-            m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a)
-            m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b)
-            sum_a = float32(0.0)
-            sum_b = float32(0.0)
-            for j in range(NT):
-                s[j, 0] = exp2(cuda.fma(s[j, 0], scale, -m_ref_a))  # one FFMA, one MUFU.EX2 (ptx/exp2.ptx)
-                s[j, 1] = exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
-                s[j, 2] = exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
-                s[j, 3] = exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
-                sum_a += s[j, 0] + s[j, 1]
-                sum_b += s[j, 2] + s[j, 3]
-            l_a = l_a * alpha_a + sum_a
-            l_b = l_b * alpha_b + sum_b
-            m_a = m_new_a
-            m_b = m_new_b
-            for j in range(NO):
-                acc[j, 0] *= alpha_a
-                acc[j, 1] *= alpha_a
-                acc[j, 2] *= alpha_b
-                acc[j, 3] *= alpha_b
+                m_ij_a *= scale  # the max of the scaled scores (scale > 0; -inf stays -inf)
+                m_ij_b *= scale
+                # -- update m_i and l_i (per-lane partial sums), rescale acc
+                m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a[mt], m_ij_a)
+                m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b[mt], m_ij_b)
+                sum_a = float32(0.0)
+                sum_b = float32(0.0)
+                for j in range(NT):
+                    s[mt, j, 0] = exp2(cuda.fma(s[mt, j, 0], scale, -m_ref_a))  # one FFMA, one MUFU.EX2
+                    s[mt, j, 1] = exp2(cuda.fma(s[mt, j, 1], scale, -m_ref_a))
+                    s[mt, j, 2] = exp2(cuda.fma(s[mt, j, 2], scale, -m_ref_b))
+                    s[mt, j, 3] = exp2(cuda.fma(s[mt, j, 3], scale, -m_ref_b))
+                    sum_a += s[mt, j, 0] + s[mt, j, 1]
+                    sum_b += s[mt, j, 2] + s[mt, j, 3]
+                l_a[mt] = l_a[mt] * alpha_a + sum_a
+                l_b[mt] = l_b[mt] * alpha_b + sum_b
+                m_a[mt] = m_new_a
+                m_b[mt] = m_new_b
+                for j in range(NO):
+                    acc[mt, j, 0] *= alpha_a
+                    acc[mt, j, 1] *= alpha_a
+                    acc[mt, j, 2] *= alpha_b
+                    acc[mt, j, 3] *= alpha_b
 
             # -- p as A fragments: the accumulators of n-tiles 2kk and 2kk+1 are k-step kk's A
-            # >>> exercise 07-b: P as A fragments: p_frag[kk, 0..3] from s of n-tiles 2kk and 2kk+1
-            for kk in range(KP):
-                p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
-                p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
-                p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
-                p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+            # >>> exercise 07-b: P as A fragments: p_frag[mt, kk, 0..3] from s[mt] of n-tiles 2kk and 2kk+1
+            for mt in range(M_TILES):
+                for kk in range(KP):
+                    p_frag[mt, kk, 0] = pack(s[mt, 2 * kk, 0], s[mt, 2 * kk, 1])
+                    p_frag[mt, kk, 1] = pack(s[mt, 2 * kk, 2], s[mt, 2 * kk, 3])
+                    p_frag[mt, kk, 2] = pack(s[mt, 2 * kk + 1, 0], s[mt, 2 * kk + 1, 1])
+                    p_frag[mt, kk, 3] = pack(s[mt, 2 * kk + 1, 2], s[mt, 2 * kk + 1, 3])
             # <<< exercise
 
-            # -- acc += p · v: NO n-tiles of 8 output columns, KP k-steps of 16 keys
+            # -- acc += p · v: NO n-tiles of 8 output columns, KP k-steps of 16 keys; each V
+            # fragment serves the warp's M_TILES m-tiles
             for jj in range(NO // 2):
                 for kk in range(KP):
                     b0, b1, b2, b3 = ldsm_t(v_tile + kk * 16 * ROW_BYTES + jj * 32)
-                    acc[2 * jj, 0], acc[2 * jj, 1], acc[2 * jj, 2], acc[2 * jj, 3] = mma(
-                        p_frag[kk, 0], p_frag[kk, 1], p_frag[kk, 2], p_frag[kk, 3], b0, b1,
-                        acc[2 * jj, 0], acc[2 * jj, 1], acc[2 * jj, 2], acc[2 * jj, 3])
-                    acc[2 * jj + 1, 0], acc[2 * jj + 1, 1], acc[2 * jj + 1, 2], acc[2 * jj + 1, 3] = mma(
-                        p_frag[kk, 0], p_frag[kk, 1], p_frag[kk, 2], p_frag[kk, 3], b2, b3,
-                        acc[2 * jj + 1, 0], acc[2 * jj + 1, 1], acc[2 * jj + 1, 2], acc[2 * jj + 1, 3])
+                    for mt in range(M_TILES):
+                        mma_into(acc, mt, 2 * jj, p_frag, kk, b0, b1)
+                        mma_into(acc, mt, 2 * jj + 1, p_frag, kk, b2, b3)
 
             # -- the next tile has landed (this thread's copies), and every warp is done with this one
             wait_all()
@@ -308,16 +344,20 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
 
         # -- epilogue: the rows' sums over the quad, o = acc / l_i; O is viewed as uint32 pairs,
         # so columns 2t and 2t+1 of n-tile j (pair 4j + t) are one store
-        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
-        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
-        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
-        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
-        for j in range(NO):
-            pair = j * (MMA_N // 2) + t
-            if row_a < seq_q:
-                O[b, h, row_a, pair] = pack(finalize(acc[j, 0], l_a), finalize(acc[j, 1], l_a))
-            if row_b < seq_q:
-                O[b, h, row_b, pair] = pack(finalize(acc[j, 2], l_b), finalize(acc[j, 3], l_b))
+        for mt in range(M_TILES):
+            l_a[mt] += cuda.shfl_xor_sync(FULL_MASK, l_a[mt], 1)
+            l_a[mt] += cuda.shfl_xor_sync(FULL_MASK, l_a[mt], 2)
+            l_b[mt] += cuda.shfl_xor_sync(FULL_MASK, l_b[mt], 1)
+            l_b[mt] += cuda.shfl_xor_sync(FULL_MASK, l_b[mt], 2)
+            row_a = warp_row0 + mt * MMA_M + g
+            row_b = row_a + 8
+            for j in range(NO):
+                pair = j * (MMA_N // 2) + t
+                o = acc[mt, j]
+                if row_a < seq_q:
+                    O[b, h, row_a, pair] = pack(finalize(o[0], l_a[mt]), finalize(o[1], l_a[mt]))
+                if row_b < seq_q:
+                    O[b, h, row_b, pair] = pack(finalize(o[2], l_b[mt]), finalize(o[3], l_b[mt]))
 
     return KernelConfig(mma_attention, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
                         packed_output=True)
