@@ -62,6 +62,14 @@ Why the hardware rewards it
     The records keep the medians as measured.
     Not measured yet: since the records below (Numba's math.exp2), the scores' exp2 comes from
     ptx/exp2.ptx, one MUFU.EX2 without subnormal fix-ups (see phase 07).
+    What the overlap covers, read from the SASS (python -m flashcore_numba.measure.machine_code
+    09 64 --sass): ptxas puts `wait_o` (WARPGROUP.DEPBAR.LE gsb0, 0x0) at the top of the basic
+    block that follows the masking branches, before the row maxima and the exp2s, at both head
+    dims. So P·V of tile n - 1 runs under the masking only, which fits the 3 % between 09 and
+    09-turns. A branch placed just before the wait (an experiment on the PTX) keeps it after the
+    exp2s, but then S, P of tile n - 1 and O are live at once and ptxas spills (432 B at D = 64,
+    312 B at D = 128) and serializes every wgmma (C7512, C7513); the D = 64 PTX assembled for 384
+    threads instead of 512 (a budget of 168 registers, not 128) kept the overlap with 20 B spilled.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
