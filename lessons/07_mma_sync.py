@@ -31,11 +31,14 @@
 # 5. **O += P·V in registers** — V's fragments read by `ldmatrix.trans`.
 # 6. **cp.async** — K and V are copied global → shared without passing through registers, into the
 #    other of two stages while the current tile is computed; tails are zero-filled by the copy.
-# 7. **Two m-tiles per warp** (D = 64) — as in FlashAttention-2, a warp owns 32 query rows, two
-#    16-row m-tiles (`M_TILES`): every K or V fragment that `ldmatrix` brings feeds two `mma`s
-#    instead of one, and the two m-tiles' products and softmaxes are independent work for the warp
-#    scheduler to interleave. Every fragment and every row's m_i and l_i gains an index `[mt]`.
-#    At D = 128 the Q and O fragments of two m-tiles would not fit in 255 registers: one.
+# 7. **M_TILES m-tiles per warp** — as in FlashAttention-2, a warp may own 32 query rows, two
+#    16-row m-tiles: every K or V fragment that `ldmatrix` brings then feeds two `mma`s instead of
+#    one, and the two m-tiles' products and softmaxes are independent work for the warp scheduler
+#    to interleave. Every fragment and every row's m_i and l_i has an index `[mt]`. On the H100 it
+#    did not pay: at D = 64, 8 warps of one m-tile ran faster than 4 warps of two, which need 255
+#    registers and some local memory (the docstring has the timings), and at D = 128 two m-tiles'
+#    Q and O fragments do not fit in 255 registers. So the kernels run one m-tile per warp; this
+#    notebook's simulator runs two at D = 64, to show the `[mt]` loops at work.
 #
 # Every instruction is one inline PTX function from [`ptx/`](../ptx/) (no call: phase 06 measured
 # what a call costs).

@@ -30,10 +30,12 @@ What changed from phase 06
     - P is converted in registers from S's accumulator layout to A fragments (two fp32 ->
       one fp16x2 register: the C layout of two n-tiles is the A layout of one k-step);
     - O += P·V accumulates in registers, V's B fragments read by `ldmatrix.trans`;
-    - a warp owns M_TILES m-tiles of 16 rows (FlashAttention-2's split: two at D = 64, 32 rows
-      per warp), so every K or V fragment it reads feeds M_TILES products: half the ldmatrix
-      traffic per product, and two independent chains of mma and of softmax to interleave.
-      At D = 128 two m-tiles' Q and O fragments would not fit in 255 registers: one m-tile.
+    - a warp may own M_TILES m-tiles of 16 rows (FlashAttention-2 gives each warp 32 rows), so
+      that every K or V fragment it reads feeds M_TILES products: half the ldmatrix traffic per
+      product, and two independent chains of mma and of softmax to interleave. On the H100 it
+      does not pay (tools/sweep_tiles.py 07, below): the kernels run one m-tile per warp, eight
+      warps at D = 64 and four at D = 128; the simulator keeps two m-tiles at D = 64 so that
+      the M_TILES loops stay tested.
     K and V arrive by `cp.async`: 16-byte copies from global to shared memory that no
     register waits for, into the other of two stages while the current tile is computed;
     rows past the end of the sequence are zero-filled by the copy itself. Causal tiles above
@@ -48,13 +50,14 @@ Why the hardware rewards it
     for the softmax, writing P, storing and re-reading O. Here a tile costs its `mma`s, a
     few shuffles and exp2s per row, and the shared-memory reads of K and V by `ldmatrix`
     (one instruction fetches four 8×8 fragments for the warp). That last cost is why a warp
-    takes two m-tiles where registers allow: an ldmatrix.x4 brings 512 bytes for two products
-    of 16 x 8 x 16, 2 cycles of shared memory (128 bytes per cycle per SM) per product, and at
-    half their rated ~1,000 TFLOPS (docs/hardware.md) the tensor cores finish a product every
-    2 cycles per SM. With one m-tile, shared memory would have to keep pace with the tensor
-    cores; with two, each fragment serves two products.
-    Not measured yet: the ex2 of ptx/exp2.ptx and the two m-tiles at D = 64 came after the
-    records below (which are of one m-tile per warp and Numba's math.exp2).
+    could take two m-tiles: an ldmatrix.x4 brings 512 bytes for two products of 16 x 8 x 16,
+    2 cycles of shared memory (128 bytes per cycle per SM) per product, and at half their rated
+    ~1,000 TFLOPS (docs/hardware.md) the tensor cores finish a product every 2 cycles per SM.
+    Measured, the registers decide first. At D = 64 (quick timings of tools/sweep_tiles.py 07,
+    10 launches, no L2 flush; TFLOPS non-causal / causal): 128 rows in 8 warps of one m-tile
+    242 / 191, in 4 warps of two m-tiles 233 / 178 (255 registers and 16 B of local memory per
+    thread on the GPU), 64 rows in 4 warps 214 / 173. At D = 128 two m-tiles do not fit in 255
+    registers at all; 64 rows in 4 warps 246 / 208 beat 128 rows in 8 warps, 232 / 196.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -100,16 +103,16 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync.m16n8k16
 PAD = 8  # fp16 elements added to each shared-memory row: rows 16 bytes apart mod 128, so the
 #          eight row addresses of an ldmatrix hit eight different 16-byte bank groups
 
-# A warp owns M_TILES m-tiles of 16 query rows: each K or V fragment it reads by ldmatrix then
-# feeds M_TILES products instead of one (FlashAttention-2 gives each of its 4 warps 32 rows).
-# At D=128 two m-tiles would need 64 registers of Q fragments and 128 of O per lane on top of
-# S: more than the 255 a thread may have, so D=128 keeps one.
+# A warp owns M_TILES = block_m / (16 warps) m-tiles of 16 query rows: each K or V fragment it
+# reads by ldmatrix then feeds M_TILES products instead of one. Measured on the H100 (see the
+# docstring), one m-tile per warp is faster at both head dims; at D=128 two would need 64
+# registers of Q fragments and 128 of O per lane on top of S, more than a thread may have.
 TILES = {
-    64: dict(block_m=128, block_n=64, warps=4),
+    64: dict(block_m=128, block_n=64, warps=8),
     128: dict(block_m=64, block_n=64, warps=4),
 }
 SIM_TILES = {  # the simulator runs one Python thread per CUDA thread: one or two warps
-    64: dict(block_m=32, block_n=32, warps=1),  # two m-tiles per warp, as on the GPU
+    64: dict(block_m=32, block_n=32, warps=1),  # two m-tiles per warp: the M_TILES loops tested
     128: dict(block_m=32, block_n=32, warps=2),
 }
 

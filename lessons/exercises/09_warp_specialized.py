@@ -46,6 +46,10 @@ What changed from phase 08
       be on one straight path: with them under `if n > 0` ptxas serialized every wgmma of the
       kernel (warning C7518), so tile 0 is taken before the loop;
     - causal work is balanced: the blocks with the most keys (the last query rows) start first;
+    - the tiles a row must mask (they cross the causal diagonal or the end of the keys) come last,
+      in a loop of their own (FlashAttention-3 does the same): the other tiles' softmax is
+      compiled without the masking and its 16 branches per tile. At D = 128 (MASKED_LOOP); at
+      D = 64 the second copy of the softmax made the consumers spill 64 B and was no faster;
     - tiles of 128 keys (phase 08: 64), and P·V added into the accumulator in place: phase 08's
       P·V returned a fresh O-sized tile that the kernel folded in with FMAs, D / 2 registers more
       per thread and one more pass per tile. `pv_acc` (ptx/wgmma.ptx) takes O's registers in and
@@ -80,13 +84,21 @@ Why the hardware rewards it
     Not measured yet: since the records below (Numba's math.exp2), the scores' exp2 comes from
     ptx/exp2.ptx, one MUFU.EX2 without subnormal fix-ups (see phase 07).
     What the overlap covers, read from the SASS (python -m flashcore_numba.measure.machine_code
-    09 64 --sass): ptxas puts `wait_o` (WARPGROUP.DEPBAR.LE gsb0, 0x0) at the top of the basic
-    block that follows the masking branches, before the row maxima and the exp2s, at both head
-    dims. So P·V of tile n - 1 runs under the masking only, which fits the 3 % between 09 and
-    09-turns. A branch placed just before the wait (an experiment on the PTX) keeps it after the
-    exp2s, but then S, P of tile n - 1 and O are live at once and ptxas spills (432 B at D = 64,
-    312 B at D = 128) and serializes every wgmma (C7512, C7513); the D = 64 PTX assembled for 384
-    threads instead of 512 (a budget of 168 registers, not 128) kept the overlap with 20 B spilled.
+    09 64 --sass): ptxas does not keep `wait_o` (WARPGROUP.DEPBAR.LE gsb0, 0x0) where the PTX
+    has it, after the exp2s. Where the masking branches are compiled in, it sits at the top of
+    the basic block after them, before the row maxima and the exp2s; in the loop without them
+    (MASKED_LOOP, D = 128) it follows `wait_s` at once. Packing P after the wait (as here)
+    rather than at the end of the softmax did not move it either. So P·V of tile n - 1 runs
+    under the masking at most, not under the exp2s: what 09 gains over 09-turns comes mostly
+    from issuing both products of a turn back to back, with no drained tensor pipe between them.
+    A branch placed just before the wait (an experiment on the PTX) keeps it after the exp2s,
+    but then S, P of tile n - 1 and O are live at once and ptxas spills (432 B at D = 64, 312 B at
+    D = 128) and serializes every wgmma (C7512, C7513).
+    The masked loop, timed alone before the records (ad-hoc, fp16, reference shape, 6 interleaved
+    rounds of 10 launches, no L2 flush, on an H100 whose clock sat near 1.75 GHz): D = 128
+    non-causal 424 TFLOPS against 390 without it (rounds 386-456 against 366-421), causal 260
+    against 260; Nsight Compute timed one launch at 1.03 ms against 1.08. At D = 64: 311 / 203
+    against 312 / 209, so D = 64 keeps one loop.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -160,6 +172,9 @@ CONSUMERS = {64: 3, 128: 2}
 CONSUMER_REGISTERS = {2: 240, 3: 160}
 SIM_CONSUMERS = 2  # in the simulator (one Python thread per CUDA thread): 384 threads at any D
 STAGES = {64: 4, 128: 3}  # K/V ring depth: at D = 128 three stages of 64 KB fill shared memory
+# per head dim: the tiles that need a mask in a loop of their own, the others' softmax compiled
+# without it. Measured faster at D = 128; at D = 64 the second copy of the softmax spills (64 B)
+MASKED_LOOP = {64: False, 128: True}
 TURN = 1  # named barriers TURN + c: consumer c's turn at the tensor cores
 TURN_THREADS = 256  # a turn barrier completes with its consumer (sync) and the one before (arrive)
 WG_SYNC = 4  # named barriers WG_SYNC + c: consumer c's 128 threads only
@@ -180,6 +195,7 @@ def layout(HEAD_DIM):
     L["KV_BYTES"] = BLOCK_N * HEAD_DIM * 2  # one K or V tile
     L["KV_ATOM"] = BLOCK_N * ROW  # one atom of a K or V tile: BLOCK_N rows of 128 bytes
     L["STAGES"] = STAGES[HEAD_DIM]
+    L["MASKED_LOOP"] = MASKED_LOOP[HEAD_DIM]
     L["Q_OFF"] = 0
     L["RING_OFF"] = consumers * L["TILE_BYTES"]
     L["STAGE_BYTES"] = 2 * L["KV_BYTES"]  # K, then V
@@ -227,6 +243,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
     N_P, N_O = 4 * KP, 4 * NO  # registers per thread of P's fragments, of O
     Q_WG_WORDS = TILE_BYTES // 4
     CONSUMERS = L["CONSUMERS"]
+    MASKED_LOOP = L["MASKED_LOOP"]
     CONSUMER_THREADS = 128 * CONSUMERS
     LAUNCH_BOUNDS = L["LAUNCH_BOUNDS"]
 
@@ -278,10 +295,22 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
         return sum_a, sum_b
 
     @cuda.jit(device=True, inline=True)
-    def softmax_tile(s, p_frag, start_n, t, k_end_a, k_end_b, scale, m_a, m_b, l_a, l_b):
+    def pack_p(s, p_frag):
+        """P's A fragments from S's accumulators: the accumulators of column blocks 2kk and 2kk + 1
+        are k-step kk's A (two fp32 -> one 16-bit pair per register)."""
+        for kk in range(KP):
+            p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
+            p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
+            p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
+            p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_tile(s, p_frag, start_n, t, k_end_a, k_end_b, scale, m_a, m_b, l_a, l_b, may_mask):
         """Phase 08's online softmax on S of the tile starting at key start_n (masking, row maxima,
-        exp2 with the scale folded in): P's fragments written, the rows' new m_i, l_i and alpha."""
-        masked = start_n + BLOCK_N > min(k_end_a, k_end_b)
+        exp2 with the scale folded in): S holds P in fp32; returns the rows' new m_i, l_i and alpha.
+        may_mask is a constant of the caller: False in the loop over tiles no row masks, where the
+        masking, and its branches, are compiled out (see the loops of the consumer)."""
+        masked = may_mask and start_n + BLOCK_N > min(k_end_a, k_end_b)
         m_ij_a, m_ij_b = mask_and_max(s, 0, masked, start_n, t, k_end_a, k_end_b,
                                       float32(-math.inf), float32(-math.inf))
         m_ij_a, m_ij_b = mask_and_max(s, HALF, masked, start_n, t, k_end_a, k_end_b, m_ij_a, m_ij_b)
@@ -295,12 +324,48 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
         m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b)
         sum_a, sum_b = exp_and_sum(s, 0, scale, m_ref_a, m_ref_b, float32(0.0), float32(0.0))
         sum_a, sum_b = exp_and_sum(s, HALF, scale, m_ref_a, m_ref_b, sum_a, sum_b)
-        for kk in range(KP):
-            p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
-            p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
-            p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
-            p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
         return m_new_a, m_new_b, l_a * alpha_a + sum_a, l_b * alpha_b + sum_b, alpha_a, alpha_b
+
+    @cuda.jit(device=True, inline=True)
+    def turn(smem, n, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b, alpha_a, alpha_b,
+             may_mask):
+        """One tile n >= 1 of a consumer: wait for it, take the turn (S of tile n, P·V of tile n - 1),
+        the softmax of tile n; returns the rows' new m_i, l_i and alpha."""
+        full = smem + BARS_OFF
+        empty = full + 8 * STAGES
+        stage = n % STAGES
+        wait(full + 8 * stage, uint32((n // STAGES) % 2))  # tile n has landed
+        prev = (n + STAGES - 1) % STAGES  # tile n - 1's stage
+        desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
+        desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
+
+        # -- this warpgroup's turn: S of tile n, and P·V of tile n - 1
+        if pingpong:
+            bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
+        if overlap:  # both issued, neither awaited: S first, so that it is the first to finish
+            s_tile = qk_issue(desc_q, desc_k)
+            rescale(acc, alpha_a, alpha_b)
+            p_prev = as_tuple(p_frag, N_P)  # read by the tensor cores until wait_o
+            o_tile = pv_acc_issue(p_prev, desc_v, as_tuple(acc, N_O))
+        else:
+            add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
+            s_tile = qk(desc_q, desc_k)
+        if pingpong:
+            bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))  # the next one's turn
+        if overlap:
+            s_tile = wait_s(s_tile)  # S is done; P·V of tile n - 1 runs on under the softmax
+        else:
+            arrive(empty + 8 * prev)  # tile n - 1 is used up: its stage may be refilled
+        store_tuple(s, s_tile)
+        m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, p_frag, n * BLOCK_N, t, k_end_a, k_end_b,
+                                                            scale, m_a, m_b, l_a, l_b, may_mask)
+        if overlap:
+            store_tuple(acc, wait_o(p_prev, o_tile))  # P·V of tile n - 1 is done
+            arrive(empty + 8 * prev)
+        # P's fragments after the wait: tile n - 1's are read by the tensor cores until then, and
+        # the assembler gives tile n's the same registers
+        pack_p(s, p_frag)
+        return m_a, m_b, l_a, l_b, alpha_a, alpha_b
 
     def kernel(Q, K, V, O, causal, qk_scale, maps):
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
@@ -406,38 +471,22 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
                 bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
             store_tuple(s, s_tile)
             m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, p_frag, 0, t, k_end_a, k_end_b, scale,
-                                                                m_a, m_b, l_a, l_b)
+                                                                m_a, m_b, l_a, l_b, True)
+            pack_p(s, p_frag)
 
-        for n in range(1, n_tiles):
-            stage = n % STAGES
-            wait(full + 8 * stage, uint32((n // STAGES) % 2))  # tile n has landed
-            prev = (n + STAGES - 1) % STAGES  # tile n - 1's stage
-            desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
-            desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
-
-            # -- this warpgroup's turn: S of tile n, and P·V of tile n - 1
-            if pingpong:
-                bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
-            if overlap:  # both issued, neither awaited: S first, so that it is the first to finish
-                s_tile = qk_issue(desc_q, desc_k)
-                rescale(acc, alpha_a, alpha_b)
-                p_prev = as_tuple(p_frag, N_P)  # read by the tensor cores until wait_o
-                o_tile = pv_acc_issue(p_prev, desc_v, as_tuple(acc, N_O))
-            else:
-                add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
-                s_tile = qk(desc_q, desc_k)
-            if pingpong:
-                bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))  # the next one's turn
-            if overlap:
-                s_tile = wait_s(s_tile)  # S is done; P·V of tile n - 1 runs on under the softmax
-            else:
-                arrive(empty + 8 * prev)  # tile n - 1 is used up: its stage may be refilled
-            store_tuple(s, s_tile)
-            m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, p_frag, n * BLOCK_N, t, k_end_a, k_end_b,
-                                                                scale, m_a, m_b, l_a, l_b)
-            if overlap:
-                store_tuple(acc, wait_o(p_prev, o_tile))  # P·V of tile n - 1 is done
-                arrive(empty + 8 * prev)
+        # Tiles 1 .. n_full - 1 need no mask for any row of this warpgroup (its first row sees the
+        # fewest keys): with MASKED_LOOP their softmax is compiled without the masking and its
+        # branches, one straight path from the issue of the products to their waits, and the tiles
+        # that cross the causal diagonal or the end of the keys follow in a loop of their own
+        n_full = 1
+        if MASKED_LOOP:
+            n_full = min(key_end(min(row0 + c * WG_M, seq_q - 1), seq_q, seq_k, causal) // BLOCK_N, n_tiles)
+        for n in range(1, n_full):
+            m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag,
+                                                        acc, m_a, m_b, l_a, l_b, alpha_a, alpha_b, False)
+        for n in range(max(n_full, 1), n_tiles):
+            m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag,
+                                                        acc, m_a, m_b, l_a, l_b, alpha_a, alpha_b, True)
 
         if n_tiles > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
             last = (n_tiles - 1) % STAGES
