@@ -205,14 +205,16 @@ def _records_of_08_and_09():
 def test_best_for_shape_agrees_with_the_committed_records():
     """Where "best" hands the H100's work to phase 08 (api.SHORT_SEQUENCES_TO_08), phase 08 was not
     slower in the records, and where it keeps phase 09, 09 was not slower (3 % either way: the
-    run-to-run noise). Points where either kernel's launches spread more than 1.5x (min to max)
-    are not used to judge; phase 09's docstring describes that spread."""
+    run-to-run noise). Points where either kernel's median launch took more than 1.2x its fastest
+    are not used to judge: there the median itself is in doubt (phase 09's docstring describes
+    its spread). A single slow launch (a record of bc3c341 has one of 344 ms beside a median of
+    0.67 ms) leaves the median alone."""
     from flashcore_numba import api
     from flashcore_numba.phases import PHASES
 
     judged, unreliable, wrong = 0, [], []
     for where, config, results in _records_of_08_and_09():
-        if any(results[k]["max_ms"] > 1.5 * results[k]["min_ms"] for k in ("08", "09")):
+        if any(results[k]["median_ms"] > 1.2 * results[k]["min_ms"] for k in ("08", "09")):
             unreliable.append(where)
             continue
         chosen = api.best_for_shape(PHASES["09"], config["D"], config["causal"], config["S_k"]).ID
@@ -230,7 +232,7 @@ def test_best_for_shape_hands_only_short_d64_sequences_to_08():
     from flashcore_numba.phases import PHASES
 
     p09 = PHASES["09"]
-    assert api.best_for_shape(p09, 64, True, 2048).ID == "08" and api.best_for_shape(p09, 64, True, 2049).ID == "09"
+    assert api.best_for_shape(p09, 64, True, 1024).ID == "08" and api.best_for_shape(p09, 64, True, 2048).ID == "09"
     assert api.best_for_shape(p09, 64, False, 1024).ID == "08" and api.best_for_shape(p09, 64, False, 2048).ID == "09"
     assert api.best_for_shape(p09, 128, True, 512).ID == "09"
     assert api.best_for_shape(PHASES["07"], 64, True, 512).ID == "07", "only phase 09 hands over"

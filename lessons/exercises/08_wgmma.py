@@ -44,15 +44,18 @@ Why the hardware rewards it
     shared memory themselves: fewer instructions to issue, no register traffic for K and V.
     The swizzle matters as much: the same kernel with the unswizzled core-matrix layout measured
     250 TFLOPS at D=64 and 240 at D=128 (commit 800ba99's records), slower than phase 07 at D=128.
-    Not measured yet: since the records below (Numba's math.exp2), the scores' exp2 comes from
-    ptx/exp2.ptx, one MUFU.EX2 without subnormal fix-ups (see phase 07).
+    The scores' exp2 is ptx/exp2.ptx's, one MUFU.EX2 without subnormal fix-ups (see phase 07);
+    it was this kernel's only change between the records of commit 38aa92d (Numba's math.exp2)
+    and those of bc3c341 below: D = 64 fp16 332 -> 357 TFLOPS, causal 280 -> 300; bf16 333 -> 362,
+    causal 281 -> 304; at D = 128, where the softmax is a smaller share of the work, 355 -> 350 and
+    299 -> 297 (no gain). The bf16 D = 128 and grouped-query records below are still 38aa92d's.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 332 TFLOPS (1.44x phase 07),
-    causal 280 TFLOPS (1.38x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 08 355 TFLOPS (1.39x phase 07), causal 299 TFLOPS (1.36x phase 07). At B=16 H=16 S=2048
-    D=64 bf16: 08 333 TFLOPS (1.44x phase 07), causal 281 TFLOPS (1.38x phase 07). At B=16 H=16
+    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 357 TFLOPS (1.33x phase 07),
+    causal 300 TFLOPS (1.31x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    fp16: 08 350 TFLOPS (1.36x phase 07), causal 297 TFLOPS (1.33x phase 07). At B=16 H=16 S=2048
+    D=64 bf16: 08 362 TFLOPS (1.33x phase 07), causal 304 TFLOPS (1.32x phase 07). At B=16 H=16
     S=2048 D=128 bf16: 08 353 TFLOPS (1.38x phase 07), causal 302 TFLOPS (1.36x phase 07). At B=16
     H=32 H_kv=8 S=2048 D=64 fp16: 08 343 TFLOPS (1.45x phase 07), causal 293 TFLOPS (1.40x phase 07)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,

@@ -81,8 +81,12 @@ Why the hardware rewards it
     of commit bcaee3a (D = 64 causal, S = 512, 0.59 to 1.42 ms) and one record row of commit
     15ce3d8 (09-ws, GQA, causal, 0.71x of the row beside it) did not repeat when timed again.
     The records keep the medians as measured.
-    Not measured yet: since the records below (Numba's math.exp2), the scores' exp2 comes from
-    ptx/exp2.ptx, one MUFU.EX2 without subnormal fix-ups (see phase 07).
+    The scores' exp2 is ptx/exp2.ptx's, one MUFU.EX2 without subnormal fix-ups (see phase 07).
+    Between the records of commit 38aa92d (Numba's math.exp2, one loop) and those of bc3c341
+    below (this exp2; at D = 128 the masked loop as well): D = 64 fp16 358 -> 408 TFLOPS, causal
+    275 -> 309 (now faster than phase 08's 300); D = 128 502 -> 549, causal 417 -> 436. At D = 128
+    09-turns gained as much (488 -> 549): the two now run level, the overlap adds nothing there.
+    The bf16 D = 128 and grouped-query records below are still 38aa92d's.
     What the overlap covers, read from the SASS (python -m flashcore_numba.measure.machine_code
     09 64 --sass): ptxas does not keep `wait_o` (WARPGROUP.DEPBAR.LE gsb0, 0x0) where the PTX
     has it, after the exp2s. Where the masking branches are compiled in, it sits at the top of
@@ -102,26 +106,25 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 358 TFLOPS (1.08x phase 08),
-    causal 275 TFLOPS (0.98x phase 08, SLOWER than phase 08); 128 registers, 0 B local memory.
-    09-turns: 348 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 267 TFLOPS (0.97x phase 09,
-    SLOWER than phase 09). 09-ws: 339 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 262
-    TFLOPS (0.98x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 502 TFLOPS
-    (1.41x phase 08), causal 417 TFLOPS (1.39x phase 08); 09-turns 488 TFLOPS (0.97x phase 09,
-    SLOWER than phase 09), causal 397 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-ws 448
-    TFLOPS (0.92x 09-turns, SLOWER than 09-turns), causal 370 TFLOPS (0.93x 09-turns, SLOWER than
-    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 358 TFLOPS (1.08x phase 08), causal 278 TFLOPS
-    (0.99x phase 08, SLOWER than phase 08); 09-turns 348 TFLOPS (0.97x phase 09, SLOWER than phase
-    09), causal 270 TFLOPS (0.97x phase 09, SLOWER than phase 09); 09-ws 338 TFLOPS (0.97x 09-turns,
-    SLOWER than 09-turns), causal 264 TFLOPS (0.98x 09-turns, SLOWER than 09-turns). At B=16 H=16
-    S=2048 D=128 bf16: 09 509 TFLOPS (1.44x phase 08), causal 418 TFLOPS (1.39x phase 08); 09-turns
-    488 TFLOPS (0.96x phase 09, SLOWER than phase 09), causal 402 TFLOPS (0.96x phase 09, SLOWER
-    than phase 09); 09-ws 449 TFLOPS (0.92x 09-turns, SLOWER than 09-turns), causal 374 TFLOPS
-    (0.93x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 371 TFLOPS
-    (1.08x phase 08), causal 286 TFLOPS (0.98x phase 08, SLOWER than phase 08); 09-turns 360 TFLOPS
-    (0.97x phase 09, SLOWER than phase 09), causal 276 TFLOPS (0.96x phase 09, SLOWER than phase
-    09); 09-ws 350 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 272 TFLOPS (0.99x 09-turns,
-    SLOWER than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 408 TFLOPS (1.14x phase 08),
+    causal 309 TFLOPS (1.03x phase 08); 128 registers, 0 B local memory. 09-turns: 395 TFLOPS (0.97x
+    phase 09, SLOWER than phase 09), causal 297 TFLOPS (0.96x phase 09, SLOWER than phase 09).
+    09-ws: 373 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 253 TFLOPS (0.85x 09-turns,
+    SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 549 TFLOPS (1.57x phase 08), causal
+    436 TFLOPS (1.47x phase 08); 09-turns 549 TFLOPS (1.00x phase 09, SLOWER than phase 09), causal
+    435 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 486 TFLOPS (0.88x 09-turns, SLOWER than
+    09-turns), causal 389 TFLOPS (0.90x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64
+    bf16: 09 412 TFLOPS (1.14x phase 08), causal 311 TFLOPS (1.02x phase 08); 09-turns 401 TFLOPS
+    (0.97x phase 09, SLOWER than phase 09), causal 302 TFLOPS (0.97x phase 09, SLOWER than phase
+    09); 09-ws 378 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 289 TFLOPS (0.96x 09-turns,
+    SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 509 TFLOPS (1.44x phase 08), causal
+    418 TFLOPS (1.39x phase 08); 09-turns 488 TFLOPS (0.96x phase 09, SLOWER than phase 09), causal
+    402 TFLOPS (0.96x phase 09, SLOWER than phase 09); 09-ws 449 TFLOPS (0.92x 09-turns, SLOWER than
+    09-turns), causal 374 TFLOPS (0.93x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048
+    D=64 fp16: 09 371 TFLOPS (1.08x phase 08), causal 286 TFLOPS (0.98x phase 08, SLOWER than phase
+    08); 09-turns 360 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 276 TFLOPS (0.96x phase
+    09, SLOWER than phase 09); 09-ws 350 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 272
+    TFLOPS (0.99x 09-turns, SLOWER than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
