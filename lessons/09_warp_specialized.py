@@ -39,7 +39,12 @@
 #    of the tensor cores is paid once per 128 keys.
 # 7. **Overlap within a warpgroup** — a turn *issues* S = Q·Kᵀ of tile n and P·V of tile n − 1 and
 #    returns at once. The warpgroup waits for S alone (`wgmma.wait_group 1`), runs its softmax while the
-#    tensor cores are still adding P·V into O, and only then waits for O (`wait_group 0`).
+#    tensor cores are still adding P·V into O, and only then waits for O (`wait_group 0`). That is the
+#    PTX; the assembler moves the second wait up, ahead of the exp2s (the docstring shows where), so on
+#    the H100 what this buys is mostly the two products issued back to back.
+# 8. **A loop for the masked tiles** (D = 128) — only the last tiles of a causal row block, or the
+#    tile holding the end of the keys, need a mask. They run in a loop of their own, and the other
+#    tiles' softmax is compiled without the masking and its branches.
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the

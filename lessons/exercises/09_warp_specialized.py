@@ -308,7 +308,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
             p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
 
     @cuda.jit(device=True, inline=True)
-    def softmax_tile(s, p_frag, start_n, t, k_end_a, k_end_b, scale, m_a, m_b, l_a, l_b, may_mask):
+    def softmax_tile(s, start_n, t, k_end_a, k_end_b, scale, m_a, m_b, l_a, l_b, may_mask):
         """Phase 08's online softmax on S of the tile starting at key start_n (masking, row maxima,
         exp2 with the scale folded in): S holds P in fp32; returns the rows' new m_i, l_i and alpha.
         may_mask is a constant of the caller: False in the loop over tiles no row masks, where the
@@ -360,7 +360,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
         else:
             arrive(empty + 8 * prev)  # tile n - 1 is used up: its stage may be refilled
         store_tuple(s, s_tile)
-        m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, p_frag, n * BLOCK_N, t, k_end_a, k_end_b,
+        m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, n * BLOCK_N, t, k_end_a, k_end_b,
                                                             scale, m_a, m_b, l_a, l_b, may_mask)
         if overlap:
             store_tuple(acc, wait_o(p_prev, o_tile))  # P·V of tile n - 1 is done
@@ -473,7 +473,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
             if pingpong:
                 bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
             store_tuple(s, s_tile)
-            m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, p_frag, 0, t, k_end_a, k_end_b, scale,
+            m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, 0, t, k_end_a, k_end_b, scale,
                                                                 m_a, m_b, l_a, l_b, True)
             pack_p(s, p_frag)
 
