@@ -68,8 +68,9 @@ if which in ("all", "sweep"):
                 run(tag + f" maxreg128", KernelConfig(k2, cfg.block_m, cfg.n_threads, cfg.smem_bytes))
 if which == "07":
     # (BLOCK_M, BLOCK_N, warps): a warp owns BLOCK_M / (16 warps) m-tiles. These assemble for sm_90a
-    # without spills or local memory (BLOCK_N = 128 does not: its loops stay loops, S goes to local
-    # memory); the first of each list is the shape of the committed records before two m-tiles.
+    # without spills (BLOCK_N = 128 does not: its loops stay loops, S goes to local memory); on the
+    # H100 (128, 64, 4) took 16 B of local memory. p07_mma_sync.TILES holds the fastest of each list
+    # (its docstring quotes the run that chose them).
     P07 = {64: [(64, 64, 4), (128, 64, 4), (128, 64, 8), (128, 32, 4), (64, 32, 2), (256, 64, 8)],
            128: [(64, 64, 4), (128, 64, 8), (64, 32, 4)]}
     for bm, bn, nw in P07[D]:
