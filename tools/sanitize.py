@@ -21,9 +21,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("memcheck", "racecheck", "synccheck")
-# (B, H, S_q, S_k, D, causal): tails everywhere, S_q != S_k both ways, rows without keys, D 64 and 128
+# (B, H, S_q, S_k, D, causal): tails everywhere, S_q != S_k both ways, rows without keys, D 64 and 128.
+# The last one has 400 keys: phase 09 at D = 128 runs its tiles 1 and 2 in the loop without masks
+# (MASKED_LOOP) and tile 3 in the masked one; the shorter shapes reach the masked loop only
 SHAPES = ((1, 2, 77, 50, 64, True), (1, 1, 130, 130, 128, False), (2, 1, 33, 65, 64, True),
-          (1, 1, 70, 70, 128, True))
+          (1, 1, 70, 70, 128, True), (1, 1, 200, 400, 128, False))
 
 
 def child(kernel_ids) -> int:
@@ -62,6 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    from flashcore_numba.measure.bench import git_state
     from flashcore_numba.phases import KERNELS
 
     ids = args.kernels.split(",") if args.kernels else list(KERNELS)
@@ -84,6 +87,7 @@ def main(argv=None) -> int:
         log = args.out / f"{tool}.log"
         shown = ["compute-sanitizer", *cmd[1:7], "python", "tools/sanitize.py", *cmd[9:]]
         log.write_text(f"$ {' '.join(shown)}\n"
+                       f"code at commit {git_state()['git_commit']}\n"
                        f"{done.stdout}{done.stderr}exit status {done.returncode}\n")
         text = done.stdout + done.stderr  # racecheck sums up as "0 hazards displayed (0 errors, 0 warnings)"
         clean = done.returncode == 0 and ("ERROR SUMMARY: 0 errors" in text or "hazards displayed (0 errors" in text)
