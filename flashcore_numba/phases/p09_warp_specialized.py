@@ -69,7 +69,9 @@ Why the hardware rewards it
     below (this exp2; at D = 128 the masked loop as well): D = 64 fp16 358 -> 408 TFLOPS, causal
     275 -> 309 (now faster than phase 08's 300); D = 128 502 -> 549, causal 417 -> 436. At D = 128
     09-turns gained as much (488 -> 549): the two now run level, the overlap adds nothing there.
-    The bf16 D = 128 and grouped-query records below are still 38aa92d's.
+    The bf16 D = 128 and grouped-query records below are of commit 7d1070b, whose kernels are
+    those of bc3c341: bf16 D = 128 509 -> 554, causal 418 -> 440; grouped queries 371 -> 421, causal
+    286 -> 318 (now faster than phase 08's 314).
     What the overlap covers, read from the SASS (python -m flashcore_numba.measure.machine_code
     09 64 --sass): ptxas does not keep `wait_o` (WARPGROUP.DEPBAR.LE gsb0, 0x0) where the PTX
     has it, after the exp2s. Where the masking branches are compiled in, it sits at the top of
@@ -80,7 +82,16 @@ Why the hardware rewards it
     from issuing both products of a turn back to back, with no drained tensor pipe between them.
     A branch placed just before the wait (an experiment on the PTX) keeps it after the exp2s,
     but then S, P of tile n - 1 and O are live at once and ptxas spills (432 B at D = 64, 312 B at
-    D = 128) and serializes every wgmma (C7512, C7513).
+    D = 128) and serializes every wgmma (C7512, C7513). What does keep it in place is a barrier
+    that reads the softmax's result: `bar.red.and.pred` of the warpgroup's 128 threads on
+    "l_a + l_b >= 0", just before `wait_o` (an experiment, not in ptx/). The SASS then runs all
+    66 exp2s between the two waits, with no spills at D = 128 (24 B at D = 64) and no serialized
+    wgmma. It was not faster (ad-hoc, fp16, reference shape, interleaved rounds, each launch timed
+    alone, so host launch time included): D = 128 397 against 408 TFLOPS, causal 335 against 340;
+    D = 64 260 against 276. So P·V under the exp2s buys nothing here that the other consumers'
+    turns do not already give the tensor cores, and the barrier costs more than it hides. Two
+    running maxima and sums per row (dependency chains of 4 max instructions instead of 16) were
+    level too (D = 128 386-396 against 398, D = 64 320-324 against 320-325), and were not kept.
     The masked loop, timed alone before the records (ad-hoc, fp16, reference shape, 6 interleaved
     rounds of 10 launches, no L2 flush, on an H100 whose clock sat near 1.75 GHz): D = 128
     non-causal 424 TFLOPS against 390 without it (rounds 386-456 against 366-421), causal 260
@@ -100,14 +111,14 @@ Measured effect (written by `flashcore report` from the committed record; do not
     bf16: 09 412 TFLOPS (1.14x phase 08), causal 311 TFLOPS (1.02x phase 08); 09-turns 401 TFLOPS
     (0.97x phase 09, SLOWER than phase 09), causal 302 TFLOPS (0.97x phase 09, SLOWER than phase
     09); 09-ws 378 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 289 TFLOPS (0.96x 09-turns,
-    SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 509 TFLOPS (1.44x phase 08), causal
-    418 TFLOPS (1.39x phase 08); 09-turns 488 TFLOPS (0.96x phase 09, SLOWER than phase 09), causal
-    402 TFLOPS (0.96x phase 09, SLOWER than phase 09); 09-ws 449 TFLOPS (0.92x 09-turns, SLOWER than
-    09-turns), causal 374 TFLOPS (0.93x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048
-    D=64 fp16: 09 371 TFLOPS (1.08x phase 08), causal 286 TFLOPS (0.98x phase 08, SLOWER than phase
-    08); 09-turns 360 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 276 TFLOPS (0.96x phase
-    09, SLOWER than phase 09); 09-ws 350 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 272
-    TFLOPS (0.99x 09-turns, SLOWER than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 554 TFLOPS (1.58x phase 08), causal
+    440 TFLOPS (1.46x phase 08); 09-turns 549 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal
+    439 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 488 TFLOPS (0.89x 09-turns, SLOWER than
+    09-turns), causal 392 TFLOPS (0.89x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048
+    D=64 fp16: 09 421 TFLOPS (1.14x phase 08), causal 318 TFLOPS (1.01x phase 08); 09-turns 409
+    TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 310 TFLOPS (0.98x phase 09, SLOWER than
+    phase 09); 09-ws 386 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 297 TFLOPS (0.96x
+    09-turns, SLOWER than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,

@@ -69,8 +69,8 @@ Measured effect (written by `flashcore report` from the committed record; do not
     NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 269 TFLOPS (3.79x 06-inline),
     causal 229 TFLOPS (3.80x 06-inline); 128 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
     fp16: 07 257 TFLOPS (4.25x 06-inline), causal 224 TFLOPS (4.20x 06-inline). At B=16 H=16 S=2048
-    D=64 bf16: 07 273 TFLOPS, causal 231 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 255 TFLOPS,
-    causal 222 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 236 TFLOPS, causal 209 TFLOPS
+    D=64 bf16: 07 273 TFLOPS, causal 231 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 259 TFLOPS,
+    causal 226 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 279 TFLOPS, causal 239 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,

@@ -117,14 +117,14 @@ Measured effect (written by `flashcore report` from the committed record; do not
     bf16: 09 412 TFLOPS (1.14x phase 08), causal 311 TFLOPS (1.02x phase 08); 09-turns 401 TFLOPS
     (0.97x phase 09, SLOWER than phase 09), causal 302 TFLOPS (0.97x phase 09, SLOWER than phase
     09); 09-ws 378 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 289 TFLOPS (0.96x 09-turns,
-    SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 509 TFLOPS (1.44x phase 08), causal
-    418 TFLOPS (1.39x phase 08); 09-turns 488 TFLOPS (0.96x phase 09, SLOWER than phase 09), causal
-    402 TFLOPS (0.96x phase 09, SLOWER than phase 09); 09-ws 449 TFLOPS (0.92x 09-turns, SLOWER than
-    09-turns), causal 374 TFLOPS (0.93x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048
-    D=64 fp16: 09 371 TFLOPS (1.08x phase 08), causal 286 TFLOPS (0.98x phase 08, SLOWER than phase
-    08); 09-turns 360 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 276 TFLOPS (0.96x phase
-    09, SLOWER than phase 09); 09-ws 350 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 272
-    TFLOPS (0.99x 09-turns, SLOWER than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 554 TFLOPS (1.58x phase 08), causal
+    440 TFLOPS (1.46x phase 08); 09-turns 549 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal
+    439 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 488 TFLOPS (0.89x 09-turns, SLOWER than
+    09-turns), causal 392 TFLOPS (0.89x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048
+    D=64 fp16: 09 421 TFLOPS (1.14x phase 08), causal 318 TFLOPS (1.01x phase 08); 09-turns 409
+    TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 310 TFLOPS (0.98x phase 09, SLOWER than
+    phase 09); 09-ws 386 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 297 TFLOPS (0.96x
+    09-turns, SLOWER than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
