@@ -86,7 +86,9 @@ Why the hardware rewards it
     below (this exp2; at D = 128 the masked loop as well): D = 64 fp16 358 -> 408 TFLOPS, causal
     275 -> 309 (now faster than phase 08's 300); D = 128 502 -> 549, causal 417 -> 436. At D = 128
     09-turns gained as much (488 -> 549): the two now run level, the overlap adds nothing there.
-    The bf16 D = 128 and grouped-query records below are still 38aa92d's.
+    The bf16 D = 128 and grouped-query records below are of commit 7d1070b, whose kernels are
+    those of bc3c341: bf16 D = 128 509 -> 554, causal 418 -> 440; grouped queries 371 -> 421, causal
+    286 -> 318 (now faster than phase 08's 314).
     What the overlap covers, read from the SASS (python -m flashcore_numba.measure.machine_code
     09 64 --sass): ptxas does not keep `wait_o` (WARPGROUP.DEPBAR.LE gsb0, 0x0) where the PTX
     has it, after the exp2s. Where the masking branches are compiled in, it sits at the top of
@@ -97,7 +99,16 @@ Why the hardware rewards it
     from issuing both products of a turn back to back, with no drained tensor pipe between them.
     A branch placed just before the wait (an experiment on the PTX) keeps it after the exp2s,
     but then S, P of tile n - 1 and O are live at once and ptxas spills (432 B at D = 64, 312 B at
-    D = 128) and serializes every wgmma (C7512, C7513).
+    D = 128) and serializes every wgmma (C7512, C7513). What does keep it in place is a barrier
+    that reads the softmax's result: `bar.red.and.pred` of the warpgroup's 128 threads on
+    "l_a + l_b >= 0", just before `wait_o` (an experiment, not in ptx/). The SASS then runs all
+    66 exp2s between the two waits, with no spills at D = 128 (24 B at D = 64) and no serialized
+    wgmma. It was not faster (ad-hoc, fp16, reference shape, interleaved rounds, each launch timed
+    alone, so host launch time included): D = 128 397 against 408 TFLOPS, causal 335 against 340;
+    D = 64 260 against 276. So P·V under the exp2s buys nothing here that the other consumers'
+    turns do not already give the tensor cores, and the barrier costs more than it hides. Two
+    running maxima and sums per row (dependency chains of 4 max instructions instead of 16) were
+    level too (D = 128 386-396 against 398, D = 64 320-324 against 320-325), and were not kept.
     The masked loop, timed alone before the records (ad-hoc, fp16, reference shape, 6 interleaved
     rounds of 10 launches, no L2 flush, on an H100 whose clock sat near 1.75 GHz): D = 128
     non-causal 424 TFLOPS against 390 without it (rounds 386-456 against 366-421), causal 260
