@@ -62,7 +62,9 @@ Why the hardware rewards it
     Numba's math.exp2): D = 64 fp16 231 -> 269 TFLOPS, causal 203 -> 229 (exp2 and 8 warps);
     D = 128 255 -> 257, causal 220 -> 224 (exp2 alone). Still short of torch SDPA's flash
     backend in the same runs: 298 / 262 at D = 64, 354 / 304 at D = 128. The bf16 D = 128 and
-    grouped-query records below are still 38aa92d's.
+    grouped-query records below are of commit 7d1070b (the kernels of bc3c341): bf16 D = 128
+    251 -> 259, causal 220 -> 226; grouped queries 236 -> 279, causal 209 -> 239 (SDPA flash there:
+    307 / 276).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]

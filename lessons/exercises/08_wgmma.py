@@ -48,7 +48,9 @@ Why the hardware rewards it
     it was this kernel's only change between the records of commit 38aa92d (Numba's math.exp2)
     and those of bc3c341 below: D = 64 fp16 332 -> 357 TFLOPS, causal 280 -> 300; bf16 333 -> 362,
     causal 281 -> 304; at D = 128, where the softmax is a smaller share of the work, 355 -> 350 and
-    299 -> 297 (no gain). The bf16 D = 128 and grouped-query records below are still 38aa92d's.
+    299 -> 297 (no gain). The bf16 D = 128 and grouped-query records below are of commit 7d1070b
+    (the kernels of bc3c341): bf16 D = 128 353 -> 350, causal 299 -> 301; grouped queries
+    343 -> 368, causal 289 -> 314.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
