@@ -4,9 +4,18 @@ CPU by default: unless FLASHCORE_GPU=1 is set, the whole session runs in Numba's
 simulator (NUMBA_ENABLE_CUDASIM=1), which must be chosen before numba.cuda is imported.
 Tests marked `gpu` need a real GPU and skip, with the reason, in the simulator. On a GPU
 machine: `FLASHCORE_GPU=1 python -m pytest -m gpu`.
+
+Background jobs (simulator sessions only). The longest work of the suite runs in child processes:
+the exercise grader, the lesson notebooks, `flashcore run`. The simulator is bound to one core by
+the GIL, so while this process runs the other tests a second core sits idle. A test module may
+define `start_background(items, pool)`: it is called once the session's tests are known, submits
+its child processes to one shared pool (a worker per core) and returns what its fixture hands to
+its tests. The tests that read such jobs (they use a fixture named in BACKGROUND_FIXTURES) run
+last, so that the jobs have had the whole session to finish.
 """
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 if os.environ.get("FLASHCORE_GPU", "0") in ("", "0"):
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
@@ -16,7 +25,13 @@ import pytest  # noqa: E402
 from flashcore_numba.arch.sim import simulator_enabled  # noqa: E402
 
 
+BACKGROUND_FIXTURES = {"runs", "executed", "flashcore_run"}
+BACKGROUND = pytest.StashKey[tuple]()
+
+
 def pytest_collection_modifyitems(config, items):
+    if simulator_enabled():  # the tests waiting for background jobs last (a stable sort keeps the order)
+        items.sort(key=lambda item: bool(BACKGROUND_FIXTURES & set(getattr(item, "fixturenames", ()))))
     if not simulator_enabled():
         from numba import cuda
 
@@ -29,3 +44,34 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    """Start every module's background jobs (see the module docstring); simulator sessions only:
+    on a GPU the timing checks must not share the GPU with other processes."""
+    if not simulator_enabled() or not session.items or session.config.option.collectonly:
+        return
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    started = {}
+    for module in dict.fromkeys(getattr(item, "module", None) for item in session.items):
+        start = getattr(module, "start_background", None)
+        if start is not None:
+            started[module.__name__] = start(session.items, pool)
+    session.config.stash[BACKGROUND] = (pool, started)
+
+
+@pytest.fixture(scope="module")
+def background(request):
+    """What the requesting module's start_background returned, or None (not started: a GPU session)."""
+    _, started = request.config.stash.get(BACKGROUND, (None, {}))
+    return started.get(request.module.__name__)
+
+
+def pytest_sessionfinish(session):
+    pool, started = session.config.stash.get(BACKGROUND, (None, {}))
+    for jobs in started.values():
+        close = getattr(jobs, "close", None)
+        if close is not None:
+            close()
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)

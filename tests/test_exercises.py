@@ -13,8 +13,9 @@ Two kinds of test:
   `gpu` and run with FLASHCORE_GPU=1 on a GPU machine.
 
 The grader runs as a subprocess per (phase, stub or solution), exactly as a student runs it;
-in the simulator two at a time, one per CI core (the simulator is bound to one core by the
-GIL). Each subprocess writes its results as JSON, which the per-check tests read.
+in the simulator they start as soon as the session's tests are known, in the shared pool of
+background jobs (the root conftest.py), one per core. Each subprocess writes its results as
+JSON, which the per-check tests read.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,13 +194,15 @@ class Run:
 class GraderRuns:
     """Grader subprocesses, started together when the first test needs one, waited for per test."""
 
-    def __init__(self, workdir: Path, phase_ids):
+    def __init__(self, workdir: Path, phase_ids, pool: ThreadPoolExecutor | None = None):
         self.workdir = workdir
         self.futures: dict[tuple[str, str], Future] = {}
         self.procs: list[subprocess.Popen] = []
+        self.closed = False
         # Timing checks must not share the GPU with another grader; simulator runs use every core.
         workers = 1 if not simulator_enabled() else max(1, os.cpu_count() or 1)
-        self.pool = ThreadPoolExecutor(max_workers=workers)
+        self.own_pool = pool is None
+        self.pool = ThreadPoolExecutor(max_workers=workers) if pool is None else pool
         jobs = []
         for pid in phase_ids:
             jobs += [(pid, "solution"), (pid, "stub")] + ([(pid, "wrong")] if pid in WRONG_ANSWER else [])
@@ -229,6 +234,8 @@ class GraderRuns:
         return argv + ["--json", str(out)], cwd, env, out
 
     def _run(self, pid: str, variant: str) -> Run:
+        if self.closed:
+            raise RuntimeError("the session is over")
         argv, cwd, env, out = self._command(pid, variant)
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.procs.append(proc)
@@ -245,19 +252,22 @@ class GraderRuns:
         return self.futures[pid, variant].result()
 
     def close(self):
+        self.closed = True
         for future in self.futures.values():
             future.cancel()
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
-        self.pool.shutdown(wait=True)
+        if self.own_pool:
+            self.pool.shutdown(wait=True)
+        else:  # a background job's folder (tempfile), not pytest's
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def runs(request, tmp_path_factory):
-    # Start only the phases this session's selected tests ask about (e.g. `-k 03`).
+def _wanted(items) -> list[str]:
+    """The phases the selected tests ask about (e.g. only 03 under `-k 03`)."""
     wanted = set()
-    for item in request.session.items:
+    for item in items:
         if "runs" not in getattr(item, "fixturenames", ()):
             continue
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -267,7 +277,21 @@ def runs(request, tmp_path_factory):
                 wanted.add(_stub_proof(params["phase_id"], params["check_name"])[0])
         if item.name.startswith("test_grade_03"):
             wanted.add("03")
-    graders = GraderRuns(tmp_path_factory.mktemp("graded"), sorted(wanted))
+    return sorted(wanted)
+
+
+def start_background(items, pool):
+    """The grader runs, started in the session's pool of background jobs (see conftest.py)."""
+    wanted = _wanted(items)
+    return GraderRuns(Path(tempfile.mkdtemp(prefix="graded")), wanted, pool) if wanted else None
+
+
+@pytest.fixture(scope="module")
+def runs(request, background, tmp_path_factory):
+    if background is not None:  # started when the session's tests were known
+        yield background
+        return
+    graders = GraderRuns(tmp_path_factory.mktemp("graded"), _wanted(request.session.items))
     yield graders
     graders.close()
 

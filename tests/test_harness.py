@@ -392,13 +392,30 @@ def test_doctor_without_gpu():
             assert any(line.startswith("WARN GPU") for line in lines)
 
 
-def test_run_without_gpu():
+def _flashcore_run() -> subprocess.CompletedProcess:
+    has_gpu = shutil.which("nvidia-smi") is not None
+    return subprocess.run([sys.executable, "-m", "flashcore_numba", "run"], env=_cli_env(simulator=has_gpu),
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+def start_background(items, pool):
+    """`flashcore run` in the session's pool of background jobs (conftest.py), if its test is selected."""
+    if any("flashcore_run" in getattr(item, "fixturenames", ()) for item in items):
+        return pool.submit(_flashcore_run)
+    return None
+
+
+@pytest.fixture(scope="module")
+def flashcore_run(background):
+    return background.result() if background is not None else _flashcore_run()
+
+
+def test_run_without_gpu(flashcore_run):
     """`flashcore run` on a CPU machine: every phase correct in the simulator, and it says that
     simulator timings mean nothing. Without a GPU the child starts with the simulator off, so
     this also covers run re-launching itself in the simulator."""
     has_gpu = shutil.which("nvidia-smi") is not None
-    done = subprocess.run([sys.executable, "-m", "flashcore_numba", "run"], env=_cli_env(simulator=has_gpu),
-                          capture_output=True, text=True, timeout=600, check=False)
+    done = flashcore_run
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     if not has_gpu:

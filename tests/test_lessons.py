@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -132,16 +133,53 @@ def test_main_check_passes(capsys):
     assert lessons.main(["--check"]) == 0
 
 
-@pytest.fixture(scope="module")
-def executed(tmp_path_factory):
-    """Every lesson executed from a temporary copy, two at a time (a kernel is one busy process)."""
-    def run(pid):
-        py = tmp_path_factory.mktemp(f"lesson{pid}") / notebooks.lesson_path(pid).name
-        shutil.copy(notebooks.lesson_path(pid), py)
-        return py, lessons.execute([py], timeout=300)
+def _execute(pid, folder: Path):
+    """Lesson pid executed from a copy in folder: (its copy, the failures)."""
+    py = folder / notebooks.lesson_path(pid).name
+    shutil.copy(notebooks.lesson_path(pid), py)
+    return py, lessons.execute([py], timeout=300)
 
+
+def _lessons_wanted(items):
+    return sorted({item.callspec.params["pid"] for item in items
+                   if "executed" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")})
+
+
+class BackgroundLessons:
+    """The lessons the selected tests execute, submitted to the session's pool of background jobs
+    (conftest.py), each from a copy in a folder of its own."""
+
+    def __init__(self, wanted, pool):
+        self.folder = Path(tempfile.mkdtemp(prefix="lessons"))
+        self.futures = {}
+        for pid in wanted:
+            (self.folder / pid).mkdir()
+            self.futures[pid] = pool.submit(_execute, pid, self.folder / pid)
+
+    def results(self):
+        return {pid: future.result() for pid, future in self.futures.items()}
+
+    def close(self):
+        for future in self.futures.values():
+            future.cancel()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def start_background(items, pool):
+    wanted = _lessons_wanted(items)
+    return BackgroundLessons(wanted, pool) if wanted else None
+
+
+@pytest.fixture(scope="module")
+def executed(request, background, tmp_path_factory):
+    """Every lesson executed from a temporary copy, in the background when the session started
+    (else here, two at a time: a kernel is one busy process)."""
+    if background is not None:
+        return background.results()
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(sorted(PHASES), pool.map(run, sorted(PHASES))))
+        wanted = _lessons_wanted(request.session.items)
+        folders = [tmp_path_factory.mktemp(f"lesson{pid}") for pid in wanted]
+        return dict(zip(wanted, pool.map(_execute, wanted, folders)))
 
 
 @pytest.mark.slow
