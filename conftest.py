@@ -24,7 +24,6 @@ import pytest  # noqa: E402
 
 from flashcore_numba.arch.sim import simulator_enabled  # noqa: E402
 
-
 BACKGROUND_FIXTURES = {"runs", "executed", "flashcore_run"}
 BACKGROUND = pytest.StashKey[tuple]()
 

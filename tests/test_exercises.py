@@ -192,7 +192,8 @@ class Run:
 
 
 class GraderRuns:
-    """Grader subprocesses, started together when the first test needs one, waited for per test."""
+    """Grader subprocesses, started together (in the simulator, once the session's tests are known;
+    on a GPU, when the first test needs one, in a pool of their own), waited for per test."""
 
     def __init__(self, workdir: Path, phase_ids, pool: ThreadPoolExecutor | None = None):
         self.workdir = workdir
