@@ -1,7 +1,8 @@
 """Sweep tile configurations of phases 02-05 and 07 on a GPU; check each against torch and time it.
 
-A tuning aid, not the benchmark: it times without an L2 flush and with 10 runs. The logs of the
-sweeps that chose the shapes in phases 02-05 are in docs/tuning/. Run on a GPU machine:
+A tuning aid, not the benchmark: it times without an L2 flush, 10 launches queued between two
+events, median of 3. The logs of the sweeps that chose the shapes in phases 02-05 are in
+docs/tuning/. Run on a GPU machine:
 
     python3 tools/sweep_tiles.py [phases|sweep|all]      # D=64;  D=128 python3 tools/sweep_tiles.py sweep
     python3 tools/sweep_tiles.py 07                      # phase 07's (BLOCK_M, BLOCK_N, warps); D=128 too
@@ -27,11 +28,16 @@ def check_and_time(cfg, causal, reps=10):
     err = (o.float() - refs[causal]).abs().max().item()
     if not math.isfinite(err) or err > 5e-3:
         return err, float("nan")
+    # launches queued back to back between two events, so that the host's launch time (about
+    # 0.3 ms for a Numba launch) hides behind the kernels: a kernel timed alone would include it
     st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
-    for _ in range(reps):
-        st.record(); cfg.launch(dq, dk, dv, do, causal, qk_scale); en.record(); torch.cuda.synchronize()
-        ts.append(st.elapsed_time(en))
+    for _ in range(3):
+        st.record()
+        for _ in range(reps):
+            cfg.launch(dq, dk, dv, do, causal, qk_scale)
+        en.record(); torch.cuda.synchronize()
+        ts.append(st.elapsed_time(en) / reps)
     ms = float(np.median(ts))
     flops = 4 * B * H * S * S * D * (0.5 if causal else 1)
     return err, flops / ms / 1e9
@@ -71,10 +77,15 @@ if which == "07":
     # without spills (BLOCK_N = 128 does not: its loops stay loops, S goes to local memory); on the
     # H100 (128, 64, 4) took 16 B of local memory. p07_mma_sync.TILES holds the fastest of each list
     # (its docstring quotes the run that chose them).
-    P07 = {64: [(64, 64, 4), (128, 64, 4), (128, 64, 8), (128, 32, 4), (64, 32, 2), (256, 64, 8)],
-           128: [(64, 64, 4), (128, 64, 8), (64, 32, 4)]}
-    for bm, bn, nw in P07[D]:
+    # (BLOCK_M, BLOCK_N, warps, register cap or 0): a cap of 128 lets two blocks of 8 warps share an SM
+    P07 = {64: [(128, 64, 8, 0), (128, 64, 8, 128), (64, 64, 4, 0), (128, 64, 4, 0), (128, 32, 4, 0)],
+           128: [(64, 64, 4, 0), (128, 64, 8, 0), (128, 64, 8, 128), (64, 32, 4, 0)]}
+    for bm, bn, nw, cap in P07[D]:
         L = p7.layout(D, bm, bn, nw)
-        run(f"07 D{D} bm{bm} bn{bn} w{nw} m_tiles{L['M_TILES']}", p7.build_kernel(L))
+        cfg = p7.build_kernel(L)
+        if cap:
+            cfg = KernelConfig(cuda.jit(max_registers=cap)(cfg.kernel.py_func), cfg.block_m, cfg.n_threads,
+                               cfg.smem_bytes, packed_output=cfg.packed_output)
+        run(f"07 D{D} bm{bm} bn{bn} w{nw} m_tiles{L['M_TILES']}" + (f" cap{cap}" if cap else ""), cfg)
 print("\n==== summary ====")
 for r in rows: print(r)
