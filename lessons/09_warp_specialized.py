@@ -46,7 +46,10 @@
 #    while one warpgroup waits, the other consumers' products keep the tensor cores busy anyway.
 # 8. **A loop for the masked tiles** (D = 128) — only the last tiles of a causal row block, or the
 #    tile holding the end of the keys, need a mask. They run in a loop of their own, and the other
-#    tiles' softmax is compiled without the masking and its branches.
+#    tiles' softmax is compiled without the masking and its branches. At D = 64 a second copy of the
+#    softmax spills, so every tile runs one loop; there the question "does this tile need a mask?" is
+#    asked once, as one branch around the whole masking loop. Asked in each of S's 16 column blocks,
+#    it cost D = 64 8 % of its speed (the kernel's docstring has the profile and the records).
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the

@@ -37,12 +37,12 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 357 TFLOPS (1.33x phase 07),
-    causal 300 TFLOPS (1.31x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 362 TFLOPS (1.32x phase 07),
+    causal 303 TFLOPS (1.30x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
     fp16: 08 350 TFLOPS (1.36x phase 07), causal 297 TFLOPS (1.33x phase 07). At B=16 H=16 S=2048
-    D=64 bf16: 08 362 TFLOPS (1.33x phase 07), causal 304 TFLOPS (1.32x phase 07). At B=16 H=16
+    D=64 bf16: 08 362 TFLOPS (1.33x phase 07), causal 303 TFLOPS (1.32x phase 07). At B=16 H=16
     S=2048 D=128 bf16: 08 350 TFLOPS (1.35x phase 07), causal 301 TFLOPS (1.33x phase 07). At B=16
-    H=32 H_kv=8 S=2048 D=64 fp16: 08 368 TFLOPS (1.32x phase 07), causal 314 TFLOPS (1.31x phase 07)
+    H=32 H_kv=8 S=2048 D=64 fp16: 08 370 TFLOPS (1.33x phase 07), causal 313 TFLOPS (1.32x phase 07)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,

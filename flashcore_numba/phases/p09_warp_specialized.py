@@ -97,27 +97,47 @@ Why the hardware rewards it
     non-causal 424 TFLOPS against 390 without it (rounds 386-456 against 366-421), causal 260
     against 260; Nsight Compute timed one launch at 1.03 ms against 1.08. At D = 64: 311 / 203
     against 312 / 209, so D = 64 keeps one loop.
+    One branch for the masking. Until commit c37da00 the test "does this tile need a mask" sat
+    inside the loop over S's 16 column blocks: 16 branches per tile, taken or not, in every tile at
+    D = 64 (one loop). Nsight Compute against cuDNN's kernel (docs/tuning/09_ncu_vs_cudnn.txt)
+    showed 6 % of 09's instructions were branches at D = 64 (cuDNN under 1 %), stalls on branch
+    resolution and on a missing instruction, and 13 % more instructions in all. With one branch
+    around the masking loop (mask_and_max), the records of commit 279a39d against those of bc3c341
+    and 7d1070b: D = 64 fp16 408 -> 446 TFLOPS, causal 309 -> 331; bf16 D = 64 412 -> 450, causal
+    311 -> 331; grouped queries 421 -> 459, causal 318 -> 338. D = 128 runs its unmasked tiles in
+    the MASKED_LOOP copy, where the branches were compiled out already: an A/B there was level (ad
+    hoc, queued launches: 481 against 485, causal 390 against 385). The masked loop at D = 64 with
+    one branch spilled 48 B and ran 397 against 420 (same A/B), so D = 64 keeps one loop. What still
+    separates 09 from cuDNN in that profile: cuDNN runs one persistent block per SM (132 blocks of
+    384 threads, two consumers at D = 64 as at D = 128), and 09 keeps the uniform datapath far
+    busier (14 % of its issue slots against 4 %).
+    Tried and not kept: a share of the exp2s on the FMA pipe (a degree-3 polynomial for 2^f and
+    the exponent added as an integer, nine instructions instead of one MUFU.EX2, as FlashAttention
+    4 does on Blackwell). Every share was slower (ad hoc A/B, queued launches, D = 64: 391 with
+    none, 375 with 1/8, 358 with 1/4, 333 with 1/2; D = 128: 461, 461, 460, 435): at 16 exp2s per
+    clock per SM the MUFU keeps pace with the tensor cores here, and the issue slots do not
+    have nine instructions to spare per score.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 408 TFLOPS (1.14x phase 08),
-    causal 309 TFLOPS (1.03x phase 08); 128 registers, 0 B local memory. 09-turns: 395 TFLOPS (0.97x
-    phase 09, SLOWER than phase 09), causal 297 TFLOPS (0.96x phase 09, SLOWER than phase 09).
-    09-ws: 373 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 253 TFLOPS (0.85x 09-turns,
+    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 446 TFLOPS (1.23x phase 08),
+    causal 331 TFLOPS (1.09x phase 08); 128 registers, 0 B local memory. 09-turns: 431 TFLOPS (0.97x
+    phase 09, SLOWER than phase 09), causal 322 TFLOPS (0.97x phase 09, SLOWER than phase 09).
+    09-ws: 409 TFLOPS (0.95x 09-turns, SLOWER than 09-turns), causal 308 TFLOPS (0.96x 09-turns,
     SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 549 TFLOPS (1.57x phase 08), causal
     436 TFLOPS (1.47x phase 08); 09-turns 549 TFLOPS (1.00x phase 09, SLOWER than phase 09), causal
     435 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 486 TFLOPS (0.88x 09-turns, SLOWER than
     09-turns), causal 389 TFLOPS (0.90x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64
-    bf16: 09 412 TFLOPS (1.14x phase 08), causal 311 TFLOPS (1.02x phase 08); 09-turns 401 TFLOPS
-    (0.97x phase 09, SLOWER than phase 09), causal 302 TFLOPS (0.97x phase 09, SLOWER than phase
-    09); 09-ws 378 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 289 TFLOPS (0.96x 09-turns,
+    bf16: 09 450 TFLOPS (1.24x phase 08), causal 331 TFLOPS (1.09x phase 08); 09-turns 434 TFLOPS
+    (0.96x phase 09, SLOWER than phase 09), causal 321 TFLOPS (0.97x phase 09, SLOWER than phase
+    09); 09-ws 409 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 307 TFLOPS (0.96x 09-turns,
     SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 554 TFLOPS (1.58x phase 08), causal
     440 TFLOPS (1.46x phase 08); 09-turns 549 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal
     439 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 488 TFLOPS (0.89x 09-turns, SLOWER than
     09-turns), causal 392 TFLOPS (0.89x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048
-    D=64 fp16: 09 421 TFLOPS (1.14x phase 08), causal 318 TFLOPS (1.01x phase 08); 09-turns 409
-    TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 310 TFLOPS (0.98x phase 09, SLOWER than
-    phase 09); 09-ws 386 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 297 TFLOPS (0.96x
+    D=64 fp16: 09 459 TFLOPS (1.24x phase 08), causal 338 TFLOPS (1.08x phase 08); 09-turns 442
+    TFLOPS (0.96x phase 09, SLOWER than phase 09), causal 330 TFLOPS (0.97x phase 09, SLOWER than
+    phase 09); 09-ws 417 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 317 TFLOPS (0.96x
     09-turns, SLOWER than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
@@ -264,8 +284,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
         """Column blocks j0 .. j0 + HALF - 1 of S: keys past a row's last one set to -inf, the
         rows' maxima taken. Why halves: LLVM unrolls a loop of 8 blocks fully, one of 16 (128
         keys) it leaves a loop; s indexed at run time would be put in local memory. The masking
-        is one branch around its whole loop: a branch in each block (16 per tile, taken or not
-        in every tile) cost D = 64 8 % of its speed, which runs every tile through this code."""
+        is one branch around its whole loop: a branch in each block (16 per tile, taken or not)
+        cost D = 64, which runs every tile through this code, 8 % of its speed (docstring)."""
         if masked:
             for j in range(j0, j0 + HALF):
                 col = start_n + j * MMA_N + 2 * t

@@ -65,14 +65,27 @@ Why the hardware rewards it
     grouped-query records below are of commit 7d1070b (the kernels of bc3c341): bf16 D = 128
     251 -> 259, causal 220 -> 226; grouped queries 236 -> 279, causal 209 -> 239 (SDPA flash there:
     307 / 276).
+    Why still short, from Nsight Compute beside SDPA flash's kernel at D = 128
+    (docs/tuning/07_ncu_vs_sdpa_flash.txt): FA2 runs 128 rows in 4 warps, two m-tiles per warp,
+    so every K or V fragment an ldmatrix brings feeds two products, and each block reads K and V
+    for twice as many rows; 07 reads K/V for 64 rows and feeds one product per fragment, and its
+    L2 throughput is 70 % against FA2's 31 %, its tensor pipe 40 % busy against 56 %. FA2 fits
+    its layout in 255 registers by reading Q's fragments from shared memory at every k-step
+    instead of holding them. That layout was built here (Q re-read, P·V written as two loops of
+    half the columns so that NVVM unrolls them) and did not fit: quick timings of
+    tools/sweep_tiles.py on the H100, D = 128 128 rows in 4 warps 245 / 201 TFLOPS with 56 B of
+    local memory, against 250 / 213 for this kernel; D = 64 128 rows and 128 keys in 4 warps
+    215 / 179 (72 B of local memory), 128 rows and 64 keys 227 / 189 (none), against 263 / 219.
+    Not kept. Nor was one branch around the masking (as phase 09 now has): here it was slower at
+    D = 64, 208 against 256 (ad hoc, queued launches), and level at D = 128.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 269 TFLOPS (3.79x 06-inline),
-    causal 229 TFLOPS (3.80x 06-inline); 128 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 273 TFLOPS (3.83x 06-inline),
+    causal 233 TFLOPS (3.80x 06-inline); 128 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
     fp16: 07 257 TFLOPS (4.25x 06-inline), causal 224 TFLOPS (4.20x 06-inline). At B=16 H=16 S=2048
-    D=64 bf16: 07 273 TFLOPS, causal 231 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 259 TFLOPS,
-    causal 226 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 279 TFLOPS, causal 239 TFLOPS
+    D=64 bf16: 07 273 TFLOPS, causal 230 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 259 TFLOPS,
+    causal 226 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 279 TFLOPS, causal 238 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
