@@ -349,7 +349,9 @@ def test_cli_gpu_paths_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
 
     monkeypatch.setattr(cli, "kernel_target", lambda: "gpu")
     monkeypatch.setattr(bench, "open_device", FakeTimedDevice)
-    monkeypatch.setattr(cli, "PHASES", {pid: PHASES[pid] for pid in ("01", "02")})  # keep it quick
+    # keep it quick: `run` checks every kernel (KERNELS), `bench` every phase; two of each here
+    monkeypatch.setattr(cli, "PHASES", {pid: PHASES[pid] for pid in ("01", "02")})
+    monkeypatch.setattr(cli, "KERNELS", {pid: PHASES[pid] for pid in ("01", "02")})
     monkeypatch.setenv("COLUMNS", "250")  # rich: no wrapping inside table cells
     out = tmp_path / "record.json"
     argv = ["bench", "--phases", "01", "--shape", "1,1,16,64", "--peers", "flash", "--out", str(out)]

@@ -125,7 +125,7 @@ def run_bf16(phase, q, k, v, causal):
 
 @pytest.mark.parametrize("phase", BF16_PHASES)
 @pytest.mark.parametrize("shape,seq_k,causal", [
-    pytest.param((1, 2, 40, 64), 37, False, id="S_q=40 S_k=37"),
+    pytest.param((1, 1, 40, 64), 37, False, id="S_q=40 S_k=37"),
     pytest.param((1, 1, 33, 128), 50, True, id="D=128 S_q=33 S_k=50 causal"),
 ])
 def test_bf16_matches_reference(phase, shape, seq_k, causal):
