@@ -7,12 +7,12 @@ docs/tuning/. Run on a GPU machine:
     python3 tools/sweep_tiles.py [phases|sweep|all]      # D=64;  D=128 python3 tools/sweep_tiles.py sweep
     python3 tools/sweep_tiles.py 07                      # phase 07's (BLOCK_M, BLOCK_N, warps); D=128 too
 """
-import sys, time, math, json, os
+import sys, time, math, json, os, dataclasses
 import numpy as np, torch
 from numba import cuda
 from flashcore_numba.phases import PHASES, p02_smem_tiling as p2, p03_warp_shuffle as p3, p05_double_buffer as p5
 from flashcore_numba.phases import p07_mma_sync as p7
-from flashcore_numba.phases.common import LOG2E, KernelConfig
+from flashcore_numba.phases.common import LOG2E
 
 B, H, S, D = 16, 16, 2048, int(os.environ.get("D", "64"))
 torch.manual_seed(0)
@@ -43,6 +43,9 @@ def check_and_time(cfg, causal, reps=10):
     return err, flops / ms / 1e9
 
 rows = []
+def capped(cfg, cap):
+    """cfg's kernel compiled again with at most `cap` registers per thread (the rest unchanged)."""
+    return dataclasses.replace(cfg, kernel=cuda.jit(max_registers=cap)(cfg.kernel.py_func))
 def one(x):
     return list(x.values())[0] if isinstance(x, dict) else x
 def run(name, cfg):
@@ -70,22 +73,19 @@ if which in ("all", "sweep"):
             tag = f"{name} D{D} bm{bm} bn{bn} w{nw} lpr{lpr} pad{pad_}"
             run(tag, cfg)
             if stages == 2 and nw == 8:
-                k2 = cuda.jit(max_registers=128)(cfg.kernel.py_func)
-                run(tag + f" maxreg128", KernelConfig(k2, cfg.block_m, cfg.n_threads, cfg.smem_bytes))
+                run(tag + " maxreg128", capped(cfg, 128))
 if which == "07":
-    # (BLOCK_M, BLOCK_N, warps): a warp owns BLOCK_M / (16 warps) m-tiles. These assemble for sm_90a
-    # without spills (BLOCK_N = 128 does not: its loops stay loops, S goes to local memory); on the
-    # H100 (128, 64, 4) took 16 B of local memory. p07_mma_sync.TILES holds the fastest of each list
-    # (its docstring quotes the run that chose them).
-    # (BLOCK_M, BLOCK_N, warps, register cap or 0): a cap of 128 lets two blocks of 8 warps share an SM
+    # (BLOCK_M, BLOCK_N, warps, register cap or 0): a warp owns BLOCK_M / (16 warps) m-tiles; a cap
+    # of 128 lets two blocks of 8 warps share an SM. These assemble for sm_90a without spills
+    # (BLOCK_N = 128 does not: its loops stay loops, S goes to local memory); on the H100 (128, 64, 4)
+    # took 16 B of local memory. p07_mma_sync.TILES holds the fastest of each list (its docstring
+    # quotes the run that chose them).
     P07 = {64: [(128, 64, 8, 0), (128, 64, 8, 128), (64, 64, 4, 0), (128, 64, 4, 0), (128, 32, 4, 0)],
            128: [(64, 64, 4, 0), (128, 64, 8, 0), (128, 64, 8, 128), (64, 32, 4, 0)]}
     for bm, bn, nw, cap in P07[D]:
         L = p7.layout(D, bm, bn, nw)
         cfg = p7.build_kernel(L)
-        if cap:
-            cfg = KernelConfig(cuda.jit(max_registers=cap)(cfg.kernel.py_func), cfg.block_m, cfg.n_threads,
-                               cfg.smem_bytes, packed_output=cfg.packed_output)
-        run(f"07 D{D} bm{bm} bn{bn} w{nw} m_tiles{L['M_TILES']}" + (f" cap{cap}" if cap else ""), cfg)
+        run(f"07 D{D} bm{bm} bn{bn} w{nw} m_tiles{L['M_TILES']}" + (f" cap{cap}" if cap else ""),
+            capped(cfg, cap) if cap else cfg)
 print("\n==== summary ====")
 for r in rows: print(r)
