@@ -251,8 +251,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             masked = start_n + BLOCK_N > min(k_end_a, k_end_b)
             m_ij_a = float32(-math.inf)
             m_ij_b = float32(-math.inf)
-            for j in range(NT):
-                if masked:
+            if masked:  # one branch around the loop, not one per column block (see the changelog)
+                for j in range(NT):
                     col = start_n + j * MMA_N + 2 * t
                     if col >= k_end_a:
                         s[j, 0] = float32(-math.inf)
@@ -262,6 +262,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
                         s[j, 2] = float32(-math.inf)
                     if col + 1 >= k_end_b:
                         s[j, 3] = float32(-math.inf)
+            for j in range(NT):
                 m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
                 m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
             # >>> exercise 08-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
