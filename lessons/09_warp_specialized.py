@@ -50,6 +50,11 @@
 #    softmax spills, so every tile runs one loop; there the question "does this tile need a mask?" is
 #    asked once, as one branch around the whole masking loop. Asked in each of S's 16 column blocks,
 #    it cost D = 64 8 % of its speed (the kernel's docstring has the profile and the records).
+# 9. **Persistent blocks** — one block per SM instead of one per query block. The producer takes the
+#    next query block from a counter in global memory (an atomic addition), the longest first, and tells
+#    the consumers which one it is through a slot of shared memory. Q is released as soon as a block's
+#    last S is done, so the next block's Q and first K/V tiles are loading while the consumers finish
+#    and write O: a block's start-up and its end are paid once per SM, not once per query block.
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
@@ -90,6 +95,8 @@ notebooks.draw_warp_specialization()
 # `n % STAGES` for the `n // STAGES`-th time, so the consumers wait on "full" with parity
 # `(n // STAGES) % 2`. The producer waits on "empty" with the opposite parity: on a fresh barrier the
 # phase of parity 1 counts as completed, so the first round of stages is free without anyone arriving.
+# A persistent block numbers its tiles on across the query blocks it takes (the kernel's `r`), and Q
+# gets a pair of barriers of its own, "q_full" and "q_empty", used once per query block.
 #
 # The functions, from [ptx/tma.ptx](../ptx/tma.ptx) — the TMA load and the wait:
 
@@ -165,8 +172,8 @@ lesson.check()
 # ## How fast is it? One row per idea
 #
 # `09-ws` is the producer and the ring alone, consumers without turns; `09-turns` adds the turns, each
-# product awaited before the softmax; `09` adds the overlap within a warpgroup. Each row is measured in
-# the same run.
+# product awaited before the softmax; `09-overlap` adds the overlap within a warpgroup; `09` runs that
+# kernel on the persistent grid. Each row is measured in the same run.
 
 # %%
 timings = lesson.timing()
@@ -175,8 +182,10 @@ timings = lesson.timing()
 lesson.plot_timing(timings)
 
 # %% [markdown]
-# What the rows say, and what is missing: the turns pay (09-turns against 09-ws), and the overlap
-# pays a little more (09 against 09-turns). Against phase 08 (the committed records,
+# What the rows say, and what is missing: the turns pay (09-turns against 09-ws), the overlap pays a
+# little more at D = 64 (09-overlap against 09-turns), and the persistent grid more again (09 against
+# 09-overlap), most at short sequences, where a block's start and end are a larger share of its
+# work. Against phase 08 (the committed records,
 # [docs/bench](../docs/bench/)) the rows to compare are D = 64 and D = 128, causal and not: phase 08
 # held its own at D = 64 until the tiles grew to 128 keys, since there the softmax costs as much as
 # both products. Against cuDNN (the records' SDPA rows) phase 09 is still short: the issue notes say

@@ -153,7 +153,7 @@ def test_bf16_oracle_is_not_the_fp16_one():
     assert not check_close(misread, ref, lowp_attention(q, k, v, dtype="bfloat16")).ok
 
 
-@pytest.mark.parametrize("variant", ["09-ws", "09-turns"])
+@pytest.mark.parametrize("variant", ["09-ws", "09-turns", "09-overlap"])
 def test_phase09_variants_match_reference(variant):
     """The builds that leave one idea of phase 09 out (or add one) compute the same attention."""
     from flashcore_numba import attention
@@ -162,3 +162,17 @@ def test_phase09_variants_match_reference(variant):
     out = attention(q, k, v, causal=True, phase=variant)
     verdict = check_close(out, reference_attention(q, k, v, causal=True), lowp_attention(q, k, v, causal=True))
     assert verdict.ok, f"{variant}: {verdict.message}"
+
+
+
+def test_phase09_grid_is_persistent():
+    """Phase 09 launches one block per SM (two in the simulator), each looping over query blocks;
+    09-overlap one block per query block. The grouped-query test above runs 09 with 4 units (one
+    query block in each of 4 heads) on those 2 blocks, so a block there takes more than one."""
+    from flashcore_numba.phases import p09_warp_specialized as p09
+
+    shape = (1, 4, 20, 64)
+    assert p09.build(64).work_units(shape, True) == 4
+    assert p09.build(64).grid(shape, True) == (2,)
+    assert p09.build(64, "overlap").grid(shape, True) == (4,)
+    assert p09.build(64).grid((1, 1, 1, 64), False) == (1,)

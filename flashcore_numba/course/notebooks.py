@@ -490,7 +490,7 @@ def draw_warp_specialization(n_tiles: int = 5, gemm: float = 0.8, softmax: float
                     ready[c] = pv_end + softmax
         ends.append(max(ready.values()))
         ax.set_yticks([v + 0.5 for v in y.values()], list(y))
-        title = ("with the overlap (09): S awaited alone, P·V of the previous tile runs under the softmax"
+        title = ("with the overlap (09-overlap, 09): S awaited alone, P·V of the previous tile runs under the softmax"
                  if overlap else "turns without the overlap (09-turns): both products awaited, then the softmax")
         ax.set_title(f"{title}; done at {ends[-1]:.1f}", fontsize=9)
     axes[1].set_xlim(0, max(ends) + 0.2)

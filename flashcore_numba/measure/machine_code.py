@@ -45,7 +45,8 @@ def signature(config, dtype: str = "float16") -> str:
     out = "uint32" if config.packed_output else element
     qkv = ", ".join(3 * [f"{element}[:,:,:,::1]"])
     maps = ", uint64[:,::1]" if config.tma_box else ""  # the tensor maps of a TMA kernel
-    return f"void({qkv}, {out}[:,:,:,::1], boolean, float32{maps})"
+    counter = ", int32[::1]" if config.work_units is not None else ""  # the work counter of a looping kernel
+    return f"void({qkv}, {out}[:,:,:,::1], boolean, float32{maps}{counter})"
 CC = (9, 0, "a")  # the H100, as numba-cuda compiles for it
 ARCH = "sm_90a"
 RESERVED_SMEM_BYTES = 1024  # shared memory the CUDA runtime reserves per block on sm_80 and newer

@@ -16,10 +16,12 @@ fused-attention tutorial):
 
 Every kernel has the same signature, `kernel(Q, K, V, O, causal, qk_scale)`, with Q, K, V, O
 of shape (B, H, S, D) fp16, and the same grid: x = block of BLOCK_M query rows, y = head,
-z = batch. A bf16 kernel (phase 07 on) gets the arrays as int16 bit patterns (Numba has no
+z = batch (except a kernel that loops over its query blocks, `work_units`: phase 09 takes them
+from a 1-D grid, one block per SM). A bf16 kernel (phase 07 on) gets the arrays as int16 bit patterns (Numba has no
 bf16 type), and a kernel that stores two neighbouring output columns at once
 (`packed_output`) gets O viewed as uint32 pairs, (B, H, S, D/2). A kernel that loads its
-tiles by TMA (phase 09, `tma_box`) gets one argument more, last: the tensor maps of Q, K and V.
+tiles by TMA (phase 09, `tma_box`) gets one argument more: the tensor maps of Q, K and V; and a
+kernel with `work_units` one more, last: the counter that hands its query blocks out.
 """
 
 from __future__ import annotations
@@ -141,6 +143,37 @@ def grid_for(q_shape, block_m: int):
     return (cdiv(S, block_m), H, B)
 
 
+SIM_SMS = 2  # the simulator's "SMs": a persistent kernel there gets two blocks, each with several units
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the current device: the grid of a persistent kernel."""
+    if simulator_enabled():
+        return SIM_SMS
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+_COUNTERS: dict = {}
+
+
+def work_counter(stream=0):
+    """A one-int32 counter set to zero on `stream`, for a kernel that hands out its work units by
+    atomic additions: one counter per device and stream, so that launches on different streams
+    never share one, and zeroed in stream order before each launch."""
+    if simulator_enabled():
+        return cuda.to_device(np.zeros(1, np.int32))
+    from numba.cuda.cudadrv.driver import device_memset
+
+    stream = stream or cuda.default_stream()
+    _, handle = stream.__cuda_stream__()  # (version, the CUstream or its address)
+    key = (cuda.get_current_device().id, int(handle))
+    counter = _COUNTERS.get(key)
+    if counter is None:
+        counter = _COUNTERS[key] = cuda.device_array(1, np.int32)
+    device_memset(counter, 0, 4, stream=stream)
+    return counter
+
+
 def launch(kernel, grid, block: int, smem_bytes: int, args, stream=0) -> None:
     """Launch `kernel[grid, block, stream, smem_bytes](*args)`, raising the limit if needed.
 
@@ -180,8 +213,20 @@ class KernelConfig:
     packed_output: bool = False  # the kernel writes O as uint32 pairs of 16-bit values
     tma_box: tuple | None = None  # the kernel loads Q, K, V by TMA: it also gets their tensor maps (this box)
     launch_bounds: tuple | None = None  # (threads, blocks per SM) the kernel was compiled for, if any
+    # (q shape, causal) -> units of work, for a kernel that loops over them on a 1-D grid (phase 09):
+    # block x takes unit x first, then the next one a counter hands out (the kernel's last argument)
+    work_units: object = None
+    persistent: bool = False  # with work_units: one block per SM, each looping over units
 
-    def arguments(self, q, k, v, o, causal: bool, qk_scale: float) -> tuple:
+    def grid(self, q_shape, causal: bool) -> tuple:
+        """The launch grid: every phase's (row blocks, heads, batch), or for a kernel with work
+        units one block per unit, or per SM when it is persistent (never more blocks than units)."""
+        if self.work_units is None:
+            return grid_for(q_shape, self.block_m)
+        units = max(1, self.work_units(q_shape, causal))
+        return (min(units, sm_count()) if self.persistent else units,)
+
+    def arguments(self, q, k, v, o, causal: bool, qk_scale: float, stream=0) -> tuple:
         """The kernel's arguments, as `launch` passes them (the benchmark reads registers by them)."""
         if self.packed_output:
             o = o.view(np.uint32)
@@ -191,8 +236,10 @@ class KernelConfig:
             from ..arch.tma import head_maps
 
             args += (head_maps((q, k, v), self.tma_box),)
+        if self.work_units is not None:
+            args += (work_counter(stream),)
         return args
 
     def launch(self, q, k, v, o, causal: bool, qk_scale: float, stream=0) -> None:
-        args = self.arguments(q, k, v, o, causal, qk_scale)
-        launch(self.kernel, grid_for(q.shape, self.block_m), self.n_threads, self.smem_bytes, args, stream)
+        args = self.arguments(q, k, v, o, causal, qk_scale, stream)
+        launch(self.kernel, self.grid(q.shape, causal), self.n_threads, self.smem_bytes, args, stream)

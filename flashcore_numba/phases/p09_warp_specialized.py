@@ -28,7 +28,20 @@ What changed from phase 08
       well, so the softmax writes tile n's into other registers. The issue and the waits must
       be on one straight path: with them under `if n > 0` ptxas serialized every wgmma of the
       kernel (warning C7518), so tile 0 is taken before the loop;
-    - causal work is balanced: the blocks with the most keys (the last query rows) start first;
+    - persistent blocks: the grid is one block per SM (132 on the H100), not one per query block.
+      The producer takes query blocks one after another from a counter in global memory (one
+      atomic addition each; `work_counter` zeroes it before each launch), and writes which block
+      comes next into a slot of shared memory that the consumers read once its Q has landed
+      (q_full). The consumers release Q (q_empty) as soon as the block's last S is done, so the
+      next block's Q and first K/V tiles load while they add the last P·V and write O. A block's
+      start (barrier set-up, the first loads from memory) and its end are paid once per SM, not
+      once per query block, and the K/V ring runs on from one block to the next. Why a counter
+      and not a fixed share per SM (block x taking x, x + 132, ...): under a causal mask query
+      blocks differ in length, and at D = 64 (11 blocks of 192 rows per head at S = 2048) a fixed
+      share gave some SMs only short blocks; that version was slower than one block per query
+      block for causal D = 64 (an ad hoc A/B), the counter faster everywhere it was timed;
+    - causal work is balanced: the blocks with the most keys (the last query rows) go first, and
+      each SM takes the next block when it is free;
     - the tiles a row must mask (they cross the causal diagonal or the end of the keys) come last,
       in a loop of their own (FlashAttention-3 does the same): the other tiles' softmax is
       compiled without the masking and its 16 branches per tile. At D = 128 (MASKED_LOOP); at
@@ -41,8 +54,10 @@ What changed from phase 08
       saved pay for S of 128 keys, which halves the turns, barrier waits and wgmma waits per key.
     VARIANTS keep each idea measurable: "ws" is the producer and the ring without turns, "turns"
     adds the turns but awaits each product before the softmax (P·V first, then S: the other
-    order kept S, P and O's input and output all live at once and spilled at D = 128). The
-    records carry both rows beside phase 09's (the block below).
+    order kept S, P and O's input and output all live at once and spilled at D = 128), "overlap"
+    adds the overlap within a warpgroup, and phase 09 is "overlap" on the persistent grid. The
+    three variants launch one block per query block (the same kernel, a grid of all the units).
+    The records carry their rows beside phase 09's (the block below).
 
 Why the hardware rewards it
     A TMA load is one instruction for 8 KB; the producer costs the consumers nothing but the
@@ -154,13 +169,13 @@ Measured effect (written by `flashcore report` from the committed record; do not
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from numba import cuda, float32, int32, uint32
 
 from ..arch import ptx
 from ..arch.sim import fast_fdividef, simulator_enabled
-from .common import KernelConfig, key_end, softmax_rescale
+from .common import KernelConfig, key_end, softmax_rescale, uidx
 
 ID = "09"
 NAME = "warp_specialized"
@@ -172,6 +187,7 @@ MIN_CC = MAX_CC = (9, 0)  # wgmma, setmaxnreg: Hopper alone (sm_90a)
 VARIANTS = {
     "ws": "TMA producer + mbarrier ring, consumers without turns",
     "turns": "warp specialization + turns, each product awaited before the softmax",
+    "overlap": "warp specialization + turns + overlap, one block per query block (not persistent)",
 }
 
 FULL_MASK = 0xFFFFFFFF
@@ -217,14 +233,21 @@ def layout(HEAD_DIM):
     L["RING_OFF"] = consumers * L["TILE_BYTES"]
     L["STAGE_BYTES"] = 2 * L["KV_BYTES"]  # K, then V
     L["BARS_OFF"] = L["RING_OFF"] + L["STAGES"] * L["STAGE_BYTES"]
-    L["SMEM_BYTES"] = L["BARS_OFF"] + 8 * (2 * L["STAGES"] + 1)  # full[], empty[], q_full
+    L["INFO_OFF"] = L["BARS_OFF"] + 8 * (2 * L["STAGES"] + 2)  # after full[], empty[], q_full, q_empty
+    L["SMEM_BYTES"] = L["INFO_OFF"] + 8  # the query block's first row and its plane b * H + h
     L["NT"] = BLOCK_N // MMA_N  # 8-column blocks of S
     L["KP"] = BLOCK_N // MMA_K  # k-steps of P·V
     L["NO"] = HEAD_DIM // MMA_N  # 8-column blocks of O
     return L
 
 
-def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfig:
+def work_units(q_shape, causal, block_m) -> int:
+    """The kernel's units of work, one query block each: B * H * ceil(S_q / BLOCK_M)."""
+    B, H, S, _ = q_shape
+    return B * H * (-(-S // block_m))
+
+
+def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=True) -> KernelConfig:
     kind = PTX_TYPE[dtype]
     HEAD_DIM = L["HEAD_DIM"]
     shape = f"d{HEAD_DIM}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D
@@ -254,6 +277,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
     SW128 = ptx.SWIZZLE_128B
     BLOCK_M, STAGES, ATOMS = L["BLOCK_M"], L["STAGES"], L["ATOMS"]
     TILE_BYTES, RING_OFF, STAGE_BYTES, BARS_OFF = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"], L["BARS_OFF"]
+    INFO = L["INFO_OFF"] // 4  # the info slot, in words of smem_h
     KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
     HALF = NT // 2  # S's column blocks are walked in two halves: see mask_and_max
@@ -347,15 +371,16 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
         return m_new_a, m_new_b, l_a * alpha_a + sum_a, l_b * alpha_b + sum_b, alpha_a, alpha_b
 
     @cuda.jit(device=True, inline=True)
-    def turn(smem, n, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b, alpha_a, alpha_b,
-             may_mask):
-        """One tile n >= 1 of a consumer: wait for it, take the turn (S of tile n, P·V of tile n - 1),
-        the softmax of tile n; returns the rows' new m_i, l_i and alpha."""
+    def turn(smem, n, r, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b, alpha_a,
+             alpha_b, may_mask):
+        """Tile n >= 1 of a query block, the block's K/V tile r of the ring (its stage r % STAGES):
+        wait for it, take the turn (S of tile n, P·V of tile n - 1), the softmax of tile n; returns
+        the rows' new m_i, l_i and alpha."""
         full = smem + BARS_OFF
         empty = full + 8 * STAGES
-        stage = n % STAGES
-        wait(full + 8 * stage, uint32((n // STAGES) % 2))  # tile n has landed
-        prev = (n + STAGES - 1) % STAGES  # tile n - 1's stage
+        stage = r % STAGES
+        wait(full + 8 * stage, uint32((r // STAGES) % 2))  # tile n has landed
+        prev = (r + STAGES - 1) % STAGES  # tile n - 1's stage
         desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
         desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
 
@@ -387,27 +412,22 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
         pack_p(s, p_frag)
         return m_a, m_b, l_a, l_b, alpha_a, alpha_b
 
-    def kernel(Q, K, V, O, causal, qk_scale, maps):
+    def kernel(Q, K, V, O, causal, qk_scale, maps, counter):
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
         smem = shared_address(smem_h)
         full = smem + BARS_OFF  # full[s] at full + 8 s: stage s holds its tile
-        empty = full + 8 * STAGES  # empty[s]: both consumers are done with stage s
-        q_full = empty + 8 * STAGES  # Q has landed
-        b = cuda.blockIdx.z
-        h = cuda.blockIdx.y
-        h_kv = uint32(uint32(h) * uint32(K.shape[1])) // uint32(Q.shape[1])  # 32-bit: see phase 08
-        # the blocks with the most keys first: under a causal mask the last query rows see the most
-        m_block = cuda.gridDim.x - 1 - cuda.blockIdx.x
-        row0 = m_block * BLOCK_M
+        empty = full + 8 * STAGES  # empty[s]: every consumer is done with stage s
+        q_full = empty + 8 * STAGES  # Q of the next query block has landed
+        q_empty = q_full + 8  # every consumer is done with Q: the next block's may come
+        n_heads = Q.shape[1]
         seq_q = Q.shape[2]
         seq_k = K.shape[2]
-        block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
-        n_tiles = (block_k_end + BLOCK_N - 1) // BLOCK_N
         tid = cuda.threadIdx.x
         wg = tid // 128
 
         if tid == 0:  # one thread sets the barriers up; the block barrier publishes them
             mbar_init(q_full, uint32(1))
+            mbar_init(q_empty, uint32(CONSUMER_THREADS))
             for s in range(STAGES):
                 mbar_init(full + 8 * s, uint32(1))  # the producer's arrival (and the TMA bytes)
                 mbar_init(empty + 8 * s, uint32(CONSUMER_THREADS))  # every consumer thread's
@@ -419,34 +439,62 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
             regs_dec()
             if tid == 0:
                 map_q, map_k, map_v = map_address(maps[0]), map_address(maps[1]), map_address(maps[2])
-                # tensors are seen as (B*H, S, D): plane b*H + h is one head; a box is 64 rows x 64 columns
-                plane_q = int32(b * Q.shape[1] + h)
-                plane_kv = int32(b * K.shape[1] + h_kv)
-                expect_tx(q_full, uint32(CONSUMERS * TILE_BYTES))  # all of Q completes one barrier
-                for c in range(CONSUMERS):  # consumer c's 64 rows of Q, D / 64 boxes
-                    q_row = int32(0)
-                    # >>> exercise 09-a: the first query row of consumer c's tile
-                    q_row = int32(row0 + c * WG_M)
-                    # <<< exercise
-                    for a in range(ATOMS):
-                        tma_load(smem + c * TILE_BYTES + a * ATOM, map_q, int32(64 * a), q_row, plane_q, q_full)
-                for n in range(n_tiles):  # fill stage n % STAGES once it is free
-                    stage = n % STAGES
-                    parity = uint32((n // STAGES) % 2)  # which use of the stage this is, mod 2
-                    wait(empty + 8 * stage, parity ^ uint32(1))  # the use before this one was released
-                    expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
-                    k_tile = smem + RING_OFF + stage * STAGE_BYTES
-                    for a in range(ATOMS):  # atom a holds columns 64a .. 64a + 63 of d
-                        for box in range(BLOCK_N // 64):  # its rows, 64 keys per box
-                            col = int32(0)
-                            row = int32(0)
-                            # >>> exercise 09-b: the first column and first row (key) of box `box` of atom a of tile n
-                            col = int32(64 * a)
-                            row = int32(n * BLOCK_N + 64 * box)
-                            # <<< exercise
-                            at = a * KV_ATOM + box * ATOM
-                            tma_load(k_tile + at, map_k, col, row, plane_kv, full + 8 * stage)
-                            tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, full + 8 * stage)
+                # The work: units of one query block, numbered head after head and within a head from
+                # the last block down (under a causal mask the last query rows see the most keys: the
+                # longest units go first). Block x takes unit x, then whichever unit the counter hands
+                # out next (one atomic addition): a grid of one block per SM when persistent, else of
+                # one block per unit. The consumers learn which query block comes from the info slot,
+                # written before the arrival on q_full that publishes it.
+                # (32-bit unsigned arithmetic throughout: after setmaxnreg.dec the producer has 24
+                # registers, and Numba's default 64-bit integers take two each)
+                n_m = uint32((seq_q + BLOCK_M - 1) // BLOCK_M)  # query blocks per head
+                n_units = uint32(Q.shape[0] * n_heads) * n_m
+                r = uint32(0)  # K/V tiles sent so far: the next goes to stage r % STAGES
+                q_uses = uint32(0)  # query blocks so far: Q's barriers are in phase q_uses % 2
+                unit = uint32(cuda.blockIdx.x)
+                while unit < n_units:
+                    # ask for the next unit now: the atomic's latency passes while this one's loads go out
+                    next_unit = uint32(cuda.atomic.add(counter, 0, 1)) + uint32(cuda.gridDim.x)
+                    bh = uint32(unit // n_m)  # the plane b * H + h of Q: one head
+                    row0 = int32((n_m - uint32(1) - unit % n_m) * uint32(BLOCK_M))
+                    h_kv = uint32(uint32(bh % uint32(n_heads)) * uint32(K.shape[1])) // uint32(n_heads)  # see phase 08
+                    plane_kv = int32(uint32(bh // uint32(n_heads)) * uint32(K.shape[1]) + h_kv)
+                    block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
+                    n_tiles = int32((block_k_end + BLOCK_N - 1) // BLOCK_N)
+                    wait(q_empty, uint32(q_uses % uint32(2)) ^ uint32(1))  # the consumers are done with the last Q
+                    q_uses = uint32(q_uses + uint32(1))
+                    smem_h[INFO] = uint32(row0)
+                    smem_h[INFO + 1] = uint32(bh)
+                    expect_tx(q_full, uint32(CONSUMERS * TILE_BYTES))  # all of Q completes one barrier
+                    for c in range(CONSUMERS):  # consumer c's 64 rows of Q, D / 64 boxes
+                        q_row = int32(0)
+                        # >>> exercise 09-a: the first query row of consumer c's tile
+                        q_row = int32(row0 + c * WG_M)
+                        # <<< exercise
+                        for a in range(ATOMS):
+                            tma_load(smem + c * TILE_BYTES + a * ATOM, map_q, int32(64 * a), q_row, int32(bh), q_full)
+                    for n in range(n_tiles):  # fill stage r % STAGES once it is free
+                        stage = uint32(r % uint32(STAGES))
+                        parity = uint32(uint32(r // uint32(STAGES)) % uint32(2))  # which use of the stage this is, mod 2
+                        wait(empty + 8 * stage, parity ^ uint32(1))  # the use before this one was released
+                        expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
+                        k_tile = smem + RING_OFF + stage * STAGE_BYTES
+                        for a in range(ATOMS):  # atom a holds columns 64a .. 64a + 63 of d
+                            for box in range(BLOCK_N // 64):  # its rows, 64 keys per box
+                                col = int32(0)
+                                row = int32(0)
+                                # >>> exercise 09-b: the first column and first row (key) of box `box` of atom a of tile n
+                                col = int32(64 * a)
+                                row = int32(n * BLOCK_N + 64 * box)
+                                # <<< exercise
+                                at = a * KV_ATOM + box * ATOM
+                                tma_load(k_tile + at, map_k, col, row, plane_kv, full + 8 * stage)
+                                tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, full + 8 * stage)
+                        r = uint32(r + uint32(1))
+                    unit = next_unit
+                wait(q_empty, uint32(q_uses % uint32(2)) ^ uint32(1))
+                smem_h[INFO] = uint32(0xFFFFFFFF)  # no query block left: the consumers stop
+                expect_tx(q_full, uint32(0))
             return
 
         # -------------------- consumers: warpgroup c owns query rows row0 + 64c .. + 63 ------------
@@ -456,83 +504,106 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        row_a = row0 + c * WG_M + warp * 16 + g
-        row_b = row_a + 8
-        k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
-        k_end_b = key_end(min(row_b, seq_q - 1), seq_q, seq_k, causal)
-
         s = cuda.local.array((NT, 4), float32)
         p_frag = cuda.local.array((KP, 4), uint32)
         acc = cuda.local.array((NO, 4), float32)
-        for j in range(NO):
-            for e in range(4):
-                acc[j, e] = float32(0.0)
-        m_a = float32(-math.inf)
-        m_b = float32(-math.inf)
-        l_a = float32(0.0)
-        l_b = float32(0.0)
-        alpha_a = float32(1.0)  # the rescale of the previous tile, applied before its P·V is added
-        alpha_b = float32(1.0)
         scale = max(abs(qk_scale), float32(1e-30))
         desc_q = descriptor(smem + c * TILE_BYTES, 16, GROUP, SW128)
-
-        wait(q_full, uint32(0))
-        if qk_scale < 0:  # flip the sign of this warpgroup's Q, once (phase 07's trick)
-            for i in range(Q_WG_WORDS // 128):
-                smem_h[c * Q_WG_WORDS + tid % 128 + i * 128] ^= uint32(0x80008000)
-            fence_proxy_async()
-            bar_sync(uint32(WG_SYNC + c), uint32(128))
         if pingpong and c == CONSUMERS - 1:
             bar_arrive(uint32(TURN), uint32(TURN_THREADS))  # consumer 0 takes the first turn
 
-        if n_tiles > 0:  # -- tile 0: S alone, there is no P·V before it
-            wait(full, uint32(0))
-            if pingpong:
-                bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
-            s_tile = qk(desc_q, descriptor(smem + RING_OFF, 16, GROUP, SW128))
-            if pingpong:
-                bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
-            store_tuple(s, s_tile)
-            m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, 0, t, k_end_a, k_end_b, scale,
-                                                                m_a, m_b, l_a, l_b, True)
-            pack_p(s, p_frag)
+        r = 0  # K/V tiles used so far: the producer's count, tile after tile
+        q_uses = 0
+        while True:  # one query block after the other, as the producer announces them
+            wait(q_full, uint32(q_uses % 2))
+            q_uses += 1
+            row0 = int32(smem_h[INFO])
+            if row0 < 0:
+                break
+            bh = smem_h[INFO + 1]
+            b = bh // uint32(n_heads)
+            h = bh % uint32(n_heads)
+            block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
+            n_tiles = (block_k_end + BLOCK_N - 1) // BLOCK_N
+            row_a = row0 + c * WG_M + warp * 16 + g
+            row_b = row_a + 8
+            k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
+            k_end_b = key_end(min(row_b, seq_q - 1), seq_q, seq_k, causal)
+            for j in range(NO):
+                for e in range(4):
+                    acc[j, e] = float32(0.0)
+            m_a = float32(-math.inf)
+            m_b = float32(-math.inf)
+            l_a = float32(0.0)
+            l_b = float32(0.0)
+            alpha_a = float32(1.0)  # the rescale of the previous tile, applied before its P·V is added
+            alpha_b = float32(1.0)
 
-        # Tiles 1 .. n_full - 1 need no mask for any row of this warpgroup (its first row sees the
-        # fewest keys): with MASKED_LOOP their softmax is compiled without the masking and its
-        # branches, one straight path from the issue of the products to their waits, and the tiles
-        # that cross the causal diagonal or the end of the keys follow in a loop of their own
-        n_full = 1
-        if MASKED_LOOP:
-            n_full = min(key_end(min(row0 + c * WG_M, seq_q - 1), seq_q, seq_k, causal) // BLOCK_N, n_tiles)
-        for n in range(1, n_full):
-            m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag,
-                                                        acc, m_a, m_b, l_a, l_b, alpha_a, alpha_b, False)
-        for n in range(max(n_full, 1), n_tiles):
-            m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag,
-                                                        acc, m_a, m_b, l_a, l_b, alpha_a, alpha_b, True)
+            if qk_scale < 0:  # flip the sign of this warpgroup's Q, once (phase 07's trick)
+                for i in range(Q_WG_WORDS // 128):  # unsigned indices: see the epilogue
+                    smem_h[uidx(c * Q_WG_WORDS + tid % 128) + uidx(i * 128)] ^= uint32(0x80008000)
+                fence_proxy_async()
+                bar_sync(uint32(WG_SYNC + c), uint32(128))
 
-        if n_tiles > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
-            last = (n_tiles - 1) % STAGES
-            desc_v = descriptor(smem + RING_OFF + last * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
-            add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
+            if n_tiles > 0:  # -- tile 0: S alone, there is no P·V before it
+                stage = r % STAGES
+                wait(full + 8 * stage, uint32((r // STAGES) % 2))
+                if pingpong:
+                    bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
+                s_tile = qk(desc_q, descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128))
+                if pingpong:
+                    bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
+                store_tuple(s, s_tile)
+                m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, 0, t, k_end_a, k_end_b, scale,
+                                                                    m_a, m_b, l_a, l_b, True)
+                pack_p(s, p_frag)
+
+            # Tiles 1 .. n_full - 1 need no mask for any row of this warpgroup (its first row sees the
+            # fewest keys): with MASKED_LOOP their softmax is compiled without the masking and its
+            # branches, one straight path from the issue of the products to their waits, and the tiles
+            # that cross the causal diagonal or the end of the keys follow in a loop of their own
+            n_full = 1
+            if MASKED_LOOP:
+                n_full = min(key_end(min(row0 + c * WG_M, seq_q - 1), seq_q, seq_k, causal) // BLOCK_N, n_tiles)
+            for n in range(1, n_full):
+                m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, r + n, c, desc_q, t, k_end_a, k_end_b, scale,
+                                                            s, p_frag, acc, m_a, m_b, l_a, l_b, alpha_a, alpha_b,
+                                                            False)
+            for n in range(max(n_full, 1), n_tiles):
+                m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, r + n, c, desc_q, t, k_end_a, k_end_b, scale,
+                                                            s, p_frag, acc, m_a, m_b, l_a, l_b, alpha_a, alpha_b,
+                                                            True)
+            arrive(q_empty)  # every S of this block is done, and its info read: the next may come
+
+            if n_tiles > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
+                last = (r + n_tiles - 1) % STAGES
+                desc_v = descriptor(smem + RING_OFF + last * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
+                add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
+                arrive(empty + 8 * last)
+            r += n_tiles
+
+            # -- epilogue as in phase 08: the rows' sums over the quad, o = acc / l_i, packed pairs; the
+            # other consumers' turns go on meanwhile, and the producer is loading the next block
+            l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
+            l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
+            l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
+            l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
+            inv_a = fast_fdividef(float32(1.0), l_a) if l_a > float32(0.0) else float32(0.0)
+            inv_b = fast_fdividef(float32(1.0), l_b) if l_b > float32(0.0) else float32(0.0)
+            # unsigned indices (phase 03's uidx): with signed ones each of the 2 x NO stores has its own
+            # negative-index test, which the compiler hoists out of the loop over query blocks and
+            # keeps in registers (spilled: 348 B at D = 128)
+            for j in range(NO):
+                pair = uidx(j * (MMA_N // 2) + t)
+                if row_a < seq_q:
+                    O[uidx(b), uidx(h), uidx(row_a), pair] = pack(acc[j, 0] * inv_a, acc[j, 1] * inv_a)
+                if row_b < seq_q:
+                    O[uidx(b), uidx(h), uidx(row_b), pair] = pack(acc[j, 2] * inv_b, acc[j, 3] * inv_b)
+
         if pingpong and c == 0:
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
             # it, so that no barrier is left half-arrived when the block exits
             bar_sync(uint32(TURN), uint32(TURN_THREADS))
-
-        # -- epilogue as in phase 08: the rows' sums over the quad, o = acc / l_i, packed pairs
-        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
-        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
-        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
-        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
-        inv_a = fast_fdividef(float32(1.0), l_a) if l_a > float32(0.0) else float32(0.0)
-        inv_b = fast_fdividef(float32(1.0), l_b) if l_b > float32(0.0) else float32(0.0)
-        for j in range(NO):
-            pair = j * (MMA_N // 2) + t
-            if row_a < seq_q:
-                O[b, h, row_a, pair] = pack(acc[j, 0] * inv_a, acc[j, 1] * inv_a)
-            if row_b < seq_q:
-                O[b, h, row_b, pair] = pack(acc[j, 2] * inv_b, acc[j, 3] * inv_b)
 
     if simulator_enabled():
         compiled = cuda.jit(kernel)
@@ -540,14 +611,17 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True) -> KernelConfi
         # then moves from the producer to the consumers (see ptx/warpgroup.ptx)
         compiled = cuda.jit(launch_bounds=LAUNCH_BOUNDS)(kernel)
     return KernelConfig(compiled, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
-                        packed_output=True, tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS)
+                        packed_output=True, tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS,
+                        work_units=partial(work_units, block_m=BLOCK_M), persistent=persistent)
 
 
 @lru_cache(maxsize=None)
 def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16") -> KernelConfig:
-    """The kernel for head dim HEAD_DIM and `dtype`; `variant` "ws" (no turns) or "turns" (no overlap)."""
+    """The kernel for head dim HEAD_DIM and `dtype`; `variant` "ws" (no turns), "turns" (no overlap) or
+    "overlap" (not persistent: one block per query block)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 09 builds {' and '.join(DTYPES)}, not {dtype!r}")
     if variant not in (None, *VARIANTS):
         raise ValueError(f"variant: expected None or one of {', '.join(VARIANTS)}, got {variant!r}")
-    return build_kernel(layout(HEAD_DIM), dtype, pingpong=variant != "ws", overlap=variant is None)
+    return build_kernel(layout(HEAD_DIM), dtype, pingpong=variant != "ws", overlap=variant in (None, "overlap"),
+                        persistent=variant is None)
