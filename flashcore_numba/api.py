@@ -176,12 +176,12 @@ def _best_for_this_gpu():
 
 
 # Where "best" on the H100 (phase 09) hands over to phase 08: the committed sweep records
-# (docs/bench/*_sweep_*.json, commit 7d1070b) have phase 08 faster at D = 64 on short sequences,
-# up to S = 1024 causal or not; at S = 2048 causal the reference records of commit 279a39d have
-# 09 ahead (331 against 303 TFLOPS fp16 and bf16). Those sweeps predate 279a39d's faster 09. (head dim, causal) -> the most keys
-# (S_k) at which phase 08 runs instead. tests/test_api.py checks the rule against every
-# committed record: where it says 08, 08 was not slower, and where it says 09, 09 was not.
-SHORT_SEQUENCES_TO_08 = {(64, True): 1024, (64, False): 1024}
+# (docs/bench/*_sweep_*.json, commit ad3eea8: the persistent phase 09) have phase 08 faster only
+# at D = 64 with a causal mask on short sequences, up to S = 1024; at S = 2048 causal, and at every
+# length without a mask, 09 is ahead. (head dim, causal) -> the most keys (S_k) at which phase 08
+# runs instead. tests/test_api.py checks the rule against every committed record: where it says
+# 08, 08 was not slower, and where it says 09, 09 was not.
+SHORT_SEQUENCES_TO_08 = {(64, True): 1024}
 
 
 def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int):

@@ -48,6 +48,22 @@ def test_phase_on_gpu(phase, shape, seq_k, causal):
     assert verdict.ok, f"phase {phase}: {verdict.message}"
 
 
+@pytest.mark.parametrize("shape,seq_k,causal", [
+    pytest.param((2, 3, 700, 64), None, True, id="D=64 causal"),
+    pytest.param((1, 3, 500, 128), 900, True, id="D=128 S_q=500 S_k=900 causal"),
+    pytest.param((3, 2, 390, 64), None, False, id="D=64 tail"),
+])
+def test_persistent_blocks_take_several_query_blocks(shape, seq_k, causal, monkeypatch):
+    """Phase 09 on a grid of 2 blocks (FLASHCORE_SMS), so that each takes many query blocks
+    from the counter: the ring and Q's barriers run on from one to the next."""
+    monkeypatch.setenv("FLASHCORE_SMS", "2")
+    assert KERNELS["09"].build(shape[-1]).grid(shape, causal) == (2,)
+    q, k, v = random_qkv(shape, seq_k)
+    out = launch_poisoned("09", q, k, v, causal)
+    verdict = check_close(out, reference_attention(q, k, v, causal=causal), lowp_attention(q, k, v, causal=causal))
+    assert verdict.ok, verdict.message
+
+
 @functools.lru_cache(maxsize=None)
 def reference_shape_case(causal):
     """Inputs and the two reference results at the benchmark shape (computed once, on the GPU)."""

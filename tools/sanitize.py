@@ -79,6 +79,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     env.pop("NUMBA_ENABLE_CUDASIM", None)
+    env["FLASHCORE_SMS"] = "2"  # phase 09's persistent grid: two blocks, each taking several query blocks
     worst = 0
     for tool in args.tools.split(","):
         cmd = [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "99",

@@ -147,7 +147,11 @@ SIM_SMS = 2  # the simulator's "SMs": a persistent kernel there gets two blocks,
 
 
 def sm_count() -> int:
-    """Streaming multiprocessors of the current device: the grid of a persistent kernel."""
+    """The blocks of a persistent grid: the device's streaming multiprocessors, two in the
+    simulator, or FLASHCORE_SMS when it is set (the GPU tests and tools/sanitize.py set it small,
+    so that at their small shapes every block takes several query blocks)."""
+    if os.environ.get("FLASHCORE_SMS"):
+        return max(1, int(os.environ["FLASHCORE_SMS"]))
     if simulator_enabled():
         return SIM_SMS
     return cuda.get_current_device().MULTIPROCESSOR_COUNT

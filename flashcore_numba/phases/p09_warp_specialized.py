@@ -126,6 +126,22 @@ Why the hardware rewards it
     separates 09 from cuDNN in that profile: cuDNN runs one persistent block per SM (132 blocks of
     384 threads, two consumers at D = 64 as at D = 128), and 09 keeps the uniform datapath far
     busier (14 % of its issue slots against 4 %).
+    Persistent blocks (commit ad3eea8, its records against those of 279a39d at D = 64 and of
+    bc3c341 and 7d1070b at D = 128): D = 64 fp16 446 -> 462 TFLOPS, causal 331 -> 339; bf16 450 ->
+    464, causal 331 -> 340; grouped queries 459 -> 476, causal 338 -> 352; D = 128 fp16 549 -> 542,
+    causal 436 -> 443; bf16 554 -> 559, causal 440 -> 460. Against cuDNN in the same runs that is
+    0.98x / 0.85x at D = 64 fp16 (was 0.95x / 0.83x) and 0.85x / 0.85x at D = 128 (0.84x / 0.81x).
+    09-overlap, the same kernel with one block per query block, runs below the kernel of the
+    earlier records (D = 128 fp16 525 against 549): a block that takes one query block pays for
+    the counter, Q's second barrier and the info slot and gets nothing for them; persistence wins
+    that back and more. The sweeps show where it pays most: at D = 64 without a mask 09 is now
+    ahead of phase 08 from S = 512 on (it was not, up to S = 1024), and ahead of cuDNN from
+    S = 4096 on.
+    Tried and not kept: two consumers at D = 64, as cuDNN has (BLOCK_M 128, 240 registers each,
+    which also fits the masked loop without spills). Slower at every length timed (ad hoc, fp16,
+    each launch after an L2 flush, interleaved rounds: S = 2048 404 TFLOPS against 455 with three,
+    the masked loop 393; causal 326 and 309 against 335; S = 8192 410 against 518): three
+    consumers keep the tensor cores busier than two at this head dim.
     Tried and not kept: a share of the exp2s on the FMA pipe (a degree-3 polynomial for 2^f and
     the exponent added as an integer, nine instructions instead of one MUFU.EX2, as FlashAttention
     4 does on Blackwell). Every share was slower (ad hoc A/B, queued launches, D = 64: 391 with
@@ -135,25 +151,31 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-25, B=16 H=16 S=2048 D=64 fp16: 446 TFLOPS (1.23x phase 08),
-    causal 331 TFLOPS (1.09x phase 08); 128 registers, 0 B local memory. 09-turns: 431 TFLOPS (0.97x
-    phase 09, SLOWER than phase 09), causal 322 TFLOPS (0.97x phase 09, SLOWER than phase 09).
-    09-ws: 409 TFLOPS (0.95x 09-turns, SLOWER than 09-turns), causal 308 TFLOPS (0.96x 09-turns,
-    SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 549 TFLOPS (1.57x phase 08), causal
-    436 TFLOPS (1.47x phase 08); 09-turns 549 TFLOPS (1.00x phase 09, SLOWER than phase 09), causal
-    435 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 486 TFLOPS (0.88x 09-turns, SLOWER than
-    09-turns), causal 389 TFLOPS (0.90x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64
-    bf16: 09 450 TFLOPS (1.24x phase 08), causal 331 TFLOPS (1.09x phase 08); 09-turns 434 TFLOPS
-    (0.96x phase 09, SLOWER than phase 09), causal 321 TFLOPS (0.97x phase 09, SLOWER than phase
-    09); 09-ws 409 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 307 TFLOPS (0.96x 09-turns,
-    SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 554 TFLOPS (1.58x phase 08), causal
-    440 TFLOPS (1.46x phase 08); 09-turns 549 TFLOPS (0.99x phase 09, SLOWER than phase 09), causal
-    439 TFLOPS (1.00x phase 09, SLOWER than phase 09); 09-ws 488 TFLOPS (0.89x 09-turns, SLOWER than
-    09-turns), causal 392 TFLOPS (0.89x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048
-    D=64 fp16: 09 459 TFLOPS (1.24x phase 08), causal 338 TFLOPS (1.08x phase 08); 09-turns 442
-    TFLOPS (0.96x phase 09, SLOWER than phase 09), causal 330 TFLOPS (0.97x phase 09, SLOWER than
-    phase 09); 09-ws 417 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 317 TFLOPS (0.96x
-    09-turns, SLOWER than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 462 TFLOPS (1.20x phase 08),
+    causal 339 TFLOPS (1.07x phase 08); 128 registers, 0 B local memory. 09-overlap: 436 TFLOPS
+    (0.94x phase 09, SLOWER than phase 09), causal 316 TFLOPS (0.93x phase 09, SLOWER than phase
+    09). 09-turns: 432 TFLOPS (0.99x 09-overlap, SLOWER than 09-overlap), causal 316 TFLOPS (1.00x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 406 TFLOPS (0.94x 09-turns, SLOWER than 09-turns),
+    causal 303 TFLOPS (0.96x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 542
+    TFLOPS (1.41x phase 08), causal 443 TFLOPS (1.37x phase 08); 09-overlap 525 TFLOPS (0.97x phase
+    09, SLOWER than phase 09), causal 420 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-turns
+    525 TFLOPS (1.00x 09-overlap), causal 423 TFLOPS (1.01x 09-overlap); 09-ws 476 TFLOPS (0.91x
+    09-turns, SLOWER than 09-turns), causal 382 TFLOPS (0.90x 09-turns, SLOWER than 09-turns). At
+    B=16 H=16 S=2048 D=64 bf16: 09 464 TFLOPS (1.20x phase 08), causal 340 TFLOPS (1.06x phase 08);
+    09-overlap 437 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 314 TFLOPS (0.92x phase 09,
+    SLOWER than phase 09); 09-turns 431 TFLOPS (0.99x 09-overlap, SLOWER than 09-overlap), causal
+    316 TFLOPS (1.01x 09-overlap); 09-ws 406 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal
+    303 TFLOPS (0.96x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 559 TFLOPS
+    (1.46x phase 08), causal 460 TFLOPS (1.43x phase 08); 09-overlap 538 TFLOPS (0.96x phase 09,
+    SLOWER than phase 09), causal 423 TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 533
+    TFLOPS (0.99x 09-overlap, SLOWER than 09-overlap), causal 428 TFLOPS (1.01x 09-overlap); 09-ws
+    478 TFLOPS (0.90x 09-turns, SLOWER than 09-turns), causal 383 TFLOPS (0.90x 09-turns, SLOWER
+    than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 476 TFLOPS (1.21x phase 08), causal 352
+    TFLOPS (1.07x phase 08); 09-overlap 448 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal
+    326 TFLOPS (0.93x phase 09, SLOWER than phase 09); 09-turns 441 TFLOPS (0.98x 09-overlap, SLOWER
+    than 09-overlap), causal 321 TFLOPS (0.99x 09-overlap, SLOWER than 09-overlap); 09-ws 417 TFLOPS
+    (0.95x 09-turns, SLOWER than 09-turns), causal 310 TFLOPS (0.97x 09-turns, SLOWER than 09-turns)
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
