@@ -95,8 +95,11 @@ notebooks.draw_warp_specialization()
 # `n % STAGES` for the `n // STAGES`-th time, so the consumers wait on "full" with parity
 # `(n // STAGES) % 2`. The producer waits on "empty" with the opposite parity: on a fresh barrier the
 # phase of parity 1 counts as completed, so the first round of stages is free without anyone arriving.
-# A persistent block numbers its tiles on across the query blocks it takes (the kernel's `r`), and Q
-# gets a pair of barriers of its own, "q_full" and "q_empty", used once per query block.
+# The kernel counts the ring position rather than dividing a tile number: `stage`, and `phase`, the
+# parity of this use of the stage, which flips each time the ring wraps (`advance`); with three
+# stages the division cost some 40 instructions per tile. A persistent block counts on across the
+# query blocks it takes, and Q gets a pair of barriers of its own, "q_full" and "q_empty", used once
+# per query block.
 #
 # The functions, from [ptx/tma.ptx](../ptx/tma.ptx) — the TMA load and the wait:
 

@@ -393,16 +393,25 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         return m_new_a, m_new_b, l_a * alpha_a + sum_a, l_b * alpha_b + sum_b, alpha_a, alpha_b
 
     @cuda.jit(device=True, inline=True)
-    def turn(smem, n, r, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b, alpha_a,
-             alpha_b, may_mask):
-        """Tile n >= 1 of a query block, the block's K/V tile r of the ring (its stage r % STAGES):
-        wait for it, take the turn (S of tile n, P·V of tile n - 1), the softmax of tile n; returns
-        the rows' new m_i, l_i and alpha."""
+    def advance(stage, phase):
+        """The ring position after (stage, phase): the next stage, and the parity of its use, which
+        flips each time the ring wraps around. Counted, not computed from a tile count r as
+        r % STAGES and (r // STAGES) % 2: with STAGES = 3 that took some 40 instructions of 64-bit
+        division per tile, in front of the wait."""
+        stage = uint32(stage + uint32(1))
+        if stage == uint32(STAGES):
+            return uint32(0), uint32(phase ^ uint32(1))
+        return stage, phase
+
+    @cuda.jit(device=True, inline=True)
+    def turn(smem, n, stage, phase, prev, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a,
+             l_b, alpha_a, alpha_b, may_mask):
+        """Tile n >= 1 of a query block, in ring stage `stage` (`phase`: the parity of this use of it),
+        tile n - 1 in stage `prev`: wait for it, take the turn (S of tile n, P·V of tile n - 1), the
+        softmax of tile n; returns the rows' new m_i, l_i and alpha."""
         full = smem + BARS_OFF
         empty = full + 8 * STAGES
-        stage = r % STAGES
-        wait(full + 8 * stage, uint32((r // STAGES) % 2))  # tile n has landed
-        prev = (r + STAGES - 1) % STAGES  # tile n - 1's stage
+        wait(full + 8 * stage, phase)  # tile n has landed
         desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
         desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
 
@@ -471,7 +480,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 # registers, and Numba's default 64-bit integers take two each)
                 n_m = uint32((seq_q + BLOCK_M - 1) // BLOCK_M)  # query blocks per head
                 n_units = uint32(Q.shape[0] * n_heads) * n_m
-                r = uint32(0)  # K/V tiles sent so far: the next goes to stage r % STAGES
+                stage = uint32(0)  # the ring position of the next tile: its stage, and the parity of this use
+                phase = uint32(0)
                 q_uses = uint32(0)  # query blocks so far: Q's barriers are in phase q_uses % 2
                 unit = uint32(cuda.blockIdx.x)
                 while unit < n_units:
@@ -495,10 +505,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                         # <<< exercise
                         for a in range(ATOMS):
                             tma_load(smem + c * TILE_BYTES + a * ATOM, map_q, int32(64 * a), q_row, int32(bh), q_full)
-                    for n in range(n_tiles):  # fill stage r % STAGES once it is free
-                        stage = uint32(r % uint32(STAGES))
-                        parity = uint32(uint32(r // uint32(STAGES)) % uint32(2))  # which use of the stage this is, mod 2
-                        wait(empty + 8 * stage, parity ^ uint32(1))  # the use before this one was released
+                    for n in range(n_tiles):  # fill the next stage once it is free
+                        wait(empty + 8 * stage, phase ^ uint32(1))  # the use before this one was released
                         expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
                         k_tile = smem + RING_OFF + stage * STAGE_BYTES
                         for a in range(ATOMS):  # atom a holds columns 64a .. 64a + 63 of d
@@ -512,7 +520,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                                 at = a * KV_ATOM + box * ATOM
                                 tma_load(k_tile + at, map_k, col, row, plane_kv, full + 8 * stage)
                                 tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, full + 8 * stage)
-                        r = uint32(r + uint32(1))
+                        stage, phase = advance(stage, phase)
                     unit = next_unit
                 wait(q_empty, uint32(q_uses % uint32(2)) ^ uint32(1))
                 smem_h[INFO] = uint32(0xFFFFFFFF)  # no query block left: the consumers stop
@@ -534,7 +542,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         if pingpong and c == CONSUMERS - 1:
             bar_arrive(uint32(TURN), uint32(TURN_THREADS))  # consumer 0 takes the first turn
 
-        r = 0  # K/V tiles used so far: the producer's count, tile after tile
+        stage = uint32(0)  # the ring position of the next tile, counted as the producer counts it
+        phase = uint32(0)
         q_uses = 0
         while True:  # one query block after the other, as the producer announces them
             wait(q_full, uint32(q_uses % 2))
@@ -567,9 +576,9 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 fence_proxy_async()
                 bar_sync(uint32(WG_SYNC + c), uint32(128))
 
+            prev = stage  # the stage of the tile before (of the last tile, after the loops)
             if n_tiles > 0:  # -- tile 0: S alone, there is no P·V before it
-                stage = r % STAGES
-                wait(full + 8 * stage, uint32((r // STAGES) % 2))
+                wait(full + 8 * stage, phase)
                 if pingpong:
                     bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
                 s_tile = qk(desc_q, descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128))
@@ -579,6 +588,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, 0, t, k_end_a, k_end_b, scale,
                                                                     m_a, m_b, l_a, l_b, True)
                 pack_p(s, p_frag)
+                prev = stage
+                stage, phase = advance(stage, phase)
 
             # Tiles 1 .. n_full - 1 need no mask for any row of this warpgroup (its first row sees the
             # fewest keys): with MASKED_LOOP their softmax is compiled without the masking and its
@@ -588,21 +599,23 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             if MASKED_LOOP:
                 n_full = min(key_end(min(row0 + c * WG_M, seq_q - 1), seq_q, seq_k, causal) // BLOCK_N, n_tiles)
             for n in range(1, n_full):
-                m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, r + n, c, desc_q, t, k_end_a, k_end_b, scale,
-                                                            s, p_frag, acc, m_a, m_b, l_a, l_b, alpha_a, alpha_b,
-                                                            False)
+                m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, stage, phase, prev, c, desc_q, t, k_end_a,
+                                                            k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b,
+                                                            alpha_a, alpha_b, False)
+                prev = stage
+                stage, phase = advance(stage, phase)
             for n in range(max(n_full, 1), n_tiles):
-                m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, r + n, c, desc_q, t, k_end_a, k_end_b, scale,
-                                                            s, p_frag, acc, m_a, m_b, l_a, l_b, alpha_a, alpha_b,
-                                                            True)
+                m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, stage, phase, prev, c, desc_q, t, k_end_a,
+                                                            k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b,
+                                                            alpha_a, alpha_b, True)
+                prev = stage
+                stage, phase = advance(stage, phase)
             arrive(q_empty)  # every S of this block is done, and its info read: the next may come
 
             if n_tiles > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
-                last = (r + n_tiles - 1) % STAGES
-                desc_v = descriptor(smem + RING_OFF + last * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
+                desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
                 add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
-                arrive(empty + 8 * last)
-            r += n_tiles
+                arrive(empty + 8 * prev)
 
             # -- epilogue as in phase 08: the rows' sums over the quad, o = acc / l_i, packed pairs; the
             # other consumers' turns go on meanwhile, and the producer is loading the next block
