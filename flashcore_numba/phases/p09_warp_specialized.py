@@ -137,6 +137,14 @@ Why the hardware rewards it
     that back and more. The sweeps show where it pays most: at D = 64 without a mask 09 is now
     ahead of phase 08 from S = 512 on (it was not, up to S = 1024), and ahead of cuDNN from
     S = 4096 on.
+    The ring position counted (commit 158229a; its fp16 records against those of ad3eea8): the
+    stage of tile r and the parity of its use were r % STAGES and (r // STAGES) % 2, with r a
+    64-bit tile count, and with STAGES = 3 (D = 128) that compiled to some 40 instructions of
+    division per tile, just before the wait on the tile (Nsight Compute had 09 executing 10 %
+    more instructions than cuDNN at D = 128, docs/tuning/09_ncu_persistent.txt). Counted
+    instead (`advance`): D = 128 fp16 542 -> 590 TFLOPS, causal 443 -> 479 (0.92x and 0.91x
+    cuDNN in the same runs); D = 64, whose four stages divide with a shift, 462 -> 464, causal
+    339 -> 342. The bf16 and grouped-query records and the sweeps are still those of ad3eea8.
     Tried and not kept: two consumers at D = 64, as cuDNN has (BLOCK_M 128, 240 registers each,
     which also fits the masked loop without spills). Slower at every length timed (ad hoc, fp16,
     each launch after an L2 flush, interleaved rounds: S = 2048 404 TFLOPS against 455 with three,
@@ -151,31 +159,31 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 462 TFLOPS (1.20x phase 08),
-    causal 339 TFLOPS (1.07x phase 08); 128 registers, 0 B local memory. 09-overlap: 436 TFLOPS
-    (0.94x phase 09, SLOWER than phase 09), causal 316 TFLOPS (0.93x phase 09, SLOWER than phase
-    09). 09-turns: 432 TFLOPS (0.99x 09-overlap, SLOWER than 09-overlap), causal 316 TFLOPS (1.00x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 406 TFLOPS (0.94x 09-turns, SLOWER than 09-turns),
-    causal 303 TFLOPS (0.96x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 542
-    TFLOPS (1.41x phase 08), causal 443 TFLOPS (1.37x phase 08); 09-overlap 525 TFLOPS (0.97x phase
-    09, SLOWER than phase 09), causal 420 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-turns
-    525 TFLOPS (1.00x 09-overlap), causal 423 TFLOPS (1.01x 09-overlap); 09-ws 476 TFLOPS (0.91x
-    09-turns, SLOWER than 09-turns), causal 382 TFLOPS (0.90x 09-turns, SLOWER than 09-turns). At
-    B=16 H=16 S=2048 D=64 bf16: 09 464 TFLOPS (1.20x phase 08), causal 340 TFLOPS (1.06x phase 08);
-    09-overlap 437 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 314 TFLOPS (0.92x phase 09,
-    SLOWER than phase 09); 09-turns 431 TFLOPS (0.99x 09-overlap, SLOWER than 09-overlap), causal
-    316 TFLOPS (1.01x 09-overlap); 09-ws 406 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal
-    303 TFLOPS (0.96x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 559 TFLOPS
-    (1.46x phase 08), causal 460 TFLOPS (1.43x phase 08); 09-overlap 538 TFLOPS (0.96x phase 09,
-    SLOWER than phase 09), causal 423 TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 533
-    TFLOPS (0.99x 09-overlap, SLOWER than 09-overlap), causal 428 TFLOPS (1.01x 09-overlap); 09-ws
-    478 TFLOPS (0.90x 09-turns, SLOWER than 09-turns), causal 383 TFLOPS (0.90x 09-turns, SLOWER
-    than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 476 TFLOPS (1.21x phase 08), causal 352
-    TFLOPS (1.07x phase 08); 09-overlap 448 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal
-    326 TFLOPS (0.93x phase 09, SLOWER than phase 09); 09-turns 441 TFLOPS (0.98x 09-overlap, SLOWER
-    than 09-overlap), causal 321 TFLOPS (0.99x 09-overlap, SLOWER than 09-overlap); 09-ws 417 TFLOPS
-    (0.95x 09-turns, SLOWER than 09-turns), causal 310 TFLOPS (0.97x 09-turns, SLOWER than 09-turns)
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 464 TFLOPS (1.23x phase 08),
+    causal 342 TFLOPS (1.09x phase 08); 128 registers, 0 B local memory. 09-overlap: 438 TFLOPS
+    (0.94x phase 09, SLOWER than phase 09), causal 318 TFLOPS (0.93x phase 09, SLOWER than phase
+    09). 09-turns: 441 TFLOPS (1.01x 09-overlap), causal 320 TFLOPS (1.01x 09-overlap). 09-ws: 416
+    TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 307 TFLOPS (0.96x 09-turns, SLOWER than
+    09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 590 TFLOPS (1.56x phase 08), causal 479 TFLOPS
+    (1.50x phase 08); 09-overlap 569 TFLOPS (0.96x phase 09, SLOWER than phase 09), causal 450
+    TFLOPS (0.94x phase 09, SLOWER than phase 09); 09-turns 554 TFLOPS (0.97x 09-overlap, SLOWER
+    than 09-overlap), causal 439 TFLOPS (0.98x 09-overlap, SLOWER than 09-overlap); 09-ws 504 TFLOPS
+    (0.91x 09-turns, SLOWER than 09-turns), causal 398 TFLOPS (0.91x 09-turns, SLOWER than
+    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 464 TFLOPS (1.20x phase 08), causal 340 TFLOPS
+    (1.06x phase 08); 09-overlap 437 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 314
+    TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 431 TFLOPS (0.99x 09-overlap, SLOWER
+    than 09-overlap), causal 316 TFLOPS (1.01x 09-overlap); 09-ws 406 TFLOPS (0.94x 09-turns, SLOWER
+    than 09-turns), causal 303 TFLOPS (0.96x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048
+    D=128 bf16: 09 559 TFLOPS (1.46x phase 08), causal 460 TFLOPS (1.43x phase 08); 09-overlap 538
+    TFLOPS (0.96x phase 09, SLOWER than phase 09), causal 423 TFLOPS (0.92x phase 09, SLOWER than
+    phase 09); 09-turns 533 TFLOPS (0.99x 09-overlap, SLOWER than 09-overlap), causal 428 TFLOPS
+    (1.01x 09-overlap); 09-ws 478 TFLOPS (0.90x 09-turns, SLOWER than 09-turns), causal 383 TFLOPS
+    (0.90x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 476 TFLOPS
+    (1.21x phase 08), causal 352 TFLOPS (1.07x phase 08); 09-overlap 448 TFLOPS (0.94x phase 09,
+    SLOWER than phase 09), causal 326 TFLOPS (0.93x phase 09, SLOWER than phase 09); 09-turns 441
+    TFLOPS (0.98x 09-overlap, SLOWER than 09-overlap), causal 321 TFLOPS (0.99x 09-overlap, SLOWER
+    than 09-overlap); 09-ws 417 TFLOPS (0.95x 09-turns, SLOWER than 09-turns), causal 310 TFLOPS
+    (0.97x 09-turns, SLOWER than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,

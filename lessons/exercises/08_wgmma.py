@@ -51,7 +51,7 @@ Why the hardware rewards it
     299 -> 297 (no gain). The bf16 D = 128 and grouped-query records below are of commit 7d1070b
     (the kernels of bc3c341): bf16 D = 128 353 -> 350, causal 299 -> 301; grouped queries
     343 -> 368, causal 289 -> 314.
-    One branch for the masking (commit 3817eb0; the records below, of commit ad3eea8, against
+    One branch for the masking (commit 3817eb0; the records of commit ad3eea8 against
     those of 279a39d, bc3c341 and 7d1070b): the test "does this tile need a mask" sat inside the
     loop over S's 8 column blocks, one branch per block whether taken or not; it is now one
     branch around that loop, as in phase 09 (whose docstring has the profile that found it).
@@ -61,9 +61,9 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 385 TFLOPS (1.42x phase 07),
-    causal 317 TFLOPS (1.38x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 08 384 TFLOPS (1.48x phase 07), causal 324 TFLOPS (1.44x phase 07). At B=16 H=16 S=2048
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 378 TFLOPS (1.41x phase 07),
+    causal 315 TFLOPS (1.37x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    fp16: 08 378 TFLOPS (1.46x phase 07), causal 320 TFLOPS (1.43x phase 07). At B=16 H=16 S=2048
     D=64 bf16: 08 385 TFLOPS (1.42x phase 07), causal 319 TFLOPS (1.39x phase 07). At B=16 H=16
     S=2048 D=128 bf16: 08 382 TFLOPS (1.47x phase 07), causal 323 TFLOPS (1.43x phase 07). At B=16
     H=32 H_kv=8 S=2048 D=64 fp16: 08 394 TFLOPS (1.42x phase 07), causal 328 TFLOPS (1.38x phase 07)
