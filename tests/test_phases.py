@@ -176,3 +176,14 @@ def test_phase09_grid_is_persistent():
     assert p09.build(64).grid(shape, True) == (2,)
     assert p09.build(64, "overlap").grid(shape, True) == (4,)
     assert p09.build(64).grid((1, 1, 1, 64), False) == (1,)
+
+
+def test_persistent_grid_size_from_the_environment(monkeypatch):
+    from flashcore_numba.phases import p09_warp_specialized as p09
+
+    shape = (2, 4, 20, 64)  # 8 units
+    monkeypatch.setenv("FLASHCORE_SMS", "3")
+    assert p09.build(64).grid(shape, False) == (3,)
+    monkeypatch.setenv("FLASHCORE_SMS", "many")
+    with pytest.raises(ValueError, match="FLASHCORE_SMS: expected a positive number of blocks, got 'many'"):
+        p09.build(64).grid(shape, False)

@@ -17,8 +17,8 @@ fused-attention tutorial):
 Every kernel has the same signature, `kernel(Q, K, V, O, causal, qk_scale)`, with Q, K, V, O
 of shape (B, H, S, D) fp16, and the same grid: x = block of BLOCK_M query rows, y = head,
 z = batch (except a kernel that loops over its query blocks, `work_units`: phase 09 takes them
-from a 1-D grid, one block per SM). A bf16 kernel (phase 07 on) gets the arrays as int16 bit patterns (Numba has no
-bf16 type), and a kernel that stores two neighbouring output columns at once
+from a 1-D grid, one block per SM). A bf16 kernel (phase 07 on) gets the arrays as int16 bit
+patterns (Numba has no bf16 type), and a kernel that stores two neighbouring output columns at once
 (`packed_output`) gets O viewed as uint32 pairs, (B, H, S, D/2). A kernel that loads its
 tiles by TMA (phase 09, `tma_box`) gets one argument more: the tensor maps of Q, K and V; and a
 kernel with `work_units` one more, last: the counter that hands its query blocks out.
@@ -150,8 +150,11 @@ def sm_count() -> int:
     """The blocks of a persistent grid: the device's streaming multiprocessors, two in the
     simulator, or FLASHCORE_SMS when it is set (the GPU tests and tools/sanitize.py set it small,
     so that at their small shapes every block takes several query blocks)."""
-    if os.environ.get("FLASHCORE_SMS"):
-        return max(1, int(os.environ["FLASHCORE_SMS"]))
+    value = os.environ.get("FLASHCORE_SMS")
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"FLASHCORE_SMS: expected a positive number of blocks, got {value!r}")
+        return int(value)
     if simulator_enabled():
         return SIM_SMS
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
