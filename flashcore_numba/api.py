@@ -176,7 +176,7 @@ def _best_for_this_gpu():
 
 
 # Where "best" on the H100 (phase 09) hands over to phase 08: the committed sweep records
-# (docs/bench/*_sweep_*.json, commit ad3eea8: the persistent phase 09) have phase 08 faster only
+# (docs/bench/*_sweep_*.json, commit 40974dd: the persistent phase 09) have phase 08 faster only
 # at D = 64 with a causal mask on short sequences, up to S = 1024; at S = 2048 causal, and at every
 # length without a mask, 09 is ahead. (head dim, causal) -> the most keys (S_k) at which phase 08
 # runs instead. tests/test_api.py checks the rule against every committed record: where it says

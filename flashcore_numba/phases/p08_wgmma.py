@@ -47,9 +47,9 @@ Measured effect (written by `flashcore report` from the committed record; do not
     NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 378 TFLOPS (1.41x phase 07),
     causal 315 TFLOPS (1.37x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
     fp16: 08 378 TFLOPS (1.46x phase 07), causal 320 TFLOPS (1.43x phase 07). At B=16 H=16 S=2048
-    D=64 bf16: 08 385 TFLOPS (1.42x phase 07), causal 319 TFLOPS (1.39x phase 07). At B=16 H=16
-    S=2048 D=128 bf16: 08 382 TFLOPS (1.47x phase 07), causal 323 TFLOPS (1.43x phase 07). At B=16
-    H=32 H_kv=8 S=2048 D=64 fp16: 08 394 TFLOPS (1.42x phase 07), causal 328 TFLOPS (1.38x phase 07)
+    D=64 bf16: 08 379 TFLOPS (1.41x phase 07), causal 315 TFLOPS (1.38x phase 07). At B=16 H=16
+    S=2048 D=128 bf16: 08 381 TFLOPS (1.45x phase 07), causal 323 TFLOPS (1.43x phase 07). At B=16
+    H=32 H_kv=8 S=2048 D=64 fp16: 08 391 TFLOPS (1.41x phase 07), causal 329 TFLOPS (1.38x phase 07)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,

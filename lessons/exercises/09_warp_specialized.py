@@ -161,7 +161,14 @@ Why the hardware rewards it
     more instructions than cuDNN at D = 128, docs/tuning/09_ncu_persistent.txt). Counted
     instead (`advance`): D = 128 fp16 542 -> 590 TFLOPS, causal 443 -> 479 (0.92x and 0.91x
     cuDNN in the same runs); D = 64, whose four stages divide with a shift, 462 -> 464, causal
-    339 -> 342. The bf16 and grouped-query records and the sweeps are still those of ad3eea8.
+    339 -> 342. The bf16 and grouped-query records, and the sweeps, were made again at commit
+    40974dd (the kernel of 158229a): bf16 D = 128 559 -> 607 TFLOPS, causal 460 -> 489 (0.92x and
+    0.91x cuDNN); bf16 D = 64 464 -> 465, causal 340 -> 344; grouped queries 476 -> 482, causal
+    352 -> 357 (1.00x and 0.86x). In the sweeps 09 is level with cuDNN or ahead at D = 64 without
+    a mask from S = 2048 on (1.00x to 1.08x), with one from S = 8192 on (1.00x, 1.03x), and at
+    D = 128 without a mask at S = 8192 (1.02x); at short sequences it stays well behind (S = 512:
+    0.84x and 0.68x at D = 64, 0.79x and 0.76x at D = 128). Phase 08 is still the faster at D = 64
+    causal up to S = 1024 (09 at 0.91x and 0.93x of it).
     Tried and not kept: two consumers at D = 64, as cuDNN has (BLOCK_M 128, 240 registers each,
     which also fits the masked loop without spills). Slower at every length timed (ad hoc, fp16,
     each launch after an L2 flush, interleaved rounds: S = 2048 404 TFLOPS against 455 with three,
@@ -186,21 +193,21 @@ Measured effect (written by `flashcore report` from the committed record; do not
     TFLOPS (0.94x phase 09, SLOWER than phase 09); 09-turns 554 TFLOPS (0.97x 09-overlap, SLOWER
     than 09-overlap), causal 439 TFLOPS (0.98x 09-overlap, SLOWER than 09-overlap); 09-ws 504 TFLOPS
     (0.91x 09-turns, SLOWER than 09-turns), causal 398 TFLOPS (0.91x 09-turns, SLOWER than
-    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 464 TFLOPS (1.20x phase 08), causal 340 TFLOPS
-    (1.06x phase 08); 09-overlap 437 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 314
-    TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 431 TFLOPS (0.99x 09-overlap, SLOWER
-    than 09-overlap), causal 316 TFLOPS (1.01x 09-overlap); 09-ws 406 TFLOPS (0.94x 09-turns, SLOWER
-    than 09-turns), causal 303 TFLOPS (0.96x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048
-    D=128 bf16: 09 559 TFLOPS (1.46x phase 08), causal 460 TFLOPS (1.43x phase 08); 09-overlap 538
-    TFLOPS (0.96x phase 09, SLOWER than phase 09), causal 423 TFLOPS (0.92x phase 09, SLOWER than
-    phase 09); 09-turns 533 TFLOPS (0.99x 09-overlap, SLOWER than 09-overlap), causal 428 TFLOPS
-    (1.01x 09-overlap); 09-ws 478 TFLOPS (0.90x 09-turns, SLOWER than 09-turns), causal 383 TFLOPS
-    (0.90x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 476 TFLOPS
-    (1.21x phase 08), causal 352 TFLOPS (1.07x phase 08); 09-overlap 448 TFLOPS (0.94x phase 09,
-    SLOWER than phase 09), causal 326 TFLOPS (0.93x phase 09, SLOWER than phase 09); 09-turns 441
-    TFLOPS (0.98x 09-overlap, SLOWER than 09-overlap), causal 321 TFLOPS (0.99x 09-overlap, SLOWER
-    than 09-overlap); 09-ws 417 TFLOPS (0.95x 09-turns, SLOWER than 09-turns), causal 310 TFLOPS
-    (0.97x 09-turns, SLOWER than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 465 TFLOPS (1.23x phase 08), causal 344 TFLOPS
+    (1.09x phase 08); 09-overlap 437 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 321
+    TFLOPS (0.93x phase 09, SLOWER than phase 09); 09-turns 442 TFLOPS (1.01x 09-overlap), causal
+    324 TFLOPS (1.01x 09-overlap); 09-ws 417 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal
+    309 TFLOPS (0.95x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 607 TFLOPS
+    (1.59x phase 08), causal 489 TFLOPS (1.52x phase 08); 09-overlap 586 TFLOPS (0.97x phase 09,
+    SLOWER than phase 09), causal 454 TFLOPS (0.93x phase 09, SLOWER than phase 09); 09-turns 568
+    TFLOPS (0.97x 09-overlap, SLOWER than 09-overlap), causal 440 TFLOPS (0.97x 09-overlap, SLOWER
+    than 09-overlap); 09-ws 509 TFLOPS (0.90x 09-turns, SLOWER than 09-turns), causal 400 TFLOPS
+    (0.91x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 482 TFLOPS
+    (1.23x phase 08), causal 357 TFLOPS (1.08x phase 08); 09-overlap 450 TFLOPS (0.93x phase 09,
+    SLOWER than phase 09), causal 326 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 455
+    TFLOPS (1.01x 09-overlap), causal 331 TFLOPS (1.01x 09-overlap); 09-ws 430 TFLOPS (0.94x
+    09-turns, SLOWER than 09-turns), causal 315 TFLOPS (0.95x 09-turns, SLOWER than 09-turns)
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
