@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, uint64
 
-from ..arch.sim import arithmetic_device_function, simulator_enabled, simulator_pacing
+from ..arch.sim import arithmetic_device_function, fast_fdividef, simulator_enabled, simulator_pacing
 from ..arch.smem import STATIC_SMEM_LIMIT, raise_dynamic_smem_limit
 
 LOG2E = 1.4426950408889634
@@ -101,6 +101,41 @@ def finalize(acc_value, l_i):
     if l_i > float32(0.0):
         return acc_value / l_i
     return float32(0.0)
+
+
+def fragment_epilogue(pack, n_blocks):
+    """The epilogue of the wgmma phases (08, 09), for their 16-bit type (`pack`: two fp32 -> one
+    packed pair of fp16 or bf16) and an accumulator of `n_blocks` 8-column blocks (D / 8).
+
+    Every thread holds, of its warp's 16 query rows, rows a (its group g) and b (g + 8), in
+    columns 2t and 2t + 1 of each block j: the accumulator layout of mma.sync and wgmma alike.
+    The device function it returns, `store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)`,
+    sums l_i over the quad (each of its four threads summed a quarter of the row's columns), takes
+    o = acc / l_i and writes columns 2t, 2t + 1 of block j as one store: O is viewed as uint32
+    pairs, pair 4j + t. Rows past seq_q are not written; a row that saw no key writes 0.
+    """
+    FULL_MASK = 0xFFFFFFFF
+
+    @cuda.jit(device=True, inline=True)
+    def store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b):
+        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
+        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
+        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
+        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
+        # 1 / l_i by the fast approximate division: an IEEE division has a slow path that is a
+        # subroutine call, and a call anywhere in a kernel serializes its wgmmas
+        inv_a = fast_fdividef(float32(1.0), l_a) if l_a > float32(0.0) else float32(0.0)
+        inv_b = fast_fdividef(float32(1.0), l_b) if l_b > float32(0.0) else float32(0.0)
+        # unsigned indices (uidx): with signed ones each store has its own negative-index test,
+        # which in a loop over query blocks (phase 09) the compiler hoists and keeps in registers
+        for j in range(n_blocks):
+            pair = uidx(j * 4 + t)
+            if row_a < seq_q:
+                O[uidx(b), uidx(h), uidx(row_a), pair] = pack(acc[j, 0] * inv_a, acc[j, 1] * inv_a)
+            if row_b < seq_q:
+                O[uidx(b), uidx(h), uidx(row_b), pair] = pack(acc[j, 2] * inv_b, acc[j, 3] * inv_b)
+
+    return store_rows
 
 
 # ---------------------------------------------------------------------------------------------

@@ -88,8 +88,8 @@ from functools import lru_cache
 from numba import cuda, float32, uint32, uint64
 
 from flashcore_numba.arch import ptx
-from flashcore_numba.arch.sim import fast_fdividef, simulator_enabled
-from flashcore_numba.phases.common import KernelConfig, key_end, softmax_rescale
+from flashcore_numba.arch.sim import simulator_enabled
+from flashcore_numba.phases.common import KernelConfig, fragment_epilogue, key_end, softmax_rescale
 
 ID = "08"
 NAME = "wgmma"
@@ -176,6 +176,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     SW128 = ptx.SWIZZLE_128B
     K_OFF, V_OFF, STAGE_BYTES = L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
+    store_rows = fragment_epilogue(pack, NO)  # the epilogue, shared with phase 09 (common.py)
     Q_WG_BYTES = WG_M * HEAD_DIM * 2  # one warpgroup's 64 rows of Q
     Q_WORDS, N_THREADS = BLOCK_M * HEAD_DIM // 2, L["N_THREADS"]
 
@@ -315,22 +316,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             cuda.syncthreads()
             stage = 1 - stage
 
-        # -- epilogue: the rows' sums over the quad, o = acc / l_i; O is viewed as uint32 pairs,
-        # so columns 2t and 2t+1 of block j (pair 4j + t) are one store
-        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
-        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
-        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
-        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
-        # 1 / l_i by the fast approximate division: an IEEE division has a slow path that is a
-        # subroutine call, and a call anywhere serializes the kernel's wgmmas (see h_kv above)
-        inv_a = fast_fdividef(float32(1.0), l_a) if l_a > float32(0.0) else float32(0.0)
-        inv_b = fast_fdividef(float32(1.0), l_b) if l_b > float32(0.0) else float32(0.0)
-        for j in range(NO):
-            pair = j * (MMA_N // 2) + t
-            if row_a < seq_q:
-                O[b, h, row_a, pair] = pack(acc[j, 0] * inv_a, acc[j, 1] * inv_a)
-            if row_b < seq_q:
-                O[b, h, row_b, pair] = pack(acc[j, 2] * inv_b, acc[j, 3] * inv_b)
+        # -- epilogue: the rows' sums over the quad, o = acc / l_i, packed pairs (common.py)
+        store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
 
     return KernelConfig(wgmma_attention, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
                         packed_output=True)

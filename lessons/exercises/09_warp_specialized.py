@@ -228,8 +228,8 @@ from functools import lru_cache, partial
 from numba import cuda, float32, int32, uint32
 
 from flashcore_numba.arch import ptx
-from flashcore_numba.arch.sim import fast_fdividef, simulator_enabled
-from flashcore_numba.phases.common import KernelConfig, key_end, softmax_rescale, uidx
+from flashcore_numba.arch.sim import simulator_enabled
+from flashcore_numba.phases.common import KernelConfig, fragment_epilogue, key_end, softmax_rescale, uidx
 
 ID = "09"
 NAME = "warp_specialized"
@@ -334,6 +334,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     INFO = L["INFO_OFF"] // 4  # the info slot, in words of smem_h
     KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
+    store_rows = fragment_epilogue(pack, NO)  # the epilogue, shared with phase 08 (common.py)
     HALF = NT // 2  # S's column blocks are walked in two halves: see mask_and_max
     N_P, N_O = 4 * KP, 4 * NO  # registers per thread of P's fragments, of O
     Q_WG_WORDS = TILE_BYTES // 4
@@ -646,23 +647,9 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
                 arrive(empty + 8 * prev)
 
-            # -- epilogue as in phase 08: the rows' sums over the quad, o = acc / l_i, packed pairs; the
-            # other consumers' turns go on meanwhile, and the producer is loading the next block
-            l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
-            l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
-            l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
-            l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
-            inv_a = fast_fdividef(float32(1.0), l_a) if l_a > float32(0.0) else float32(0.0)
-            inv_b = fast_fdividef(float32(1.0), l_b) if l_b > float32(0.0) else float32(0.0)
-            # unsigned indices (phase 03's uidx): with signed ones each of the 2 x NO stores has its own
-            # negative-index test, which the compiler hoists out of the loop over query blocks and
-            # keeps in registers (spilled: 348 B at D = 128)
-            for j in range(NO):
-                pair = uidx(j * (MMA_N // 2) + t)
-                if row_a < seq_q:
-                    O[uidx(b), uidx(h), uidx(row_a), pair] = pack(acc[j, 0] * inv_a, acc[j, 1] * inv_a)
-                if row_b < seq_q:
-                    O[uidx(b), uidx(h), uidx(row_b), pair] = pack(acc[j, 2] * inv_b, acc[j, 3] * inv_b)
+            # -- epilogue as in phase 08 (common.py): the rows' sums over the quad, o = acc / l_i, packed
+            # pairs; the other consumers' turns go on meanwhile, and the producer loads the next block
+            store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
 
         if pingpong and c == 0:
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
