@@ -58,15 +58,24 @@ Why the hardware rewards it
     D = 64 fp16 362 -> 385 TFLOPS, causal 303 -> 317; D = 128 350 -> 384, causal 297 -> 324; bf16
     D = 64 362 -> 385, causal 303 -> 319; bf16 D = 128 350 -> 382, causal 301 -> 323; grouped
     queries 370 -> 394, causal 313 -> 328.
+    The epilogue shared with phase 09 (commit c1d3e54, common.fragment_epilogue): the same sums,
+    division and packed stores, but with unsigned indices (phase 03's uidx), so the stores lose
+    their negative-index tests: 1608 -> 1320 SASS instructions at D = 64, 2320 -> 1744 at D = 128.
+    The epilogue runs once per block, and the records show no gain (its records against those
+    of 158229a and 40974dd): D = 64 fp16 378 -> 374 TFLOPS, causal 315 -> 310; bf16 379 -> 374,
+    causal 315 -> 311; grouped queries 391 -> 385, causal 329 -> 324; D = 128 fp16 378 -> 382,
+    causal 320 -> 322; bf16 381 -> 382, causal 323 -> 326. D = 64 ran 1-2 % slower in all six of
+    its records, D = 128 0-1 % faster: small, and not understood (the assembler allocated the
+    registers of the whole kernel anew).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 378 TFLOPS (1.41x phase 07),
-    causal 315 TFLOPS (1.37x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 08 378 TFLOPS (1.46x phase 07), causal 320 TFLOPS (1.43x phase 07). At B=16 H=16 S=2048
-    D=64 bf16: 08 379 TFLOPS (1.41x phase 07), causal 315 TFLOPS (1.38x phase 07). At B=16 H=16
-    S=2048 D=128 bf16: 08 381 TFLOPS (1.45x phase 07), causal 323 TFLOPS (1.43x phase 07). At B=16
-    H=32 H_kv=8 S=2048 D=64 fp16: 08 391 TFLOPS (1.41x phase 07), causal 329 TFLOPS (1.38x phase 07)
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 374 TFLOPS (1.38x phase 07),
+    causal 310 TFLOPS (1.35x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    fp16: 08 382 TFLOPS (1.47x phase 07), causal 322 TFLOPS (1.43x phase 07). At B=16 H=16 S=2048
+    D=64 bf16: 08 374 TFLOPS (1.38x phase 07), causal 311 TFLOPS (1.35x phase 07). At B=16 H=16
+    S=2048 D=128 bf16: 08 382 TFLOPS (1.47x phase 07), causal 326 TFLOPS (1.43x phase 07). At B=16
+    H=32 H_kv=8 S=2048 D=64 fp16: 08 385 TFLOPS (1.39x phase 07), causal 324 TFLOPS (1.35x phase 07)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,

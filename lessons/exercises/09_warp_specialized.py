@@ -161,14 +161,26 @@ Why the hardware rewards it
     more instructions than cuDNN at D = 128, docs/tuning/09_ncu_persistent.txt). Counted
     instead (`advance`): D = 128 fp16 542 -> 590 TFLOPS, causal 443 -> 479 (0.92x and 0.91x
     cuDNN in the same runs); D = 64, whose four stages divide with a shift, 462 -> 464, causal
-    339 -> 342. The bf16 and grouped-query records, and the sweeps, were made again at commit
-    40974dd (the kernel of 158229a): bf16 D = 128 559 -> 607 TFLOPS, causal 460 -> 489 (0.92x and
-    0.91x cuDNN); bf16 D = 64 464 -> 465, causal 340 -> 344; grouped queries 476 -> 482, causal
-    352 -> 357 (1.00x and 0.86x). In the sweeps 09 is level with cuDNN or ahead at D = 64 without
-    a mask from S = 2048 on (1.00x to 1.08x), with one from S = 8192 on (1.00x, 1.03x), and at
-    D = 128 without a mask at S = 8192 (1.02x); at short sequences it stays well behind (S = 512:
-    0.84x and 0.68x at D = 64, 0.79x and 0.76x at D = 128). Phase 08 is still the faster at D = 64
-    causal up to S = 1024 (09 at 0.91x and 0.93x of it).
+    339 -> 342. All records were made again at commit c1d3e54, whose phase 09 compiles to the
+    SASS of 158229a (its epilogue moved to common.py): bf16 D = 128 559 -> 603 TFLOPS, causal
+    460 -> 488 (0.92x and 0.90x cuDNN); bf16 D = 64 464 -> 468, causal 340 -> 347; grouped queries
+    476 -> 487, causal 352 -> 360 (1.01x and 0.87x). In the sweeps 09 is level with cuDNN or ahead
+    at D = 64 without a mask from S = 2048 on (1.00x to 1.08x) and with one from S = 8192 on (1.00x,
+    1.03x); at D = 128 it reaches 1.03x at S = 16384 without a mask and stays at 0.83x-0.97x
+    elsewhere from S = 1024 (0.76x at S = 512 with a mask). Phase 08 is still the faster at D = 64 causal up to S = 1024 (09 at
+    0.94x and 0.95x of it). Two points of these sweeps spread as described above: D = 64 without a
+    mask at S = 512, where 09's launches took 0.23 to 3.71 ms (median 0.32, so 0.76x of phase 08;
+    in the sweep of commit 40974dd it was 1.06x of 08), and D = 128 at S = 512, where cuDNN's
+    took 0.34 to 1.58 ms (09 at 1.13x of it there, 0.79x in the sweep before).
+    Not kept, for want of registers: a consumer passing the tiles that are masked for all its
+    rows (under a causal mask a 192-row block streams up to two tiles of 128 keys that consumer
+    0's rows do not see: 5 % of the D = 64 tiles at S = 2048, 10-13 % at S = 512-1024, where phase
+    08 is ahead). The consumer would only wait for such a tile, pass its turn on and release its
+    stage. At D = 64 every form of it tried (its own tile count computed, or written by the
+    producer into the info slot; the passing loop before or after the last P·V) spilled 104 to
+    152 B of the 160 registers a consumer has, and even `n_tiles - (c & 1)` alone spilled; the
+    kernel here sits at the edge of that budget. At D = 128 (BLOCK_M = BLOCK_N) no such tile
+    exists. Not timed.
     Tried and not kept: two consumers at D = 64, as cuDNN has (BLOCK_M 128, 240 registers each,
     which also fits the masked loop without spills). Slower at every length timed (ad hoc, fp16,
     each launch after an L2 flush, interleaved rounds: S = 2048 404 TFLOPS against 455 with three,
@@ -183,31 +195,31 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 464 TFLOPS (1.23x phase 08),
-    causal 342 TFLOPS (1.09x phase 08); 128 registers, 0 B local memory. 09-overlap: 438 TFLOPS
-    (0.94x phase 09, SLOWER than phase 09), causal 318 TFLOPS (0.93x phase 09, SLOWER than phase
-    09). 09-turns: 441 TFLOPS (1.01x 09-overlap), causal 320 TFLOPS (1.01x 09-overlap). 09-ws: 416
-    TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 307 TFLOPS (0.96x 09-turns, SLOWER than
-    09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 590 TFLOPS (1.56x phase 08), causal 479 TFLOPS
-    (1.50x phase 08); 09-overlap 569 TFLOPS (0.96x phase 09, SLOWER than phase 09), causal 450
-    TFLOPS (0.94x phase 09, SLOWER than phase 09); 09-turns 554 TFLOPS (0.97x 09-overlap, SLOWER
-    than 09-overlap), causal 439 TFLOPS (0.98x 09-overlap, SLOWER than 09-overlap); 09-ws 504 TFLOPS
-    (0.91x 09-turns, SLOWER than 09-turns), causal 398 TFLOPS (0.91x 09-turns, SLOWER than
-    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 465 TFLOPS (1.23x phase 08), causal 344 TFLOPS
-    (1.09x phase 08); 09-overlap 437 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 321
-    TFLOPS (0.93x phase 09, SLOWER than phase 09); 09-turns 442 TFLOPS (1.01x 09-overlap), causal
-    324 TFLOPS (1.01x 09-overlap); 09-ws 417 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal
-    309 TFLOPS (0.95x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 607 TFLOPS
-    (1.59x phase 08), causal 489 TFLOPS (1.52x phase 08); 09-overlap 586 TFLOPS (0.97x phase 09,
-    SLOWER than phase 09), causal 454 TFLOPS (0.93x phase 09, SLOWER than phase 09); 09-turns 568
-    TFLOPS (0.97x 09-overlap, SLOWER than 09-overlap), causal 440 TFLOPS (0.97x 09-overlap, SLOWER
-    than 09-overlap); 09-ws 509 TFLOPS (0.90x 09-turns, SLOWER than 09-turns), causal 400 TFLOPS
-    (0.91x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 482 TFLOPS
-    (1.23x phase 08), causal 357 TFLOPS (1.08x phase 08); 09-overlap 450 TFLOPS (0.93x phase 09,
-    SLOWER than phase 09), causal 326 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 455
-    TFLOPS (1.01x 09-overlap), causal 331 TFLOPS (1.01x 09-overlap); 09-ws 430 TFLOPS (0.94x
-    09-turns, SLOWER than 09-turns), causal 315 TFLOPS (0.95x 09-turns, SLOWER than 09-turns)
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 466 TFLOPS (1.25x phase 08),
+    causal 345 TFLOPS (1.11x phase 08); 128 registers, 0 B local memory. 09-overlap: 437 TFLOPS
+    (0.94x phase 09, SLOWER than phase 09), causal 321 TFLOPS (0.93x phase 09, SLOWER than phase
+    09). 09-turns: 441 TFLOPS (1.01x 09-overlap), causal 325 TFLOPS (1.01x 09-overlap). 09-ws: 419
+    TFLOPS (0.95x 09-turns, SLOWER than 09-turns), causal 309 TFLOPS (0.95x 09-turns, SLOWER than
+    09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 588 TFLOPS (1.54x phase 08), causal 479 TFLOPS
+    (1.49x phase 08); 09-overlap 568 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 450
+    TFLOPS (0.94x phase 09, SLOWER than phase 09); 09-turns 554 TFLOPS (0.98x 09-overlap, SLOWER
+    than 09-overlap), causal 441 TFLOPS (0.98x 09-overlap, SLOWER than 09-overlap); 09-ws 509 TFLOPS
+    (0.92x 09-turns, SLOWER than 09-turns), causal 399 TFLOPS (0.90x 09-turns, SLOWER than
+    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 468 TFLOPS (1.25x phase 08), causal 347 TFLOPS
+    (1.11x phase 08); 09-overlap 439 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 319
+    TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 444 TFLOPS (1.01x 09-overlap), causal
+    326 TFLOPS (1.02x 09-overlap); 09-ws 416 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal
+    308 TFLOPS (0.95x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 603 TFLOPS
+    (1.58x phase 08), causal 488 TFLOPS (1.50x phase 08); 09-overlap 581 TFLOPS (0.96x phase 09,
+    SLOWER than phase 09), causal 458 TFLOPS (0.94x phase 09, SLOWER than phase 09); 09-turns 565
+    TFLOPS (0.97x 09-overlap, SLOWER than 09-overlap), causal 444 TFLOPS (0.97x 09-overlap, SLOWER
+    than 09-overlap); 09-ws 512 TFLOPS (0.91x 09-turns, SLOWER than 09-turns), causal 403 TFLOPS
+    (0.91x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 487 TFLOPS
+    (1.27x phase 08), causal 360 TFLOPS (1.11x phase 08); 09-overlap 455 TFLOPS (0.93x phase 09,
+    SLOWER than phase 09), causal 331 TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 454
+    TFLOPS (1.00x 09-overlap, SLOWER than 09-overlap), causal 335 TFLOPS (1.01x 09-overlap); 09-ws
+    430 TFLOPS (0.95x 09-turns, SLOWER than 09-turns), causal 320 TFLOPS (0.95x 09-turns, SLOWER
+    than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
