@@ -161,8 +161,9 @@ Why the hardware rewards it
     08 is ahead). The consumer would only wait for such a tile, pass its turn on and release its
     stage. At D = 64 every form of it tried (its own tile count computed, or written by the
     producer into the info slot; the passing loop before or after the last P·V) spilled 104 to
-    152 B of the 160 registers a consumer has, and even `n_tiles - (c & 1)` alone spilled; the
-    kernel here sits at the edge of that budget. At D = 128 (BLOCK_M = BLOCK_N) no such tile
+    152 B of the 160 registers a consumer has, also with two registers freed (each row's key end
+    kept in shared memory, read in the masked branch alone: no spill by itself), and even
+    `n_tiles - (c & 1)` alone spilled; the kernel here sits at the edge of that budget. At D = 128 (BLOCK_M = BLOCK_N) no such tile
     exists. Not timed.
     Tried and not kept: two consumers at D = 64, as cuDNN has (BLOCK_M 128, 240 registers each,
     which also fits the masked loop without spills). Slower at every length timed (ad hoc, fp16,
