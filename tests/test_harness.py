@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from numba import cuda, int32
 
 from flashcore_numba import PHASES
 from flashcore_numba.arch.sim import simulator_enabled
@@ -477,3 +478,25 @@ def test_ladder_table_folds_phases_that_could_not_run():
     assert [row.split("|")[1].strip() for row in rows] == ["07"]
     assert "- n/a — 05, 06: supports float16 only, not bfloat16" in lines
     assert any("no cuDNN" in line for line in lines)  # a peer's reason is kept
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="tests the simulator's block loop (arch/sim._run_block)")
+def test_simulator_block_loop_keeps_barriers_and_reports_errors():
+    """The pausing block loop still releases every syncthreads only once all threads arrived, and a
+    thread that fails while the others wait at a barrier makes the launch raise instead of hang."""
+    @cuda.jit
+    def shift_left(out, fail_at):
+        buf = cuda.shared.array(64, int32)
+        i = cuda.threadIdx.x
+        buf[i] = i + 1
+        cuda.syncthreads()  # every write is done before any neighbour reads
+        if i == fail_at:
+            raise ValueError("lane failed")
+        cuda.syncthreads()
+        out[i] = buf[(i + 1) % 64]
+
+    out = np.zeros(64, dtype=np.int32)
+    shift_left[1, 64](out, -1)
+    assert out.tolist() == [(i + 1) % 64 + 1 for i in range(64)]
+    with pytest.raises(ValueError, match="lane failed"):
+        shift_left[1, 64](out, 5)
