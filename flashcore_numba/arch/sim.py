@@ -221,9 +221,10 @@ def _run_block(self, grid_point, *args):
     The simulator starts a Python thread per CUDA thread, then loops over them until all have
     finished: when every thread still running waits at `syncthreads`, it releases them. Its loop
     never pauses, so it holds the interpreter lock for a share of the time as large as that of
-    the threads doing the work. Pausing 2 ms a round hands that time back: phase 07 at S = 70
-    ran in 10 s instead of 31, phase 09 in 7 s instead of 15 (one launch each, this machine).
-    A barrier is released at most one pause late.
+    the threads doing the work. Pausing 2 ms a round hands that time back (one causal launch at
+    S = 70 each, 2 cores, another test run alongside): phase 07 8 s instead of 31, phase 05 9
+    instead of 26, phase 03 8 instead of 23; the CPU suite 18 minutes instead of about 24. A
+    barrier is released at most one pause late.
     """
     from numba.cuda.simulator.kernel import BlockThread
 
