@@ -165,6 +165,22 @@ def test_phase09_variants_match_reference(variant):
 
 
 
+@pytest.mark.parametrize("variant", ["09", "09-ws"])
+def test_phase09_passes_the_tiles_a_consumer_never_sees(variant):
+    """S_q=100, S_k=160, causal (bottom-right): the block's 128 rows need two tiles of 128 keys, but
+    the first consumer's rows (0..63) see keys up to 123 only, in tile 0. That consumer computes
+    tile 0 and passes tile 1 on (its turn, its stage) without reading it."""
+    from flashcore_numba import attention
+    from flashcore_numba.phases import p09_warp_specialized as p09
+
+    L = p09.layout(64)
+    assert L["PASS_UNSEEN"] and L["BLOCK_M"] == 128 and L["BLOCK_N"] == 128  # the simulator's layout
+    q, k, v = random_qkv((1, 1, 100, 64), 160)
+    out = attention(q, k, v, causal=True, phase=variant)
+    verdict = check_close(out, reference_attention(q, k, v, causal=True), lowp_attention(q, k, v, causal=True))
+    assert verdict.ok, f"{variant}: {verdict.message}"
+
+
 def test_phase09_grid_is_persistent():
     """Phase 09 launches one block per SM (two in the simulator), each looping over query blocks;
     09-overlap one block per query block. The grouped-query test above runs 09 with 4 units (one

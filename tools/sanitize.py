@@ -22,10 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("memcheck", "racecheck", "synccheck")
 # (B, H, S_q, S_k, D, causal): tails everywhere, S_q != S_k both ways, rows without keys, D 64 and 128.
-# The last one has 400 keys: phase 09 at D = 128 runs its tiles 1 and 2 in the loop without masks
-# (MASKED_LOOP) and tile 3 in the masked one; the shorter shapes reach the masked loop only
+# The 400-key shapes reach every loop of phase 09's consumers: at D = 128 tiles 1 and 2 in the loop
+# without masks and tile 3 in the masked one; at D = 64, causal, the 192-row blocks also stream tiles
+# that their first consumers' rows never see, and those consumers pass them (PASS_UNSEEN)
 SHAPES = ((1, 2, 77, 50, 64, True), (1, 1, 130, 130, 128, False), (2, 1, 33, 65, 64, True),
-          (1, 1, 70, 70, 128, True), (1, 1, 200, 400, 128, False))
+          (1, 1, 70, 70, 128, True), (1, 1, 200, 400, 128, False), (1, 1, 400, 400, 64, True))
 
 
 def child(kernel_ids) -> int:
