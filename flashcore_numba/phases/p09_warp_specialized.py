@@ -179,31 +179,30 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 466 TFLOPS (1.25x phase 08),
-    causal 345 TFLOPS (1.11x phase 08); 128 registers, 0 B local memory. 09-overlap: 437 TFLOPS
-    (0.94x phase 09, SLOWER than phase 09), causal 321 TFLOPS (0.93x phase 09, SLOWER than phase
-    09). 09-turns: 441 TFLOPS (1.01x 09-overlap), causal 325 TFLOPS (1.01x 09-overlap). 09-ws: 419
-    TFLOPS (0.95x 09-turns, SLOWER than 09-turns), causal 309 TFLOPS (0.95x 09-turns, SLOWER than
-    09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 588 TFLOPS (1.54x phase 08), causal 479 TFLOPS
-    (1.49x phase 08); 09-overlap 568 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 450
-    TFLOPS (0.94x phase 09, SLOWER than phase 09); 09-turns 554 TFLOPS (0.98x 09-overlap, SLOWER
-    than 09-overlap), causal 441 TFLOPS (0.98x 09-overlap, SLOWER than 09-overlap); 09-ws 509 TFLOPS
-    (0.92x 09-turns, SLOWER than 09-turns), causal 399 TFLOPS (0.90x 09-turns, SLOWER than
-    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 468 TFLOPS (1.25x phase 08), causal 347 TFLOPS
-    (1.11x phase 08); 09-overlap 439 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 319
-    TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 444 TFLOPS (1.01x 09-overlap), causal
-    326 TFLOPS (1.02x 09-overlap); 09-ws 416 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal
-    308 TFLOPS (0.95x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 603 TFLOPS
-    (1.58x phase 08), causal 488 TFLOPS (1.50x phase 08); 09-overlap 581 TFLOPS (0.96x phase 09,
-    SLOWER than phase 09), causal 458 TFLOPS (0.94x phase 09, SLOWER than phase 09); 09-turns 565
-    TFLOPS (0.97x 09-overlap, SLOWER than 09-overlap), causal 444 TFLOPS (0.97x 09-overlap, SLOWER
-    than 09-overlap); 09-ws 512 TFLOPS (0.91x 09-turns, SLOWER than 09-turns), causal 403 TFLOPS
-    (0.91x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 487 TFLOPS
-    (1.27x phase 08), causal 360 TFLOPS (1.11x phase 08); 09-overlap 455 TFLOPS (0.93x phase 09,
-    SLOWER than phase 09), causal 331 TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 454
-    TFLOPS (1.00x 09-overlap, SLOWER than 09-overlap), causal 335 TFLOPS (1.01x 09-overlap); 09-ws
-    430 TFLOPS (0.95x 09-turns, SLOWER than 09-turns), causal 320 TFLOPS (0.95x 09-turns, SLOWER
-    than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 479 TFLOPS (1.27x phase 08),
+    causal 367 TFLOPS (1.19x phase 08); 128 registers, 0 B local memory. 09-overlap: 454 TFLOPS
+    (0.95x phase 09, SLOWER than phase 09), causal 337 TFLOPS (0.92x phase 09, SLOWER than phase
+    09). 09-turns: 314 TFLOPS (0.69x 09-overlap, SLOWER than 09-overlap), causal 259 TFLOPS (0.77x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 422 TFLOPS (1.34x 09-turns), causal 326 TFLOPS
+    (1.26x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 619 TFLOPS (1.62x phase 08), causal 500
+    TFLOPS (1.54x phase 08); 09-overlap 602 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal
+    475 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-turns 443 TFLOPS (0.74x 09-overlap, SLOWER
+    than 09-overlap), causal 377 TFLOPS (0.79x 09-overlap, SLOWER than 09-overlap); 09-ws 523 TFLOPS
+    (1.18x 09-turns), causal 415 TFLOPS (1.10x 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 482
+    TFLOPS (1.28x phase 08), causal 365 TFLOPS (1.18x phase 08); 09-overlap 457 TFLOPS (0.95x phase
+    09, SLOWER than phase 09), causal 338 TFLOPS (0.93x phase 09, SLOWER than phase 09); 09-turns
+    314 TFLOPS (0.69x 09-overlap, SLOWER than 09-overlap), causal 257 TFLOPS (0.76x 09-overlap,
+    SLOWER than 09-overlap); 09-ws 422 TFLOPS (1.34x 09-turns), causal 327 TFLOPS (1.27x 09-turns).
+    At B=16 H=16 S=2048 D=128 bf16: 09 637 TFLOPS (1.66x phase 08), causal 514 TFLOPS (1.60x phase
+    08); 09-overlap 618 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 488 TFLOPS (0.95x
+    phase 09, SLOWER than phase 09); 09-turns 448 TFLOPS (0.72x 09-overlap, SLOWER than 09-overlap),
+    causal 378 TFLOPS (0.78x 09-overlap, SLOWER than 09-overlap); 09-ws 526 TFLOPS (1.18x 09-turns),
+    causal 415 TFLOPS (1.10x 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 494 TFLOPS (1.29x
+    phase 08), causal 382 TFLOPS (1.19x phase 08); 09-overlap 462 TFLOPS (0.93x phase 09, SLOWER
+    than phase 09), causal 347 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 317 TFLOPS
+    (0.69x 09-overlap, SLOWER than 09-overlap), causal 265 TFLOPS (0.77x 09-overlap, SLOWER than
+    09-overlap); 09-ws 431 TFLOPS (1.36x 09-turns), causal 338 TFLOPS (1.27x 09-turns)
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,

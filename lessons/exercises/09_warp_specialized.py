@@ -196,31 +196,30 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 466 TFLOPS (1.25x phase 08),
-    causal 345 TFLOPS (1.11x phase 08); 128 registers, 0 B local memory. 09-overlap: 437 TFLOPS
-    (0.94x phase 09, SLOWER than phase 09), causal 321 TFLOPS (0.93x phase 09, SLOWER than phase
-    09). 09-turns: 441 TFLOPS (1.01x 09-overlap), causal 325 TFLOPS (1.01x 09-overlap). 09-ws: 419
-    TFLOPS (0.95x 09-turns, SLOWER than 09-turns), causal 309 TFLOPS (0.95x 09-turns, SLOWER than
-    09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 588 TFLOPS (1.54x phase 08), causal 479 TFLOPS
-    (1.49x phase 08); 09-overlap 568 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 450
-    TFLOPS (0.94x phase 09, SLOWER than phase 09); 09-turns 554 TFLOPS (0.98x 09-overlap, SLOWER
-    than 09-overlap), causal 441 TFLOPS (0.98x 09-overlap, SLOWER than 09-overlap); 09-ws 509 TFLOPS
-    (0.92x 09-turns, SLOWER than 09-turns), causal 399 TFLOPS (0.90x 09-turns, SLOWER than
-    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 468 TFLOPS (1.25x phase 08), causal 347 TFLOPS
-    (1.11x phase 08); 09-overlap 439 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 319
-    TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 444 TFLOPS (1.01x 09-overlap), causal
-    326 TFLOPS (1.02x 09-overlap); 09-ws 416 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal
-    308 TFLOPS (0.95x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 603 TFLOPS
-    (1.58x phase 08), causal 488 TFLOPS (1.50x phase 08); 09-overlap 581 TFLOPS (0.96x phase 09,
-    SLOWER than phase 09), causal 458 TFLOPS (0.94x phase 09, SLOWER than phase 09); 09-turns 565
-    TFLOPS (0.97x 09-overlap, SLOWER than 09-overlap), causal 444 TFLOPS (0.97x 09-overlap, SLOWER
-    than 09-overlap); 09-ws 512 TFLOPS (0.91x 09-turns, SLOWER than 09-turns), causal 403 TFLOPS
-    (0.91x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 487 TFLOPS
-    (1.27x phase 08), causal 360 TFLOPS (1.11x phase 08); 09-overlap 455 TFLOPS (0.93x phase 09,
-    SLOWER than phase 09), causal 331 TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 454
-    TFLOPS (1.00x 09-overlap, SLOWER than 09-overlap), causal 335 TFLOPS (1.01x 09-overlap); 09-ws
-    430 TFLOPS (0.95x 09-turns, SLOWER than 09-turns), causal 320 TFLOPS (0.95x 09-turns, SLOWER
-    than 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 479 TFLOPS (1.27x phase 08),
+    causal 367 TFLOPS (1.19x phase 08); 128 registers, 0 B local memory. 09-overlap: 454 TFLOPS
+    (0.95x phase 09, SLOWER than phase 09), causal 337 TFLOPS (0.92x phase 09, SLOWER than phase
+    09). 09-turns: 314 TFLOPS (0.69x 09-overlap, SLOWER than 09-overlap), causal 259 TFLOPS (0.77x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 422 TFLOPS (1.34x 09-turns), causal 326 TFLOPS
+    (1.26x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 619 TFLOPS (1.62x phase 08), causal 500
+    TFLOPS (1.54x phase 08); 09-overlap 602 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal
+    475 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-turns 443 TFLOPS (0.74x 09-overlap, SLOWER
+    than 09-overlap), causal 377 TFLOPS (0.79x 09-overlap, SLOWER than 09-overlap); 09-ws 523 TFLOPS
+    (1.18x 09-turns), causal 415 TFLOPS (1.10x 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 482
+    TFLOPS (1.28x phase 08), causal 365 TFLOPS (1.18x phase 08); 09-overlap 457 TFLOPS (0.95x phase
+    09, SLOWER than phase 09), causal 338 TFLOPS (0.93x phase 09, SLOWER than phase 09); 09-turns
+    314 TFLOPS (0.69x 09-overlap, SLOWER than 09-overlap), causal 257 TFLOPS (0.76x 09-overlap,
+    SLOWER than 09-overlap); 09-ws 422 TFLOPS (1.34x 09-turns), causal 327 TFLOPS (1.27x 09-turns).
+    At B=16 H=16 S=2048 D=128 bf16: 09 637 TFLOPS (1.66x phase 08), causal 514 TFLOPS (1.60x phase
+    08); 09-overlap 618 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 488 TFLOPS (0.95x
+    phase 09, SLOWER than phase 09); 09-turns 448 TFLOPS (0.72x 09-overlap, SLOWER than 09-overlap),
+    causal 378 TFLOPS (0.78x 09-overlap, SLOWER than 09-overlap); 09-ws 526 TFLOPS (1.18x 09-turns),
+    causal 415 TFLOPS (1.10x 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 494 TFLOPS (1.29x
+    phase 08), causal 382 TFLOPS (1.19x phase 08); 09-overlap 462 TFLOPS (0.93x phase 09, SLOWER
+    than phase 09), causal 347 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 317 TFLOPS
+    (0.69x 09-overlap, SLOWER than 09-overlap), causal 265 TFLOPS (0.77x 09-overlap, SLOWER than
+    09-overlap); 09-ws 431 TFLOPS (1.36x 09-turns), causal 338 TFLOPS (1.27x 09-turns)
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
@@ -272,9 +271,6 @@ CONSUMERS = {64: 3, 128: 2}
 CONSUMER_REGISTERS = {2: 240, 3: 160}
 SIM_CONSUMERS = 2  # in the simulator (one Python thread per CUDA thread): 384 threads at any D
 STAGES = {64: 4, 128: 3}  # K/V ring depth: at D = 128 three stages of 64 KB fill shared memory
-# per head dim: the tiles that need a mask in a loop of their own, the others' softmax compiled
-# without it. Measured faster at D = 128; at D = 64 the second copy of the softmax spills (64 B)
-MASKED_LOOP = {64: False, 128: True}
 TURN = 1  # named barriers TURN + c: consumer c's turn at the tensor cores
 TURN_THREADS = 256  # a turn barrier completes with its consumer (sync) and the one before (arrive)
 WG_SYNC = 4  # named barriers WG_SYNC + c: consumer c's 128 threads only
@@ -295,7 +291,10 @@ def layout(HEAD_DIM):
     L["KV_BYTES"] = BLOCK_N * HEAD_DIM * 2  # one K or V tile
     L["KV_ATOM"] = BLOCK_N * ROW  # one atom of a K or V tile: BLOCK_N rows of 128 bytes
     L["STAGES"] = STAGES[HEAD_DIM]
-    L["MASKED_LOOP"] = MASKED_LOOP[HEAD_DIM]
+    # a consumer passes the tiles its rows never see: under a causal mask, a block with more rows
+    # than a tile has keys streams tiles that only its later consumers need (D = 64: 192 rows, 128
+    # keys). Kept in the simulator (BLOCK_M = BLOCK_N there) so that the pass stays tested
+    L["PASS_UNSEEN"] = L["BLOCK_M"] > BLOCK_N or simulator_enabled()
     L["Q_OFF"] = 0
     L["RING_OFF"] = consumers * L["TILE_BYTES"]
     L["STAGE_BYTES"] = 2 * L["KV_BYTES"]  # K, then V
@@ -352,7 +351,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     N_P, N_O = 4 * KP, 4 * NO  # registers per thread of P's fragments, of O
     Q_WG_WORDS = TILE_BYTES // 4
     CONSUMERS = L["CONSUMERS"]
-    MASKED_LOOP = L["MASKED_LOOP"]
+    PASS_UNSEEN = L["PASS_UNSEEN"]
     CONSUMER_THREADS = 128 * CONSUMERS
     LAUNCH_BOUNDS = L["LAUNCH_BOUNDS"]
 
@@ -572,7 +571,11 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
 
         # -------------------- consumers: warpgroup c owns query rows row0 + 64c .. + 63 ------------
         regs_inc()
-        c = wg - 1
+        # c is the same for the 128 threads of a warpgroup, but the assembler cannot tell that from
+        # tid // 128: broadcast from lane 0, it is warp-uniform to ptxas, and so are the loop bounds
+        # computed from it. Without this the tile loops below (whose bounds depend on c) spilled at
+        # D = 64, and the loop of the masked tiles was left out there (see the docstring)
+        c = cuda.shfl_sync(FULL_MASK, wg - 1, 0)
         warp = (tid % 128) // 32
         lane = tid % 32
         g = lane // 4
@@ -603,6 +606,10 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             row_b = row_a + 8
             k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
             k_end_b = key_end(min(row_b, seq_q - 1), seq_q, seq_k, causal)
+            n_mine = n_tiles  # the tiles this warpgroup's rows see: its last row sees the most keys
+            if PASS_UNSEEN:
+                last = min(row0 + c * WG_M + WG_M, seq_q) - 1
+                n_mine = (key_end(last, seq_q, seq_k, causal) + BLOCK_N - 1) // BLOCK_N
             for j in range(NO):
                 for e in range(4):
                     acc[j, e] = float32(0.0)
@@ -620,7 +627,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 bar_sync(uint32(WG_SYNC + c), uint32(128))
 
             prev = stage  # the stage of the tile before (of the last tile, after the loops)
-            if n_tiles > 0:  # -- tile 0: S alone, there is no P·V before it
+            if n_mine > 0:  # -- tile 0: S alone, there is no P·V before it
                 wait(full + 8 * stage, phase)
                 if pingpong:
                     bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
@@ -635,27 +642,31 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 stage, phase = advance(stage, phase)
 
             # Tiles 1 .. n_full - 1 need no mask for any row of this warpgroup (its first row sees the
-            # fewest keys): with MASKED_LOOP their softmax is compiled without the masking and its
-            # branches, one straight path from the issue of the products to their waits, and the tiles
-            # that cross the causal diagonal or the end of the keys follow in a loop of their own
-            n_full = 1
-            if MASKED_LOOP:
-                n_full = min(key_end(min(row0 + c * WG_M, seq_q - 1), seq_q, seq_k, causal) // BLOCK_N, n_tiles)
+            # fewest keys): their softmax is compiled without the masking and its branches, one
+            # straight path from the issue of the products to their waits, and the tiles that cross
+            # the causal diagonal or the end of the keys follow in a loop of their own
+            n_full = min(key_end(min(row0 + c * WG_M, seq_q - 1), seq_q, seq_k, causal) // BLOCK_N, n_mine)
             for n in range(1, n_full):
                 m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, stage, phase, prev, c, desc_q, t, k_end_a,
                                                             k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b,
                                                             alpha_a, alpha_b, False)
                 prev = stage
                 stage, phase = advance(stage, phase)
-            for n in range(max(n_full, 1), n_tiles):
+            for n in range(max(n_full, 1), n_mine):
                 m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, stage, phase, prev, c, desc_q, t, k_end_a,
                                                             k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b,
                                                             alpha_a, alpha_b, True)
                 prev = stage
                 stage, phase = advance(stage, phase)
+            for n in range(n_mine, n_tiles):  # tiles no row here sees: pass the turn, free the stage
+                if pingpong:
+                    bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
+                    bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
+                arrive(empty + 8 * stage)  # no wait on `full`: the data is not read
+                stage, phase = advance(stage, phase)
             arrive(q_empty)  # every S of this block is done, and its info read: the next may come
 
-            if n_tiles > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
+            if n_mine > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
                 desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
                 add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
                 arrive(empty + 8 * prev)
