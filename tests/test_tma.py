@@ -178,3 +178,22 @@ def test_head_maps_refuse_what_is_not_one_head_after_another():
         heads_apart = np.zeros((1, 64, 2, 64), np.float16).transpose(0, 2, 1, 3)
         with pytest.raises(ValueError, match="array 0: its heads are not one after another"):
             head_maps([heads_apart], box=(1, 64, 64))
+
+
+def test_head_maps_are_found_again_by_the_arrays_identity():
+    """A launch on the same array objects reuses their maps without describing the arrays again;
+    other arrays, and new objects at a recycled id, get maps of their own."""
+    import gc
+
+    from flashcore_numba.arch import tma
+
+    arrays = [cuda.to_device(np.zeros((1, 2, 64, 64), np.float16)) for _ in range(3)]
+    first = tma.head_maps(arrays, box=(1, 64, 64))
+    assert tma.head_maps(arrays, box=(1, 64, 64)) is first
+    assert tma.head_maps(arrays[::-1], box=(1, 64, 64)) is not first  # another order: other maps
+    key = (*map(id, arrays), (1, 64, 64), "128B")
+    refs, maps = tma._LAST_MAPS[key]
+    assert maps is first and all(r() is a for r, a in zip(refs, arrays))
+    del arrays, refs
+    gc.collect()
+    assert all(r() is None for r in tma._LAST_MAPS[key][0])  # the cache keeps no array alive

@@ -21,11 +21,18 @@ def raise_dynamic_smem_limit(kernel, args, nbytes: int) -> None:
     """Allow `kernel` to use more than 48 KB of dynamic shared memory.
 
     Numba has no API for this; the driver call is made on the compiled function. Done once
-    per compiled specialization (the one `args` select).
+    per compiled specialization (the one `args` select). This runs before every launch, so the
+    quick test comes first: a device array carries its Numba type (cached on the array), and a
+    scalar argument's Python type decides its Numba type; typing every argument again cost more
+    host time than a short launch of phase 09 takes on the GPU.
     """
+    quick = (id(kernel), nbytes, *(getattr(a, "_numba_type_", None) or type(a) for a in args))
+    if quick in _smem_limit_raised:
+        return
     argtypes = tuple(kernel.typeof_pyval(a) for a in args)
     key = (id(kernel), argtypes, nbytes)
     if key in _smem_limit_raised:
+        _smem_limit_raised.add(quick)
         return
     from cuda.bindings import driver
 
@@ -36,4 +43,4 @@ def raise_dynamic_smem_limit(kernel, args, nbytes: int) -> None:
     (err,) = driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, device_id)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"could not raise the dynamic shared memory limit to {nbytes} bytes: {err}")
-    _smem_limit_raised.add(key)
+    _smem_limit_raised.update((key, quick))

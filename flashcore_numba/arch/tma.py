@@ -21,6 +21,7 @@ zero-fills what lies outside the tensor and applies the swizzle, as the hardware
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -93,10 +94,36 @@ def _describe(array):
     return iface["data"][0], shape, tuple(strides), dtype.name
 
 
+_LAST_MAPS: dict = {}  # (id of each array, box, swizzle) -> (weak references to the arrays, maps)
+
+
 def head_maps(arrays, box, swizzle: str = "128B"):
     """The tensor maps of attention's (B, H, S, D) arrays, each seen as (B*H, S, D): plane b*H + h
     is one head. One device array of shape (len(arrays), 16), map i in row i; cached, so a loop
-    of launches on the same arrays builds and copies it once."""
+    of launches on the same arrays builds and copies it once.
+
+    Two caches. A launch on the very array objects of an earlier one (a benchmark's loop, a
+    decoding loop on the same buffers) finds its maps by the arrays' identity: describing three
+    arrays again cost more host time per launch than phase 09 takes on the GPU at S = 512. A
+    device array's address and shape never change, and the weak references make sure that the
+    objects found are the ones the maps were built for, not new ones at a recycled id. Other
+    launches describe the arrays and find the maps by address, shape and strides."""
+    key = (*map(id, arrays), box, swizzle)
+    hit = _LAST_MAPS.get(key)
+    if hit is not None and all(ref() is a for ref, a in zip(hit[0], arrays)):
+        return hit[1]
+    maps = _describe_and_build(arrays, box, swizzle)
+    try:
+        refs = tuple(weakref.ref(a) for a in arrays)
+    except TypeError:  # an object without weak references: no identity cache for it
+        return maps
+    if len(_LAST_MAPS) >= 16:
+        _LAST_MAPS.clear()
+    _LAST_MAPS[key] = (refs, maps)
+    return maps
+
+
+def _describe_and_build(arrays, box, swizzle):
     described = []
     for i, array in enumerate(arrays):
         if simulator_enabled():

@@ -30,6 +30,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from numba import cuda, float32, uint64
@@ -192,6 +193,12 @@ def sm_count() -> int:
         return int(value)
     if simulator_enabled():
         return SIM_SMS
+    return _multiprocessors(cuda.get_current_device().id)
+
+
+@lru_cache(maxsize=None)
+def _multiprocessors(device_id: int) -> int:
+    """A driver query: asked once per device, not at every launch."""
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 

@@ -559,9 +559,13 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         regs_inc()
         # c is the same for the 128 threads of a warpgroup, but the assembler cannot tell that from
         # tid // 128: broadcast from lane 0, it is warp-uniform to ptxas, and so are the loop bounds
-        # computed from it. Without this the tile loops below (whose bounds depend on c) spilled at
-        # D = 64, and the loop of the masked tiles was left out there (see the docstring)
-        c = cuda.shfl_sync(FULL_MASK, wg - 1, 0)
+        # and ring addresses computed from it. Without this the tile loops below (whose bounds
+        # depend on c) spilled at D = 64, and the loop of the masked tiles was left out there.
+        # 09-turns keeps tid // 128: with c uniform ptxas moved its turn's hand-over (bar.arrive)
+        # below two dozen exp2s, and the variant lost a quarter of its speed (see the docstring)
+        c = wg - 1
+        if overlap:
+            c = cuda.shfl_sync(FULL_MASK, c, 0)
         warp = (tid % 128) // 32
         lane = tid % 32
         g = lane // 4
