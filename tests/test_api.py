@@ -232,7 +232,7 @@ def test_best_for_shape_hands_only_short_d64_sequences_to_08():
     from flashcore_numba.phases import PHASES
 
     p09 = PHASES["09"]
-    assert api.best_for_shape(p09, 64, True, 1024).ID == "08" and api.best_for_shape(p09, 64, True, 2048).ID == "09"
+    assert api.best_for_shape(p09, 64, True, 512).ID == "08" and api.best_for_shape(p09, 64, True, 1024).ID == "09"
     assert api.best_for_shape(p09, 64, False, 512).ID == "09"
     assert api.best_for_shape(p09, 128, True, 512).ID == "09"
     assert api.best_for_shape(PHASES["07"], 64, True, 512).ID == "07", "only phase 09 hands over"

@@ -30,3 +30,9 @@ def test_long_context_oracle_on_sampled_rows():
         np.testing.assert_allclose(ref, full, rtol=1e-12, atol=1e-12)
         yardstick = lowp_attention(q, k, v, causal=causal)[:, :, rows]
         assert np.abs(lowp - full).max() < 4 * np.abs(yardstick - full).max() + 1e-3
+
+
+def test_host_time_names_a_bad_shape():
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "host_time.py"), "--shape", "1,2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--shape: expected four integers" in done.stderr, done.stderr

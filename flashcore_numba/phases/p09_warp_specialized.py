@@ -44,8 +44,12 @@ What changed from phase 08
       each SM takes the next block when it is free;
     - the tiles a row must mask (they cross the causal diagonal or the end of the keys) come last,
       in a loop of their own (FlashAttention-3 does the same): the other tiles' softmax is
-      compiled without the masking and its 16 branches per tile. At D = 128 (MASKED_LOOP); at
-      D = 64 the second copy of the softmax made the consumers spill 64 B and was no faster;
+      compiled without the masking and its 16 branches per tile (at D = 64 since commit 8f08761,
+      whose warp-uniform consumer index made room for it: below);
+    - a consumer passes the tiles its rows never see: under a causal mask a block of 192 rows
+      (D = 64) streams up to two tiles of 128 keys that only its later consumers need. The
+      consumer takes its turn, hands it on and releases the stage, without waiting for the data
+      (PASS_UNSEEN; at D = 128, BLOCK_M = BLOCK_N, there are none when S_q = S_k);
     - tiles of 128 keys (phase 08: 64), and P·V added into the accumulator in place: phase 08's
       P·V returned a fresh O-sized tile that the kernel folded in with FMAs, D / 2 registers more
       per thread and one more pass per tile. `pv_acc` (ptx/wgmma.ptx) takes O's registers in and
@@ -91,7 +95,7 @@ Why the hardware rewards it
     09 64 --sass): ptxas does not keep `wait_o` (WARPGROUP.DEPBAR.LE gsb0, 0x0) where the PTX
     has it, after the exp2s. Where the masking branches are compiled in, it sits at the top of
     the basic block after them, before the row maxima and the exp2s; in the loop without them
-    (MASKED_LOOP, D = 128) it follows `wait_s` at once. Packing P after the wait (as here)
+    (then D = 128 alone) it follows `wait_s` at once. Packing P after the wait (as here)
     rather than at the end of the softmax did not move it either. So P·V of tile n - 1 runs
     under the masking at most, not under the exp2s: what 09 gains over 09-turns comes mostly
     from issuing both products of a turn back to back, with no drained tensor pipe between them.
@@ -111,7 +115,7 @@ Why the hardware rewards it
     rounds of 10 launches, no L2 flush, on an H100 whose clock sat near 1.75 GHz): D = 128
     non-causal 424 TFLOPS against 390 without it (rounds 386-456 against 366-421), causal 260
     against 260; Nsight Compute timed one launch at 1.03 ms against 1.08. At D = 64: 311 / 203
-    against 312 / 209, so D = 64 keeps one loop.
+    against 312 / 209, so D = 64 kept one loop (until commit 8f08761, below).
     One branch for the masking. Until commit c37da00 the test "does this tile need a mask" sat
     inside the loop over S's 16 column blocks: 16 branches per tile, taken or not, in every tile at
     D = 64 (one loop). Nsight Compute against cuDNN's kernel (docs/tuning/09_ncu_vs_cudnn.txt)
@@ -119,10 +123,10 @@ Why the hardware rewards it
     resolution and on a missing instruction, and 13 % more instructions in all. With one branch
     around the masking loop (mask_and_max), the records of commit 279a39d against those of bc3c341
     and 7d1070b: D = 64 fp16 408 -> 446 TFLOPS, causal 309 -> 331; bf16 D = 64 412 -> 450, causal
-    311 -> 331; grouped queries 421 -> 459, causal 318 -> 338. D = 128 runs its unmasked tiles in
-    the MASKED_LOOP copy, where the branches were compiled out already: an A/B there was level (ad
+    311 -> 331; grouped queries 421 -> 459, causal 318 -> 338. D = 128 ran its unmasked tiles in
+    the loop without masks, where the branches were compiled out already: an A/B there was level (ad
     hoc, queued launches: 481 against 485, causal 390 against 385). The masked loop at D = 64 with
-    one branch spilled 48 B and ran 397 against 420 (same A/B), so D = 64 keeps one loop. What still
+    one branch spilled 48 B and ran 397 against 420 (same A/B), so D = 64 kept one loop. What still
     separates 09 from cuDNN in that profile: cuDNN runs one persistent block per SM (132 blocks of
     384 threads, two consumers at D = 64 as at D = 128), and 09 keeps the uniform datapath far
     busier (14 % of its issue slots against 4 %).
@@ -150,21 +154,48 @@ Why the hardware rewards it
     476 -> 487, causal 352 -> 360 (1.01x and 0.87x). In the sweeps 09 is level with cuDNN or ahead
     at D = 64 without a mask from S = 2048 on (1.00x to 1.08x) and with one from S = 8192 on (1.00x,
     1.03x); at D = 128 it reaches 1.03x at S = 16384 without a mask and stays at 0.83x-0.97x
-    elsewhere from S = 1024 (0.76x at S = 512 with a mask). Phase 08 is still the faster at D = 64 causal up to S = 1024 (09 at
-    0.94x and 0.95x of it). Two points of these sweeps spread as described above: D = 64 without a
+    elsewhere from S = 1024 (0.76x at S = 512 with a mask). Phase 08 was still the faster at D = 64
+    causal up to S = 1024 (09 at 0.94x and 0.95x of it). Two points of these sweeps spread as described above: D = 64 without a
     mask at S = 512, where 09's launches took 0.23 to 3.71 ms (median 0.32, so 0.76x of phase 08;
     in the sweep of commit 40974dd it was 1.06x of 08), and D = 128 at S = 512, where cuDNN's
     took 0.34 to 1.58 ms (09 at 1.13x of it there, 0.79x in the sweep before).
-    Not kept, for want of registers: a consumer passing the tiles that are masked for all its
-    rows (under a causal mask a 192-row block streams up to two tiles of 128 keys that consumer
-    0's rows do not see: 5 % of the D = 64 tiles at S = 2048, 10-13 % at S = 512-1024, where phase
-    08 is ahead). The consumer would only wait for such a tile, pass its turn on and release its
-    stage. At D = 64 every form of it tried (its own tile count computed, or written by the
-    producer into the info slot; the passing loop before or after the last P·V) spilled 104 to
-    152 B of the 160 registers a consumer has, also with two registers freed (each row's key end
-    kept in shared memory, read in the masked branch alone: no spill by itself), and even
-    `n_tiles - (c & 1)` alone spilled; the kernel here sits at the edge of that budget. At D = 128 (BLOCK_M = BLOCK_N) no such tile
-    exists. Not timed.
+    The consumer index made warp-uniform (commit 8f08761, its records against those of c1d3e54).
+    A consumer computed c = tid // 128 - 1: the same for its 128 threads, but ptxas cannot prove
+    that, so every value computed from c (loop bounds, ring addresses, barrier numbers) was taken
+    to differ between lanes and kept in per-thread registers. Each new bound that depended on c
+    cost registers: at D = 64 the loop of the masked tiles spilled 64 B, and a pass over the tiles
+    a consumer never sees spilled 104 to 152 B in every form tried, even `n_tiles - (c & 1)` alone.
+    Broadcast from lane 0 (`shfl_sync(FULL_MASK, c, 0)`, as CUTLASS does for its warpgroup index)
+    c is warp-uniform to ptxas: both loops compile without spills, and the SASS at D = 128 is 5 %
+    shorter (3,360 instructions against 3,520), its ring addresses in uniform registers. An ad-hoc
+    A/B first (L2 flushed, interleaved rounds; TFLOPS): the broadcast alone D = 128 591 against 543,
+    causal 503 against 477; at D = 64 with the masked loop and the pass 456 against 452, causal 363
+    against 343, causal S = 1024 255 against 238 (phase 08 250). The records: D = 64 fp16 466 -> 479
+    TFLOPS, causal 345 -> 367 (1.02x and 0.92x cuDNN, were 0.99x and 0.87x); D = 128 fp16 588 -> 619,
+    causal 479 -> 500 (0.97x and 0.96x, were 0.92x and 0.91x); bf16 D = 64 468 -> 482, causal 347 ->
+    365; bf16 D = 128 603 -> 637, causal 488 -> 514 (0.97x, 0.96x); grouped queries 487 -> 494, causal
+    360 -> 382 (1.04x and 0.92x). The D = 64 fp16 records were made again at commit 01ec813 (481 /
+    367, the same kernel). In the sweeps of 8f08761 09 is level with cuDNN or ahead at D = 64 from
+    S = 2048 without a mask (1.02x to 1.08x) and from S = 8192 with one (1.04x, 1.09x), and at
+    D = 128 from S = 4096 both ways (1.01x to 1.12x); at S = 2048 D = 128 0.98x and 0.96x. It is
+    ahead of phase 08 everywhere but D = 64 causal at S = 512 (0.75x), where its launches spread
+    from 0.19 to 0.39 ms: there its host time per launch exceeded its time on the GPU (below).
+    09-turns, the same kernel without the overlap, lost a quarter of its speed with the broadcast
+    (D = 64 441 -> 314, D = 128 554 -> 443 in the records of 8f08761): in its SASS ptxas moved the
+    turn's hand-over (BAR.ARV) below 23 of the softmax's exp2s, so the next consumer waited for
+    them. The variants without the overlap (09-turns, 09-ws) keep c = tid // 128 since commit
+    01ec813: their hand-over is back before the exp2s, and at D = 64 they now carry 32 and 40 B of
+    local memory (the masked loop and the pass without a uniform c). 09-ws would be faster with the
+    broadcast (it has no hand-over to move: 422 in the records of 8f08761, 388 in those of 01ec813),
+    not changed yet for want of a record.
+    Host time per launch (docs/tuning/09_host_time_per_launch.txt; D = 64, causal, S = 512, B = 64):
+    phase 09 took 271 us of host time per launch for 202 us on the GPU (phase 08: 81 us for 209), so
+    back-to-back launches left the GPU waiting, the spread of the short sweep points. Describing
+    Q, K and V for their tensor maps, typing every argument again for the shared-memory limit and
+    asking the driver for the SM count cost most of it. Since commit 01ec813 a launch on the same
+    array objects finds its maps by their identity (weak references guard against a recycled id),
+    the shared-memory check keys on the arrays' cached Numba types, and the SM count is asked once:
+    120 us per launch. The sweeps have not been run again since.
     Tried and not kept: two consumers at D = 64, as cuDNN has (BLOCK_M 128, 240 registers each,
     which also fits the masked loop without spills). Slower at every length timed (ad hoc, fp16,
     each launch after an L2 flush, interleaved rounds: S = 2048 404 TFLOPS against 455 with three,
@@ -179,30 +210,30 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 479 TFLOPS (1.27x phase 08),
-    causal 367 TFLOPS (1.19x phase 08); 128 registers, 0 B local memory. 09-overlap: 454 TFLOPS
-    (0.95x phase 09, SLOWER than phase 09), causal 337 TFLOPS (0.92x phase 09, SLOWER than phase
-    09). 09-turns: 314 TFLOPS (0.69x 09-overlap, SLOWER than 09-overlap), causal 259 TFLOPS (0.77x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 422 TFLOPS (1.34x 09-turns), causal 326 TFLOPS
-    (1.26x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 619 TFLOPS (1.62x phase 08), causal 500
-    TFLOPS (1.54x phase 08); 09-overlap 602 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal
-    475 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-turns 443 TFLOPS (0.74x 09-overlap, SLOWER
-    than 09-overlap), causal 377 TFLOPS (0.79x 09-overlap, SLOWER than 09-overlap); 09-ws 523 TFLOPS
-    (1.18x 09-turns), causal 415 TFLOPS (1.10x 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 482
-    TFLOPS (1.28x phase 08), causal 365 TFLOPS (1.18x phase 08); 09-overlap 457 TFLOPS (0.95x phase
-    09, SLOWER than phase 09), causal 338 TFLOPS (0.93x phase 09, SLOWER than phase 09); 09-turns
-    314 TFLOPS (0.69x 09-overlap, SLOWER than 09-overlap), causal 257 TFLOPS (0.76x 09-overlap,
-    SLOWER than 09-overlap); 09-ws 422 TFLOPS (1.34x 09-turns), causal 327 TFLOPS (1.27x 09-turns).
-    At B=16 H=16 S=2048 D=128 bf16: 09 637 TFLOPS (1.66x phase 08), causal 514 TFLOPS (1.60x phase
-    08); 09-overlap 618 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 488 TFLOPS (0.95x
-    phase 09, SLOWER than phase 09); 09-turns 448 TFLOPS (0.72x 09-overlap, SLOWER than 09-overlap),
-    causal 378 TFLOPS (0.78x 09-overlap, SLOWER than 09-overlap); 09-ws 526 TFLOPS (1.18x 09-turns),
-    causal 415 TFLOPS (1.10x 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 494 TFLOPS (1.29x
-    phase 08), causal 382 TFLOPS (1.19x phase 08); 09-overlap 462 TFLOPS (0.93x phase 09, SLOWER
-    than phase 09), causal 347 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 317 TFLOPS
-    (0.69x 09-overlap, SLOWER than 09-overlap), causal 265 TFLOPS (0.77x 09-overlap, SLOWER than
-    09-overlap); 09-ws 431 TFLOPS (1.36x 09-turns), causal 338 TFLOPS (1.27x 09-turns)
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 481 TFLOPS (1.28x phase 08),
+    causal 367 TFLOPS (1.17x phase 08); 128 registers, 0 B local memory. 09-overlap: 452 TFLOPS
+    (0.94x phase 09, SLOWER than phase 09), causal 339 TFLOPS (0.92x phase 09, SLOWER than phase
+    09). 09-turns: 425 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 319 TFLOPS (0.94x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 388 TFLOPS (0.91x 09-turns, SLOWER than 09-turns),
+    causal 295 TFLOPS (0.92x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 619
+    TFLOPS (1.62x phase 08), causal 500 TFLOPS (1.54x phase 08); 09-overlap 602 TFLOPS (0.97x phase
+    09, SLOWER than phase 09), causal 475 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-turns
+    443 TFLOPS (0.74x 09-overlap, SLOWER than 09-overlap), causal 377 TFLOPS (0.79x 09-overlap,
+    SLOWER than 09-overlap); 09-ws 523 TFLOPS (1.18x 09-turns), causal 415 TFLOPS (1.10x 09-turns).
+    At B=16 H=16 S=2048 D=64 bf16: 09 482 TFLOPS (1.28x phase 08), causal 365 TFLOPS (1.18x phase
+    08); 09-overlap 457 TFLOPS (0.95x phase 09, SLOWER than phase 09), causal 338 TFLOPS (0.93x
+    phase 09, SLOWER than phase 09); 09-turns 314 TFLOPS (0.69x 09-overlap, SLOWER than 09-overlap),
+    causal 257 TFLOPS (0.76x 09-overlap, SLOWER than 09-overlap); 09-ws 422 TFLOPS (1.34x 09-turns),
+    causal 327 TFLOPS (1.27x 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 637 TFLOPS (1.66x phase
+    08), causal 514 TFLOPS (1.60x phase 08); 09-overlap 618 TFLOPS (0.97x phase 09, SLOWER than
+    phase 09), causal 488 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-turns 448 TFLOPS (0.72x
+    09-overlap, SLOWER than 09-overlap), causal 378 TFLOPS (0.78x 09-overlap, SLOWER than
+    09-overlap); 09-ws 526 TFLOPS (1.18x 09-turns), causal 415 TFLOPS (1.10x 09-turns). At B=16 H=32
+    H_kv=8 S=2048 D=64 fp16: 09 494 TFLOPS (1.29x phase 08), causal 382 TFLOPS (1.19x phase 08);
+    09-overlap 462 TFLOPS (0.93x phase 09, SLOWER than phase 09), causal 347 TFLOPS (0.91x phase 09,
+    SLOWER than phase 09); 09-turns 317 TFLOPS (0.69x 09-overlap, SLOWER than 09-overlap), causal
+    265 TFLOPS (0.77x 09-overlap, SLOWER than 09-overlap); 09-ws 431 TFLOPS (1.36x 09-turns), causal
+    338 TFLOPS (1.27x 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,

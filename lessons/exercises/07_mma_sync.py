@@ -82,7 +82,7 @@ Why the hardware rewards it
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 271 TFLOPS (3.80x 06-inline),
-    causal 231 TFLOPS (3.78x 06-inline); 128 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    causal 231 TFLOPS (3.80x 06-inline); 128 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
     fp16: 07 262 TFLOPS (4.33x 06-inline), causal 226 TFLOPS (4.28x 06-inline). At B=16 H=16 S=2048
     D=64 bf16: 07 273 TFLOPS, causal 230 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 259 TFLOPS,
     causal 224 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 274 TFLOPS, causal 239 TFLOPS

@@ -70,8 +70,8 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 379 TFLOPS (1.40x phase 07),
-    causal 309 TFLOPS (1.34x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 376 TFLOPS (1.39x phase 07),
+    causal 312 TFLOPS (1.35x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
     fp16: 08 382 TFLOPS (1.46x phase 07), causal 324 TFLOPS (1.43x phase 07). At B=16 H=16 S=2048
     D=64 bf16: 08 378 TFLOPS (1.38x phase 07), causal 310 TFLOPS (1.35x phase 07). At B=16 H=16
     S=2048 D=128 bf16: 08 385 TFLOPS (1.48x phase 07), causal 322 TFLOPS (1.44x phase 07). At B=16
