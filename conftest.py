@@ -6,12 +6,13 @@ Tests marked `gpu` need a real GPU and skip, with the reason, in the simulator. 
 machine: `FLASHCORE_GPU=1 python -m pytest -m gpu`.
 
 Background jobs (simulator sessions only). The longest work of the suite runs in child processes:
-the exercise grader, the lesson notebooks, `flashcore run`. The simulator is bound to one core by
-the GIL, so while this process runs the other tests a second core sits idle. A test module may
-define `start_background(items, pool)`: it is called once the session's tests are known, submits
-its child processes to one shared pool (a worker per core) and returns what its fixture hands to
-its tests. The tests that read such jobs (they use a fixture named in BACKGROUND_FIXTURES) run
-last, so that the jobs have had the whole session to finish.
+the exercise grader, the lesson notebooks, `flashcore run`, the kernels compiled for sm_90a. The
+simulator is bound to one core by the GIL, so while this process runs the other tests a second
+core sits idle. A test module may define `start_background(items, pool)`: it is called once the
+session's tests are known, submits its child processes to one shared pool (a worker per core)
+and returns what its fixture hands to its tests. The tests that read such jobs (they use a
+fixture named in BACKGROUND_FIXTURES) run last, so that the jobs have had the whole session to
+finish.
 """
 
 import os
@@ -24,7 +25,10 @@ import pytest  # noqa: E402
 
 from flashcore_numba.arch.sim import simulator_enabled  # noqa: E402
 
-BACKGROUND_FIXTURES = {"runs", "executed", "flashcore_run"}
+# the fixtures that read background jobs: the grader runs (test_exercises), the executed lessons
+# (test_lessons), `flashcore run` (test_harness), the sm_90a compile reports (test_machine_code, test_ptx)
+BACKGROUND_FIXTURES = {"runs", "executed", "flashcore_run",
+                       "reports", "phase06_reports", "phase07_report", "phase08_report", "phase09_report"}
 BACKGROUND = pytest.StashKey[tuple]()
 
 

@@ -1,10 +1,13 @@
 """The machine-code report: kernels compiled for sm_90a and assembled by nvJitLink, no GPU needed.
 
 In the simulator (the default test session) `kernel_report` compiles in a subprocess without
-NUMBA_ENABLE_CUDASIM; one subprocess serves every phase these tests look at.
+NUMBA_ENABLE_CUDASIM; one subprocess serves every phase these tests look at. It starts as a
+background job (the root conftest.py) as soon as the session's tests are known.
 """
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 
@@ -21,9 +24,27 @@ from flashcore_numba.measure.machine_code import (
 REGISTER_PHASES = ("03", "04")  # phases whose lesson promises every tile value lives in registers
 
 
-@pytest.fixture(scope="module")
-def reports():
+def _compile():
     return kernel_reports(["01", *REGISTER_PHASES], 64)
+
+
+def start_background(items, pool):
+    """The compile in the session's pool of background jobs (conftest.py), if a selected test of this
+    module reads it. A thread of the pool only waits for the subprocess, so this process goes on
+    with the other tests meanwhile."""
+    this_module = sys.modules[__name__]  # `reports` is a common name: only this module's tests count
+    if any(getattr(item, "module", None) is this_module and "reports" in item.fixturenames for item in items):
+        return pool.submit(_compile)
+    return None
+
+
+@pytest.fixture(scope="module")
+def reports(background):
+    # compiled here in a GPU session (no background jobs), or if the job is still waiting for a
+    # worker of the pool (cancel() then takes it off the queue: it never runs twice)
+    if background is None or background.cancel():
+        return _compile()
+    return background.result()
 
 
 def test_report_parses(reports):

@@ -130,13 +130,50 @@ def test_unknown_function_and_route_are_named():
 
 
 # ---------------------------------------------------------------------------------------------
-# Phase 06 compiled for the H100 (no GPU needed)
+# Phases 06 to 09 compiled for the H100 (no GPU needed). Each param of the report fixtures below is
+# one `kernel_reports` call: in the simulator a subprocess of 5 to 35 s. In a simulator session
+# they start as background jobs (the root conftest.py) as soon as the session's tests are known: a
+# thread of the pool only waits for its subprocess, so this process goes on with the other tests,
+# and the tests that read the reports run last.
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=[64, 128], ids=["D=64", "D=128"])
-def phase06_reports(request):
+REPORT_PHASES = {"phase06_reports": ("06", "06-inline"), "phase07_report": ("07",), "phase08_report": ("08",),
+                 "phase09_report": ("09",)}  # report fixture -> the kernels it compiles
+
+
+def _report_args(fixture: str, param) -> tuple:
+    """(phase ids, head dim, dtype): the kernel_reports call behind one param of a report fixture."""
+    head_dim, dtype = param if isinstance(param, tuple) else (param, "float16")  # phase 06: the head dim
+    return REPORT_PHASES[fixture], head_dim, dtype
+
+
+def _compile(phase_ids, head_dim, dtype) -> dict:
     from flashcore_numba.measure.machine_code import kernel_reports
 
-    return kernel_reports(["06", "06-inline"], request.param)
+    return kernel_reports(phase_ids, head_dim, dtype=dtype)
+
+
+def start_background(items, pool):
+    """The compiles the selected tests read, one job each in the session's pool (conftest.py): a
+    compile that several tests read is submitted once."""
+    wanted = dict.fromkeys(_report_args(name, item.callspec.params[name]) for item in items
+                           for name in REPORT_PHASES if name in getattr(item, "fixturenames", ()))
+    return {args: pool.submit(_compile, *args) for args in wanted} or None
+
+
+def compiled(request, background) -> dict:
+    """{phase id: report} for the param of the report fixture asking: the background job's result;
+    compiled here in a GPU session (no background jobs), or if the job is still waiting for a worker
+    of the pool (cancel() then takes it off the queue: it never runs twice)."""
+    args = _report_args(request.fixturename, request.param)
+    job = (background or {}).get(args)
+    if job is None or job.cancel():
+        return _compile(*args)
+    return job.result()
+
+
+@pytest.fixture(scope="module", params=[64, 128], ids=["D=64", "D=128"])
+def phase06_reports(request, background):
+    return compiled(request, background)
 
 
 def test_phase06_has_no_spill_and_no_local_memory(phase06_reports):
@@ -169,11 +206,8 @@ def test_phase06_routes(phase06_reports):
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=[(64, "float16"), (128, "float16"), (64, "bfloat16"), (128, "bfloat16")],
                 ids=["D=64 fp16", "D=128 fp16", "D=64 bf16", "D=128 bf16"])
-def phase07_report(request):
-    from flashcore_numba.measure.machine_code import kernel_report
-
-    head_dim, dtype = request.param
-    return kernel_report("07", head_dim, dtype=dtype)
+def phase07_report(request, background):
+    return compiled(request, background)["07"]
 
 
 def assert_scores_take_one_ex2(ptx_text: str, scores: int, where: str):
@@ -779,11 +813,8 @@ def test_register_arrays_travel_as_tuples_in_c_order():
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=[(64, "float16"), (128, "float16"), (64, "bfloat16"), (128, "bfloat16")],
                 ids=["D=64 fp16", "D=128 fp16", "D=64 bf16", "D=128 bf16"])
-def phase08_report(request):
-    from flashcore_numba.measure.machine_code import kernel_report
-
-    head_dim, dtype = request.param
-    return kernel_report("08", head_dim, dtype=dtype)
+def phase08_report(request, background):
+    return compiled(request, background)["08"]
 
 
 def test_phase08_has_no_spill_and_wgmmas_run_asynchronously(phase08_report):
@@ -806,11 +837,8 @@ def test_phase08_has_no_spill_and_wgmmas_run_asynchronously(phase08_report):
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=[(64, "float16"), (128, "float16"), (128, "bfloat16")],
                 ids=["D=64 fp16", "D=128 fp16", "D=128 bf16"])
-def phase09_report(request):
-    from flashcore_numba.measure.machine_code import kernel_report
-
-    head_dim, dtype = request.param
-    return kernel_report("09", head_dim, dtype=dtype)
+def phase09_report(request, background):
+    return compiled(request, background)["09"]
 
 
 def test_phase09_trades_registers_without_spilling(phase09_report):
