@@ -183,11 +183,11 @@ Why the hardware rewards it
     09-turns, the same kernel without the overlap, lost a quarter of its speed with the broadcast
     (D = 64 441 -> 314, D = 128 554 -> 443 in the records of 8f08761): in its SASS ptxas moved the
     turn's hand-over (BAR.ARV) below 23 of the softmax's exp2s, so the next consumer waited for
-    them. The variants without the overlap (09-turns, 09-ws) keep c = tid // 128 since commit
-    01ec813: their hand-over is back before the exp2s, and at D = 64 they now carry 32 and 40 B of
-    local memory (the masked loop and the pass without a uniform c). 09-ws would be faster with the
-    broadcast (it has no hand-over to move: 422 in the records of 8f08761, 388 in those of 01ec813),
-    not changed yet for want of a record.
+    them. 09-turns keeps c = tid // 128 since commit 01ec813: its hand-over is back before the
+    exp2s, and at D = 64 it carries a few bytes of local memory (the masked loop and the pass without
+    a uniform c). 09-ws, which has no hand-over to move, went back to c = tid // 128 in 01ec813 as
+    well (D = 64: 422 TFLOPS in the records of 8f08761, 388 in those of 01ec813, 40 B of local
+    memory) and has the broadcast again since (0 B).
     Host time per launch (docs/tuning/09_host_time_per_launch.txt; D = 64, causal, S = 512, B = 64):
     phase 09 took 271 us of host time per launch for 202 us on the GPU (phase 08: 81 us for 209), so
     back-to-back launches left the GPU waiting, the spread of the short sweep points. Describing
@@ -593,9 +593,10 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         # and ring addresses computed from it. Without this the tile loops below (whose bounds
         # depend on c) spilled at D = 64, and the loop of the masked tiles was left out there.
         # 09-turns keeps tid // 128: with c uniform ptxas moved its turn's hand-over (bar.arrive)
-        # below two dozen exp2s, and the variant lost a quarter of its speed (see the docstring)
+        # below two dozen exp2s, and the variant lost a quarter of its speed (see the docstring).
+        # 09-ws has no hand-over to move and keeps the broadcast
         c = wg - 1
-        if overlap:
+        if overlap or not pingpong:
             c = cuda.shfl_sync(FULL_MASK, c, 0)
         warp = (tid % 128) // 32
         lane = tid % 32
