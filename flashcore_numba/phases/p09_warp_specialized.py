@@ -187,7 +187,9 @@ Why the hardware rewards it
     exp2s, and at D = 64 it carries a few bytes of local memory (the masked loop and the pass without
     a uniform c). 09-ws, which has no hand-over to move, went back to c = tid // 128 in 01ec813 as
     well (D = 64: 422 TFLOPS in the records of 8f08761, 388 in those of 01ec813, 40 B of local
-    memory) and has the broadcast again since (0 B).
+    memory) and has the broadcast again since commit 3c00a39 (0 B). The records of 3c00a39 have
+    every variant as built now: 09-turns D = 64 fp16 422, D = 128 564 (were 314 and 443 at
+    8f08761), 09-ws 419 and 525.
     Host time per launch (docs/tuning/09_host_time_per_launch.txt; D = 64, causal, S = 512, B = 64):
     phase 09 took 271 us of host time per launch for 202 us on the GPU (phase 08: 81 us for 209), so
     back-to-back launches left the GPU waiting, the spread of the short sweep points. Describing
@@ -195,7 +197,17 @@ Why the hardware rewards it
     asking the driver for the SM count cost most of it. Since commit 01ec813 a launch on the same
     array objects finds its maps by their identity (weak references guard against a recycled id),
     the shared-memory check keys on the arrays' cached Numba types, and the SM count is asked once:
-    120 us per launch. The sweeps have not been run again since.
+    120 us per launch. In the D = 64 causal sweep of commit 3c00a39 the point S = 512 no longer
+    spreads (0.188 to 0.190 ms) and 09 runs level with phase 08 there (182 and 183 TFLOPS), so
+    phase="best" still hands it to 08 (api.SHORT_SEQUENCES_TO_08); the other three sweeps are of
+    8f08761.
+    Tried and not kept: five K/V stages at D = 64 instead of four (184 KB of shared memory, no
+    spills). Level within noise (docs/tuning/09_ab_five_stages.txt, four stages against five:
+    S = 2048 479 / 477 TFLOPS, causal 361 / 360; S = 8192 512 / 510, causal 476 / 472). The ring is
+    not what holds D = 64 back.
+    Tried and not kept (compile only): the exp2 of two scores in one instruction,
+    `ex2.approx.f16x2`. ptxas for sm_90a turns it into two MUFU.EX2.F16 and a PRMT, so the MUFU
+    does the same work as before, with one more instruction per pair.
     Tried and not kept: two consumers at D = 64, as cuDNN has (BLOCK_M 128, 240 registers each,
     which also fits the masked loop without spills). Slower at every length timed (ad hoc, fp16,
     each launch after an L2 flush, interleaved rounds: S = 2048 404 TFLOPS against 455 with three,
@@ -210,30 +222,32 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 481 TFLOPS (1.28x phase 08),
-    causal 367 TFLOPS (1.17x phase 08); 128 registers, 0 B local memory. 09-overlap: 452 TFLOPS
-    (0.94x phase 09, SLOWER than phase 09), causal 339 TFLOPS (0.92x phase 09, SLOWER than phase
-    09). 09-turns: 425 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 319 TFLOPS (0.94x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 388 TFLOPS (0.91x 09-turns, SLOWER than 09-turns),
-    causal 295 TFLOPS (0.92x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 619
-    TFLOPS (1.62x phase 08), causal 500 TFLOPS (1.54x phase 08); 09-overlap 602 TFLOPS (0.97x phase
-    09, SLOWER than phase 09), causal 475 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-turns
-    443 TFLOPS (0.74x 09-overlap, SLOWER than 09-overlap), causal 377 TFLOPS (0.79x 09-overlap,
-    SLOWER than 09-overlap); 09-ws 523 TFLOPS (1.18x 09-turns), causal 415 TFLOPS (1.10x 09-turns).
-    At B=16 H=16 S=2048 D=64 bf16: 09 482 TFLOPS (1.28x phase 08), causal 365 TFLOPS (1.18x phase
-    08); 09-overlap 457 TFLOPS (0.95x phase 09, SLOWER than phase 09), causal 338 TFLOPS (0.93x
-    phase 09, SLOWER than phase 09); 09-turns 314 TFLOPS (0.69x 09-overlap, SLOWER than 09-overlap),
-    causal 257 TFLOPS (0.76x 09-overlap, SLOWER than 09-overlap); 09-ws 422 TFLOPS (1.34x 09-turns),
-    causal 327 TFLOPS (1.27x 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 637 TFLOPS (1.66x phase
-    08), causal 514 TFLOPS (1.60x phase 08); 09-overlap 618 TFLOPS (0.97x phase 09, SLOWER than
-    phase 09), causal 488 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-turns 448 TFLOPS (0.72x
-    09-overlap, SLOWER than 09-overlap), causal 378 TFLOPS (0.78x 09-overlap, SLOWER than
-    09-overlap); 09-ws 526 TFLOPS (1.18x 09-turns), causal 415 TFLOPS (1.10x 09-turns). At B=16 H=32
-    H_kv=8 S=2048 D=64 fp16: 09 494 TFLOPS (1.29x phase 08), causal 382 TFLOPS (1.19x phase 08);
-    09-overlap 462 TFLOPS (0.93x phase 09, SLOWER than phase 09), causal 347 TFLOPS (0.91x phase 09,
-    SLOWER than phase 09); 09-turns 317 TFLOPS (0.69x 09-overlap, SLOWER than 09-overlap), causal
-    265 TFLOPS (0.77x 09-overlap, SLOWER than 09-overlap); 09-ws 431 TFLOPS (1.36x 09-turns), causal
-    338 TFLOPS (1.27x 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 476 TFLOPS (1.28x phase 08),
+    causal 365 TFLOPS (1.18x phase 08); 128 registers, 0 B local memory. 09-overlap: 448 TFLOPS
+    (0.94x phase 09, SLOWER than phase 09), causal 337 TFLOPS (0.92x phase 09, SLOWER than phase
+    09). 09-turns: 422 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 317 TFLOPS (0.94x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 419 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
+    causal 325 TFLOPS (1.02x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 641 TFLOPS (1.68x phase
+    08), causal 516 TFLOPS (1.60x phase 08); 09-overlap 620 TFLOPS (0.97x phase 09, SLOWER than
+    phase 09), causal 489 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-turns 564 TFLOPS (0.91x
+    09-overlap, SLOWER than 09-overlap), causal 440 TFLOPS (0.90x 09-overlap, SLOWER than
+    09-overlap); 09-ws 525 TFLOPS (0.93x 09-turns, SLOWER than 09-turns), causal 416 TFLOPS (0.94x
+    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 480 TFLOPS (1.28x phase 08),
+    causal 366 TFLOPS (1.18x phase 08); 09-overlap 450 TFLOPS (0.94x phase 09, SLOWER than phase
+    09), causal 337 TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 423 TFLOPS (0.94x
+    09-overlap, SLOWER than 09-overlap), causal 318 TFLOPS (0.94x 09-overlap, SLOWER than
+    09-overlap); 09-ws 421 TFLOPS (0.99x 09-turns, SLOWER than 09-turns), causal 325 TFLOPS (1.02x
+    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 657 TFLOPS (1.74x phase 08), causal 526 TFLOPS
+    (1.63x phase 08); 09-overlap 635 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 494
+    TFLOPS (0.94x phase 09, SLOWER than phase 09); 09-turns 563 TFLOPS (0.89x 09-overlap, SLOWER
+    than 09-overlap), causal 440 TFLOPS (0.89x 09-overlap, SLOWER than 09-overlap); 09-ws 525 TFLOPS
+    (0.93x 09-turns, SLOWER than 09-turns), causal 415 TFLOPS (0.94x 09-turns, SLOWER than
+    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 495 TFLOPS (1.30x phase 08), causal 377
+    TFLOPS (1.18x phase 08); 09-overlap 465 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal
+    344 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 435 TFLOPS (0.93x 09-overlap, SLOWER
+    than 09-overlap), causal 325 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap); 09-ws 430 TFLOPS
+    (0.99x 09-turns, SLOWER than 09-turns), causal 333 TFLOPS (1.03x 09-turns)
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
