@@ -192,3 +192,24 @@ def test_lesson_executes(pid, executed):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("pass" in o.get("text", "") for o in outputs), "the correctness check printed no verdict"
+
+
+def test_execute_notebook_shuts_its_kernel_down(tmp_path, monkeypatch):
+    """A notebook executed by `execute_notebook` leaves no kernel process behind (nbclient keeps the
+    kernels of managers it was handed alive unless told otherwise)."""
+    from jupyter_client import manager
+
+    made = []
+
+    class Recorded(manager.KernelManager):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(manager, "KernelManager", Recorded)
+    py = tmp_path / "tiny.py"
+    py.write_text("# %%\nprint(6 * 7)\n")
+    nb = lessons.execute_notebook(py, timeout=120)
+    assert "42" in nb.cells[0].outputs[0]["text"]
+    assert len(made) == 1
+    assert not made[0].has_kernel, "the notebook's kernel is still running"

@@ -266,7 +266,9 @@ def execute_notebook(py: Path, cwd: Path | None = None, timeout: int = 600, env:
         km = KernelManager(kernel_name="python3", **transport)
         client = NotebookClient(nb, km=km, timeout=timeout, kernel_name="python3", record_timing=False,
                                 resources={"metadata": {"path": str(cwd or py.parent)}})
-        client.execute(env=env or kernel_env())
+        # cleanup_kc: nbclient shuts down only the kernels of managers it made itself, and each
+        # kernel left running holds a process and a couple of hundred MB until the caller exits
+        client.execute(env=env or kernel_env(), cleanup_kc=True)
     return nb
 
 
