@@ -204,7 +204,9 @@ Why the hardware rewards it
     exp2s, and at D = 64 it carries a few bytes of local memory (the masked loop and the pass without
     a uniform c). 09-ws, which has no hand-over to move, went back to c = tid // 128 in 01ec813 as
     well (D = 64: 422 TFLOPS in the records of 8f08761, 388 in those of 01ec813, 40 B of local
-    memory) and has the broadcast again since (0 B).
+    memory) and has the broadcast again since commit 3c00a39 (0 B). The records of 3c00a39 have
+    every variant as built now: 09-turns D = 64 fp16 422, D = 128 564 (were 314 and 443 at
+    8f08761), 09-ws 419 and 525.
     Host time per launch (docs/tuning/09_host_time_per_launch.txt; D = 64, causal, S = 512, B = 64):
     phase 09 took 271 us of host time per launch for 202 us on the GPU (phase 08: 81 us for 209), so
     back-to-back launches left the GPU waiting, the spread of the short sweep points. Describing
@@ -212,7 +214,17 @@ Why the hardware rewards it
     asking the driver for the SM count cost most of it. Since commit 01ec813 a launch on the same
     array objects finds its maps by their identity (weak references guard against a recycled id),
     the shared-memory check keys on the arrays' cached Numba types, and the SM count is asked once:
-    120 us per launch. The sweeps have not been run again since.
+    120 us per launch. In the D = 64 causal sweep of commit 3c00a39 the point S = 512 no longer
+    spreads (0.188 to 0.190 ms) and 09 runs level with phase 08 there (182 and 183 TFLOPS), so
+    phase="best" still hands it to 08 (api.SHORT_SEQUENCES_TO_08); the other three sweeps are of
+    8f08761.
+    Tried and not kept: five K/V stages at D = 64 instead of four (184 KB of shared memory, no
+    spills). Level within noise (docs/tuning/09_ab_five_stages.txt, four stages against five:
+    S = 2048 479 / 477 TFLOPS, causal 361 / 360; S = 8192 512 / 510, causal 476 / 472). The ring is
+    not what holds D = 64 back.
+    Tried and not kept (compile only): the exp2 of two scores in one instruction,
+    `ex2.approx.f16x2`. ptxas for sm_90a turns it into two MUFU.EX2.F16 and a PRMT, so the MUFU
+    does the same work as before, with one more instruction per pair.
     Tried and not kept: two consumers at D = 64, as cuDNN has (BLOCK_M 128, 240 registers each,
     which also fits the masked loop without spills). Slower at every length timed (ad hoc, fp16,
     each launch after an L2 flush, interleaved rounds: S = 2048 404 TFLOPS against 455 with three,
