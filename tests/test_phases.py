@@ -6,6 +6,8 @@ multiple of the key tile, not a multiple, smaller than one tile, S = 1; several 
 causal and not; query and key lengths that differ; head dims 64 and 128.
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -203,3 +205,40 @@ def test_persistent_grid_size_from_the_environment(monkeypatch):
     monkeypatch.setenv("FLASHCORE_SMS", "many")
     with pytest.raises(ValueError, match="FLASHCORE_SMS: expected a positive number of blocks, got 'many'"):
         p09.build(64).grid(shape, False)
+
+
+def test_shared_memory_limit_is_raised_once_per_specialization(monkeypatch):
+    """launch() raises a kernel's dynamic shared-memory limit before every launch that needs more
+    than 48 KB; the driver call is made once per compiled specialization, which the arguments'
+    Numba types select: again for arrays of another dtype (a NumPy array has no cached Numba
+    type to key on), not again for the same types."""
+    import numba
+    from cuda.bindings import driver
+
+    from flashcore_numba.arch import smem
+
+    calls, compiled = [], []
+
+    class Kernel:  # what raise_dynamic_smem_limit uses of a numba-cuda dispatcher
+        typeof_pyval = staticmethod(numba.typeof)
+
+        def compile(self, argtypes):
+            compiled.append(argtypes)
+            cufunc = SimpleNamespace(handle=len(compiled))
+            return SimpleNamespace(library=SimpleNamespace(get_cufunc=lambda: cufunc))
+
+    def set_attribute(attr, nbytes, handle, device_id):
+        calls.append((handle, nbytes))
+        return (driver.CUresult.CUDA_SUCCESS,)
+
+    monkeypatch.setattr(driver, "cuKernelSetAttribute", set_attribute)
+    monkeypatch.setattr(smem, "cuda", SimpleNamespace(get_current_device=lambda: SimpleNamespace(id=0)))
+    monkeypatch.setattr(smem, "_smem_limit_raised", set())
+    kernel = Kernel()
+    half, single = np.zeros(4, np.float16), np.zeros(4, np.float32)
+    for args in ((half, True, 0.5), (half, False, 0.25), (single, True, 0.5), (half, True, 0.5)):
+        smem.raise_dynamic_smem_limit(kernel, args, 100_000)
+    assert calls == [(1, 100_000), (2, 100_000)]
+    assert [t[0] for t in compiled] == [numba.typeof(half), numba.typeof(single)]
+    smem.raise_dynamic_smem_limit(kernel, (half, True, 0.5), 120_000)  # more bytes: asked again
+    assert calls[-1] == (3, 120_000)

@@ -10,7 +10,7 @@ more than STATIC_SMEM_LIMIT. The attribute cannot go past the hardware's per-blo
 
 from __future__ import annotations
 
-from numba import cuda
+from numba import cuda, types
 
 STATIC_SMEM_LIMIT = 48 * 1024  # bytes a block may use without raising its dynamic limit
 
@@ -21,18 +21,14 @@ def raise_dynamic_smem_limit(kernel, args, nbytes: int) -> None:
     """Allow `kernel` to use more than 48 KB of dynamic shared memory.
 
     Numba has no API for this; the driver call is made on the compiled function. Done once
-    per compiled specialization (the one `args` select). This runs before every launch, so the
-    quick test comes first: a device array carries its Numba type (cached on the array), and a
-    scalar argument's Python type decides its Numba type; typing every argument again cost more
-    host time than a short launch of phase 09 takes on the GPU.
+    per compiled specialization, the one the Numba types of `args` select. This runs before
+    every launch, so the types are found the quick way where there is one: a device array
+    carries its Numba type (cached on the array); typing every array again cost more host time
+    than a short launch of phase 09 takes on the GPU.
     """
-    quick = (id(kernel), nbytes, *(getattr(a, "_numba_type_", None) or type(a) for a in args))
-    if quick in _smem_limit_raised:
-        return
-    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
+    argtypes = tuple(_numba_type(kernel, a) for a in args)
     key = (id(kernel), argtypes, nbytes)
     if key in _smem_limit_raised:
-        _smem_limit_raised.add(quick)
         return
     from cuda.bindings import driver
 
@@ -43,4 +39,15 @@ def raise_dynamic_smem_limit(kernel, args, nbytes: int) -> None:
     (err,) = driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, device_id)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"could not raise the dynamic shared memory limit to {nbytes} bytes: {err}")
-    _smem_limit_raised.update((key, quick))
+    _smem_limit_raised.add(key)
+
+
+# Python scalars Numba types by their class alone (an int's type depends on its value: typed)
+_SCALAR_TYPES = {bool: types.boolean, float: types.float64}
+
+
+def _numba_type(kernel, arg):
+    """The Numba type `arg` is launched as: a device array's cached one, a bool's or a float's,
+    else typed here (about 3 us each)."""
+    numba_type = getattr(arg, "_numba_type_", None) or _SCALAR_TYPES.get(type(arg))
+    return kernel.typeof_pyval(arg) if numba_type is None else numba_type
