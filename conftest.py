@@ -12,7 +12,7 @@ core sits idle. A test module may define `start_background(items, pool)`: it is 
 session's tests are known, submits its child processes to one shared pool (a worker per core)
 and returns what its fixture hands to its tests. The tests that read such jobs (they use a
 fixture named in BACKGROUND_FIXTURES) run last, so that the jobs have had the whole session to
-finish.
+finish. The jobs run at a lower priority (nice 10) than the tests of this process.
 """
 
 import os
@@ -66,9 +66,9 @@ def pytest_collection_finish(session):
 def _lower_priority():
     """A background worker yields the processor to this process's tests: on Linux the nice value
     belongs to the calling thread, and the child processes it starts inherit it. The simulated
-    CUDA threads of a test hand the interpreter lock to one another thousands of times per launch;
-    each hand-over waits for the next thread to be scheduled, so with the cores taken by
-    background jobs at equal priority a phase 09 test ran several times slower than alone."""
+    CUDA threads of a test hand the interpreter lock to one another thousands of times per launch,
+    and each hand-over waits for the next thread to be scheduled: the fewer cores background jobs
+    of equal priority leave it, the longer each wait."""
     try:
         os.nice(10)
     except (AttributeError, OSError):  # no nice() on this platform
