@@ -176,10 +176,10 @@ def _best_for_this_gpu():
 
 
 # Where "best" on the H100 (phase 09) hands over to phase 08: the committed sweep records
-# (docs/bench/*_sweep_*.json, commit 8f08761) have phase 08 ahead only at D = 64 with a causal mask
-# at S = 512; from S = 1024 on (1.03x of 08 there), and at every length without a mask, 09 is ahead.
-# At that S = 512 point 09's launches spread from 0.19 to 0.39 ms (median 0.25, 08 0.19): its host
-# time per launch was longer than its time on the GPU, since cut (commit 01ec813, not yet swept).
+# (docs/bench/*_sweep_*.json; D = 64 causal of commit 3c00a39, the others of 8f08761) have 09 ahead
+# from S = 1024 on with a causal mask (1.03x of 08 there) and at every length without one. At D = 64
+# causal S = 512 the two run level (182 and 183 TFLOPS; 09's launches no longer spread since its
+# host time per launch was cut, commit 01ec813), and 08 keeps it.
 # (head dim, causal) -> the most keys (S_k) at which phase 08 runs instead. tests/test_api.py checks
 # the rule against every committed record: where it says 08, 08 was not slower, and where it says
 # 09, 09 was not (points whose launches spread are left out).
