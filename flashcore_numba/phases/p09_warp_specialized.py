@@ -201,6 +201,22 @@ Why the hardware rewards it
     spreads (0.188 to 0.190 ms) and 09 runs level with phase 08 there (182 and 183 TFLOPS), so
     phase="best" still hands it to 08 (api.SHORT_SEQUENCES_TO_08); the other three sweeps are of
     8f08761.
+    Q released at the block's last S (the sweeps of 06e04ce, then the records below). Fitted as
+    a time per launch a + b * S, the D = 128 sweep without a mask (4,096 query blocks at every
+    length) gives phase 09 0.116 ms of fixed cost per launch, some 3.7 us per query block on each
+    SM, against 0.051 ms (1.6 us) for cuDNN, and 6 % less than cuDNN per key: the gap at short
+    sequences sat at the block boundaries (docs/tuning/09_ab_q_release.txt). There a consumer
+    released Q after its last tile's softmax, and the producer waited for that release before it
+    sent the next block's Q and then its first K/V tile, so the latency of both loads fell between
+    two blocks with the tensor cores idle. Now a consumer releases Q as soon as its last S is done
+    (the softmax, the last P·V and the epilogue run while the next Q loads), and the producer sends
+    tile 0's K and V before it waits for that release: their stage is freed by the last block's
+    P·V, whatever Q does. Only the overlap kernels release early (09-turns spilled 48 B at D = 64
+    with it; the variants take one query block per block, with no next Q to load). Ad hoc A/B
+    first (L2 flushed, interleaved rounds, each launch timed alone, so host time included; TFLOPS,
+    new against old): D = 64 S = 2048 494 / 479, causal 376 / 363; S = 512 (B = 64) 348 / 326,
+    causal 200 / 182; D = 128 S = 2048 623 / 620, causal 507 / 500; S = 512 449 / 432, causal
+    205 / 270 in that run and 284 / 269 in the one before.
     Tried and not kept: five K/V stages at D = 64 instead of four (184 KB of shared memory, no
     spills). Level within noise (docs/tuning/09_ab_five_stages.txt, four stages against five:
     S = 2048 479 / 477 TFLOPS, causal 361 / 360; S = 8192 512 / 510, causal 476 / 472). The ring is
@@ -382,6 +398,11 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     PASS_UNSEEN = L["PASS_UNSEEN"]
     CONSUMER_THREADS = 128 * CONSUMERS
     LAUNCH_BOUNDS = L["LAUNCH_BOUNDS"]
+    # A consumer releases Q (q_empty) as soon as its last S is done, not after that tile's softmax and
+    # P·V: the next block's Q then loads under them. Only with the overlap (phase 09 and 09-overlap):
+    # 09-turns spilled 48 B at D = 64 with it, and the variants run one block per query block, with
+    # no next Q to load
+    RELEASE_Q_EARLY = overlap
 
     @cuda.jit(device=True, inline=True)
     def rescale(acc, alpha_a, alpha_b):
@@ -477,13 +498,32 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         return stage, phase
 
     @cuda.jit(device=True, inline=True)
+    def load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q):
+        """The producer: once the consumers have released Q (q_empty), the query block's Q by TMA, and
+        which block it is in the info slot (published by the same barrier, q_full); returns q_uses + 1."""
+        wait(q_empty, uint32(q_uses % uint32(2)) ^ uint32(1))  # the consumers are done with the last Q
+        smem_h[INFO] = uint32(row0)
+        smem_h[INFO + 1] = uint32(bh)
+        expect_tx(q_full, uint32(CONSUMERS * TILE_BYTES))  # all of Q completes one barrier
+        for c in range(CONSUMERS):  # consumer c's 64 rows of Q, D / 64 boxes
+            q_row = int32(0)
+            # >>> exercise 09-a: the first query row of consumer c's tile
+            q_row = int32(row0 + c * WG_M)
+            # <<< exercise
+            for a in range(ATOMS):
+                tma_load(smem + c * TILE_BYTES + a * ATOM, map_q, int32(64 * a), q_row, int32(bh), q_full)
+        return uint32(q_uses + uint32(1))
+
+    @cuda.jit(device=True, inline=True)
     def turn(smem, n, stage, phase, prev, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a,
-             l_b, alpha_a, alpha_b, may_mask):
+             l_b, alpha_a, alpha_b, may_mask, last):
         """Tile n >= 1 of a query block, in ring stage `stage` (`phase`: the parity of this use of it),
         tile n - 1 in stage `prev`: wait for it, take the turn (S of tile n, P·V of tile n - 1), the
-        softmax of tile n; returns the rows' new m_i, l_i and alpha."""
+        softmax of tile n; returns the rows' new m_i, l_i and alpha. `last`: tile n is the last this
+        warpgroup computes S of, so Q is released as soon as that S is done."""
         full = smem + BARS_OFF
         empty = full + 8 * STAGES
+        q_empty = empty + 8 * STAGES + 8  # after empty[] and q_full
         wait(full + 8 * stage, phase)  # tile n has landed
         desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
         desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
@@ -505,6 +545,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             s_tile = wait_s(s_tile)  # S is done; P·V of tile n - 1 runs on under the softmax
         else:
             arrive(empty + 8 * prev)  # tile n - 1 is used up: its stage may be refilled
+        if RELEASE_Q_EARLY and last:  # Q is not read again: the next block's may load under this softmax
+            arrive(q_empty)
         store_tuple(s, s_tile)
         m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, n * BLOCK_N, t, k_end_a, k_end_b,
                                                             scale, m_a, m_b, l_a, l_b, may_mask)
@@ -566,18 +608,11 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                     plane_kv = int32(uint32(bh // uint32(n_heads)) * uint32(K.shape[1]) + h_kv)
                     block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
                     n_tiles = int32((block_k_end + BLOCK_N - 1) // BLOCK_N)
-                    wait(q_empty, uint32(q_uses % uint32(2)) ^ uint32(1))  # the consumers are done with the last Q
-                    q_uses = uint32(q_uses + uint32(1))
-                    smem_h[INFO] = uint32(row0)
-                    smem_h[INFO + 1] = uint32(bh)
-                    expect_tx(q_full, uint32(CONSUMERS * TILE_BYTES))  # all of Q completes one barrier
-                    for c in range(CONSUMERS):  # consumer c's 64 rows of Q, D / 64 boxes
-                        q_row = int32(0)
-                        # >>> exercise 09-a: the first query row of consumer c's tile
-                        q_row = int32(row0 + c * WG_M)
-                        # <<< exercise
-                        for a in range(ATOMS):
-                            tma_load(smem + c * TILE_BYTES + a * ATOM, map_q, int32(64 * a), q_row, int32(bh), q_full)
+                    # Tile 0's K and V go out before Q: their stage is freed by the consumers of the last
+                    # block whatever Q does, so they load while those finish. Q waits for its release
+                    # (the last block's last S), then comes in behind tile 0 (n_tiles = 0: at once)
+                    if n_tiles == 0:
+                        q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
                     for n in range(n_tiles):  # fill the next stage once it is free
                         wait(empty + 8 * stage, phase ^ uint32(1))  # the use before this one was released
                         expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
@@ -594,6 +629,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                                 tma_load(k_tile + at, map_k, col, row, plane_kv, full + 8 * stage)
                                 tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, full + 8 * stage)
                         stage, phase = advance(stage, phase)
+                        if n == 0:
+                            q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
                     unit = next_unit
                 wait(q_empty, uint32(q_uses % uint32(2)) ^ uint32(1))
                 smem_h[INFO] = uint32(0xFFFFFFFF)  # no query block left: the consumers stop
@@ -670,6 +707,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 s_tile = qk(desc_q, descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128))
                 if pingpong:
                     bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
+                if RELEASE_Q_EARLY and n_mine == 1:
+                    arrive(q_empty)  # the block's only S is done
                 store_tuple(s, s_tile)
                 m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, 0, t, k_end_a, k_end_b, scale,
                                                                     m_a, m_b, l_a, l_b, True)
@@ -685,13 +724,13 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             for n in range(1, n_full):
                 m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, stage, phase, prev, c, desc_q, t, k_end_a,
                                                             k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b,
-                                                            alpha_a, alpha_b, False)
+                                                            alpha_a, alpha_b, False, n == n_mine - 1)
                 prev = stage
                 stage, phase = advance(stage, phase)
             for n in range(max(n_full, 1), n_mine):
                 m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, stage, phase, prev, c, desc_q, t, k_end_a,
                                                             k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b,
-                                                            alpha_a, alpha_b, True)
+                                                            alpha_a, alpha_b, True, n == n_mine - 1)
                 prev = stage
                 stage, phase = advance(stage, phase)
             for n in range(n_mine, n_tiles):  # tiles no row here sees: pass the turn, free the stage
@@ -700,7 +739,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                     bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
                 arrive(empty + 8 * stage)  # no wait on `full`: the data is not read
                 stage, phase = advance(stage, phase)
-            arrive(q_empty)  # every S of this block is done, and its info read: the next may come
+            if not RELEASE_Q_EARLY or n_mine == 0:  # every S of this block is done (here: none)
+                arrive(q_empty)
 
             if n_mine > 0:  # -- the last tile's P·V (outside the turns: nobody is left to wait for it)
                 desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
