@@ -175,15 +175,14 @@ def _best_for_this_gpu():
     return max(runnable, key=lambda p: p.ID) if runnable else best
 
 
-# Where "best" on the H100 (phase 09) hands over to phase 08: the committed sweep records
-# (docs/bench/*_sweep_*.json; D = 64 causal of commit 3c00a39, the others of 8f08761) have 09 ahead
-# from S = 1024 on with a causal mask (1.03x of 08 there) and at every length without one. At D = 64
-# causal S = 512 the two run level (182 and 183 TFLOPS; 09's launches no longer spread since its
-# host time per launch was cut, commit 01ec813), and 08 keeps it.
+# Where "best" on the H100 (phase 09) hands over to phase 08: nowhere since commit e167d50. Its
+# sweep records (docs/bench/*_sweep_*.json) have 09 ahead of 08 at every length, causal or not, D = 64
+# and 128; the last point where 08 kept the work, D = 64 causal S = 512, went from level (182 and 183
+# TFLOPS at 3c00a39) to 201 against 183 once phase 09 released Q at each block's last S.
 # (head dim, causal) -> the most keys (S_k) at which phase 08 runs instead. tests/test_api.py checks
 # the rule against every committed record: where it says 08, 08 was not slower, and where it says
 # 09, 09 was not (points whose launches spread are left out).
-SHORT_SEQUENCES_TO_08 = {(64, True): 512}
+SHORT_SEQUENCES_TO_08 = {}
 
 
 def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int):

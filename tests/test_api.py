@@ -227,11 +227,16 @@ def test_best_for_shape_agrees_with_the_committed_records():
     assert not wrong, "\n".join(wrong)
 
 
-def test_best_for_shape_hands_only_short_d64_sequences_to_08():
+def test_best_for_shape_keeps_09_everywhere_and_hands_over_only_where_the_table_says(monkeypatch):
     from flashcore_numba import api
     from flashcore_numba.phases import PHASES
 
     p09 = PHASES["09"]
+    for head_dim in (64, 128):  # the records have 09 ahead of 08 at every sweep point
+        for causal in (False, True):
+            assert api.best_for_shape(p09, head_dim, causal, 512).ID == "09"
+    # the hand-over itself, for a table that asks for one
+    monkeypatch.setattr(api, "SHORT_SEQUENCES_TO_08", {(64, True): 512})
     assert api.best_for_shape(p09, 64, True, 512).ID == "08" and api.best_for_shape(p09, 64, True, 1024).ID == "09"
     assert api.best_for_shape(p09, 64, False, 512).ID == "09"
     assert api.best_for_shape(p09, 128, True, 512).ID == "09"
@@ -252,11 +257,15 @@ def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
     monkeypatch.setattr(api, "simulator_enabled", lambda: False)
     monkeypatch.setattr(api, "_best_for_this_gpu", lambda: api.get_phase("09"))
     monkeypatch.setattr(api, "_require_device", stop)
-    for seq, causal, head_dim in ((512, True, 64), (4096, True, 64), (1024, False, 64), (512, False, 128)):
-        q = np.zeros((1, 2, seq, head_dim), np.float16)
-        with pytest.raises(RuntimeError, match="stop"):
-            api.attention(q, q, q, causal=causal)
-    assert chosen == ["08", "09", "09", "09"]
+    shapes = ((512, True, 64), (4096, True, 64), (1024, False, 64), (512, False, 128))
+    for table, expected in (({}, ["09", "09", "09", "09"]), ({(64, True): 512}, ["08", "09", "09", "09"])):
+        monkeypatch.setattr(api, "SHORT_SEQUENCES_TO_08", table)  # today's (empty) and one that hands over
+        chosen.clear()
+        for seq, causal, head_dim in shapes:
+            q = np.zeros((1, 2, seq, head_dim), np.float16)
+            with pytest.raises(RuntimeError, match="stop"):
+                api.attention(q, q, q, causal=causal)
+        assert chosen == expected, table
     with pytest.raises(RuntimeError, match="stop"):
         api.attention(q, q, q, phase="09")  # a phase asked for by name is never swapped
     assert chosen[-1] == "09"

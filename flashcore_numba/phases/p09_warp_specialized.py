@@ -217,6 +217,17 @@ Why the hardware rewards it
     new against old): D = 64 S = 2048 494 / 479, causal 376 / 363; S = 512 (B = 64) 348 / 326,
     causal 200 / 182; D = 128 S = 2048 623 / 620, causal 507 / 500; S = 512 449 / 432, causal
     205 / 270 in that run and 284 / 269 in the one before.
+    The records (commit e167d50, against those of 3c00a39): D = 64 fp16 476 -> 496 TFLOPS, causal
+    365 -> 377 (1.06x and 0.95x cuDNN in the same runs, were 1.02x and 0.92x); bf16 D = 64 480 -> 503,
+    causal 366 -> 379 (1.07x, 0.95x); grouped queries 495 -> 515, causal 377 -> 398 (1.07x, 0.97x);
+    D = 128 fp16 641 -> 628, causal 516 -> 514 (0.98x and 0.97x, were 0.97x and 0.96x: cuDNN too ran
+    2 % slower in these runs, 658 -> 642); bf16 D = 128 657 -> 647, causal 526 -> 527 (0.98x, 0.97x).
+    In the sweeps of e167d50 phase 09 is ahead of phase 08 at every point, D = 64 causal S = 512
+    included (201 against 183 TFLOPS, where the two ran level before), so phase="best" hands no
+    shape to 08 any more (api.SHORT_SEQUENCES_TO_08 is empty); D = 128 causal S = 512 runs 286
+    against 271, the 205 of the A/B above did not repeat. Against cuDNN: D = 64 from S = 2048 without
+    a mask (1.05x to 1.13x) and from S = 4096 with one (1.00x to 1.16x), D = 128 from S = 4096 (1.01x
+    to 1.06x); at S = 2048 D = 128 0.98x and 0.97x, and below S = 2048 0.78x to 0.95x.
     Tried and not kept: five K/V stages at D = 64 instead of four (184 KB of shared memory, no
     spills). Level within noise (docs/tuning/09_ab_five_stages.txt, four stages against five:
     S = 2048 479 / 477 TFLOPS, causal 361 / 360; S = 8192 512 / 510, causal 476 / 472). The ring is
@@ -238,32 +249,31 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 476 TFLOPS (1.28x phase 08),
-    causal 365 TFLOPS (1.18x phase 08); 128 registers, 0 B local memory. 09-overlap: 448 TFLOPS
-    (0.94x phase 09, SLOWER than phase 09), causal 337 TFLOPS (0.92x phase 09, SLOWER than phase
-    09). 09-turns: 422 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 317 TFLOPS (0.94x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 419 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
-    causal 325 TFLOPS (1.02x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 641 TFLOPS (1.68x phase
-    08), causal 516 TFLOPS (1.60x phase 08); 09-overlap 620 TFLOPS (0.97x phase 09, SLOWER than
-    phase 09), causal 489 TFLOPS (0.95x phase 09, SLOWER than phase 09); 09-turns 564 TFLOPS (0.91x
-    09-overlap, SLOWER than 09-overlap), causal 440 TFLOPS (0.90x 09-overlap, SLOWER than
-    09-overlap); 09-ws 525 TFLOPS (0.93x 09-turns, SLOWER than 09-turns), causal 416 TFLOPS (0.94x
-    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 480 TFLOPS (1.28x phase 08),
-    causal 366 TFLOPS (1.18x phase 08); 09-overlap 450 TFLOPS (0.94x phase 09, SLOWER than phase
-    09), causal 337 TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 423 TFLOPS (0.94x
-    09-overlap, SLOWER than 09-overlap), causal 318 TFLOPS (0.94x 09-overlap, SLOWER than
-    09-overlap); 09-ws 421 TFLOPS (0.99x 09-turns, SLOWER than 09-turns), causal 325 TFLOPS (1.02x
-    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 657 TFLOPS (1.74x phase 08), causal 526 TFLOPS
-    (1.63x phase 08); 09-overlap 635 TFLOPS (0.97x phase 09, SLOWER than phase 09), causal 494
-    TFLOPS (0.94x phase 09, SLOWER than phase 09); 09-turns 563 TFLOPS (0.89x 09-overlap, SLOWER
-    than 09-overlap), causal 440 TFLOPS (0.89x 09-overlap, SLOWER than 09-overlap); 09-ws 525 TFLOPS
-    (0.93x 09-turns, SLOWER than 09-turns), causal 415 TFLOPS (0.94x 09-turns, SLOWER than
-    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 495 TFLOPS (1.30x phase 08), causal 377
-    TFLOPS (1.18x phase 08); 09-overlap 465 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal
-    344 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 435 TFLOPS (0.93x 09-overlap, SLOWER
-    than 09-overlap), causal 325 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap); 09-ws 430 TFLOPS
-    (0.99x 09-turns, SLOWER than 09-turns), causal 333 TFLOPS (1.03x 09-turns)
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 496 TFLOPS (1.32x phase 08),
+    causal 377 TFLOPS (1.21x phase 08); 128 registers, 0 B local memory. 09-overlap: 454 TFLOPS
+    (0.91x phase 09, SLOWER than phase 09), causal 334 TFLOPS (0.89x phase 09, SLOWER than phase
+    09). 09-turns: 422 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap), causal 314 TFLOPS (0.94x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 423 TFLOPS (1.00x 09-turns), causal 321 TFLOPS
+    (1.02x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 628 TFLOPS (1.65x phase 08), causal 514
+    TFLOPS (1.60x phase 08); 09-overlap 598 TFLOPS (0.95x phase 09, SLOWER than phase 09), causal
+    473 TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 550 TFLOPS (0.92x 09-overlap, SLOWER
+    than 09-overlap), causal 428 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 514 TFLOPS
+    (0.93x 09-turns, SLOWER than 09-turns), causal 404 TFLOPS (0.94x 09-turns, SLOWER than
+    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 503 TFLOPS (1.33x phase 08), causal 379 TFLOPS
+    (1.21x phase 08); 09-overlap 458 TFLOPS (0.91x phase 09, SLOWER than phase 09), causal 333
+    TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 425 TFLOPS (0.93x 09-overlap, SLOWER
+    than 09-overlap), causal 314 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap); 09-ws 423 TFLOPS
+    (1.00x 09-turns, SLOWER than 09-turns), causal 322 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048
+    D=128 bf16: 09 647 TFLOPS (1.69x phase 08), causal 527 TFLOPS (1.63x phase 08); 09-overlap 615
+    TFLOPS (0.95x phase 09, SLOWER than phase 09), causal 479 TFLOPS (0.91x phase 09, SLOWER than
+    phase 09); 09-turns 556 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap), causal 432 TFLOPS
+    (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 516 TFLOPS (0.93x 09-turns, SLOWER than
+    09-turns), causal 407 TFLOPS (0.94x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048
+    D=64 fp16: 09 515 TFLOPS (1.34x phase 08), causal 398 TFLOPS (1.24x phase 08); 09-overlap 465
+    TFLOPS (0.90x phase 09, SLOWER than phase 09), causal 346 TFLOPS (0.87x phase 09, SLOWER than
+    phase 09); 09-turns 430 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap), causal 325 TFLOPS
+    (0.94x 09-overlap, SLOWER than 09-overlap); 09-ws 434 TFLOPS (1.01x 09-turns), causal 333 TFLOPS
+    (1.03x 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
