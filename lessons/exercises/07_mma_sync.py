@@ -78,6 +78,13 @@ Why the hardware rewards it
     215 / 179 (72 B of local memory), 128 rows and 64 keys 227 / 189 (none), against 263 / 219.
     Not kept. Nor was one branch around the masking (as phase 09 now has): here it was slower at
     D = 64, 208 against 256 (ad hoc, queued launches), and level at D = 128.
+    Tried again at commit 06e04ce (docs/tuning/07_ab_layouts.txt, ad hoc, L2 flushed, interleaved
+    rounds): cp.async addressed from one base per thread with 32-bit row arithmetic, which cuts
+    D = 128 from 237 to 175 registers. In this kernel's layout it was slower (213 against 251
+    TFLOPS); with 32 keys per tile (163 registers, three blocks per SM) level to 5 % faster, causal
+    5-7 % faster, over three runs; FlashAttention-2's layout with it spilled 52 B and ran level (258
+    against 259), and without spills at D = 64 slower (231 against 273). SDPA flash ran 333-348 in
+    the same runs. Not kept: no variant came near it.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
