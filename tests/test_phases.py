@@ -37,13 +37,15 @@ def check(phase, shape, seq_k=None, causal=False, scale=1.0):
 
 
 # (B, H, S, D), seq_k, causal: one row each, chosen to keep the simulator under a minute per phase.
+# Causal rows that see no key (S_q=12 S_k=5) are tests/test_properties.py's
+# test_rows_without_keys_are_zero: every phase, the same shape with 2 heads, the same check
+# against the reference plus exact zeros and no NaN (a row here as well ran that launch twice).
 CASES = [
     pytest.param((1, 1, 64, 64), None, False, id="S=64 whole tiles"),
     pytest.param((1, 1, 70, 64), None, True, id="S=70 tail, causal"),
     pytest.param((1, 2, 12, 64), None, False, id="S=12 under one tile, 2 heads"),
     pytest.param((2, 1, 1, 64), None, True, id="S=1, batch 2, causal"),
     pytest.param((1, 1, 9, 64), 40, True, id="S_q=9 S_k=40 causal (bottom-right)"),
-    pytest.param((1, 1, 12, 64), 5, True, id="S_q=12 S_k=5 causal (rows without keys)"),
     pytest.param((1, 1, 33, 128), None, True, id="D=128 S=33 causal"),
 ]
 

@@ -174,13 +174,18 @@ def arithmetic_device_function(fn):
 
 
 @contextmanager
-def simulator_pacing(interval_s: float = 5e-4):
-    """Hand the interpreter lock between simulated threads more often during a launch.
+def simulator_pacing(interval_s: float = 5e-3):
+    """The interpreter's switch interval during a launch: 5 ms, Python's default.
 
     The simulator runs one Python thread per CUDA thread plus a thread that polls them for
-    barriers. With Python's default 5 ms switch interval a lane waiting at a warp barrier
-    can wait milliseconds for each of its 31 partners; 0.5 ms made the warp-tiled phases
-    several times faster (measured: 7.2 s -> 2.6 s for one 128-thread block).
+    barriers. A 0.5 ms interval once made the warp-tiled phases faster (7.2 s -> 2.6 s for one
+    128-thread block), measured before the block loop paused between its rounds (`_run_block`).
+    Measured again with the pause (2 cores), the shorter interval costs time: every hand-over of
+    the lock is a pair of system calls, and at 0.5 ms a launch spent about as much CPU time in
+    the kernel as in Python. One launch at S = 64: phase 09 7-8 s at 0.5 ms, 5 s at 5 ms; phase
+    03 5.7 -> 3.8 s; phase 05 5.8 -> 3.8 s; 14 tests of tests/test_phases.py 63-75 s -> 52-57 s
+    (user + system CPU time 67-94 s -> 48-62 s). The interval is still set here, so that a launch
+    does not depend on what the calling program chose.
     """
     previous = sys.getswitchinterval()
     sys.setswitchinterval(interval_s)

@@ -28,7 +28,6 @@ import numpy as np
 
 from .ptx import emulation
 from .sim import warp_exchange
-from .sim_mma import _halves
 
 WARPGROUP = 128
 CORE_ROW_BYTES = 16  # a core matrix: 8 rows of 16 bytes, 128 contiguous bytes (without swizzle)
@@ -77,11 +76,10 @@ def _place() -> tuple[int, int, int]:
 
 def _lane_values(D: np.ndarray, w: int, g: int, t: int) -> tuple:
     """This thread's accumulator registers of a (64, N) result."""
-    values = []
-    for j in range(D.shape[1] // 8):
-        for r in (16 * w + g, 16 * w + g + 8):
-            values += [D[r, 8 * j + 2 * t], D[r, 8 * j + 2 * t + 1]]
-    return tuple(np.float32(v) for v in values)
+    # register 4j + e: row 16w + g (+ 8 for e = 2, 3), column 8j + 2t (+ 1 for odd e)
+    rows = D[[16 * w + g, 16 * w + g + 8]].astype(np.float32, copy=False)
+    values = rows.reshape(2, -1, 8)[:, :, 2 * t:2 * t + 2].transpose(1, 0, 2)  # (j, row, column)
+    return tuple(values.reshape(-1))
 
 
 def _qk(head_dim: int, kind: str, n_keys: int = 64):
@@ -96,22 +94,28 @@ def _qk(head_dim: int, kind: str, n_keys: int = 64):
     return qk
 
 
+def _p_tile(lanes, steps: int, kind: str) -> np.ndarray:
+    """The warp's (16, 16 * steps) tile of P from its lanes' A fragments, as mma.sync lays them out
+    (sim_mma): in k-step k, lane (g, t) holds in a0 P[g][16k+2t : +2], a1 the same columns of
+    row g + 8, a2 and a3 those 8 columns on; the lower column in a register's lower half.
+    All lanes at once in NumPy: every lane of every warp builds this tile at each P·V, and a
+    loop over the 32 lanes' registers was most of the simulator's time in phases 08 and 09."""
+    regs = np.array(lanes, dtype=np.int64) & 0xFFFFFFFF  # (lane, 4 * steps) .b32 registers
+    # lane = 4g + t; register 4k + r with r = 2 * (column half) + (row half)
+    regs = regs.reshape(8, 4, steps, 2, 2)
+    halves = np.stack([regs & 0xFFFF, regs >> 16], axis=-1).astype(np.uint16)  # lower, upper 16 bits
+    values = _bits_as_float(halves, kind)  # (g, t, k, column half, row half, half)
+    # row = 8 * (row half) + g, column = 16k + 8 * (column half) + 2t + half
+    return values.transpose(4, 0, 2, 3, 1, 5).reshape(16, 16 * steps)
+
+
 def _pv(head_dim: int, kind: str, n_keys: int = 64):
     steps = n_keys // 16  # k-steps of 16 keys, four P fragments each
 
     def pv(*args):
         frags, desc_v = args[:4 * steps], args[4 * steps]
         lanes, _ = warp_exchange(tuple(frags))  # P's rows of this warp are in its 32 lanes
-        P = np.zeros((16, n_keys), np.float32)
-        for lane, regs in enumerate(lanes):
-            g, t = lane // 4, lane % 4
-            for k in range(steps):
-                a0, a1, a2, a3 = regs[4 * k:4 * k + 4]
-                c = 16 * k
-                P[g, c + 2 * t:c + 2 * t + 2] = _halves(a0, kind)
-                P[g + 8, c + 2 * t:c + 2 * t + 2] = _halves(a1, kind)
-                P[g, c + 2 * t + 8:c + 2 * t + 10] = _halves(a2, kind)
-                P[g + 8, c + 2 * t + 8:c + 2 * t + 10] = _halves(a3, kind)
+        P = _p_tile(lanes, steps, kind)
         # the k-steps of the PTX: 16 keys each, 2048 bytes on
         V = np.concatenate([_read(desc_v, 2048 * k, 16, head_dim, False, kind) for k in range(steps)])
         w, g, t = _place()
