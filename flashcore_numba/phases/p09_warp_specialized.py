@@ -508,6 +508,16 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         return stage, phase
 
     @cuda.jit(device=True, inline=True)
+    def barriers(smem):
+        """The mbarriers' shared-memory addresses: full[s] at full + 8 s (stage s holds its tile),
+        empty[s] (every consumer is done with stage s), q_full (Q of the next query block has
+        landed), q_empty (every consumer is done with Q: the next block's may come)."""
+        full = smem + BARS_OFF
+        empty = full + 8 * STAGES
+        q_full = empty + 8 * STAGES
+        return full, empty, q_full, q_full + 8
+
+    @cuda.jit(device=True, inline=True)
     def load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q):
         """The producer: once the consumers have released Q (q_empty), the query block's Q by TMA, and
         which block it is in the info slot (published by the same barrier, q_full); returns q_uses + 1."""
@@ -531,9 +541,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         tile n - 1 in stage `prev`: wait for it, take the turn (S of tile n, P·V of tile n - 1), the
         softmax of tile n; returns the rows' new m_i, l_i and alpha. `last`: tile n is the last this
         warpgroup computes S of, so Q is released as soon as that S is done."""
-        full = smem + BARS_OFF
-        empty = full + 8 * STAGES
-        q_empty = empty + 8 * STAGES + 8  # after empty[] and q_full
+        full, empty, _, q_empty = barriers(smem)
         wait(full + 8 * stage, phase)  # tile n has landed
         desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
         desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
@@ -571,10 +579,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     def kernel(Q, K, V, O, causal, qk_scale, maps, counter):
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
         smem = shared_address(smem_h)
-        full = smem + BARS_OFF  # full[s] at full + 8 s: stage s holds its tile
-        empty = full + 8 * STAGES  # empty[s]: every consumer is done with stage s
-        q_full = empty + 8 * STAGES  # Q of the next query block has landed
-        q_empty = q_full + 8  # every consumer is done with Q: the next block's may come
+        full, empty, q_full, q_empty = barriers(smem)
         n_heads = Q.shape[1]
         seq_q = Q.shape[2]
         seq_k = K.shape[2]
