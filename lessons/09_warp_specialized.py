@@ -98,8 +98,9 @@ notebooks.draw_warp_specialization()
 # The kernel counts the ring position rather than dividing a tile number: `stage`, and `phase`, the
 # parity of this use of the stage, which flips each time the ring wraps (`advance`); with three
 # stages the division cost some 40 instructions per tile. A persistent block counts on across the
-# query blocks it takes, and Q gets a pair of barriers of its own, "q_full" and "q_empty", used once
-# per query block.
+# query blocks it takes, and each consumer's tile of Q gets a pair of barriers of its own, "q_full"
+# and "q_empty", used once per query block: a consumer's next Q loads as soon as it is done with its
+# own, whatever the other consumers still do.
 #
 # The functions, from [ptx/tma.ptx](../ptx/tma.ptx) — the TMA load and the wait:
 

@@ -26,6 +26,9 @@ SHAPES = [
     pytest.param((2, 2, 300, 64), 450, True, id="S_q=300 S_k=450 causal"),
     pytest.param((1, 2, 77, 64), 30, True, id="S_q=77 S_k=30 causal (rows without keys)"),
     pytest.param((1, 1, 512, 128), None, False, id="D=128 S=512"),
+    # phase 09 at D = 64: the last block's last two consumers have no rows and pass 8 tiles, twice
+    # round the ring of 4 stages (09-ws, without turns, once deadlocked here)
+    pytest.param((1, 2, 1000, 64), None, False, id="S=1000 consumers without rows"),
 ]
 
 

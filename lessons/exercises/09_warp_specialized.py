@@ -48,9 +48,10 @@ What changed from phase 08
     - persistent blocks: the grid is one block per SM (132 on the H100), not one per query block.
       The producer takes query blocks one after another from a counter in global memory (one
       atomic addition each; `work_counter` zeroes it before each launch), and writes which block
-      comes next into a slot of shared memory that the consumers read once its Q has landed
-      (q_full). The consumers release Q (q_empty) as soon as the block's last S is done, so the
-      next block's Q and first K/V tiles load while they add the last P·V and write O. A block's
+      comes next into a slot of shared memory per consumer, which the consumer reads once its
+      tile of Q has landed (q_full[c]). Each consumer releases its Q (q_empty[c]) as soon as its
+      last S of the block is done, so its next Q and the next block's first K/V tile load while
+      it adds the last P·V and writes O, whatever the other consumers still do. A block's
       start (barrier set-up, the first loads from memory) and its end are paid once per SM, not
       once per query block, and the K/V ring runs on from one block to the next. Why a counter
       and not a fixed share per SM (block x taking x, x + 132, ...): under a causal mask query
@@ -64,9 +65,12 @@ What changed from phase 08
       compiled without the masking and its 16 branches per tile (at D = 64 since commit 8f08761,
       whose warp-uniform consumer index made room for it: below);
     - a consumer passes the tiles its rows never see: under a causal mask a block of 192 rows
-      (D = 64) streams up to two tiles of 128 keys that only its later consumers need. The
-      consumer takes its turn, hands it on and releases the stage, without waiting for the data
-      (PASS_UNSEEN; at D = 128, BLOCK_M = BLOCK_N, there are none when S_q = S_k);
+      (D = 64) streams up to two tiles of 128 keys that only its later consumers need, and in
+      the last block of a head whose S_q is not a multiple of 192 a consumer may have no rows at
+      all (S = 2048: 2112 rows in 11 blocks; such a consumer used to compute all its tiles for
+      nothing, see "rows past S_q" below). The consumer takes its turn, hands it on and releases the stage once the tile has
+      landed, without reading it (PASS_UNSEEN; at D = 128, BLOCK_M = BLOCK_N, there are none
+      when S_q = S_k);
     - tiles of 128 keys (phase 08: 64), and P·V added into the accumulator in place: phase 08's
       P·V returned a fresh O-sized tile that the kernel folded in with FMAs, D / 2 registers more
       per thread and one more pass per tile. `pv_acc` (ptx/wgmma.ptx) takes O's registers in and
@@ -370,8 +374,8 @@ def layout(HEAD_DIM):
     L["RING_OFF"] = consumers * L["TILE_BYTES"]
     L["STAGE_BYTES"] = 2 * L["KV_BYTES"]  # K, then V
     L["BARS_OFF"] = L["RING_OFF"] + L["STAGES"] * L["STAGE_BYTES"]
-    L["INFO_OFF"] = L["BARS_OFF"] + 8 * (2 * L["STAGES"] + 2)  # after full[], empty[], q_full, q_empty
-    L["SMEM_BYTES"] = L["INFO_OFF"] + 8  # the query block's first row and its plane b * H + h
+    L["INFO_OFF"] = L["BARS_OFF"] + 8 * (2 * L["STAGES"] + 2 * consumers)  # full[], empty[], q_full[], q_empty[]
+    L["SMEM_BYTES"] = L["INFO_OFF"] + 8 * consumers  # per consumer: its query block's first row and plane
     L["NT"] = BLOCK_N // MMA_N  # 8-column blocks of S
     L["KP"] = BLOCK_N // MMA_K  # k-steps of P·V
     L["NO"] = HEAD_DIM // MMA_N  # 8-column blocks of O
@@ -414,7 +418,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     SW128 = ptx.SWIZZLE_128B
     BLOCK_M, STAGES, ATOMS = L["BLOCK_M"], L["STAGES"], L["ATOMS"]
     TILE_BYTES, RING_OFF, STAGE_BYTES, BARS_OFF = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"], L["BARS_OFF"]
-    INFO = L["INFO_OFF"] // 4  # the info slot, in words of smem_h
+    INFO = L["INFO_OFF"] // 4  # the info slots (two words per consumer), in words of smem_h
     KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
     store_rows = fragment_epilogue(pack, NO)  # the epilogue, shared with phase 08 (common.py)
@@ -527,27 +531,30 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     @cuda.jit(device=True, inline=True)
     def barriers(smem):
         """The mbarriers' shared-memory addresses: full[s] at full + 8 s (stage s holds its tile),
-        empty[s] (every consumer is done with stage s), q_full (Q of the next query block has
-        landed), q_empty (every consumer is done with Q: the next block's may come)."""
+        empty[s] (every consumer is done with stage s), q_full[c] at q_full + 8 c (consumer c's
+        tile of Q for its next query block has landed), q_empty[c] (consumer c is done with its Q:
+        its next one may come). Q has a pair per consumer, so that a consumer's next Q loads once
+        it is done with its own, not once the last consumer is (two turns later at D = 64)."""
         full = smem + BARS_OFF
         empty = full + 8 * STAGES
         q_full = empty + 8 * STAGES
-        return full, empty, q_full, q_full + 8
+        return full, empty, q_full, q_full + 8 * CONSUMERS
 
     @cuda.jit(device=True, inline=True)
     def load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q):
-        """The producer: once the consumers have released Q (q_empty), the query block's Q by TMA, and
-        which block it is in the info slot (published by the same barrier, q_full); returns q_uses + 1."""
-        wait(q_empty, uint32(q_uses % uint32(2)) ^ uint32(1))  # the consumers are done with the last Q
-        smem_h[INFO] = uint32(row0)
-        smem_h[INFO + 1] = uint32(bh)
-        expect_tx(q_full, uint32(CONSUMERS * TILE_BYTES))  # all of Q completes one barrier
+        """The producer: the query block's Q by TMA, consumer after consumer, each tile once its
+        consumer has released the last one (q_empty[c]), and which block it is in the consumer's
+        info slot (published by the same barrier, q_full[c]); returns q_uses + 1."""
         for c in range(CONSUMERS):  # consumer c's 64 rows of Q, D / 64 boxes
+            wait(q_empty + 8 * c, uint32(q_uses % uint32(2)) ^ uint32(1))  # consumer c is done with its last Q
+            smem_h[INFO + 2 * c] = uint32(row0)
+            smem_h[INFO + 2 * c + 1] = uint32(bh)
+            expect_tx(q_full + 8 * c, uint32(TILE_BYTES))
             q_row = int32(0)
             # >>> exercise 09-a: the first query row of consumer c's tile
             # <<< exercise
             for a in range(ATOMS):
-                tma_load(smem + c * TILE_BYTES + a * ATOM, map_q, int32(64 * a), q_row, int32(bh), q_full)
+                tma_load(smem + c * TILE_BYTES + a * ATOM, map_q, int32(64 * a), q_row, int32(bh), q_full + 8 * c)
         return uint32(q_uses + uint32(1))
 
     @cuda.jit(device=True, inline=True)
@@ -558,6 +565,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         softmax of tile n; returns the rows' new m_i, l_i and alpha. `last`: tile n is the last this
         warpgroup computes S of, so Q is released as soon as that S is done."""
         full, empty, _, q_empty = barriers(smem)
+        q_empty = q_empty + 8 * c
         wait(full + 8 * stage, phase)  # tile n has landed
         desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
         desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
@@ -603,8 +611,9 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         wg = tid // 128
 
         if tid == 0:  # one thread sets the barriers up; the block barrier publishes them
-            mbar_init(q_full, uint32(1))
-            mbar_init(q_empty, uint32(CONSUMER_THREADS))
+            for i in range(CONSUMERS):
+                mbar_init(q_full + 8 * i, uint32(1))
+                mbar_init(q_empty + 8 * i, uint32(128))  # consumer i's threads
             for s in range(STAGES):
                 mbar_init(full + 8 * s, uint32(1))  # the producer's arrival (and the TMA bytes)
                 mbar_init(empty + 8 * s, uint32(CONSUMER_THREADS))  # every consumer thread's
@@ -620,8 +629,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 # the last block down (under a causal mask the last query rows see the most keys: the
                 # longest units go first). Block x takes unit x, then whichever unit the counter hands
                 # out next (one atomic addition): a grid of one block per SM when persistent, else of
-                # one block per unit. The consumers learn which query block comes from the info slot,
-                # written before the arrival on q_full that publishes it.
+                # one block per unit. A consumer learns which query block comes from its info slot,
+                # written before the arrival on its q_full that publishes it.
                 # (32-bit unsigned arithmetic throughout: after setmaxnreg.dec the producer has 24
                 # registers, and Numba's default 64-bit integers take two each)
                 n_m = uint32((seq_q + BLOCK_M - 1) // BLOCK_M)  # query blocks per head
@@ -661,9 +670,10 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                         if n == 0:
                             q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
                     unit = next_unit
-                wait(q_empty, uint32(q_uses % uint32(2)) ^ uint32(1))
-                smem_h[INFO] = uint32(0xFFFFFFFF)  # no query block left: the consumers stop
-                expect_tx(q_full, uint32(0))
+                for i in range(CONSUMERS):
+                    wait(q_empty + 8 * i, uint32(q_uses % uint32(2)) ^ uint32(1))
+                    smem_h[INFO + 2 * i] = uint32(0xFFFFFFFF)  # no query block left: the consumers stop
+                    expect_tx(q_full + 8 * i, uint32(0))
             return
 
         # -------------------- consumers: warpgroup c owns query rows row0 + 64c .. + 63 ------------
@@ -676,8 +686,9 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         # below two dozen exp2s, and the variant lost a quarter of its speed (see the docstring).
         # 09-ws has no hand-over to move and keeps the broadcast
         c = wg - 1
+        c_uniform = cuda.shfl_sync(FULL_MASK, c, 0)
         if overlap or not pingpong:
-            c = cuda.shfl_sync(FULL_MASK, c, 0)
+            c = c_uniform
         warp = (tid % 128) // 32
         lane = tid % 32
         g = lane // 4
@@ -686,7 +697,12 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         p_frag = cuda.local.array((KP, 4), uint32)
         acc = cuda.local.array((NO, 4), float32)
         scale = max(abs(qk_scale), float32(1e-30))
-        desc_q = descriptor(smem + c * TILE_BYTES, 16, GROUP, SW128)
+        # this consumer's Q, its pair of Q barriers and its info slot: addressed through the uniform
+        # index in 09-turns too (with tid // 128 they took it 32 to 40 B of local memory)
+        desc_q = descriptor(smem + c_uniform * TILE_BYTES, 16, GROUP, SW128)
+        q_full = q_full + 8 * c_uniform
+        q_empty = q_empty + 8 * c_uniform
+        info = INFO + 2 * c_uniform
         if pingpong and c == CONSUMERS - 1:
             bar_arrive(uint32(TURN), uint32(TURN_THREADS))  # consumer 0 takes the first turn
 
@@ -696,10 +712,10 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         while True:  # one query block after the other, as the producer announces them
             wait(q_full, uint32(q_uses % 2))
             q_uses += 1
-            row0 = int32(smem_h[INFO])
+            row0 = int32(smem_h[info])
             if row0 < 0:
                 break
-            bh = smem_h[INFO + 1]
+            bh = smem_h[info + 1]
             b = bh // uint32(n_heads)
             h = bh % uint32(n_heads)
             block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
@@ -712,6 +728,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             if PASS_UNSEEN:
                 last = min(row0 + c * WG_M + WG_M, seq_q) - 1
                 n_mine = (key_end(last, seq_q, seq_k, causal) + BLOCK_N - 1) // BLOCK_N
+                if row0 + c * WG_M >= seq_q:  # rows all past the last query row (the last block of a
+                    n_mine = 0  # head when BLOCK_M does not divide S_q): nothing to compute
             for j in range(NO):
                 for e in range(4):
                     acc[j, e] = float32(0.0)
@@ -766,7 +784,11 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 if pingpong:
                     bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
                     bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
-                arrive(empty + 8 * stage)  # no wait on `full`: the data is not read
+                # not read, but waited for: without turns (09-ws) nothing else keeps a consumer from
+                # running a whole ring ahead, and an arrival for the stage's next use would count
+                # towards this one
+                wait(full + 8 * stage, phase)
+                arrive(empty + 8 * stage)
                 stage, phase = advance(stage, phase)
             if not RELEASE_Q_EARLY or n_mine == 0:  # every S of this block is done (here: none)
                 arrive(q_empty)
