@@ -186,14 +186,17 @@ timings = lesson.timing()
 lesson.plot_timing(timings)
 
 # %% [markdown]
-# What the rows say, and what is missing: the turns pay (09-turns against 09-ws), the overlap pays a
-# little more at D = 64 (09-overlap against 09-turns), and the persistent grid more again (09 against
-# 09-overlap), most at short sequences, where a block's start and end are a larger share of its
-# work. Against phase 08 (the committed records,
+# What the rows say, and what is missing: the overlap within a warpgroup pays at both head dims
+# (09-overlap against 09-turns), and the persistent grid more again (09 against 09-overlap), most at
+# short sequences, where a block's start and end are a larger share of its work. The turns alone pay
+# at D = 128 (09-turns against 09-ws) but not at D = 64, where 09-turns runs below 09-ws in the
+# current records: there the turns pay only together with the overlap (the kernel's docstring
+# follows 09-turns' history). Against phase 08 (the committed records,
 # [docs/bench](../docs/bench/)) the rows to compare are D = 64 and D = 128, causal and not: phase 08
 # held its own at D = 64 until the tiles grew to 128 keys, since there the softmax costs as much as
-# both products. Against cuDNN (the records' SDPA rows) phase 09 is still short: the issue notes say
-# by how much and what was tried.
+# both products. Against cuDNN (the records' SDPA rows) phase 09 is ahead at D = 64 without a mask
+# and a few percent short with one and at D = 128: the docstring says by how much, where the gap
+# sits (a fixed cost per query block) and what was tried.
 
 # %% [markdown]
 # ## What changed in the machine code

@@ -232,6 +232,44 @@ Why the hardware rewards it
     against 271, the 205 of the A/B above did not repeat. Against cuDNN: D = 64 from S = 2048 without
     a mask (1.05x to 1.13x) and from S = 4096 with one (1.00x to 1.16x), D = 128 from S = 4096 (1.01x
     to 1.06x); at S = 2048 D = 128 0.98x and 0.97x, and below S = 2048 0.78x to 0.95x.
+    Rows past S_q, and a pair of Q barriers per consumer (commit 254402e, its records against those
+    of e167d50). At D = 64 a block has 192 rows, which 2048 is not a multiple of: the last block of
+    each head holds 128 rows, and its third consumer, whose rows all lie past S_q, computed all of
+    its 16 tiles for nothing (3 % of the work without a mask, 6 % with one, 11 % at S = 512 and
+    1024). Such a consumer now has no tiles of its own (n_mine = 0) and passes them all. A pass
+    now waits for the tile to land before it releases the stage: 09-ws, which has no turns to
+    hold a consumer back, deadlocked once a consumer passed eight tiles, twice round the ring (an
+    arrival for a stage's next use counted towards this one); the GPU tests have that shape now
+    (S = 1000). And Q has a pair of barriers per consumer instead of one for the block: a
+    consumer's next Q loads as soon as it is done with its own, not once the last consumer is
+    (two turns later at D = 64). Ad hoc A/B first (docs/tuning/09_ab_q_pairs.txt; TFLOPS, e167d50
+    against the rows fix alone, the Q pairs alone, both): D = 64 S = 2048 493 / 491 / 482 / 492,
+    causal 380 / 391 / 381 / 393; S = 512 350 / 369 / 353 / 374, causal 201 / 215 / 204 / 221; at
+    D = 128 the Q pairs ran 591 against 575 and causal 510 against 486 in one run, level in
+    another. The records: D = 64 fp16 496 -> 505 TFLOPS, causal 377 -> 387 (1.09x and 0.98x cuDNN
+    in the same runs, were 1.06x and 0.95x); bf16 D = 64 503 -> 508, causal 379 -> 390 (1.09x,
+    0.98x); grouped queries 515 -> 522, causal 398 -> 405 (1.10x, 0.99x); D = 128 fp16 628 -> 631,
+    causal 514 -> 515 (0.98x, 0.98x); bf16 D = 128 647 -> 650, causal 527 -> 530 (0.98x, 0.98x).
+    09-turns addresses its Q, Q barriers and info slot through the broadcast (warp-uniform) index,
+    its turns through tid // 128 as before: 0 B of local memory at D = 64 (was 8), 8 B at D = 128
+    (was 0). It ran 422 -> 410 TFLOPS at D = 64 fp16 (545 against 550 at D = 128), now below 09-ws
+    (427) at D = 64: there the turns pay only together with the overlap.
+    The fit of the sweeps (a + b * S per launch, S = 512 to 8192): at D = 64 without a mask the
+    fixed cost fell from 89 to 70 us per launch (cuDNN 42), the rows fix; at D = 128 it stayed at
+    112 us (cuDNN 46) while 09 costs 6 % less per key than cuDNN. D = 128's gap to cuDNN at
+    S = 2048 is that fixed cost: some 2 us per query block on each SM more than cuDNN's, not
+    the loading of Q, which the pairs now start earlier without a gain there.
+    In the D = 64 causal sweep phase 09's launches at S = 1024 spread from 0.234 to 0.490 ms,
+    median 0.286 (240 TFLOPS against phase 08's 252), in two sweeps in a row (the first, median
+    0.275, is kept in docs/bench/outliers/); every other point of the four sweeps stays within a
+    few percent. In an ad hoc run of that shape (each launch after an L2 flush, timed alone, 60
+    launches) the kernel ran 0.231 / 0.236 / 0.461 ms (min / median / max) against 0.251 / 0.255 /
+    0.903 for the kernel of e167d50: faster, with the same rare slow launch. Why the sweep's
+    launches spread at this one point is not understood.
+    Tried and not kept: a block's last P·V taken into the next block's first turn, beside that
+    block's first S (the epilogue after it), so that the tensor cores see no block boundary. At
+    D = 128 (no spills) it ran 529 against 591 TFLOPS, causal 449 against 510 (ad hoc A/B); at
+    D = 64 it spilled 292 B and was not timed.
     Tried and not kept: five K/V stages at D = 64 instead of four (184 KB of shared memory, no
     spills). Level within noise (docs/tuning/09_ab_five_stages.txt, four stages against five:
     S = 2048 479 / 477 TFLOPS, causal 361 / 360; S = 8192 512 / 510, causal 476 / 472). The ring is
@@ -253,31 +291,31 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 496 TFLOPS (1.32x phase 08),
-    causal 377 TFLOPS (1.21x phase 08); 128 registers, 0 B local memory. 09-overlap: 454 TFLOPS
-    (0.91x phase 09, SLOWER than phase 09), causal 334 TFLOPS (0.89x phase 09, SLOWER than phase
-    09). 09-turns: 422 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap), causal 314 TFLOPS (0.94x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 423 TFLOPS (1.00x 09-turns), causal 321 TFLOPS
-    (1.02x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 628 TFLOPS (1.65x phase 08), causal 514
-    TFLOPS (1.60x phase 08); 09-overlap 598 TFLOPS (0.95x phase 09, SLOWER than phase 09), causal
-    473 TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 550 TFLOPS (0.92x 09-overlap, SLOWER
-    than 09-overlap), causal 428 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 514 TFLOPS
-    (0.93x 09-turns, SLOWER than 09-turns), causal 404 TFLOPS (0.94x 09-turns, SLOWER than
-    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 503 TFLOPS (1.33x phase 08), causal 379 TFLOPS
-    (1.21x phase 08); 09-overlap 458 TFLOPS (0.91x phase 09, SLOWER than phase 09), causal 333
-    TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 425 TFLOPS (0.93x 09-overlap, SLOWER
-    than 09-overlap), causal 314 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap); 09-ws 423 TFLOPS
-    (1.00x 09-turns, SLOWER than 09-turns), causal 322 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048
-    D=128 bf16: 09 647 TFLOPS (1.69x phase 08), causal 527 TFLOPS (1.63x phase 08); 09-overlap 615
-    TFLOPS (0.95x phase 09, SLOWER than phase 09), causal 479 TFLOPS (0.91x phase 09, SLOWER than
-    phase 09); 09-turns 556 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap), causal 432 TFLOPS
-    (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 516 TFLOPS (0.93x 09-turns, SLOWER than
-    09-turns), causal 407 TFLOPS (0.94x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048
-    D=64 fp16: 09 515 TFLOPS (1.34x phase 08), causal 398 TFLOPS (1.24x phase 08); 09-overlap 465
-    TFLOPS (0.90x phase 09, SLOWER than phase 09), causal 346 TFLOPS (0.87x phase 09, SLOWER than
-    phase 09); 09-turns 430 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap), causal 325 TFLOPS
-    (0.94x 09-overlap, SLOWER than 09-overlap); 09-ws 434 TFLOPS (1.01x 09-turns), causal 333 TFLOPS
-    (1.03x 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 505 TFLOPS (1.35x phase 08),
+    causal 387 TFLOPS (1.26x phase 08); 128 registers, 0 B local memory. 09-overlap: 464 TFLOPS
+    (0.92x phase 09, SLOWER than phase 09), causal 342 TFLOPS (0.88x phase 09, SLOWER than phase
+    09). 09-turns: 410 TFLOPS (0.88x 09-overlap, SLOWER than 09-overlap), causal 312 TFLOPS (0.91x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 427 TFLOPS (1.04x 09-turns), causal 332 TFLOPS
+    (1.06x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 631 TFLOPS (1.67x phase 08), causal 515
+    TFLOPS (1.60x phase 08); 09-overlap 605 TFLOPS (0.96x phase 09, SLOWER than phase 09), causal
+    476 TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 545 TFLOPS (0.90x 09-overlap, SLOWER
+    than 09-overlap), causal 430 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 519 TFLOPS
+    (0.95x 09-turns, SLOWER than 09-turns), causal 410 TFLOPS (0.95x 09-turns, SLOWER than
+    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 508 TFLOPS (1.36x phase 08), causal 390 TFLOPS
+    (1.27x phase 08); 09-overlap 460 TFLOPS (0.90x phase 09, SLOWER than phase 09), causal 343
+    TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 411 TFLOPS (0.89x 09-overlap, SLOWER
+    than 09-overlap), causal 313 TFLOPS (0.91x 09-overlap, SLOWER than 09-overlap); 09-ws 433 TFLOPS
+    (1.06x 09-turns), causal 333 TFLOPS (1.07x 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 650
+    TFLOPS (1.70x phase 08), causal 530 TFLOPS (1.64x phase 08); 09-overlap 621 TFLOPS (0.96x phase
+    09, SLOWER than phase 09), causal 483 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns
+    551 TFLOPS (0.89x 09-overlap, SLOWER than 09-overlap), causal 432 TFLOPS (0.90x 09-overlap,
+    SLOWER than 09-overlap); 09-ws 520 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 413
+    TFLOPS (0.96x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 522
+    TFLOPS (1.36x phase 08), causal 405 TFLOPS (1.26x phase 08); 09-overlap 475 TFLOPS (0.91x phase
+    09, SLOWER than phase 09), causal 353 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns
+    419 TFLOPS (0.88x 09-overlap, SLOWER than 09-overlap), causal 319 TFLOPS (0.90x 09-overlap,
+    SLOWER than 09-overlap); 09-ws 442 TFLOPS (1.06x 09-turns), causal 344 TFLOPS (1.08x 09-turns)
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
