@@ -68,9 +68,9 @@ What changed from phase 08
       (D = 64) streams up to two tiles of 128 keys that only its later consumers need, and in
       the last block of a head whose S_q is not a multiple of 192 a consumer may have no rows at
       all (S = 2048: 2112 rows in 11 blocks; such a consumer used to compute all its tiles for
-      nothing, see "rows past S_q" below). The consumer takes its turn, hands it on and releases the stage once the tile has
-      landed, without reading it (PASS_UNSEEN; at D = 128, BLOCK_M = BLOCK_N, there are none
-      when S_q = S_k);
+      nothing, see "rows past S_q" below). The consumer takes its turn, hands it on and releases
+      the stage once the tile has landed, without reading it (PASS_UNSEEN; at D = 128, BLOCK_M =
+      BLOCK_N, there are none when S_q = S_k);
     - tiles of 128 keys (phase 08: 64), and P·V added into the accumulator in place: phase 08's
       P·V returned a fresh O-sized tile that the kernel folded in with FMAs, D / 2 registers more
       per thread and one more pass per tile. `pv_acc` (ptx/wgmma.ptx) takes O's registers in and
