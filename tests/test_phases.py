@@ -185,6 +185,24 @@ def test_phase09_passes_the_tiles_a_consumer_never_sees(variant):
     assert verdict.ok, f"{variant}: {verdict.message}"
 
 
+@pytest.mark.parametrize("variant", ["09", "09-ws"])
+def test_phase09_consumers_without_rows_pass_a_whole_ring(variant):
+    """S_q=64, S_k=640: the block's second consumer has no rows and passes all five tiles, more than
+    the ring's four stages. Each pass waits for its tile to land before it releases the stage: 09-ws
+    has no turns to hold that consumer back, and without the wait its second release of stage 0
+    counted towards the first use, so the producer refilled a stage still being read (wrong output
+    here; a deadlock on the H100)."""
+    from flashcore_numba import attention
+    from flashcore_numba.phases import p09_warp_specialized as p09
+
+    L = p09.layout(64)
+    assert L["BLOCK_M"] == 128 and L["STAGES"] == 4 and 640 // L["BLOCK_N"] > L["STAGES"]  # the simulator's
+    q, k, v = random_qkv((1, 1, 64, 64), 640)
+    out = attention(q, k, v, phase=variant)
+    verdict = check_close(out, reference_attention(q, k, v), lowp_attention(q, k, v))
+    assert verdict.ok, f"{variant}: {verdict.message}"
+
+
 def test_phase09_grid_is_persistent():
     """Phase 09 launches one block per SM (two in the simulator), each looping over query blocks;
     09-overlap one block per query block. The grouped-query test above runs 09 with 4 units (one
