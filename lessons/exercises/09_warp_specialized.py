@@ -687,8 +687,9 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                     block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
                     n_tiles = int32((block_k_end + BLOCK_N - 1) // BLOCK_N)
                     # Tile 0's K and V go out before Q: their stage is freed by the consumers of the last
-                    # block whatever Q does, so they load while those finish. Q waits for its release
-                    # (the last block's last S), then comes in behind tile 0 (n_tiles = 0: at once)
+                    # block whatever Q does, so they load while those finish. Each consumer's tile of Q
+                    # waits for that consumer's release (its last S of the last block), then comes in
+                    # behind tile 0 (n_tiles = 0: at once)
                     if n_tiles == 0:
                         q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
                     for n in range(n_tiles):  # fill the next stage once it is free
