@@ -580,14 +580,14 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         return uint32(q_uses + uint32(1))
 
     @cuda.jit(device=True, inline=True)
-    def turn(smem, n, stage, phase, prev, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a,
+    def turn(smem, q_empty, n, stage, phase, prev, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a,
              l_b, alpha_a, alpha_b, may_mask, last):
         """Tile n >= 1 of a query block, in ring stage `stage` (`phase`: the parity of this use of it),
         tile n - 1 in stage `prev`: wait for it, take the turn (S of tile n, P·V of tile n - 1), the
         softmax of tile n; returns the rows' new m_i, l_i and alpha. `last`: tile n is the last this
-        warpgroup computes S of, so Q is released as soon as that S is done."""
-        full, empty, _, q_empty = barriers(smem)
-        q_empty = q_empty + 8 * c
+        warpgroup computes S of, so its Q is released (q_empty: this consumer's barrier) as soon as that
+        S is done."""
+        full, empty, _, _ = barriers(smem)
         wait(full + 8 * stage, phase)  # tile n has landed
         desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
         desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
@@ -794,13 +794,13 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             # the causal diagonal or the end of the keys follow in a loop of their own
             n_full = min(key_end(min(row0 + c * WG_M, seq_q - 1), seq_q, seq_k, causal) // BLOCK_N, n_mine)
             for n in range(1, n_full):
-                m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, stage, phase, prev, c, desc_q, t, k_end_a,
+                m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, q_empty, n, stage, phase, prev, c, desc_q, t, k_end_a,
                                                             k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b,
                                                             alpha_a, alpha_b, False, n == n_mine - 1)
                 prev = stage
                 stage, phase = advance(stage, phase)
             for n in range(max(n_full, 1), n_mine):
-                m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, n, stage, phase, prev, c, desc_q, t, k_end_a,
+                m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, q_empty, n, stage, phase, prev, c, desc_q, t, k_end_a,
                                                             k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b,
                                                             alpha_a, alpha_b, True, n == n_mine - 1)
                 prev = stage
