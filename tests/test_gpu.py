@@ -190,3 +190,21 @@ def test_bf16_refused_by_fp16_phases_by_name():
     q = torch.randn(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="q: expected dtype float16 for phase 06, got bfloat16"):
         attention(q, q, q, phase="06")
+
+
+def test_phase09_refuses_an_output_off_a_16_byte_boundary():
+    """Phase 09 writes O in 16-byte stores (ptx/store.ptx), which fault at an address that is not a
+    multiple of 16: a launch on such an O is refused by name, and an aligned one is untouched by it."""
+    from numba import cuda
+
+    q, k, v = random_qkv((1, 2, 64, 64))
+    dq, dk, dv = (cuda.to_device(x) for x in (q, k, v))
+    buf = cuda.to_device(np.full(q.size + 8, np.nan, dtype=np.float16))
+    config = KERNELS["09"].build(64)
+    with pytest.raises(ValueError, match="o: this kernel writes the output in 16-byte stores"):
+        config.launch(dq, dk, dv, buf[1:1 + q.size].reshape(q.shape), False, LOG2E / 8.0)
+    out = buf[8:8 + q.size].reshape(q.shape)  # 16 bytes in: aligned
+    config.launch(dq, dk, dv, out, False, LOG2E / 8.0)
+    cuda.synchronize()
+    verdict = check_close(out.copy_to_host(), reference_attention(q, k, v), lowp_attention(q, k, v))
+    assert verdict.ok, verdict.message

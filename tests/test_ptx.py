@@ -481,6 +481,33 @@ def expected_exp2(x):
     return np.where(np.abs(y) < tiny, 0.0, y)
 
 
+def store_kernel(route: str):
+    st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", route)
+
+    @cuda.jit
+    def scatter(words, slots, shift, out):
+        # lane l stores its four words to 16-byte slot slots[l] of out, `shift` bytes further on
+        lane = cuda.threadIdx.x
+        st_global_v4(ptx.global_address(out) + uint64(16 * slots[lane] + shift),
+                     words[lane, 0], words[lane, 1], words[lane, 2], words[lane, 3])
+
+    return scatter
+
+
+def run_store(route, seed, shift=0):
+    """32 lanes store 16 random bytes each to a permutation of slots 1 .. 32 of 34 (slots 0 and 33,
+    where a store that wrote too much would land, keep their poison)."""
+    rng = np.random.default_rng(seed)
+    words = rng.integers(0, 1 << 32, size=(32, 4), dtype=np.uint32)
+    slots = (rng.permutation(32) + 1).astype(np.uint32)
+    poison = np.full((34, 4), 0xDEADBEEF, np.uint32)
+    out = cuda.to_device(poison)
+    store_kernel(route)[1, 32](cuda.to_device(words), cuda.to_device(slots), np.uint32(shift), out)
+    expected = poison.copy()
+    expected[slots] = words
+    return out.copy_to_host(), expected
+
+
 def run_cp_async(route, seed):
     rng = np.random.default_rng(seed)
     src = rng.integers(1, 1 << 16, size=(32, 16), dtype=np.uint16)
@@ -545,6 +572,22 @@ def test_exp2_flushes_subnormals_and_is_within_its_error():
         finite = ~np.isnan(expected)
         np.testing.assert_allclose(got[finite], expected[finite], rtol=2.0**-21, atol=0, err_msg=f"{route} route")
         assert not ((got > 0) & (got < np.finfo(np.float32).tiny)).any(), f"{route} route: a subnormal result"
+
+
+def test_st_global_v4_stores_four_words_in_order():
+    """Word i of a lane lands at its address + 4 i, nothing outside the 16 bytes is touched."""
+    seed = int(np.random.default_rng().integers(1 << 31))
+    for route in (("link", "inline") if _on_gpu() else ("inline",)):
+        got, expected = run_store(route, seed)
+        assert np.array_equal(got, expected), f"{route} route, seed {seed}"
+
+
+@pytest.mark.skipif(_on_gpu(), reason="on the GPU a misaligned vector store faults and spoils the context")
+def test_st_global_v4_refuses_a_misaligned_address_in_the_simulator():
+    """The hardware faults on a store whose address is not a multiple of 16; the emulation raises, so a
+    kernel that would fault on the GPU fails its CPU tests."""
+    with pytest.raises(Exception, match=r"16-byte aligned address, got byte offset \d+"):
+        run_store("inline", 0, shift=4)
 
 
 # ---------------------------------------------------------------------------------------------

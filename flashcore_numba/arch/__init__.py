@@ -14,6 +14,7 @@ Phases import from here; nothing here imports a phase, the measurement, the cour
     sim_mma.py   the simulator's mma.sync, ldmatrix and cp.async, lane by lane with the
                  fragment layouts the PTX ISA documents
     sim_exp2.py  the simulator's 2^x (ptx/exp2.ptx: ex2.approx.ftz, subnormals flushed)
+    sim_store.py the simulator's 16-byte global store (ptx/store.ptx), alignment checked
     sim_wgmma.py the simulator's wgmma: a whole tile per call, read through its descriptor
     tma.py       tensor maps for TMA (cuTensorMapEncodeTiled), with the layouts TMA cannot
                  describe refused by name

@@ -370,7 +370,8 @@ def function(filename: str, name: str, route: str = "link", tuples: bool = False
                          f"the inline route can name in place; a call would copy them through .param space "
                          f"before the wait")
     if simulator_enabled():
-        from . import sim_exp2, sim_mma, sim_tma, sim_wgmma, sim_warpgroup, sim_wmma  # noqa: F401 - registers the emulations
+        # importing them registers the emulations
+        from . import sim_exp2, sim_mma, sim_store, sim_tma, sim_wgmma, sim_warpgroup, sim_wmma  # noqa: F401
 
         if name not in _EMULATIONS:
             raise NotImplementedError(f"{name} (ptx/{filename}) has no emulation for the simulator")

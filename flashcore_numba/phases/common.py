@@ -1,5 +1,5 @@
 """Pieces every phase shares, written once: masking, the online-softmax update, tile loads,
-the wgmma phases' epilogue and the kernel launch.
+the wgmma phases' epilogues and the kernel launch.
 
 Vocabulary used in every phase (the names of the FlashAttention papers and Triton's
 fused-attention tutorial):
@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, uint64
+from numba import cuda, float32, int32, uint32, uint64
 
+from ..arch import ptx
 from ..arch.sim import arithmetic_device_function, fast_fdividef, simulator_enabled, simulator_pacing
 from ..arch.smem import STATIC_SMEM_LIMIT, raise_dynamic_smem_limit
 
@@ -104,9 +105,25 @@ def finalize(acc_value, l_i):
     return float32(0.0)
 
 
+@cuda.jit(device=True, inline=True)
+def quad_row_inverses(l_a, l_b):
+    """1 / l_i of a thread's two rows (a and b), each of whose four quad lanes summed a quarter of
+    the row's columns: the sums over the quad by shuffles, then the divisions (0 for a row that
+    saw no key)."""
+    l_a += cuda.shfl_xor_sync(0xFFFFFFFF, l_a, 1)
+    l_a += cuda.shfl_xor_sync(0xFFFFFFFF, l_a, 2)
+    l_b += cuda.shfl_xor_sync(0xFFFFFFFF, l_b, 1)
+    l_b += cuda.shfl_xor_sync(0xFFFFFFFF, l_b, 2)
+    # 1 / l_i by the fast approximate division: an IEEE division has a slow path that is a
+    # subroutine call, and a call anywhere in a kernel serializes its wgmmas
+    inv_a = fast_fdividef(float32(1.0), l_a) if l_a > float32(0.0) else float32(0.0)
+    inv_b = fast_fdividef(float32(1.0), l_b) if l_b > float32(0.0) else float32(0.0)
+    return inv_a, inv_b
+
+
 def fragment_epilogue(pack, n_blocks):
-    """The epilogue of the wgmma phases (08, 09), for their 16-bit type (`pack`: two fp32 -> one
-    packed pair of fp16 or bf16) and an accumulator of `n_blocks` 8-column blocks (D / 8).
+    """The epilogue of phase 08, for its 16-bit type (`pack`: two fp32 -> one packed pair of
+    fp16 or bf16) and an accumulator of `n_blocks` 8-column blocks (D / 8).
 
     Every thread holds, of its warp's 16 query rows, rows a (its group g) and b (g + 8), in
     columns 2t and 2t + 1 of each block j: the accumulator layout of mma.sync and wgmma alike.
@@ -115,18 +132,10 @@ def fragment_epilogue(pack, n_blocks):
     o = acc / l_i and writes columns 2t, 2t + 1 of block j as one store: O is viewed as uint32
     pairs, pair 4j + t. Rows past seq_q are not written; a row that saw no key writes 0.
     """
-    FULL_MASK = 0xFFFFFFFF
 
     @cuda.jit(device=True, inline=True)
     def store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b):
-        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
-        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
-        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
-        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
-        # 1 / l_i by the fast approximate division: an IEEE division has a slow path that is a
-        # subroutine call, and a call anywhere in a kernel serializes its wgmmas
-        inv_a = fast_fdividef(float32(1.0), l_a) if l_a > float32(0.0) else float32(0.0)
-        inv_b = fast_fdividef(float32(1.0), l_b) if l_b > float32(0.0) else float32(0.0)
+        inv_a, inv_b = quad_row_inverses(l_a, l_b)
         # unsigned indices (uidx): with signed ones each store has its own negative-index test,
         # which in a loop over query blocks (phase 09) the compiler hoists and keeps in registers
         for j in range(n_blocks):
@@ -135,6 +144,67 @@ def fragment_epilogue(pack, n_blocks):
                 O[uidx(b), uidx(h), uidx(row_a), pair] = pack(acc[j, 0] * inv_a, acc[j, 1] * inv_a)
             if row_b < seq_q:
                 O[uidx(b), uidx(h), uidx(row_b), pair] = pack(acc[j, 2] * inv_b, acc[j, 3] * inv_b)
+
+    return store_rows
+
+
+@cuda.jit(device=True, inline=True)
+def rotate4(x0, x1, x2, x3, k):
+    """(x_k, x_k+1, x_k+2, x_k+3), indices mod 4, for a k that differs between lanes: selects,
+    not an indexed array (which would go to local memory)."""
+    odd = (k & 1) != 0
+    y0 = x1 if odd else x0
+    y1 = x2 if odd else x1
+    y2 = x3 if odd else x2
+    y3 = x0 if odd else x3
+    two = (k & 2) != 0
+    return (y2 if two else y0), (y3 if two else y1), (y0 if two else y2), (y1 if two else y3)
+
+
+def fragment_epilogue_16b(pack, n_blocks, st_global_v4):
+    """The epilogue of phase 09: what `fragment_epilogue` writes, in 16-byte stores
+    (`st_global_v4`: ptx/store.ptx's flashcore_st_global_v4, one STG.E.128).
+
+    In the accumulator layout lane t of a quad holds 4 bytes of each 8-column block of its row
+    (columns 2t, 2t + 1, packed). For each group of four blocks (4G .. 4G + 3) the quad
+    transposes its 4 x 4 words, so that lane t ends up with all four words of block 4G + t, 16
+    contiguous bytes, and stores them at once. The transpose takes three shuffles: in round k
+    (1, 2, 3) every lane sends the word that lane t + k needs and receives, from lane t - k, its
+    own word t - k. n_blocks must be a multiple of 4 (D = 64 and 128: 8 and 16 blocks).
+    O is viewed as uint32 pairs and must start on a 16-byte boundary (the launch checks it).
+    """
+    FULL_MASK = 0xFFFFFFFF
+    assert n_blocks % 4 == 0, "the quad transposes groups of four 8-column blocks"
+
+    @cuda.jit(device=True, inline=True)
+    def store_row(row_address, valid, t, acc, e, inv):
+        """One row, registers e and e + 1 of each block (0: row a, 2: row b), scaled by inv = 1 / l_i."""
+        quad = (cuda.threadIdx.x % 32) - t  # lane of the quad's first thread
+        for G in range(n_blocks // 4):
+            x0 = pack(acc[4 * G, e] * inv, acc[4 * G, e + 1] * inv)
+            x1 = pack(acc[4 * G + 1, e] * inv, acc[4 * G + 1, e + 1] * inv)
+            x2 = pack(acc[4 * G + 2, e] * inv, acc[4 * G + 2, e + 1] * inv)
+            x3 = pack(acc[4 * G + 3, e] * inv, acc[4 * G + 3, e + 1] * inv)
+            # send[k] = x[(t + k) % 4], the word lane t + k needs; send[0] = x[t] stays here
+            send0, send1, send2, send3 = rotate4(x0, x1, x2, x3, t)
+            # got_k: lane (t - k)'s word t, i.e. word (t - k) % 4 of block 4G + t (shfl moves int32)
+            got1 = uint32(cuda.shfl_sync(FULL_MASK, int32(send1), quad + ((t - 1) & 3)))
+            got2 = uint32(cuda.shfl_sync(FULL_MASK, int32(send2), quad + ((t - 2) & 3)))
+            got3 = uint32(cuda.shfl_sync(FULL_MASK, int32(send3), quad + ((t - 3) & 3)))
+            # word s is got_((t - s) % 4): in order s = 0 .. 3 that is (got_0, got_3, got_2, got_1)
+            # rotated by (4 - t) % 4
+            w0, w1, w2, w3 = rotate4(send0, got3, got2, got1, (4 - t) & 3)
+            if valid:  # every lane shuffles above; only rows before seq_q are written
+                st_global_v4(row_address + uint64(16 * (4 * G + t)), w0, w1, w2, w3)
+
+    @cuda.jit(device=True, inline=True)
+    def store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b):
+        inv_a, inv_b = quad_row_inverses(l_a, l_b)
+        row_bytes = uint64(O.shape[3] * 4)  # O as uint32 pairs: D / 2 of them per row
+        plane = (uint64(b) * uint64(O.shape[1]) + uint64(h)) * uint64(O.shape[2])  # row 0 of O[b, h]
+        base = ptx.global_address(O)
+        store_row(base + (plane + uint64(row_a)) * row_bytes, row_a < seq_q, t, acc, 0, inv_a)
+        store_row(base + (plane + uint64(row_b)) * row_bytes, row_b < seq_q, t, acc, 2, inv_b)
 
     return store_rows
 
@@ -266,6 +336,7 @@ class KernelConfig:
     # block x takes unit x first, then the next one a counter hands out (the kernel's last argument)
     work_units: object = None
     persistent: bool = False  # with work_units: one block per SM, each looping over units
+    out_alignment: int = 0  # bytes: O's address must be a multiple of this (the kernel's vector stores)
 
     def grid(self, q_shape, causal: bool) -> tuple:
         """The launch grid: every phase's (row blocks, heads, batch), or for a kernel with work
@@ -277,6 +348,12 @@ class KernelConfig:
 
     def arguments(self, q, k, v, o, causal: bool, qk_scale: float, stream=0) -> tuple:
         """The kernel's arguments, as `launch` passes them (the benchmark reads registers by them)."""
+        if self.out_alignment and not simulator_enabled():  # the simulator's store checks its own addresses
+            offset = o.__cuda_array_interface__["data"][0] % self.out_alignment
+            if offset:
+                raise ValueError(f"o: this kernel writes the output in {self.out_alignment}-byte stores, so "
+                                 f"its address must be a multiple of {self.out_alignment}; this one is {offset} "
+                                 f"bytes past (a fresh allocation is aligned)")
         if self.packed_output:
             o = o.view(np.uint32)
         # float32 on purpose: a Python float would be typed float64 and drag fp64 math in.

@@ -59,7 +59,12 @@ What changed from phase 08
       per thread and one more pass per tile. `pv_acc` (ptx/wgmma.ptx) takes O's registers in and
       hands them back with P·V added (the wgmma's scale-d = 1); P's fragments and O travel as
       tuples (`ptx.function(..., tuples=True)`, `ptx.as_tuple`, `ptx.store_tuple`). The registers
-      saved pay for S of 128 keys, which halves the turns, barrier waits and wgmma waits per key.
+      saved pay for S of 128 keys, which halves the turns, barrier waits and wgmma waits per key;
+    - O leaves in 16-byte stores (ptx/store.ptx, common.fragment_epilogue_16b). The accumulator
+      gives each lane of a quad 4 bytes of every 8 columns of its rows, which phase 08 stores as
+      they are: 32 four-byte stores per thread at D = 128. Three shuffles per four column blocks
+      transpose the quad's words, so that each lane holds 8 whole columns, and one STG.E.128
+      writes them: 8 stores per thread at D = 128, 4 at D = 64.
     VARIANTS keep each idea measurable: "ws" is the producer and the ring without turns, "turns"
     adds the turns but awaits each product before the softmax (P·V first, then S: the other
     order kept S, P and O's input and output all live at once and spilled at D = 128), "overlap"
@@ -266,6 +271,18 @@ Why the hardware rewards it
     launches) the kernel ran 0.231 / 0.236 / 0.461 ms (min / median / max) against 0.251 / 0.255 /
     0.903 for the kernel of e167d50: faster, with the same rare slow launch. Why the sweep's
     launches spread at this one point is not understood.
+    16-byte stores of O (commit REPLACE_COMMIT). A timeline of the query blocks at D = 128
+    (docs/tuning/09_block_timeline.txt, a copy with %globaltimer stamps) put 1.7 and 2.3 us of each
+    block's 28.4 us (consumers 0 and 1) in the epilogue alone, after the last P·V: 32 four-byte
+    stores per thread, each warp-wide store writing 16 bytes of each of 8 rows. With a transpose
+    within the quad (3 shuffles and a few selects per group of four 8-column blocks) a thread stores
+    16 contiguous bytes at a time: 8 STG.E.128 in place of 32 STG.E at D = 128, 4 in place of 16 at
+    D = 64, with registers and spills unchanged for phase 09 (128 at D = 64, 168 at D = 128, none);
+    09-turns at D = 64 now spills 72 B (outside its loop of turns). Ad hoc A/B first
+    (docs/tuning/09_ab_16b_stores.txt; L2 flushed, interleaved rounds, each launch timed alone;
+    TFLOPS, 4-byte against 16-byte stores, cuDNN in the same run): D = 128 S = 2048 626 / 657
+    (cuDNN 630), causal 502 / 542 (505); S = 512 436 / 524 (531), causal 285 / 334 (347); D = 64
+    S = 2048 509 / 524 (467), causal 388 / 407 (397); S = 512 379 / 417 (393), causal 224 / 242 (263).
     Tried and not kept: a block's last P·V taken into the next block's first turn, beside that
     block's first S (the epilogue after it), so that the tensor cores see no block boundary. At
     D = 128 (no spills) it ran 529 against 591 TFLOPS, causal 449 against 510 (ad hoc A/B); at
@@ -337,7 +354,7 @@ from numba import cuda, float32, int32, uint32
 
 from ..arch import ptx
 from ..arch.sim import simulator_enabled
-from .common import KernelConfig, fragment_epilogue, key_end, softmax_rescale, uidx
+from .common import KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale, uidx
 
 ID = "09"
 NAME = "warp_specialized"
@@ -442,7 +459,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     INFO = L["INFO_OFF"] // 4  # the info slots (two words per consumer), in words of smem_h
     KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
-    store_rows = fragment_epilogue(pack, NO)  # the epilogue, shared with phase 08 (common.py)
+    st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
+    store_rows = fragment_epilogue_16b(pack, NO, st_global_v4)  # 16-byte stores of O (common.py)
     HALF = NT // 2  # S's column blocks are walked in two halves: see mask_and_max
     N_P, N_O = 4 * KP, 4 * NO  # registers per thread of P's fragments, of O
     Q_WG_WORDS = TILE_BYTES // 4
@@ -823,8 +841,9 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
                 arrive(empty + 8 * prev)
 
-            # -- epilogue as in phase 08 (common.py): the rows' sums over the quad, o = acc / l_i, packed
-            # pairs; the other consumers' turns go on meanwhile, and the producer loads the next block
+            # -- epilogue (common.py): phase 08's sums over the quad and o = acc / l_i, then a transpose
+            # within the quad and one 16-byte store per 8 columns; the other consumers' turns go on
+            # meanwhile, and the producer loads the next block
             store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
 
         if pingpong and c == 0:
@@ -838,7 +857,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         # then moves from the producer to the consumers (see ptx/warpgroup.ptx)
         compiled = cuda.jit(launch_bounds=LAUNCH_BOUNDS)(kernel)
     return KernelConfig(compiled, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
-                        packed_output=True, tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS,
+                        packed_output=True, out_alignment=16,  # 16-byte stores (ptx/store.ptx)
+                        tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS,
                         work_units=partial(work_units, block_m=BLOCK_M), persistent=persistent)
 
 

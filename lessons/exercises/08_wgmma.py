@@ -58,15 +58,15 @@ Why the hardware rewards it
     D = 64 fp16 362 -> 385 TFLOPS, causal 303 -> 317; D = 128 350 -> 384, causal 297 -> 324; bf16
     D = 64 362 -> 385, causal 303 -> 319; bf16 D = 128 350 -> 382, causal 301 -> 323; grouped
     queries 370 -> 394, causal 313 -> 328.
-    The epilogue shared with phase 09 (commit c1d3e54, common.fragment_epilogue): the same sums,
-    division and packed stores, but with unsigned indices (phase 03's uidx), so the stores lose
-    their negative-index tests: 1608 -> 1320 SASS instructions at D = 64, 2320 -> 1744 at D = 128.
-    The epilogue runs once per block, and the records show no gain (its records against those
-    of 158229a and 40974dd): D = 64 fp16 378 -> 374 TFLOPS, causal 315 -> 310; bf16 379 -> 374,
-    causal 315 -> 311; grouped queries 391 -> 385, causal 329 -> 324; D = 128 fp16 378 -> 382,
-    causal 320 -> 322; bf16 381 -> 382, causal 323 -> 326. D = 64 ran 1-2 % slower in all six of
-    its records, D = 128 0-1 % faster: small, and not understood (the assembler allocated the
-    registers of the whole kernel anew).
+    The epilogue in common.py (commit c1d3e54, common.fragment_epilogue; phase 09 shared it until it
+    took 16-byte stores): the same sums, division and packed stores, but with unsigned indices
+    (phase 03's uidx), so the stores lose their negative-index tests: 1608 -> 1320 SASS instructions
+    at D = 64, 2320 -> 1744 at D = 128. The epilogue runs once per block, and the records show no
+    gain (its records against those of 158229a and 40974dd): D = 64 fp16 378 -> 374 TFLOPS, causal
+    315 -> 310; bf16 379 -> 374, causal 315 -> 311; grouped queries 391 -> 385, causal 329 -> 324;
+    D = 128 fp16 378 -> 382, causal 320 -> 322; bf16 381 -> 382, causal 323 -> 326. D = 64 ran 1-2 %
+    slower in all six of its records, D = 128 0-1 % faster: small, and not understood (the assembler
+    allocated the registers of the whole kernel anew).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -185,7 +185,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     SW128 = ptx.SWIZZLE_128B
     K_OFF, V_OFF, STAGE_BYTES = L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
-    store_rows = fragment_epilogue(pack, NO)  # the epilogue, shared with phase 09 (common.py)
+    store_rows = fragment_epilogue(pack, NO)  # the epilogue (common.py)
     Q_WG_BYTES = WG_M * HEAD_DIM * 2  # one warpgroup's 64 rows of Q
     Q_WORDS, N_THREADS = BLOCK_M * HEAD_DIM // 2, L["N_THREADS"]
 

@@ -354,7 +354,7 @@ from numba import cuda, float32, int32, uint32
 
 from flashcore_numba.arch import ptx
 from flashcore_numba.arch.sim import simulator_enabled
-from flashcore_numba.phases.common import KernelConfig, fragment_epilogue, key_end, softmax_rescale, uidx
+from flashcore_numba.phases.common import KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale, uidx
 
 ID = "09"
 NAME = "warp_specialized"
@@ -459,7 +459,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     INFO = L["INFO_OFF"] // 4  # the info slots (two words per consumer), in words of smem_h
     KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
-    store_rows = fragment_epilogue(pack, NO)  # the epilogue, shared with phase 08 (common.py)
+    st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
+    store_rows = fragment_epilogue_16b(pack, NO, st_global_v4)  # 16-byte stores of O (common.py)
     HALF = NT // 2  # S's column blocks are walked in two halves: see mask_and_max
     N_P, N_O = 4 * KP, 4 * NO  # registers per thread of P's fragments, of O
     Q_WG_WORDS = TILE_BYTES // 4
@@ -837,8 +838,9 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
                 arrive(empty + 8 * prev)
 
-            # -- epilogue as in phase 08 (common.py): the rows' sums over the quad, o = acc / l_i, packed
-            # pairs; the other consumers' turns go on meanwhile, and the producer loads the next block
+            # -- epilogue (common.py): phase 08's sums over the quad and o = acc / l_i, then a transpose
+            # within the quad and one 16-byte store per 8 columns; the other consumers' turns go on
+            # meanwhile, and the producer loads the next block
             store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
 
         if pingpong and c == 0:
@@ -852,7 +854,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         # then moves from the producer to the consumers (see ptx/warpgroup.ptx)
         compiled = cuda.jit(launch_bounds=LAUNCH_BOUNDS)(kernel)
     return KernelConfig(compiled, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
-                        packed_output=True, tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS,
+                        packed_output=True, out_alignment=16,  # 16-byte stores (ptx/store.ptx)
+                        tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS,
                         work_units=partial(work_units, block_m=BLOCK_M), persistent=persistent)
 
 
