@@ -211,14 +211,15 @@ lesson.plot_timing(timings)
 # What the rows say, and what is missing: the overlap within a warpgroup pays at both head dims
 # (09-overlap against 09-turns), and the persistent grid more again (09 against 09-overlap), most at
 # short sequences, where a block's start and end are a larger share of its work. The turns alone pay
-# at D = 128 (09-turns against 09-ws) but not at D = 64, where 09-turns runs below 09-ws in the
-# current records: there the turns pay only together with the overlap (the kernel's docstring
-# follows 09-turns' history). Against phase 08 (the committed records,
-# [docs/bench](../docs/bench/)) the rows to compare are D = 64 and D = 128, causal and not: phase 08
-# held its own at D = 64 until the tiles grew to 128 keys, since there the softmax costs as much as
-# both products. Against cuDNN (the records' SDPA rows) phase 09 is ahead at D = 64 without a mask
-# and a few percent short with one and at D = 128: the docstring says by how much, where the gap
-# sits (a fixed cost per query block) and what was tried.
+# at D = 128 (09-turns against 09-ws) but hardly at D = 64: there 09-turns runs level with 09-ws
+# without a mask and below it with one in the current records, so the turns pay mostly together
+# with the overlap (the kernel's docstring follows 09-turns' history). Against phase 08 (the
+# committed records, [docs/bench](../docs/bench/)) the rows to compare are D = 64 and D = 128,
+# causal and not: phase 08 held its own at D = 64 until the tiles grew to 128 keys, since there the
+# softmax costs as much as both products. Against cuDNN (the records' SDPA rows) phase 09 is ahead
+# at the reference shape at both head dims, causal and not, by the most at D = 64 without a mask;
+# the sweeps show where it is still behind (short sequences with a mask), and the docstring says
+# by how much and what was tried.
 
 # %% [markdown]
 # ## What changed in the machine code

@@ -271,7 +271,7 @@ Why the hardware rewards it
     launches) the kernel ran 0.231 / 0.236 / 0.461 ms (min / median / max) against 0.251 / 0.255 /
     0.903 for the kernel of e167d50: faster, with the same rare slow launch. Why the sweep's
     launches spread at this one point is not understood.
-    16-byte stores of O (commit REPLACE_COMMIT). A timeline of the query blocks at D = 128
+    16-byte stores of O (commit d5d15af, its records against those of 254402e). A timeline of the query blocks at D = 128
     (docs/tuning/09_block_timeline.txt, a copy with %globaltimer stamps) put 1.7 and 2.3 us of each
     block's 28.4 us (consumers 0 and 1) in the epilogue alone, after the last P·V: 32 four-byte
     stores per thread, each warp-wide store writing 16 bytes of each of 8 rows. With a transpose
@@ -283,6 +283,18 @@ Why the hardware rewards it
     TFLOPS, 4-byte against 16-byte stores, cuDNN in the same run): D = 128 S = 2048 626 / 657
     (cuDNN 630), causal 502 / 542 (505); S = 512 436 / 524 (531), causal 285 / 334 (347); D = 64
     S = 2048 509 / 524 (467), causal 388 / 407 (397); S = 512 379 / 417 (393), causal 224 / 242 (263).
+    The records: D = 64 fp16 505 -> 521 TFLOPS, causal 387 -> 405 (1.11x and 1.02x cuDNN in the same
+    runs, were 1.09x and 0.98x); bf16 D = 64 508 -> 526, causal 390 -> 410 (1.13x, 1.03x); grouped
+    queries 522 -> 536, causal 405 -> 423 (1.13x, 1.04x); D = 128 fp16 631 -> 660, causal 515 -> 548
+    (1.03x and 1.04x, were 0.98x and 0.98x); bf16 D = 128 650 -> 680, causal 530 -> 564 (1.03x,
+    1.04x). Every variant gained as well (they share the epilogue): 09-turns now runs level with
+    09-ws at D = 64 without a mask (443 and 437) and below it with one (331 and 340). In the sweeps
+    of d5d15af phase 09 is ahead of phase 08 at every point (1.02x at D = 64 S = 512 without a mask,
+    where its launches spread from 0.18 to 0.52 ms, median 0.23; 1.24x to 1.90x elsewhere; the
+    D = 64 causal point S = 1024 that trailed 08 in the sweeps of 254402e runs 1.24x of it without a
+    spread). Against cuDNN: 1.01x to 1.12x from S = 1024 at D = 128 (S = 512 0.99x, causal 0.96x),
+    and at D = 64 1.06x to 1.13x from S = 1024 without a mask and 1.03x to 1.09x from S = 2048 with
+    one (S = 512 and 1024 with a mask 0.92x and 0.93x; S = 512 without one 0.77x, the spread point).
     Tried and not kept: a block's last P·V taken into the next block's first turn, beside that
     block's first S (the epilogue after it), so that the tensor cores see no block boundary. At
     D = 128 (no spills) it ran 529 against 591 TFLOPS, causal 449 against 510 (ad hoc A/B); at
@@ -308,30 +320,31 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 505 TFLOPS (1.35x phase 08),
-    causal 387 TFLOPS (1.26x phase 08); 128 registers, 0 B local memory. 09-overlap: 464 TFLOPS
-    (0.92x phase 09, SLOWER than phase 09), causal 342 TFLOPS (0.88x phase 09, SLOWER than phase
-    09). 09-turns: 410 TFLOPS (0.88x 09-overlap, SLOWER than 09-overlap), causal 312 TFLOPS (0.91x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 427 TFLOPS (1.04x 09-turns), causal 332 TFLOPS
-    (1.06x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 631 TFLOPS (1.67x phase 08), causal 515
-    TFLOPS (1.60x phase 08); 09-overlap 605 TFLOPS (0.96x phase 09, SLOWER than phase 09), causal
-    476 TFLOPS (0.92x phase 09, SLOWER than phase 09); 09-turns 545 TFLOPS (0.90x 09-overlap, SLOWER
-    than 09-overlap), causal 430 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 519 TFLOPS
-    (0.95x 09-turns, SLOWER than 09-turns), causal 410 TFLOPS (0.95x 09-turns, SLOWER than
-    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 508 TFLOPS (1.36x phase 08), causal 390 TFLOPS
-    (1.27x phase 08); 09-overlap 460 TFLOPS (0.90x phase 09, SLOWER than phase 09), causal 343
-    TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 411 TFLOPS (0.89x 09-overlap, SLOWER
-    than 09-overlap), causal 313 TFLOPS (0.91x 09-overlap, SLOWER than 09-overlap); 09-ws 433 TFLOPS
-    (1.06x 09-turns), causal 333 TFLOPS (1.07x 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 650
-    TFLOPS (1.70x phase 08), causal 530 TFLOPS (1.64x phase 08); 09-overlap 621 TFLOPS (0.96x phase
-    09, SLOWER than phase 09), causal 483 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns
-    551 TFLOPS (0.89x 09-overlap, SLOWER than 09-overlap), causal 432 TFLOPS (0.90x 09-overlap,
-    SLOWER than 09-overlap); 09-ws 520 TFLOPS (0.94x 09-turns, SLOWER than 09-turns), causal 413
-    TFLOPS (0.96x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 522
-    TFLOPS (1.36x phase 08), causal 405 TFLOPS (1.26x phase 08); 09-overlap 475 TFLOPS (0.91x phase
-    09, SLOWER than phase 09), causal 353 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns
-    419 TFLOPS (0.88x 09-overlap, SLOWER than 09-overlap), causal 319 TFLOPS (0.90x 09-overlap,
-    SLOWER than 09-overlap); 09-ws 442 TFLOPS (1.06x 09-turns), causal 344 TFLOPS (1.08x 09-turns)
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 521 TFLOPS (1.39x phase 08),
+    causal 405 TFLOPS (1.31x phase 08); 128 registers, 0 B local memory. 09-overlap: 473 TFLOPS
+    (0.91x phase 09, SLOWER than phase 09), causal 357 TFLOPS (0.88x phase 09, SLOWER than phase
+    09). 09-turns: 443 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap), causal 331 TFLOPS (0.93x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 437 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
+    causal 340 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 660 TFLOPS (1.74x phase
+    08), causal 548 TFLOPS (1.69x phase 08); 09-overlap 626 TFLOPS (0.95x phase 09, SLOWER than
+    phase 09), causal 496 TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 568 TFLOPS (0.91x
+    09-overlap, SLOWER than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than
+    09-overlap); 09-ws 553 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.98x
+    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 526 TFLOPS (1.41x phase 08),
+    causal 410 TFLOPS (1.32x phase 08); 09-overlap 475 TFLOPS (0.90x phase 09, SLOWER than phase
+    09), causal 357 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 440 TFLOPS (0.93x
+    09-overlap, SLOWER than 09-overlap), causal 331 TFLOPS (0.93x 09-overlap, SLOWER than
+    09-overlap); 09-ws 439 TFLOPS (1.00x 09-turns, SLOWER than 09-turns), causal 341 TFLOPS (1.03x
+    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 680 TFLOPS (1.79x phase 08), causal 564 TFLOPS
+    (1.75x phase 08); 09-overlap 643 TFLOPS (0.95x phase 09, SLOWER than phase 09), causal 505
+    TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 579 TFLOPS (0.90x 09-overlap, SLOWER
+    than 09-overlap), causal 457 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 555 TFLOPS
+    (0.96x 09-turns, SLOWER than 09-turns), causal 446 TFLOPS (0.98x 09-turns, SLOWER than
+    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 536 TFLOPS (1.40x phase 08), causal 423
+    TFLOPS (1.33x phase 08); 09-overlap 488 TFLOPS (0.91x phase 09, SLOWER than phase 09), causal
+    364 TFLOPS (0.86x phase 09, SLOWER than phase 09); 09-turns 450 TFLOPS (0.92x 09-overlap, SLOWER
+    than 09-overlap), causal 338 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap); 09-ws 445 TFLOPS
+    (0.99x 09-turns, SLOWER than 09-turns), causal 349 TFLOPS (1.03x 09-turns)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,

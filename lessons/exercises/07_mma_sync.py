@@ -88,11 +88,11 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 269 TFLOPS (3.83x 06-inline),
-    causal 230 TFLOPS (3.75x 06-inline); 128 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 07 258 TFLOPS (4.23x 06-inline), causal 225 TFLOPS (4.25x 06-inline). At B=16 H=16 S=2048
-    D=64 bf16: 07 268 TFLOPS, causal 227 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 258 TFLOPS,
-    causal 225 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 274 TFLOPS, causal 237 TFLOPS
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 271 TFLOPS (3.83x 06-inline),
+    causal 230 TFLOPS (3.79x 06-inline); 128 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    fp16: 07 260 TFLOPS (4.25x 06-inline), causal 225 TFLOPS (4.23x 06-inline). At B=16 H=16 S=2048
+    D=64 bf16: 07 271 TFLOPS, causal 229 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 258 TFLOPS,
+    causal 224 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 275 TFLOPS, causal 236 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
