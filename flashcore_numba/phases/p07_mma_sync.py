@@ -26,7 +26,7 @@ What changed from phase 06
     than Q heads (grouped-query attention): head h reads K/V head h // (H_q / H_kv).
     bf16 is the same kernel with the bf16 mma and conversions: the kernel never does
     arithmetic on 16-bit values itself, it only moves their bits to the tensor cores. The
-    output is stored two columns at a time, packed as the P fragments are (one 32-bit store).
+    output is packed as the P fragments are and written 16 bytes at a time (below).
 
 Why the hardware rewards it
     Phase 06 spent most of its time outside the tensor cores: storing S, reading it back
@@ -68,6 +68,16 @@ Why the hardware rewards it
     5-7 % faster, over three runs; FlashAttention-2's layout with it spilled 52 B and ran level (258
     against 259), and without spills at D = 64 slower (231 against 273). SDPA flash ran 333-348 in
     the same runs. Not kept: no variant came near it.
+    The epilogue of phase 09 (commit REPLACE_COMMIT; common.fragment_epilogue_16b, ptx/store.ptx).
+    Until then each output element was divided by l_i (an IEEE division, a subroutine with a slow
+    path: 64 per thread at D = 128) and stored 4 bytes at a time (32 stores per thread at D = 128).
+    Now 1 / l_i is taken once per row and multiplied in, and after a transpose within the quad each
+    lane writes 16 contiguous bytes: 8 STG.E.128 per thread at D = 128, 4 at D = 64 (242 registers
+    at D = 128, was 237; 128 at D = 64; no spills). Ad hoc A/B first (docs/tuning/07_ab_epilogue.txt;
+    L2 flushed, interleaved rounds, each launch timed alone; TFLOPS, old / new, SDPA flash in the
+    same run): D = 128 249 / 269 (334), causal 213 / 243 (291); D = 64 271 / 265 (302), causal
+    226 / 228 (259). A block of 64 rows at D = 128 is short (32 tiles at S = 2048, two blocks per
+    SM), so its end weighs more than at D = 64.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -98,7 +108,7 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from ..arch import ptx
 from ..arch.sim import simulator_enabled
-from .common import KernelConfig, finalize, key_end, softmax_rescale
+from .common import KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale
 
 ID = "07"
 NAME = "mma_sync"
@@ -183,6 +193,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
     exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")  # one MUFU.EX2, no subnormal fix-ups
+    st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
     ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
     ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
     commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
@@ -194,6 +205,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
     ROW_BYTES = STRIDE * 2
+    store_rows = fragment_epilogue_16b(pack, NO, st_global_v4)  # O in 16-byte stores (common.py)
 
     @cuda.jit(device=True, inline=True)
     def mma_into(c, mt, j, a, kk, b0, b1):
@@ -372,25 +384,14 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             cuda.syncthreads()
             stage = 1 - stage
 
-        # -- epilogue: the rows' sums over the quad, o = acc / l_i; O is viewed as uint32 pairs,
-        # so columns 2t and 2t+1 of n-tile j (pair 4j + t) are one store
+        # -- epilogue (common.py): the rows' sums over the quad, 1 / l_i once per row, o = acc * (1 / l_i)
+        # packed in pairs, and a transpose within the quad so that each lane writes 16 bytes at once
         for mt in range(M_TILES):
-            l_a[mt] += cuda.shfl_xor_sync(FULL_MASK, l_a[mt], 1)
-            l_a[mt] += cuda.shfl_xor_sync(FULL_MASK, l_a[mt], 2)
-            l_b[mt] += cuda.shfl_xor_sync(FULL_MASK, l_b[mt], 1)
-            l_b[mt] += cuda.shfl_xor_sync(FULL_MASK, l_b[mt], 2)
             row_a = warp_row0 + mt * MMA_M + g
-            row_b = row_a + 8
-            for j in range(NO):
-                pair = j * (MMA_N // 2) + t
-                o = acc[mt, j]
-                if row_a < seq_q:
-                    O[b, h, row_a, pair] = pack(finalize(o[0], l_a[mt]), finalize(o[1], l_a[mt]))
-                if row_b < seq_q:
-                    O[b, h, row_b, pair] = pack(finalize(o[2], l_b[mt]), finalize(o[3], l_b[mt]))
+            store_rows(O, b, h, row_a, row_a + 8, seq_q, t, acc[mt], l_a[mt], l_b[mt])
 
     return KernelConfig(mma_attention, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
-                        packed_output=True)
+                        packed_output=True, out_alignment=16)  # 16-byte stores (ptx/store.ptx)
 
 
 @lru_cache(maxsize=None)
