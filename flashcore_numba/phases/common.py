@@ -162,7 +162,7 @@ def rotate4(x0, x1, x2, x3, k):
 
 
 def fragment_epilogue_16b(pack, n_blocks, st_global_v4):
-    """The epilogue of phase 09: what `fragment_epilogue` writes, in 16-byte stores
+    """The epilogue of phases 07 and 09: what `fragment_epilogue` writes, in 16-byte stores
     (`st_global_v4`: ptx/store.ptx's flashcore_st_global_v4, one STG.E.128).
 
     In the accumulator layout lane t of a quad holds 4 bytes of each 8-column block of its row

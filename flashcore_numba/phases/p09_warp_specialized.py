@@ -295,6 +295,8 @@ Why the hardware rewards it
     spread). Against cuDNN: 1.01x to 1.12x from S = 1024 at D = 128 (S = 512 0.99x, causal 0.96x),
     and at D = 64 1.06x to 1.13x from S = 1024 without a mask and 1.03x to 1.09x from S = 2048 with
     one (S = 512 and 1024 with a mask 0.92x and 0.93x; S = 512 without one 0.77x, the spread point).
+    Nine of the ten records were made again at commit b30c6d2 (phase 07's epilogue; phase 09's kernel
+    unchanged): phase 09 within 2 % of the numbers above, 1.03x-1.13x cuDNN.
     Tried and not kept: a block's last P·V taken into the next block's first turn, beside that
     block's first S (the epilogue after it), so that the tensor cores see no block boundary. At
     D = 128 (no spills) it ran 529 against 591 TFLOPS, causal 449 against 510 (ad hoc A/B); at
@@ -320,31 +322,31 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 521 TFLOPS (1.39x phase 08),
-    causal 405 TFLOPS (1.31x phase 08); 128 registers, 0 B local memory. 09-overlap: 473 TFLOPS
-    (0.91x phase 09, SLOWER than phase 09), causal 357 TFLOPS (0.88x phase 09, SLOWER than phase
-    09). 09-turns: 443 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap), causal 331 TFLOPS (0.93x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 437 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
-    causal 340 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 660 TFLOPS (1.74x phase
-    08), causal 548 TFLOPS (1.69x phase 08); 09-overlap 626 TFLOPS (0.95x phase 09, SLOWER than
-    phase 09), causal 496 TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 568 TFLOPS (0.91x
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 524 TFLOPS (1.39x phase 08),
+    causal 410 TFLOPS (1.32x phase 08); 128 registers, 0 B local memory. 09-overlap: 478 TFLOPS
+    (0.91x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase
+    09). 09-turns: 442 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 439 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
+    causal 342 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 669 TFLOPS (1.77x phase
+    08), causal 557 TFLOPS (1.73x phase 08); 09-overlap 632 TFLOPS (0.94x phase 09, SLOWER than
+    phase 09), causal 500 TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 571 TFLOPS (0.90x
     09-overlap, SLOWER than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than
-    09-overlap); 09-ws 553 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.98x
-    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 526 TFLOPS (1.41x phase 08),
-    causal 410 TFLOPS (1.32x phase 08); 09-overlap 475 TFLOPS (0.90x phase 09, SLOWER than phase
-    09), causal 357 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 440 TFLOPS (0.93x
+    09-overlap); 09-ws 556 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 445 TFLOPS (0.97x
+    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 531 TFLOPS (1.41x phase 08),
+    causal 410 TFLOPS (1.32x phase 08); 09-overlap 479 TFLOPS (0.90x phase 09, SLOWER than phase
+    09), causal 357 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 444 TFLOPS (0.93x
     09-overlap, SLOWER than 09-overlap), causal 331 TFLOPS (0.93x 09-overlap, SLOWER than
-    09-overlap); 09-ws 439 TFLOPS (1.00x 09-turns, SLOWER than 09-turns), causal 341 TFLOPS (1.03x
-    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 680 TFLOPS (1.79x phase 08), causal 564 TFLOPS
-    (1.75x phase 08); 09-overlap 643 TFLOPS (0.95x phase 09, SLOWER than phase 09), causal 505
-    TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 579 TFLOPS (0.90x 09-overlap, SLOWER
-    than 09-overlap), causal 457 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 555 TFLOPS
-    (0.96x 09-turns, SLOWER than 09-turns), causal 446 TFLOPS (0.98x 09-turns, SLOWER than
-    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 536 TFLOPS (1.40x phase 08), causal 423
-    TFLOPS (1.33x phase 08); 09-overlap 488 TFLOPS (0.91x phase 09, SLOWER than phase 09), causal
-    364 TFLOPS (0.86x phase 09, SLOWER than phase 09); 09-turns 450 TFLOPS (0.92x 09-overlap, SLOWER
-    than 09-overlap), causal 338 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap); 09-ws 445 TFLOPS
-    (0.99x 09-turns, SLOWER than 09-turns), causal 349 TFLOPS (1.03x 09-turns)
+    09-overlap); 09-ws 440 TFLOPS (0.99x 09-turns, SLOWER than 09-turns), causal 341 TFLOPS (1.03x
+    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 690 TFLOPS (1.81x phase 08), causal 570 TFLOPS
+    (1.75x phase 08); 09-overlap 646 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 511
+    TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 573 TFLOPS (0.89x 09-overlap, SLOWER
+    than 09-overlap), causal 462 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 563 TFLOPS
+    (0.98x 09-turns, SLOWER than 09-turns), causal 452 TFLOPS (0.98x 09-turns, SLOWER than
+    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 540 TFLOPS (1.40x phase 08), causal 428
+    TFLOPS (1.32x phase 08); 09-overlap 488 TFLOPS (0.90x phase 09, SLOWER than phase 09), causal
+    368 TFLOPS (0.86x phase 09, SLOWER than phase 09); 09-turns 452 TFLOPS (0.93x 09-overlap, SLOWER
+    than 09-overlap), causal 340 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap); 09-ws 448 TFLOPS
+    (0.99x 09-turns, SLOWER than 09-turns), causal 354 TFLOPS (1.04x 09-turns)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
