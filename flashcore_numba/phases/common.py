@@ -1,5 +1,5 @@
 """Pieces every phase shares, written once: masking, the online-softmax update, tile loads,
-the wgmma phases' epilogues and the kernel launch.
+the tensor-core phases' epilogues and the kernel launch.
 
 Vocabulary used in every phase (the names of the FlashAttention papers and Triton's
 fused-attention tutorial):

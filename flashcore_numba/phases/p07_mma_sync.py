@@ -68,21 +68,21 @@ Why the hardware rewards it
     5-7 % faster, over three runs; FlashAttention-2's layout with it spilled 52 B and ran level (258
     against 259), and without spills at D = 64 slower (231 against 273). SDPA flash ran 333-348 in
     the same runs. Not kept: no variant came near it.
-    The epilogue of phase 09 (commit b30c6d2, its records against those of d5d15af; common.fragment_epilogue_16b, ptx/store.ptx).
-    Until then each output element was divided by l_i (an IEEE division, a subroutine with a slow
-    path: 64 per thread at D = 128) and stored 4 bytes at a time (32 stores per thread at D = 128).
-    Now 1 / l_i is taken once per row and multiplied in, and after a transpose within the quad each
-    lane writes 16 contiguous bytes: 8 STG.E.128 per thread at D = 128, 4 at D = 64 (242 registers
-    at D = 128, was 237; 128 at D = 64; no spills). Ad hoc A/B first (docs/tuning/07_ab_epilogue.txt;
-    L2 flushed, interleaved rounds, each launch timed alone; TFLOPS, old / new, SDPA flash in the
-    same run): D = 128 249 / 269 (334), causal 213 / 243 (291); D = 64 271 / 265 (302), causal
-    226 / 228 (259). A block of 64 rows at D = 128 is short (32 tiles at S = 2048, two blocks per
-    SM), so its end weighs more than at D = 64. The records: D = 128 fp16 260 -> 281 TFLOPS, causal
-    225 -> 254 (0.80x and 0.83x SDPA flash in the same runs, were 0.74x and 0.73x); bf16 D = 128
-    258 -> 279, causal 224 -> 253 (0.79x, 0.82x); D = 64 fp16 271 -> 264, causal 230 -> 232 (0.88x,
-    0.88x): 2.6 % slower without a mask, as in the A/B; bf16 D = 64 271 -> 267 (0.88x; its causal
-    record is of d5d15af, the device time of the session ran out before it); grouped queries
-    275 -> 270, causal 236 -> 238 (0.88x, 0.87x).
+    The epilogue of phase 09 (commit b30c6d2, its records against those of d5d15af;
+    common.fragment_epilogue_16b, ptx/store.ptx). Until then each output element was divided by l_i
+    (an IEEE division, a subroutine with a slow path: 64 per thread at D = 128) and stored 4 bytes
+    at a time (32 stores per thread at D = 128). Now 1 / l_i is taken once per row and multiplied
+    in, and after a transpose within the quad each lane writes 16 contiguous bytes: 8 STG.E.128 per
+    thread at D = 128, 4 at D = 64 (242 registers at D = 128, was 237; 128 at D = 64; no spills).
+    Ad hoc A/B first (docs/tuning/07_ab_epilogue.txt; L2 flushed, interleaved rounds, each launch timed
+    alone; TFLOPS, old / new, SDPA flash in the same run): D = 128 249 / 269 (334), causal 213 / 243
+    (291); D = 64 271 / 265 (302), causal 226 / 228 (259). A block of 64 rows at D = 128 is short
+    (32 tiles at S = 2048, two blocks per SM), so its end weighs more than at D = 64. The records:
+    D = 128 fp16 260 -> 281 TFLOPS, causal 225 -> 254 (0.80x and 0.83x SDPA flash in the same runs,
+    were 0.74x and 0.73x); bf16 D = 128 258 -> 279, causal 224 -> 253 (0.79x, 0.82x); D = 64 fp16
+    271 -> 264, causal 230 -> 232 (0.88x, 0.88x): 2.6 % slower without a mask, as in the A/B; bf16
+    D = 64 271 -> 267 (0.88x; its causal record is of d5d15af, the device time of the session ran
+    out before it); grouped queries 275 -> 270, causal 236 -> 238 (0.88x, 0.87x).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
