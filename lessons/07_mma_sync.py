@@ -95,7 +95,13 @@ lesson.show_ptx("mma_sync.ptx", "flashcore_mma_f16")
 lesson.show_ptx("ldmatrix.ptx", "flashcore_ldmatrix_x4")
 
 # %% [markdown]
-# The copy of a tile by `cp.async`, and the kernel against phase 06's:
+# The copy of a tile by `cp.async`, and the kernel against phase 06's. A tile is 16-byte chunks; thread
+# t copies chunk t % CHUNKS of every ROWS_PER_PASS-th row. Only the last tile of a sequence can reach
+# past its end, so only that tile checks each row (and zero-fills the rows past the end); every other
+# tile takes the first branch, where a thread's copies sit at fixed offsets from one address and the
+# copy instruction adds the offset itself. The checks cost more than it looks: at D = 128, before this
+# split, the few lines that issue the copies held about 15 % of the time the warps spent stalled
+# (Nsight Compute, [docs/tuning/07_ab_copy.txt](../docs/tuning/07_ab_copy.txt)).
 
 # %%
 lesson.show_source(phase.make_copy_tile)

@@ -83,6 +83,18 @@ Why the hardware rewards it
     271 -> 264, causal 230 -> 232 (0.88x, 0.88x): 2.6 % slower without a mask, as in the A/B; bf16
     D = 64 271 -> 267 (0.88x; its causal record is of d5d15af, the device time of the session ran
     out before it); grouped queries 275 -> 270, causal 236 -> 238 (0.88x, 0.87x).
+    The copies of a tile (docs/tuning/07_ab_copy.txt). Nsight Compute on the kernel of 06914a1 at
+    D = 128 put about 15 % of the warps' stall samples on the code that issues a tile's cp.async
+    copies: each of the 16 copies clamped its row and built its address in 64-bit arithmetic, about
+    ten integer instructions per copy, and some of them waited for registers that the copies issued
+    just before were still reading. A tile that lies inside the sequence needs no clamp: a thread's
+    copies are then at fixed offsets from one address, which the copy instruction adds itself
+    (make_copy_tile); only a tile that reaches past the sequence takes the clamped path. Registers
+    at D = 128 fall from 242 to 167, so 32 keys per tile now fit three blocks of 4 warps per SM
+    (64 keys per tile with the new copy ran slower, 212-220 TFLOPS against 260-262, as in 06e04ce;
+    not understood). Ad hoc A/B, two runs (TFLOPS, before / after, SDPA flash in the same rounds):
+    D = 64 264 / 283 and 258 / 276 (300, 293), causal 232 / 246 and 224 / 239 (263, 259); D = 128
+    260 / 269 and 262 / 276 (331, 329), causal 241 / 258 and 243 / 254 (294, 291).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -134,7 +146,7 @@ PAD = 8  # fp16 elements added to each shared-memory row: rows 16 bytes apart mo
 # registers of Q fragments and 128 of O per lane on top of S, more than a thread may have.
 TILES = {
     64: dict(block_m=128, block_n=64, warps=8),
-    128: dict(block_m=64, block_n=64, warps=4),
+    128: dict(block_m=64, block_n=32, warps=4),
 }
 SIM_TILES = {  # the simulator runs one Python thread per CUDA thread: one or two warps
     64: dict(block_m=32, block_n=32, warps=1),  # two m-tiles per warp: the M_TILES loops tested
@@ -162,6 +174,8 @@ def layout(HEAD_DIM, block_m, block_n, warps):
     L["STAGE_BYTES"] = 2 * block_n * row_bytes  # stage s: K at K_OFF + s*STAGE_BYTES, V at V_OFF + ...
     L["SMEM_BYTES"] = L["K_OFF"] + 2 * L["STAGE_BYTES"]
     L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row
+    L["ROWS_PER_PASS"] = L["N_THREADS"] // L["CHUNKS"]  # rows the block's threads copy in one pass
+    assert block_m % L["ROWS_PER_PASS"] == 0 and block_n % L["ROWS_PER_PASS"] == 0
     L["NT"] = block_n // MMA_N  # n-tiles of S per m-tile (8 keys each)
     L["KQ"] = HEAD_DIM // MMA_K  # k-steps of Q·Kᵀ
     L["KP"] = block_n // MMA_K  # k-steps of P·V
@@ -172,21 +186,32 @@ def layout(HEAD_DIM, block_m, block_n, warps):
 def make_copy_tile(L):
     """Global -> shared by cp.async, 16 bytes per copy, consecutive threads on consecutive chunks."""
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
-    CHUNKS, STRIDE, N_THREADS = L["CHUNKS"], L["STRIDE"], L["N_THREADS"]
+    CHUNKS, STRIDE, ROWS_PER_PASS = L["CHUNKS"], L["STRIDE"], L["ROWS_PER_PASS"]
+    ROW_BYTES = STRIDE * 2  # a row in shared memory; in global memory a row is CHUNKS * 16 bytes
 
     @cuda.jit(device=True, inline=True)
     def copy_tile(smem, offset, src_base, head_bytes, row0, n_rows, seq_len, tid):
         """Start copying rows row0 .. row0+n_rows-1 of one head (at src_base + head_bytes) to smem+offset.
 
-        A row past seq_len copies 0 bytes and is zero-filled (its address is clamped to a real row).
+        Thread tid copies chunk tid % CHUNKS of rows tid // CHUNKS, + ROWS_PER_PASS, + 2 ROWS_PER_PASS...
+        A tile that lies inside the sequence needs no check: each copy is at a fixed offset from one
+        address, which the copy instruction adds itself. In the last tile a row past seq_len copies
+        0 bytes and is zero-filled (its address is clamped to a real row).
         """
-        for i in range(n_rows * CHUNKS // N_THREADS):
-            c = tid + i * N_THREADS
-            r, chunk = c // CHUNKS, c % CHUNKS
-            row = row0 + r
-            n_bytes = uint32(16) if row < seq_len else uint32(0)
-            src = src_base + head_bytes + uint64(min(row, seq_len - 1)) * uint64(CHUNKS * 16) + uint64(chunk * 16)
-            copy16(smem + offset + r * (STRIDE * 2) + chunk * 16, src, n_bytes)
+        r, chunk = tid // CHUNKS, tid % CHUNKS
+        src = src_base + head_bytes + uint64(chunk * 16)
+        dst = smem + offset + r * ROW_BYTES + chunk * 16
+        if row0 + n_rows <= seq_len:
+            src += uint64(row0 + r) * uint64(CHUNKS * 16)
+            for i in range(n_rows // ROWS_PER_PASS):
+                copy16(dst + i * ROWS_PER_PASS * ROW_BYTES, src + uint64(i * ROWS_PER_PASS * CHUNKS * 16),
+                       uint32(16))
+        else:
+            for i in range(n_rows // ROWS_PER_PASS):
+                row = row0 + r + i * ROWS_PER_PASS
+                n_bytes = uint32(16) if row < seq_len else uint32(0)
+                row_src = src + uint64(min(row, seq_len - 1)) * uint64(CHUNKS * 16)
+                copy16(dst + i * ROWS_PER_PASS * ROW_BYTES, row_src, n_bytes)
 
     return copy_tile
 
