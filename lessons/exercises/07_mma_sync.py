@@ -112,14 +112,19 @@ Why the hardware rewards it
     not understood). Ad hoc A/B, two runs (TFLOPS, before / after, SDPA flash in the same rounds):
     D = 64 264 / 283 and 258 / 276 (300, 293), causal 232 / 246 and 224 / 239 (263, 259); D = 128
     260 / 269 and 262 / 276 (331, 329), causal 241 / 258 and 243 / 254 (294, 291).
+    The records of commit 2378a60 against those of b30c6d2: D = 128 fp16 281 -> 294 TFLOPS, causal
+    254 -> 271 (0.83x and 0.88x SDPA flash in the same runs); bf16 D = 128 279 -> 296, causal
+    253 -> 270 (0.83x, 0.87x); D = 64 fp16 264 -> 282, causal 232 -> 248 (0.94x, 0.95x); bf16 D = 64
+    267 -> 285, causal 229 -> 247 (0.94x, 0.93x; the causal one against d5d15af); grouped queries
+    270 -> 291, causal 238 -> 257 (0.95x, 0.94x). Still short of SDPA flash everywhere.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 264 TFLOPS (3.74x 06-inline),
-    causal 232 TFLOPS (3.83x 06-inline); 128 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 07 281 TFLOPS (4.65x 06-inline), causal 254 TFLOPS (4.77x 06-inline). At B=16 H=16 S=2048
-    D=64 bf16: 07 267 TFLOPS, causal 229 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 279 TFLOPS,
-    causal 253 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 270 TFLOPS, causal 238 TFLOPS
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 282 TFLOPS (4.00x 06-inline),
+    causal 248 TFLOPS (4.08x 06-inline); 128 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    fp16: 07 294 TFLOPS (4.87x 06-inline), causal 271 TFLOPS (5.08x 06-inline). At B=16 H=16 S=2048
+    D=64 bf16: 07 285 TFLOPS, causal 247 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 296 TFLOPS,
+    causal 270 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 291 TFLOPS, causal 257 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,

@@ -339,31 +339,31 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 524 TFLOPS (1.39x phase 08),
-    causal 410 TFLOPS (1.32x phase 08); 128 registers, 0 B local memory. 09-overlap: 478 TFLOPS
-    (0.91x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase
-    09). 09-turns: 442 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 439 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
-    causal 342 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 669 TFLOPS (1.77x phase
-    08), causal 557 TFLOPS (1.73x phase 08); 09-overlap 632 TFLOPS (0.94x phase 09, SLOWER than
-    phase 09), causal 500 TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 571 TFLOPS (0.90x
-    09-overlap, SLOWER than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than
-    09-overlap); 09-ws 556 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 445 TFLOPS (0.97x
-    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 531 TFLOPS (1.41x phase 08),
-    causal 410 TFLOPS (1.32x phase 08); 09-overlap 479 TFLOPS (0.90x phase 09, SLOWER than phase
-    09), causal 357 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 444 TFLOPS (0.93x
-    09-overlap, SLOWER than 09-overlap), causal 331 TFLOPS (0.93x 09-overlap, SLOWER than
-    09-overlap); 09-ws 440 TFLOPS (0.99x 09-turns, SLOWER than 09-turns), causal 341 TFLOPS (1.03x
-    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 690 TFLOPS (1.81x phase 08), causal 570 TFLOPS
-    (1.75x phase 08); 09-overlap 646 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 511
-    TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 573 TFLOPS (0.89x 09-overlap, SLOWER
-    than 09-overlap), causal 462 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 563 TFLOPS
-    (0.98x 09-turns, SLOWER than 09-turns), causal 452 TFLOPS (0.98x 09-turns, SLOWER than
-    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 540 TFLOPS (1.40x phase 08), causal 428
-    TFLOPS (1.32x phase 08); 09-overlap 488 TFLOPS (0.90x phase 09, SLOWER than phase 09), causal
-    368 TFLOPS (0.86x phase 09, SLOWER than phase 09); 09-turns 452 TFLOPS (0.93x 09-overlap, SLOWER
-    than 09-overlap), causal 340 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap); 09-ws 448 TFLOPS
-    (0.99x 09-turns, SLOWER than 09-turns), causal 354 TFLOPS (1.04x 09-turns)
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 529 TFLOPS (1.41x phase 08),
+    causal 408 TFLOPS (1.31x phase 08); 128 registers, 0 B local memory. 09-overlap: 479 TFLOPS
+    (0.91x phase 09, SLOWER than phase 09), causal 358 TFLOPS (0.88x phase 09, SLOWER than phase
+    09). 09-turns: 441 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap), causal 331 TFLOPS (0.92x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 440 TFLOPS (1.00x 09-turns, SLOWER than 09-turns),
+    causal 338 TFLOPS (1.02x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 674 TFLOPS (1.76x phase
+    08), causal 561 TFLOPS (1.74x phase 08); 09-overlap 635 TFLOPS (0.94x phase 09, SLOWER than
+    phase 09), causal 505 TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 576 TFLOPS (0.91x
+    09-overlap, SLOWER than 09-overlap), causal 459 TFLOPS (0.91x 09-overlap, SLOWER than
+    09-overlap); 09-ws 558 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 447 TFLOPS (0.97x
+    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 531 TFLOPS (1.40x phase 08),
+    causal 412 TFLOPS (1.32x phase 08); 09-overlap 478 TFLOPS (0.90x phase 09, SLOWER than phase
+    09), causal 360 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 442 TFLOPS (0.92x
+    09-overlap, SLOWER than 09-overlap), causal 334 TFLOPS (0.93x 09-overlap, SLOWER than
+    09-overlap); 09-ws 441 TFLOPS (1.00x 09-turns, SLOWER than 09-turns), causal 344 TFLOPS (1.03x
+    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 697 TFLOPS (1.81x phase 08), causal 576 TFLOPS
+    (1.78x phase 08); 09-overlap 648 TFLOPS (0.93x phase 09, SLOWER than phase 09), causal 510
+    TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 579 TFLOPS (0.89x 09-overlap, SLOWER
+    than 09-overlap), causal 462 TFLOPS (0.91x 09-overlap, SLOWER than 09-overlap); 09-ws 563 TFLOPS
+    (0.97x 09-turns, SLOWER than 09-turns), causal 452 TFLOPS (0.98x 09-turns, SLOWER than
+    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 543 TFLOPS (1.41x phase 08), causal 430
+    TFLOPS (1.33x phase 08); 09-overlap 488 TFLOPS (0.90x phase 09, SLOWER than phase 09), causal
+    369 TFLOPS (0.86x phase 09, SLOWER than phase 09); 09-turns 456 TFLOPS (0.93x 09-overlap, SLOWER
+    than 09-overlap), causal 341 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap); 09-ws 446 TFLOPS
+    (0.98x 09-turns, SLOWER than 09-turns), causal 351 TFLOPS (1.03x 09-turns)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
