@@ -117,6 +117,11 @@ Why the hardware rewards it
     253 -> 270 (0.83x, 0.87x); D = 64 fp16 264 -> 282, causal 232 -> 248 (0.94x, 0.95x); bf16 D = 64
     267 -> 285, causal 229 -> 247 (0.94x, 0.93x; the causal one against d5d15af); grouped queries
     270 -> 291, causal 238 -> 257 (0.95x, 0.94x). Still short of SDPA flash everywhere.
+    Tried on top of it and not kept (same log): Q's fragments re-read from shared memory at every
+    k-step (FlashAttention-2's way to free registers; 128 registers, but slower everywhere: 245 against
+    280 at D = 128); the tile's work written once and compiled twice, with and without the mask
+    (slower: 273 against 295 at D = 128, and 145 registers at D = 64); two m-tiles per warp again
+    (D = 64 level at best, 279 against 285; D = 128 still spills).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
