@@ -39,6 +39,12 @@
 #    registers and some local memory (the docstring has the timings), and at D = 128 two m-tiles'
 #    Q and O fragments do not fit in 255 registers. So the kernels run one m-tile per warp; this
 #    notebook's simulator runs two at D = 64, to show the `[mt]` loops at work.
+# 8. **A lazy running max** — when a row's max grows, acc and l_i are rescaled by alpha =
+#    exp2(m_old - m_new): one multiply per accumulator, 64 per thread and tile at D = 128, for a
+#    factor that is 1 in almost every tile once the first tiles have set the max. So the warp votes
+#    (`cuda.any_sync`) and rescales only when one of its rows' max has grown by more than 8 (log2
+#    units). Until then m_i is stale and p = exp2(s - m_i) may reach 2^8 = 256: harmless, because acc
+#    and l_i are measured against the same m_i, and o = acc / l_i does not depend on it.
 #
 # Every instruction is one inline PTX function from [`ptx/`](../ptx/) (no call: phase 06 measured
 # what a call costs).

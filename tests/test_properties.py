@@ -114,6 +114,23 @@ def test_huge_logits_stay_finite(kernel_id):
 
 
 @pytest.mark.parametrize("kernel_id", IDS)
+@pytest.mark.parametrize("rise", [6.0, 300.0], ids=["gentle", "steep"])
+def test_scores_that_rise_along_the_keys(kernel_id, rise):
+    """The row max keeps growing from tile to tile: by a few units in all (a kernel whose running
+    max may trail, as phase 07's does by up to 8 in log2 units, then never rescales after the first
+    tile) or by far more than that in every tile (it must rescale each time)."""
+    rng = np.random.default_rng()
+    s_q, s_k, D = 20, 150, 64
+    q = (rng.standard_normal((1, 1, s_q, D)) * 0.1).astype(np.float16)
+    k = (rng.standard_normal((1, 1, s_k, D)) * 0.1).astype(np.float16)
+    v = rng.standard_normal((1, 1, s_k, D)).astype(np.float16)
+    q[..., 0] = 1.0
+    k[..., 0] = np.linspace(0.0, rise, s_k)  # q·k grows with the key index, the same for every row
+    for causal in (False, True):
+        assert_matches_reference(kernel_id, q, k, v, causal)
+
+
+@pytest.mark.parametrize("kernel_id", IDS)
 def test_single_visible_key_is_exact(kernel_id):
     """S_k = 1, and the first row of a causal problem: p = 1 exactly, so out = v bit for bit."""
     q, k, v = random_qkv((1, 2, 9, 64), 1)

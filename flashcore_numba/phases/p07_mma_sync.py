@@ -16,9 +16,12 @@ What changed from phase 06
     - a warp may own M_TILES m-tiles of 16 rows (FlashAttention-2 gives each warp 32 rows), so
       that every K or V fragment it reads feeds M_TILES products: half the ldmatrix traffic per
       product, and two independent chains of mma and of softmax to interleave. On the H100 it
-      does not pay (tools/sweep_tiles.py 07, below): the kernels run one m-tile per warp, eight
-      warps at D = 64 and four at D = 128; the simulator keeps two m-tiles at D = 64 so that
-      the M_TILES loops stay tested.
+      does not pay (tools/sweep_tiles.py 07, below): the kernels run one m-tile per warp, four
+      warps, 64 rows and 32 keys per tile at both head dims; the simulator keeps two m-tiles at
+      D = 64 so that the M_TILES loops stay tested;
+    - the running max moves lazily: a warp rescales acc and l_i only when one of its rows' max
+      has grown by more than LAZY = 8 (log2 units) since m_i was set; until then p = exp2(s -
+      m_i) <= 256, and acc and l_i share the stale m_i, so o = acc / l_i is unchanged.
     K and V arrive by `cp.async`: 16-byte copies from global to shared memory that no
     register waits for, into the other of two stages while the current tile is computed;
     rows past the end of the sequence are zero-filled by the copy itself. Causal tiles above
@@ -105,6 +108,18 @@ Why the hardware rewards it
     280 at D = 128); the tile's work written once and compiled twice, with and without the mask
     (slower: 273 against 295 at D = 128, and 145 registers at D = 64); two m-tiles per warp again
     (D = 64 level at best, 279 against 285; D = 128 still spills).
+    The lazy maximum (commit after e9f6647; docs/tuning/07_ab_copy.txt). Until then each tile
+    rescaled acc by alpha = exp2(m_old - m_new) for every row: 64 FMULs per thread and tile at
+    D = 128, on the path from the row max to P·V, for a factor that is 1 for almost every tile
+    once the first tiles have set the max. Now the warp votes (one `vote.any`) and rescales only
+    when some row's max has grown by more than 8, which with 2048 random keys happens in the
+    first tile and then almost never; a stale m_i only lets p reach 256. The same idea is in
+    FlashAttention-4. It also needs fewer registers at D = 64 with 64 rows and 32 keys per tile
+    (122: four blocks of 4 warps per SM). Ad hoc A/B (TFLOPS, before / after, SDPA flash in the
+    same rounds): D = 128 275 / 285 (325), causal 245 / 254 (277); D = 64 with 64 rows and 32
+    keys, against the 128 rows and 64 keys of before: 269 / 283 (283), causal 238 / 252 (256).
+    With 128 rows the lazy kernel needed 135 registers at D = 64 (one block of 8 warps per SM)
+    and ran at 187.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -147,6 +162,7 @@ MIN_CC = (8, 0)
 
 FULL_MASK = 0xFFFFFFFF
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync.m16n8k16
+LAZY = float32(8.0)  # how far (log2 units) a row's m_i may trail its max before the warp rescales
 PAD = 8  # fp16 elements added to each shared-memory row: rows 16 bytes apart mod 128, so the
 #          eight row addresses of an ldmatrix hit eight different 16-byte bank groups
 
@@ -155,7 +171,7 @@ PAD = 8  # fp16 elements added to each shared-memory row: rows 16 bytes apart mo
 # docstring), one m-tile per warp is faster at both head dims; at D=128 two would need 64
 # registers of Q fragments and 128 of O per lane on top of S, more than a thread may have.
 TILES = {
-    64: dict(block_m=128, block_n=64, warps=8),
+    64: dict(block_m=64, block_n=32, warps=4),
     128: dict(block_m=64, block_n=32, warps=4),
 }
 SIM_TILES = {  # the simulator runs one Python thread per CUDA thread: one or two warps
@@ -378,9 +394,25 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
 
                 m_ij_a *= scale  # the max of the scaled scores (scale > 0; -inf stays -inf)
                 m_ij_b *= scale
-                # -- update m_i and l_i (per-lane partial sums), rescale acc
-                m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a[mt], m_ij_a)
-                m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b[mt], m_ij_b)
+                # -- move m_i only when a row's max grew by more than LAZY (log2 units), and then for
+                # the whole warp (one vote, no divergence): otherwise p = exp2(s - m_i) <= 2^LAZY and
+                # acc and l_i keep their scale, since both are measured against the same m_i
+                grow = m_ij_a > m_a[mt] + LAZY or m_ij_b > m_b[mt] + LAZY
+                if cuda.any_sync(FULL_MASK, grow):
+                    m_new_a, _, alpha_a = softmax_rescale(m_a[mt], m_ij_a)
+                    m_new_b, _, alpha_b = softmax_rescale(m_b[mt], m_ij_b)
+                    m_a[mt] = m_new_a
+                    m_b[mt] = m_new_b
+                    l_a[mt] *= alpha_a
+                    l_b[mt] *= alpha_b
+                    for j in range(NO):
+                        acc[mt, j, 0] *= alpha_a
+                        acc[mt, j, 1] *= alpha_a
+                        acc[mt, j, 2] *= alpha_b
+                        acc[mt, j, 3] *= alpha_b
+                # a row that has seen only masked keys is measured against 0 (see softmax_rescale)
+                m_ref_a = m_a[mt] if m_a[mt] != float32(-math.inf) else float32(0.0)
+                m_ref_b = m_b[mt] if m_b[mt] != float32(-math.inf) else float32(0.0)
                 sum_a = float32(0.0)
                 sum_b = float32(0.0)
                 for j in range(NT):
@@ -390,15 +422,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
                     s[mt, j, 3] = exp2(cuda.fma(s[mt, j, 3], scale, -m_ref_b))
                     sum_a += s[mt, j, 0] + s[mt, j, 1]
                     sum_b += s[mt, j, 2] + s[mt, j, 3]
-                l_a[mt] = l_a[mt] * alpha_a + sum_a
-                l_b[mt] = l_b[mt] * alpha_b + sum_b
-                m_a[mt] = m_new_a
-                m_b[mt] = m_new_b
-                for j in range(NO):
-                    acc[mt, j, 0] *= alpha_a
-                    acc[mt, j, 1] *= alpha_a
-                    acc[mt, j, 2] *= alpha_b
-                    acc[mt, j, 3] *= alpha_b
+                l_a[mt] += sum_a
+                l_b[mt] += sum_b
 
             # -- p as A fragments: the accumulators of n-tiles 2kk and 2kk+1 are k-step kk's A
             # >>> exercise 07-b: P as A fragments: p_frag[mt, kk, 0..3] from s[mt] of n-tiles 2kk and 2kk+1
