@@ -322,16 +322,16 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 529 TFLOPS (1.41x phase 08),
-    causal 408 TFLOPS (1.31x phase 08); 128 registers, 0 B local memory. 09-overlap: 479 TFLOPS
-    (0.91x phase 09, SLOWER than phase 09), causal 358 TFLOPS (0.88x phase 09, SLOWER than phase
-    09). 09-turns: 441 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap), causal 331 TFLOPS (0.92x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 440 TFLOPS (1.00x 09-turns, SLOWER than 09-turns),
-    causal 338 TFLOPS (1.02x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 674 TFLOPS (1.76x phase
-    08), causal 561 TFLOPS (1.74x phase 08); 09-overlap 635 TFLOPS (0.94x phase 09, SLOWER than
-    phase 09), causal 505 TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 576 TFLOPS (0.91x
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 518 TFLOPS (1.38x phase 08),
+    causal 409 TFLOPS (1.31x phase 08); 128 registers, 0 B local memory. 09-overlap: 475 TFLOPS
+    (0.92x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase
+    09). 09-turns: 445 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 330 TFLOPS (0.92x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 438 TFLOPS (0.98x 09-turns, SLOWER than 09-turns),
+    causal 340 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 658 TFLOPS (1.72x phase
+    08), causal 561 TFLOPS (1.74x phase 08); 09-overlap 623 TFLOPS (0.95x phase 09, SLOWER than
+    phase 09), causal 505 TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 569 TFLOPS (0.91x
     09-overlap, SLOWER than 09-overlap), causal 459 TFLOPS (0.91x 09-overlap, SLOWER than
-    09-overlap); 09-ws 558 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 447 TFLOPS (0.97x
+    09-overlap); 09-ws 552 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 447 TFLOPS (0.97x
     09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 531 TFLOPS (1.40x phase 08),
     causal 412 TFLOPS (1.32x phase 08); 09-overlap 478 TFLOPS (0.90x phase 09, SLOWER than phase
     09), causal 360 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 442 TFLOPS (0.92x

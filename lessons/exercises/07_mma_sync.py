@@ -125,7 +125,7 @@ Why the hardware rewards it
     280 at D = 128); the tile's work written once and compiled twice, with and without the mask
     (slower: 273 against 295 at D = 128, and 145 registers at D = 64); two m-tiles per warp again
     (D = 64 level at best, 279 against 285; D = 128 still spills).
-    The lazy maximum (commit after e9f6647; docs/tuning/07_ab_copy.txt). Until then each tile
+    The lazy maximum (commit 5d649d6; docs/tuning/07_ab_copy.txt). Until then each tile
     rescaled acc by alpha = exp2(m_old - m_new) for every row: 64 FMULs per thread and tile at
     D = 128, on the path from the row max to P·V, for a factor that is 1 for almost every tile
     once the first tiles have set the max. Now the warp votes (one `vote.any`) and rescales only
@@ -137,12 +137,15 @@ Why the hardware rewards it
     keys, against the 128 rows and 64 keys of before: 269 / 283 (283), causal 238 / 252 (256).
     With 128 rows the lazy kernel needed 135 registers at D = 64 (one block of 8 warps per SM)
     and ran at 187.
+    Records of 5d649d6 against those of 2378a60, three of the ten (the session's device time ran
+    out; the other seven stay of 2378a60): D = 64 fp16 282 -> 286 TFLOPS, causal 248 -> 256 (0.95x
+    and 0.97x SDPA flash in the same runs); D = 128 fp16 294 -> 301 (0.84x).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 282 TFLOPS (4.00x 06-inline),
-    causal 248 TFLOPS (4.08x 06-inline); 128 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 07 294 TFLOPS (4.87x 06-inline), causal 271 TFLOPS (5.08x 06-inline). At B=16 H=16 S=2048
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 286 TFLOPS (4.04x 06-inline),
+    causal 256 TFLOPS (4.21x 06-inline); 122 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    fp16: 07 301 TFLOPS (4.94x 06-inline), causal 271 TFLOPS (5.08x 06-inline). At B=16 H=16 S=2048
     D=64 bf16: 07 285 TFLOPS, causal 247 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 296 TFLOPS,
     causal 270 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 291 TFLOPS, causal 257 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
