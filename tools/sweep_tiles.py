@@ -79,9 +79,10 @@ if which == "07":
     # of 128 lets two blocks of 8 warps share an SM. These assemble for sm_90a without spills
     # (BLOCK_N = 128 does not: its loops stay loops, S goes to local memory); on the H100 (128, 64, 4)
     # took 16 B of local memory. p07_mma_sync.TILES holds the fastest of each list (its docstring
-    # quotes the run that chose them).
-    P07 = {64: [(128, 64, 8, 0), (128, 64, 8, 128), (64, 64, 4, 0), (128, 64, 4, 0), (128, 32, 4, 0)],
-           128: [(64, 64, 4, 0), (128, 64, 8, 0), (128, 64, 8, 128), (64, 32, 4, 0)]}
+    # quotes the runs that chose them; the latest, of 2378a60 and 5d649d6, in docs/tuning/07_ab_copy.txt).
+    P07 = {64: [(64, 32, 4, 0), (128, 64, 8, 0), (128, 64, 8, 128), (64, 64, 4, 0), (128, 64, 4, 0),
+                (128, 32, 4, 0)],
+           128: [(64, 32, 4, 0), (64, 64, 4, 0), (128, 64, 8, 0), (128, 64, 8, 128)]}
     for bm, bn, nw, cap in P07[D]:
         L = p7.layout(D, bm, bn, nw)
         cfg = p7.build_kernel(L)
