@@ -36,3 +36,12 @@ def test_host_time_names_a_bad_shape():
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "host_time.py"), "--shape", "1,2"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--shape: expected four integers" in done.stderr, done.stderr
+
+
+def test_ab_variants_names_a_bad_variant():
+    for bad, says in (("nosuch.py", "the source must be `head` or an existing .py file"),
+                      ("head:64,32", "expected BLOCK_M,BLOCK_N,WARPS[,BLOCKS_PER_SM]"),
+                      ("head:64,x,4", "expected BLOCK_M,BLOCK_N,WARPS[,BLOCKS_PER_SM]")):
+        done = subprocess.run([sys.executable, str(ROOT / "tools" / "ab_variants.py"), "head", bad],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and f"variant {bad!r}: {says}" in done.stderr, done.stderr

@@ -110,7 +110,7 @@ Why the hardware rewards it
     just before were still reading. A tile that lies inside the sequence needs no clamp: a thread's
     copies are then at fixed offsets from one address, which the copy instruction adds itself
     (make_copy_tile); only a tile that reaches past the sequence takes the clamped path. Registers
-    at D = 128 fall from 242 to 167, so 32 keys per tile now fit three blocks of 4 warps per SM
+    at D = 128 fall from 242 to 164, so 32 keys per tile now fit three blocks of 4 warps per SM
     (64 keys per tile with the new copy ran slower, 212-220 TFLOPS against 260-262, as in 06e04ce;
     not understood). Ad hoc A/B, two runs (TFLOPS, before / after, SDPA flash in the same rounds):
     D = 64 264 / 283 and 258 / 276 (300, 293), causal 232 / 246 and 224 / 239 (263, 259); D = 128
