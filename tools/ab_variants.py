@@ -1,10 +1,10 @@
 """A/B of phase-07 kernel variants against each other and torch SDPA's flash backend, on a GPU.
 
 A tuning aid, not the benchmark (the logs of its runs are in docs/tuning/07_ab_*.txt). First every
-variant is checked against a float32 torch reference on odd shapes (tails, S_q != S_k both ways,
-grouped queries, causal and not); then it runs ROUNDS interleaved rounds of REPS launches per kernel,
-each launch after an L2 flush and timed alone by events (the flush is queued first, so the host's
-launch time hides behind it), and prints the median TFLOPS of each kernel, SDPA flash last.
+variant is checked against the float64 reference on odd shapes (tails, S_q != S_k both ways, grouped
+queries, causal and not); then it runs ROUNDS interleaved rounds of REPS launches per kernel, timed as
+the benchmark times them (each launch alone, after an L2 flush), and prints the median TFLOPS of each
+kernel, SDPA flash last.
 
     python3 tools/ab_variants.py --head-dim 128 head head:64,64,4 /tmp/p07_try.py:64,32,4,3
 
@@ -87,7 +87,11 @@ def main(argv=None) -> int:
 
     import torch
 
+    import numpy as np
+
+    from flashcore_numba import reference_attention
     from flashcore_numba.api import torch_to_kernel
+    from flashcore_numba.measure.bench import Timing, TorchDevice
     from flashcore_numba.phases.common import LOG2E
 
     D = args.head_dim
@@ -99,28 +103,16 @@ def main(argv=None) -> int:
     def launch(cfg, q, k, v, o, causal):
         cfg.launch(*(torch_to_kernel(t) for t in (q, k, v, o)), causal, qk_scale)
 
-    def reference(q, k, v, causal):
-        group = q.shape[1] // k.shape[1]
-        k, v = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
-        s = q.float() @ k.transpose(-1, -2) / math.sqrt(D)
-        if causal:
-            s_q, s_k = q.shape[2], k.shape[2]
-            rows = torch.arange(s_q, device="cuda")[:, None]
-            cols = torch.arange(s_k, device="cuda")[None]
-            s = s.masked_fill(cols > rows + (s_k - s_q), float("-inf"))
-        return torch.softmax(s, -1).nan_to_num(0.0) @ v
-
     failed = []
     for B, h_q, h_kv, s_q, s_k in CHECK_SHAPES:
         q = torch.randn(B, h_q, s_q, D, device="cuda", dtype=tdtype)
         k, v = (torch.randn(B, h_kv, s_k, D, device="cuda", dtype=tdtype) for _ in range(2))
         for causal in (False, True):
-            ref = reference(q, k, v, causal)
+            ref = reference_attention(q, k, v, causal=causal)  # float64, on the GPU
             for name, cfg in kernels.items():
                 o = torch.full_like(q, float("nan"))
                 launch(cfg, q, k, v, o, causal)
-                torch.cuda.synchronize()
-                err = (o.float() - ref).abs().max().item()
+                err = float(np.abs(o.float().cpu().numpy() - ref).max())
                 if not err < 2e-2:  # NaN fails too
                     failed.append(f"{name} {(B, h_q, h_kv, s_q, s_k)} causal={causal}: max error {err}")
     print("checks:", "all passed" if not failed else "; ".join(failed), flush=True)
@@ -129,7 +121,8 @@ def main(argv=None) -> int:
     B, H = max(1, 16 * 2048 // S), 16
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=tdtype) for _ in range(3))
     o = torch.empty_like(q)
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    device = TorchDevice()  # the benchmark's timing: an L2 flush before each launch, events around it
+    timing = Timing(warmup=0, repeats=args.reps)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def flash(causal):
@@ -145,16 +138,7 @@ def main(argv=None) -> int:
         times = {name: [] for name in runs}
         for _ in range(args.rounds):
             for name, fn in runs.items():
-                events = []
-                for _ in range(args.reps):
-                    flush.zero_()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    fn()
-                    end.record()
-                    events.append((start, end))
-                torch.cuda.synchronize()
-                times[name] += [s.elapsed_time(e) for s, e in events]
+                times[name] += device.time_ms(fn, timing)
         flops = 4 * B * H * S * S * D * (0.5 if causal else 1)
         row = "  ".join(f"{name} {flops / statistics.median(t) / 1e9:5.0f}" for name, t in times.items())
         print(f"D={D} S={S} {args.dtype} {'causal' if causal else 'nc    '} {row}", flush=True)
