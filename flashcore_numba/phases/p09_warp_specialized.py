@@ -91,6 +91,9 @@ Why the hardware rewards it
     D = 64, S = 512: 0.25 to 0.44 ms), where phase 08 stays within 1 %. Earlier: one sweep point
     of commit bcaee3a (D = 64 causal, S = 512, 0.59 to 1.42 ms) and one record row of commit
     15ce3d8 (09-ws, GQA, causal, 0.71x of the row beside it) did not repeat when timed again.
+    Again in the D = 128 causal sweep of commit ebff494 (this kernel unchanged since d5d15af): at
+    S = 512 launches from 0.26 to 0.67 ms, median 0.33 (209 TFLOPS), where the sweep of d5d15af
+    measured 334 TFLOPS; not timed again (the session's device time was spent).
     The records keep the medians as measured.
     The scores' exp2 is ptx/exp2.ptx's, one MUFU.EX2 without subnormal fix-ups (see phase 07).
     Between the records of commit 38aa92d (Numba's math.exp2, one loop) and those of bc3c341
@@ -328,25 +331,25 @@ Measured effect (written by `flashcore report` from the committed record; do not
     09). 09-turns: 445 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 330 TFLOPS (0.92x
     09-overlap, SLOWER than 09-overlap). 09-ws: 438 TFLOPS (0.98x 09-turns, SLOWER than 09-turns),
     causal 340 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 658 TFLOPS (1.72x phase
-    08), causal 561 TFLOPS (1.74x phase 08); 09-overlap 623 TFLOPS (0.95x phase 09, SLOWER than
-    phase 09), causal 505 TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 569 TFLOPS (0.91x
-    09-overlap, SLOWER than 09-overlap), causal 459 TFLOPS (0.91x 09-overlap, SLOWER than
-    09-overlap); 09-ws 552 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 447 TFLOPS (0.97x
-    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 531 TFLOPS (1.40x phase 08),
-    causal 412 TFLOPS (1.32x phase 08); 09-overlap 478 TFLOPS (0.90x phase 09, SLOWER than phase
-    09), causal 360 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 442 TFLOPS (0.92x
-    09-overlap, SLOWER than 09-overlap), causal 334 TFLOPS (0.93x 09-overlap, SLOWER than
-    09-overlap); 09-ws 441 TFLOPS (1.00x 09-turns, SLOWER than 09-turns), causal 344 TFLOPS (1.03x
-    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 697 TFLOPS (1.81x phase 08), causal 576 TFLOPS
-    (1.78x phase 08); 09-overlap 648 TFLOPS (0.93x phase 09, SLOWER than phase 09), causal 510
-    TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 579 TFLOPS (0.89x 09-overlap, SLOWER
-    than 09-overlap), causal 462 TFLOPS (0.91x 09-overlap, SLOWER than 09-overlap); 09-ws 563 TFLOPS
-    (0.97x 09-turns, SLOWER than 09-turns), causal 452 TFLOPS (0.98x 09-turns, SLOWER than
-    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 543 TFLOPS (1.41x phase 08), causal 430
-    TFLOPS (1.33x phase 08); 09-overlap 488 TFLOPS (0.90x phase 09, SLOWER than phase 09), causal
-    369 TFLOPS (0.86x phase 09, SLOWER than phase 09); 09-turns 456 TFLOPS (0.93x 09-overlap, SLOWER
-    than 09-overlap), causal 341 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap); 09-ws 446 TFLOPS
-    (0.98x 09-turns, SLOWER than 09-turns), causal 351 TFLOPS (1.03x 09-turns)
+    08), causal 548 TFLOPS (1.68x phase 08); 09-overlap 623 TFLOPS (0.95x phase 09, SLOWER than
+    phase 09), causal 496 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 569 TFLOPS (0.91x
+    09-overlap, SLOWER than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than
+    09-overlap); 09-ws 552 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 449 TFLOPS (0.98x
+    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 530 TFLOPS (1.41x phase 08),
+    causal 409 TFLOPS (1.31x phase 08); 09-overlap 479 TFLOPS (0.90x phase 09, SLOWER than phase
+    09), causal 360 TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 441 TFLOPS (0.92x
+    09-overlap, SLOWER than 09-overlap), causal 317 TFLOPS (0.88x 09-overlap, SLOWER than
+    09-overlap); 09-ws 436 TFLOPS (0.99x 09-turns, SLOWER than 09-turns), causal 342 TFLOPS (1.08x
+    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 682 TFLOPS (1.80x phase 08), causal 563 TFLOPS
+    (1.74x phase 08); 09-overlap 642 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 508
+    TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 579 TFLOPS (0.90x 09-overlap, SLOWER
+    than 09-overlap), causal 462 TFLOPS (0.91x 09-overlap, SLOWER than 09-overlap); 09-ws 559 TFLOPS
+    (0.96x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.97x 09-turns, SLOWER than
+    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 537 TFLOPS (1.41x phase 08), causal 429
+    TFLOPS (1.33x phase 08); 09-overlap 488 TFLOPS (0.91x phase 09, SLOWER than phase 09), causal
+    369 TFLOPS (0.86x phase 09, SLOWER than phase 09); 09-turns 453 TFLOPS (0.93x 09-overlap, SLOWER
+    than 09-overlap), causal 341 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap); 09-ws 449 TFLOPS
+    (0.99x 09-turns, SLOWER than 09-turns), causal 352 TFLOPS (1.03x 09-turns)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,

@@ -137,17 +137,30 @@ Why the hardware rewards it
     keys, against the 128 rows and 64 keys of before: 269 / 283 (283), causal 238 / 252 (256).
     With 128 rows the lazy kernel needed 135 registers at D = 64 (one block of 8 warps per SM)
     and ran at 187.
-    Records of 5d649d6 against those of 2378a60, three of the ten (the session's device time ran
-    out; the other seven stay of 2378a60): D = 64 fp16 282 -> 286 TFLOPS, causal 248 -> 256 (0.95x
-    and 0.97x SDPA flash in the same runs); D = 128 fp16 294 -> 301 (0.84x).
+    Records of 5d649d6 against those of 2378a60, three of the ten: D = 64 fp16 282 -> 286 TFLOPS,
+    causal 248 -> 256 (0.95x and 0.97x SDPA flash in the same runs); D = 128 fp16 294 -> 301
+    (0.84x). The other seven are of commit ebff494, whose kernel is that of 5d649d6: D = 128 fp16
+    causal 271 -> 278 (0.91x); bf16 D = 128 296 -> 300, causal 270 -> 277 (0.85x, 0.90x); bf16
+    D = 64 285 -> 287, causal 247 -> 258 (0.95x, 0.98x); grouped queries 291 -> 293, causal
+    257 -> 268 (0.95x, 0.97x).
+    Where the rest of the gap to SDPA flash lies (docs/tuning/07_ab_smem.txt, Nsight Compute at
+    D = 128 with stall sampling): per 16 x 8 x 16 product this kernel moves 2.2 shared-memory
+    wavefronts against FlashAttention-2's 1.3, because each warp reads a whole K and V tile for one
+    m-tile, and its warps wait on shared memory (short scoreboard, 24 % of the stall samples
+    against 7 %) where FA2's wait on the tensor pipe. Tried on the kernel of 5d649d6 and not kept
+    (same log): two m-tiles per warp with Q's fragments re-read (FA2's layout; 255 registers and
+    local memory here, 282 against 295 TFLOPS); three cp.async stages (level); blocks of 8 to 16
+    warps, one per SM, which read K and V once for 128-256 rows (10-30 % slower); copies at
+    immediate offsets of one address (level), or with their addresses carried from tile to tile
+    (slower).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 286 TFLOPS (4.04x 06-inline),
     causal 256 TFLOPS (4.21x 06-inline); 122 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 07 301 TFLOPS (4.94x 06-inline), causal 271 TFLOPS (5.08x 06-inline). At B=16 H=16 S=2048
-    D=64 bf16: 07 285 TFLOPS, causal 247 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 296 TFLOPS,
-    causal 270 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 291 TFLOPS, causal 257 TFLOPS
+    fp16: 07 301 TFLOPS (4.94x 06-inline), causal 278 TFLOPS (5.21x 06-inline). At B=16 H=16 S=2048
+    D=64 bf16: 07 287 TFLOPS, causal 258 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 300 TFLOPS,
+    causal 277 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 293 TFLOPS, causal 268 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,

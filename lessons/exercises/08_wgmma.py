@@ -72,10 +72,10 @@ Measured effect (written by `flashcore report` from the committed record; do not
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 374 TFLOPS (1.31x phase 07),
     causal 312 TFLOPS (1.22x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 08 382 TFLOPS (1.27x phase 07), causal 322 TFLOPS (1.19x phase 07). At B=16 H=16 S=2048
-    D=64 bf16: 08 380 TFLOPS (1.33x phase 07), causal 313 TFLOPS (1.26x phase 07). At B=16 H=16
-    S=2048 D=128 bf16: 08 385 TFLOPS (1.30x phase 07), causal 323 TFLOPS (1.19x phase 07). At B=16
-    H=32 H_kv=8 S=2048 D=64 fp16: 08 385 TFLOPS (1.32x phase 07), causal 324 TFLOPS (1.26x phase 07)
+    fp16: 08 382 TFLOPS (1.27x phase 07), causal 325 TFLOPS (1.17x phase 07). At B=16 H=16 S=2048
+    D=64 bf16: 08 376 TFLOPS (1.31x phase 07), causal 312 TFLOPS (1.21x phase 07). At B=16 H=16
+    S=2048 D=128 bf16: 08 379 TFLOPS (1.26x phase 07), causal 323 TFLOPS (1.16x phase 07). At B=16
+    H=32 H_kv=8 S=2048 D=64 fp16: 08 382 TFLOPS (1.30x phase 07), causal 323 TFLOPS (1.21x phase 07)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
