@@ -131,6 +131,25 @@ timings = lesson.timing()
 lesson.plot_timing(timings)
 
 # %% [markdown]
+# ## Where the rest of the gap is
+#
+# In the records phase 07 stays 2-16 % behind torch SDPA's flash backend, which is
+# FlashAttention-2 itself. Nsight Compute beside it at D = 128
+# ([docs/tuning/07_ab_smem.txt](../docs/tuning/07_ab_smem.txt)) says where, once you count the
+# shared-memory traffic per tensor-core product. A warp of one m-tile reads a whole K tile and a
+# whole V tile for its 16 rows, each of the block's four warps reads the same tiles, and cp.async
+# writes them once. That makes 2.2 shared-memory wavefronts (128 bytes each) per m16n8k16 product,
+# against FlashAttention-2's 1.3 with two m-tiles per warp. Shared memory serves one wavefront per
+# cycle per SM, and at the best rate measured for mma.sync from Numba (431 TFLOPS, about 1.8 GHz)
+# the tensor cores finish a product every 2.2 cycles per SM: the two budgets are equal, and phase
+# 07's warps wait on shared memory
+# (short scoreboard: 24 % of the stall samples, against 7 % for FlashAttention-2). FlashAttention-2
+# makes room for two m-tiles by reading Q's fragments again from shared memory at every k-step and
+# by accepting some spills at 255 registers; built here, that layout has so far run slower. Phase
+# 08 removes the cost at its root: `wgmma` reads its B operand from shared memory once for the 64
+# rows of a whole warpgroup.
+
+# %% [markdown]
 # ## What changed in the machine code
 #
 # The phase promises that every fragment lives in registers: no spill, no stack frame.
