@@ -184,10 +184,11 @@ PAD = 8  # fp16 elements added to each shared-memory row: rows 16 bytes apart mo
 
 # A warp owns M_TILES = block_m / (16 warps) m-tiles of 16 query rows: each K or V fragment it
 # reads by ldmatrix then feeds M_TILES products instead of one. Measured on the H100 (see the
-# docstring), one m-tile per warp is faster at both head dims; at D=128 two would need 64
-# registers of Q fragments and 128 of O per lane on top of S, more than a thread may have.
+# docstring): at D=64 two m-tiles per warp (FlashAttention-2's 128 rows in 4 warps) are faster;
+# at D=128 two would need 64 registers of Q fragments and 128 of O per lane on top of S, more
+# than a thread may have, and with Q read again at every k-step they still spill.
 TILES = {
-    64: dict(block_m=64, block_n=32, warps=4),
+    64: dict(block_m=128, block_n=64, warps=4),
     128: dict(block_m=64, block_n=32, warps=4),
 }
 SIM_TILES = {  # the simulator runs one Python thread per CUDA thread: one or two warps
