@@ -34,11 +34,12 @@
 # 7. **M_TILES m-tiles per warp** — as in FlashAttention-2, a warp may own 32 query rows, two
 #    16-row m-tiles: every K or V fragment that `ldmatrix` brings then feeds two `mma`s instead of
 #    one, and the two m-tiles' products and softmaxes are independent work for the warp scheduler
-#    to interleave. Every fragment and every row's m_i and l_i has an index `[mt]`. On the H100 it
-#    did not pay: at D = 64, 8 warps of one m-tile ran faster than 4 warps of two, which need 255
-#    registers and some local memory (the docstring has the timings), and at D = 128 two m-tiles'
-#    Q and O fragments do not fit in 255 registers. So the kernels run one m-tile per warp; this
-#    notebook's simulator runs two at D = 64, to show the `[mt]` loops at work.
+#    to interleave. Every fragment and every row's m_i and l_i has an index `[mt]`. At D = 64 the
+#    kernel runs FlashAttention-2's tiles: 128 rows in 4 warps of two m-tiles, 64 keys per tile,
+#    242 registers. At D = 128 two m-tiles' Q and O fragments do not fit in 255 registers, and even
+#    with Q's fragments read again at every k-step (FlashAttention-2's way) the GPU's compiler
+#    keeps 32 bytes per thread in local memory, which this phase forbids: D = 128 runs one m-tile
+#    per warp, 64 rows and 32 keys per tile. This notebook's simulator runs two m-tiles at D = 64.
 # 8. **A lazy running max** — when a row's max grows, acc and l_i are rescaled by alpha =
 #    exp2(m_old - m_new): one multiply per accumulator, 64 per thread and tile at D = 128, for a
 #    factor that is 1 in almost every tile once the first tiles have set the max. So the warp votes
@@ -134,7 +135,8 @@ lesson.plot_timing(timings)
 # ## Where the rest of the gap is
 #
 # In the records phase 07 stays 2-16 % behind torch SDPA's flash backend, which is
-# FlashAttention-2 itself. Nsight Compute beside it at D = 128
+# FlashAttention-2 itself (at D = 64 and long sequences it is level or ahead). Nsight Compute beside
+# it at D = 128
 # ([docs/tuning/07_ab_smem.txt](../docs/tuning/07_ab_smem.txt)) says where, once you count the
 # shared-memory traffic per tensor-core product. A warp of one m-tile reads a whole K tile and a
 # whole V tile for its 16 rows, each of the block's four warps reads the same tiles, and cp.async
@@ -145,7 +147,10 @@ lesson.plot_timing(timings)
 # 07's warps wait on shared memory
 # (short scoreboard: 24 % of the stall samples, against 7 % for FlashAttention-2). FlashAttention-2
 # makes room for two m-tiles by reading Q's fragments again from shared memory at every k-step and
-# by accepting some spills at 255 registers; built here, that layout has so far run slower. Phase
+# by accepting some spills at 255 registers. Built here ([docs/tuning/07_ab_unroll.txt](../docs/tuning/07_ab_unroll.txt)),
+# it first ran level: NVVM had left its k-loop of 16 `mma` per step rolled, so each `mma` waited on
+# the `ldmatrix` just before it. Unrolled at build time (one inlined call per k-step) it ran 4-8 %
+# faster, still short of FlashAttention-2 and with 32 bytes of local memory per thread. Phase
 # 08 removes the cost at its root: `wgmma` reads its B operand from shared memory once for the 64
 # rows of a whole warpgroup.
 

@@ -15,10 +15,10 @@ What changed from phase 06
     - O += P·V accumulates in registers, V's B fragments read by `ldmatrix.trans`;
     - a warp may own M_TILES m-tiles of 16 rows (FlashAttention-2 gives each warp 32 rows), so
       that every K or V fragment it reads feeds M_TILES products: half the ldmatrix traffic per
-      product, and two independent chains of mma and of softmax to interleave. On the H100 it
-      does not pay (tools/sweep_tiles.py 07, below): the kernels run one m-tile per warp, four
-      warps, 64 rows and 32 keys per tile at both head dims; the simulator keeps two m-tiles at
-      D = 64 so that the M_TILES loops stay tested;
+      product, and two independent chains of mma and of softmax to interleave. At D = 64 the
+      kernel runs FlashAttention-2's tiles: 128 rows in four warps of two m-tiles, 64 keys per
+      tile (242 registers). At D = 128 two m-tiles do not fit without spills (below): one m-tile
+      per warp, 64 rows and 32 keys per tile. The simulator runs two m-tiles at D = 64;
     - the running max moves lazily: a warp rescales acc and l_i only when one of its rows' max
       has grown by more than LAZY = 8 (log2 units) since m_i was set; until then p = exp2(s -
       m_i) <= 256, and acc and l_i share the stale m_i, so o = acc / l_i is unchanged.
@@ -136,14 +136,42 @@ Why the hardware rewards it
     warps, one per SM, which read K and V once for 128-256 rows (10-30 % slower); copies at
     immediate offsets of one address (level), or with their addresses carried from tile to tile
     (slower).
+    FlashAttention-2's tiles at D = 64 (commit 86fdb12). With the kernel's copy and lazy maximum,
+    128 rows in four warps of two m-tiles (Q's fragments still held: 2 m-tiles x 4 k-steps x 4 =
+    32 registers), 64 keys per tile, 242 registers, no local memory: each K or V fragment feeds
+    two products, and each block reads K and V for twice the rows. Ad hoc A/Bs, three runs
+    (tools/ab_variants.py; TFLOPS, 64x32 / 128x64, SDPA flash in the same rounds): 281 / 294 (297),
+    279 / 289 (290), 279 / 294 (294); causal 252 / 250 (260), 251 / 250 (259), 251 / 251 (260).
+    The records of 86fdb12 against those of 5d649d6 / ebff494: D = 64 fp16 286 -> 297 TFLOPS,
+    causal 256 -> 254 (0.98x and 0.96x SDPA flash in the same runs); bf16 D = 64 287 -> 296, causal
+    258 -> 256 (0.98x, 0.96x); grouped queries 293 -> 301, causal 268 -> 263 (0.98x, 0.96x). Faster
+    without a mask, 1-2 % slower with one: a block of 128 rows wastes twice the masked work on the
+    diagonal, and its last blocks are twice as long. The first fp16 causal record of this commit
+    had launches from 0.54 to 1.49 ms (median 171 TFLOPS); a check on the same machine right after
+    (40 launches per kernel, twice) and the re-run record kept above spread by 2 % at most. The
+    D = 64 sweeps of 86fdb12: 07 level with SDPA flash or ahead from S = 8192 on (312 against 309
+    and 311) and, causal, at S = 512 and 1024 (173 against 154, 220 against 216).
+    At D = 128, FlashAttention-2's layout again (docs/tuning/07_ab_unroll.txt): 128 rows and 64 keys,
+    two m-tiles, Q read again at every k-step. Nsight Compute showed why it had run level: NVVM
+    left its Q·Kᵀ k-loop rolled (8 steps of 16 products, each mma waiting on the ldmatrix just
+    before it, short scoreboard and a branch per step). Unrolled at build time (a chain of
+    inlined calls, one per k-step) it ran 307 against 296 TFLOPS (SDPA flash 342), causal 282
+    against 275 (299), bf16 325 against 302 (349), causal 284 against 277 (302), but at 255
+    registers it keeps 24-36 B in local memory (32 B on the GPU), which this phase forbids (the
+    spill test). Unrolled four k-steps at a time (a loop of two), it compiles here without spills,
+    but the GPU's own compiler still keeps 32 B in local memory (303 against 292, causal 265
+    against 267; bf16 310 against 297, causal 271 against 270). Not kept. At D = 64 the same code (Q held, k-steps unrolled) ran 285 / 242 against
+    282 / 253 for the kernel of 5d649d6 in its one run, where the loops kept above had run 289-294 /
+    250-251 against 279-281 / 251-252. An earlier build of the D = 128 variant: 309 against 296
+    (SDPA flash 332), causal 272 against 271 (295).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 286 TFLOPS (4.04x 06-inline),
-    causal 256 TFLOPS (4.21x 06-inline); 122 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 297 TFLOPS (4.16x 06-inline),
+    causal 254 TFLOPS (4.17x 06-inline); 242 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
     fp16: 07 301 TFLOPS (4.94x 06-inline), causal 278 TFLOPS (5.21x 06-inline). At B=16 H=16 S=2048
-    D=64 bf16: 07 287 TFLOPS, causal 258 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 300 TFLOPS,
-    causal 277 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 293 TFLOPS, causal 268 TFLOPS
+    D=64 bf16: 07 296 TFLOPS, causal 256 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 300 TFLOPS,
+    causal 277 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 301 TFLOPS, causal 263 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,

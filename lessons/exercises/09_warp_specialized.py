@@ -110,7 +110,11 @@ Why the hardware rewards it
     15ce3d8 (09-ws, GQA, causal, 0.71x of the row beside it) did not repeat when timed again.
     Again in the D = 128 causal sweep of commit ebff494 (this kernel unchanged since d5d15af): at
     S = 512 launches from 0.26 to 0.67 ms, median 0.33 (209 TFLOPS), where the sweep of d5d15af
-    measured 334 TFLOPS; not timed again (the session's device time was spent).
+    measured 334 TFLOPS; not timed again (the session's device time was spent). And in the D = 64
+    causal sweep of commit 86fdb12 (unchanged kernel): S = 1024 from 0.218 to 0.363 ms, median 0.259
+    (266 TFLOPS; 312 in the sweep of d5d15af), S = 2048 from 0.334 to 0.517 ms, median 0.380 (362;
+    408 then), S = 512 up to 0.517 ms with its median unchanged. Phase 07's first causal record of
+    that commit spread the same way (docs/tuning/07_ab_unroll.txt): not phase 09's alone.
     The records keep the medians as measured.
     The scores' exp2 is ptx/exp2.ptx's, one MUFU.EX2 without subnormal fix-ups (see phase 07).
     Between the records of commit 38aa92d (Numba's math.exp2, one loop) and those of bc3c341
@@ -342,32 +346,31 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 518 TFLOPS (1.38x phase 08),
-    causal 409 TFLOPS (1.31x phase 08); 128 registers, 0 B local memory. 09-overlap: 475 TFLOPS
-    (0.92x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase
-    09). 09-turns: 445 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 330 TFLOPS (0.92x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 438 TFLOPS (0.98x 09-turns, SLOWER than 09-turns),
-    causal 340 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 658 TFLOPS (1.72x phase
-    08), causal 548 TFLOPS (1.68x phase 08); 09-overlap 623 TFLOPS (0.95x phase 09, SLOWER than
-    phase 09), causal 496 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 569 TFLOPS (0.91x
-    09-overlap, SLOWER than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than
-    09-overlap); 09-ws 552 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 449 TFLOPS (0.98x
-    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 530 TFLOPS (1.41x phase 08),
-    causal 409 TFLOPS (1.31x phase 08); 09-overlap 479 TFLOPS (0.90x phase 09, SLOWER than phase
-    09), causal 360 TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 441 TFLOPS (0.92x
-    09-overlap, SLOWER than 09-overlap), causal 317 TFLOPS (0.88x 09-overlap, SLOWER than
-    09-overlap); 09-ws 436 TFLOPS (0.99x 09-turns, SLOWER than 09-turns), causal 342 TFLOPS (1.08x
-    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 682 TFLOPS (1.80x phase 08), causal 563 TFLOPS
-    (1.74x phase 08); 09-overlap 642 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 508
-    TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 579 TFLOPS (0.90x 09-overlap, SLOWER
-    than 09-overlap), causal 462 TFLOPS (0.91x 09-overlap, SLOWER than 09-overlap); 09-ws 559 TFLOPS
-    (0.96x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.97x 09-turns, SLOWER than
-    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 537 TFLOPS (1.41x phase 08), causal 429
-    TFLOPS (1.33x phase 08); 09-overlap 488 TFLOPS (0.91x phase 09, SLOWER than phase 09), causal
-    369 TFLOPS (0.86x phase 09, SLOWER than phase 09); 09-turns 453 TFLOPS (0.93x 09-overlap, SLOWER
-    than 09-overlap), causal 341 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap); 09-ws 449 TFLOPS
-    (0.99x 09-turns, SLOWER than 09-turns), causal 352 TFLOPS (1.03x 09-turns)
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 524 TFLOPS (1.39x phase 08),
+    causal 411 TFLOPS (1.32x phase 08); 128 registers, 0 B local memory. 09-overlap: 476 TFLOPS
+    (0.91x phase 09, SLOWER than phase 09), causal 356 TFLOPS (0.87x phase 09, SLOWER than phase
+    09). 09-turns: 441 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap), causal 333 TFLOPS (0.93x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 441 TFLOPS (1.00x 09-turns), causal 344 TFLOPS
+    (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 658 TFLOPS (1.72x phase 08), causal 548
+    TFLOPS (1.68x phase 08); 09-overlap 623 TFLOPS (0.95x phase 09, SLOWER than phase 09), causal
+    496 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 569 TFLOPS (0.91x 09-overlap, SLOWER
+    than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap); 09-ws 552 TFLOPS
+    (0.97x 09-turns, SLOWER than 09-turns), causal 449 TFLOPS (0.98x 09-turns, SLOWER than
+    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 532 TFLOPS (1.40x phase 08), causal 411 TFLOPS
+    (1.32x phase 08); 09-overlap 481 TFLOPS (0.90x phase 09, SLOWER than phase 09), causal 361
+    TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 447 TFLOPS (0.93x 09-overlap, SLOWER
+    than 09-overlap), causal 334 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap); 09-ws 443 TFLOPS
+    (0.99x 09-turns, SLOWER than 09-turns), causal 344 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048
+    D=128 bf16: 09 682 TFLOPS (1.80x phase 08), causal 563 TFLOPS (1.74x phase 08); 09-overlap 642
+    TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 508 TFLOPS (0.90x phase 09, SLOWER than
+    phase 09); 09-turns 579 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap), causal 462 TFLOPS
+    (0.91x 09-overlap, SLOWER than 09-overlap); 09-ws 559 TFLOPS (0.96x 09-turns, SLOWER than
+    09-turns), causal 450 TFLOPS (0.97x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048
+    D=64 fp16: 09 540 TFLOPS (1.39x phase 08), causal 430 TFLOPS (1.34x phase 08); 09-overlap 489
+    TFLOPS (0.91x phase 09, SLOWER than phase 09), causal 369 TFLOPS (0.86x phase 09, SLOWER than
+    phase 09); 09-turns 452 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap), causal 341 TFLOPS
+    (0.92x 09-overlap, SLOWER than 09-overlap); 09-ws 448 TFLOPS (0.99x 09-turns, SLOWER than
+    09-turns), causal 352 TFLOPS (1.03x 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
