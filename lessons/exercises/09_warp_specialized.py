@@ -114,7 +114,9 @@ Why the hardware rewards it
     causal sweep of commit 86fdb12 (unchanged kernel): S = 1024 from 0.218 to 0.363 ms, median 0.259
     (266 TFLOPS; 312 in the sweep of d5d15af), S = 2048 from 0.334 to 0.517 ms, median 0.380 (362;
     408 then), S = 512 up to 0.517 ms with its median unchanged. Phase 07's first causal record of
-    that commit spread the same way (docs/tuning/07_ab_unroll.txt): not phase 09's alone.
+    that commit spread the same way (docs/tuning/07_ab_unroll.txt): not phase 09's alone. A probe
+    there (120 launches each, timed alone) found single slow launches, 1-2 in 120, for 07 and 09
+    alike; 09 at S = 1024 ran a median of 0.219 ms (314 TFLOPS) between them.
     The records keep the medians as measured.
     The scores' exp2 is ptx/exp2.ptx's, one MUFU.EX2 without subnormal fix-ups (see phase 07).
     Between the records of commit 38aa92d (Numba's math.exp2, one loop) and those of bc3c341
