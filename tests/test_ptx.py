@@ -229,6 +229,22 @@ def test_phase07_has_no_spill_and_no_local_memory(phase07_report):
     assert "st.local" not in r["ptx"] and "ld.local" not in r["ptx"], f"{where}: local memory in the PTX"
 
 
+def test_phase07_has_no_spill_with_a_toolkits_ptxas(phase07_report):
+    """The same PTX assembled by a CUDA toolkit's ptxas, when one is installed: the GPU machine's
+    nvJitLink may be older than this machine's, and an older ptxas may spill where a newer one
+    does not (docs/tuning/07_ab_unroll.txt: 32 B on the GPU for a kernel nvJitLink 13.5 compiled
+    without spills; ptxas 13.0 here gave the GPU's 32 B)."""
+    from flashcore_numba.measure.machine_code import assemble_with_ptxas, find_ptxas, parse_resource_usage
+
+    ptxas = find_ptxas()
+    if ptxas is None:
+        pytest.skip("no CUDA toolkit ptxas on PATH (or in FLASHCORE_PTXAS)")
+    r = phase07_report
+    usage = parse_resource_usage(assemble_with_ptxas(r["ptx"], ptxas))
+    assert (usage["spill_store_bytes"], usage["spill_load_bytes"], usage["stack_frame_bytes"]) == (0, 0, 0), (
+        f"phase 07 D={r['head_dim']} {r['dtype']} with {ptxas}: {usage}")
+
+
 def test_phase07_is_inline_mma_ldmatrix_and_cp_async(phase07_report):
     r = phase07_report
     kind = "bf16" if r["dtype"] == "bfloat16" else "f16"

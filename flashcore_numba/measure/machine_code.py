@@ -115,6 +115,42 @@ def assemble(ptx: str | bytes, arch: str = ARCH, linked=()) -> tuple[str, bytes]
         nvjitlink.destroy(handle)
 
 
+def find_ptxas() -> str | None:
+    """A CUDA toolkit's ptxas: $FLASHCORE_PTXAS, else the one on PATH; None when there is none."""
+    path = os.environ.get("FLASHCORE_PTXAS") or shutil.which("ptxas")
+    return path if path and Path(path).is_file() else None
+
+
+_PTX_VERSION = re.compile(r"^\.version\s+\S+", re.MULTILINE)
+_PTXAS_CURRENT_VERSION = re.compile(r"Unsupported \.version \S+; current version is '([\d.]+)'")
+
+
+def assemble_with_ptxas(ptx: str, ptxas: str, arch: str = ARCH) -> str:
+    """Assemble PTX with a toolkit's `ptxas -v`; returns its info log (parse_resource_usage reads it).
+
+    A second opinion on registers and spills. nvJitLink is ptxas inside a library, and each CUDA
+    release allocates registers a little differently: a GPU machine whose nvJitLink is older than
+    this one's may spill where this one does not (docs/tuning/07_ab_unroll.txt). When that older
+    toolkit's ptxas is installed here, it assembles the same PTX as that machine would. The PTX
+    that Numba writes may declare a newer ISA `.version` than an older ptxas accepts; it is then
+    lowered to the version that ptxas names, which is enough for the kernels here, whose
+    instructions all exist in that ISA (ptxas fails otherwise, and so does this function).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
+        for _ in range(2):
+            src.write_text(ptx)
+            run = subprocess.run([ptxas, f"-arch={arch}", "-v", str(src), "-o", str(out)],
+                                 check=False, capture_output=True, text=True)
+            if run.returncode == 0:
+                return run.stdout + run.stderr
+            current = _PTXAS_CURRENT_VERSION.search(run.stderr)
+            if not current:
+                break
+            ptx = _PTX_VERSION.sub(f".version {current.group(1)}", ptx, count=1)
+        raise RuntimeError(f"{ptxas} could not assemble the PTX for {arch}:\n{run.stderr}")
+
+
 def _log(nvjitlink, handle, kind: str) -> str:
     size = getattr(nvjitlink, f"get_{kind}_log_size")(handle)
     buf = bytearray(size)
