@@ -136,34 +136,34 @@ Why the hardware rewards it
     warps, one per SM, which read K and V once for 128-256 rows (10-30 % slower); copies at
     immediate offsets of one address (level), or with their addresses carried from tile to tile
     (slower).
-    FlashAttention-2's tiles at D = 64 (commit 86fdb12). With the kernel's copy and lazy maximum,
-    128 rows in four warps of two m-tiles (Q's fragments still held: 2 m-tiles x 4 k-steps x 4 =
-    32 registers), 64 keys per tile, 242 registers, no local memory: each K or V fragment feeds
-    two products, and each block reads K and V for twice the rows. Ad hoc A/Bs, three runs
-    (tools/ab_variants.py; TFLOPS, 64x32 / 128x64, SDPA flash in the same rounds): 281 / 294 (297),
-    279 / 289 (290), 279 / 294 (294); causal 252 / 250 (260), 251 / 250 (259), 251 / 251 (260).
-    The records of 86fdb12 against those of 5d649d6 / ebff494: D = 64 fp16 286 -> 297 TFLOPS,
-    causal 256 -> 254 (0.98x and 0.96x SDPA flash in the same runs); bf16 D = 64 287 -> 296, causal
-    258 -> 256 (0.98x, 0.96x); grouped queries 293 -> 301, causal 268 -> 263 (0.98x, 0.96x). Faster
-    without a mask, 1-2 % slower with one: a block of 128 rows wastes twice the masked work on the
-    diagonal, and its last blocks are twice as long. The first fp16 causal record of this commit
-    had launches from 0.54 to 1.49 ms (median 171 TFLOPS); a check on the same machine right after
-    (40 launches per kernel, twice) and the re-run record kept above spread by 2 % at most. The
-    D = 64 sweeps of 86fdb12: 07 level with SDPA flash or ahead from S = 8192 on (312 against 309
-    and 311) and, causal, at S = 512 and 1024 (173 against 154, 220 against 216).
+    FlashAttention-2's tiles at D = 64 (commit 86fdb12). With the kernel's copy and lazy maximum, 128
+    rows in four warps of two m-tiles (Q's fragments still held: 2 m-tiles x 4 k-steps x 4 = 32
+    registers), 64 keys per tile, 242 registers, no local memory: each K or V fragment feeds two
+    products, and each block reads K and V for twice the rows. Ad hoc A/Bs, three runs
+    (tools/ab_variants.py; TFLOPS, 64x32 / 128x64, SDPA flash in the same rounds): 281 / 294 (297), 279
+    / 289 (290), 279 / 294 (294); causal 252 / 250 (260), 251 / 250 (259), 251 / 251 (260). The records
+    of 86fdb12 against those of 5d649d6 / ebff494: D = 64 fp16 286 -> 297 TFLOPS, causal 256 -> 254
+    (0.98x and 0.96x SDPA flash in the same runs); bf16 D = 64 287 -> 296, causal 258 -> 256 (0.98x,
+    0.96x); grouped queries 293 -> 301, causal 268 -> 263 (0.98x, 0.96x). Faster without a mask, 1-2 %
+    slower with one; likely (not measured) because a block of 128 rows computes twice the masked scores
+    on the diagonal, and its last blocks are twice as long. The first fp16 causal record of this commit
+    had launches from 0.54 to 1.49 ms (median 171 TFLOPS); a check on the same machine right after (40
+    launches per kernel, twice) and the re-run record kept above spread by 2 % at most. The D = 64
+    sweeps of 86fdb12: 07 level with SDPA flash or ahead from S = 8192 on (312 against 309 and 311) and,
+    causal, at S = 512 and 1024 (173 against 154, 220 against 216).
     At D = 128, FlashAttention-2's layout again (docs/tuning/07_ab_unroll.txt): 128 rows and 64 keys,
-    two m-tiles, Q read again at every k-step. Nsight Compute showed why it had run level: NVVM
-    left its Q·Kᵀ k-loop rolled (8 steps of 16 products, each mma waiting on the ldmatrix just
-    before it, short scoreboard and a branch per step). Unrolled at build time (a chain of
-    inlined calls, one per k-step) it ran 307 against 296 TFLOPS (SDPA flash 342), causal 282
-    against 275 (299), bf16 325 against 302 (349), causal 284 against 277 (302), but at 255
-    registers it keeps 24-36 B in local memory (32 B on the GPU), which this phase forbids (the
-    spill test). Unrolled four k-steps at a time (a loop of two), it compiles here without spills,
-    but the GPU's own compiler still keeps 32 B in local memory (303 against 292, causal 265
-    against 267; bf16 310 against 297, causal 271 against 270). Not kept. At D = 64 the same code (Q held, k-steps unrolled) ran 285 / 242 against
-    282 / 253 for the kernel of 5d649d6 in its one run, where the loops kept above had run 289-294 /
-    250-251 against 279-281 / 251-252. An earlier build of the D = 128 variant: 309 against 296
-    (SDPA flash 332), causal 272 against 271 (295).
+    two m-tiles, Q read again at every k-step. Nsight Compute showed why it had run level: NVVM left its
+    Q·Kᵀ k-loop rolled (8 steps of 16 products, each mma waiting on the ldmatrix just before it, short
+    scoreboard and a branch per step). Unrolled at build time (a chain of inlined calls, one per k-step)
+    it ran 307 against 296 TFLOPS (SDPA flash 342), causal 282 against 275 (299), bf16 325 against 302
+    (349), causal 284 against 277 (302), but at 255 registers it keeps 24-36 B in local memory (32 B on
+    the GPU), which this phase forbids (the spill test). Unrolled four k-steps at a time (a loop of
+    two), it compiles here without spills, but the GPU's own compiler still keeps 32 B in local memory
+    (303 against 292, causal 265 against 267; bf16 310 against 297, causal 271 against 270). Not kept.
+    At D = 64 the same code (Q held, k-steps unrolled) ran 285 / 242 against 282 / 253 for the kernel of
+    5d649d6 in its one run, where the loops kept above had run 289-294 / 250-251 against 279-281 /
+    251-252. An earlier build of the D = 128 variant: 309 against 296 (SDPA flash 332), causal 272
+    against 271 (295).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
