@@ -163,7 +163,11 @@ Why the hardware rewards it
     At D = 64 the same code (Q held, k-steps unrolled) ran 285 / 242 against 282 / 253 for the kernel of
     5d649d6 in its one run, where the loops kept above had run 289-294 / 250-251 against 279-281 /
     251-252. An earlier build of the D = 128 variant: 309 against 296 (SDPA flash 332), causal 272
-    against 271 (295).
+    against 271 (295). With 48 keys per tile (docs/tuning/07_ab_unroll.txt, run 7) the GPU compiles it
+    with 254 registers and no local memory and it ran 312 against 298 (SDPA flash 343), causal 273
+    against 273 (289), bf16 325 against 301 (345), causal 278 against 271 (294); but nvJitLink 13.5 here
+    spills 44 B of it, and the small changes that remove those spills make ptxas 13.0 (the GPU's) spill
+    instead: at the edge of 255 registers, not landed.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
