@@ -37,9 +37,10 @@
 #    to interleave. Every fragment and every row's m_i and l_i has an index `[mt]`. At D = 64 the
 #    kernel runs FlashAttention-2's tiles: 128 rows in 4 warps of two m-tiles, 64 keys per tile,
 #    242 registers. At D = 128 two m-tiles' Q and O fragments do not fit in 255 registers, and even
-#    with Q's fragments read again at every k-step (FlashAttention-2's way) the GPU's compiler
-#    keeps 32 bytes per thread in local memory, which this phase forbids: D = 128 runs one m-tile
-#    per warp, 64 rows and 32 keys per tile. This notebook's simulator runs two m-tiles at D = 64.
+#    with Q's fragments read again at every k-step (FlashAttention-2's way) the kernel sits at the
+#    edge of 255: the GPU's compiler or this machine's keeps some values in local memory, which this
+#    phase forbids. So D = 128 runs one m-tile per warp, 64 rows and 32 keys per tile. This
+#    notebook's simulator runs two m-tiles at D = 64.
 # 8. **A lazy running max** — when a row's max grows, acc and l_i are rescaled by alpha =
 #    exp2(m_old - m_new): one multiply per accumulator, 64 per thread and tile at D = 128, for a
 #    factor that is 1 in almost every tile once the first tiles have set the max. So the warp votes
@@ -150,7 +151,8 @@ lesson.plot_timing(timings)
 # by accepting some spills at 255 registers. Built here ([docs/tuning/07_ab_unroll.txt](../docs/tuning/07_ab_unroll.txt)),
 # it first ran level: NVVM had left its k-loop of 16 `mma` per step rolled, so each `mma` waited on
 # the `ldmatrix` just before it. Unrolled at build time (one inlined call per k-step) it ran 4-8 %
-# faster, still short of FlashAttention-2 and with 32 bytes of local memory per thread. Phase
+# faster, still short of FlashAttention-2, and at 255 registers one assembler or the other spills
+# (32 bytes per thread on the GPU with 64 keys per tile). Phase
 # 08 removes the cost at its root: `wgmma` reads its B operand from shared memory once for the 64
 # rows of a whole warpgroup.
 
