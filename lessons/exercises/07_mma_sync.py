@@ -21,7 +21,8 @@ What changed from phase 06
     The scores never leave the registers. The tensor cores are driven one `mma.sync.m16n8k16`
     at a time, inline (no call), and mma.sync's fragment layout is documented: lane l holds
     rows l/4 and l/4 + 8 of every accumulator tile, columns 2(l%4) and 2(l%4)+1. So:
-    - Q is read from shared memory into A fragments once (`ldmatrix`), before the loop;
+    - Q is read from shared memory into A fragments (`ldmatrix`): once, before the loop, when
+      they fit in registers (D = 64), else again at every k-step (D = 128, as FlashAttention-2);
     - S = Q·Kᵀ accumulates in registers, K's B fragments read by `ldmatrix`;
     - the online softmax runs on those accumulators: a row's max and sum are two shuffles
       inside the quad of lanes that hold it (xor 1, xor 2), nothing goes to shared memory;
@@ -30,12 +31,15 @@ What changed from phase 06
     - P is converted in registers from S's accumulator layout to A fragments (two fp32 ->
       one fp16x2 register: the C layout of two n-tiles is the A layout of one k-step);
     - O += P·V accumulates in registers, V's B fragments read by `ldmatrix.trans`;
-    - a warp may own M_TILES m-tiles of 16 rows (FlashAttention-2 gives each warp 32 rows), so
+    - a warp owns M_TILES m-tiles of 16 rows (FlashAttention-2 gives each warp 32 rows), so
       that every K or V fragment it reads feeds M_TILES products: half the ldmatrix traffic per
-      product, and two independent chains of mma and of softmax to interleave. At D = 64 the
-      kernel runs FlashAttention-2's tiles: 128 rows in four warps of two m-tiles, 64 keys per
-      tile (242 registers). At D = 128 two m-tiles do not fit without spills (below): one m-tile
-      per warp, 64 rows and 32 keys per tile. The simulator runs two m-tiles at D = 64;
+      product, and two independent chains of mma and of softmax to interleave. The kernel runs
+      128 rows in four warps of two m-tiles, with 64 keys per tile at D = 64 (242 registers)
+      and 48 at D = 128 (255: with 64 keys it spills). The simulator runs one warp of two;
+    - the k-steps of both products are unrolled when the kernel is built (`unrolled`): NVVM
+      left a k-loop of 16 mma.sync per step rolled, each ldmatrix waiting just before its mma;
+    - a tile's scores are one block of straight-line code from the products to one vote: the
+      mask is one branch around the whole tile, and the warp votes once for all its m-tiles;
     - the running max moves lazily: a warp rescales acc and l_i only when one of its rows' max
       has grown by more than LAZY = 8 (log2 units) since m_i was set; until then p = exp2(s -
       m_i) <= 256, and acc and l_i share the stale m_i, so o = acc / l_i is unchanged.
@@ -232,17 +236,18 @@ PAD = 8  # fp16 elements added to each shared-memory row: rows 16 bytes apart mo
 #          eight row addresses of an ldmatrix hit eight different 16-byte bank groups
 
 # A warp owns M_TILES = block_m / (16 warps) m-tiles of 16 query rows: each K or V fragment it
-# reads by ldmatrix then feeds M_TILES products instead of one. Measured on the H100 (see the
-# docstring): at D=64 two m-tiles per warp (FlashAttention-2's 128 rows in 4 warps) are faster;
-# at D=128 two would need 64 registers of Q fragments and 128 of O per lane on top of S, more
-# than a thread may have, and with Q read again at every k-step they still spill.
+# reads by ldmatrix then feeds M_TILES products instead of one. FlashAttention-2's layout at both
+# head dims: 128 rows in 4 warps of two m-tiles, 64 keys per tile. Q's fragments stay in
+# registers when they take at most Q_REGS per lane (D = 64: 2 m-tiles x 4 k-steps x 4 = 32); at
+# D = 128 they would take 64 on top of 128 for O, so they are read again at every k-step.
 TILES = {
     64: dict(block_m=128, block_n=64, warps=4),
-    128: dict(block_m=64, block_n=32, warps=4),
+    128: dict(block_m=128, block_n=48, warps=4),
 }
-SIM_TILES = {  # the simulator runs one Python thread per CUDA thread: one or two warps
-    64: dict(block_m=32, block_n=32, warps=1),  # two m-tiles per warp: the M_TILES loops tested
-    128: dict(block_m=32, block_n=32, warps=2),
+Q_REGS = 32
+SIM_TILES = {  # the simulator runs one Python thread per CUDA thread: one warp of two m-tiles,
+    64: dict(block_m=32, block_n=32, warps=1),  # Q held in registers
+    128: dict(block_m=32, block_n=32, warps=1),  # Q read again at every k-step
 }
 
 
@@ -270,6 +275,8 @@ def layout(HEAD_DIM, block_m, block_n, warps):
     assert block_m % L["ROWS_PER_PASS"] == 0 and block_n % L["ROWS_PER_PASS"] == 0
     L["NT"] = block_n // MMA_N  # n-tiles of S per m-tile (8 keys each)
     L["KQ"] = HEAD_DIM // MMA_K  # k-steps of Q·Kᵀ
+    # k-steps of Q fragments a lane holds: all of them for the whole loop, or the current one
+    L["Q_STEPS"] = L["KQ"] if L["M_TILES"] * L["KQ"] * 4 <= Q_REGS else 1
     L["KP"] = block_n // MMA_K  # k-steps of P·V
     L["NO"] = HEAD_DIM // MMA_N  # n-tiles of O (8 columns each)
     return L
@@ -308,6 +315,30 @@ def make_copy_tile(L):
     return copy_tile
 
 
+def unrolled(step, n: int):
+    """A device function `run(i, args)` that calls `step(i, args)`, `step(i + 1, args)`, ...,
+    `step(i + n - 1, args)` one after another, with no loop: unrolled when the kernel is built.
+
+    NVVM unrolls a loop of constant trip count only while the unrolled body stays small. A k-loop
+    of many mma.sync and ldmatrix stays a loop, and then each ldmatrix feeds the mma right after
+    it, with a branch and a counter per step (phase 07 at D = 128: 8 steps of 16 products). Built
+    as a chain of inlined calls there is no loop to decide about: each step's index is a
+    constant, so its shared-memory offsets are immediates and the compiler may move the loads of
+    one step ahead of the products of the step before. `args` is a tuple (Numba does not inline
+    a call with *args): each step unpacks what it needs.
+    """
+    if n == 1:
+        return step
+    rest = unrolled(step, n - 1)
+
+    @cuda.jit(device=True, inline=True)
+    def run(i, args):
+        step(i, args)
+        rest(i + 1, args)
+
+    return run
+
+
 PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 
 
@@ -325,8 +356,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     HEAD_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"]
     M_TILES, WARP_ROWS = L["M_TILES"], L["WARP_ROWS"]
     STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
-    NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
-    ROW_BYTES = STRIDE * 2
+    NT, KQ, KP, NO, Q_STEPS = L["NT"], L["KQ"], L["KP"], L["NO"], L["Q_STEPS"]
+    N_THREADS, ROW_BYTES = L["N_THREADS"], STRIDE * 2
     store_rows = fragment_epilogue_16b(pack, NO, st_global_v4)  # O in 16-byte stores (common.py)
 
     @cuda.jit(device=True, inline=True)
@@ -335,6 +366,34 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         c[mt, j, 0], c[mt, j, 1], c[mt, j, 2], c[mt, j, 3] = mma(
             a[mt, kk, 0], a[mt, kk, 1], a[mt, kk, 2], a[mt, kk, 3], b0, b1,
             c[mt, j, 0], c[mt, j, 1], c[mt, j, 2], c[mt, j, 3])
+
+    @cuda.jit(device=True, inline=True)
+    def qk_step(kk, args):
+        """k-step kk of s = q · kᵀ: NT n-tiles of 8 keys; each K fragment serves the M_TILES m-tiles."""
+        s, q_frag, q_warp, k_tile = args
+        if Q_STEPS == 1:  # Q's fragments of this k-step, read again from shared memory
+            for mt in range(M_TILES):
+                a0, a1, a2, a3 = ldsm(q_warp + mt * MMA_M * ROW_BYTES + kk * 32)
+                q_frag[mt, 0, 0], q_frag[mt, 0, 1], q_frag[mt, 0, 2], q_frag[mt, 0, 3] = a0, a1, a2, a3
+        for jj in range(NT // 2):
+            b0, b1, b2, b3 = ldsm(k_tile + jj * 16 * ROW_BYTES + kk * 32)
+            for mt in range(M_TILES):
+                mma_into(s, mt, 2 * jj, q_frag, kk % Q_STEPS, b0, b1)
+                mma_into(s, mt, 2 * jj + 1, q_frag, kk % Q_STEPS, b2, b3)
+
+    @cuda.jit(device=True, inline=True)
+    def pv_step(jj, args):
+        """Output columns 16 jj .. 16 jj + 15 of acc += p · v: KP k-steps of 16 keys; each V
+        fragment serves the M_TILES m-tiles."""
+        acc, p_frag, v_tile = args
+        for kk in range(KP):
+            b0, b1, b2, b3 = ldsm_t(v_tile + kk * 16 * ROW_BYTES + jj * 32)
+            for mt in range(M_TILES):
+                mma_into(acc, mt, 2 * jj, p_frag, kk, b0, b1)
+                mma_into(acc, mt, 2 * jj + 1, p_frag, kk, b2, b3)
+
+    qk_steps = unrolled(qk_step, KQ)  # straight-line code: see unrolled above
+    pv_steps = unrolled(pv_step, NO // 2)
 
     @cuda.jit
     def mma_attention(Q, K, V, O, causal, qk_scale):
@@ -356,8 +415,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * HEAD_DIM * 2)
 
         # The lane's rows in m-tile mt: row_a = g and row_b = g + 8 of its 16 (elements 0, 1 and 2, 3
-        # of every accumulator tile); m_i, l_i and k_end of each, per m-tile
-        q_frag = cuda.local.array((M_TILES, KQ, 4), uint32)
+        # of every accumulator tile); m_i and l_i of each, per m-tile
+        q_frag = cuda.local.array((M_TILES, Q_STEPS, 4), uint32)
         s = cuda.local.array((M_TILES, NT, 4), float32)
         p_frag = cuda.local.array((M_TILES, KP, 4), uint32)
         acc = cuda.local.array((M_TILES, NO, 4), float32)
@@ -365,14 +424,12 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         m_b = cuda.local.array(M_TILES, float32)
         l_a = cuda.local.array(M_TILES, float32)
         l_b = cuda.local.array(M_TILES, float32)
-        k_end_a = cuda.local.array(M_TILES, int32)
-        k_end_b = cuda.local.array(M_TILES, int32)
-        k_end_min = seq_k  # the lane's smallest k_end: tiles from it on need the mask
+        m_ij_a_scaled = cuda.local.array(M_TILES, float32)  # this tile's row maxima, scaled
+        m_ij_b_scaled = cuda.local.array(M_TILES, float32)
+        # the smallest k_end of the lane's rows, its first row's (k_end never falls as the row grows):
+        # tiles from it on need the mask
+        k_end_min = key_end(min(warp_row0 + g, seq_q - 1), seq_q, seq_k, causal)
         for mt in range(M_TILES):
-            row_a = warp_row0 + mt * MMA_M + g
-            k_end_a[mt] = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
-            k_end_b[mt] = key_end(min(row_a + 8, seq_q - 1), seq_q, seq_k, causal)
-            k_end_min = min(k_end_min, k_end_a[mt], k_end_b[mt])
             m_a[mt] = float32(-math.inf)
             m_b[mt] = float32(-math.inf)
             l_a[mt] = float32(0.0)
@@ -382,26 +439,31 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
                     acc[mt, j, e] = float32(0.0)
 
         # -- prologue: Q and the first K/V tile, one cp.async group
-        block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
+        block_k_end = int32(key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal))
         copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, seq_q, tid)
         copy_tile(smem, K_OFF, global_address(K), head_kv, 0, BLOCK_N, seq_k, tid)
         copy_tile(smem, V_OFF, global_address(V), head_kv, 0, BLOCK_N, seq_k, tid)
         commit()
         wait_all()
         cuda.syncthreads()
-        # -- Q's A fragments, once: lane l gives row l % 16 and column 8 (l // 16) of each 16x16 block
         # qk_scale is folded into exp2, p = exp2(s * scale - m_i): one FFMA per score, and the row
         # max is taken on the raw scores. Both need scale >= 0, so a negative qk_scale flips the
-        # sign of q instead (bit 15 of each 16-bit half, fp16 and bf16 alike), and a zero one
-        # becomes tiny: a masked -inf times 0 would be NaN, times 1e-30 it stays -inf.
-        flip = uint32(0x80008000) if qk_scale < 0 else uint32(0)
+        # sign of q instead, once in shared memory (bit 15 of each 16-bit half, fp16 and bf16
+        # alike), and a zero one becomes tiny: a masked -inf times 0 would be NaN, times 1e-30 it
+        # stays -inf.
+        if qk_scale < 0:
+            for w in range(tid, BLOCK_M * STRIDE // 2, N_THREADS):
+                smem_h[w] ^= uint32(0x80008000)
+            cuda.syncthreads()
         scale = max(abs(qk_scale), float32(1e-30))
-        for mt in range(M_TILES):
-            q_row = smem + (warp * WARP_ROWS + mt * MMA_M + lane % 16) * ROW_BYTES + (lane // 16) * 16
-            for kk in range(KQ):
-                a0, a1, a2, a3 = ldsm(q_row + kk * 32)
-                q_frag[mt, kk, 0], q_frag[mt, kk, 1] = a0 ^ flip, a1 ^ flip
-                q_frag[mt, kk, 2], q_frag[mt, kk, 3] = a2 ^ flip, a3 ^ flip
+        # -- Q's A fragments: lane l gives row l % 16 and column 8 (l // 16) of each 16x16 block;
+        # held for the whole loop when they fit (Q_STEPS == KQ), else read at every k-step
+        q_warp = smem + (warp * WARP_ROWS + lane % 16) * ROW_BYTES + (lane // 16) * 16
+        if Q_STEPS == KQ:
+            for mt in range(M_TILES):
+                for kk in range(KQ):
+                    a0, a1, a2, a3 = ldsm(q_warp + mt * MMA_M * ROW_BYTES + kk * 32)
+                    q_frag[mt, kk, 0], q_frag[mt, kk, 1], q_frag[mt, kk, 2], q_frag[mt, kk, 3] = a0, a1, a2, a3
 
         # K fragments of two n-tiles per ldmatrix: lane l gives key 8 (l // 16) + l % 8, dims 8 ((l // 8) % 2)
         k_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
@@ -409,8 +471,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         v_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
 
         stage = 0
-        for start_n in range(0, block_k_end, BLOCK_N):
-            next_n = start_n + BLOCK_N
+        for start_n in range(int32(0), block_k_end, int32(BLOCK_N)):  # 32-bit: fewer registers
+            next_n = start_n + int32(BLOCK_N)
             if next_n < block_k_end:  # -- the next tile flies into the other stage meanwhile
                 copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
                           seq_k, tid)
@@ -420,49 +482,54 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             k_tile = smem + K_OFF + stage * STAGE_BYTES + k_lane
             v_tile = smem + V_OFF + stage * STAGE_BYTES + v_lane
 
-            # -- s = q · kᵀ: NT n-tiles of 8 keys, KQ k-steps each, in registers; each K fragment
-            # serves the warp's M_TILES m-tiles
+            # -- s = q · kᵀ in registers: KQ k-steps (qk_step)
             for mt in range(M_TILES):
                 for j in range(NT):
                     for e in range(4):
                         s[mt, j, e] = float32(0.0)
-            for jj in range(NT // 2):
-                for kk in range(KQ):
-                    b0, b1, b2, b3 = ldsm(k_tile + jj * 16 * ROW_BYTES + kk * 32)
-                    for mt in range(M_TILES):
-                        mma_into(s, mt, 2 * jj, q_frag, kk, b0, b1)
-                        mma_into(s, mt, 2 * jj + 1, q_frag, kk, b2, b3)
+            qk_steps(0, (s, q_frag, q_warp, k_tile))
 
+            # -- mask only a tile that needs it, and in one branch for the whole tile: its scores are
+            # then one block of straight-line code from the products to the vote below
             masked = start_n + BLOCK_N > k_end_min  # the tile crosses the diagonal or the end of the keys
+            if masked:
+                for mt in range(M_TILES):  # k_end of the two rows, computed here rather than held
+                    row_a = warp_row0 + mt * MMA_M + g
+                    k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
+                    k_end_b = key_end(min(row_a + 8, seq_q - 1), seq_q, seq_k, causal)
+                    for j in range(NT):
+                        col = start_n + j * MMA_N + 2 * t
+                        if col >= k_end_a:
+                            s[mt, j, 0] = float32(-math.inf)
+                        if col + 1 >= k_end_a:
+                            s[mt, j, 1] = float32(-math.inf)
+                        if col >= k_end_b:
+                            s[mt, j, 2] = float32(-math.inf)
+                        if col + 1 >= k_end_b:
+                            s[mt, j, 3] = float32(-math.inf)
+
+            # -- raw row maxima of every m-tile, scaled (scale > 0; -inf stays -inf)
+            grow = False
             for mt in range(M_TILES):
-                # -- mask only a tile that needs it; raw row maxima
                 m_ij_a = float32(-math.inf)
                 m_ij_b = float32(-math.inf)
                 for j in range(NT):
-                    if masked:
-                        col = start_n + j * MMA_N + 2 * t
-                        if col >= k_end_a[mt]:
-                            s[mt, j, 0] = float32(-math.inf)
-                        if col + 1 >= k_end_a[mt]:
-                            s[mt, j, 1] = float32(-math.inf)
-                        if col >= k_end_b[mt]:
-                            s[mt, j, 2] = float32(-math.inf)
-                        if col + 1 >= k_end_b[mt]:
-                            s[mt, j, 3] = float32(-math.inf)
                     m_ij_a = max(m_ij_a, max(s[mt, j, 0], s[mt, j, 1]))
                     m_ij_b = max(m_ij_b, max(s[mt, j, 2], s[mt, j, 3]))
                 # >>> exercise 07-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
                 # <<< exercise
+                m_ij_a_scaled[mt] = m_ij_a * scale
+                m_ij_b_scaled[mt] = m_ij_b * scale
+                grow = grow or m_ij_a_scaled[mt] > m_a[mt] + LAZY or m_ij_b_scaled[mt] > m_b[mt] + LAZY
 
-                m_ij_a *= scale  # the max of the scaled scores (scale > 0; -inf stays -inf)
-                m_ij_b *= scale
-                # -- move m_i only when a row's max grew by more than LAZY (log2 units), and then for
-                # the whole warp (one vote, no divergence): otherwise p = exp2(s - m_i) <= 2^LAZY and
-                # acc and l_i keep their scale, since both are measured against the same m_i
-                grow = m_ij_a > m_a[mt] + LAZY or m_ij_b > m_b[mt] + LAZY
-                if cuda.any_sync(FULL_MASK, grow):
-                    m_new_a, _, alpha_a = softmax_rescale(m_a[mt], m_ij_a)
-                    m_new_b, _, alpha_b = softmax_rescale(m_b[mt], m_ij_b)
+            # -- move m_i only when a row's max grew by more than LAZY (log2 units), and then for the
+            # whole warp, all its m-tiles at once (one vote, one branch, no divergence): otherwise
+            # p = exp2(s - m_i) <= 2^LAZY and acc and l_i keep their scale, since both are measured
+            # against the same m_i
+            if cuda.any_sync(FULL_MASK, grow):
+                for mt in range(M_TILES):
+                    m_new_a, _, alpha_a = softmax_rescale(m_a[mt], m_ij_a_scaled[mt])
+                    m_new_b, _, alpha_b = softmax_rescale(m_b[mt], m_ij_b_scaled[mt])
                     m_a[mt] = m_new_a
                     m_b[mt] = m_new_b
                     l_a[mt] *= alpha_a
@@ -472,6 +539,9 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
                         acc[mt, j, 1] *= alpha_a
                         acc[mt, j, 2] *= alpha_b
                         acc[mt, j, 3] *= alpha_b
+
+            # -- p = exp2(s * scale - m_i), and the rows' partial sums (this lane's columns)
+            for mt in range(M_TILES):
                 # a row that has seen only masked keys is measured against 0 (see softmax_rescale)
                 m_ref_a = m_a[mt] if m_a[mt] != float32(-math.inf) else float32(0.0)
                 m_ref_b = m_b[mt] if m_b[mt] != float32(-math.inf) else float32(0.0)
@@ -491,14 +561,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             # >>> exercise 07-b: P as A fragments: p_frag[mt, kk, 0..3] from s[mt] of n-tiles 2kk and 2kk+1
             # <<< exercise
 
-            # -- acc += p · v: NO n-tiles of 8 output columns, KP k-steps of 16 keys; each V
-            # fragment serves the warp's M_TILES m-tiles
-            for jj in range(NO // 2):
-                for kk in range(KP):
-                    b0, b1, b2, b3 = ldsm_t(v_tile + kk * 16 * ROW_BYTES + jj * 32)
-                    for mt in range(M_TILES):
-                        mma_into(acc, mt, 2 * jj, p_frag, kk, b0, b1)
-                        mma_into(acc, mt, 2 * jj + 1, p_frag, kk, b2, b3)
+            # -- acc += p · v: NO n-tiles of 8 output columns, two per pv_step
+            pv_steps(0, (acc, p_frag, v_tile))
 
             # -- the next tile has landed (this thread's copies), and every warp is done with this one
             wait_all()
