@@ -331,31 +331,32 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-26, B=16 H=16 S=2048 D=64 fp16: 524 TFLOPS (1.39x phase 08),
-    causal 411 TFLOPS (1.32x phase 08); 128 registers, 0 B local memory. 09-overlap: 476 TFLOPS
-    (0.91x phase 09, SLOWER than phase 09), causal 356 TFLOPS (0.87x phase 09, SLOWER than phase
-    09). 09-turns: 441 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap), causal 333 TFLOPS (0.93x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 441 TFLOPS (1.00x 09-turns), causal 344 TFLOPS
-    (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 658 TFLOPS (1.72x phase 08), causal 548
-    TFLOPS (1.68x phase 08); 09-overlap 623 TFLOPS (0.95x phase 09, SLOWER than phase 09), causal
-    496 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 569 TFLOPS (0.91x 09-overlap, SLOWER
-    than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap); 09-ws 552 TFLOPS
-    (0.97x 09-turns, SLOWER than 09-turns), causal 449 TFLOPS (0.98x 09-turns, SLOWER than
-    09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 532 TFLOPS (1.40x phase 08), causal 411 TFLOPS
-    (1.32x phase 08); 09-overlap 481 TFLOPS (0.90x phase 09, SLOWER than phase 09), causal 361
-    TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 447 TFLOPS (0.93x 09-overlap, SLOWER
-    than 09-overlap), causal 334 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap); 09-ws 443 TFLOPS
-    (0.99x 09-turns, SLOWER than 09-turns), causal 344 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048
-    D=128 bf16: 09 682 TFLOPS (1.80x phase 08), causal 563 TFLOPS (1.74x phase 08); 09-overlap 642
-    TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 508 TFLOPS (0.90x phase 09, SLOWER than
-    phase 09); 09-turns 579 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap), causal 462 TFLOPS
-    (0.91x 09-overlap, SLOWER than 09-overlap); 09-ws 559 TFLOPS (0.96x 09-turns, SLOWER than
-    09-turns), causal 450 TFLOPS (0.97x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048
-    D=64 fp16: 09 540 TFLOPS (1.39x phase 08), causal 430 TFLOPS (1.34x phase 08); 09-overlap 489
-    TFLOPS (0.91x phase 09, SLOWER than phase 09), causal 369 TFLOPS (0.86x phase 09, SLOWER than
-    phase 09); 09-turns 452 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap), causal 341 TFLOPS
-    (0.92x 09-overlap, SLOWER than 09-overlap); 09-ws 448 TFLOPS (0.99x 09-turns, SLOWER than
-    09-turns), causal 352 TFLOPS (1.03x 09-turns) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 520 TFLOPS (1.38x phase 08),
+    causal 409 TFLOPS (1.31x phase 08); 128 registers, 0 B local memory. 09-overlap: 478 TFLOPS
+    (0.92x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase
+    09). 09-turns: 442 TFLOPS (0.92x 09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 440 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
+    causal 343 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 662 TFLOPS (1.72x phase
+    08), causal 548 TFLOPS (1.70x phase 08); 09-overlap 628 TFLOPS (0.95x phase 09, SLOWER than
+    phase 09), causal 496 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 572 TFLOPS (0.91x
+    09-overlap, SLOWER than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than
+    09-overlap); 09-ws 556 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.98x
+    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 530 TFLOPS (1.41x phase 08),
+    causal 410 TFLOPS (1.31x phase 08); 09-overlap 478 TFLOPS (0.90x phase 09, SLOWER than phase
+    09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 445 TFLOPS (0.93x
+    09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x 09-overlap, SLOWER than
+    09-overlap); 09-ws 438 TFLOPS (0.99x 09-turns, SLOWER than 09-turns), causal 341 TFLOPS (1.03x
+    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 683 TFLOPS (1.77x phase 08), causal 564 TFLOPS
+    (1.75x phase 08); 09-overlap 644 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 508
+    TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 578 TFLOPS (0.90x 09-overlap, SLOWER
+    than 09-overlap), causal 461 TFLOPS (0.91x 09-overlap, SLOWER than 09-overlap); 09-ws 559 TFLOPS
+    (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.98x 09-turns, SLOWER than
+    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 538 TFLOPS (1.39x phase 08), causal 430
+    TFLOPS (1.33x phase 08); 09-overlap 488 TFLOPS (0.91x phase 09, SLOWER than phase 09), causal
+    369 TFLOPS (0.86x phase 09, SLOWER than phase 09); 09-turns 453 TFLOPS (0.93x 09-overlap, SLOWER
+    than 09-overlap), causal 342 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap); 09-ws 451 TFLOPS
+    (0.99x 09-turns, SLOWER than 09-turns), causal 352 TFLOPS (1.03x 09-turns)
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
