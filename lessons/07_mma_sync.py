@@ -34,13 +34,16 @@
 # 7. **M_TILES m-tiles per warp** — as in FlashAttention-2, a warp may own 32 query rows, two
 #    16-row m-tiles: every K or V fragment that `ldmatrix` brings then feeds two `mma`s instead of
 #    one, and the two m-tiles' products and softmaxes are independent work for the warp scheduler
-#    to interleave. Every fragment and every row's m_i and l_i has an index `[mt]`. At D = 64 the
-#    kernel runs FlashAttention-2's tiles: 128 rows in 4 warps of two m-tiles, 64 keys per tile,
-#    242 registers. At D = 128 two m-tiles' Q and O fragments do not fit in 255 registers, and even
-#    with Q's fragments read again at every k-step (FlashAttention-2's way) the kernel sits at the
-#    edge of 255: the GPU's compiler or this machine's keeps some values in local memory, which this
-#    phase forbids. So D = 128 runs one m-tile per warp, 64 rows and 32 keys per tile. This
-#    notebook's simulator runs two m-tiles at D = 64.
+#    to interleave. Every fragment and every row's m_i and l_i has an index `[mt]`. The kernel runs
+#    FlashAttention-2's tiles: 128 rows in 4 warps of two m-tiles. At D = 64 Q's fragments stay in
+#    registers (242 in all, 64 keys per tile). At D = 128 two m-tiles' Q and O fragments would not
+#    fit in 255 registers, so Q's are read again from shared memory at every k-step
+#    (FlashAttention-2's way), and a tile holds 48 keys: with 64 the kernel spills. This notebook's
+#    simulator runs one warp of two m-tiles.
+#    Two more things make this layout pay: the k-steps of both products are unrolled when the kernel
+#    is built (one inlined call per k-step: NVVM had left a loop of 16 `mma` per step rolled, each
+#    waiting on the `ldmatrix` just before it), and a tile's scores are straight-line code from the
+#    products to one vote per warp (the mask is one branch around the whole tile).
 # 8. **A lazy running max** — when a row's max grows, acc and l_i are rescaled by alpha =
 #    exp2(m_old - m_new): one multiply per accumulator, 64 per thread and tile at D = 128, for a
 #    factor that is 1 in almost every tile once the first tiles have set the max. So the warp votes
@@ -133,28 +136,30 @@ timings = lesson.timing()
 lesson.plot_timing(timings)
 
 # %% [markdown]
-# ## Where the rest of the gap is
+# ## Where the gap to FlashAttention-2 went
 #
-# In the records phase 07 stays 2-16 % behind torch SDPA's flash backend, which is
-# FlashAttention-2 itself (at D = 64 and long sequences it is level or ahead). Nsight Compute beside
-# it at D = 128
-# ([docs/tuning/07_ab_smem.txt](../docs/tuning/07_ab_smem.txt)) says where, once you count the
+# torch SDPA's flash backend is FlashAttention-2 itself. Until the layout above, phase 07 ran 2-16 %
+# behind it, and Nsight Compute beside it at D = 128
+# ([docs/tuning/07_ab_smem.txt](../docs/tuning/07_ab_smem.txt)) said where, once you count the
 # shared-memory traffic per tensor-core product. A warp of one m-tile reads a whole K tile and a
 # whole V tile for its 16 rows, each of the block's four warps reads the same tiles, and cp.async
 # writes them once. That makes 2.2 shared-memory wavefronts (128 bytes each) per m16n8k16 product,
 # against FlashAttention-2's 1.3 with two m-tiles per warp. Shared memory serves one wavefront per
 # cycle per SM, and at the best rate measured for mma.sync from Numba (431 TFLOPS, about 1.8 GHz)
 # the tensor cores finish a product every 2.2 cycles per SM: the two budgets are equal, and phase
-# 07's warps wait on shared memory
-# (short scoreboard: 24 % of the stall samples, against 7 % for FlashAttention-2). FlashAttention-2
-# makes room for two m-tiles by reading Q's fragments again from shared memory at every k-step and
-# by accepting some spills at 255 registers. Built here ([docs/tuning/07_ab_unroll.txt](../docs/tuning/07_ab_unroll.txt)),
-# it first ran level: NVVM had left its k-loop of 16 `mma` per step rolled, so each `mma` waited on
-# the `ldmatrix` just before it. Unrolled at build time (one inlined call per k-step) it ran 4-8 %
-# faster, still short of FlashAttention-2, and at 255 registers one assembler or the other spills
-# (32 bytes per thread on the GPU with 64 keys per tile). Phase
-# 08 removes the cost at its root: `wgmma` reads its B operand from shared memory once for the 64
-# rows of a whole warpgroup.
+# 07's warps waited on shared memory (short scoreboard: 24 % of the stall samples, against 7 % for
+# FlashAttention-2).
+#
+# Two m-tiles per warp halve that traffic, but at D = 128 they need every register a thread has.
+# Built here ([docs/tuning/07_ab_unroll.txt](../docs/tuning/07_ab_unroll.txt)), FlashAttention-2's
+# layout first ran level: NVVM had left its k-loop rolled. Unrolled at build time it ran 4-8 %
+# faster, and spilled 32 bytes per thread on the GPU with 64 keys per tile; with 48 keys it fit,
+# but one assembler or the other spilled at the slightest change. What made it both fit and run
+# was the tile's scores as one block of straight-line code: one branch around the mask instead of
+# one per score, one vote for the warp's two m-tiles instead of one each. The records now put phase
+# 07 level with FlashAttention-2 at D = 128 and ahead of it at D = 64 (README, docs/bench/). Phase 08
+# goes further at the root: `wgmma` reads its B operand from shared memory once for the 64 rows of
+# a whole warpgroup.
 
 # %% [markdown]
 # ## What changed in the machine code
