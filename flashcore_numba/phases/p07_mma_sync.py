@@ -172,6 +172,27 @@ Why the hardware rewards it
     against 273 (289), bf16 325 against 301 (345), causal 278 against 271 (294); but nvJitLink 13.5 here
     spills 44 B of it, and the small changes that remove those spills make ptxas 13.0 (the GPU's) spill
     instead: at the edge of 255 registers, not landed.
+    The scores of a tile as one block (commit 3f4f2d7; docs/tuning/07_ab_unroll.txt, run 8). Until
+    then the mask was tested score by score inside the loops of the row maxima, and each m-tile had
+    its own vote and branch for the lazy rescale. Now the mask is one branch around the whole tile,
+    the maxima of both m-tiles come first, then one vote for the warp, then the exponentials of both
+    m-tiles and the P·V products in one block of straight-line code that the assembler can schedule
+    as a whole. With the unrolled k-steps above and 48 keys per tile at D = 128 it assembles to 255
+    registers there with no spill under both nvJitLink 13.5 and ptxas 13.0 (242 at D = 64). Ad hoc
+    A/B (TFLOPS; the kernels of 86fdb12 / unrolled with 48 keys / this; SDPA flash in the same
+    rounds): D = 128 290 / 301 / 326 (331), causal 265 / 272 / 293 (290); bf16 D = 128 292 / - / 335
+    (331), causal 266 / - / 290 (287); D = 64 287 / - / 323 (288), causal 250 / - / 281 (262).
+    The records of 3f4f2d7 against those of 86fdb12 (D = 64) and 5d649d6 / ebff494 (D = 128): D = 64
+    fp16 297 -> 334 TFLOPS, causal 254 -> 284 (1.11x and 1.07x SDPA flash in the same runs); bf16
+    D = 64 296 -> 334, causal 256 -> 285 (1.10x, 1.08x); grouped queries 301 -> 345, causal 263 ->
+    295 (1.12x, 1.08x); D = 128 fp16 301 -> 358, causal 278 -> 311 (1.00x, 1.01x); bf16 D = 128
+    300 -> 358, causal 277 -> 309 (1.01x, 1.00x). At D = 128 the margin is within what SDPA flash
+    moves between runs (331-357 over this session's runs). The sweeps of 3f4f2d7: at D = 64 phase 07
+    is ahead of SDPA flash at every length, causal or not (S = 512 286 against 264, causal 185
+    against 154); at D = 128 it is behind at S = 512 and 1024 (311 against 317, 336 against 341) and
+    level or ahead from 2048 on; causal, ahead except at S = 8192 (336 against 340).
+    Tried on top of it and not kept (same log): a warp's tiles past its own rows' keys copied but not
+    computed (causal; slower at D = 64, 277 against 281, and it spills at D = 128).
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
