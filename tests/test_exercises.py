@@ -69,11 +69,11 @@ def _stub_proof(phase_id: str, check_name: str) -> tuple[str, str]:
     return (donor if check_name in names else phase_id), "stub"
 
 
-def _all_checks():
-    for phase in PHASES.values():
-        for check in grade.checks_for(phase):
-            marks = [pytest.mark.gpu] if check.gpu_only else []
-            yield pytest.param(phase.ID, check.name, marks=marks, id=f"{phase.ID}-{check.name}")
+def _all_checks() -> list:
+    """Every graded check of every phase, as pytest params (a list: pytest 9 deprecates generators)."""
+    return [pytest.param(phase.ID, check.name, marks=[pytest.mark.gpu] if check.gpu_only else [],
+                         id=f"{phase.ID}-{check.name}")
+            for phase in PHASES.values() for check in grade.checks_for(phase)]
 
 
 # ---------------------------------------------------------------------------------------------
