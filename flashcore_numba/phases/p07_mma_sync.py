@@ -241,9 +241,10 @@ PAD = 8  # fp16 elements added to each shared-memory row: rows 16 bytes apart mo
 
 # A warp owns M_TILES = block_m / (16 warps) m-tiles of 16 query rows: each K or V fragment it
 # reads by ldmatrix then feeds M_TILES products instead of one. FlashAttention-2's layout at both
-# head dims: 128 rows in 4 warps of two m-tiles, 64 keys per tile. Q's fragments stay in
-# registers when they take at most Q_REGS per lane (D = 64: 2 m-tiles x 4 k-steps x 4 = 32); at
-# D = 128 they would take 64 on top of 128 for O, so they are read again at every k-step.
+# head dims: 128 rows in 4 warps of two m-tiles; 64 keys per tile at D = 64, 48 at D = 128 (with 64
+# the kernel needs more than 255 registers there and spills). Q's fragments stay in registers when
+# they take at most Q_REGS per lane (D = 64: 2 m-tiles x 4 k-steps x 4 = 32); at D = 128 they would
+# take 64 on top of 128 for O, so they are read again at every k-step.
 TILES = {
     64: dict(block_m=128, block_n=64, warps=4),
     128: dict(block_m=128, block_n=48, warps=4),
