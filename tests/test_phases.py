@@ -203,6 +203,32 @@ def test_phase09_consumers_without_rows_pass_a_whole_ring(variant):
     assert verdict.ok, f"{variant}: {verdict.message}"
 
 
+def test_phase09_trace_build_records_every_block_and_role():
+    """The trace build (docs/tuning/09_stalls.txt) computes the same attention, and its records add up:
+    4 query blocks over 2 persistent blocks, each taken by the producer and by both consumers of the
+    block that took it, every role's end after its start, and a wait on a K/V stage per tile."""
+    from numba import cuda
+
+    from flashcore_numba.measure import trace
+    from flashcore_numba.phases.common import LOG2E
+
+    q, k, v = random_qkv((1, 4, 20, 64), 40)
+    config = trace.trace_config(64)
+    out = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
+    records = trace.traced_launch(config, *(cuda.to_device(x) for x in (q, k, v)), out, True, LOG2E / 8)
+    verdict = check_close(out.copy_to_host(), reference_attention(q, k, v, causal=True),
+                          lowp_attention(q, k, v, causal=True))
+    assert verdict.ok, verdict.message
+    assert records.shape[:2] == (2, 3)  # two blocks (the simulator's SMs); the producer and two consumers
+    units = records[:, :, 3]
+    assert units[:, 0].sum() == 4 and (units[:, 1:] == units[:, :1]).all()
+    s = trace.summary(records)
+    assert s["span_ns"] > 0 and all(trace.rel(records[b, r, 2], records[b, r, 0]) >= 0
+                                    for b in range(2) for r in range(3))
+    assert s["wait_count"]["full"] == 2 * 4  # each consumer waits for the one tile of each of its 4 query blocks
+    assert s["wait_count"]["q_full"] == 2 * (4 + 2)  # and for Q: once per query block, once more to hear "done"
+
+
 def test_phase09_grid_is_persistent():
     """Phase 09 launches one block per SM (two in the simulator), each looping over query blocks;
     09-overlap one block per query block. The grouped-query test above runs 09 with 4 units (one

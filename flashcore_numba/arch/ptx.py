@@ -371,7 +371,7 @@ def function(filename: str, name: str, route: str = "link", tuples: bool = False
                          f"before the wait")
     if simulator_enabled():
         # importing them registers the emulations
-        from . import sim_exp2, sim_mma, sim_store, sim_tma, sim_wgmma, sim_warpgroup, sim_wmma  # noqa: F401
+        from . import sim_exp2, sim_mma, sim_store, sim_tma, sim_trace, sim_wgmma, sim_warpgroup, sim_wmma  # noqa: F401
 
         if name not in _EMULATIONS:
             raise NotImplementedError(f"{name} (ptx/{filename}) has no emulation for the simulator")
@@ -393,6 +393,17 @@ class Pointer:
         return Pointer(self.array, self.offset + int(nbytes))
 
     __radd__ = __add__
+
+    def __sub__(self, other):
+        """A pointer `other` bytes back, or the distance in bytes to another pointer (into the same
+        memory, through any view of it: each simulated thread has its own view of shared memory)."""
+        if isinstance(other, Pointer):
+            return self._address() - other._address()
+        return Pointer(self.array, self.offset - int(other))
+
+    def _address(self) -> int:
+        base = getattr(self.array, "_ary", self.array)
+        return base.__array_interface__["data"][0] + self.offset
 
     def view(self, dtype, rows: int, cols: int, ld: int):
         """A (rows, cols) NumPy view of elements of `dtype`, rows `ld` elements apart."""

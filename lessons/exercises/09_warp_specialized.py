@@ -396,6 +396,7 @@ from numba import cuda, float32, int32, uint32
 from flashcore_numba.arch import ptx
 from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.phases.common import KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale, uidx
+from flashcore_numba.phases.tracing import wait_hooks
 
 ID = "09"
 NAME = "warp_specialized"
@@ -467,7 +468,9 @@ def work_units(q_shape, causal, block_m) -> int:
     return B * H * (-(-S // block_m))
 
 
-def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=True) -> KernelConfig:
+def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=True, trace=False) -> KernelConfig:
+    """The kernel of layout L. trace: the diagnostic build of phases/tracing.py, every barrier wait
+    timed (docs/tuning/09_stalls.txt); it computes what the plain build computes."""
     kind = PTX_TYPE[dtype]
     HEAD_DIM = L["HEAD_DIM"]
     shape = f"d{HEAD_DIM}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D
@@ -486,11 +489,9 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     fence_mbar_init = ptx.function("tma.ptx", "flashcore_fence_mbarrier_init", "inline")
     expect_tx = ptx.function("tma.ptx", "flashcore_mbarrier_arrive_expect_tx", "inline")
     arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
-    wait = ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline")
     tma_load = ptx.function("tma.ptx", "flashcore_tma_load_3d", "inline")
     regs_inc = ptx.function("warpgroup.ptx", f"flashcore_setmaxnreg_inc_{L['CONSUMER_REGISTERS']}", "inline")
     regs_dec = ptx.function("warpgroup.ptx", "flashcore_setmaxnreg_dec_24", "inline")
-    bar_sync = ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline")
     bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
     shared_address, map_address, descriptor = ptx.shared_address, ptx.map_address, ptx.matrix_descriptor
     as_tuple, store_tuple = ptx.as_tuple, ptx.store_tuple
@@ -514,6 +515,12 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     # 09-turns spilled 48 B at D = 64 with it, and the variants run one block per query block, with
     # no next Q to load
     RELEASE_Q_EARLY = overlap
+    # the barrier waits, timed in the trace build (tracing.py; docs/tuning/09_stalls.txt), and the
+    # trace's marks, which compile to nothing in every other build
+    wait, bar_sync, trace_mark, trace_save, SMEM_BYTES = wait_hooks(
+        ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline"),
+        ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline"), trace, L["SMEM_BYTES"], BARS_OFF, STAGES,
+        CONSUMERS)
 
     @cuda.jit(device=True, inline=True)
     def rescale(acc, alpha_a, alpha_b):
@@ -699,11 +706,13 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 mbar_init(empty + 8 * s, uint32(CONSUMER_THREADS))  # every consumer thread's
             fence_mbar_init()
         cuda.syncthreads()
+        trace_mark(0)
 
         if wg == 0:
             # ---------------- producer: one thread streams Q, then K and V tile after tile --------
             regs_dec()
             if tid == 0:
+                trace_mark(1)
                 map_q, map_k, map_v = map_address(maps[0]), map_address(maps[1]), map_address(maps[2])
                 # The work: units of one query block, numbered head after head and within a head from
                 # the last block down (under a causal mask the last query rows see the most keys: the
@@ -720,6 +729,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 q_uses = uint32(0)  # query blocks so far: Q's barriers are in phase q_uses % 2
                 unit = uint32(cuda.blockIdx.x)
                 while unit < n_units:
+                    trace_mark(3)
                     # ask for the next unit now: the atomic's latency passes while this one's loads go out
                     next_unit = uint32(cuda.atomic.add(counter, 0, 1)) + uint32(cuda.gridDim.x)
                     bh = uint32(unit // n_m)  # the plane b * H + h of Q: one head
@@ -755,10 +765,12 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                     wait(q_empty + 8 * i, uint32(q_uses % uint32(2)) ^ uint32(1))
                     smem_h[INFO + 2 * i] = uint32(0xFFFFFFFF)  # no query block left: the consumers stop
                     expect_tx(q_full + 8 * i, uint32(0))
+                trace_save(counter)
             return
 
         # -------------------- consumers: warpgroup c owns query rows row0 + 64c .. + 63 ------------
         regs_inc()
+        trace_mark(1)
         # c is the same for the 128 threads of a warpgroup, but the assembler cannot tell that from
         # tid // 128: broadcast from lane 0, it is warp-uniform to ptxas, and so are the loop bounds
         # and ring addresses computed from it. Without this the tile loops below (whose bounds
@@ -796,6 +808,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             row0 = int32(smem_h[info])
             if row0 < 0:
                 break
+            trace_mark(3)
             bh = smem_h[info + 1]
             b = bh // uint32(n_heads)
             h = bh % uint32(n_heads)
@@ -888,13 +901,14 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
             # it, so that no barrier is left half-arrived when the block exits
             bar_sync(uint32(TURN), uint32(TURN_THREADS))
+        trace_save(counter)
 
     if simulator_enabled():
         compiled = cuda.jit(kernel)
     else:  # 384 threads, one block per SM: ptxas budgets 168 registers per thread, which setmaxnreg
         # then moves from the producer to the consumers (see ptx/warpgroup.ptx)
         compiled = cuda.jit(launch_bounds=LAUNCH_BOUNDS)(kernel)
-    return KernelConfig(compiled, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
+    return KernelConfig(compiled, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=SMEM_BYTES,
                         packed_output=True, out_alignment=16,  # 16-byte stores (ptx/store.ptx)
                         tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS,
                         work_units=partial(work_units, block_m=BLOCK_M), persistent=persistent)
