@@ -119,8 +119,13 @@ def _build_parser() -> _Parser:
                        help="run S = 512 .. 16384 (powers of two), keeping B*S of --shape")
     bench.add_argument("--sweep-s", type=_positive_ints, default=None,
                        help="the sequence lengths of --sweep, e.g. 512,1024,2048 (implies --sweep)")
-    bench.add_argument("--repeats", type=_positive_int, default=20,
-                       help=f"timed launches per kernel (at least {MIN_REPEATS}, the protocol)")
+    bench.add_argument("--repeats", type=_positive_int, default=100,
+                       help=f"kernel-time launches per kernel, each after an L2 flush (at least {MIN_REPEATS})")
+    bench.add_argument("--tail", type=_positive_int, default=None, metavar="N",
+                       help="also N device-only launches back to back per kernel, counting those above "
+                            "1.5x their median (at most about 5 s of GPU time per kernel)")
+    bench.add_argument("--calls", type=_positive_int, default=None, metavar="N",
+                       help="also N calls of attention() back to back per kernel (the call time; torch only)")
     bench.add_argument("--warmup", type=_positive_int, default=3)
     bench.add_argument("--peers", type=parse_peers, default=None,
                        help="torch SDPA backends to compare: flash,cudnn,efficient,math (default) or none")
@@ -413,7 +418,7 @@ def cmd_bench(args) -> int:
     if dtype != "float16" and device.kind != "torch":
         raise CLIError(f"--dtype {args.dtype}: needs torch with CUDA (NumPy has no bfloat16): "
                        f"{device.no_peers_reason}")
-    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats)
+    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats, tail=args.tail or 0, calls=args.calls or 0)
     n_points = len(sweep) if sweep else 1
     console = _console()
     with _progress(console) as progress:

@@ -129,6 +129,72 @@ def test_record_schema_round_trip():
     assert "registers" not in peer
 
 
+def test_record_carries_mean_p99_tail_and_call():
+    problem = bench.Problem.from_shape((1, 2, 256, 64))
+    timed, wrong, peer = _fake_results(problem.flops)
+    assert timed.mean_ms == 2.0 and timed.p99_ms == pytest.approx(2.97)
+    timed.tail = bench.distribution([1.0] * 98 + [1.6, 9.0])
+    timed.call = dict(bench.distribution([1.1, 1.2, 1.3]), host_median_us=12.0, host_p99_us=20.0, host_max_us=21.0)
+    assert timed.tail["slow"] == 2 and timed.tail["n"] == 100 and timed.tail["max_ms"] == 9.0
+    record = bench.build_record(problem=problem, results=[timed, wrong, peer], provenance=PROVENANCE,
+                                timing=bench.Timing(tail=100, calls=3), ceiling=None, oracle=ORACLE, command=[],
+                                seed=1)
+    record = json.loads(json.dumps(record))
+    assert bench.validate_record(record) == []
+    assert record["results"][0]["tail"]["slow"] == 2 and record["results"][0]["call"]["host_median_us"] == 12.0
+    assert "tail" not in record["results"][1] and "call" not in record["results"][2]  # absent where not measured
+    record["results"][0]["tail"]["p99_ms"] = "fast"
+    assert any("tail" in e for e in bench.validate_record(record))
+
+
+class _ScriptedClock:
+    """A device for queued_times whose sleeps last what was asked; `slow_host_s` makes the host take
+    that long per launch in the first measured batch, longer than the GPU's sleep."""
+
+    def __init__(self, slow_host_s=0.0):
+        self.sleeps, self.slow_host_s, self.launches = [], slow_host_s, 0
+
+    def event(self):
+        return SimpleNamespace(ms=None)
+
+    def record(self, event):
+        event.ms = self.sleeps[-1] if self.sleeps else 0.0
+
+    def elapsed(self, start, end):
+        return 1.0 if start.ms == end.ms else end.ms  # a launch: 1 ms; the sleep: what was asked
+
+    def synchronize(self):
+        pass
+
+    def flush(self):
+        pass
+
+    def sleep(self, ms):
+        self.sleeps.append(ms)
+
+    def launch(self):
+        self.launches += 1
+        if self.slow_host_s and len(self.sleeps) == 1:
+            import time
+
+            time.sleep(self.slow_host_s)
+
+
+def test_queued_times_drops_a_batch_the_host_could_have_entered():
+    clock = _ScriptedClock()
+    assert bench.queued_times(clock, clock.launch, 45, flush=True, batch=20) == [1.0] * 45
+    assert len(clock.sleeps) == 3 and clock.launches == 20 + 45  # one batch to size the sleep, then 20, 20, 5
+    slow = _ScriptedClock(slow_host_s=0.01)  # 20 launches of 10 ms: longer than a sleep sized on a fast batch
+    assert bench.queued_times(slow, slow.launch, 20, flush=False, batch=20) == [1.0] * 20
+    assert len(slow.sleeps) == 2 and slow.sleeps[1] == 2 * slow.sleeps[0]  # dropped, then again behind twice the sleep
+
+
+def test_capped_launch_counts():
+    assert bench.capped(1000, 0.5, 5.0) == 1000
+    assert bench.capped(1000, 47.0, 5.0) == 106  # phase 01 at the reference shape: about 5 s
+    assert bench.capped(1000, 5000.0, 5.0) == 20 and bench.capped(10, 5000.0, 5.0) == 10
+
+
 def test_record_schema_rejects_bad_records():
     problem = bench.Problem.from_shape((1, 2, 256, 64))
     good = bench.build_record(problem=problem, results=_fake_results(problem.flops), provenance=PROVENANCE,
@@ -256,6 +322,32 @@ def test_report_table_from_fixture(report_tree):
         assert path.stat().st_size > 10_000
         assert f"(docs/bench/{plot})" in block
     assert "Text after" not in block
+
+
+def test_report_launch_times_and_flags(report_tree):
+    """Records of the device-only protocol carry mean and p99, the tail and the call: the README gets a
+    launch-times table, and a kernel whose mean exceeds its median by more than 5 % is flagged there
+    and in the command's summary. The fixture's older records carry none of it: no table."""
+    _generate(report_tree)
+    assert "#### Launch times" not in report_tree.readme.read_text()
+    path = report_tree.records / "fixture_b16h16s2048d64_fp16.json"
+    record = json.loads(path.read_text())
+    for r in record["results"]:
+        if r.get("correct"):
+            r.update(mean_ms=r["median_ms"], p99_ms=r["max_ms"])
+    first = record["results"][0]
+    first["mean_ms"] = 1.2 * first["median_ms"]  # a tail in the kernel time
+    first["tail"] = bench.distribution([1.0] * 997 + [2.0, 9.0, 9.0])
+    first["call"] = dict(bench.distribution([1.5] * 10), host_median_us=30.0, host_p99_us=40.0, host_max_us=41.0)
+    path.write_text(json.dumps(record))
+    summary = _generate(report_tree)
+    block = report_tree.readme.read_text()
+    block = block[block.index(report.BEGIN):block.index(report.END)]
+    assert "#### Launch times" in block
+    row = next(line for line in block.splitlines() if line.startswith("| 01 |") and "**mean +20%**" in line)
+    assert "**3 of 1000**" in row and "1.5 / 1.5 (30 µs)" in row
+    assert "01 (B=16 H=16 S=2048 D=64 fp16): kernel time's mean 20% above its median" in block
+    assert any(line.startswith("FLAGGED: 01 (B=16 H=16 S=2048 D=64 fp16): kernel time's mean 20%") for line in summary)
 
 
 def test_report_phase_docstrings_from_fixture(report_tree):

@@ -8,9 +8,18 @@ The protocol (../shared/DESIGN.md), in the order the code runs it:
    `reference.check_close` must pass against the float64 reference. A kernel that fails
    gets no speed figure: a fast wrong answer is not a result.
 3. Warm-up launches (the first launch also compiles the kernel).
-4. CUDA-event timing of `repeats` launches; before each one a buffer larger than L2 is
-   overwritten (outside the timed region), so no launch finds K and V already in cache.
-   Median, min and max are kept.
+4. The *kernel time*: CUDA-event timing of `repeats` launches; before each one a buffer larger
+   than L2 is overwritten (outside the timed region), so no launch finds K and V already in
+   cache. Device only: the launches go in batches, each queued behind a sleep kernel that lasts
+   longer than the host takes to queue the batch, so the host's launch time never enters an
+   event's interval (a batch where it could have is dropped and queued again behind a longer
+   sleep). Median, mean, p99, min and max are kept (docs/tuning/09_stalls.txt: a median alone
+   hides a tail, and a timing the host can enter shows one the kernel does not have).
+   With `tail`: that many launches more, back to back on the device with no flush, as a model's
+   loop runs them there, and how many took more than SLOW times their median.
+   With `calls`: the *call time*, `attention()` (or the peer's SDPA call) called back to back
+   with garbage collection on, as a user's loop calls it: events between the calls, so the host's
+   time enters wherever the GPU waits for it; with the host's own time per call.
 5. FLOPs = 4·B·H·S_q·S_k·D (two matmuls, 2 FLOPs per multiply-add), halved when causal;
    TFLOPS from the median; and the percentage of the tensor-core ceiling, a large fp16
    matmul measured in the same run on the same card.
@@ -27,6 +36,7 @@ events are used; there are no peers and no ceiling, and the record says so.
 from __future__ import annotations
 
 import datetime
+import gc
 import importlib.metadata
 import json
 import math
@@ -35,9 +45,11 @@ import platform
 import re
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -165,8 +177,11 @@ def sweep_problems(base: Problem, lengths=SWEEP_S) -> list[Problem]:
 @dataclass(frozen=True)
 class Timing:
     warmup: int = 3
-    repeats: int = 20
+    repeats: int = 100  # kernel-time launches, each after an L2 flush
     l2_flush_bytes: int = L2_FLUSH_BYTES
+    tail: int = 0  # device-only back-to-back launches per kernel for the tail (0: not measured)
+    calls: int = 0  # back-to-back calls per kernel for the call time (0: not measured)
+    cap_seconds: float = 5.0  # tail and calls: at most about this much GPU time per kernel
 
 
 @dataclass
@@ -185,6 +200,8 @@ class Result:
     median_ms: float | None = None
     min_ms: float | None = None
     max_ms: float | None = None
+    mean_ms: float | None = None
+    p99_ms: float | None = None
     tflops: float | None = None
     pct_of_ceiling: float | None = None
     # kernel resources (phases on a real GPU only)
@@ -192,6 +209,9 @@ class Result:
     static_smem_bytes: int | None = None
     dynamic_smem_bytes: int | None = None
     local_bytes_per_thread: int | None = None
+    # the tail (Timing.tail) and the call time (Timing.calls): `distribution` dicts, when measured
+    tail: dict | None = None
+    call: dict | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -201,6 +221,9 @@ class Result:
         if self.kind == "peer":
             for key in ("registers", "static_smem_bytes", "dynamic_smem_bytes", "local_bytes_per_thread"):
                 del d[key]
+        for key in ("tail", "call"):  # absent, not null, where not measured (older records lack them)
+            if d[key] is None:
+                del d[key]
         return d
 
 
@@ -209,11 +232,13 @@ def unavailable(name: str, kind: str, title: str, reason: str) -> Result:
 
 
 def set_timing(result: Result, times_ms, flops: int, ceiling_tflops: float | None) -> None:
-    """Fill median/min/max, TFLOPS (from the median) and the share of the ceiling."""
+    """Fill median/mean/p99/min/max, TFLOPS (from the median) and the share of the ceiling."""
     times = np.asarray(times_ms, dtype=np.float64)
     result.median_ms = float(np.median(times))
     result.min_ms = float(times.min())
     result.max_ms = float(times.max())
+    result.mean_ms = float(times.mean())
+    result.p99_ms = float(np.percentile(times, 99))
     result.tflops = flops / (result.median_ms * 1e-3) / 1e12
     if ceiling_tflops:
         result.pct_of_ceiling = 100.0 * result.tflops / ceiling_tflops
@@ -254,6 +279,7 @@ _TOP_KEYS = {"schema": int, "created": str, "command": list, "provenance": dict,
 _CONFIG_KEYS = {"B": int, "H": int, "S_q": int, "S_k": int, "D": int, "dtype": str, "causal": bool}
 _RESULT_KEYS = {"name": str, "kind": str, "title": str, "available": bool}
 _MEASURED_KEYS = ("median_ms", "min_ms", "max_ms", "tflops")
+_DISTRIBUTION_KEYS = ("n", "median_ms", "mean_ms", "p99_ms", "max_ms", "slow")
 _PHASE_RESOURCE_KEYS = ("registers", "static_smem_bytes", "dynamic_smem_bytes", "local_bytes_per_thread")
 
 
@@ -311,13 +337,19 @@ def _validate_result(r, where) -> list[str]:
     for key in ("max_err", "allowed_err"):
         if r.get(key) is not None and not isinstance(r.get(key), _NUMBER):
             errors.append(f"{where}.{key}: expected a number or null")
-    keys = _MEASURED_KEYS + (("pct_of_ceiling",) if r.get("pct_of_ceiling") is not None else ())
+    keys = _MEASURED_KEYS + tuple(k for k in ("pct_of_ceiling", "mean_ms", "p99_ms") if r.get(k) is not None)
     for key in keys:
         value = r.get(key)
         if r.get("correct") and not isinstance(value, _NUMBER):
             errors.append(f"{where}.{key}: a correct result must be timed, got {value!r}")
         if not r.get("correct") and value is not None:
             errors.append(f"{where}.{key}: an incorrect result must not carry a speed figure")
+    for key in ("tail", "call"):
+        if key in r:
+            if not r.get("correct") or not isinstance(r[key], dict):
+                errors.append(f"{where}.{key}: expected an object, and only in a correct result")
+            elif any(not isinstance(r[key].get(f), _NUMBER) for f in _DISTRIBUTION_KEYS):
+                errors.append(f"{where}.{key}: expected numbers {', '.join(_DISTRIBUTION_KEYS)}")
     if r.get("kind") == "phase":
         for key in _PHASE_RESOURCE_KEYS:
             if key not in r:
@@ -489,6 +521,103 @@ def _events_to_ms(pairs, elapsed) -> list[float]:
     return [float(elapsed(start, end)) for start, end in pairs]
 
 
+# ---------------------------------------------------------------------------------------------
+# Timing on the device alone, the tail, the call
+# ---------------------------------------------------------------------------------------------
+SLOW = 1.5  # a launch longer than SLOW times the median counts as slow (the tail's count)
+MEAN_OVER_MEDIAN = 1.05  # `flashcore report` flags a kernel whose mean exceeds its median by more
+BATCH = 20  # launches queued behind one sleep
+
+
+def distribution(times_ms) -> dict:
+    """n, median, mean, p99, max (ms) of a list of times, and how many exceed SLOW x the median."""
+    t = np.asarray(times_ms, dtype=np.float64)
+    median = float(np.median(t))
+    return {"n": int(t.size), "median_ms": median, "mean_ms": float(t.mean()),
+            "p99_ms": float(np.percentile(t, 99)), "max_ms": float(t.max()), "slow": int((t > SLOW * median).sum())}
+
+
+def queued_times(device, fn: Callable[[], None], n: int, *, flush: bool, batch: int = BATCH) -> list[float]:
+    """n device-only times (ms) of fn's launches, an L2 flush before each when `flush`.
+
+    In batches: a sleep kernel, then the batch's launches with an event pair around each. The
+    sleep is sized from the host's time to queue one batch (three times as long, plus a
+    millisecond), and checked against it afterwards: a batch whose queuing took longer than the
+    GPU slept, so that the GPU may have waited for the host inside an interval, is dropped and
+    queued again behind a sleep twice as long. Garbage collection is off meanwhile.
+    `device` gives event(), record(event), elapsed(a, b) in ms, synchronize(), sleep(ms), flush().
+    """
+    batch = max(1, min(batch, n))
+    t0 = time.perf_counter()
+    for _ in range(batch):
+        if flush:
+            device.flush()
+        fn()
+    device.synchronize()
+    sleep_ms = 3 * (time.perf_counter() - t0) * 1e3 + 1.0
+    times, dropped = [], 0
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        while len(times) < n:
+            m = min(batch, n - len(times))
+            gate = device.event(), device.event()
+            device.record(gate[0])
+            device.sleep(sleep_ms)
+            device.record(gate[1])
+            queued = time.perf_counter()
+            pairs = []
+            for _ in range(m):
+                if flush:
+                    device.flush()
+                start, end = device.event(), device.event()
+                device.record(start)
+                fn()
+                device.record(end)
+                pairs.append((start, end))
+            queued = (time.perf_counter() - queued) * 1e3
+            device.synchronize()
+            if queued >= device.elapsed(*gate):
+                dropped += 1
+                if dropped > 8:
+                    raise RuntimeError(f"the host could not queue {m} launches within a {sleep_ms:.0f} ms sleep "
+                                       f"of the GPU: the timing would include host time")
+                sleep_ms *= 2
+                continue
+            times += _events_to_ms(pairs, device.elapsed)
+    finally:
+        if collecting:
+            gc.enable()
+    return times
+
+
+def capped(n: int, median_ms: float, cap_seconds: float) -> int:
+    """n, or fewer where n launches of median_ms would take more than cap_seconds (at least 20)."""
+    return max(min(n, 20), min(n, int(cap_seconds * 1e3 / max(median_ms, 1e-6))))
+
+
+def call_times(device, call: Callable[[], object], n: int) -> dict:
+    """The call time: `call` back to back n times, garbage collection on, as a user's loop runs it,
+    with events between the calls (the GPU's time from one call's work to the next, host time
+    included wherever the GPU waited for it) and the host's own time per call."""
+    for _ in range(3):
+        call()
+    device.synchronize()
+    events = [device.event() for _ in range(n + 1)]
+    host = []
+    device.record(events[0])
+    for i in range(n):
+        t0 = time.perf_counter()
+        call()
+        host.append((time.perf_counter() - t0) * 1e6)
+        device.record(events[i + 1])
+    device.synchronize()
+    result = distribution([device.elapsed(events[i], events[i + 1]) for i in range(n)])
+    result.update(host_median_us=float(np.median(host)), host_p99_us=float(np.percentile(host, 99)),
+                  host_max_us=float(max(host)))
+    return result
+
+
 class NumbaDevice:
     """Numba device arrays and Numba events: the path without torch (also the simulator's)."""
 
@@ -541,23 +670,36 @@ class NumbaDevice:
         return None  # the ceiling is a torch matmul
 
     def time_ms(self, fn: Callable[[], None], timing: Timing) -> list[float]:
-        cuda = self.cuda
+        """The kernel time of fn's launches: device only, an L2 flush before each (queued_times)."""
         if self._flush is None or self._flush.size != timing.l2_flush_bytes:
-            self._flush = cuda.device_array(timing.l2_flush_bytes, dtype=np.uint8)
-        from numba.cuda.cudadrv.driver import device_memset
-
+            self._flush = self.cuda.device_array(timing.l2_flush_bytes, dtype=np.uint8)
         for _ in range(timing.warmup):
             fn()
-        pairs = []
-        for i in range(timing.repeats):
-            device_memset(self._flush, i & 0xFF, self._flush.size, stream=self.stream)  # evict L2
-            start, end = cuda.event(), cuda.event()
-            start.record(self.stream)
-            fn()
-            end.record(self.stream)
-            pairs.append((start, end))
+        return queued_times(self, fn, timing.repeats, flush=True)
+
+    # the primitives queued_times and call_times use, on this device's stream
+    def event(self):
+        return self.cuda.event()
+
+    def record(self, event):
+        event.record(self.stream)
+
+    def elapsed(self, start, end) -> float:
+        return self.cuda.event_elapsed_time(start, end)
+
+    def synchronize(self):
         self.stream.synchronize()
-        return _events_to_ms(pairs, cuda.event_elapsed_time)
+
+    def flush(self):
+        from numba.cuda.cudadrv.driver import device_memset
+
+        self._flushes = getattr(self, "_flushes", 0) + 1
+        device_memset(self._flush, self._flushes & 0xFF, self._flush.size, stream=self.stream)  # evict L2
+
+    def sleep(self, ms: float):
+        if simulator_enabled():  # no sleep there (nor any timing that means something)
+            return
+        _sleep_kernel()[1, 1, self.stream](np.uint64(ms * 1e6))
 
     def release(self):
         pass
@@ -578,6 +720,7 @@ class TorchDevice:
         self.torch_cuda = torch.version.cuda
         self.device = torch.device("cuda", torch.cuda.current_device())
         self._flush = None
+        self._cycles_per_ms = None
 
     @property
     def stream(self):
@@ -676,24 +819,60 @@ class TorchDevice:
                 "median_ms": median, "tflops": 2 * n**3 / (median * 1e-3) / 1e12}
 
     def time_ms(self, fn: Callable[[], None], timing: Timing) -> list[float]:
+        """The kernel time of fn's launches: device only, an L2 flush before each (queued_times)."""
         torch = self.torch
         if self._flush is None or self._flush.numel() != timing.l2_flush_bytes:
             self._flush = torch.empty(timing.l2_flush_bytes, dtype=torch.uint8, device=self.device)
         for _ in range(timing.warmup):
             fn()
-        pairs = []
-        for _ in range(timing.repeats):
-            self._flush.zero_()  # evict L2; queued before the start event, so not timed
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        return queued_times(self, fn, timing.repeats, flush=True)
+
+    # the primitives queued_times and call_times use, on torch's current stream
+    def event(self):
+        return self.torch.cuda.Event(enable_timing=True)
+
+    def record(self, event):
+        event.record()
+
+    def elapsed(self, start, end) -> float:
+        return start.elapsed_time(end)
+
+    def synchronize(self):
+        self.torch.cuda.synchronize()
+
+    def flush(self):
+        self._flush.zero_()  # evict L2; queued before the start event, so not timed
+
+    def sleep(self, ms: float):
+        """torch's spin kernel, for about `ms` (its cycles per ms measured once)."""
+        torch = self.torch
+        if self._cycles_per_ms is None:
+            start, end = self.event(), self.event()
+            torch.cuda._sleep(1_000_000)
             start.record()
-            fn()
+            torch.cuda._sleep(10_000_000)
             end.record()
-            pairs.append((start, end))
-        torch.cuda.synchronize()
-        return _events_to_ms(pairs, lambda s, e: s.elapsed_time(e))
+            torch.cuda.synchronize()
+            self._cycles_per_ms = 10_000_000 / start.elapsed_time(end)
+        torch.cuda._sleep(int(ms * self._cycles_per_ms))
 
     def release(self):
         self.torch.cuda.empty_cache()
+
+
+@lru_cache(maxsize=None)
+def _sleep_kernel():
+    """A one-thread kernel that sleeps for about `ns` nanoseconds (NumbaDevice.sleep)."""
+    from numba import cuda
+
+    @cuda.jit
+    def sleep(ns):
+        slept = 0
+        while slept < ns:
+            cuda.nanosleep(1000)
+            slept += 1000
+
+    return sleep
 
 
 def open_device(prefer_torch: bool = True):
@@ -855,12 +1034,33 @@ def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timi
         if launch is not None:
             try:
                 set_timing(result, device.time_ms(launch, timing), problem.flops, ceiling_tflops)
+                if timing.tail:
+                    n = capped(timing.tail, result.median_ms, timing.cap_seconds)
+                    result.tail = distribution(queued_times(device, launch, n, flush=False))
+                if timing.calls and device.kind == "torch":
+                    call = launch if result.kind == "peer" else _attention_call(result.name, qkv, problem)
+                    result.call = call_times(device, call, capped(timing.calls, result.median_ms, timing.cap_seconds))
             except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
                 result.correct = False
                 result.message = f"passed the gate, then timing raised {_raised(e)}"
+                for key in ("median_ms", "min_ms", "max_ms", "mean_ms", "p99_ms", "tflops", "pct_of_ceiling",
+                            "tail", "call"):
+                    setattr(result, key, None)  # an incorrect result carries no speed figure
         results.append(result)
         device.release()
     return results, oracle, seed
+
+
+def _attention_call(kernel_id: str, qkv, problem: Problem) -> Callable[[], object]:
+    """What a user calls: attention() on the benchmark's tensors, this kernel chosen by id."""
+    from ..api import attention
+
+    q, k, v = qkv
+
+    def call():
+        return attention(q, k, v, causal=problem.causal, phase=kernel_id)
+
+    return call
 
 
 def run_benchmark(problem: Problem, *, phase_ids=None, peer_names=tuple(PEERS), timing=Timing(),

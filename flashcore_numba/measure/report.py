@@ -26,7 +26,9 @@ from pathlib import Path
 
 from .. import phases as phase_registry
 from .bench import (
+    MEAN_OVER_MEDIAN,
     REFERENCE_SHAPE,
+    SLOW,
     Problem,
     RecordError,
     default_records_dir,
@@ -211,6 +213,7 @@ def readme_table(nc, c, readme_dir: Path, plots: list[Path], others=()) -> str:
     lines += ladder_table(nc, c)
     rel = [_rel(r["_path"], readme_dir) for r in (nc, c) if r is not None]
     lines += ["", "Records: " + ", ".join(f"[`{p}`]({p})" for p in rel) + "."]
+    lines += launch_times_table(nc, c)
     for plot in plots:
         lines += ["", f"![{plot.stem}]({_rel(plot, readme_dir)})"]
     for o_nc, o_c in others:
@@ -220,7 +223,118 @@ def readme_table(nc, c, readme_dir: Path, plots: list[Path], others=()) -> str:
         lines += ladder_table(o_nc, o_c)
         rel = [_rel(r["_path"], readme_dir) for r in (o_nc, o_c) if r is not None]
         lines += ["", "Records: " + ", ".join(f"[`{p}`]({p})" for p in rel) + "."]
+        tail = tail_summary(o_nc, o_c)
+        if tail:
+            lines += ["", tail]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tail: mean, p99 and max beside the median, slow launches, the call
+# ---------------------------------------------------------------------------------------------
+def _timed(result) -> bool:
+    return bool(result and result.get("available") and result.get("correct") and result.get("mean_ms") is not None)
+
+
+def mean_flag(result) -> float | None:
+    """How far the mean exceeds the median, as a fraction, when by more than MEAN_OVER_MEDIAN."""
+    if not _timed(result):
+        return None
+    excess = result["mean_ms"] / result["median_ms"] - 1
+    return excess if excess > MEAN_OVER_MEDIAN - 1 else None
+
+
+def flagged(*records) -> list[str]:
+    """'09 (causal): mean 12% above the median, ...' for every kernel whose mean exceeds its median by
+    more than MEAN_OVER_MEDIAN, in the kernel time or in the tail's launches."""
+    out = []
+    for record in records:
+        for r in (record or {}).get("results", []):
+            where = f"{r['name']} ({_describe(record['config'])}{' causal' if record['config']['causal'] else ''})"
+            excess = mean_flag(r)
+            if excess is not None:
+                out.append(f"{where}: kernel time's mean {100 * excess:.0f}% above its median")
+            tail = r.get("tail")
+            if tail and tail["mean_ms"] > MEAN_OVER_MEDIAN * tail["median_ms"]:
+                out.append(f"{where}: tail's mean {100 * (tail['mean_ms'] / tail['median_ms'] - 1):.0f}% above its "
+                           f"median, {tail['slow']} of {tail['n']} launches above {SLOW}x")
+    return out
+
+
+def _ms(x) -> str:
+    return f"{x:.3g}" if x < 1 else f"{x:.4g}"
+
+
+def _times_cell(r) -> str:
+    if not _timed(r):
+        return _cell(r) if r is not None else "—"
+    text = " / ".join(_ms(r[k]) for k in ("median_ms", "mean_ms", "p99_ms", "max_ms"))
+    excess = mean_flag(r)
+    return text + (f" (**mean +{100 * excess:.0f}%**)" if excess is not None else "")
+
+
+def _tail_cell(r) -> str:
+    tail = (r or {}).get("tail")
+    if not tail:
+        return "—"
+    text = f"{tail['slow']} of {tail['n']}"
+    return f"**{text}**" if tail["slow"] else text
+
+
+def _call_cell(r) -> str:
+    call = (r or {}).get("call")
+    if not call:
+        return "—"
+    return f"{_ms(call['median_ms'])} / {_ms(call['p99_ms'])} ({call['host_median_us']:.0f} µs)"
+
+
+def launch_times_table(nc, c) -> list[str]:
+    """Per kernel, non-causal and causal: the kernel time's median / mean / p99 / max, the tail's slow
+    launches, and the call time (median / p99, the host's median per call). Only for records that
+    carry the mean (those of the device-only protocol)."""
+    if not any(_timed(r) for record in (nc, c) for r in (record or {}).get("results", [])):
+        return []
+    names = []
+    for record in (nc, c):
+        for r in (record or {}).get("results", []):
+            if _timed(r) and r["name"] not in names:
+                names.append(r["name"])
+    tail_n = max([r["tail"]["n"] for record in (nc, c) for r in (record or {}).get("results", []) if r.get("tail")],
+                 default=0)
+    lines = ["", "#### Launch times", "",
+             "Kernel time in ms, each launch alone on the device after an L2 flush: median / mean / p99 / max. "
+             f"Slow: launches above {SLOW}x their median among back-to-back device-only launches "
+             f"({tail_n} where a kernel's 5 s of GPU time allow). "
+             "Call: `attention()` (or the SDPA call) back to back as a user's loop calls it, ms per call, "
+             "median / p99 (the host's median time per call).", "",
+             "| Kernel | kernel time | slow | call | causal: kernel time | slow | call |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in names:
+        r_nc, r_c = _result(nc, name), _result(c, name)
+        label = name if (r_nc or r_c)["kind"] == "phase" else (r_nc or r_c)["title"].replace("torch SDPA, ", "SDPA ")
+        lines.append(f"| {label} | {_times_cell(r_nc)} | {_tail_cell(r_nc)} | {_call_cell(r_nc)} | "
+                     f"{_times_cell(r_c)} | {_tail_cell(r_c)} | {_call_cell(r_c)} |")
+    flags = flagged(nc, c)
+    lines.append("")
+    lines.append("Mean more than 5 % above the median: " + ("; ".join(flags) if flags else "none") + ".")
+    return lines
+
+
+def tail_summary(nc, c) -> str:
+    """One sentence on a shape's tail, for the shapes beside the reference one."""
+    results = [r for record in (nc, c) for r in (record or {}).get("results", []) if _timed(r)]
+    if not results:
+        return ""
+    worst = max(results, key=lambda r: r["mean_ms"] / r["median_ms"])
+    tails = [r["tail"] for r in results if r.get("tail")]
+    slow = sum(t["slow"] for t in tails)
+    text = (f"Launch times: every kernel's mean within {100 * (worst['mean_ms'] / worst['median_ms'] - 1):.1f} % of "
+            f"its median (largest: {worst['name']})")
+    if tails:
+        text += (f"; {slow} slow launch{'es' if slow != 1 else ''} (above {SLOW}x the median) in "
+                 f"{sum(t['n'] for t in tails)} back-to-back device-only launches")
+    flags = flagged(nc, c)
+    return text + (". Flagged: " + "; ".join(flags) if flags else "") + "."
 
 
 def ladder_table(nc, c) -> list[str]:
@@ -500,6 +614,8 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
     if new != text:
         readme.write_text(new)
     summary.append(f"{readme}: performance table {'updated' if new != text else 'unchanged'}")
+    for pair in [(nc, c), *other_ladders(records, nc or c)]:
+        summary += [f"FLAGGED: {flag}" for flag in flagged(*pair)]
 
     for phase_id, path in phase_files(phases_dir).items():
         text = path.read_text()
