@@ -11,9 +11,11 @@ from .arch import sim as _sim
 
 _sim.install()  # the simulator gains warp shuffles; a no-op on a real GPU
 
-from .api import attention  # noqa: E402
+from .api import attention, register_torch_op  # noqa: E402
 from .phases import BEST, PHASES, get_phase  # noqa: E402
 from .reference import check_close, lowp_attention, reference_attention  # noqa: E402
+
+register_torch_op()  # torch.compile sees attention() as the op flashcore::attention (api.py)
 
 __version__ = "0.1.0"
 __all__ = ["attention", "PHASES", "BEST", "get_phase", "reference_attention", "lowp_attention",

@@ -11,12 +11,24 @@ and the output is of the same kind:
 
 Every bad input raises TypeError or ValueError whose message starts with the argument's
 name and says what was expected and what was given.
+
+The call on torch tensors is the one users make in a loop, so it costs what its kernel costs
+(runtime/): the first call of a problem (its shapes, dtype, device, flags and scale) validates it
+all and makes its plan; a later call of the same problem checks only what could make it
+different (the key of `_torch_call`), then fills in the pointers and launches on torch's current
+stream. No host synchronization, no allocation outside torch's caching allocator: a call can be
+captured in a CUDA graph. Under torch.compile the call is the custom op flashcore::attention
+(`torch.ops.flashcore.attention`), so a compiled model has no graph break there.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import math
 import numbers
+import sys
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,6 +205,127 @@ def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int):
     return phase
 
 
+# ---------------------------------------------------------------------------------------------
+# torch tensors: a plan per problem, and the custom op
+# ---------------------------------------------------------------------------------------------
+_PLANS: dict = {}  # the key of a call (see _torch_call) -> its runtime.Plan
+_OP = None
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _torch_call(q, k, v, causal, scale, phase):
+    """attention() on torch tensors: the plan of this problem, made on its first call."""
+    import torch
+
+    if torch.compiler.is_compiling():  # torch.compile traces the custom op, not the launch
+        return _custom_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase))
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    # everything the validation looks at, so that a call with the same key passes as the first did
+    key = (phase, type(causal), causal, type(scale), scale, grad, type(q), type(k), type(v), q.shape, k.shape,
+           v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, q.is_contiguous(), k.is_contiguous(),
+           v.is_contiguous())
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable argument: the validation says which, and how
+        _resolve(q, k, v, causal, scale, phase)
+        raise
+    if plan is None:
+        plan = _PLANS[key] = _make_plan(q, k, v, causal, scale, phase)
+    if plan is _NUMBA_LAUNCH:
+        return _launch(q, k, v, causal, scale, phase)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    device = q.device.index or 0
+    if device == torch.cuda.current_device():
+        plan(q, k, v, out, torch.cuda.current_stream(device).cuda_stream)
+    else:  # the launch goes to the current context: make it the tensors' device's
+        with torch.cuda.device(device):
+            plan(q, k, v, out, torch.cuda.current_stream(device).cuda_stream)
+    return out
+
+
+_NUMBA_LAUNCH = object()  # the plan of a problem that runs through Numba's own launch (the simulator)
+
+
+def _make_plan(q, k, v, causal, scale, phase):
+    """Validate the problem as a first call does (every message of `attention`), and plan it."""
+    kernel, ops, qk_scale = _resolve(q, k, v, causal, scale, phase)
+    if simulator_enabled():
+        return _NUMBA_LAUNCH
+    from .runtime import Plan
+
+    return Plan(kernel.ID, ops[0].shape[3], ops[0].dtype, ops[0].shape, ops[1].shape, bool(causal), qk_scale,
+                q.device.index or 0)
+
+
+def _custom_op():
+    """flashcore::attention, registered on first use: what torch.compile sees of attention()."""
+    global _OP
+    if _OP is None:
+        import torch
+
+        # the schema spelled out: this module's annotations are strings (from __future__ import annotations)
+        @torch.library.custom_op("flashcore::attention", mutates_args=(),
+                                 schema="(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str phase) -> Tensor")
+        def attention_op(q, k, v, causal, scale, phase):
+            return _torch_call(q, k, v, causal, scale, phase)
+
+        @attention_op.register_fake
+        def _(q, k, v, causal, scale, phase):
+            return torch.empty_like(q)
+
+        _OP = attention_op
+    return _OP
+
+
+def register_torch_op() -> None:
+    """Register flashcore::attention as soon as torch is imported: at once when it is, else right
+    after its import (a one-shot import hook), never by importing it here. torch.compile cannot
+    register an op while it traces, so the op must exist before the first compiled call."""
+    if "torch" in sys.modules:
+        _custom_op()
+        return
+
+    class AfterTorchImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "torch":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec("torch")
+            if spec is not None and spec.loader is not None:
+                exec_module = spec.loader.exec_module
+
+                def exec_and_register(module):
+                    exec_module(module)
+                    try:
+                        _custom_op()
+                    except Exception as e:  # noqa: BLE001 - never break the import of torch
+                        warnings.warn(f"flashcore_numba: torch.compile will not see attention() as one op "
+                                      f"({type(e).__name__}: {e})", stacklevel=2)
+
+                spec.loader.exec_module = exec_and_register
+            return spec
+
+    if not any(type(f).__name__ == "AfterTorchImport" for f in sys.meta_path):
+        sys.meta_path.insert(0, AfterTorchImport())
+
+
+def _resolve(q, k, v, causal, scale, phase):
+    """(kernel, described operands, qk_scale) of a call, or the error that names its bad argument."""
+    best = isinstance(phase, str) and phase == "best"
+    phase = _best_for_this_gpu() if best else get_phase(phase)
+    ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    _validate(ops, phase, causal, scale)
+    if best and not simulator_enabled():  # the simulator has no speed to choose by
+        phase = best_for_shape(phase, ops[0].shape[3], causal, ops[1].shape[2])
+    _require_device(phase)
+    D = ops[0].shape[3]
+    qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
+    return phase, ops, qk_scale
+
+
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phase="best"):
     """softmax(q·kᵀ·scale [+ causal mask])·v for (B, H, S, D) fp16 or bf16 inputs, fp32 accumulation.
 
@@ -212,15 +345,15 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
     Returns:
         (B, H, S_q, D) output of q's dtype, of the same kind as q.
     """
-    best = isinstance(phase, str) and phase == "best"
-    phase = _best_for_this_gpu() if best else get_phase(phase)
-    ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
-    _validate(ops, phase, causal, scale)
-    if best and not simulator_enabled():  # the simulator has no speed to choose by
-        phase = best_for_shape(phase, ops[0].shape[3], causal, ops[1].shape[2])
-    _require_device(phase)
+    if _is_torch(q):
+        return _torch_call(q, k, v, causal, scale, phase)
+    return _launch(q, k, v, causal, scale, phase)
+
+
+def _launch(q, k, v, causal, scale, phase):
+    """Validate and launch through Numba: NumPy arrays, Numba device arrays, and the simulator."""
+    phase, ops, qk_scale = _resolve(q, k, v, causal, scale, phase)
     D = ops[0].shape[3]
-    qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
     config = build(phase, D, ops[0].dtype)
     kind = ops[0].kind
 

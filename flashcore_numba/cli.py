@@ -5,6 +5,7 @@
     flashcore bench      the benchmark protocol; writes a JSON record to docs/bench/
     flashcore report     regenerate the README table, the plots and the phase docstrings'
                          "Measured effect" from the committed records
+    flashcore compile    compile kernels ahead of time into the kernel cache (arch/cache.py)
     flashcore doctor     is this machine ready? one line per check, with the fix
     flashcore grade      grade an exercise (flashcore_numba.course.grade)
     flashcore lessons    the notebooks (flashcore_numba.course.lessons)
@@ -16,6 +17,7 @@ traceback. `python -m flashcore_numba ...` is the same command.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 from pathlib import Path
@@ -79,6 +81,21 @@ def parse_phases(text: str) -> list[str]:
     return ids
 
 
+def parse_dtypes(text: str) -> tuple[str, ...]:
+    names = {"fp16": "float16", "bf16": "bfloat16", "float16": "float16", "bfloat16": "bfloat16"}
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p in names for p in parts):
+        raise argparse.ArgumentTypeError(f"expected fp16, bf16 or both separated by a comma, got {text!r}")
+    return tuple(dict.fromkeys(names[p] for p in parts))
+
+
+def parse_cc(text: str) -> tuple[int, int]:
+    major, _, minor = text.strip().partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected a compute capability such as 9.0, got {text!r}")
+    return int(major), int(minor)
+
+
 def parse_peers(text: str) -> list[str]:
     from .measure.bench import PEERS
 
@@ -112,6 +129,8 @@ def _build_parser() -> _Parser:
                        help="comma-separated phase ids, e.g. 01,03 (default: all)")
     bench.add_argument("--shape", type=parse_shape, default=None, help="B,H,S,D (default 16,16,2048,64)")
     bench.add_argument("--causal", action="store_true", help="causal mask")
+    bench.add_argument("--seq-k", type=_positive_int, default=None, metavar="S_K",
+                       help="keys per sequence when they differ from the queries' S (e.g. decode: S=1)")
     bench.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     bench.add_argument("--kv-heads", type=_positive_int, default=None,
                        help="K/V heads, fewer than H for grouped-query attention (default: H)")
@@ -126,11 +145,25 @@ def _build_parser() -> _Parser:
                             "1.5x their median (at most about 5 s of GPU time per kernel)")
     bench.add_argument("--calls", type=_positive_int, default=None, metavar="N",
                        help="also N calls of attention() back to back per kernel (the call time; torch only)")
+    bench.add_argument("--cap-seconds", type=float, default=5.0, metavar="S",
+                       help="--tail and --calls: at most about S seconds of GPU time per kernel (default 5)")
     bench.add_argument("--warmup", type=_positive_int, default=3)
     bench.add_argument("--peers", type=parse_peers, default=None,
                        help="torch SDPA backends to compare: flash,cudnn,efficient,math (default) or none")
     bench.add_argument("--out", type=Path, help="record file (default docs/bench/<gpu>_<shape>.json)")
     bench.set_defaults(handler=cmd_bench)
+
+    comp = sub.add_parser("compile", help="compile kernels ahead of time into the kernel cache")
+    comp.add_argument("--phases", type=parse_phases, default=None,
+                      help="comma-separated kernel ids, e.g. 09,09-ws (default: all of them)")
+    comp.add_argument("--head-dims", type=_positive_ints, default=(64, 128), help="e.g. 64,128 (default both)")
+    comp.add_argument("--dtypes", type=parse_dtypes, default=("float16", "bfloat16"),
+                      help="fp16, bf16 or both, comma-separated (default both)")
+    comp.add_argument("--jobs", type=_positive_int, default=None,
+                      help="kernels compiled at once, one process each (default: the CPU count)")
+    comp.add_argument("--cc", type=parse_cc, default=None,
+                      help="compute capability to compile for, e.g. 9.0 (default: this GPU's; needed without one)")
+    comp.set_defaults(handler=cmd_compile)
 
     report = sub.add_parser("report", help="regenerate the README table, plots and phase docstrings")
     report.add_argument("--records", type=Path, default=None,
@@ -411,6 +444,10 @@ def cmd_bench(args) -> int:
     if args.kv_heads is not None and shape[1] % args.kv_heads:
         raise CLIError(f"--kv-heads {args.kv_heads}: must divide the {shape[1]} query heads of --shape")
     problem = bench.Problem.from_shape(shape, dtype=dtype, causal=args.causal, kv_heads=args.kv_heads)
+    if args.seq_k is not None:
+        if args.sweep or args.sweep_s:
+            raise CLIError("--seq-k: a sweep keeps S_q = S_k; drop one of the two")
+        problem = dataclasses.replace(problem, S_k=args.seq_k)
     phase_ids = args.phases or list(KERNELS)
     peers = list(bench.PEERS) if args.peers is None else args.peers
     sweep = args.sweep_s or (bench.SWEEP_S if args.sweep else None)
@@ -418,7 +455,10 @@ def cmd_bench(args) -> int:
     if dtype != "float16" and device.kind != "torch":
         raise CLIError(f"--dtype {args.dtype}: needs torch with CUDA (NumPy has no bfloat16): "
                        f"{device.no_peers_reason}")
-    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats, tail=args.tail or 0, calls=args.calls or 0)
+    if not args.cap_seconds > 0:
+        raise CLIError(f"--cap-seconds: expected a positive number of seconds, got {args.cap_seconds}")
+    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats, tail=args.tail or 0, calls=args.calls or 0,
+                          cap_seconds=args.cap_seconds)
     n_points = len(sweep) if sweep else 1
     console = _console()
     with _progress(console) as progress:
@@ -450,6 +490,51 @@ def cmd_bench(args) -> int:
     results = [r for p in record.get("sweep", [record]) for r in p["results"]]
     wrong = [r for r in results if r["kind"] == "phase" and r["available"] and not r["correct"]]
     return 1 if wrong else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# flashcore compile
+# ---------------------------------------------------------------------------------------------
+def cmd_compile(args) -> int:
+    import os
+
+    if kernel_target() == "simulator":
+        raise CLIError("the CUDA simulator is on (NUMBA_ENABLE_CUDASIM): it has no compiler to fill the cache with")
+    from .arch.cache import cache_dir
+    from .runtime import precompile
+
+    folder = cache_dir()
+    if folder is None:
+        raise CLIError("FLASHCORE_CACHE=0 switches the kernel cache off: there is nowhere to compile to")
+    cc = args.cc
+    if cc is None:
+        if kernel_target() != "gpu":
+            raise CLIError("--cc: no CUDA GPU here to read the compute capability from; name it, e.g. --cc 9.0")
+        from numba import cuda
+
+        cc = tuple(cuda.get_current_device().compute_capability)[:2]
+    items = precompile.kernels_to_compile(args.phases or list(KERNELS), args.head_dims, args.dtypes)
+    if not items:
+        raise CLIError("no kernel matches --phases, --head-dims and --dtypes")
+    jobs = min(args.jobs or os.cpu_count() or 1, len(items))
+    console = _console()
+    console.print(f"Compiling {len(items)} kernels for compute capability {cc[0]}.{cc[1]} into {folder}, "
+                  f"{jobs} at a time.", soft_wrap=True)
+    with _progress(console) as progress:
+        task = progress.add_task("compile", total=len(items))
+
+        def done(item, result):
+            kernel_id, head_dim, dtype = item
+            progress.update(task, advance=1, description=f"{kernel_id} D={head_dim} {dtype}")
+
+        results = precompile.compile_all(items, cc, jobs, done)
+    built = sum(r is True for _, r in results)
+    failed = [(item, r) for item, r in results if isinstance(r, str)]
+    console.print(f"{built} compiled, {len(results) - built - len(failed)} already in the cache, "
+                  f"{len(failed)} failed.", soft_wrap=True)
+    for (kernel_id, head_dim, dtype), message in failed:
+        console.print(f"  {kernel_id} D={head_dim} {dtype}: {_text(message)}", soft_wrap=True)
+    return 1 if failed else 0
 
 
 # ---------------------------------------------------------------------------------------------

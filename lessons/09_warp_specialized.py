@@ -222,6 +222,35 @@ lesson.plot_timing(timings)
 # by how much and what was tried.
 
 # %% [markdown]
+# ## The median is not the whole story: a tail that was not the kernel's
+#
+# A user runs attention in a loop, so what they pay is the *mean* launch, not the median. A test
+# that timed phase 09 launch by launch once found 1 launch in 12 taking 10-20 times its median:
+# if that were the kernel's, a loop would get half its speed. How to tell whose time it is:
+#
+# 1. **Time the device alone.** Queue a batch of launches behind a sleep kernel that outlasts the
+#    host's queuing, with an event between launches: the GPU then never waits for Python, and each
+#    interval is the kernel's. Check it: measure how long the host took to queue the batch and drop
+#    the batch if that was longer than the sleep (`bench.queued_times` does both).
+# 2. **Ask the kernel's own clock.** `%globaltimer` is one nanosecond clock for every SM. The trace
+#    build of phase 09 (`build_kernel(..., trace=True)`, phases/tracing.py) times every barrier wait
+#    of every warpgroup and writes a record per block and role: when it started and ended, how long
+#    each kind of wait took, and every wait longer than 50 us with its barrier, parity and query
+#    block. If a launch is slow *on the GPU*, the records say which block waited on what; if the
+#    events say slow and the records' span does not, the time was spent outside the kernel.
+#
+# What it found (docs/tuning/09_stalls.txt, an H100 and an H200): 1000 device-only launches at six
+# shapes, not one above 1.5 times its median, the mean within 0.3 % of the median; in 1200 traced
+# launches the longest barrier wait anywhere was 6.5 us, and the events exceeded the kernel's span
+# by 8-12 us at most. So no barrier phase was missed, no producer and consumer waited on each
+# other across the ring's wrap, no warpgroup stalled in `setmaxnreg`. The spread came back the
+# moment host time could enter: a sleep shorter than the host's launch call (50 us against
+# 175-600 us) or launches back to back from Python. The bug was in the measurement, and the
+# fix was in the benchmark: its kernel time is now device-only, every record keeps the mean, p99
+# and max beside the median, `--tail N` counts slow launches, and `--calls N` measures what a
+# user's call costs, host included (the call path has been made lean since: runtime/).
+
+# %% [markdown]
 # ## What changed in the machine code
 #
 # The kernel reports the registers of its launch (168 per thread at D = 128: 384 threads in one block

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flashcore_numba import attention, check_close, lowp_attention, reference_attention
-from flashcore_numba.phases import KERNELS
+from flashcore_numba.phases import KERNELS, build
 from flashcore_numba.phases.common import LOG2E
 from flashcore_numba.reference import random_qkv
 
@@ -36,7 +36,7 @@ def launch_poisoned(phase, q, k, v, causal):
     from numba import cuda
 
     out = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
-    KERNELS[phase].build(q.shape[-1]).launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out,
+    build(KERNELS[phase], q.shape[-1]).launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out,
                                             causal, LOG2E / np.sqrt(q.shape[-1]))
     cuda.synchronize()
     return out.copy_to_host()
@@ -209,3 +209,165 @@ def test_output_off_a_16_byte_boundary_is_refused(phase):
     cuda.synchronize()
     verdict = check_close(out.copy_to_host(), reference_attention(q, k, v), lowp_attention(q, k, v))
     assert verdict.ok, verdict.message
+
+
+# ---------------------------------------------------------------------------------------------
+# The call path (runtime/): plans, CUDA graphs, torch.compile, the kernel cache
+# ---------------------------------------------------------------------------------------------
+def _torch_qkv(shape, seq_k=None, dtype="float16", heads_kv=None):
+    torch = pytest.importorskip("torch")
+    B, H, S, D = shape
+    q = torch.randn(B, H, S, D, device="cuda", dtype=getattr(torch, dtype))
+    k, v = (torch.randn(B, heads_kv or H, seq_k or S, D, device="cuda", dtype=q.dtype) for _ in range(2))
+    return q, k, v
+
+
+def _check_torch(out, q, k, v, causal, what=""):
+    torch = pytest.importorskip("torch")
+    H, H_kv = q.shape[1], k.shape[1]
+    k_rep, v_rep = (x.repeat_interleave(H // H_kv, dim=1) for x in (k, v))
+    ref = reference_attention(q, k_rep, v_rep, causal=causal)
+    mask = None
+    if causal and k.shape[2] != q.shape[2]:
+        from torch.nn.attention.bias import causal_lower_right
+        mask = causal_lower_right(q.shape[2], k.shape[2])
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        lowp = torch.nn.functional.scaled_dot_product_attention(
+            q, k_rep, v_rep, is_causal=causal and mask is None, attn_mask=mask).double().cpu().numpy()
+    verdict = check_close(out.double().cpu().numpy(), ref, lowp)
+    assert verdict.ok, f"{what}: {verdict.message}"
+
+
+@pytest.mark.parametrize("phase", ["07", "08", "09", "09-ws"])
+def test_a_plan_serves_new_tensors_of_its_problem(phase):
+    """The second call of a problem reuses its plan (no new one is made) and launches on the new
+    tensors' addresses: correct results for new inputs every time, GQA and a tail included."""
+    from flashcore_numba import api
+
+    shape, seq_k, heads_kv = (2, 4, 300, 64), 333, 2
+    for i in range(3):
+        q, k, v = _torch_qkv(shape, seq_k, heads_kv=heads_kv)
+        plans = len(api._PLANS)
+        out = attention(q, k, v, causal=True, phase=phase)
+        assert len(api._PLANS) == plans + (1 if i == 0 else 0)
+        _check_torch(out, q, k, v, True, f"phase {phase} call {i}")
+
+
+@pytest.mark.parametrize("phase,D,dtype", [("09", 64, "float16"), ("09", 128, "bfloat16"), ("07", 64, "float16")])
+def test_cuda_graph_capture_and_replay(phase, D, dtype):
+    """attention() captured in a CUDA graph, replayed on new data in the same buffers: right every
+    time (phase 09's work counter is zeroed by a memset inside the captured work, its tensor maps
+    copied on the stream)."""
+    torch = pytest.importorskip("torch")
+    q, k, v = _torch_qkv((2, 3, 500, D), dtype=dtype)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch asks: the plan is made here
+        attention(q, k, v, causal=True, phase=phase)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention(q, k, v, causal=True, phase=phase)
+    for replay in range(3):
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check_torch(out, q, k, v, True, f"phase {phase} replay {replay}")
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    torch = pytest.importorskip("torch")
+
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v):
+            return attention(q * 1.0, k, v, causal=True).float().sum(dim=-1) + 1
+
+    q, k, v = _torch_qkv((2, 4, 256, 64))
+    eager = Block()(q, k, v)
+    compiled = torch.compile(Block(), fullgraph=True)(q, k, v)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+
+
+def _first_call_in_a_new_process(env) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, time, torch\n"
+        "t0 = time.perf_counter()\n"
+        "from flashcore_numba import attention, check_close, reference_attention, lowp_attention\n"
+        "from flashcore_numba.arch import cache\n"
+        "t1 = time.perf_counter()\n"
+        "q, k, v = (torch.randn(1, 4, 256, 64, device='cuda', dtype=torch.float16) for _ in range(3))\n"
+        "torch.cuda.synchronize(); t2 = time.perf_counter()\n"
+        "out = attention(q, k, v, causal=True)\n"
+        "torch.cuda.synchronize(); t3 = time.perf_counter()\n"
+        "ok = check_close(out.double().cpu().numpy(), reference_attention(q, k, v, causal=True),\n"
+        "                 lowp_attention(q.cpu().numpy(), k.cpu().numpy(), v.cpu().numpy(), causal=True)).ok\n"
+        "print(json.dumps(dict(cache.stats, ok=ok, import_s=t1 - t0, first_call_s=t3 - t2)))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def fresh_cache(tmp_path_factory):
+    """A kernel cache of this module's own, empty at first."""
+    return tmp_path_factory.mktemp("kernel_cache")
+
+
+def test_a_warm_cache_first_call_does_not_compile(fresh_cache):
+    """A new process whose cache holds the kernel loads it: nothing compiles (the first process,
+    with an empty cache, compiled it once)."""
+    cold = _first_call_in_a_new_process({"FLASHCORE_CACHE_DIR": str(fresh_cache)})
+    warm = _first_call_in_a_new_process({"FLASHCORE_CACHE_DIR": str(fresh_cache)})
+    assert cold["ok"] and cold["built"] == 1
+    assert warm["ok"] and warm["built"] == 0 and warm["loaded"] == 1 and warm["rejected"] == 0
+    print(f"first call: cold {cold['first_call_s']:.2f} s, warm {warm['first_call_s']:.2f} s "
+          f"(import {warm['import_s']:.2f} s)")
+
+
+def test_a_corrupted_cache_entry_is_rebuilt(fresh_cache):
+    if not list(fresh_cache.glob("*.cubin")):
+        _first_call_in_a_new_process({"FLASHCORE_CACHE_DIR": str(fresh_cache)})
+    (entry,) = fresh_cache.glob("*.cubin")
+    data = entry.read_bytes()
+    entry.write_bytes(data[:len(data) // 2])  # a write cut short
+    again = _first_call_in_a_new_process({"FLASHCORE_CACHE_DIR": str(fresh_cache)})
+    assert again["ok"] and again["rejected"] == 1 and again["built"] == 1
+    final = _first_call_in_a_new_process({"FLASHCORE_CACHE_DIR": str(fresh_cache)})
+    assert final["ok"] and final["built"] == 0 and final["loaded"] == 1  # written again, whole
+
+
+def test_trace_build_on_gpu():
+    """Phase 09's trace build (docs/tuning/09_stalls.txt): right output, and its records say the
+    kernel ran on the GPU's clock for no longer than the events around the launch measured."""
+    torch = pytest.importorskip("torch")
+    from numba import cuda
+
+    from flashcore_numba.api import torch_to_kernel
+    from flashcore_numba.measure import trace
+
+    q, k, v = _torch_qkv((2, 4, 700, 64))
+    out = torch.full_like(q, float("nan"))
+    config = trace.trace_config(64)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+    arrays = [torch_to_kernel(x) for x in (q, k, v, out)]
+    records = trace.traced_launch(config, *arrays, True, LOG2E / 8.0, stream)  # compiles: not timed
+    out.fill_(float("nan"))
+    tr = trace.trace_array(config, q.shape, True)
+    start.record()
+    trace.launch_with_trace(config, tr, *arrays, True, LOG2E / 8.0, stream)
+    end.record()
+    torch.cuda.synchronize()
+    records = trace.records_of(tr, config)
+    _check_torch(out, q, k, v, True, "trace build")
+    s = trace.summary(records)
+    assert 0 < s["span_ns"] * 1e-6 <= start.elapsed_time(end)
+    assert sum(records[:, 0, 3]) == 2 * 4 * -(-700 // config.block_m)  # every query block taken once

@@ -348,6 +348,11 @@ def test_report_launch_times_and_flags(report_tree):
     assert "**3 of 1000**" in row and "1.5 / 1.5 (30 µs)" in row
     assert "01 (B=16 H=16 S=2048 D=64 fp16): kernel time's mean 20% above its median" in block
     assert any(line.startswith("FLAGGED: 01 (B=16 H=16 S=2048 D=64 fp16): kernel time's mean 20%") for line in summary)
+    # the call times of the record: one row of the table of what a call costs
+    assert "#### What a call costs" in block
+    row = next(line for line in block.splitlines() if line.startswith("| 16, 16, 2048, 2048, 64 fp16 |"))
+    assert row.startswith(f"| 16, 16, 2048, 2048, 64 fp16 | 01 | 1500 / 1500 | {first['median_ms'] * 1e3:.0f} |")
+    assert row.endswith("| 30 | — | — |")
 
 
 def test_report_phase_docstrings_from_fixture(report_tree):

@@ -1,13 +1,14 @@
 """The package's layers, enforced: the folder is the architecture (docs/architecture.md).
 
     flashcore_numba/   __init__, __main__, api, reference, cli: the library's face and the CLI
+      runtime/         the call path: a plan per problem, the launch, compiled kernels on disk
       phases/          the kernels, and the tile helpers only they use
       arch/            below Numba's surface: what the simulator lacks, shared memory, (PTX)
       measure/         bench, report, machine_code, banks, doctor
       course/          the lesson runtime, `flashcore lessons`, exercises, grade
 
-Arrows point one way: course -> measure -> phases -> arch, and the library (the face, the
-phases and arch) never imports measurement, course or CLI code. Nothing but __main__ imports
+Arrows point one way: course -> measure -> library -> runtime -> phases -> arch, and the library
+(the face, the runtime, the phases and arch) never imports measurement, course or CLI code. Nothing but __main__ imports
 the CLI, which only wires commands to the rest. Every import statement of every module is
 read with `ast`, those inside functions included (that is where most of the heavy imports
 live), and resolved to the module it names.
@@ -24,12 +25,13 @@ import pytest
 PACKAGE = "flashcore_numba"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / PACKAGE
 MAX_TOP_LEVEL_MODULES = 6
-SUBPACKAGES = ("phases", "arch", "measure", "course")
+SUBPACKAGES = ("runtime", "phases", "arch", "measure", "course")
 
 # layer -> the layers it must never import
 FORBIDDEN = {
-    "arch": {"phases", "library", "measure", "course", "cli", "__main__"},  # the bottom
-    "phases": {"library", "measure", "course", "cli", "__main__"},  # kernels: arch and each other
+    "arch": {"runtime", "phases", "library", "measure", "course", "cli", "__main__"},  # the bottom
+    "phases": {"runtime", "library", "measure", "course", "cli", "__main__"},  # kernels: arch and each other
+    "runtime": {"library", "measure", "course", "cli", "__main__"},  # the call path: phases and arch
     "library": {"measure", "course", "cli", "__main__"},  # __init__, api, reference
     "measure": {"course", "cli", "__main__"},  # uses the library; the course uses it
     "course": {"cli", "__main__"},
@@ -46,6 +48,7 @@ def why(importer: str, imported: str) -> str:
     return {
         "arch": "arch is the bottom layer: the kernels are built on it, never the reverse",
         "phases": "the kernels use arch and each other only",
+        "runtime": "the call path runs the kernels; the face above it validates and calls it",
         "library": "the library never uses what measures or teaches it",
         "measure": "measurement uses the library; the course uses measurement, never the reverse",
     }.get(importer, "")

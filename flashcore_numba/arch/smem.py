@@ -26,7 +26,7 @@ def raise_dynamic_smem_limit(kernel, args, nbytes: int) -> None:
     carries its Numba type (cached on the array); typing every array again cost more host time
     than a short launch of phase 09 takes on the GPU.
     """
-    argtypes = tuple(_numba_type(kernel, a) for a in args)
+    argtypes = argument_types(kernel, args)
     key = (id(kernel), argtypes, nbytes)
     if key in _smem_limit_raised:
         return
@@ -40,6 +40,11 @@ def raise_dynamic_smem_limit(kernel, args, nbytes: int) -> None:
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"could not raise the dynamic shared memory limit to {nbytes} bytes: {err}")
     _smem_limit_raised.add(key)
+
+
+def argument_types(kernel, args) -> tuple:
+    """The Numba types `kernel` is launched with for `args` (the key of its compiled overloads)."""
+    return tuple(_numba_type(kernel, a) for a in args)
 
 
 # Python scalars Numba types by their class alone (an int's type depends on its value: typed)

@@ -123,7 +123,10 @@ def head_maps(arrays, box, swizzle: str = "128B"):
     return maps
 
 
-def _describe_and_build(arrays, box, swizzle):
+def describe_heads(arrays) -> tuple:
+    """(address, (B*H, S, D), strides of the last two dimensions in bytes, dtype) of each (B, H, S, D)
+    array (a Numba device array or torch CUDA tensor): attention's arrays as TMA sees them, one head
+    per plane. ValueError names an array whose heads do not lie one after another."""
     described = []
     for i, array in enumerate(arrays):
         if simulator_enabled():
@@ -136,24 +139,34 @@ def _describe_and_build(arrays, box, swizzle):
         if strides[0] != shape[1] * strides[1]:
             raise ValueError(f"array {i}: its heads are not one after another in memory (strides {strides})")
         described.append((address, (shape[0] * shape[1], shape[2], shape[3]), tuple(strides[1:]), dtype))
+    return tuple(described)
+
+
+def head_map_words(described, box, swizzle: str = "128B") -> np.ndarray:
+    """The maps' words, one row of 16 uint64 per described array, after TMA's checks (check_layout)."""
+    for address, shape, strides, dtype in described:
+        if dtype not in DTYPES:
+            raise ValueError(f"array: dtype {dtype}; the tensor maps here describe 16-bit elements "
+                             f"({', '.join(DTYPES)})")
+        check_layout(shape, strides, DTYPES[dtype], box, swizzle, address)
+    return np.stack([_words(*d, tuple(map(int, box)), swizzle) for d in described])
+
+
+def _describe_and_build(arrays, box, swizzle):
+    described = describe_heads(arrays)
     if simulator_enabled():
         handles = [tensor_map(getattr(a, "_ary", a).reshape(d[1]), box, swizzle) for a, d in zip(arrays, described)]
         from numba import cuda
 
         return cuda.to_device(np.stack([h.copy_to_host() for h in handles]))
-    return _head_maps(tuple(described), tuple(map(int, box)), swizzle)
+    return _head_maps(described, tuple(map(int, box)), swizzle)
 
 
 @lru_cache(maxsize=64)
 def _head_maps(described, box, swizzle):
     from numba import cuda
 
-    for address, shape, strides, dtype in described:
-        if dtype not in DTYPES:
-            raise ValueError(f"array: dtype {dtype}; the tensor maps here describe 16-bit elements "
-                             f"({', '.join(DTYPES)})")
-        check_layout(shape, strides, DTYPES[dtype], box, swizzle, address)
-    return cuda.to_device(np.stack([_words(*d, box, swizzle) for d in described]))
+    return cuda.to_device(head_map_words(described, box, swizzle))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,18 +35,11 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-ELEMENT = {"float16": "float16", "bfloat16": "int16"}  # bf16 reaches a kernel as its int16 bit patterns
-
-
 def signature(config, dtype: str = "float16") -> str:
-    """The kernel's signature as a launch types it: Q, K, V (and O) of `dtype`, O as uint32 pairs
-    when the kernel stores packed output (see KernelConfig)."""
-    element = ELEMENT[dtype]
-    out = "uint32" if config.packed_output else element
-    qkv = ", ".join(3 * [f"{element}[:,:,:,::1]"])
-    maps = ", uint64[:,::1]" if config.tma_box else ""  # the tensor maps of a TMA kernel
-    counter = ", int32[::1]" if config.work_units is not None else ""  # the work counter of a looping kernel
-    return f"void({qkv}, {out}[:,:,:,::1], boolean, float32{maps}{counter})"
+    """The kernel's signature as a launch types it (phases.common.KernelConfig.signature)."""
+    return config.signature(dtype)
+
+
 CC = (9, 0, "a")  # the H100, as numba-cuda compiles for it
 ARCH = "sm_90a"
 RESERVED_SMEM_BYTES = 1024  # shared memory the CUDA runtime reserves per block on sm_80 and newer
@@ -415,7 +408,7 @@ def main(argv=None) -> int:
     parser.add_argument("phases", nargs="+", help="phase ids, then the head dim: 03 64  or  02 03 64")
     parser.add_argument("--sass", action="store_true", help="include SASS (needs nvdisasm or cuobjdump)")
     parser.add_argument("--many", action="store_true", help="always print {phase: report}")
-    parser.add_argument("--dtype", choices=sorted(ELEMENT), default="float16")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="float16")
     args = parser.parse_args(argv)
     if len(args.phases) < 2 or not args.phases[-1].isdigit():
         parser.error("expected one or more phase ids followed by the head dim, e.g. 03 64")

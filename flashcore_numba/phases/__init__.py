@@ -11,8 +11,11 @@ phases 01-05 support.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
+
+from .common import KernelConfig
 
 _MODULES = (
     "p01_naive",
@@ -90,13 +93,22 @@ def build(phase, head_dim: int, dtype: str = "float16"):
     """`phase.build(head_dim)`, or for another dtype `phase.build(head_dim, dtype=dtype)`.
 
     Phases 01-06 build fp16 kernels only and take no dtype; a phase whose DTYPES lists more
-    builds one kernel per dtype. The caller has checked that the phase supports `dtype`.
+    builds one kernel per dtype. The caller has checked that the phase supports `dtype`. The
+    config comes back with its `cache_key`, (id, head dim, dtype): launches of it load the
+    kernel from the disk cache instead of compiling it in every process.
     """
     if dtype not in dtypes(phase):
         raise ValueError(f"dtype: phase {phase.ID} supports {' and '.join(dtypes(phase))}, not {dtype}")
-    if dtype == DEFAULT_DTYPES[0]:
-        return phase.build(head_dim)
-    return phase.build(head_dim, dtype=dtype)
+    config = phase.build(head_dim) if dtype == DEFAULT_DTYPES[0] else phase.build(head_dim, dtype=dtype)
+    if not isinstance(config, KernelConfig):
+        return config
+    keyed = _KEYED.get(config)
+    if keyed is None:  # the same kernel, named: its compiled code is kept on disk under this name (arch/cache.py)
+        keyed = _KEYED[config] = dataclasses.replace(config, cache_key=(phase.ID, int(head_dim), dtype))
+    return keyed
+
+
+_KEYED: dict = {}  # a phase's config -> the same config with its cache key
 
 
 def min_cc(phase: ModuleType) -> tuple[int, int]:

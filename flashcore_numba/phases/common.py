@@ -37,7 +37,8 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from ..arch import ptx
 from ..arch.sim import arithmetic_device_function, fast_fdividef, simulator_enabled, simulator_pacing
-from ..arch.smem import STATIC_SMEM_LIMIT, raise_dynamic_smem_limit
+from ..arch.cache import cache_dir, install
+from ..arch.smem import STATIC_SMEM_LIMIT, argument_types, raise_dynamic_smem_limit
 
 LOG2E = 1.4426950408889634
 
@@ -293,8 +294,12 @@ def work_counter(stream=0):
     return counter
 
 
-def launch(kernel, grid, block: int, smem_bytes: int, args, stream=0) -> None:
+def launch(kernel, grid, block: int, smem_bytes: int, args, stream=0, cache_key=()) -> None:
     """Launch `kernel[grid, block, stream, smem_bytes](*args)`, raising the limit if needed.
+
+    With a cache_key (a config from phases.build), Numba's dispatcher first gets the compiled
+    kernel from the disk cache (arch/cache.py) when it has none for these argument types: a new
+    process loads the cubin instead of compiling.
 
     Numba warns on every launch of fewer than 128 blocks ("Grid size N will likely result in
     GPU under-utilization"). For attention on a small problem that is expected, and a caller
@@ -305,6 +310,10 @@ def launch(kernel, grid, block: int, smem_bytes: int, args, stream=0) -> None:
         with simulator_pacing():
             kernel[grid, block, stream, smem_bytes](*args)
         return
+    if cache_key and cache_dir() is not None:
+        argtypes = argument_types(kernel, args)
+        if argtypes not in kernel.overloads:
+            install(kernel, argtypes, cache_key)
     if smem_bytes > STATIC_SMEM_LIMIT:
         raise_dynamic_smem_limit(kernel, args, smem_bytes)
     if os.environ.get("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS"):
@@ -318,6 +327,9 @@ def launch(kernel, grid, block: int, smem_bytes: int, args, stream=0) -> None:
 
 # numba wraps its messages in terminal highlighting, so the pattern allows a prefix
 LOW_OCCUPANCY_WARNING = r".*Grid size \d+ will likely result in GPU under-utilization"
+
+
+ELEMENT = {"float16": "float16", "bfloat16": "int16"}  # bf16 reaches a kernel as its int16 bit patterns
 
 
 @dataclass(frozen=True)
@@ -337,6 +349,20 @@ class KernelConfig:
     work_units: object = None
     persistent: bool = False  # with work_units: one block per SM, each looping over units
     out_alignment: int = 0  # bytes: O's address must be a multiple of this (the kernel's vector stores)
+    # (kernel id, head dim, dtype) when built through the registry (phases.build): a launch then
+    # loads the compiled kernel from the disk cache (arch/cache.py) instead of compiling it
+    cache_key: tuple = ()
+
+    def signature(self, dtype: str = "float16") -> str:
+        """The kernel's signature as a launch types it: Q, K, V (and O) of `dtype` (bf16 as its int16
+        bit patterns), O as uint32 pairs when the kernel stores packed output, then the flag and the
+        scale, the tensor maps of a TMA kernel and the work counter of a looping one."""
+        element = ELEMENT[dtype]
+        out = "uint32" if self.packed_output else element
+        qkv = ", ".join(3 * [f"{element}[:,:,:,::1]"])
+        maps = ", uint64[:,::1]" if self.tma_box else ""
+        counter = ", int32[::1]" if self.work_units is not None else ""
+        return f"void({qkv}, {out}[:,:,:,::1], boolean, float32{maps}{counter})"
 
     def grid(self, q_shape, causal: bool) -> tuple:
         """The launch grid: every phase's (row blocks, heads, batch), or for a kernel with work
@@ -368,4 +394,5 @@ class KernelConfig:
 
     def launch(self, q, k, v, o, causal: bool, qk_scale: float, stream=0) -> None:
         args = self.arguments(q, k, v, o, causal, qk_scale, stream)
-        launch(self.kernel, self.grid(q.shape, causal), self.n_threads, self.smem_bytes, args, stream)
+        launch(self.kernel, self.grid(q.shape, causal), self.n_threads, self.smem_bytes, args, stream,
+               self.cache_key)

@@ -83,24 +83,13 @@ Why the hardware rewards it
     for both products, then computes. With it, P·V (half the turn's FLOPs) runs under the
     warpgroup's own softmax, and the next warpgroup's turn queues behind it; the registers
     this costs (P of two tiles, S and O at once) still fit: no spills at either D.
-    Not understood yet: phase 09's launch times sometimes spread far wider than any other
-    phase's, with correct outputs. The first D = 64 fp16 record of commit 38aa92d measured a
-    median of 1.23 ms with launches from 0.77 to 4.02 ms (kept in docs/bench/outliers/); the
-    same bench run again gave 0.77 ms with no spread, the record below. In the sweep of that
-    commit the short causal points spread too (D = 128, S = 512: 0.35 to 0.89 ms, median 0.46;
-    D = 64, S = 512: 0.25 to 0.44 ms), where phase 08 stays within 1 %. Earlier: one sweep point
-    of commit bcaee3a (D = 64 causal, S = 512, 0.59 to 1.42 ms) and one record row of commit
-    15ce3d8 (09-ws, GQA, causal, 0.71x of the row beside it) did not repeat when timed again.
-    Again in the D = 128 causal sweep of commit ebff494 (this kernel unchanged since d5d15af): at
-    S = 512 launches from 0.26 to 0.67 ms, median 0.33 (209 TFLOPS), where the sweep of d5d15af
-    measured 334 TFLOPS; not timed again (the session's device time was spent). And in the D = 64
-    causal sweep of commit 86fdb12 (unchanged kernel): S = 1024 from 0.218 to 0.363 ms, median 0.259
-    (266 TFLOPS; 312 in the sweep of d5d15af), S = 2048 from 0.334 to 0.517 ms, median 0.380 (362;
-    408 then), S = 512 up to 0.517 ms with its median unchanged. Phase 07's first causal record of
-    that commit spread the same way (docs/tuning/07_ab_unroll.txt): not phase 09's alone. A probe
-    there (120 launches each, timed alone) found single slow launches, 1-2 in 120, for 07 and 09
-    alike; 09 at S = 1024 ran a median of 0.219 ms (314 TFLOPS) between them.
-    The records keep the medians as measured.
+    Launch times that spread (seen in records and sweeps since commit 38aa92d: single launches 2 to
+    20 times the median, with correct outputs) were host time, not the kernel's: timed device-only
+    (each batch of launches queued behind a sleep the host's queuing cannot outlast) phase 09 and its
+    variants took no launch above 1.5x the median in 1000 at six shapes, and its trace build (every
+    barrier wait timed by %globaltimer, phases/tracing.py) found no wait longer than 6.5 us in 1200
+    launches (docs/tuning/09_stalls.txt). The benchmark has timed device-only since, and its
+    records keep mean, p99 and max beside the median.
     The scores' exp2 is ptx/exp2.ptx's, one MUFU.EX2 without subnormal fix-ups (see phase 07).
     Between the records of commit 38aa92d (Numba's math.exp2, one loop) and those of bc3c341
     below (this exp2; at D = 128 the masked loop as well): D = 64 fp16 358 -> 408 TFLOPS, causal

@@ -1,0 +1,193 @@
+"""Compiled kernels on disk: the first call in a new process loads a cubin instead of compiling.
+
+Numba compiles a phase's kernel on its first launch in every process (17-32 s for phases 07-09),
+and its own `cache=True` cannot keep these kernels: they are closures over device functions
+whose pickles differ from process to process, and a kernel that links PTX files refuses to be
+pickled at all. So the cubin Numba would load is kept here, one file per kernel:
+
+    <cache dir>/<key>.cubin     magic, a JSON header (the key's fields, the entry name, the cubin's
+                                SHA-256), the cubin
+
+The key is a SHA-256 of everything that changes the machine code: the kernel (phase or variant,
+head dim, dtype, argument types), the compute capability, the source of the kernels (every .py
+file of phases/ and arch/ and every file of ptx/), and the toolchain (numba-cuda, numba, NVVM and
+nvJitLink versions). An entry whose header does not name its key, whose cubin does not match its
+checksum, or that cannot be read at all (stale, truncated, written by another version) is
+rebuilt and replaced, never loaded. Files are written whole (a temporary file, then a rename), so a
+process killed mid-write leaves no half entry under the final name.
+
+Where: $FLASHCORE_CACHE_DIR, else the platform's cache folder (~/.cache/flashcore-numba on
+Linux, $XDG_CACHE_HOME when set; ~/Library/Caches on macOS; %LOCALAPPDATA% on Windows).
+FLASHCORE_CACHE=0 switches it off: every process compiles again. `flashcore compile` fills it
+ahead of time (runtime/precompile.py).
+
+Both launches use it: the plan of a call on torch tensors loads the cubin itself (runtime/plan.py),
+and a launch through Numba (phases.common.launch) first gives Numba's dispatcher the cached kernel
+(`install`), so that Numba loads it instead of compiling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+MAGIC = b"flashcore-numba cubin 1\n"
+stats = {"built": 0, "loaded": 0, "rejected": 0}  # this process's cache events (tests and `flashcore compile`)
+
+
+def cache_dir() -> Path | None:
+    """The cache folder, or None when FLASHCORE_CACHE=0 switches the cache off."""
+    if os.environ.get("FLASHCORE_CACHE", "1").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    explicit = os.environ.get("FLASHCORE_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    elif os.name == "nt":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "flashcore-numba"
+
+
+@lru_cache(maxsize=None)
+def source_fingerprint() -> str:
+    """SHA-256 of the kernels' source: every .py file of phases/ and arch/, every file of ptx/."""
+    from .ptx import ptx_dir
+
+    package = Path(__file__).resolve().parents[1]
+    files = sorted([*package.glob("phases/*.py"), *package.glob("arch/*.py")]) + sorted(ptx_dir().glob("*.ptx"))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+@lru_cache(maxsize=None)
+def toolchain() -> dict:
+    """The versions that shape the machine code."""
+    import importlib.metadata
+
+    def version(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    from cuda.bindings import nvjitlink
+    from numba.cuda.cudadrv.nvvm import NVVM
+
+    return {"numba-cuda": version("numba-cuda"), "numba": version("numba"),
+            "nvvm": ".".join(map(str, NVVM().get_version())), "nvjitlink": ".".join(map(str, nvjitlink.version()))}
+
+
+@dataclass(frozen=True)
+class CachedKernel:
+    cubin: bytes
+    entry: str
+    key: str
+    built: bool  # compiled by this call, not read from the cache
+
+
+def key_fields(identity: tuple, argtypes, cc) -> dict:
+    """What the key hashes: the kernel's identity (its id, head dim and dtype: phases.build), its
+    argument types, the compute capability, the kernels' source and the toolchain."""
+    return {"kernel": [str(x) for x in identity], "argtypes": str(tuple(argtypes)), "cc": list(map(int, cc[:2])),
+            "source": source_fingerprint(), "toolchain": toolchain()}
+
+
+def key_of(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
+
+
+def read_entry(path: Path, key: str) -> tuple[bytes, str] | None:
+    """(cubin, entry) of a valid entry for `key`, or None (missing, or not to be trusted)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        if not data.startswith(MAGIC):
+            raise ValueError("not a flashcore-numba cubin")
+        header_end = data.index(b"\n", len(MAGIC))
+        header = json.loads(data[len(MAGIC):header_end])
+        cubin = data[header_end + 1:]
+        if header.get("key") != key:
+            raise ValueError("written for another key")
+        if hashlib.sha256(cubin).hexdigest() != header.get("sha256") or len(cubin) != header.get("size"):
+            raise ValueError("truncated or altered")
+        return cubin, header["entry"]
+    except (ValueError, KeyError, TypeError):
+        stats["rejected"] += 1
+        return None
+
+
+def write_entry(path: Path, key: str, fields: dict, cubin: bytes, entry: str) -> None:
+    header = dict(fields, key=key, entry=entry, size=len(cubin), sha256=hashlib.sha256(cubin).hexdigest())
+    data = MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + cubin
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def cached_cubin(dispatcher, argtypes, identity: tuple, cc) -> CachedKernel:
+    """The cubin of `dispatcher` (a kernel whose identity, its id, head dim and dtype, is `identity`)
+    compiled for `argtypes` (Numba types) on a GPU of compute capability `cc`: from the cache when it
+    holds a valid entry, else compiled (Numba's own compile, arch.launch.build_cubin) and stored."""
+    from .launch import build_cubin
+
+    fields = key_fields(identity, argtypes, cc)
+    key = key_of(fields)
+    folder = cache_dir()
+    path = folder / f"{key}.cubin" if folder is not None else None
+    found = read_entry(path, key) if path is not None else None
+    if found is not None:
+        stats["loaded"] += 1
+        return CachedKernel(found[0], found[1], key, built=False)
+    cubin, entry = build_cubin(dispatcher, argtypes, cc)
+    stats["built"] += 1
+    if path is not None:
+        try:
+            write_entry(path, key, fields, cubin, entry)
+        except OSError as e:  # a read-only or full disk costs the next process a compile, nothing more
+            import warnings
+
+            warnings.warn(f"flashcore-numba: could not write the kernel cache {path} ({e}); set "
+                          f"FLASHCORE_CACHE_DIR to a writable folder or FLASHCORE_CACHE=0", stacklevel=2)
+    return CachedKernel(cubin, entry, key, built=True)
+
+
+def install(dispatcher, argtypes, identity: tuple) -> None:
+    """Give `dispatcher` its kernel for `argtypes` from the cache (compiled there once if need be),
+    so that Numba's own launch loads that cubin instead of compiling: its compiled kernel rebuilt
+    the way numba-cuda rebuilds one from its own cache (`_Kernel._rebuild`,
+    `CUDACodeLibrary._rebuild`), holding the cubin for this GPU."""
+    from cuda.core import ObjectCode
+    from numba import cuda
+    from numba.cuda import types
+    from numba.cuda.codegen import CUDACodeLibrary
+    from numba.cuda.dispatcher import _Kernel
+
+    cc = tuple(cuda.get_current_device().compute_capability)
+    found = cached_cubin(dispatcher, argtypes, identity, cc)
+    full_cc = (cc[0], cc[1], "a" if cc >= (9, 0) else "")
+    library = CUDACodeLibrary._rebuild(
+        codegen=dispatcher.targetctx.codegen(), name=found.entry, entry_name=found.entry, llvm_strs=[],
+        ptx_cache={}, cubin_cache={full_cc: ObjectCode.from_cubin(found.cubin)}, linkerinfo_cache={},
+        max_registers=None, nvvm_options={}, needs_cudadevrt=False, nrt=False, use_cooperative=False, lto=True)
+    kernel = _Kernel._rebuild(cooperative=False, name=found.entry, signature=types.void(*argtypes),
+                              codelibrary=library, debug=False, lineinfo=False, call_helper=None, extensions=[])
+    dispatcher.add_overload(kernel, tuple(argtypes))

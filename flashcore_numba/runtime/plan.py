@@ -1,0 +1,122 @@
+"""A plan per problem: what a call of attention() on torch tensors needs, computed once.
+
+Everything that depends only on the problem (the kernel, the shapes, the dtype, the causal flag,
+the scale, the device) is settled when the plan is made: the kernel's cubin loaded (from the disk
+cache, arch/cache.py, or compiled once), its shared-memory limit raised, the grid, and every
+kernel parameter but the arrays' addresses packed in place (arch/launch.py). A call then writes
+four data pointers and launches with one driver call on torch's current stream:
+
+    plan = Plan("09", 64, "float16", q.shape, k.shape, causal=False, qk_scale=..., device_index=0)
+    plan(q, k, v, out, stream)
+
+Phase 09 also gets, per call, the tensor maps of q, k and v (built on the first call that uses
+those addresses, then found by them; their device copy is made on the stream, from pinned host
+memory, so a CUDA graph captures it) and its work counter, zeroed by a memset on the stream (no
+host step, so a replayed graph zeroes it too). Nothing in a call synchronizes with the host or
+allocates outside torch's caching allocator.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from ..arch import launch as driver
+from ..arch.cache import cached_cubin
+from ..arch.launch import ArgSlots, ArrayArg, ScalarArg
+from ..phases import build, get_phase
+
+_LOADED: dict = {}  # (cache key, device index) -> Kernel: one load and one attribute call per process
+MAPS_KEPT = 16  # tensor maps kept per plan, by (q, k, v) addresses
+
+
+def _loaded(cached, device_index: int, smem_bytes: int):
+    kernel = _LOADED.get((cached.key, device_index))
+    if kernel is None:
+        kernel = driver.load_kernel(cached.cubin, cached.entry)
+        if smem_bytes > 48 * 1024:
+            driver.set_dynamic_smem(kernel, smem_bytes, device_index)
+        _LOADED[(cached.key, device_index)] = kernel
+    return kernel
+
+
+class Plan:
+    """One problem's launch, settled; `plan(q, k, v, out, stream)` runs it on those tensors."""
+
+    def __init__(self, kernel_id: str, head_dim: int, dtype: str, q_shape, k_shape, causal: bool, qk_scale: float,
+                 device_index: int):
+        import torch
+        from numba import cuda
+        from numba.cuda.core import sigutils
+
+        config = build(get_phase(kernel_id), head_dim, dtype)
+        with cuda.gpus[device_index]:
+            cc = tuple(cuda.get_current_device().compute_capability)
+            self.grid = config.grid(tuple(q_shape), causal)
+        argtypes, _ = sigutils.normalize_signature(config.signature(dtype))
+        cached = cached_cubin(config.kernel, argtypes, config.cache_key, cc)
+        self.kernel = _loaded(cached, device_index, config.smem_bytes)
+        self.block, self.smem = config.n_threads, config.smem_bytes
+        self.device = torch.device("cuda", device_index)
+        self.tma_box = config.tma_box
+        self.looping = config.work_units is not None
+        self.compiled = cached.built  # whether making this plan compiled the kernel
+        B, H, S, D = q_shape
+        out = ArrayArg((B, H, S, D // 2), 4) if config.packed_output else ArrayArg(tuple(q_shape), 2)
+        args = [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(k_shape), 2), ArrayArg(tuple(k_shape), 2), out,
+                ScalarArg("bool", bool(causal)), ScalarArg("float32", float(np.float32(qk_scale)))]
+        if self.tma_box:
+            self.maps_arg = len(args)
+            args.append(ArrayArg((3, 16), 8))
+        if self.looping:
+            self.counter_arg = len(args)
+            args.append(ArrayArg((1,), 4))
+        self.slots = ArgSlots(args)
+        self.slots.check(cached.cubin, cached.entry)
+        self._maps: OrderedDict = OrderedDict()
+        self._counters: dict = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, q, k, v, out, stream: int) -> None:
+        with self._lock:  # the slots are this plan's: one launch packs them at a time
+            slots = self.slots
+            slots.set_pointer(0, q.data_ptr())
+            slots.set_pointer(1, k.data_ptr())
+            slots.set_pointer(2, v.data_ptr())
+            slots.set_pointer(3, out.data_ptr())
+            if self.tma_box:
+                slots.set_pointer(self.maps_arg, self._maps_of(q, k, v))
+            if self.looping:
+                counter = self._counters.get(stream)
+                if counter is None:
+                    counter = self._counters[stream] = self._new_counter()
+                driver.memset32(counter.data_ptr(), 0, 1, stream)  # in stream order, before the launch
+                slots.set_pointer(self.counter_arg, counter.data_ptr())
+            driver.launch(self.kernel, self.grid, self.block, self.smem, stream, slots)
+
+    def _new_counter(self):
+        import torch
+
+        return torch.zeros(1, dtype=torch.int32, device=self.device)
+
+    def _maps_of(self, q, k, v) -> int:
+        """The device address of the tensor maps of q, k and v (one row of 16 words each)."""
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        found = self._maps.get(key)
+        if found is not None:
+            self._maps.move_to_end(key)
+            return found[0].data_ptr()
+        import torch
+
+        from ..arch.tma import describe_heads, head_map_words
+
+        words = head_map_words(describe_heads((q, k, v)), self.tma_box)
+        host = torch.from_numpy(words.view(np.int64)).pin_memory()
+        device = torch.empty(host.shape, dtype=torch.int64, device=self.device)
+        device.copy_(host, non_blocking=True)  # on torch's current stream, the launch's: ordered before it
+        self._maps[key] = (device, host)  # the pinned source lives as long as its copy may be pending
+        if len(self._maps) > MAPS_KEPT:
+            self._maps.popitem(last=False)
+        return device.data_ptr()

@@ -1,0 +1,226 @@
+"""The call path without a GPU: the packed launch parameters against Numba's own, the kernel cache
+(keys, entries, corrupted entries rebuilt), and torch.compile tracing attention() as one custom op.
+
+What needs the GPU (a plan's launch, CUDA-graph capture and replay, a warm-cache first call in a
+new process) is in tests/test_gpu.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import types as pytypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flashcore_numba.arch import launch
+from flashcore_numba.arch.launch import ArgSlots, ArrayArg, ScalarArg
+from flashcore_numba.arch.sim import simulator_enabled
+from flashcore_numba.arch import cache
+
+# The simulator replaces numba.cuda's compiler, and a CPU session runs in it. The tests marked
+# `compiler` need the real one, which a CPU machine has (NVVM and nvJitLink from pip): in a simulator
+# session they run in a child pytest without it (a background job, see conftest.py), and
+# test_compiler_tests_pass_without_the_simulator reads its result.
+COMPILER_TESTS = 3
+
+
+def needs_compiler(test):
+    return pytest.mark.compiler(pytest.mark.skipif(
+        simulator_enabled(), reason="run without the simulator, in a child pytest "
+                                    "(test_compiler_tests_pass_without_the_simulator)")(test))
+
+
+def _run_compiler_tests():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["FLASHCORE_GPU"] = "1"  # conftest.py: no simulator (GPU tests skip where there is no GPU)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "compiler",
+                           __file__], capture_output=True, text=True, env=env, timeout=900, check=False,
+                          cwd=Path(__file__).resolve().parent.parent)
+
+
+def start_background(items, pool):
+    this_module = sys.modules[__name__]
+    if any(getattr(item, "module", None) is this_module and "compiler_run" in item.fixturenames for item in items):
+        return pool.submit(_run_compiler_tests)
+    return None
+
+
+@pytest.fixture(scope="module")
+def compiler_run(background):
+    if background is None or background.cancel():
+        return _run_compiler_tests()
+    return background.result()
+
+
+def test_compiler_tests_pass_without_the_simulator(compiler_run):
+    if not simulator_enabled():
+        pytest.skip("this session has no simulator: the compiler tests ran in it directly")
+    assert compiler_run.returncode == 0, compiler_run.stdout[-3000:] + compiler_run.stderr[-3000:]
+    assert f"{COMPILER_TESTS} passed" in compiler_run.stdout, compiler_run.stdout[-2000:]
+
+
+def numba_packed(argtypes, values) -> list[bytes]:
+    """The bytes behind each kernel parameter as numba-cuda packs them for cuLaunchKernel: its own
+    `_Kernel._prepare_args` on cuda.core views of host arrays (the constructor that needs no driver),
+    then cuda.core's ParamHolder, as `cuda.core.launch` does."""
+    from cuda.core._kernel_arg_handler import ParamHolder
+    from cuda.core.utils import StridedMemoryView
+    from numba.cuda import dispatcher
+
+    me = pytypes.SimpleNamespace(extensions=[])
+    packed = []
+    for t, v in zip(argtypes, values, strict=True):
+        if isinstance(v, np.ndarray):
+            v = StridedMemoryView.from_dlpack(v, stream_ptr=-1)
+        dispatcher._Kernel._prepare_args(me, t, v, 0, [], packed)
+    holder = ParamHolder(packed)
+    pointers = (ctypes.c_void_p * len(packed)).from_address(holder.ptr)
+    return [ctypes.string_at(pointers[i], 8) for i in range(len(packed))]
+
+
+@needs_compiler
+def test_arg_slots_are_numbas_parameters():
+    """Phase 09's argument list (bf16 as int16, O as uint32 pairs, the maps, the counter), packed by
+    ArgSlots and by numba-cuda itself: the same bytes in every parameter, over the size each has."""
+    from numba.cuda import types
+
+    q = np.zeros((2, 3, 5, 64), np.int16)
+    k = np.zeros((2, 1, 7, 64), np.int16)
+    o = np.zeros((2, 3, 5, 32), np.uint32)
+    maps, counter = np.zeros((3, 16), np.uint64), np.zeros(1, np.int32)
+    values = [q, k, k, o, True, np.float32(0.18), maps, counter]
+    argtypes = [types.Array(types.int16, 4, "C")] * 3 + [types.Array(types.uint32, 4, "C"), types.boolean,
+                                                          types.float32, types.Array(types.uint64, 2, "C"),
+                                                          types.Array(types.int32, 1, "C")]
+    slots = ArgSlots([ArrayArg(q.shape, 2), ArrayArg(k.shape, 2), ArrayArg(k.shape, 2), ArrayArg(o.shape, 4),
+                      ScalarArg("bool", True), ScalarArg("float32", 0.18), ArrayArg(maps.shape, 8),
+                      ArrayArg(counter.shape, 4)])
+    for i, array in enumerate((q, k, k, o, None, None, maps, counter)):
+        if array is not None:
+            slots.set_pointer(i, array.ctypes.data)
+    numba = numba_packed(argtypes, values)
+    ours = [int(x).to_bytes(8, "little") for x in slots.values()]
+    assert len(ours) == len(numba) == len(slots.sizes) == 4 * 13 + 1 + 1 + 9 + 7
+    for i, (a, b, size) in enumerate(zip(ours, numba, slots.sizes, strict=True)):
+        assert a[:size] == b[:size], f"parameter {i}: ours {a[:size].hex()}, numba's {b[:size].hex()}"
+
+
+def _phase01():
+    """Phase 01 at D=64 as the registry builds it (its cache key), and its argument types."""
+    from numba.cuda.core import sigutils
+
+    from flashcore_numba.phases import PHASES, build
+
+    config = build(PHASES["01"], 64)
+    argtypes, _ = sigutils.normalize_signature(config.signature())
+    return config, argtypes
+
+
+@needs_compiler
+def test_cache_stores_loads_and_rebuilds_a_bad_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FLASHCORE_CACHE", raising=False)
+    config, argtypes = _phase01()
+    assert config.cache_key == ("01", 64, "float16")
+
+    def cached():
+        return cache.cached_cubin(config.kernel, argtypes, config.cache_key, (9, 0))
+
+    before = dict(cache.stats)
+    first = cached()
+    assert first.built and cache.stats["built"] == before["built"] + 1
+    (entry,) = tmp_path.glob("*.cubin")
+    assert entry.name == f"{first.key}.cubin" and launch.kernel_names(first.cubin) == [first.entry]
+    # the arguments of phase 01 (Q, K, V, O, causal, qk_scale) are what the kernel declares
+    shape = (1, 2, 40, 64)
+    ArgSlots([ArrayArg(shape, 2)] * 4 + [ScalarArg("bool", False), ScalarArg("float32", 0.2)]).check(
+        first.cubin, first.entry)
+    with pytest.raises(ValueError, match="do not match the compiled kernel"):
+        ArgSlots([ArrayArg(shape, 2)] * 4 + [ScalarArg("bool", False)]).check(first.cubin, first.entry)
+
+    again = cached()
+    assert not again.built and again.cubin == first.cubin and again.entry == first.entry
+    assert cache.stats["loaded"] == before["loaded"] + 1
+
+    good = entry.read_bytes()
+    corruptions = {
+        "truncated": good[:-100],
+        "a flipped byte": good[:-50] + bytes([good[-50] ^ 0xFF]) + good[-49:],
+        "another key's header": good.replace(first.key.encode(), b"0" * len(first.key)),
+        "not an entry at all": b"garbage",
+        "empty": b"",
+    }
+    for what, data in corruptions.items():
+        entry.write_bytes(data)
+        rejected = cache.stats["rejected"]
+        rebuilt = cached()
+        assert rebuilt.built and cache.stats["rejected"] == rejected + 1, what
+        # written again, whole (the entry name, hence the bytes, carry a count of Numba's compiles)
+        assert cache.read_entry(entry, first.key) == (rebuilt.cubin, rebuilt.entry), what
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no temporary file left behind
+
+
+def test_cache_key_names_everything_that_changes_the_code(monkeypatch):
+    monkeypatch.setattr(cache, "toolchain", lambda: {"numba-cuda": "0.30.4", "nvvm": "2.0", "nvjitlink": "13.5"})
+    base = cache.key_fields(("09", 64, "float16"), ("f16[:,::1]",), (9, 0))
+    key = cache.key_of(base)
+    others = [cache.key_fields(("09-ws", 64, "float16"), ("f16[:,::1]",), (9, 0)),
+              cache.key_fields(("09", 128, "float16"), ("f16[:,::1]",), (9, 0)),
+              cache.key_fields(("09", 64, "bfloat16"), ("f16[:,::1]",), (9, 0)),
+              cache.key_fields(("09", 64, "float16"), ("f16[:,:]",), (9, 0)),
+              cache.key_fields(("09", 64, "float16"), ("f16[:,::1]",), (10, 0)),
+              dict(base, source="another"), dict(base, toolchain={"nvjitlink": "13.0"})]
+    assert len({key, *map(cache.key_of, others)}) == 1 + len(others)
+    assert base["source"] == cache.source_fingerprint() and len(base["source"]) == 64
+
+
+def test_cache_folder_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("FLASHCORE_CACHE", raising=False)
+    monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(tmp_path / "kernels"))
+    assert cache.cache_dir() == tmp_path / "kernels"
+    monkeypatch.delenv("FLASHCORE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    if sys.platform.startswith("linux"):
+        assert cache.cache_dir() == tmp_path / "flashcore-numba"
+    monkeypatch.setenv("FLASHCORE_CACHE", "0")
+    assert cache.cache_dir() is None
+
+
+@needs_compiler
+def test_cache_switched_off_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FLASHCORE_CACHE", "0")
+    config, argtypes = _phase01()
+    assert cache.cached_cubin(config.kernel, argtypes, config.cache_key, (9, 0)).built
+    assert not list(tmp_path.iterdir())
+
+
+def test_torch_compile_traces_attention_as_one_op():
+    """torch.compile(fullgraph=True) of a function that calls attention() traces it as the custom op
+    flashcore::attention (its fake implementation gives the output's shape and dtype): no graph
+    break. The captured graph is not run here (no GPU); tests/test_gpu.py runs it against eager."""
+    torch = pytest.importorskip("torch")
+    from flashcore_numba import attention
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return lambda *args: (torch.empty(2, 4, 16, 64),)  # the graph's output, not computed
+
+    def model(q, k, v):
+        return attention(q, k, v, causal=True) * 2
+
+    q, k, v = (torch.randn(2, 4, 16, 64) for _ in range(3))
+    out = torch.compile(model, fullgraph=True, backend=capture)(q, k, v)
+    assert out.shape == (2, 4, 16, 64)
+    (graph,) = graphs
+    targets = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
+    assert "flashcore.attention.default" in targets, targets
+    node = next(n for n in graph.graph.nodes if str(n.target) == "flashcore.attention.default")
+    assert node.args[3:] == (True, None, "best")  # causal, scale, phase

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The benchmark records of docs/bench/, made again on a GPU machine with torch:
+#
+#   tools/records.sh compile     every kernel into the kernel cache, one process per core
+#   tools/records.sh reference   the ten reference shapes (D 64 and 128, fp16 and bf16, causal and
+#                                not, grouped queries), every kernel and peer, with the tail and the call
+#   tools/records.sh latency     what a call costs at small shapes (phase 09 beside SDPA flash and cuDNN)
+#
+# then `flashcore report`. FC names the command (default `python3 -m flashcore_numba`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FC=${FC:-"python3 -m flashcore_numba"}
+run() { echo "+ $*"; $FC "$@"; }
+TAIL=(--tail 1000 --calls 1000 --cap-seconds 1)
+
+compile() { run compile; }
+
+reference() {
+  for dtype in ${DTYPES:-fp16 bf16}; do
+    for D in 64 128; do
+      for causal in "" --causal; do
+        run bench --dtype "$dtype" --shape "16,16,2048,$D" $causal "${TAIL[@]}"
+      done
+    done
+  done
+}
+
+gqa() {
+  for causal in "" --causal; do
+    run bench --shape 16,32,2048,64 --kv-heads 8 $causal "${TAIL[@]}"
+  done
+}
+
+latency() {
+  for shape in 1,16,128,64 1,16,512,64 4,16,1024,128; do
+    run bench --shape "$shape" --phases 09 --peers flash,cudnn "${TAIL[@]}"
+  done
+  run bench --shape 1,16,1,128 --seq-k 4096 --phases 09 --peers flash,cudnn "${TAIL[@]}"
+  run bench --shape 8,32,1,128 --seq-k 2048 --phases 09 --peers flash,cudnn "${TAIL[@]}"
+}
+
+for step in "$@"; do "$step"; done
