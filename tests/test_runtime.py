@@ -17,10 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashcore_numba.arch import launch
+from flashcore_numba.arch import cache, launch
 from flashcore_numba.arch.launch import ArgSlots, ArrayArg, ScalarArg
 from flashcore_numba.arch.sim import simulator_enabled
-from flashcore_numba.arch import cache
 
 # The simulator replaces numba.cuda's compiler, and a CPU session runs in it. The tests marked
 # `compiler` need the real one, which a CPU machine has (NVVM and nvJitLink from pip): in a simulator

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 
 _SCALARS = {"bool": ctypes.c_bool, "int32": ctypes.c_int32, "uint32": ctypes.c_uint32,
             "float32": ctypes.c_float, "int64": ctypes.c_int64, "uint64": ctypes.c_uint64}
@@ -118,11 +119,12 @@ def _check(result, what: str):
 
 @dataclass
 class Kernel:
-    """A kernel loaded from a cubin: its CUkernel (launched in the current context) and the
-    CUlibrary that must stay loaded while it is used."""
+    """A kernel loaded from a cubin: its CUkernel (launched in the current context), the same as an
+    integer for ctypes, and the CUlibrary that must stay loaded while it is used."""
 
     library: object
     handle: object
+    address: int
     entry: str
 
 
@@ -130,7 +132,7 @@ def load_kernel(cubin: bytes, entry: str) -> Kernel:
     driver = _driver()
     library = _check(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), "cuLibraryLoadData")
     handle = _check(driver.cuLibraryGetKernel(library, entry.encode()), f"cuLibraryGetKernel({entry})")
-    return Kernel(library, handle, entry)
+    return Kernel(library, handle, int(handle), entry)
 
 
 def set_dynamic_smem(kernel: Kernel, nbytes: int, device_id: int) -> None:
@@ -140,19 +142,40 @@ def set_dynamic_smem(kernel: Kernel, nbytes: int, device_id: int) -> None:
     _check(driver.cuKernelSetAttribute(attr, nbytes, kernel.handle, device_id), "cuKernelSetAttribute")
 
 
+# The two calls made on every launch go to the driver library through ctypes: cuda.bindings wraps
+# each argument in a Python object first, which cost 5.5 us per launch on the H100's host against
+# about 1 us here (docs/tuning/call_path.txt). The rest of the driver API is used through
+# cuda.bindings, where its cost does not matter.
+@lru_cache(maxsize=None)
+def _libcuda():
+    import sys
+
+    lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+    u32, ptr = ctypes.c_uint, ctypes.c_void_p
+    lib.cuLaunchKernel.argtypes = [ptr, u32, u32, u32, u32, u32, u32, u32, ptr, ptr, ptr]
+    lib.cuLaunchKernel.restype = ctypes.c_int
+    lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, u32, ctypes.c_size_t, ptr]
+    lib.cuMemsetD32Async.restype = ctypes.c_int
+    return lib
+
+
 def launch(kernel: Kernel, grid, block: int, smem: int, stream: int, slots: ArgSlots) -> None:
     """cuLaunchKernel on `stream` (a CUstream handle as an int; 0: the legacy default stream)."""
-    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-    (err,) = _driver().cuLaunchKernel(kernel.handle, gx, gy, gz, block, 1, 1, smem, stream, slots.params, 0)
-    if int(err) != 0:
-        raise RuntimeError(f"cuLaunchKernel({kernel.entry}) failed: {err!r}")
+    gx, gy, gz = grid
+    err = _libcuda().cuLaunchKernel(kernel.address, gx, gy, gz, block, 1, 1, smem, stream, slots.params, None)
+    if err:
+        raise RuntimeError(f"cuLaunchKernel({kernel.entry}) failed: {_error_name(err)}")
 
 
 def memset32(address: int, value: int, count: int, stream: int) -> None:
     """`count` 32-bit words at `address` set to `value`, in stream order (a CUDA graph captures it)."""
-    (err,) = _driver().cuMemsetD32Async(address, value, count, stream)
-    if int(err) != 0:
-        raise RuntimeError(f"cuMemsetD32Async failed: {err!r}")
+    err = _libcuda().cuMemsetD32Async(address, value, count, stream)
+    if err:
+        raise RuntimeError(f"cuMemsetD32Async failed: {_error_name(err)}")
+
+
+def _error_name(code: int) -> str:
+    return _driver().CUresult(code).name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -209,9 +209,11 @@ class Result:
     static_smem_bytes: int | None = None
     dynamic_smem_bytes: int | None = None
     local_bytes_per_thread: int | None = None
-    # the tail (Timing.tail) and the call time (Timing.calls): `distribution` dicts, when measured
+    # the tail (Timing.tail) and the call time (Timing.calls): `distribution` dicts, when measured;
+    # call_op: the same call through the custom op torch.compile sees, torch.ops.flashcore.attention
     tail: dict | None = None
     call: dict | None = None
+    call_op: dict | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -221,7 +223,7 @@ class Result:
         if self.kind == "peer":
             for key in ("registers", "static_smem_bytes", "dynamic_smem_bytes", "local_bytes_per_thread"):
                 del d[key]
-        for key in ("tail", "call"):  # absent, not null, where not measured (older records lack them)
+        for key in ("tail", "call", "call_op"):  # absent, not null, where not measured (older records lack them)
             if d[key] is None:
                 del d[key]
         return d
@@ -344,7 +346,7 @@ def _validate_result(r, where) -> list[str]:
             errors.append(f"{where}.{key}: a correct result must be timed, got {value!r}")
         if not r.get("correct") and value is not None:
             errors.append(f"{where}.{key}: an incorrect result must not carry a speed figure")
-    for key in ("tail", "call"):
+    for key in ("tail", "call", "call_op"):
         if key in r:
             if not r.get("correct") or not isinstance(r[key], dict):
                 errors.append(f"{where}.{key}: expected an object, and only in a correct result")
@@ -1038,27 +1040,39 @@ def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timi
                     n = capped(timing.tail, result.median_ms, timing.cap_seconds)
                     result.tail = distribution(queued_times(device, launch, n, flush=False))
                 if timing.calls and device.kind == "torch":
-                    call = launch if result.kind == "peer" else _attention_call(result.name, qkv, problem)
-                    result.call = call_times(device, call, capped(timing.calls, result.median_ms, timing.cap_seconds))
+                    n = capped(timing.calls, result.median_ms, timing.cap_seconds)
+                    if result.kind == "peer":
+                        result.call = call_times(device, launch, n)
+                    else:
+                        result.call = call_times(device, _attention_call(result.name, qkv, problem), n)
+                        result.call_op = call_times(device, _attention_call(result.name, qkv, problem, op=True), n)
             except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
                 result.correct = False
                 result.message = f"passed the gate, then timing raised {_raised(e)}"
                 for key in ("median_ms", "min_ms", "max_ms", "mean_ms", "p99_ms", "tflops", "pct_of_ceiling",
-                            "tail", "call"):
+                            "tail", "call", "call_op"):
                     setattr(result, key, None)  # an incorrect result carries no speed figure
         results.append(result)
         device.release()
     return results, oracle, seed
 
 
-def _attention_call(kernel_id: str, qkv, problem: Problem) -> Callable[[], object]:
-    """What a user calls: attention() on the benchmark's tensors, this kernel chosen by id."""
+def _attention_call(kernel_id: str, qkv, problem: Problem, op: bool = False) -> Callable[[], object]:
+    """What a user calls: attention() on the benchmark's tensors, this kernel chosen by id; with op,
+    the custom op a compiled model calls instead, torch.ops.flashcore.attention."""
     from ..api import attention
 
     q, k, v = qkv
+    if op:
+        import torch
 
-    def call():
-        return attention(q, k, v, causal=problem.causal, phase=kernel_id)
+        attention_op = torch.ops.flashcore.attention
+
+        def call():
+            return attention_op(q, k, v, problem.causal, None, kernel_id)
+    else:
+        def call():
+            return attention(q, k, v, causal=problem.causal, phase=kernel_id)
 
     return call
 

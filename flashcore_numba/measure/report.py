@@ -347,10 +347,11 @@ def latency_table(records) -> list[str]:
              "`attention()` called back to back on torch tensors, as a model's loop calls it (no L2 flush): "
              "microseconds per call, median / p99, beside the kernel's own time (each launch alone on the "
              "device) and torch SDPA's calls measured the same way in the same run. Host: the Python time of "
-             "one `attention()` call.", "",
+             "one `attention()` call. Op: the same call through `torch.ops.flashcore.attention`, the custom op "
+             "a `torch.compile`d model calls (torch's dispatcher adds its cost).", "",
              "| B, H, S_q, S_k, D | kernel | call median / p99 | kernel time | call / kernel | host per call | "
-             "SDPA flash call | SDPA cuDNN call |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "op call | SDPA flash call | SDPA cuDNN call |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for record in records:
         c = record["config"]
         ours = [r for r in record["results"] if r["kind"] == "phase" and r.get("call")]
@@ -359,17 +360,15 @@ def latency_table(records) -> list[str]:
         phases = [x for x in ours if "-" not in x["name"]] or ours  # a phase before its variants
         r = max(phases, key=lambda x: x["name"])  # the newest
         call = r["call"]
-        peers = {x["name"]: x for x in record["results"] if x["kind"] == "peer"}
-
-        def peer(name):
-            x = peers.get(name)
-            return f"{_us(x['call']['median_ms'])}" if x and x.get("call") else "—"
+        peers = {x["name"]: x for x in record["results"] if x["kind"] == "peer" and x.get("call")}
+        flash, cudnn = (_us(peers[n]["call"]["median_ms"]) if n in peers else "—" for n in ("sdpa_flash", "sdpa_cudnn"))
 
         shape = f"{c['B']}, {c['H']}{'/' + str(c['H_kv']) if c.get('H_kv') else ''}, {c['S_q']}, {c['S_k']}, {c['D']}"
         shape += f" {SHORT_DTYPE.get(c['dtype'], c['dtype'])}" + (" causal" if c["causal"] else "")
         lines.append(f"| {shape} | {r['name']} | {_us(call['median_ms'])} / {_us(call['p99_ms'])} | "
                      f"{_us(r['median_ms'])} | {call['median_ms'] / r['median_ms']:.2f} | "
-                     f"{call['host_median_us']:.0f} | {peer('sdpa_flash')} | {peer('sdpa_cudnn')} |")
+                     f"{call['host_median_us']:.0f} | {_us(r['call_op']['median_ms']) if r.get('call_op') else '—'} | "
+                     f"{flash} | {cudnn} |")
     return lines
 
 

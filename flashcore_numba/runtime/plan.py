@@ -54,7 +54,7 @@ class Plan:
         config = build(get_phase(kernel_id), head_dim, dtype)
         with cuda.gpus[device_index]:
             cc = tuple(cuda.get_current_device().compute_capability)
-            self.grid = config.grid(tuple(q_shape), causal)
+            self.grid = (tuple(config.grid(tuple(q_shape), causal)) + (1, 1))[:3]
         argtypes, _ = sigutils.normalize_signature(config.signature(dtype))
         cached = cached_cubin(config.kernel, argtypes, config.cache_key, cc)
         self.kernel = _loaded(cached, device_index, config.smem_bytes)

@@ -8,6 +8,7 @@ cache for every phase, head dim and dtype in the time of the slowest few:
 
 from __future__ import annotations
 
+
 def kernels_to_compile(kernel_ids, head_dims, dtypes) -> list[tuple[str, int, str]]:
     """(kernel id, head dim, dtype) of every requested kernel that exists (a phase builds only the
     head dims and dtypes it lists)."""
