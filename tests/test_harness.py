@@ -353,6 +353,13 @@ def test_report_launch_times_and_flags(report_tree):
     row = next(line for line in block.splitlines() if line.startswith("| 16, 16, 2048, 2048, 64 fp16 |"))
     assert row.startswith(f"| 16, 16, 2048, 2048, 64 fp16 | 01 | 1500 / 1500 | {first['median_ms'] * 1e3:.0f} |")
     assert row.endswith("| 30 | — | — | — |")
+    # a run of one kernel at a small shape is a row of that table, not a ladder of its own
+    small = dict(record, created="2026-11-30T00:00:00+00:00", config=dict(record["config"], B=1, S_q=128, S_k=128),
+                 results=[dict(first)])
+    (report_tree.records / "small_p01.json").write_text(json.dumps(small))
+    _generate(report_tree)
+    block = report_tree.readme.read_text()
+    assert "| 1, 16, 128, 128, 64 fp16 | 01 |" in block and "#### B=1 H=16 S=128" not in block
 
 
 def test_report_phase_docstrings_from_fixture(report_tree):

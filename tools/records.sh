@@ -6,7 +6,9 @@
 #                                not, grouped queries), every kernel and peer, with the tail and the call
 #   tools/records.sh latency     what a call costs at small shapes (phase 09 beside SDPA flash and cuDNN)
 #
-# then `flashcore report`. FC names the command (default `python3 -m flashcore_numba`).
+# then `flashcore report`. FC names the command (default `python3 -m flashcore_numba`). On a machine
+# that received the working tree without its history, pass the commit it holds:
+# FLASHCORE_GIT_COMMIT=$(git rev-parse HEAD) FLASHCORE_GIT_DIRTY=0 (the records' provenance).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FC=${FC:-"python3 -m flashcore_numba"}
