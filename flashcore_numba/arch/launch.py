@@ -142,10 +142,11 @@ def set_dynamic_smem(kernel: Kernel, nbytes: int, device_id: int) -> None:
     _check(driver.cuKernelSetAttribute(attr, nbytes, kernel.handle, device_id), "cuKernelSetAttribute")
 
 
-# The two calls made on every launch go to the driver library through ctypes: cuda.bindings wraps
-# each argument in a Python object first, which cost 5.5 us per launch on the H100's host against
-# about 1 us here (docs/tuning/call_path.txt). The rest of the driver API is used through
-# cuda.bindings, where its cost does not matter.
+# The two calls made on every launch go to the driver library through ctypes, which passes the
+# integers as they are; cuda.bindings first wraps each argument in an object of its own. Its launch
+# took 5.5 us on one H100 host (docs/tuning/call_path.txt); the ctypes one has been timed on another,
+# slower host only, where the GPU may have paced the loop, so its gain is not established yet. The
+# rest of the driver API is used through cuda.bindings, where its cost does not matter.
 @lru_cache(maxsize=None)
 def _libcuda():
     import sys

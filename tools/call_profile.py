@@ -1,0 +1,52 @@
+"""Where the host time of one attention() call goes (torch fp16, B=1 H=16 S=128 D=64), part by part.
+
+Run on a GPU with torch: `python3 tools/call_profile.py`. Each line is the mean host time of one
+call of that part over 5000 calls in a loop (after 100 of warm-up): attention() itself through
+phase 09's and phase 07's plans, the plan's own launch, the driver launch alone, and each piece
+a call pays for (the output's allocation, the current stream, the plan's key), beside torch SDPA.
+At this shape the kernels take about 10 us, so a line near 10 us may be the GPU's pace, not the
+host's. docs/tuning/call_path.txt holds its runs.
+"""
+
+import time
+
+import torch
+
+from flashcore_numba import api, attention
+from flashcore_numba.arch import launch as drv
+
+
+def us(fn, n=5000):
+    for _ in range(100): fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n): fn()
+    dt = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return dt
+q = torch.randn(1, 16, 128, 64, device="cuda", dtype=torch.float16); k = torch.randn_like(q); v = torch.randn_like(q)
+attention(q, k, v); attention(q, k, v, phase="07")
+plan09 = next(p for key, p in api._PLANS.items() if key[0] == "best")
+plan07 = next(p for key, p in api._PLANS.items() if key[0] == "07")
+out = torch.empty_like(q)
+s = torch.cuda.current_stream().cuda_stream
+rows = {
+ "attention() 09": lambda: attention(q, k, v),
+ "attention() 07": lambda: attention(q, k, v, phase="07"),
+ "plan09(q,k,v,out,s)": lambda: plan09(q, k, v, out, s),
+ "plan07(q,k,v,out,s)": lambda: plan07(q, k, v, out, s),
+ "drv.launch 07 only": lambda: drv.launch(plan07.kernel, plan07.grid, plan07.block, plan07.smem, s, plan07.slots),
+ "memset32": lambda: drv.memset32(out.data_ptr(), 0, 1, s),
+ "torch.empty": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
+ "torch.cuda.current_stream(dev).cuda_stream": lambda: torch.cuda.current_stream(0).cuda_stream,
+ "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0),
+ "torch.cuda.current_device()": lambda: torch.cuda.current_device(),
+ "torch.compiler.is_compiling()": lambda: torch.compiler.is_compiling(),
+ "grad check": lambda: torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+ "key tuple": lambda: ("best", bool, False, type(None), None, False, type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, q.is_contiguous(), k.is_contiguous(), v.is_contiguous()),
+ "3x data_ptr": lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr()),
+ "q.device.index": lambda: q.device.index,
+ "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+}
+for name, fn in rows.items():
+    print(f"{name:45s} {us(fn):7.2f} us", flush=True)
