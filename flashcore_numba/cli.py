@@ -431,6 +431,10 @@ def cmd_bench(args) -> int:
     if args.repeats < MIN_REPEATS:
         raise CLIError(f"--repeats: the benchmark protocol times at least {MIN_REPEATS} runs, got "
                        f"{args.repeats} (`flashcore run --repeats N` is the quick look)")
+    if not args.cap_seconds > 0:
+        raise CLIError(f"--cap-seconds: expected a positive number of seconds, got {args.cap_seconds}")
+    if args.seq_k is not None and (args.sweep or args.sweep_s):
+        raise CLIError("--seq-k: a sweep keeps S_q = S_k; drop one of the two")
     target = kernel_target()
     if target != "gpu":
         why = ("the CUDA simulator is on (NUMBA_ENABLE_CUDASIM)" if target == "simulator"
@@ -445,8 +449,6 @@ def cmd_bench(args) -> int:
         raise CLIError(f"--kv-heads {args.kv_heads}: must divide the {shape[1]} query heads of --shape")
     problem = bench.Problem.from_shape(shape, dtype=dtype, causal=args.causal, kv_heads=args.kv_heads)
     if args.seq_k is not None:
-        if args.sweep or args.sweep_s:
-            raise CLIError("--seq-k: a sweep keeps S_q = S_k; drop one of the two")
         problem = dataclasses.replace(problem, S_k=args.seq_k)
     phase_ids = args.phases or list(KERNELS)
     peers = list(bench.PEERS) if args.peers is None else args.peers
@@ -455,8 +457,6 @@ def cmd_bench(args) -> int:
     if dtype != "float16" and device.kind != "torch":
         raise CLIError(f"--dtype {args.dtype}: needs torch with CUDA (NumPy has no bfloat16): "
                        f"{device.no_peers_reason}")
-    if not args.cap_seconds > 0:
-        raise CLIError(f"--cap-seconds: expected a positive number of seconds, got {args.cap_seconds}")
     timing = bench.Timing(warmup=args.warmup, repeats=args.repeats, tail=args.tail or 0, calls=args.calls or 0,
                           cap_seconds=args.cap_seconds)
     n_points = len(sweep) if sweep else 1

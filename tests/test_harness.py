@@ -432,11 +432,26 @@ def test_report_without_records(report_tree, tmp_path):
     (["bench", "--peers", "flashy"], "--peers"),
     (["bench", "--dtype", "fp8"], "--dtype"),
     (["bench", "--repeats", "5"], "--repeats"),
+    (["bench", "--cap-seconds", "0"], "--cap-seconds"),
+    (["bench", "--seq-k", "0"], "--seq-k"),
+    (["bench", "--seq-k", "100", "--sweep"], "--seq-k"),
+    (["compile", "--cc", "nine"], "--cc"),
+    (["compile", "--dtypes", "fp8"], "--dtypes"),
+    (["compile", "--head-dims", "0"], "--head-dims"),
+    (["compile", "--phases", "42"], "phase"),
+    (["compile", "--jobs", "-1"], "--jobs"),
 ])
 def test_cli_bad_arguments_give_one_line(argv, option, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and option in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="uses the CUDA simulator")
+def test_cli_compile_refuses_the_simulator(capsys):
+    assert main(["compile", "--cc", "9.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "simulator" in err and "Traceback" not in err
 
 
 @pytest.mark.skipif(not simulator_enabled(), reason="uses the CUDA simulator")
