@@ -208,7 +208,8 @@ def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int):
 # ---------------------------------------------------------------------------------------------
 # torch tensors: a plan per problem, and the custom op
 # ---------------------------------------------------------------------------------------------
-_PLANS: dict = {}  # the key of a call (see _torch_call) -> its runtime.Plan
+_PLANS: dict = {}  # the key of a call (see _torch_call) -> its runtime.Plan, oldest first
+PLANS_KEPT = 512  # a plan is a few KB; the compiled kernels themselves are shared by all plans
 _OP = None
 
 
@@ -233,7 +234,10 @@ def _torch_call(q, k, v, causal, scale, phase):
         _resolve(q, k, v, causal, scale, phase)
         raise
     if plan is None:
-        plan = _PLANS[key] = _make_plan(q, k, v, causal, scale, phase)
+        plan = _make_plan(q, k, v, causal, scale, phase)
+        if len(_PLANS) >= PLANS_KEPT:  # many shapes (lengths that change call to call): forget the oldest
+            del _PLANS[next(iter(_PLANS))]
+        _PLANS[key] = plan
     if plan is _NUMBA_LAUNCH:
         return _launch(q, k, v, causal, scale, phase)
     out = torch.empty_like(q)  # q is contiguous (the key says so): so is out
