@@ -223,3 +223,36 @@ def test_torch_compile_traces_attention_as_one_op():
     assert "flashcore.attention.default" in targets, targets
     node = next(n for n in graph.graph.nodes if str(n.target) == "flashcore.attention.default")
     assert node.args[3:] == (True, None, "best")  # causal, scale, phase
+
+
+def test_a_call_finds_its_plan_by_its_key(monkeypatch):
+    """attention() on torch tensors makes a problem's plan once (validating it then) and finds it again
+    by the call's key; another shape, flag or dtype is another plan; an unhashable argument is named;
+    and the table forgets its oldest plans past PLANS_KEPT. Run with CPU tensors and a stand-in plan
+    (no GPU here): what is tested is the lookup, not the launch."""
+    torch = pytest.importorskip("torch")
+    from flashcore_numba import api
+
+    made, launched = [], []
+
+    def make_plan(q, k, v, causal, scale, phase):
+        made.append((tuple(q.shape), causal, scale, phase))
+        return lambda q, k, v, out, stream: launched.append(out.shape)
+
+    monkeypatch.setattr(api, "_make_plan", make_plan)
+    monkeypatch.setattr(api, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(api, "_PLANS", {})
+    q, k, v = (torch.zeros(1, 2, 8, 64, dtype=torch.float16) for _ in range(3))
+    for _ in range(3):
+        out = api.attention(q, k, v, causal=True)
+    assert len(made) == 1 and len(launched) == 3 and out.shape == q.shape and out.dtype == q.dtype
+    api.attention(q, k, v)  # another flag
+    api.attention(q[:, :, :4], k, v)  # another shape (a view: not contiguous, so another key too)
+    api.attention(q.float(), k.float(), v.float())  # another dtype
+    assert len(made) == 4
+    with pytest.raises(TypeError, match="phase: expected a phase id"):
+        api.attention(q, k, v, phase=["09"])  # unhashable: the validation says what is wrong
+    monkeypatch.setattr(api, "PLANS_KEPT", 2)
+    api.attention(q, k, v, scale=0.5)
+    assert len(api._PLANS) == 2 and made[-1][2] == 0.5
