@@ -235,7 +235,7 @@ def _torch_call(q, k, v, causal, scale, phase):
         raise
     if plan is None:
         plan = _make_plan(q, k, v, causal, scale, phase)
-        if len(_PLANS) >= PLANS_KEPT:  # many shapes (lengths that change call to call): forget the oldest
+        while len(_PLANS) >= PLANS_KEPT:  # many shapes (lengths that change call to call): forget the oldest
             del _PLANS[next(iter(_PLANS))]
         _PLANS[key] = plan
     if plan is _NUMBA_LAUNCH:
