@@ -248,8 +248,6 @@ def cmd_run(args) -> int:
 
 
 def _run_simulator(args) -> int:
-    from rich.table import Table
-
     from .measure import bench
 
     console = _console()
@@ -268,20 +266,14 @@ def _run_simulator(args) -> int:
                 verdicts[phase.ID, causal], _ = bench.check_phase(phase, device, qkv, problem, ref, lowp)
                 progress.advance(task)
 
-    B, H, S, D = shape
-    table = Table(title=f"Phase ladder in the CUDA simulator: B={B} H={H} S={S} D={D} fp16",
-                  title_justify="left")
-    table.add_column("phase", no_wrap=True)
-    for causal in modes:
-        table.add_column("causal" if causal else "non-causal")
-    for phase in PHASES.values():
-        table.add_row(f"{phase.ID} {phase.NAME}", *(_verdict_cell(verdicts[phase.ID, c]) for c in modes))
-    console.print(table)
+    console.print(_simulator_table(verdicts, shape, modes))
     failed = [key for key, r in verdicts.items() if r.available and not r.correct]
     skipped = [key for key, r in verdicts.items() if not r.available]
-    for pid, causal in failed:
+    for pid, causal in skipped + failed:  # what does not fit a cell, under the table
         mode = "causal" if causal else "non-causal"
-        console.print(f"phase {pid} ({mode}): {_text(verdicts[pid, causal].message)}", soft_wrap=True)
+        r = verdicts[pid, causal]
+        why = _text(r.message) if r.available else f"skipped, {_text(r.reason)}"
+        console.print(f"phase {pid} ({mode}): {why}", soft_wrap=True)
     if failed:
         console.print(f"{len(failed)} of {len(verdicts)} checks INCORRECT in the simulator.")
     elif skipped:
@@ -293,9 +285,30 @@ def _run_simulator(args) -> int:
     return 1 if failed else 0
 
 
+def _simulator_table(verdicts, shape, modes):
+    """The simulator's verdicts, a row per phase and a column per mode (`verdicts[phase id, causal]`
+    are Results), in the look of the GPU table; a cell too narrow wraps between words, never cutting
+    a number."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    B, H, S, D = shape
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("phase", no_wrap=True)
+    for causal in modes:
+        table.add_column("causal" if causal else "non-causal", overflow="fold")
+    for phase in PHASES.values():
+        table.add_row(f"{phase.ID} {phase.NAME}", *(_verdict_cell(verdicts[phase.ID, c]) for c in modes))
+    # the title above the table, not in it: a table one mode wide would wrap it
+    title = f"Phase ladder in the CUDA simulator: B={B} H={H} S={S} D={D} fp16"
+    return Group(Text(title, style="table.title"), table)
+
+
 def _verdict_cell(result) -> str:
     if not result.available:
-        return f"skipped: {_text(result.reason)}"
+        return "[yellow]skipped[/yellow]"  # the reason is printed under the table
     if result.correct:
         return f"[green]correct[/green] (err {result.max_err:.1e})"
     return "[red]INCORRECT[/red]"
@@ -342,62 +355,131 @@ def _short_name(r) -> str:
     return "SDPA " + r["name"].removeprefix("sdpa_") if r["name"].startswith("sdpa_") else r["name"]
 
 
-def _results_table(results, title, *, vs_peers=(), resources=False):
-    """Rich table of one problem's results (dicts as in a record), readable at 80 columns."""
-    from rich import box
-    from rich.table import Table
+def _sig3(value) -> str:
+    """3 significant digits, without exponents: 0.535, 6.31, 47.5, 452, 1234."""
+    if value is None:
+        return "—"
+    if abs(value) >= 999.5:
+        return f"{value:.0f}"
+    return f"{value:#.3g}".rstrip(".")  # "#" keeps the zeros of 1.00; "100." loses its point
 
+
+class _FitToWidth:
+    """A renderable laid out when it is printed, for the width it is given (a terminal's, or 80
+    columns in a log): `layout(console, options)` yields what to print."""
+
+    def __init__(self, layout):
+        self.layout = layout
+
+    def __rich_console__(self, console, options):
+        yield from self.layout(console, options)
+
+
+def _results_table(results, title, *, vs_peers=(), resources=False):
+    """One problem's results (dicts as in a record) for rich: the title, a table with one line
+    per kernel, and under it what does not fit a cell. Every number is printed whole at the
+    width it gets: a kernel whose "id name" is too long is named by its id alone, and where
+    that is not enough the least needed columns are left out, last first (local B, smem B,
+    regs, %peak, the SDPA columns from the last, × prev), and named under the table."""
     from .measure.bench import format_tflops, ladder_speedups
 
     speedups = ladder_speedups(results)
     peer_tflops = {r["name"]: r.get("tflops") for r in results if r["kind"] == "peer"}
-    has_pct = resources and any(r.get("pct_of_ceiling") is not None for r in results)
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    table.add_column("kernel", no_wrap=True)
-    for name in ("ms", "TFLOPS", "× prev") + (("%peak",) if has_pct else ()):
-        table.add_column(name, justify="right", no_wrap=True)
-    for peer in vs_peers:
-        table.add_column(f"% {peer.removeprefix('sdpa_')}", justify="right", no_wrap=True)
-    if resources:
-        for name in ("regs", "smem B", "local B"):
-            table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("check", no_wrap=True)
-    notes = []
-    for r in results:
-        label = _text(_short_name(r))
-        if not r["available"]:
-            cells = ["—"] * (3 + has_pct + len(vs_peers) + 3 * resources)
-            table.add_row(label, *cells, "[yellow]n/a[/yellow]")
-            notes.append(f"{_short_name(r)}: n/a, {_text(r['reason'])}")
-            continue
-        median = "—" if r.get("median_ms") is None else format_tflops(r["median_ms"])  # 3 digits
-        row = [label, median, format_tflops(r.get("tflops"))]
+
+    def speedup(r):
         prev = speedups.get(r["name"])
-        row.append(("[red]" if prev and prev[1] < 1 else "") + (f"{prev[1]:.2f}×" if prev else ""))
-        if prev and prev[1] < 1:
-            notes.append(f"{_short_name(r)}: SLOWER than {prev[0]}")
-        if has_pct:
-            row.append("" if r.get("pct_of_ceiling") is None else f"{r['pct_of_ceiling']:.1f}%")
-        for peer in vs_peers:
+        return "" if prev is None else f"[red]{prev[1]:.2f}×[/red]" if prev[1] < 1 else f"{prev[1]:.2f}×"
+
+    def vs_peer(peer):
+        def cell(r):
             base = peer_tflops.get(peer)
             ratio = r["tflops"] / base if r.get("tflops") and base and r["kind"] == "phase" else None
-            row.append("" if ratio is None else f"{100 * ratio:.3g}%")
-        if resources:
-            static = r.get("static_smem_bytes") or 0
-            dynamic = r.get("dynamic_smem_bytes") or 0
-            row += [str(r.get("registers", "") or ""), f"{static + dynamic}" if r["kind"] == "phase" else "",
-                    "" if r.get("local_bytes_per_thread") is None else str(r["local_bytes_per_thread"])]
-        if r["correct"]:
-            row.append("[green]ok[/green]")
-        else:
-            row.append("[red]FAILED[/red]")
+            return "" if ratio is None else f"{_sig3(100 * ratio)}%"
+        return cell
+
+    def smem(r):
+        static, dynamic = r.get("static_smem_bytes") or 0, r.get("dynamic_smem_bytes") or 0
+        return str(static + dynamic) if r["kind"] == "phase" else ""
+
+    def optional(key):
+        return lambda r: "" if r.get(key) is None else str(r[key])
+
+    # (header, the cell of an available result, when to leave it out: the higher, the sooner; 0 never)
+    columns = [("ms", lambda r: _sig3(r.get("median_ms")), 0),
+               ("TFLOPS", lambda r: format_tflops(r.get("tflops")), 0),
+               ("× prev", speedup, 1)]
+    if resources and any(r.get("pct_of_ceiling") is not None for r in results):
+        columns.append(("%peak", lambda r: "" if r.get("pct_of_ceiling") is None
+                        else f"{r['pct_of_ceiling']:.1f}%", 4))
+    columns += [(f"% {peer.removeprefix('sdpa_')}", vs_peer(peer), 2 + i) for i, peer in enumerate(vs_peers)]
+    if resources:
+        columns += [("regs", optional("registers"), 10), ("smem B", smem, 11),
+                    ("local B", optional("local_bytes_per_thread"), 12)]
+
+    rows, notes = [], []  # rows: (label, label by id alone, cells, check)
+    for r in results:
+        label = _text(_short_name(r))
+        short = _text(r["name"]) if r["kind"] == "phase" else label
+        if not r["available"]:
+            rows.append((label, short, ["—"] * len(columns), "[yellow]n/a[/yellow]"))
+            notes.append(f"{_short_name(r)}: n/a, {_text(r['reason'])}")
+            continue
+        prev = speedups.get(r["name"])
+        if prev and prev[1] < 1:
+            notes.append(f"{_short_name(r)}: SLOWER than {prev[0]}")
+        if not r["correct"]:
             notes.append(f"{_short_name(r)}: FAILED, {_text(r['message'])}")
-        table.add_row(*row)
-    # what does not fit a cell goes under the table, one line per kernel
-    table.caption = "\n".join(["× prev: speed over the kernel above; % flash, % cudnn: of torch SDPA's backends",
-                                *notes])
-    table.caption_justify = "left"
-    return table
+        rows.append((label, short, [cell(r) for _, cell, _ in columns],
+                     "[green]ok[/green]" if r["correct"] else "[red]FAILED[/red]"))
+
+    def table(kept, labels):
+        from rich import box
+        from rich.table import Table
+
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+        t.add_column("kernel", no_wrap=True)
+        for i in kept:
+            t.add_column(columns[i][0], justify="right", no_wrap=True)
+        t.add_column("check", no_wrap=True)
+        for name, (_, _, cells, check) in zip(labels, rows):
+            t.add_row(name, *(cells[i] for i in kept), check)
+        return t
+
+    def layout(console, options):
+        from rich.measure import Measurement
+        from rich.text import Text
+
+        def excess(t):  # columns over the width, the table unwrapped
+            return Measurement.get(console, options.update_width(10_000), t).maximum - options.max_width
+
+        def cells(markup):
+            return Text.from_markup(markup).cell_len
+
+        by_need = sorted((i for i, c in enumerate(columns) if c[2]), key=lambda i: -columns[i][2])
+        for n_left_out in range(len(by_need) + 1):
+            kept = [i for i in range(len(columns)) if i not in by_need[:n_left_out]]
+            labels = [label for label, *_ in rows]
+            over = excess(t := table(kept, labels))
+            if over > 0:  # the labels too long for what is left are given by id alone
+                fits = max(map(cells, labels), default=0) - over
+                labels = [label if cells(label) <= fits else short for label, short, *_ in rows]
+                over = excess(t := table(kept, labels))
+            if over <= 0:
+                break
+        headers = [columns[i][0] for i in kept]
+        legend = ["× prev: speed over the kernel above"] if "× prev" in headers else []
+        if peers := [h for h in headers if h.startswith("% ")]:
+            legend.append(f"{', '.join(peers)}: of torch SDPA's backends")
+        if "%peak" in headers:
+            legend.append("%peak: of the tensor-core ceiling")
+        if left_out := [c[0] for i, c in enumerate(columns) if i not in kept]:
+            legend.append(f"left out to fit {options.max_width} columns: {', '.join(left_out)}")
+        yield Text(title, style="table.title")  # above the table, not in it: wrapped at its width
+        yield t
+        for line in ["; ".join(legend)] * bool(legend) + notes:  # one line per kernel
+            yield Text.from_markup(line, style="table.caption")
+
+    return _FitToWidth(layout)
 
 
 def _sweep_table(record, title):
@@ -477,7 +559,8 @@ def cmd_bench(args) -> int:
                                            + (" causal" if problem.causal else "")))
     else:
         # the full table (registers, shared and local memory) needs more than 80 columns: in a log
-        # (no terminal to measure) it is printed 132 wide rather than cut
+        # (no terminal to measure) it is printed 132 wide; a narrower terminal gets kernels named
+        # by id and, if need be, columns left out (said under the table), never a number cut
         wide = console if console.is_terminal else _console(width=132)
         wide.print(_results_table(record["results"], f"{gpu}: {problem.describe()}", resources=True))
     if record.get("ceiling_tflops"):

@@ -494,6 +494,131 @@ def test_cli_gpu_paths_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
     assert "flashcore bench" in printed
 
 
+# `flashcore run` at 80 columns (a log, or a narrow terminal): every number whole, one line per kernel
+# (name, median ms, the ms and TFLOPS the table should show; the reference shape's FLOPs)
+LADDER_MS = [("01", 452.0, "452", "0.61"), ("02", 151.0, "151", "1.82"), ("03", 47.5, "47.5", "5.79"),
+             ("04", 30.1, "30.1", "9.13"), ("05", 25.2, "25.2", "10.9"), ("06", 6.31, "6.31", "43.6"),
+             ("06-inline", 5.9, "5.90", "46.6"), ("07", 1.62, "1.62", "170"), ("08", 0.71, "0.710", "387"),
+             ("09", 0.535, "0.535", "514"), ("09-overlap", 0.55, "0.550", "500"),
+             ("09-turns", 0.6, "0.600", "458"), ("09-ws", 0.65, "0.650", "423"),
+             ("sdpa_flash", 0.61, "0.610", "451"), ("sdpa_cudnn", 0.52, "0.520", "529")]
+
+
+def _fake_ladder() -> list[dict]:
+    """A full ladder of results as `bench` records them (Result.to_dict), every kernel and both peers."""
+    from flashcore_numba.phases import KERNELS
+
+    flops = bench.Problem.from_shape(bench.REFERENCE_SHAPE).flops
+    results = []
+    for name, ms, _, _ in LADDER_MS:
+        if name.startswith("sdpa_"):
+            r = bench.Result(name, "peer", f"torch SDPA, {name} backend", correct=True, message="ok",
+                             max_err=1e-4, allowed_err=2e-3)
+        else:
+            r = bench.Result(name, "phase", KERNELS[name].TITLE, correct=True, message="ok", max_err=1e-4,
+                             allowed_err=2e-3, registers=168, static_smem_bytes=0, dynamic_smem_bytes=98304,
+                             local_bytes_per_thread=0)
+        bench.set_timing(r, [ms], flops, ceiling_tflops=989.0)
+        results.append(r.to_dict())
+    return results
+
+
+def _rendered(renderable, width: int) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text().splitlines()
+
+
+def _ladder_rows(lines: list[str]) -> dict[str, str]:
+    """Kernel name -> its row: the lines under the header's rule, one per kernel, in order, each
+    starting with the kernel's id (or "SDPA flash"), then the notes."""
+    start = next(i for i, line in enumerate(lines) if line.startswith("───")) + 1
+    body = lines[start:start + len(LADDER_MS)]
+    rows = {}
+    for (name, *_), line in zip(LADDER_MS, body, strict=True):
+        label = "SDPA " + name.removeprefix("sdpa_") if name.startswith("sdpa_") else name
+        assert re.match(rf"{re.escape(label)} ", line), (name, "\n".join(lines))
+        rows[name] = line
+    assert not re.match(r"\w+ .* ok *$", lines[start + len(LADDER_MS)]), "\n".join(lines)  # no row more
+    return rows
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_run_table_keeps_every_number_whole(width):
+    from flashcore_numba import cli
+
+    title = "Phase ladder on NVIDIA H100 80GB HBM3: B=16 H=16 S=2048 D=64 fp16 causal"
+    lines = _rendered(cli._results_table(_fake_ladder(), title, vs_peers=["sdpa_flash", "sdpa_cudnn"]), width)
+    text = "\n".join(lines)
+    assert "…" not in text and max(map(len, lines)) <= width, text
+    assert " ".join(line.strip() for line in lines[:2]).startswith(title), text  # the title, above the table
+    rows = _ladder_rows(lines)
+    for name, _, ms, tflops in LADDER_MS:
+        assert re.search(rf" {re.escape(ms)} +{re.escape(tflops)} ", rows[name]), (name, text)
+    assert re.search(r"\b0\.97× ", rows["09-overlap"]), text  # speed over phase 09, whole
+    assert "09-overlap warp_specialized-overlap: SLOWER than 09" in text  # the full name in the notes
+    if width == 80:  # every column fits, and the names that fit are kept
+        assert rows["09"].startswith("09 warp_specialized ") and rows["02"].startswith("02 smem_tiling ")
+        assert re.search(r" 114% +97\.2% ", rows["09"])
+        assert "% flash, % cudnn: of torch SDPA's backends" in text
+        assert "left out" not in text
+    else:
+        assert "left out to fit 60 columns: % cudnn" in text and re.search(r" 114% +ok", rows["09"])
+
+
+def test_bench_table_at_80_and_132_columns():
+    """`flashcore bench` prints 132 wide in a log (everything, full names) and fits an 80-column terminal."""
+    from flashcore_numba import cli
+
+    table = cli._results_table(_fake_ladder(), "Test GPU: B=16 H=16 S=2048 D=64 fp16", resources=True)
+    wide = "\n".join(_rendered(table, 132))
+    assert "…" not in wide and "left out" not in wide
+    assert re.search(r"^09-overlap warp_specialized-overlap +0\.550 +500 +0\.97× +50\.5% +168 +98304 +0 +ok",
+                     wide, re.MULTILINE), wide
+    lines = _rendered(table, 80)
+    text = "\n".join(lines)
+    assert "…" not in text and max(map(len, lines)) <= 80, text
+    rows = _ladder_rows(lines)
+    assert re.search(r" 0\.535 +514 +1\.33× +52\.0% +168 +98304 +0 +ok", rows["09"]), text
+    assert re.search(r" 47\.5 +5\.79 ", rows["03"]), text
+
+
+def _fake_verdicts(modes):
+    verdicts = {}
+    for i, pid in enumerate(PHASES):
+        for causal in modes:
+            verdicts[pid, causal] = bench.Result(pid, "phase", f"Phase {pid}", correct=True, message="ok",
+                                                 max_err=(i + 1) * 1.23e-4, allowed_err=2e-3)
+    verdicts["03", modes[-1]] = bench.Result("03", "phase", "Phase 03", correct=False, max_err=0.5,
+                                             allowed_err=2e-3, message="max error 0.5 > allowed 2e-3")
+    verdicts["08", modes[0]] = bench.unavailable("08", "phase", "Phase 08", "a reason long enough to be cut "
+                                                 "if it were printed in the table's cell, as it once was")
+    return verdicts
+
+
+@pytest.mark.parametrize("modes", [(False, True), (True,)])
+def test_simulator_table_at_80_columns(modes):
+    from flashcore_numba import cli
+
+    verdicts = _fake_verdicts(modes)
+    lines = _rendered(cli._simulator_table(verdicts, cli.SIM_SHAPE, modes), 80)
+    text = "\n".join(lines)
+    assert "…" not in text and max(map(len, lines)) <= 80, text
+    assert lines[0] == "Phase ladder in the CUDA simulator: B=1 H=1 S=48 D=64 fp16", text
+    for i, (pid, phase) in enumerate(PHASES.items()):
+        row = [line for line in lines if line.startswith(f"{pid} {phase.NAME} ")]
+        assert len(row) == 1, text  # one line per phase
+        cells = [_rendered(cli._verdict_cell(verdicts[pid, causal]), 80)[0] for causal in modes]
+        assert re.sub(r" +", " ", row[0]).strip() == " ".join([pid, phase.NAME, *cells]), text
+        if pid not in ("03", "08"):
+            assert row[0].count(f"correct (err {(i + 1) * 1.23e-4:.1e})") == len(modes), text
+    assert "INCORRECT" in text and "skipped" in text and "cut" not in text  # the reason goes under the table
+
+
 def test_doctor_without_gpu():
     has_gpu = shutil.which("nvidia-smi") is not None
     for simulator in (False, True):
