@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from flashcore_numba import check_close, lowp_attention, reference_attention
 from flashcore_numba.arch.sim import simulator_enabled
@@ -48,7 +46,16 @@ def assert_matches_reference(kernel_id, q, k, v, causal, scale=None):
     assert verdict.ok, (f"{kernel_id} q{q.shape} k{k.shape} causal={causal} scale={scale}: {verdict.message}")
 
 
+def require_hypothesis():
+    """The property-based tests need hypothesis (the `dev` extra): without it they skip, saying
+    why, and the other tests of this file run."""
+    return pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install -e '.[dev]')",
+                               exc_type=ImportError)
+
+
 def problems(max_s: int):
+    from hypothesis import strategies as st
+
     return st.tuples(st.integers(1, max_s), st.integers(1, max_s), st.booleans(),
                      st.sampled_from([None, 0.05, 0.3, 1.0, 2.0]), st.sampled_from([64, 128]))
 
@@ -59,6 +66,9 @@ def problems(max_s: int):
 def test_random_problems_in_the_simulator(kernel_id):
     if ON_GPU:
         pytest.skip("the GPU variant of this test runs with more examples (test_random_problems_on_gpu)")
+    require_hypothesis()
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
 
     @settings(max_examples=3, deadline=None, derandomize=False, database=None,
               suppress_health_check=[HealthCheck.too_slow])
@@ -74,6 +84,10 @@ def test_random_problems_in_the_simulator(kernel_id):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel_id", IDS)
 def test_random_problems_on_gpu(kernel_id):
+    require_hypothesis()
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
     @settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(problem=problems(max_s=400), batch=st.integers(1, 3), heads=st.integers(1, 3),
            seed=st.integers(0, 2**31 - 1))
