@@ -17,6 +17,7 @@ from flashcore_numba.phases.common import LOG2E
 from flashcore_numba.reference import random_qkv
 
 pytestmark = pytest.mark.gpu
+NO_TORCH = "torch is not installed (pip install -e '.[torch]')"  # the tests that need it skip
 
 SHAPES = [
     pytest.param((2, 3, 257, 64), None, False, id="257 tail"),
@@ -70,7 +71,7 @@ def test_persistent_blocks_take_several_query_blocks(shape, seq_k, causal, monke
 @functools.lru_cache(maxsize=None)
 def reference_shape_case(causal):
     """Inputs and the two reference results at the benchmark shape (computed once, on the GPU)."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     q, k, v = (torch.randn(16, 16, 2048, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     ref = reference_attention(q, k, v, causal=causal)
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
@@ -82,7 +83,7 @@ def reference_shape_case(causal):
 @pytest.mark.parametrize("phase", list(KERNELS))
 def test_reference_shape_through_torch(phase, causal):
     """The benchmark shape, through the public API with torch tensors (zero-copy, torch's stream)."""
-    import torch
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
 
     q, k, v, ref, lowp = reference_shape_case(causal)
     out = attention(q, k, v, causal=causal, phase=phase)
@@ -104,7 +105,7 @@ def test_device_array_round_trip():
 
 def test_requires_grad_under_no_grad_and_with_grad():
     """Activations inside a model require grad: fine under no_grad / inference_mode, refused otherwise."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     host = random_qkv((1, 2, 70, 64))
     q, k, v = (torch.tensor(x, device="cuda").requires_grad_() for x in host)
     with pytest.raises(ValueError, match="q: requires grad.*no backward pass"):
@@ -167,7 +168,7 @@ BF16_KERNELS = [kid for kid, kernel in KERNELS.items() if "bfloat16" in getattr(
 ])
 def test_bf16_through_torch(phase, shape, seq_k, causal):
     """bf16 torch tensors in, bf16 out; the yardstick is torch's math SDPA in bf16."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     B, H, S, D = shape
     q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(B, H, seq_k or S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -186,7 +187,7 @@ def test_bf16_through_torch(phase, shape, seq_k, causal):
 
 
 def test_bf16_refused_by_fp16_phases_by_name():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     q = torch.randn(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="q: expected dtype float16 for phase 06, got bfloat16"):
         attention(q, q, q, phase="06")
@@ -215,7 +216,7 @@ def test_output_off_a_16_byte_boundary_is_refused(phase):
 # The call path (runtime/): plans, CUDA graphs, torch.compile, the kernel cache
 # ---------------------------------------------------------------------------------------------
 def _torch_qkv(shape, seq_k=None, dtype="float16", heads_kv=None):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     B, H, S, D = shape
     q = torch.randn(B, H, S, D, device="cuda", dtype=getattr(torch, dtype))
     k, v = (torch.randn(B, heads_kv or H, seq_k or S, D, device="cuda", dtype=q.dtype) for _ in range(2))
@@ -223,7 +224,7 @@ def _torch_qkv(shape, seq_k=None, dtype="float16", heads_kv=None):
 
 
 def _check_torch(out, q, k, v, causal, what=""):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     H, H_kv = q.shape[1], k.shape[1]
     k_rep, v_rep = (x.repeat_interleave(H // H_kv, dim=1) for x in (k, v))
     ref = reference_attention(q, k_rep, v_rep, causal=causal)
@@ -258,7 +259,7 @@ def test_cuda_graph_capture_and_replay(phase, D, dtype):
     """attention() captured in a CUDA graph, replayed on new data in the same buffers: right every
     time (phase 09's work counter is zeroed by a memset inside the captured work, its tensor maps
     copied on the stream)."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     q, k, v = _torch_qkv((2, 3, 500, D), dtype=dtype)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -278,7 +279,7 @@ def test_cuda_graph_capture_and_replay(phase, D, dtype):
 
 
 def test_torch_compile_fullgraph_matches_eager():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
 
     class Block(torch.nn.Module):
         def forward(self, q, k, v):
@@ -348,7 +349,7 @@ def test_a_corrupted_cache_entry_is_rebuilt(fresh_cache):
 def test_trace_build_on_gpu():
     """Phase 09's trace build (docs/tuning/09_stalls.txt): right output, and its records say the
     kernel ran on the GPU's clock for no longer than the events around the launch measured."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     from numba import cuda
 
     from flashcore_numba.api import torch_to_kernel

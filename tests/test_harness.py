@@ -317,11 +317,32 @@ def test_report_table_from_fixture(report_tree):
     assert "42.6% / 37.4%" in block  # 298 and 262 of the 700-TFLOPS ceiling
     assert "docs/bench/fixture_b16h16s2048d64_fp16.json" in block
     assert "docs/bench/fixture_b16h16s2048d64_fp16_causal.json" in block
+    assert "Text after" not in block
+
+
+def test_report_plots_from_fixture(report_tree):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[notebooks]')",
+                        exc_type=ImportError)
+    _generate(report_tree)
+    text = report_tree.readme.read_text()
+    block = text[text.index(report.BEGIN):text.index(report.END)]
     for plot in ("ladder.png", "sweep.png"):
         path = report_tree.records / plot
         assert path.stat().st_size > 10_000
         assert f"(docs/bench/{plot})" in block
-    assert "Text after" not in block
+
+
+def test_report_without_matplotlib(report_tree, monkeypatch):
+    """Without matplotlib (the `notebooks` extra) the report writes the table, no plots, and says so."""
+    def missing():
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr(report, "_pyplot", missing)
+    summary = _generate(report_tree)
+    assert "plots skipped: matplotlib is not installed (pip install matplotlib)" in summary
+    text = report_tree.readme.read_text()
+    assert "| 01 | Naive: one thread per query row | 1.00 |" in text and ".png" not in text
+    assert not list(report_tree.records.glob("*.png"))
 
 
 def test_report_launch_times_and_flags(report_tree):

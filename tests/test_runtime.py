@@ -26,6 +26,7 @@ from flashcore_numba.arch.sim import simulator_enabled
 # session they run in a child pytest without it (a background job, see conftest.py), and
 # test_compiler_tests_pass_without_the_simulator reads its result.
 COMPILER_TESTS = 3
+NO_TORCH = "torch is not installed (pip install -e '.[torch]')"  # the tests that need it skip
 
 
 def needs_compiler(test):
@@ -203,7 +204,7 @@ def test_torch_compile_traces_attention_as_one_op():
     """torch.compile(fullgraph=True) of a function that calls attention() traces it as the custom op
     flashcore::attention (its fake implementation gives the output's shape and dtype): no graph
     break. The captured graph is not run here (no GPU); tests/test_gpu.py runs it against eager."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     from flashcore_numba import attention
 
     graphs = []
@@ -230,7 +231,7 @@ def test_a_call_finds_its_plan_by_its_key(monkeypatch):
     by the call's key; another shape, flag or dtype is another plan; an unhashable argument is named;
     and the table forgets its oldest plans past PLANS_KEPT. Run with CPU tensors and a stand-in plan
     (no GPU here): what is tested is the lookup, not the launch."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     from flashcore_numba import api
 
     made, launched = [], []
