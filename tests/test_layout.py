@@ -12,6 +12,9 @@ Arrows point one way: course -> measure -> library -> runtime -> phases -> arch,
 the CLI, which only wires commands to the rest. Every import statement of every module is
 read with `ast`, those inside functions included (that is where most of the heavy imports
 live), and resolved to the module it names.
+
+Within a layer the imports form no circle either: a module that imports one that imports it
+back (at any depth, through any number of modules) can only be read, and imported, together.
 """
 
 from __future__ import annotations
@@ -113,6 +116,59 @@ def package_modules() -> list[Path]:
     return sorted(PACKAGE_DIR.rglob("*.py"))
 
 
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """module -> the modules of the package it imports, from {module: (source, is_package)}."""
+    return {module: {target for _, target in imported_modules(source, module, is_package) if layer(target)}
+            for module, (source, is_package) in sources.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle of `graph`, one per group of modules that import each other, as a path
+    `a, b, ..., a` (a shortest one back to its first module, the first in sorted order)."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(module):  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:  # module is the first of its group: the group is above it
+            group = set(stack[stack.index(module):])
+            del stack[stack.index(module):]
+            on_stack.difference_update(group)
+            if len(group) > 1 or module in graph.get(module, ()):
+                groups.append(group)
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return [_path_back(min(group), graph, group) for group in sorted(groups, key=min)]
+
+
+def _path_back(start: str, graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """A shortest import path from `start` back to itself, within `group` (breadth first)."""
+    came_from, frontier = {}, [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for target in sorted(graph.get(module, set()) & group):
+                if target == start:
+                    path = [module]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return path[::-1] + [start]
+                if target not in came_from:
+                    came_from[target] = module
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"{start} is in no circle")
+
+
 def test_every_module_belongs_to_a_layer():
     unknown = [str(p.relative_to(PACKAGE_DIR.parent)) for p in package_modules()
                if layer(module_name(p)) in (None, "unknown")]
@@ -156,3 +212,40 @@ def test_right_way_imports_pass():
     source = ("from ..measure.bench import Timing\nfrom ..phases.common import LOG2E\n"
               "from ..arch.sim import simulator_enabled\nfrom .. import __version__\nimport numpy\n")
     assert violations(source, "flashcore_numba.course.grade") == []
+
+
+def test_no_import_circle():
+    sources = {module_name(p): (p.read_text(encoding="utf-8"), p.name == "__init__.py") for p in package_modules()}
+    found = circles(import_graph(sources))
+    assert not found, ("import circles (move what both sides need into a module that imports neither):\n"
+                       + "\n".join(" -> ".join(circle) for circle in found))
+
+
+ARCH, PHASES_ = f"{PACKAGE}.arch", f"{PACKAGE}.phases"
+
+
+@pytest.mark.parametrize("sources, expected", [
+    ({f"{ARCH}.ptx": "def function():\n    from . import sim_mma\n",  # the import back inside a function
+      f"{ARCH}.sim_mma": "from .ptx import emulation\n"},
+     [[f"{ARCH}.ptx", f"{ARCH}.sim_mma", f"{ARCH}.ptx"]]),
+    ({f"{PHASES_}.common": "from . import tracing\n",  # three modules, relative and absolute
+      f"{PHASES_}.tracing": f"import {PHASES_}.p09_warp_specialized\n",
+      f"{PHASES_}.p09_warp_specialized": "def build():\n    from .common import launch\n"},
+     [[f"{PHASES_}.common", f"{PHASES_}.tracing", f"{PHASES_}.p09_warp_specialized", f"{PHASES_}.common"]]),
+    ({f"{ARCH}.sim": f"from {ARCH} import sim\n"}, [[f"{ARCH}.sim", f"{ARCH}.sim"]]),  # a module importing itself
+    ({f"{ARCH}.ptx": "from . import sim_mma, sim_wmma\n",  # two circles through one module: one group, one path
+      f"{ARCH}.sim_mma": "from .ptx import emulation\n", f"{ARCH}.sim_wmma": "from .ptx import emulation\n"},
+     [[f"{ARCH}.ptx", f"{ARCH}.sim_mma", f"{ARCH}.ptx"]]),
+])
+def test_an_import_circle_is_caught(sources, expected):
+    """The checker itself: a circle of any length, through imports at any depth, named in order."""
+    graph = import_graph({module: (source, False) for module, source in sources.items()})
+    assert circles(graph) == expected
+
+
+def test_imports_without_a_circle_pass():
+    """The registry below both: ptx -> sim_mma -> emulation and ptx -> emulation is no circle."""
+    sources = {f"{ARCH}.ptx": "from .emulation import registered\ndef function():\n    from . import sim_mma\n",
+               f"{ARCH}.sim_mma": "from .emulation import emulation\nfrom .sim import warp_exchange\n",
+               f"{ARCH}.emulation": "from __future__ import annotations\n", f"{ARCH}.sim": "import numpy\n"}
+    assert circles(import_graph({module: (source, False) for module, source in sources.items()})) == []

@@ -9,7 +9,10 @@ Phases import from here; nothing here imports a phase, the measurement, the cour
 
     ptx.py    the hand-written PTX of the top-level ptx/ folder turned into device functions,
               by both routes (linked `.func`s, and inline assembly without a call), and the
-              32-bit shared-memory addresses the PTX takes
+              operands the PTX takes (shared and global addresses, wgmma descriptors,
+              register tuples)
+    emulation.py the simulator's registry of the sim_*.py stand-ins, by PTX function name;
+                 it imports nothing from the package, so no sim module imports ptx.py
     sim_wmma.py  the simulator's WMMA: Python versions of ptx/wmma.ptx's functions
     sim_mma.py   the simulator's mma.sync, ldmatrix and cp.async, lane by lane with the
                  fragment layouts the PTX ISA documents
@@ -20,4 +23,7 @@ Phases import from here; nothing here imports a phase, the measurement, the cour
                  describe refused by name
     sim_tma.py   the simulator's mbarriers and TMA copies (zero fill, 128-byte swizzle)
     sim_warpgroup.py  the simulator's named barriers (and setmaxnreg, a no-op there)
+    sim_trace.py the simulator's clock (ptx/trace.ptx's %globaltimer)
+    launch.py    Numba's kernel ABI packed once, the driver launch, `build_cubin`
+    cache.py     compiled kernels on disk, keyed by everything that changes the code
 """

@@ -25,14 +25,22 @@ not declare registers named like the compiler's own (%r1, %rd2, %f3, %p4, %rs5, 
 writes the asm operands as such names, and inside the braces a local %r1 would capture them.
 `parse` refuses such a file.
 
-In Numba's simulator there is no PTX at all: `function()` hands back the Python emulation
-registered for that name (see `flashcore_numba.arch.sim_wmma` and `sim_mma`), which takes
-the same arguments. `shared_address()` and `global_address()` then return a `Pointer`, an
-(array, byte offset) pair that emulations read and write through.
+In Numba's simulator there is no PTX at all: `function()` imports the `sim_*.py` modules and
+hands back the Python emulation registered for that name in `arch/emulation.py` (see
+`flashcore_numba.arch.sim_wmma` and `sim_mma`), which takes the same arguments. The sim
+modules register there, not here, so none of them imports this module.
+`shared_address()` and `global_address()` then return a `Pointer`, an (array, byte offset)
+pair that emulations read and write through.
 
 A function that touches no memory (an `mma`, a conversion) is pasted without a memory
 clobber, so the compiler may still move loads and stores around it; the others keep every
 memory access on its side.
+
+In order, this module holds: the reader of a `.ptx` file (`parse`, `load`, `PtxFunction`);
+the two routes (`function`); and the operands the PTX functions take, each with its simulator
+version: shared and global addresses (`shared_address`, `global_address`, `map_address`;
+`Pointer`), wgmma matrix descriptors (`matrix_descriptor`; `Descriptor`), and local arrays
+passed as register tuples (`as_tuple`, `store_tuple`).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .emulation import registered
 from .sim import simulator_enabled
 
 ROUTES = ("link", "inline")
@@ -337,19 +346,6 @@ def _inlined(fn: PtxFunction, tuples: bool = False):
     return intrinsic(namespace[fn.name])
 
 
-_EMULATIONS: dict = {}
-
-
-def emulation(name: str):
-    """Register the simulator's Python version of PTX function `name` (a decorator)."""
-
-    def register(pyfunc):
-        _EMULATIONS[name] = pyfunc
-        return pyfunc
-
-    return register
-
-
 @lru_cache(maxsize=None)
 def function(filename: str, name: str, route: str = "link", tuples: bool = False):
     """PTX function `name` of ptx/`filename`, callable from a kernel, by `route`.
@@ -370,12 +366,13 @@ def function(filename: str, name: str, route: str = "link", tuples: bool = False
                          f"the inline route can name in place; a call would copy them through .param space "
                          f"before the wait")
     if simulator_enabled():
-        # importing them registers the emulations
+        # importing them registers the emulations (they import arch/emulation.py, never this module)
         from . import sim_exp2, sim_mma, sim_store, sim_tma, sim_trace, sim_wgmma, sim_warpgroup, sim_wmma  # noqa: F401
 
-        if name not in _EMULATIONS:
+        pyfunc = registered(name)
+        if pyfunc is None:
             raise NotImplementedError(f"{name} (ptx/{filename}) has no emulation for the simulator")
-        return _EMULATIONS[name]
+        return pyfunc
     return _linked(fn) if route == "link" else _inlined(fn, tuples)
 
 

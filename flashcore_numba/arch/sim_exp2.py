@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ptx import emulation
+from .emulation import emulation
 
 _SMALLEST_NORMAL = np.finfo(np.float32).tiny  # 2^-126
 

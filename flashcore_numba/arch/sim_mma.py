@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ptx import emulation
+from .emulation import emulation
 from .sim import warp_exchange
 
 # -- 16-bit halves of a .b32 register ------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ptx import emulation
+from .emulation import emulation
 
 
 @emulation("flashcore_st_global_v4")

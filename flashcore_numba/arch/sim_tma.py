@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from .ptx import emulation
+from .emulation import emulation
 from .sim import _BARRIER_TIMEOUT_S
 from .tma import SWIZZLE_BYTES, sim_map
 

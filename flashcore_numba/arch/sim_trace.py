@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from .ptx import emulation
+from .emulation import emulation
 
 
 @emulation("flashcore_globaltimer_lo")

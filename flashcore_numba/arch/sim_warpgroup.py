@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from .ptx import emulation
+from .emulation import emulation
 from .sim import _BARRIER_TIMEOUT_S
 
 _LOCK = threading.Lock()

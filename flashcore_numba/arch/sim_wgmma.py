@@ -26,7 +26,7 @@ import threading
 
 import numpy as np
 
-from .ptx import emulation
+from .emulation import emulation
 from .sim import warp_exchange
 
 WARPGROUP = 128

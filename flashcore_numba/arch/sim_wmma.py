@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ptx import emulation
+from .emulation import emulation
 from .sim import warp_exchange
 
 M = N = K = 16  # the m16n16k16 shape
