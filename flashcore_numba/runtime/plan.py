@@ -26,6 +26,7 @@ import numpy as np
 from ..arch import launch as driver
 from ..arch.cache import cached_cubin
 from ..arch.launch import ArgSlots, ArrayArg, ScalarArg
+from ..arch.smem import STATIC_SMEM_LIMIT
 from ..phases import build, get_phase
 
 _LOADED: dict = {}  # (cache key, device index) -> Kernel: one load and one attribute call per process
@@ -36,7 +37,7 @@ def _loaded(cached, device_index: int, smem_bytes: int):
     kernel = _LOADED.get((cached.key, device_index))
     if kernel is None:
         kernel = driver.load_kernel(cached.cubin, cached.entry)
-        if smem_bytes > 48 * 1024:
+        if smem_bytes > STATIC_SMEM_LIMIT:  # the driver refuses more unless the limit is raised
             driver.set_dynamic_smem(kernel, smem_bytes, device_index)
         _LOADED[(cached.key, device_index)] = kernel
     return kernel
@@ -62,7 +63,6 @@ class Plan:
         self.device = torch.device("cuda", device_index)
         self.tma_box = config.tma_box
         self.looping = config.work_units is not None
-        self.compiled = cached.built  # whether making this plan compiled the kernel
         B, H, S, D = q_shape
         out = ArrayArg((B, H, S, D // 2), 4) if config.packed_output else ArrayArg(tuple(q_shape), 2)
         args = [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(k_shape), 2), ArrayArg(tuple(k_shape), 2), out,
