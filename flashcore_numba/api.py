@@ -218,9 +218,12 @@ def _is_torch(x) -> bool:
 
 
 def _torch_call(q, k, v, causal, scale, phase):
-    """attention() on torch tensors: the plan of this problem, made on its first call."""
-    import torch
+    """attention() on torch tensors: the plan of this problem, made on its first call.
 
+    This is the path a model's loop takes on every call, so each line here is paid per call
+    (docs/tuning/call_path.txt has what each costs): torch is imported once (`_TORCH`), the
+    stream comes from torch's raw accessor, and nothing is built that the plan already holds."""
+    torch = _TORCH or _import_torch()
     if torch.compiler.is_compiling():  # torch.compile traces the custom op, not the launch
         return _custom_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase))
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -241,7 +244,7 @@ def _torch_call(q, k, v, causal, scale, phase):
     if plan is _NUMBA_LAUNCH:
         return _launch(q, k, v, causal, scale, phase)
     out = torch.empty_like(q)  # q is contiguous (the key says so): so is out
-    device = q.device.index or 0
+    device = plan.device_index
     if device == torch.cuda.current_device():
         plan(q, k, v, out, _current_stream(device))
     else:  # the launch goes to the current context: make it the tensors' device's
@@ -250,13 +253,24 @@ def _torch_call(q, k, v, causal, scale, phase):
     return out
 
 
+_TORCH = None  # the torch module, once a call has imported it
+_RAW_STREAM = None  # torch's raw current-stream accessor, where this torch has one
+
+
+def _import_torch():
+    global _TORCH, _RAW_STREAM
+    import torch
+
+    _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    _TORCH = torch
+    return torch
+
+
 def _current_stream(device: int) -> int:
     """torch's current stream on `device`, as the CUstream handle: torch's raw accessor (what
     Triton's launcher uses, 0.1 us) where it exists, else the public one (1.6 us)."""
-    import torch
-
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    torch = _TORCH or _import_torch()
+    return _RAW_STREAM(device) if _RAW_STREAM is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 _NUMBA_LAUNCH = object()  # the plan of a problem that runs through Numba's own launch (the simulator)

@@ -242,6 +242,30 @@ def test_phase09_grid_is_persistent():
     assert p09.build(64).grid((1, 1, 1, 64), False) == (1,)
 
 
+def test_phase09_leaves_its_work_counter_at_zero():
+    """Phase 09's blocks take query blocks from a counter; the request that gets the launch's last
+    block sets it back to zero, so no memset precedes the next launch. Two launches share one
+    counter here (4 units on the simulator's 2 blocks, so the counter hands out units): without
+    the reset the second would find it at 4, hand no unit out past the first two blocks' own, and
+    leave rows of its poisoned output unwritten."""
+    from numba import cuda
+
+    from flashcore_numba.phases import p09_warp_specialized as p09
+    from flashcore_numba.phases.common import LOG2E
+
+    q, k, v = random_qkv((1, 4, 20, 64))
+    config = p09.build(64)
+    counter = cuda.to_device(np.zeros(1, np.int32))
+    ref, lowp = reference_attention(q, k, v, causal=True), lowp_attention(q, k, v, causal=True)
+    for launch in range(2):
+        out = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
+        args = config.arguments(*(cuda.to_device(x) for x in (q, k, v)), out, True, LOG2E / 8)
+        config.kernel[config.grid(q.shape, True), config.n_threads, 0, config.smem_bytes](*args[:-1], counter)
+        assert counter.copy_to_host()[0] == 0, f"launch {launch}: the counter was left at {counter.copy_to_host()[0]}"
+        verdict = check_close(out.copy_to_host(), ref, lowp)
+        assert verdict.ok, f"launch {launch}: {verdict.message}"
+
+
 def test_persistent_grid_size_from_the_environment(monkeypatch):
     from flashcore_numba.phases import p09_warp_specialized as p09
 

@@ -277,9 +277,10 @@ _COUNTERS: dict = {}
 
 
 def work_counter(stream=0):
-    """A one-int32 counter set to zero on `stream`, for a kernel that hands out its work units by
-    atomic additions: one counter per device and stream, so that launches on different streams
-    never share one, and zeroed in stream order before each launch."""
+    """A one-int32 counter at zero, for a kernel that hands out its work units by atomic additions:
+    one counter per device and stream, so that launches on different streams never share one.
+    It is zeroed once, on `stream`, when made; after that the kernel leaves it at zero itself (its
+    last request sets it back), so a launch needs no memset before it."""
     if simulator_enabled():
         return cuda.to_device(np.zeros(1, np.int32))
     from numba.cuda.cudadrv.driver import device_memset
@@ -290,7 +291,7 @@ def work_counter(stream=0):
     counter = _COUNTERS.get(key)
     if counter is None:
         counter = _COUNTERS[key] = cuda.device_array(1, np.int32)
-    device_memset(counter, 0, 4, stream=stream)
+        device_memset(counter, 0, 4, stream=stream)
     return counter
 
 

@@ -11,8 +11,9 @@ four data pointers and launches with one driver call on torch's current stream:
 
 Phase 09 also gets, per call, the tensor maps of q, k and v (built on the first call that uses
 those addresses, then found by them; their device copy is made on the stream, from pinned host
-memory, so a CUDA graph captures it) and its work counter, zeroed by a memset on the stream (no
-host step, so a replayed graph zeroes it too). Nothing in a call synchronizes with the host or
+memory, so a CUDA graph captures it) and its work counter: one per stream, zeroed once in that
+stream's order, then left at zero by each launch's last request (no memset per call, and a
+replayed graph finds it zero too). Nothing in a call synchronizes with the host or
 allocates outside torch's caching allocator.
 """
 
@@ -60,6 +61,7 @@ class Plan:
         cached = cached_cubin(config.kernel, argtypes, config.cache_key, cc)
         self.kernel = _loaded(cached, device_index, config.smem_bytes)
         self.block, self.smem = config.n_threads, config.smem_bytes
+        self.device_index = device_index
         self.device = torch.device("cuda", device_index)
         self.tma_box = config.tma_box
         self.looping = config.work_units is not None
@@ -76,7 +78,8 @@ class Plan:
         self.slots = ArgSlots(args)
         self.slots.check(cached.cubin, cached.entry)
         self._maps: OrderedDict = OrderedDict()
-        self._counters: dict = {}
+        self._counters: dict = {}  # stream -> the address of its work counter
+        self._counter_tensors: list = []
         self._lock = threading.Lock()
 
     def __call__(self, q, k, v, out, stream: int) -> None:
@@ -91,15 +94,19 @@ class Plan:
             if self.looping:
                 counter = self._counters.get(stream)
                 if counter is None:
-                    counter = self._counters[stream] = self._new_counter()
-                driver.memset32(counter.data_ptr(), 0, 1, stream)  # in stream order, before the launch
-                slots.set_pointer(self.counter_arg, counter.data_ptr())
+                    counter = self._counters[stream] = self._new_counter(stream)
+                slots.set_pointer(self.counter_arg, counter)
             driver.launch(self.kernel, self.grid, self.block, self.smem, stream, slots)
 
-    def _new_counter(self):
+    def _new_counter(self, stream: int) -> int:
+        """The address of a work counter for launches on `stream`, zeroed in that stream's order
+        (once: the kernel's last request sets it back to zero, see phase 09's producer)."""
         import torch
 
-        return torch.zeros(1, dtype=torch.int32, device=self.device)
+        counter = torch.empty(1, dtype=torch.int32, device=self.device)
+        driver.memset32(counter.data_ptr(), 0, 1, stream)
+        self._counter_tensors.append(counter)  # the memory stays the plan's
+        return counter.data_ptr()
 
     def _maps_of(self, q, k, v) -> int:
         """The device address of the tensor maps of q, k and v (one row of 16 words each)."""
