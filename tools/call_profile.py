@@ -1,13 +1,14 @@
 """Where the host time of one attention() call goes (torch fp16, B=1 H=16 S=128 D=64), part by part.
 
-Run on a GPU with torch: `python3 tools/call_profile.py`. Each line is the mean host time of one
-call of that part over 5000 calls in a loop (after 100 of warm-up): attention() itself through
-phase 09's and phase 07's plans, the plan's own launch, the driver launch alone, and each piece
-a call pays for (the output's allocation, the current stream, the plan's key), beside torch SDPA.
-At this shape the kernels take about 10 us, so a line near 10 us may be the GPU's pace, not the
-host's. docs/tuning/call_path.txt holds its runs.
+Run on a GPU with torch: `python3 tools/call_profile.py`. Each line is the host's time per call
+of that part (see `us`: batches of calls queued while the GPU sleeps, so only the host is timed):
+attention() itself through phase 09's and phase 07's plans, the plan's own launch, the driver
+launch alone, and each piece a call pays for (the output's allocation, the current stream, the
+plan's key), beside torch SDPA. docs/tuning/call_path.txt holds its runs (runs 1 and 2 timed 5000
+calls back to back, where a line near the kernel's 10 us could be the GPU's pace).
 """
 
+import statistics
 import time
 
 import torch
@@ -16,14 +17,25 @@ from flashcore_numba import api, attention
 from flashcore_numba.arch import launch as drv
 
 
-def us(fn, n=5000):
-    for _ in range(100): fn()
+def us(fn, n=200, reps=9):
+    """The host's time per call of fn, median of `reps` batches of n calls, each queued while the
+    GPU sleeps (so the launch queue never fills and the GPU's pace cannot enter); a batch the GPU
+    woke up during is dropped."""
+    for _ in range(3): fn()
     torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n): fn()
-    dt = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return dt
+    times = []
+    for _ in range(reps):
+        torch.cuda._sleep(150_000_000)  # about 75 ms at 1.98 GHz
+        asleep = torch.cuda.Event(); asleep.record()
+        t = time.perf_counter()
+        for _ in range(n): fn()
+        dt = (time.perf_counter() - t) / n * 1e6
+        if not asleep.query():
+            times.append(dt)
+        torch.cuda.synchronize()
+    return statistics.median(times) if times else float("nan")
+
+
 q = torch.randn(1, 16, 128, 64, device="cuda", dtype=torch.float16); k = torch.randn_like(q); v = torch.randn_like(q)
 attention(q, k, v); attention(q, k, v, phase="07")
 plan09 = next(p for key, p in api._PLANS.items() if key[0] == "best")
@@ -36,7 +48,6 @@ rows = {
  "plan09(q,k,v,out,s)": lambda: plan09(q, k, v, out, s),
  "plan07(q,k,v,out,s)": lambda: plan07(q, k, v, out, s),
  "drv.launch 07 only": lambda: drv.launch(plan07.kernel, plan07.grid, plan07.block, plan07.smem, s, plan07.slots),
- "memset32": lambda: drv.memset32(out.data_ptr(), 0, 1, s),
  "torch.empty": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
  "torch.cuda.current_stream(dev).cuda_stream": lambda: torch.cuda.current_stream(0).cuda_stream,
  "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0),

@@ -47,7 +47,8 @@ What changed from phase 08
       kernel (warning C7518), so tile 0 is taken before the loop;
     - persistent blocks: the grid is one block per SM (132 on the H100), not one per query block.
       The producer takes query blocks one after another from a counter in global memory (one
-      atomic addition each; `work_counter` zeroes it before each launch), and writes which block
+      atomic addition each; the request that gets the last block sets it back to zero for the
+      next launch, so no memset precedes a launch), and writes which block
       comes next into a slot of shared memory per consumer, which the consumer reads once its
       tile of Q has landed (q_full[c]). Each consumer releases its Q (q_empty[c]) as soon as its
       last S of the block is done, so its next Q and the next block's first K/V tile load while
@@ -720,7 +721,13 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 while unit < n_units:
                     trace_mark(3)
                     # ask for the next unit now: the atomic's latency passes while this one's loads go out
-                    next_unit = uint32(cuda.atomic.add(counter, 0, 1)) + uint32(cuda.gridDim.x)
+                    handed = uint32(cuda.atomic.add(counter, 0, 1))
+                    if handed == n_units - uint32(1):
+                        # Every unit makes one request, so this was the launch's last: no block asks
+                        # again, and the counter is left at zero for the next launch (no memset before
+                        # it on the host's side, and a replayed CUDA graph finds it zero too)
+                        counter[0] = 0
+                    next_unit = handed + uint32(cuda.gridDim.x)
                     bh = uint32(unit // n_m)  # the plane b * H + h of Q: one head
                     row0 = int32((n_m - uint32(1) - unit % n_m) * uint32(BLOCK_M))
                     h_kv = uint32(uint32(bh % uint32(n_heads)) * uint32(K.shape[1])) // uint32(n_heads)  # see phase 08
