@@ -42,7 +42,7 @@ def test_every_phase_has_a_lesson(pid):
 
 def test_course_map_links_every_lesson():
     readme = (LESSONS / "README.md").read_text()
-    for pid in PHASES:
+    for pid in ["00", *PHASES]:
         stem = notebooks.lesson_stem(pid)
         assert f"]({stem}.ipynb)" in readme, f"lessons/README.md has no row linking {stem}.ipynb"
         assert f"](exercises/{stem}.py)" in readme, f"lessons/README.md does not link exercises/{stem}.py"
@@ -192,6 +192,21 @@ def test_lesson_executes(pid, executed):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("pass" in o.get("text", "") for o in outputs), "the correctness check printed no verdict"
+
+
+@pytest.mark.parametrize("pid", ["00"])
+def test_lesson00_executes(pid, executed):
+    """Lesson 00 (no phase: its puzzles are course/puzzles.py) runs top to bottom in a few seconds; in the
+    simulator its unguarded kernel raises an error that the lesson reads, and the untouched stub is graded."""
+    py, failures = executed[pid]
+    assert not failures, failures[0]
+    nb = nbformat.read(py.with_suffix(".ipynb"), as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    text = "".join(o.get("text", "") for o in outputs)
+    if notebooks.simulator_enabled():
+        assert "IndexError: tid=[" in text and "in kernel double_unguarded" in text, text[-3000:]
+    assert "Exercise 00" in text and "Score: " in text, "the grading cell printed no score"
 
 
 def test_execute_notebook_shuts_its_kernel_down(tmp_path, monkeypatch):

@@ -57,6 +57,11 @@ def lessons_dir() -> Path:
 
 
 def lesson_stem(phase) -> str:
+    """"03_warp_shuffle" for phase 03; "00_numba_cuda" for lesson 00 (course/puzzles.py), which has no phase."""
+    from . import puzzles
+
+    if phase is puzzles or (isinstance(phase, str) and phase.strip() in (puzzles.ID, "0")):
+        return f"{puzzles.ID}_{puzzles.NAME}"
     phase = get_phase(phase)
     return f"{phase.ID}_{phase.NAME}"
 

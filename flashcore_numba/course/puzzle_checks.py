@@ -4,11 +4,14 @@ The kernels (the solutions) are in course/puzzles.py, and the stub students fill
 lessons/exercises/00_numba_cuda.py, is generated from it like every phase's. `flashcore grade 00`
 runs `checks()`: one check per puzzle, each launching the student's kernel on fresh random float32
 inputs with the output filled with NaN first, and comparing with NumPy. The pictures show which
-thread touches which cell, for the lesson notebook.
+thread touches which cell, and `read_error` explains an error the simulator raised, for the lesson
+notebook.
 """
 
 from __future__ import annotations
 
+import re
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -186,4 +189,28 @@ def picture_tiles(rows: int = 10, cols: int = 13, size: int = TPB) -> str:
                      f"but still load x and reach every syncthreads()")
     lines.append("per tile: every thread loads one x element -> syncthreads -> every thread adds "
                  f"its row's {size} products -> syncthreads")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading an error the simulator raised
+# ---------------------------------------------------------------------------------------------
+SIM_THREAD = re.compile(r"tid=\[(\d+), (\d+), (\d+)\] ctaid=\[(\d+), (\d+), (\d+)\]: ")
+
+
+def read_error(error: BaseException, kernel) -> str:
+    """What a simulator error says: which thread (tid is threadIdx, ctaid is blockIdx), which line
+    of which kernel, and the message itself."""
+    name = getattr(kernel, "py_func", kernel).__name__
+    message = str(error)
+    lines = [f"{type(error).__name__}: {message}"]
+    m = SIM_THREAD.match(message)
+    if m:
+        tx, ty, tz, bx, by, bz = map(int, m.groups())
+        lines.append(f"  tid=[{tx}, {ty}, {tz}]    threadIdx (x, y, z): thread {tx} of its block")
+        lines.append(f"  ctaid=[{bx}, {by}, {bz}]  blockIdx (x, y, z): block {bx} (CTA is CUDA's name for a block)")
+        lines.append(f"  the rest: {message[m.end():]}")
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.name == name]
+    if frames:
+        lines.append(f"  in kernel {name}, line {frames[-1].lineno} of its cell: {frames[-1].line}")
     return "\n".join(lines)
