@@ -154,7 +154,7 @@ def _jupytext():
     try:
         import jupytext
     except ImportError as exc:
-        raise SystemExit("the lessons need jupytext: pip install -e '.[notebooks]'") from exc
+        raise SystemExit("the lessons need jupytext: pip install -e '.[course]'") from exc
     return jupytext
 
 
