@@ -14,20 +14,20 @@
 # *Next: [01 naive](01_naive.ipynb). Course map: [README](README.md). Hardware background:
 # [docs/hardware.md](../docs/hardware.md).*
 #
-# A GPU runs one function in thousands of threads at once. You write what **one** thread does
-# (a *kernel*); the *launch* says how many threads run it. Each thread asks "which one am I?"
+# A GPU runs one function in thousands of [threads](../docs/glossary.md#thread) at once. You write what **one** thread does
+# (a *[kernel](../docs/glossary.md#kernel)*); the *[launch](../docs/glossary.md#launch)* says how many threads run it. Each thread asks "which one am I?"
 # and picks its own piece of the data from the answer.
 #
 # Numba turns a Python function into a kernel with `@cuda.jit`. Without an NVIDIA GPU, Numba's
-# **CUDA simulator** (`NUMBA_ENABLE_CUDASIM=1`) runs every thread as a Python thread on the
+# **CUDA [simulator](../docs/glossary.md#simulator)** (`NUMBA_ENABLE_CUDASIM=1`) runs every thread as a Python thread on the
 # CPU: slow, but the results are the same, and its errors name the thread that failed. Every
 # cell of this lesson runs either way.
 #
 # The lesson teaches the few pieces the attention kernels are built from: a kernel, thread and
-# block indices, a launch, device arrays, local and shared arrays, `cuda.syncthreads()`. Four
+# [block](../docs/glossary.md#block) indices, a launch, device arrays, local and shared arrays, `cuda.syncthreads()`. Four
 # small puzzles practise them; you write them in
 # [exercises/00_numba_cuda.py](exercises/00_numba_cuda.py) and grade them with
-# `flashcore grade 00`.
+# `flashcore grade 00`. A linked word goes to its entry in the [glossary](../docs/glossary.md).
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
@@ -52,7 +52,7 @@ print("kernels run in", "Numba's CUDA simulator, on the CPU" if simulator_enable
 # A kernel is a function decorated with `@cuda.jit`. It returns nothing: it writes its results
 # into arrays it is given. Inside, `cuda.threadIdx.x` is the number of the thread running it.
 #
-# The GPU has its own memory (HBM, high-bandwidth memory, next to the chip). `cuda.to_device`
+# The GPU has its own memory ([HBM](../docs/glossary.md#hbm), high-bandwidth memory, next to the chip). `cuda.to_device`
 # copies a NumPy array there, `cuda.device_array` makes room for a result there, and
 # `copy_to_host` brings a result back. (Numba also accepts NumPy arrays in a launch, but then it
 # copies them both ways at every launch; the attention kernels keep their data on the GPU.)
@@ -76,11 +76,11 @@ print(d_out.copy_to_host())  # device -> host
 # %% [markdown]
 # ## 2. Blocks and threads: the global index
 #
-# One block holds at most 1024 threads, so a launch asks for a **grid** of blocks:
+# One block holds at most 1024 threads, so a launch asks for a **[grid](../docs/glossary.md#grid)** of blocks:
 # `kernel[blocks, threads_per_block]`. The blocks are independent (the GPU runs them in any
-# order, on any of its SMs, the streaming multiprocessors); the threads of one block run on the
+# order, on any of its [SMs](../docs/glossary.md#sm), the streaming multiprocessors); the threads of one block run on the
 # same SM and can share memory and wait for each other (sections 4 and 5). CUDA's name for a
-# block is a CTA (cooperative thread array).
+# block is a [CTA](../docs/glossary.md#cta) (cooperative thread array).
 #
 # Each thread knows `cuda.blockIdx.x` (its block), `cuda.threadIdx.x` (its place in the block)
 # and `cuda.blockDim.x` (threads per block). Its **global index** is
@@ -159,7 +159,7 @@ print(puzzle_checks.picture_map(puzzle_checks.BY_LABEL["00-b"], n=10))
 # %% [markdown]
 # ## 4. What a thread keeps: registers and local arrays
 #
-# A scalar variable in a kernel (`i`, `acc`) lives in a **register**, the fastest storage there
+# A scalar variable in a kernel (`i`, `acc`) lives in a **[register](../docs/glossary.md#register)**, the fastest storage there
 # is, private to its thread. For a small array of its own, a thread asks for a **local array**,
 # `cuda.local.array(size, dtype)`, whose size must be a constant the compiler knows. Phase 01
 # keeps its query row and its output row in two of them.
@@ -182,11 +182,11 @@ print(out.copy_to_host())
 # ## 5. What a block shares: shared arrays and `cuda.syncthreads()`
 #
 # `cuda.shared.array(size, dtype)` is one array per **block**, seen by all its threads, in fast
-# memory on the SM (**shared memory**: a few cycles away, where global memory is hundreds). It is
+# memory on the SM (**[shared memory](../docs/glossary.md#shared-memory)**: a few cycles away, where [global memory](../docs/glossary.md#global-memory) is hundreds). It is
 # how the threads of a block hand data to each other.
 #
 # The threads of a block do not run in step. Before a thread reads what another one wrote, the
-# writer must be done: `cuda.syncthreads()` is a barrier that no thread of the block passes until
+# writer must be done: `cuda.syncthreads()` is a [barrier](../docs/glossary.md#barrier) that no thread of the block passes until
 # all of them have reached it. Every thread of the block must reach it (never put it inside an
 # `if` that only some threads take). Below, each block reverses its 8 elements: thread t writes
 # cell t, waits, then reads cell 7 − t, written by another thread.
@@ -214,7 +214,7 @@ print(out.copy_to_host())
 # the shared array `cache` (a 0 past the end of `a`); then, at each step, the threads
 # `t < stride` add cell `t + stride` into cell `t`, the stride halves, and a `cuda.syncthreads()`
 # separates the steps. After log₂ 8 = 3 steps cell 0 holds the sum, and thread 0 writes it. Phase 03
-# reduces a row's maximum across threads with the same halving, there with warp shuffles.
+# reduces a row's maximum across threads with the same halving, there with [warp shuffles](../docs/glossary.md#warp-shuffle).
 
 # %%
 print(puzzle_checks.picture_reduction())
@@ -223,7 +223,7 @@ print(puzzle_checks.picture_reduction())
 # ### Puzzle 00-d — tiled dot products
 #
 # Complete `matvec`, `y = A·x`: thread `row` computes the dot product of its row of A with x.
-# Every thread needs all of x, so the block reads x **once**, a tile of 8 elements at a time,
+# Every thread needs all of x, so the block reads x **once**, a [tile](../docs/glossary.md#tile) of 8 elements at a time,
 # into the shared array `x_tile` (thread t loads element t of the tile), waits, and then every
 # thread reads the whole tile from shared memory. A second `cuda.syncthreads()` keeps the next
 # tile from overwriting this one while a thread still reads it. This is phase 02's idea exactly:
