@@ -194,6 +194,7 @@ def test_lesson_executes(pid, executed):
     assert any("pass" in o.get("text", "") for o in outputs), "the correctness check printed no verdict"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pid", ["00"])
 def test_lesson00_executes(pid, executed):
     """Lesson 00 (no phase: its puzzles are course/puzzles.py) runs top to bottom in a few seconds; in the
@@ -209,9 +210,10 @@ def test_lesson00_executes(pid, executed):
     assert "Exercise 00" in text and "Score: " in text, "the grading cell printed no score"
 
 
-def test_execute_notebook_shuts_its_kernel_down(tmp_path, monkeypatch):
+def test_execute_notebook_shuts_its_kernel_down(tmp_path):
     """A notebook executed by `execute_notebook` leaves no kernel process behind (nbclient keeps the
-    kernels of managers it was handed alive unless told otherwise)."""
+    kernels of managers it was handed alive unless told otherwise). The recording manager is handed
+    in, not patched into jupyter_client: lessons executing in the background use the module meanwhile."""
     from jupyter_client import manager
 
     made = []
@@ -221,10 +223,9 @@ def test_execute_notebook_shuts_its_kernel_down(tmp_path, monkeypatch):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(manager, "KernelManager", Recorded)
     py = tmp_path / "tiny.py"
     py.write_text("# %%\nprint(6 * 7)\n")
-    nb = lessons.execute_notebook(py, timeout=120)
+    nb = lessons.execute_notebook(py, timeout=120, kernel_manager=Recorded)
     assert "42" in nb.cells[0].outputs[0]["text"]
     assert len(made) == 1
     assert not made[0].has_kernel, "the notebook's kernel is still running"
