@@ -145,7 +145,7 @@ def header(phase: ModuleType, regions: list[Region]) -> str:
     """What the student reads first: what to do, how to grade, where the solution is."""
     n = len(regions)
     todo = "\n".join(f"#   {r.label}: {r.instruction}" for r in regions)
-    if phase.ID == "00":  # lesson 00's puzzles (course/puzzles.py): small kernels, no phase
+    if phase.ID == PUZZLES_ID:  # lesson 00's puzzles (course/puzzles.py): small kernels, no phase
         what, inputs, source = "lesson 00's puzzles", "hidden random inputs", "the puzzles"
         no_gpu = "Without a GPU the kernels run in Numba's CUDA simulator."
     else:
@@ -213,6 +213,22 @@ def fill_regions(stub: str, fills: dict[str, str]) -> str:
 # ---------------------------------------------------------------------------------------------
 # python -m flashcore_numba.course.exercises [--write]
 # ---------------------------------------------------------------------------------------------
+# Lesson 00's puzzles have an exercise like a phase's, though they are no phase: their module
+# (course/puzzles.py) has a phase's ID, NAME and TITLE; course/puzzle_checks.py grades them.
+PUZZLES_ID = "00"
+
+
+def exercise_module(phase) -> ModuleType:
+    """The module an exercise id names: a phase (by id, name or module), or lesson 00's puzzles
+    ("00", "0", "numba_cuda" or the module)."""
+    from ..phases import get_phase
+    from . import puzzles
+
+    if phase is puzzles or (isinstance(phase, str) and phase.strip() in (PUZZLES_ID, "0", puzzles.NAME)):
+        return puzzles
+    return get_phase(phase)
+
+
 def exercise_modules() -> list[ModuleType]:
     """Every module with an exercise: lesson 00's puzzles (course/puzzles.py), then the phases."""
     from ..phases import PHASES

@@ -48,7 +48,7 @@ from types import ModuleType
 import numpy as np
 
 from ..arch.sim import kernel_target, rerun_in_simulator, simulator_enabled
-from ..phases import PHASES, get_phase
+from ..phases import PHASES
 from ..phases.common import LOG2E
 from ..reference import (
     check_close,
@@ -58,6 +58,7 @@ from ..reference import (
     reference_attention,
     visible_mask,
 )
+from .exercises import PUZZLES_ID, exercise_module
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # flashcore_numba/
 REPO_ROOT = PACKAGE_DIR.parent
@@ -418,27 +419,13 @@ def checks_for(phase) -> list[Check]:
     """Every graded check of a phase (by id, name or module), in the order they run."""
     phase = exercise_module(phase)
     if phase.ID not in _CHECKS:
-        if phase.ID == PUZZLES_ID:
+        if phase.ID == PUZZLES_ID:  # lesson 00's puzzles, no phase: their checks are their own
             from .puzzle_checks import checks
 
             _CHECKS[phase.ID] = checks()
         else:
             _CHECKS[phase.ID] = correctness_checks(phase) + point_checks(phase)
     return _CHECKS[phase.ID]
-
-
-# Lesson 00's puzzles are graded here too, though they are no phase: their module
-# (course/puzzles.py) has a phase's ID, NAME and TITLE, and course/puzzle_checks.py its checks.
-PUZZLES_ID = "00"
-
-
-def exercise_module(phase) -> ModuleType:
-    """The module an exercise id names: a phase (get_phase), or "00" for lesson 00's puzzles."""
-    from . import puzzles
-
-    if phase is puzzles or (isinstance(phase, str) and phase.strip() in (PUZZLES_ID, "0", puzzles.NAME)):
-        return puzzles
-    return get_phase(phase)
 
 
 # ---------------------------------------------------------------------------------------------
