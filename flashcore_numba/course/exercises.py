@@ -226,7 +226,10 @@ def exercise_module(phase) -> ModuleType:
 
     if phase is puzzles or (isinstance(phase, str) and phase.strip() in (PUZZLES_ID, "0", puzzles.NAME)):
         return puzzles
-    return get_phase(phase)
+    try:
+        return get_phase(phase)
+    except ValueError as e:
+        raise ValueError(f"{e}; or {PUZZLES_ID} (lesson 00's puzzles)") from None
 
 
 def exercise_modules() -> list[ModuleType]:
