@@ -28,6 +28,9 @@ from .phases import KERNELS, PHASES, get_phase
 MIN_REPEATS = 20  # the protocol: median of at least 20 timed runs
 SIM_SHAPE = (1, 1, 48, 64)  # one 64-row tile, 48 keys: a tail on every phase; a few seconds each
 DELEGATED = {"grade": "flashcore_numba.course.grade", "lessons": "flashcore_numba.course.lessons"}
+# the last line of `flashcore run`: where a student goes from here
+NEXT_STEP = ("Next: open lessons/00_numba_cuda.ipynb (jupyter lab lessons/) or run `flashcore grade 00` "
+             "to grade its puzzles; lessons/README.md is the course map.")
 SIM_DISCLAIMER = ("Simulator timings mean nothing: every CUDA thread ran as a Python thread on the CPU. "
                   "Run `flashcore run` on a GPU to time the phases.")
 
@@ -282,6 +285,7 @@ def _run_simulator(args) -> int:
         console.print(f"All {len(PHASES)} phases correct in the simulator "
                       f"({', '.join('causal' if c else 'non-causal' for c in modes)}).")
     console.print(SIM_DISCLAIMER, soft_wrap=True)
+    console.print(NEXT_STEP, soft_wrap=True, markup=False, highlight=False)
     return 1 if failed else 0
 
 
@@ -337,6 +341,7 @@ def _run_gpu(args) -> int:
         console.print(f"No SDPA comparison: {_text(device.no_peers_reason)}.", soft_wrap=True)
     console.print("A quick look; `flashcore bench` measures with the full protocol and writes a record.",
                   soft_wrap=True)
+    console.print(NEXT_STEP, soft_wrap=True, markup=False, highlight=False)
     wrong = [r for r in results if r["kind"] == "phase" and r["available"] and not r["correct"]]
     return 1 if wrong else 0
 

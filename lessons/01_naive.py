@@ -16,8 +16,8 @@
 #
 # Attention computes, for every batch element and head, `O = softmax(Q·Kᵀ·scale)·V`, with Q, K
 # and V of shape S×D (sequence length × head dimension). The score matrix `Q·Kᵀ` is S×S: at
-# S = 2048 that is four million numbers per head, which a fast kernel never writes to memory.
-# FlashAttention's trick, which this first phase already uses, is the **online softmax**: walk
+# S = 2048 that is four million numbers per head, which a fast [kernel](../docs/glossary.md#kernel) never writes to memory.
+# FlashAttention's trick, which this first phase already uses, is the **[online softmax](../docs/glossary.md#online-softmax)**: walk
 # over the keys once and keep, for each query row, three running quantities:
 #
 # | name | meaning |
@@ -33,6 +33,7 @@
 # m_new = max(m_i, s)
 # alpha = exp2(m_i − m_new)         p = exp2(s − m_new)
 # l_i   = alpha·l_i + p             acc = alpha·acc + p·v_j
+# m_i   = m_new
 # ```
 #
 # and at the end `o = acc / l_i`. The scores live in base 2 (`qk_scale = scale·log2 e` is folded
@@ -41,8 +42,8 @@
 # %% [markdown]
 # ## The idea of this phase
 #
-# The simplest mapping of that loop onto a GPU: **one CUDA thread per query row**. A block of 128
-# threads owns 128 consecutive rows; each thread copies its row of q into registers and walks
+# The simplest mapping of that loop onto a GPU: **one CUDA [thread](../docs/glossary.md#thread) per query row**. A [block](../docs/glossary.md#block) of 128
+# threads owns 128 consecutive rows; each thread copies its row of q into [registers](../docs/glossary.md#register) and walks
 # over every key it may see, one at a time.
 #
 # ```
@@ -59,16 +60,16 @@
 # ## Why it is slow
 #
 # * **Memory traffic.** Each query row reads all of K and V: per head that is S × S × D × 2 tensors
-#   × 2 bytes, 1 GiB at S = 2048, D = 64, for 0.5 MiB of actual K and V. The 32 threads of a warp
+#   × 2 bytes, 1 GiB at S = 2048, D = 64, for 0.5 MiB of actual K and V. The 32 threads of a [warp](../docs/glossary.md#warp)
 #   read the *same* `k_j[d]` at the same moment, so one memory transaction serves the whole warp
-#   and the L1 and L2 caches absorb most of the rest, but every multiply-add still waits for a load.
-# * **Little arithmetic per byte.** Per key a thread does 2·D FLOPs for the dot product and 2·D for
-#   the `acc` update, for 2·D loaded fp16 values (4·D bytes): about 1 FLOP per byte. An H100 needs
-#   about 20 FLOPs per byte read from HBM before its FP32 units, not memory, are the limit.
+#   and the [L1](../docs/glossary.md#l1-cache) and [L2](../docs/glossary.md#l2-cache) caches absorb most of the rest, but every multiply-add still waits for a load.
+# * **Little arithmetic per byte.** Per key a thread does 2·D [FLOPs](../docs/glossary.md#tflops) for the dot product and 2·D for
+#   the `acc` update, for 2·D loaded [fp16](../docs/glossary.md#fp16) values (4·D bytes): about 1 FLOP per byte. An H100 needs
+#   about 20 FLOPs per byte read from [HBM](../docs/glossary.md#hbm) before its [FP32](../docs/glossary.md#fp32) units, not memory, are the limit.
 # * **Few warps.** `q` and `acc` are 2·D floats per thread, kept in registers because `HEAD_DIM` is
-#   a compile-time constant and every loop over d is unrolled. Many registers per thread means few
-#   threads per SM, so there are few other warps to run while one waits for memory (see the
-#   occupancy column below).
+#   a compile-time constant and every loop over d is [unrolled](../docs/glossary.md#unrolling). Many registers per thread means few
+#   threads per [SM](../docs/glossary.md#sm), so there are few other warps to run while one waits for memory (see the
+#   [occupancy](../docs/glossary.md#occupancy) column below).
 #
 # The online softmax itself is already the FlashAttention idea; every later phase keeps it and
 # changes only how the data moves.
@@ -107,7 +108,7 @@ lesson.changelog()
 lesson.show_source(phase.build)
 
 # %% [markdown]
-# The online-softmax update and the epilogue are shared by every phase and written once in
+# The online-softmax update and the [epilogue](../docs/glossary.md#epilogue) are shared by every phase and written once in
 # `flashcore_numba.phases.common`. Note the guard for rows that have seen only masked keys:
 # measuring against 0 instead of `-inf` keeps `(-inf) − (-inf)` from producing NaN.
 
@@ -117,7 +118,7 @@ lesson.show_source(common.softmax_rescale, common.finalize, common.key_end)
 # %% [markdown]
 # ## Is it correct?
 #
-# Fresh random inputs, the output array filled with NaN before the launch (so an element the
+# Fresh random inputs, the output array filled with NaN before the [launch](../docs/glossary.md#launch) (so an element the
 # kernel forgets to write is caught), and the result compared with the float64 reference. The
 # oracle is FlashAttention's: the error may be at most twice that of plain fp16 attention, plus a
 # small absolute slack. Causal masking and a sequence length that is not a multiple of the block
@@ -142,16 +143,16 @@ lesson.plot_timing(timings)
 # %% [markdown]
 # ## What the compiler made of it
 #
-# The kernel compiled for the H100 (sm_90a), without needing one: registers per thread, bytes
-# spilled to local memory, the stack frame, shared memory per block, and how many blocks of 128
+# The kernel compiled for the H100 ([sm_90a](../docs/glossary.md#compute-capability)), without needing one: registers per thread, bytes
+# [spilled](../docs/glossary.md#spill) to [local memory](../docs/glossary.md#local-memory), the [stack frame](../docs/glossary.md#stack-frame), [shared memory](../docs/glossary.md#shared-memory) per block, and how many blocks of 128
 # threads that lets one SM hold at a time.
 
 # %%
 lesson.machine_code()
 
 # %% [markdown]
-# The PTX (NVIDIA's virtual instruction set) shows the shape of the work: `ld.global.u16` loads of
-# fp16 values straight from global memory, one `fma.rn.f32` per multiply-add, `ex2.approx.f32` for
+# The [PTX](../docs/glossary.md#ptx) (NVIDIA's virtual instruction set) shows the shape of the work: `ld.global.u16` loads of
+# fp16 values straight from [global memory](../docs/glossary.md#global-memory), one `fma.rn.f32` per multiply-add, `ex2.approx.f32` for
 # exp2 and a `div.rn.f32` per output element in the epilogue.
 
 # %%
@@ -164,7 +165,7 @@ lesson.sass(["LDG", "FFMA", "MUFU.EX2"])
 # ## Exercise
 #
 # Write the online-softmax update for one key: `m_i`, `l_i`, then `acc`. The stub is the phase's
-# source with the marked region removed; the grader runs your kernel in the simulator against the
+# source with the marked region removed; the grader runs your kernel in the [simulator](../docs/glossary.md#simulator) against the
 # reference.
 
 # %%

@@ -16,12 +16,12 @@
 #
 # ## The idea
 #
-# In phase 01 each of the 128 threads of a block read every key and value from global memory on
+# In phase 01 each of the 128 [threads](../docs/glossary.md#thread) of a [block](../docs/glossary.md#block) read every key and value from [global memory](../docs/glossary.md#global-memory) on
 # its own. The block's threads all need the *same* keys, so let them fetch each key once,
-# together, into **shared memory**, a small scratchpad on the SM that every thread of the block
+# together, into **[shared memory](../docs/glossary.md#shared-memory)**, a small scratchpad on the [SM](../docs/glossary.md#sm) that every thread of the block
 # can read, and compute from there.
 #
-# The keys are walked one **tile** of `BLOCK_N = 32` keys at a time:
+# The keys are walked one **[tile](../docs/glossary.md#tile)** of `BLOCK_N = 32` keys at a time:
 #
 # ```
 #   block: BLOCK_M = 128 query rows, one per thread
@@ -36,22 +36,22 @@
 #           32 updates  acc += p_j · v_j
 # ```
 #
-# The online softmax moves from per key to per tile: the row max is updated once per tile, and
+# The [online softmax](../docs/glossary.md#online-softmax) moves from per key to per tile: the row max is updated once per tile, and
 # `acc` (D numbers) is rescaled once per tile instead of after every key.
 
 # %% [markdown]
 # ## Why the hardware rewards it
 #
 # * **Reuse.** Each K and V element is now loaded from global memory once per *block* instead of
-#   once per *row*: 128 times fewer loads reach the caches and HBM.
+#   once per *row*: 128 times fewer loads reach the caches and [HBM](../docs/glossary.md#hbm).
 # * **Proximity.** Shared memory sits inside the SM, a few tens of cycles away; HBM is hundreds of
 #   cycles away (see the figure below).
-# * **Coalescing.** In `load_tile`, consecutive threads copy consecutive elements of a row, so the 32
-#   loads of a warp fall into one contiguous stretch of memory and are served by a few wide
+# * **[Coalescing](../docs/glossary.md#coalescing).** In `load_tile`, consecutive threads copy consecutive elements of a row, so the 32
+#   loads of a [warp](../docs/glossary.md#warp) fall into one contiguous stretch of memory and are served by a few wide
 #   transactions instead of 32 separate ones.
-# * **Broadcast.** In the score loop every thread of a warp reads the same word `k_j[d]` at the same
-#   moment. Shared memory serves a word that many lanes ask for once, to all of them: a broadcast,
-#   no bank conflict.
+# * **[Broadcast](../docs/glossary.md#broadcast).** In the score loop every thread of a warp reads the same word `k_j[d]` at the same
+#   moment. Shared memory serves a word that many [lanes](../docs/glossary.md#lane) ask for once, to all of them: a broadcast,
+#   no [bank conflict](../docs/glossary.md#bank-conflict).
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
@@ -78,9 +78,9 @@ lesson.changelog()
 # %% [markdown]
 # ## The kernel
 #
-# The shared array is declared with size 0: its size is given at launch (dynamic shared memory),
+# The shared array is declared with size 0: its size is given at [launch](../docs/glossary.md#launch) ([dynamic shared memory](../docs/glossary.md#dynamic-shared-memory)),
 # `2 · BLOCK_N · HEAD_DIM` floats for one K tile and one V tile. Threads whose row is past the end
-# of the sequence still help with the loads and still reach every `syncthreads()`: a barrier that
+# of the sequence still help with the loads and still reach every `syncthreads()`: a [barrier](../docs/glossary.md#barrier) that
 # some threads of a block skip hangs or corrupts the block.
 
 # %%
@@ -113,10 +113,10 @@ lesson.plot_timing(timings)
 # ## What changed in the machine code
 #
 # Two things to look for. The `ld.global` loads of the score loop become `ld.shared` loads, and
-# the block now asks for shared memory (`dynamic smem`). And a **stack frame** appears: the array
+# the block now asks for shared memory (`dynamic smem`). And a **[stack frame](../docs/glossary.md#stack-frame)** appears: the array
 # `s` of the tile's `BLOCK_N` scores is indexed by a loop variable the compiler does not fully
-# unroll, so it cannot live in registers and is placed in local memory (per-thread memory backed
-# by DRAM, cached in L1): the `ld.local` / `st.local` in the PTX, `BLOCK_N` × 4 bytes of frame.
+# [unroll](../docs/glossary.md#unrolling), so it cannot live in [registers](../docs/glossary.md#register) and is placed in [local memory](../docs/glossary.md#local-memory) (per-thread memory backed
+# by DRAM, cached in [L1](../docs/glossary.md#l1-cache)): the `ld.local` / `st.local` in the [PTX](../docs/glossary.md#ptx), `BLOCK_N` × 4 bytes of frame.
 # Phase 03 removes it by giving each thread a fixed, small block of scores.
 
 # %%

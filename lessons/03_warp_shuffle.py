@@ -16,18 +16,18 @@
 #
 # ## The idea
 #
-# In phase 02 a thread did all the work of one row, and every multiply-add needed its own load
-# from shared memory: one `ld.shared` per FMA. Shared memory is fast, but the SM can issue far
+# In phase 02 a [thread](../docs/glossary.md#thread) did all the work of one row, and every multiply-add needed its own load
+# from [shared memory](../docs/glossary.md#shared-memory): one `ld.shared` per [FMA](../docs/glossary.md#fma). Shared memory is fast, but the [SM](../docs/glossary.md#sm) can issue far
 # more FMAs per cycle than shared-memory loads, so the loads were the limit.
 #
-# Now the unit of work is the **warp**, the 32 threads the SM schedules together. A warp owns
-# `ROWS_PER_WARP = 16` query rows and splits them like a small matrix-multiply tile (the layout's
+# Now the unit of work is the **[warp](../docs/glossary.md#warp)**, the 32 threads the SM schedules together. A warp owns
+# `ROWS_PER_WARP = 16` query rows and splits them like a small matrix-multiply [tile](../docs/glossary.md#tile) (the layout's
 # constants are printed below; the numbers here are those of head dim 64):
 #
-# * the 32 lanes form two groups of `LANES_PER_ROW = 16`; a group shares `TM = 8` rows;
+# * the 32 [lanes](../docs/glossary.md#lane) form two groups of `LANES_PER_ROW = 16`; a group shares `TM = 8` rows;
 # * inside a group, lane `c` takes keys `c, c + 16, c + 32, c + 48` of the 64-key tile (`TN = 4`);
 # * so each lane computes an 8 × 4 block of scores as an **outer product**: per step along d it
-#   loads 8 values of q and 4 of k from shared memory into registers and does 8 · 4 = 32 FMAs.
+#   loads 8 values of q and 4 of k from shared memory into [registers](../docs/glossary.md#register) and does 8 · 4 = 32 FMAs.
 #
 # That is 32 FMAs for 12 loads instead of 1 for 1. The same trick computes `acc += p · v`: each
 # lane keeps an 8 × 4 block of `acc` in registers.
@@ -37,7 +37,7 @@
 #
 # A row's 64 scores are now spread over the 16 lanes of its group, so the row maximum needs values
 # from other lanes. `cuda.shfl_xor_sync(mask, value, offset)` hands each lane the `value` of lane
-# `lane ^ offset`, register to register, in one instruction: no shared memory, no barrier.
+# `lane ^ offset`, register to register, in one instruction: no shared memory, no [barrier](../docs/glossary.md#barrier).
 #
 # ```
 #   16 lanes of one row group, each holding the max of its own 4 scores
@@ -50,8 +50,8 @@
 #   after log2(16) = 4 steps every lane holds the maximum of all 16
 # ```
 #
-# The row sum `l_i` needs no shuffle inside the loop: `alpha` is the same on every lane of a row,
-# so each lane keeps a partial sum and the 16 partial sums are added once, in the epilogue. The
+# The row sum `l_i` needs no [shuffle](../docs/glossary.md#warp-shuffle) inside the loop: `alpha` is the same on every lane of a row,
+# so each lane keeps a partial sum and the 16 partial sums are added once, in the [epilogue](../docs/glossary.md#epilogue). The
 # probabilities `p` go through a per-warp slice of shared memory to the `p · v` product; only a
 # `syncwarp()` separates the two products, because no other warp reads those rows.
 
@@ -91,7 +91,7 @@ lesson.changelog()
 # %% [markdown]
 # ## The kernel
 #
-# The kernel body is short: it sets up each lane's rows and keys, then per K/V tile calls four
+# The [kernel](../docs/glossary.md#kernel) body is short: it sets up each lane's rows and keys, then per K/V tile calls four
 # steps. All the derived constants (`TM`, `TN`, strides and offsets of the shared-memory tiles)
 # come from one `layout()` dictionary that phases 04 and 05 reuse.
 
@@ -100,7 +100,7 @@ lesson.show_source(phase.build_kernel)
 
 # %% [markdown]
 # The four steps, specialized to a layout. Look for the outer product in `scores_tile`, the
-# butterfly in `softmax_tile` and the final reduction of `l_i` in `store_output`.
+# [butterfly](../docs/glossary.md#butterfly) in `softmax_tile` and the final reduction of `l_i` in `store_output`.
 
 # %%
 lesson.show_source(phase.make_tile_functions)
@@ -108,7 +108,7 @@ lesson.show_source(phase.make_tile_functions)
 # %% [markdown]
 # ## Is it correct?
 #
-# The simulator has no warp shuffles of its own; `flashcore_numba.arch.sim` supplies them by letting
+# The [simulator](../docs/glossary.md#simulator) has no warp shuffles of its own; `flashcore_numba.arch.sim` supplies them by letting
 # the 32 lanes of a simulated warp meet at a barrier and exchange values.
 
 # %%
@@ -125,15 +125,15 @@ lesson.plot_timing(timings)
 
 # %% [markdown]
 # Compare with phase 02 above: on its own, this phase can lose. Its register tiles read K from
-# shared memory with a bank conflict on every load (see the end of this lesson), and that cost
+# shared memory with a [bank conflict](../docs/glossary.md#bank-conflict) on every load (see the end of this lesson), and that cost
 # can eat the gain of the tiling. Phase 04 removes the conflicts and collects it.
 
 # %% [markdown]
 # ## What changed in the machine code
 #
-# The stack frame of phase 02 is gone: every per-lane array (`s`, `acc`, `m_i`, `l_i`, the q and k
-# fragments) is indexed only by unrolled loop counters, so the compiler keeps all of it in
-# registers. The PTX gains `shfl.sync.bfly` (four per reduction) and `bar.warp.sync` (the
+# The [stack frame](../docs/glossary.md#stack-frame) of phase 02 is gone: every per-lane array (`s`, `acc`, `m_i`, `l_i`, the q and k
+# [fragments](../docs/glossary.md#fragment)) is indexed only by [unrolled](../docs/glossary.md#unrolling) loop counters, so the compiler keeps all of it in
+# registers. The [PTX](../docs/glossary.md#ptx) gains `shfl.sync.bfly` (four per reduction) and `bar.warp.sync` (the
 # `syncwarp`).
 
 # %%

@@ -17,17 +17,17 @@
 #
 # ## The idea
 #
-# One number changes: every row of the Q, K and P tiles in shared memory gets `SMEM_PAD` extra
-# fp32 words that nobody reads (its value is printed below). The kernel is phase 03's, built with
+# One number changes: every row of the Q, K and P [tiles](../docs/glossary.md#tile) in [shared memory](../docs/glossary.md#shared-memory) gets `SMEM_PAD` extra
+# [fp32](../docs/glossary.md#fp32) words that nobody reads (its value is printed below). The [kernel](../docs/glossary.md#kernel) is phase 03's, built with
 # the padded layout.
 #
 # ## Why the hardware rewards it: banks
 #
 # Shared memory is split into **32 banks**, each 4 bytes wide: 32-bit word `w` lives in bank
-# `w mod 32`. Each bank delivers one word per cycle. When the lanes of a warp load in one
+# `w mod 32`. Each bank delivers one word per cycle. When the [lanes](../docs/glossary.md#lane) of a [warp](../docs/glossary.md#warp) load in one
 # instruction, words in different banks come back in the same pass; lanes asking for the *same*
-# word share it (a broadcast); but lanes asking for *different* words of the *same* bank are
-# served one after another: a bank conflict, and the instruction takes as many passes as the
+# word share it (a [broadcast](../docs/glossary.md#broadcast)); but lanes asking for *different* words of the *same* bank are
+# served one after another: a [bank conflict](../docs/glossary.md#bank-conflict), and the instruction takes as many passes as the
 # busiest bank has distinct words.
 #
 # In `scores_tile` the lanes of a row group read the same column d of different K rows, one row
@@ -117,8 +117,8 @@ lesson.plot_timing(timings)
 # %% [markdown]
 # ## What changed in the machine code
 #
-# Almost nothing, and that is the point: the same registers and the same instructions. Only the
-# address offsets differ (the K tile starts after 64 padded rows of Q), and the block asks for a
+# Almost nothing, and that is the point: the same [registers](../docs/glossary.md#register) and the same instructions. Only the
+# address offsets differ (the K tile starts after 64 padded rows of Q), and the [block](../docs/glossary.md#block) asks for a
 # little more shared memory. The speed-up is invisible in the code: it is in how many passes each
 # shared-memory load takes.
 

@@ -16,13 +16,14 @@
 #
 # ## The idea
 #
-# Phase 04 loads a K/V tile into shared memory and then waits at a barrier until it has arrived.
-# While those loads travel from L2 or HBM, hundreds of cycles, the warps of the block have
+# Phase 04 loads a K/V [tile](../docs/glossary.md#tile) into [shared memory](../docs/glossary.md#shared-memory) and then waits at a [barrier](../docs/glossary.md#barrier) until it has arrived.
+# While those loads travel from [L2](../docs/glossary.md#l2-cache) or [HBM](../docs/glossary.md#hbm), hundreds of cycles, the [warps](../docs/glossary.md#warp) of the [block](../docs/glossary.md#block) have
 # nothing to compute. Phase 05 splits the load in two:
 #
-# 1. `prefetch_tile` issues the global loads of the **next** tile into registers and returns at once;
+# 1. `prefetch_tile` issues the global loads of the **next** tile into [registers](../docs/glossary.md#register) and returns at once;
 # 2. the scores of the **current** tile are computed while those loads are in flight;
-# 3. `store_tile` writes the registers into the *other* of two shared-memory buffers (stages).
+# 3. `store_tile` writes the registers into the *other* of two shared-memory buffers (stages): [double
+# buffering](../docs/glossary.md#double-buffering).
 #
 # The next V tile does the same behind the softmax and `p · v`. One barrier per tile instead of
 # two: it both publishes tile j+1 and retires tile j.
@@ -32,12 +33,12 @@
 #
 # A load instruction does not stall the warp that issues it; only the first instruction that
 # *uses* the loaded register waits for it. A GPU normally hides memory latency by switching to
-# another warp, but these kernels hold few warps per SM (their registers and shared memory are
-# large, see the occupancy column below). So each warp has to hide its own latency by putting
+# another warp, but these [kernels](../docs/glossary.md#kernel) hold few warps per [SM](../docs/glossary.md#sm) (their registers and shared memory are
+# large, see the [occupancy](../docs/glossary.md#occupancy) column below). So each warp has to hide its own latency by putting
 # independent work between a load and its use: software pipelining.
 #
 # The price is paid in the same resources: a second K/V buffer in shared memory, and registers to
-# carry a tile operand (`PER_THREAD` fp16 values per thread, 32 at D = 64) across the score
+# carry a tile operand (`PER_THREAD` [fp16](../docs/glossary.md#fp16) values per [thread](../docs/glossary.md#thread), 32 at D = 64) across the score
 # computation. Prefetching K and V separately, each behind half of the arithmetic, keeps only one
 # operand in registers at a time.
 
@@ -71,7 +72,7 @@ lesson.changelog()
 # ## The kernel
 #
 # The split load. Consecutive threads still take consecutive elements, so the global loads stay
-# coalesced; the fp16 → fp32 conversion, the first use of the loaded values, happens in
+# [coalesced](../docs/glossary.md#coalescing); the fp16 → [fp32](../docs/glossary.md#fp32) conversion, the first use of the loaded values, happens in
 # `store_tile`, after the arithmetic.
 
 # %%
@@ -108,8 +109,8 @@ lesson.plot_timing(timings)
 #
 # The second stage shows in shared memory and occupancy; the prefetch registers show in the
 # register count. A thread has at most 255 registers. When a kernel needs more, the assembler
-# *spills*: it parks values in local memory (`STL` / `LDL` in the SASS), memory that is private to
-# the thread but lives in DRAM behind the L1 cache. The report below says whether this phase
+# *[spills](../docs/glossary.md#spill)*: it parks values in [local memory](../docs/glossary.md#local-memory) (`STL` / `LDL` in the [SASS](../docs/glossary.md#sass)), memory that is private to
+# the thread but lives in DRAM behind the [L1](../docs/glossary.md#l1-cache) cache. The report below says whether this phase
 # stays within its registers at D = 64.
 
 # %%

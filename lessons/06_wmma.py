@@ -17,24 +17,24 @@
 # ## The idea
 #
 # Phases 01–05 computed every score and every output element with fused multiply-adds on the
-# ordinary FP32 cores. An H100 has a second, much larger arithmetic engine: the **tensor cores**,
-# which multiply small matrix tiles in one instruction. Phase 06 moves both matrix products of
+# ordinary [FP32](../docs/glossary.md#fp32) cores. An H100 has a second, much larger arithmetic engine: the **[tensor cores](../docs/glossary.md#tensor-core)**,
+# which multiply small matrix [tiles](../docs/glossary.md#tile) in one instruction. Phase 06 moves both matrix products of
 # attention onto them:
 #
-# 1. **S = Q·Kᵀ** — a warp owns 16 query rows. One call computes its 16 × 64 block of scores as
-#    HEAD_DIM/16 steps of four 16×16×16 tile products (`wmma.mma.sync`), fp16 in, fp32 out.
-# 2. **The online softmax** — unchanged in spirit from phase 03, but it reads S from shared
-#    memory (two lanes per row) and writes P back as fp16, the tensor cores' input type.
+# 1. **S = Q·Kᵀ** — a [warp](../docs/glossary.md#warp) owns 16 query rows. One call computes its 16 × 64 block of scores as
+#    HEAD_DIM/16 steps of four 16×16×16 tile products (`wmma.mma.sync`), [fp16](../docs/glossary.md#fp16) in, fp32 out.
+# 2. **The [online softmax](../docs/glossary.md#online-softmax)** — unchanged in spirit from phase 03, but it reads S from [shared
+#    memory](../docs/glossary.md#shared-memory) (two [lanes](../docs/glossary.md#lane) per row) and writes P back as fp16, the tensor cores' input type.
 # 3. **O_tile = P·V** — a second call, 64 output columns at a time; the lanes add it into `acc`,
-#    which stays in registers across the whole loop. Phase 05's pipelined K/V loads stay.
+#    which stays in [registers](../docs/glossary.md#register) across the whole loop. Phase 05's pipelined K/V loads stay.
 #
-# The tensor-core instructions are not Python: they are hand-written PTX in
-# [`ptx/wmma.ptx`](../ptx/wmma.ptx), and this phase is the first that links PTX into a Numba kernel.
+# The tensor-core instructions are not Python: they are hand-written [PTX](../docs/glossary.md#ptx) in
+# [`ptx/wmma.ptx`](../ptx/wmma.ptx), and this phase is the first that links PTX into a Numba [kernel](../docs/glossary.md#kernel).
 
 # %% [markdown]
 # ## Why the hardware rewards it
 #
-# One `mma` instruction of a warp does 16 × 8 × 16 = 2048 multiply-adds; an FP32 FMA instruction
+# One `mma` instruction of a warp does 16 × 8 × 16 = 2048 multiply-adds; an FP32 [FMA](../docs/glossary.md#fma) instruction
 # does 32. The H100's dense fp16 tensor throughput is roughly 16 times its FP32 FMA throughput,
 # and the scores and outputs, which were nearly all of phase 05's arithmetic, now take a few
 # instructions per tile. What remains on the ordinary cores is the softmax and the shared-memory
@@ -48,7 +48,7 @@
 #
 # - **link** (`phase="06"`): `cuda.declare_device(..., link=["ptx/wmma.ptx"])`. The file is linked as
 #   written. The linker never inlines it: each use is a real **call** — arguments through `.param`
-#   space, a SASS `CALL`, and registers saved around it. Called once per `mma`, that cost would
+#   space, a [SASS](../docs/glossary.md#sass) `CALL`, and registers saved around it. Called once per `mma`, that cost would
 #   dominate; so each function here does a warp's *whole tile* (16 or 32 `mma`) per call.
 # - **inline** (`phase="06-inline"`): the same function body, pasted into the kernel as inline
 #   assembly (the parameter loads become operand moves, nothing else changes). No call at all.
@@ -80,7 +80,7 @@ lesson.changelog()
 # ## The PTX
 #
 # The file says its ABI at the top: every parameter a 32-bit value (shared-memory addresses and
-# strides), nothing returned, fragments never leaving the function. Here is the score product,
+# strides), nothing returned, [fragments](../docs/glossary.md#fragment) never leaving the function. Here is the score product,
 # exactly as it runs:
 
 # %%
@@ -100,9 +100,9 @@ print("constraints:", constraints)
 #
 # A tensor-core instruction is *warp-collective*: the 16×16 tiles are spread over the 32 lanes'
 # registers, eight values per lane. For `mma.sync` PTX documents the spread; the picture shows it
-# for the fp32 accumulators. For WMMA, PTX says nothing (it may differ between GPU generations).
+# for the fp32 [accumulators](../docs/glossary.md#accumulator). For [WMMA](../docs/glossary.md#wmma), PTX says nothing (it may differ between GPU generations).
 # That is the reason this phase stores S to shared memory before the softmax: code that read a WMMA
-# fragment's registers directly would rely on an unpromised layout. The simulator's emulation
+# fragment's registers directly would rely on an unpromised layout. The [simulator](../docs/glossary.md#simulator)'s emulation
 # ([`arch/sim_wmma.py`](../flashcore_numba/arch/sim_wmma.py)) therefore makes the simplest choice,
 # a whole tile per warp, which phase 06 cannot tell apart from the hardware's.
 
@@ -145,9 +145,9 @@ lesson.plot_timing(timings)
 # %% [markdown]
 # ## What a call costs
 #
-# The two routes side by side: registers, the stack frame (local memory), the SASS `CALL` sites into
+# The two routes side by side: registers, the [stack frame](../docs/glossary.md#stack-frame) ([local memory](../docs/glossary.md#local-memory)), the SASS `CALL` sites into
 # `ptx/wmma.ptx`, the tensor-core instructions (`HMMA`) visible in the kernel's own code, and speed.
-# With one call per tile of work, the call's cost is the gap between the two TFLOPS figures below,
+# With one call per tile of work, the call's cost is the gap between the two [TFLOPS](../docs/glossary.md#tflops) figures below,
 # not the factor of 30 that one call per `mma` cost in a microbenchmark.
 
 # %%

@@ -16,20 +16,20 @@
 #
 # ## The idea
 #
-# Phase 06 put the matrix products on the tensor cores but kept everything else in shared memory:
-# S was stored, read back for the softmax, P written, O stored and read again. WMMA left no choice,
-# because PTX does not say which lane holds which element of a WMMA fragment. `mma.sync` does say,
-# and that changes the whole kernel:
+# Phase 06 put the matrix products on the [tensor cores](../docs/glossary.md#tensor-core) but kept everything else in [shared memory](../docs/glossary.md#shared-memory):
+# S was stored, read back for the softmax, P written, O stored and read again. [WMMA](../docs/glossary.md#wmma) left no choice,
+# because [PTX](../docs/glossary.md#ptx) does not say which [lane](../docs/glossary.md#lane) holds which element of a WMMA [fragment](../docs/glossary.md#fragment). `mma.sync` does say,
+# and that changes the whole [kernel](../docs/glossary.md#kernel):
 #
-# 1. **Q in registers** — `ldmatrix` reads the warp's query rows into A fragments once.
+# 1. **Q in [registers](../docs/glossary.md#register)** — [`ldmatrix`](../docs/glossary.md#ldmatrix) reads the [warp](../docs/glossary.md#warp)'s query rows into A fragments once.
 # 2. **S = Q·Kᵀ in registers** — one `mma.sync.m16n8k16` per 8 keys and 16 dims, K's fragments read by
 #    `ldmatrix` (four 8×8 matrices per instruction).
-# 3. **The softmax on the fragments** — a lane holds two rows (g and g + 8) of every 8-key tile; the
-#    four lanes of a quad hold the whole row, so the row max and sum are two shuffles each.
-# 4. **P stays in registers** — the accumulator layout of two adjacent 8-key tiles *is* the A-fragment
-#    layout of one 16-key step: packing pairs of fp32 into fp16x2 is the whole conversion.
+# 3. **The softmax on the fragments** — a lane holds two rows (g and g + 8) of every 8-key [tile](../docs/glossary.md#tile); the
+#    four lanes of a [quad](../docs/glossary.md#quad) hold the whole row, so the row max and sum are two [shuffles](../docs/glossary.md#warp-shuffle) each.
+# 4. **P stays in registers** — the [accumulator](../docs/glossary.md#accumulator) layout of two adjacent 8-key tiles *is* the A-fragment
+#    layout of one 16-key step: packing pairs of [fp32](../docs/glossary.md#fp32) into fp16x2 is the whole conversion.
 # 5. **O += P·V in registers** — V's fragments read by `ldmatrix.trans`.
-# 6. **cp.async** — K and V are copied global → shared without passing through registers, into the
+# 6. **[cp.async](../docs/glossary.md#cpasync)** — K and V are copied global → shared without passing through registers, into the
 #    other of two stages while the current tile is computed; tails are zero-filled by the copy.
 # 7. **M_TILES m-tiles per warp** — as in FlashAttention-2, a warp may own 32 query rows, two
 #    16-row m-tiles: every K or V fragment that `ldmatrix` brings then feeds two `mma`s instead of
@@ -38,14 +38,14 @@
 #    FlashAttention-2's tiles: 128 rows in 4 warps of two m-tiles. At D = 64 Q's fragments stay in
 #    registers (242 in all, 64 keys per tile). At D = 128 two m-tiles' Q and O fragments would not
 #    fit in 255 registers, so Q's are read again from shared memory at every k-step
-#    (FlashAttention-2's way), and a tile holds 48 keys: with 64 the kernel spills. This notebook's
-#    simulator runs one warp of two m-tiles.
-#    Two more things make this layout pay: the k-steps of both products are unrolled when the kernel
-#    is built (one inlined call per k-step: NVVM had left a loop of 16 `mma` per step rolled, each
+#    (FlashAttention-2's way), and a tile holds 48 keys: with 64 the kernel [spills](../docs/glossary.md#spill). This notebook's
+#    [simulator](../docs/glossary.md#simulator) runs one warp of two m-tiles.
+#    Two more things make this layout pay: the k-steps of both products are [unrolled](../docs/glossary.md#unrolling) when the kernel
+#    is built (one inlined call per k-step: [NVVM](../docs/glossary.md#nvvm) had left a loop of 16 `mma` per step rolled, each
 #    waiting on the `ldmatrix` just before it), and a tile's scores are straight-line code from the
 #    products to one vote per warp (the mask is one branch around the whole tile).
 # 8. **A lazy running max** — when a row's max grows, acc and l_i are rescaled by alpha =
-#    exp2(m_old - m_new): one multiply per accumulator, 64 per thread and tile at D = 128, for a
+#    exp2(m_old - m_new): one multiply per accumulator, 64 per [thread](../docs/glossary.md#thread) and tile at D = 128, for a
 #    factor that is 1 in almost every tile once the first tiles have set the max. So the warp votes
 #    (`cuda.any_sync`) and rescales only when one of its rows' max has grown by more than 8 (log2
 #    units). Until then m_i is stale and p = exp2(s - m_i) may reach 2^8 = 256: harmless, because acc
@@ -88,7 +88,7 @@ notebooks.draw_mma_fragments()
 # ## The pipeline
 #
 # Two shared-memory stages: while the warps compute on tile j, `cp.async` brings tile j + 1 into the
-# other stage; one `cp.async.wait_group 0` and one barrier per tile. The picture is phase 05's, and so
+# other stage; one `cp.async.wait_group 0` and one [barrier](../docs/glossary.md#barrier) per tile. The picture is phase 05's, and so
 # is the idea; what changed is that the copies no longer pass through registers.
 
 # %%
@@ -142,10 +142,10 @@ lesson.plot_timing(timings)
 # behind it, and Nsight Compute beside it at D = 128
 # ([docs/tuning/07_ab_smem.txt](../docs/tuning/07_ab_smem.txt)) said where, once you count the
 # shared-memory traffic per tensor-core product. A warp of one m-tile reads a whole K tile and a
-# whole V tile for its 16 rows, each of the block's four warps reads the same tiles, and cp.async
+# whole V tile for its 16 rows, each of the [block](../docs/glossary.md#block)'s four warps reads the same tiles, and cp.async
 # writes them once. That makes 2.2 shared-memory wavefronts (128 bytes each) per m16n8k16 product,
 # against FlashAttention-2's 1.3 with two m-tiles per warp. Shared memory serves one wavefront per
-# cycle per SM, and at the best rate measured for mma.sync from Numba (431 TFLOPS, about 1.8 GHz)
+# cycle per [SM](../docs/glossary.md#sm), and at the best rate measured for [mma.sync](../docs/glossary.md#mmasync) from Numba (431 [TFLOPS](../docs/glossary.md#tflops), about 1.8 GHz)
 # the tensor cores finish a product every 2.2 cycles per SM: the two budgets are equal, and phase
 # 07's warps waited on shared memory (short scoreboard: 24 % of the stall samples, against 7 % for
 # FlashAttention-2).
@@ -159,12 +159,12 @@ lesson.plot_timing(timings)
 # one per score, one vote for the warp's two m-tiles instead of one each. The records now put phase
 # 07 level with FlashAttention-2 at D = 128 and ahead of it at D = 64 (README, docs/bench/). Phase 08
 # goes further at the root: `wgmma` reads its B operand from shared memory once for the 64 rows of
-# a whole warpgroup.
+# a whole [warpgroup](../docs/glossary.md#warpgroup).
 
 # %% [markdown]
 # ## What changed in the machine code
 #
-# The phase promises that every fragment lives in registers: no spill, no stack frame.
+# The phase promises that every fragment lives in registers: no spill, no [stack frame](../docs/glossary.md#stack-frame).
 
 # %%
 lesson.machine_code()

@@ -16,25 +16,25 @@
 #
 # ## The idea
 #
-# Phase 07 fed the tensor cores one warp at a time: every 16×8×16 product needed its operands in
-# registers first, and `ldmatrix` moved K and V there. Hopper (sm_90a) adds `wgmma.mma_async`:
+# Phase 07 fed the [tensor cores](../docs/glossary.md#tensor-core) one [warp](../docs/glossary.md#warp) at a time: every 16×8×16 product needed its operands in
+# [registers](../docs/glossary.md#register) first, and `ldmatrix` moved K and V there. [Hopper](../docs/glossary.md#hopper) ([sm_90a](../docs/glossary.md#compute-capability)) adds `wgmma.mma_async`:
 #
-# 1. **A warpgroup** — four consecutive warps, 128 threads — issues one instruction for a 64×N×16
+# 1. **A [warpgroup](../docs/glossary.md#warpgroup)** — four consecutive warps, 128 [threads](../docs/glossary.md#thread) — issues one instruction for a 64×N×16
 #    product. Four warps, four tensor cores, one instruction.
-# 2. **Operands straight from shared memory** — the tensor cores fetch B (K or V), and for S = Q·Kᵀ
-#    also A (Q), themselves. The instruction names a tile by a 64-bit **matrix descriptor**: its
+# 2. **Operands straight from [shared memory](../docs/glossary.md#shared-memory)** — the tensor cores fetch B (K or V), and for S = Q·Kᵀ
+#    also A (Q), themselves. The instruction names a [tile](../docs/glossary.md#tile) by a 64-bit **matrix [descriptor](../docs/glossary.md#descriptor)**: its
 #    address, and two strides, LBO and SBO.
-# 3. **The 128-byte swizzle** — the descriptor also says how the tile is laid out. Phase 08 keeps Q, K
-#    and V the way TMA (phase 09) will write them: rows of 128 bytes (64 values of d; D = 128 takes two
+# 3. **The 128-byte [swizzle](../docs/glossary.md#swizzle)** — the descriptor also says how the tile is laid out. Phase 08 keeps Q, K
+#    and V the way [TMA](../docs/glossary.md#tma) (phase 09) will write them: rows of 128 bytes (64 values of d; D = 128 takes two
 #    such *atoms*), where row r stores its 16-byte chunk c at chunk c ^ (r % 8). `cp.async` writes
 #    each 16-byte piece straight to its place, so the layout costs nothing.
-# 4. **P from registers** — the second product takes A from registers, in mma.sync's A layout: phase
-#    07's conversion of S's accumulators into P's fragments is unchanged.
+# 4. **P from registers** — the second product takes A from registers, in [mma.sync](../docs/glossary.md#mmasync)'s A layout: phase
+#    07's conversion of S's [accumulators](../docs/glossary.md#accumulator) into P's [fragments](../docs/glossary.md#fragment) is unchanged.
 # 5. **V "MN-major"** — V's 16-byte rows run along d, not along the keys (the reduction dimension):
 #    the instruction's transpose flag reads it that way, with LBO and SBO swapped.
 #
-# The accumulator of a wgmma is four mma.sync accumulators stacked: warp w holds rows 16w .. 16w+15,
-# in the C layout phase 07 already uses. So the online softmax is the same code.
+# The accumulator of a [wgmma](../docs/glossary.md#wgmma) is four mma.sync accumulators stacked: warp w holds rows 16w .. 16w+15,
+# in the C layout phase 07 already uses. So the [online softmax](../docs/glossary.md#online-softmax) is the same code.
 #
 # Each wgmma call of this phase ends with `wgmma.wait_group 0`: the instruction is asynchronous, but
 # nothing is overlapped with it yet. That is phase 09's subject.
@@ -69,9 +69,9 @@ lesson.changelog()
 # apart groups of eight rows are (SBO = 1024) and, for V, where the second 64-column atom is (LBO).
 # The bit fields are listed at the top of [ptx/wgmma.ptx](../ptx/wgmma.ptx).
 #
-# The first version of this phase used the other layout wgmma accepts without swizzle: 8×8 *core
-# matrices* of 128 contiguous bytes. It was correct, and measured 250 TFLOPS at D = 64 and 240 at
-# D = 128 (slower than phase 07 there); with the swizzle the same kernel runs the numbers below.
+# The first version of this phase used the other layout wgmma accepts without swizzle: 8×8 *[core
+# matrices](../docs/glossary.md#core-matrix)* of 128 contiguous bytes. It was correct, and measured 250 [TFLOPS](../docs/glossary.md#tflops) at D = 64 and 240 at
+# D = 128 (slower than phase 07 there); with the swizzle the same [kernel](../docs/glossary.md#kernel) runs the numbers below.
 
 # %%
 notebooks.draw_swizzle()
@@ -87,7 +87,7 @@ notebooks.draw_warpgroup_rows()
 # %% [markdown]
 # ## The kernel
 #
-# The PTX of S = Q·Kᵀ at D = 64: four wgmmas, the descriptors moved on by 32 bytes per 16 columns of d.
+# The [PTX](../docs/glossary.md#ptx) of S = Q·Kᵀ at D = 64: four wgmmas, the descriptors moved on by 32 bytes per 16 columns of d.
 
 # %%
 lesson.show_ptx("wgmma.ptx", "flashcore_wgmma_qk_d64_f16")
@@ -104,7 +104,7 @@ lesson.show_diff(p07_mma_sync.build_kernel, phase.build_kernel)
 # %% [markdown]
 # ## Is it correct?
 #
-# In the simulator the wgmma functions are emulated at the level of a tile
+# In the [simulator](../docs/glossary.md#simulator) the wgmma functions are emulated at the level of a tile
 # ([`arch/sim_wgmma.py`](../flashcore_numba/arch/sim_wgmma.py)): the emulation reads shared memory
 # through the descriptor exactly as the PTX steps through it. On a GPU other than an H100-class
 # (sm_90) card the phase cannot run at all, and says so.
@@ -124,7 +124,7 @@ lesson.plot_timing(timings)
 # %% [markdown]
 # ## What changed in the machine code
 #
-# No spill, and no subroutine call: ptxas serializes every wgmma of a kernel that makes one (a 64-bit
+# No [spill](../docs/glossary.md#spill), and no subroutine call: [ptxas](../docs/glossary.md#ptxas) serializes every wgmma of a kernel that makes one (a 64-bit
 # integer division or an IEEE float division is one), which is why the kernel computes the K/V head
 # in 32-bit arithmetic and 1 / l_i by the fast division.
 
@@ -140,7 +140,7 @@ lesson.sass(["HGMMA", "WARPGROUP", "LDGSTS", "SHFL", "MUFU.EX2", "STL", "LDL"])
 # %% [markdown]
 # ## Exercise
 #
-# The same two places as in phase 07, now inside a warpgroup: the row maximum over the quad (08-a) and
+# The same two places as in phase 07, now inside a warpgroup: the row maximum over the [quad](../docs/glossary.md#quad) (08-a) and
 # P's A fragments from S's accumulators (08-b).
 
 # %%

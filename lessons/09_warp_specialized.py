@@ -16,50 +16,50 @@
 #
 # ## The idea
 #
-# In phase 08 every warpgroup did everything: computed the addresses of its share of the next K/V tile,
-# issued the `cp.async` copies, waited for them, met every other warp at a block barrier, multiplied,
-# ran the softmax. Hopper lets a block split those jobs by *role*:
+# In phase 08 every [warpgroup](../docs/glossary.md#warpgroup) did everything: computed the addresses of its share of the next K/V [tile](../docs/glossary.md#tile),
+# issued the `cp.async` copies, waited for them, met every other [warp](../docs/glossary.md#warp) at a [block](../docs/glossary.md#block) [barrier](../docs/glossary.md#barrier), multiplied,
+# ran the softmax. [Hopper](../docs/glossary.md#hopper) lets a block split those jobs by *role*:
 #
-# 1. **TMA** — the Tensor Memory Accelerator copies a whole box (here 64 rows × 64 columns, 8 KB) from
-#    global to shared memory with *one* instruction issued by *one* thread, writes it in the 128-byte
-#    swizzle phase 08 already reads, and fills rows past the end of the tensor with zeros. It is told
-#    what the tensor looks like by a **tensor map**, a 128-byte descriptor the driver builds on the host.
-# 2. **mbarriers** — a TMA copy reports completion by counting its bytes down on a barrier in shared
+# 1. **[TMA](../docs/glossary.md#tma)** — the Tensor Memory Accelerator copies a whole box (here 64 rows × 64 columns, 8 KB) from
+#    global to [shared memory](../docs/glossary.md#shared-memory) with *one* instruction issued by *one* [thread](../docs/glossary.md#thread), writes it in the 128-byte
+#    [swizzle](../docs/glossary.md#swizzle) phase 08 already reads, and fills rows past the end of the tensor with zeros. It is told
+#    what the tensor looks like by a **[tensor map](../docs/glossary.md#tensor-map)**, a 128-byte [descriptor](../docs/glossary.md#descriptor) the driver builds on the host.
+# 2. **[mbarriers](../docs/glossary.md#mbarrier)** — a TMA copy reports completion by counting its bytes down on a barrier in shared
 #    memory. A ring of K/V *stages*, each with a "full" barrier (the bytes landed) and an "empty"
 #    barrier (every consumer is done with it), replaces the block-wide `syncthreads` of phase 08.
-# 3. **Warp specialization** — warpgroup 0 is the *producer*: one of its threads streams tiles into the
+# 3. **[Warp specialization](../docs/glossary.md#warp-specialization)** — warpgroup 0 is the *[producer](../docs/glossary.md#producer-and-consumer)*: one of its threads streams tiles into the
 #    ring. The other warpgroups are *consumers*: they only wait on "full", compute, and arrive on "empty".
-# 4. **setmaxnreg** — the producer needs almost no registers, the consumers need many. A block starts
+# 4. **[setmaxnreg](../docs/glossary.md#setmaxnreg)** — the producer needs almost no [registers](../docs/glossary.md#register), the consumers need many. A block starts
 #    with the same count for every thread; the producer gives its registers back, the consumers take them.
-# 5. **Ping-pong** — the consumers take turns at the tensor cores, fenced by *named barriers*: while one
-#    runs its two products, the others run their softmax on the FP32 and exp2 units.
-# 6. **Bigger tiles, P·V in place** — phase 08's P·V returned a fresh O-sized tile that the kernel then
-#    folded into `acc`; here the wgmma adds into `acc` itself (its accumulator goes in and comes out).
+# 5. **Ping-pong** — the consumers take turns at the [tensor cores](../docs/glossary.md#tensor-core), fenced by *[named barriers](../docs/glossary.md#named-barrier)*: while one
+#    runs its two products, the others run their softmax on the [FP32](../docs/glossary.md#fp32) and exp2 units.
+# 6. **Bigger tiles, P·V in place** — phase 08's P·V returned a fresh O-sized tile that the [kernel](../docs/glossary.md#kernel) then
+#    folded into `acc`; here the [wgmma](../docs/glossary.md#wgmma) adds into `acc` itself (its [accumulator](../docs/glossary.md#accumulator) goes in and comes out).
 #    The registers that saves hold S for 128 keys instead of 64, so every turn, barrier wait and drain
 #    of the tensor cores is paid once per 128 keys.
 # 7. **Overlap within a warpgroup** — a turn *issues* S = Q·Kᵀ of tile n and P·V of tile n − 1 and
 #    returns at once. The warpgroup waits for S alone (`wgmma.wait_group 1`), runs its softmax while the
 #    tensor cores are still adding P·V into O, and only then waits for O (`wait_group 0`). That is the
-#    PTX; the assembler moves the second wait up, ahead of the exp2s (the docstring shows where), so on
+#    [PTX](../docs/glossary.md#ptx); the assembler moves the second wait up, ahead of the exp2s (the docstring shows where), so on
 #    the H100 what this buys is mostly the two products issued back to back. A warpgroup barrier that
 #    reads the softmax's row sums does pin the wait after the exp2s; timed on the H100 it was no faster:
 #    while one warpgroup waits, the other consumers' products keep the tensor cores busy anyway.
 # 8. **A loop for the masked tiles** (D = 128) — only the last tiles of a causal row block, or the
 #    tile holding the end of the keys, need a mask. They run in a loop of their own, and the other
 #    tiles' softmax is compiled without the masking and its branches. At D = 64 a second copy of the
-#    softmax spills, so every tile runs one loop; there the question "does this tile need a mask?" is
+#    softmax [spills](../docs/glossary.md#spill), so every tile runs one loop; there the question "does this tile need a mask?" is
 #    asked once, as one branch around the whole masking loop. Asked in each of S's 16 column blocks,
 #    it cost D = 64 8 % of its speed (the kernel's docstring has the profile and the records).
-# 9. **Persistent blocks** — one block per SM instead of one per query block. The producer takes the
-#    next query block from a counter in global memory (an atomic addition), the longest first, and tells
+# 9. **[Persistent blocks](../docs/glossary.md#persistent-kernel)** — one block per [SM](../docs/glossary.md#sm) instead of one per query block. The producer takes the
+#    next query block from a counter in [global memory](../docs/glossary.md#global-memory) (an [atomic](../docs/glossary.md#atomic) addition), the longest first, and tells
 #    the consumers which one it is through a slot of shared memory. Q is released as soon as a block's
 #    last S is done, so the next block's Q and first K/V tiles are loading while the consumers finish
 #    and write O: a block's start-up and its end are paid once per SM, not once per query block.
-# 10. **16-byte stores of O** — the accumulator layout leaves each lane of a quad 4 bytes of every
-#    8 columns of its row. Stored as they are, that is 32 stores per thread at D = 128. Three shuffles
+# 10. **16-byte stores of O** — the accumulator layout leaves each [lane](../docs/glossary.md#lane) of a [quad](../docs/glossary.md#quad) 4 bytes of every
+#    8 columns of its row. Stored as they are, that is 32 stores per thread at D = 128. Three [shuffles](../docs/glossary.md#warp-shuffle)
 #    within the quad transpose the words, so that each lane holds 8 whole columns, 16 bytes, which one
 #    `st.global.v4.b32` writes: 8 stores per thread. A measured timeline of the blocks showed the
-#    epilogue taking 6-8 % of each block's time before this change.
+#    [epilogue](../docs/glossary.md#epilogue) taking 6-8 % of each block's time before this change.
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
@@ -129,7 +129,7 @@ lesson.show_ptx("warpgroup.ptx", "flashcore_bar_arrive")
 # ## Registers in flight
 #
 # Between `wgmma.commit_group` and the `wgmma.wait_group` that covers it, the tensor cores are still
-# writing the accumulators (and reading P's fragments). Nothing may touch those registers, not even a
+# writing the accumulators (and reading P's [fragments](../docs/glossary.md#fragment)). Nothing may touch those registers, not even a
 # `mov` that copies them. So the functions that leave a product in flight, the `_issue` functions of
 # [ptx/wgmma.ptx](../ptx/wgmma.ptx), are pasted with their registers renamed to the asm operands
 # themselves: the wgmma writes straight into the kernel's own registers. The kernel passes those values,
@@ -145,7 +145,7 @@ from flashcore_numba.arch import ptx
 print(ptx.load("wgmma.ptx")["flashcore_wgmma_pv_acc_issue_d64_n128_f16"].inline_asm()[0][:900], "...")
 
 # %% [markdown]
-# ptxas checks it too: when an in-flight register is touched on some path, it makes every wgmma of the
+# [ptxas](../docs/glossary.md#ptxas) checks it too: when an in-flight register is touched on some path, it makes every wgmma of the
 # kernel wait for the one before (warning C7518). A first version waited under `if n > 0:` in the loop
 # and got exactly that; tile 0, which has no P·V before it, is now taken before the loop, so the issue
 # and the waits are on one straight path.
@@ -164,7 +164,7 @@ lesson.show_source(tma.head_maps, tma.check_layout)
 # is 4 bytes. [ptx/store.ptx](../ptx/store.ptx) has the vector store, and the epilogue in
 # `phases/common.py` first moves the words where it needs them. In round k every lane sends the word
 # that lane t + k needs and receives its own word from lane t − k; `rotate4` picks words by selects,
-# since an array indexed by the lane number would live in local memory.
+# since an array indexed by the lane number would live in [local memory](../docs/glossary.md#local-memory).
 
 # %%
 lesson.show_ptx("store.ptx", "flashcore_st_global_v4")
@@ -186,7 +186,7 @@ lesson.show_diff(p08_wgmma.build_kernel, phase.build_kernel)
 # %% [markdown]
 # ## Is it correct?
 #
-# In the simulator the mbarriers, TMA copies (with their zero fill and swizzle) and named barriers are
+# In the [simulator](../docs/glossary.md#simulator) the mbarriers, TMA copies (with their zero fill and swizzle) and named barriers are
 # emulated ([`arch/sim_tma.py`](../flashcore_numba/arch/sim_tma.py),
 # [`arch/sim_warpgroup.py`](../flashcore_numba/arch/sim_warpgroup.py)), so the whole producer/consumer
 # protocol runs: a wrong parity deadlocks there too, and the emulation says which barrier is stuck.
@@ -199,7 +199,7 @@ lesson.check()
 #
 # `09-ws` is the producer and the ring alone, consumers without turns; `09-turns` adds the turns, each
 # product awaited before the softmax; `09-overlap` adds the overlap within a warpgroup; `09` runs that
-# kernel on the persistent grid. Each row is measured in the same run.
+# kernel on the persistent [grid](../docs/glossary.md#grid). Each row is measured in the same run.
 
 # %%
 timings = lesson.timing()
@@ -224,7 +224,7 @@ lesson.plot_timing(timings)
 # %% [markdown]
 # ## The median is not the whole story: a tail that was not the kernel's
 #
-# A user runs attention in a loop, so what they pay is the *mean* launch, not the median. A test
+# A user runs attention in a loop, so what they pay is the *mean* [launch](../docs/glossary.md#launch), not the median. A test
 # that timed phase 09 launch by launch once found 1 launch in 12 taking 10-20 times its median:
 # if that were the kernel's, a loop would get half its speed. How to tell whose time it is:
 #
@@ -255,7 +255,7 @@ lesson.plot_timing(timings)
 #
 # The kernel reports the registers of its launch (168 per thread at D = 128: 384 threads in one block
 # per SM); after `setmaxnreg` the consumers run with 240. ptxas honours `setmaxnreg` only when it knows
-# the count at entry (the kernel's launch bounds) and compiles the whole program (Numba's LTO route).
+# the count at entry (the kernel's launch bounds) and compiles the whole program (Numba's [LTO](../docs/glossary.md#lto) route).
 
 # %%
 lesson.machine_code()

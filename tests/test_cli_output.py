@@ -38,3 +38,20 @@ def test_results_table_fits_80_columns():
 def test_short_names():
     assert cli._short_name({"kind": "phase", "name": "06-inline"}) == "06-inline wmma-inline"
     assert cli._short_name({"kind": "peer", "name": "sdpa_cudnn"}) == "SDPA cudnn"
+
+
+def test_run_ends_with_the_next_step(monkeypatch, capsys):
+    """`flashcore run` ends by pointing a student at lesson 00 and its grader, which both exist."""
+    from types import SimpleNamespace
+
+    from flashcore_numba import PHASES
+    from flashcore_numba.course import grade, notebooks
+
+    assert "lessons/00_numba_cuda.ipynb" in cli.NEXT_STEP and "`flashcore grade 00`" in cli.NEXT_STEP
+    assert notebooks.lesson_path("00", ".ipynb").is_file() and grade.main(["00", "--list"]) == 0
+    capsys.readouterr()
+    if cli.kernel_target() == "simulator":  # one phase on 4 rows: the last lines are the point
+        monkeypatch.setattr(cli, "PHASES", {"01": PHASES["01"]})
+        assert cli._run_simulator(SimpleNamespace(shape=(1, 1, 4, 64), causal=True)) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert " ".join(lines[-2:]).endswith(cli.NEXT_STEP), lines[-4:]

@@ -42,7 +42,7 @@ def test_every_phase_has_a_lesson(pid):
 
 def test_course_map_links_every_lesson():
     readme = (LESSONS / "README.md").read_text()
-    for pid in PHASES:
+    for pid in ["00", *PHASES]:
         stem = notebooks.lesson_stem(pid)
         assert f"]({stem}.ipynb)" in readme, f"lessons/README.md has no row linking {stem}.ipynb"
         assert f"](exercises/{stem}.py)" in readme, f"lessons/README.md does not link exercises/{stem}.py"
@@ -194,9 +194,26 @@ def test_lesson_executes(pid, executed):
     assert any("pass" in o.get("text", "") for o in outputs), "the correctness check printed no verdict"
 
 
-def test_execute_notebook_shuts_its_kernel_down(tmp_path, monkeypatch):
+@pytest.mark.slow
+@pytest.mark.parametrize("pid", ["00"])
+def test_lesson00_executes(pid, executed):
+    """Lesson 00 (no phase: its puzzles are course/puzzles.py) runs top to bottom in a few seconds; in the
+    simulator its unguarded kernel raises an error that the lesson reads, and the untouched stub is graded."""
+    py, failures = executed[pid]
+    assert not failures, failures[0]
+    nb = nbformat.read(py.with_suffix(".ipynb"), as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    text = "".join(o.get("text", "") for o in outputs)
+    if notebooks.simulator_enabled():
+        assert "IndexError: tid=[" in text and "in kernel double_unguarded" in text, text[-3000:]
+    assert "Exercise 00" in text and "Score: " in text, "the grading cell printed no score"
+
+
+def test_execute_notebook_shuts_its_kernel_down(tmp_path):
     """A notebook executed by `execute_notebook` leaves no kernel process behind (nbclient keeps the
-    kernels of managers it was handed alive unless told otherwise)."""
+    kernels of managers it was handed alive unless told otherwise). The recording manager is handed
+    in, not patched into jupyter_client: lessons executing in the background use the module meanwhile."""
     from jupyter_client import manager
 
     made = []
@@ -206,10 +223,9 @@ def test_execute_notebook_shuts_its_kernel_down(tmp_path, monkeypatch):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(manager, "KernelManager", Recorded)
     py = tmp_path / "tiny.py"
     py.write_text("# %%\nprint(6 * 7)\n")
-    nb = lessons.execute_notebook(py, timeout=120)
+    nb = lessons.execute_notebook(py, timeout=120, kernel_manager=Recorded)
     assert "42" in nb.cells[0].outputs[0]["text"]
     assert len(made) == 1
     assert not made[0].has_kernel, "the notebook's kernel is still running"

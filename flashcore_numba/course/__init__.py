@@ -5,4 +5,7 @@
                   their .py sources
     exercises.py  exercise stubs generated from the marked regions of the phase sources
     grade.py      `flashcore grade NN`: graded checks with points and reasons
+    puzzles.py    lesson 00's puzzles, four small kernels (not a phase): the source of the stub
+                  lessons/exercises/00_numba_cuda.py
+    puzzle_checks.py  how each puzzle is launched, checked (`flashcore grade 00`) and drawn
 """

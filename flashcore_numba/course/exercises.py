@@ -19,8 +19,8 @@ Stubs are never edited by hand. After changing a phase:
     python -m flashcore_numba.course.exercises           # which stubs are out of date? (exit 1 if any)
     python -m flashcore_numba.course.exercises --write   # regenerate them all
 
-Everything is driven by `flashcore_numba.phases.PHASES`: a new phase with marked regions gets
-its stub with no new code here.
+Everything is driven by `flashcore_numba.phases.PHASES` (and lesson 00's puzzles,
+course/puzzles.py): a new phase with marked regions gets its stub with no new code here.
 """
 
 from __future__ import annotations
@@ -145,23 +145,30 @@ def header(phase: ModuleType, regions: list[Region]) -> str:
     """What the student reads first: what to do, how to grade, where the solution is."""
     n = len(regions)
     todo = "\n".join(f"#   {r.label}: {r.instruction}" for r in regions)
+    if phase.ID == PUZZLES_ID:  # lesson 00's puzzles (course/puzzles.py): small kernels, no phase
+        what, inputs, source = "lesson 00's puzzles", "hidden random inputs", "the puzzles"
+        no_gpu = "Without a GPU the kernels run in Numba's CUDA simulator."
+    else:
+        what, inputs, source = (f"the finished phase {phase.ID} kernel",
+                                "hidden random inputs and adversarial shapes", "the phase")
+        no_gpu = "Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped."
     return f"""\
 # Exercise {phase.ID}: {phase.TITLE}
 #
-# This is the finished phase {phase.ID} kernel with {n} marked region{"s" * (n != 1)} emptied:
+# This is {what} with {n} marked region{"s" * (n != 1)} emptied:
 {todo}
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
 # Change nothing else: solving only adds lines. The docstring below is the lesson.
 #
-# Grade it (hidden random inputs and adversarial shapes; points and reasons per check):
+# Grade it ({inputs}; points and reasons per check):
 #     flashcore grade {phase.ID}                         this file
 #     flashcore grade {phase.ID} path/to/copy.py         a copy of it
 #     pytest lessons/exercises --grade {phase.ID}        the same checks, as pytest tests
-# Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
+# {no_gpu}
 # Stuck? The solution is {_relative(phase.__file__)}.
 #
 # Generated from that file by `python -m flashcore_numba.course.exercises --write`:
-# improve the phase, not this copy.
+# improve {source}, not this copy.
 """
 
 
@@ -206,20 +213,43 @@ def fill_regions(stub: str, fills: dict[str, str]) -> str:
 # ---------------------------------------------------------------------------------------------
 # python -m flashcore_numba.course.exercises [--write]
 # ---------------------------------------------------------------------------------------------
-def out_of_date(directory: Path = EXERCISES_DIR) -> list[Path]:
-    from ..phases import PHASES
+# Lesson 00's puzzles have an exercise like a phase's, though they are no phase: their module
+# (course/puzzles.py) has a phase's ID, NAME and TITLE; course/puzzle_checks.py grades them.
+PUZZLES_ID = "00"
 
-    return [stub_path(p, directory) for p in PHASES.values()
+
+def exercise_module(phase) -> ModuleType:
+    """The module an exercise id names: a phase (by id, name or module), or lesson 00's puzzles
+    ("00", "0", "numba_cuda" or the module)."""
+    from ..phases import get_phase
+    from . import puzzles
+
+    if phase is puzzles or (isinstance(phase, str) and phase.strip() in (PUZZLES_ID, "0", puzzles.NAME)):
+        return puzzles
+    try:
+        return get_phase(phase)
+    except ValueError as e:
+        raise ValueError(f"{e}; or {PUZZLES_ID} (lesson 00's puzzles)") from None
+
+
+def exercise_modules() -> list[ModuleType]:
+    """Every module with an exercise: lesson 00's puzzles (course/puzzles.py), then the phases."""
+    from ..phases import PHASES
+    from . import puzzles
+
+    return [puzzles, *PHASES.values()]
+
+
+def out_of_date(directory: Path = EXERCISES_DIR) -> list[Path]:
+    return [stub_path(p, directory) for p in exercise_modules()
             if not stub_path(p, directory).exists()
             or stub_path(p, directory).read_text(encoding="utf-8") != stub_source(p)]
 
 
 def write_all(directory: Path = EXERCISES_DIR) -> list[Path]:
-    from ..phases import PHASES
-
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for phase in PHASES.values():
+    for phase in exercise_modules():
         path = stub_path(phase, directory)
         text = stub_source(phase)
         if not path.exists() or path.read_text(encoding="utf-8") != text:

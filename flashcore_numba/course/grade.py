@@ -48,7 +48,7 @@ from types import ModuleType
 import numpy as np
 
 from ..arch.sim import kernel_target, rerun_in_simulator, simulator_enabled
-from ..phases import PHASES, get_phase
+from ..phases import PHASES
 from ..phases.common import LOG2E
 from ..reference import (
     check_close,
@@ -58,6 +58,7 @@ from ..reference import (
     reference_attention,
     visible_mask,
 )
+from .exercises import PUZZLES_ID, exercise_module
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # flashcore_numba/
 REPO_ROOT = PACKAGE_DIR.parent
@@ -416,9 +417,14 @@ _CHECKS: dict[str, list[Check]] = {}
 
 def checks_for(phase) -> list[Check]:
     """Every graded check of a phase (by id, name or module), in the order they run."""
-    phase = get_phase(phase)
+    phase = exercise_module(phase)
     if phase.ID not in _CHECKS:
-        _CHECKS[phase.ID] = correctness_checks(phase) + point_checks(phase)
+        if phase.ID == PUZZLES_ID:  # lesson 00's puzzles, no phase: their checks are their own
+            from .puzzle_checks import checks
+
+            _CHECKS[phase.ID] = checks()
+        else:
+            _CHECKS[phase.ID] = correctness_checks(phase) + point_checks(phase)
     return _CHECKS[phase.ID]
 
 
@@ -475,7 +481,7 @@ def describe_load_error(e: BaseException, path: Path) -> str:
 
 def start(phase, path: Path | None = None, *, seed: int | None = None, on_gpu: bool | None = None) -> Grading:
     """Load the student's file for `phase` and return the grading context (nothing run yet)."""
-    phase = get_phase(phase)
+    phase = exercise_module(phase)
     path = Path(path) if path else default_path(phase)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     on_gpu = (not simulator_enabled()) if on_gpu is None else on_gpu
@@ -555,7 +561,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> _Parser:
-    ids = ", ".join(PHASES)
+    ids = ", ".join([PUZZLES_ID, *PHASES])
     parser = _Parser(prog="flashcore grade", description="Grade an exercise: points and a reason per check.")
     parser.add_argument("phase", metavar="NN", help=f"the phase of the exercise ({ids})")
     parser.add_argument("path", nargs="?", type=Path,
@@ -581,7 +587,7 @@ def main(argv=None) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     try:
-        phase = get_phase(args.phase)
+        phase = exercise_module(args.phase)
     except (ValueError, TypeError) as e:
         return _usage_error(f"NN: {e}")
     checks = checks_for(phase)

@@ -154,7 +154,7 @@ def _jupytext():
     try:
         import jupytext
     except ImportError as exc:
-        raise SystemExit("the lessons need jupytext: pip install -e '.[notebooks]'") from exc
+        raise SystemExit("the lessons need jupytext: pip install -e '.[course]'") from exc
     return jupytext
 
 
@@ -251,8 +251,12 @@ def kernel_env(extra: dict | None = None) -> dict:
     return env
 
 
-def execute_notebook(py: Path, cwd: Path | None = None, timeout: int = 600, env: dict | None = None):
-    """Run a lesson top to bottom in a fresh kernel; returns the executed notebook (a cell error raises)."""
+def execute_notebook(py: Path, cwd: Path | None = None, timeout: int = 600, env: dict | None = None,
+                     kernel_manager=None):
+    """Run a lesson top to bottom in a fresh kernel; returns the executed notebook (a cell error raises).
+
+    kernel_manager: the jupyter_client KernelManager class to start the kernel with (a test hands in
+    a subclass that records its instances, without patching the module other threads use)."""
     from nbclient import NotebookClient
 
     py = Path(py)
@@ -263,7 +267,7 @@ def execute_notebook(py: Path, cwd: Path | None = None, timeout: int = 600, env:
         # IPC sockets where available: a local kernel needs no TCP port (ipykernel warns about
         # unencrypted TCP, and the warning would land in the outputs)
         transport = {"transport": "ipc", "ip": str(Path(sockets) / "kernel")} if os.name == "posix" else {}
-        km = KernelManager(kernel_name="python3", **transport)
+        km = (kernel_manager or KernelManager)(kernel_name="python3", **transport)
         client = NotebookClient(nb, km=km, timeout=timeout, kernel_name="python3", record_timing=False,
                                 resources={"metadata": {"path": str(cwd or py.parent)}})
         # cleanup_kc: nbclient shuts down only the kernels of managers it made itself, and each

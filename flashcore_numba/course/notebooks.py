@@ -31,7 +31,7 @@ import numpy as np
 from ..arch.sim import simulator_enabled
 from ..phases import PHASES, VARIANTS, get_phase
 from ..reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
-from .exercises import phase_regions
+from .exercises import exercise_module, phase_regions
 
 REFERENCE_SHAPE = (16, 16, 2048, 64)  # B, H, S, D: the shape every timing in the course uses
 # (B, H, S_q, S_k, D, causal) checked in the simulator, which runs one Python thread per CUDA thread:
@@ -57,7 +57,8 @@ def lessons_dir() -> Path:
 
 
 def lesson_stem(phase) -> str:
-    phase = get_phase(phase)
+    """"03_warp_shuffle" for phase 03; "00_numba_cuda" for lesson 00 (course/puzzles.py), which has no phase."""
+    phase = exercise_module(phase)
     return f"{phase.ID}_{phase.NAME}"
 
 

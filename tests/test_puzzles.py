@@ -1,0 +1,113 @@
+"""Lesson 00's puzzles: the stub is generated from course/puzzles.py, each graded check fails on the
+untouched stub with a reason and passes on the solution, and `flashcore grade 00` grades them.
+
+Everything runs in this process in the simulator, on arrays of 8 to 130 elements: a few seconds.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from flashcore_numba.course import exercises, grade, puzzle_checks, puzzles
+
+REPO = Path(__file__).resolve().parents[1]
+SOLUTION = Path(puzzles.__file__)
+pytest_plugins = ["pytester"]
+CHECKS = [c.name for c in grade.checks_for("00")]
+
+
+@pytest.fixture(scope="module")
+def stub_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("puzzles") / exercises.stub_name(puzzles)
+    path.write_text(exercises.stub_source(puzzles), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def graded_stub(stub_path):
+    g = grade.start("00", stub_path, seed=1)
+    return {c.name: g.run(c) for c in grade.checks_for("00")}
+
+
+@pytest.fixture(scope="module")
+def graded_solution():
+    g = grade.start("00", SOLUTION, seed=2)
+    return {c.name: g.run(c) for c in grade.checks_for("00")}
+
+
+def test_stub_is_committed_and_in_sync():
+    path = exercises.stub_path(puzzles)
+    assert path.name == "00_numba_cuda.py"
+    assert path.is_file() and path.read_text(encoding="utf-8") == exercises.stub_source(puzzles), (
+        f"{path.relative_to(REPO)} differs from the stub generated from course/puzzles.py: run "
+        f"`python -m flashcore_numba.course.exercises --write`")
+    assert path in [exercises.stub_path(m) for m in exercises.exercise_modules()]
+
+
+def test_one_region_per_puzzle_and_solving_only_adds_lines():
+    regions = exercises.phase_regions(puzzles)
+    assert [r.label for r in regions] == [p.label for p in puzzle_checks.PUZZLES]
+    source = exercises.phase_source(puzzles)
+    for region in regions:  # each region holds code, not only comments
+        assert ast.dump(ast.parse(exercises.strip_regions(source, [region]))) != ast.dump(ast.parse(source))
+    solved = iter(exercises.solution_source(puzzles).splitlines())
+    for number, line in enumerate(exercises.stub_source(puzzles).splitlines(), 1):
+        assert any(line == other for other in solved), f"stub line {number} is not in the solution: {line!r}"
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_check_fails_on_the_stub_with_a_reason(graded_stub, name):
+    result = graded_stub[name]
+    assert result.status == "fail", result
+    assert "never written" in result.detail or "outputs wrong" in result.detail, result.detail
+    assert "expected [" in result.detail and "got [" in result.detail, "expected and got side by side"
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_check_passes_on_the_solution(graded_solution, name):
+    assert graded_solution[name].status == "pass", graded_solution[name].detail
+
+
+def test_a_missing_guard_is_diagnosed(tmp_path):
+    path = tmp_path / "unguarded.py"
+    path.write_text(exercises.fill_regions(exercises.stub_source(puzzles), {"00-b": "out[i] = alpha * a[i]"}))
+    g = grade.start("00", path, seed=3)
+    result = g.run(next(c for c in grade.checks_for("00") if c.name == "scale"))
+    assert result.status == "fail"
+    assert "IndexError" in result.detail and "if i < a.size" in result.detail, result.detail
+
+
+def test_a_missing_kernel_is_named(tmp_path):
+    path = tmp_path / "empty.py"
+    path.write_text("x = 1\n")
+    result = grade.start("00", path, seed=4).run(grade.checks_for("00")[0])
+    assert result.status == "fail" and "no kernel named add_ten" in result.detail
+
+
+def test_grade_command(tmp_path, capsys, stub_path):
+    assert grade.main(["00", "--list"]) == 0
+    out = tmp_path / "solution.json"
+    assert grade.main(["00", str(SOLUTION), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["full_marks"] and report["score"] == report["available"] == 6
+    assert grade.main(["00", str(stub_path)]) == 1
+    assert "Score: 0/6" in capsys.readouterr().out
+
+
+def test_pytest_grades_the_puzzles(pytester):
+    """`pytest lessons/exercises --grade 00`, as a student runs it, on the solution (in this process)."""
+    pytester.chdir()
+    result = pytester.runpytest_inprocess(str(REPO / "lessons" / "exercises"), "--grade", "00", "--solution",
+                                          str(SOLUTION), "-p", "no:cacheprovider", "--rootdir", str(REPO))
+    result.assert_outcomes(passed=len(CHECKS))
+    assert "Full marks" in result.stdout.str()
+
+
+def test_pictures_show_every_thread():
+    assert "10  11" in puzzle_checks.picture_map() and "have no element" in puzzle_checks.picture_map()
+    assert puzzle_checks.picture_reduction().count("syncthreads()") == 3  # log2(TPB) steps
+    assert "have no row" in puzzle_checks.picture_tiles()
