@@ -364,6 +364,11 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
         causal: mask future keys; with S_q != S_k the mask is aligned to the bottom-right
            corner (query i sees keys j <= i + S_k - S_q), as in FlashAttention-2. A query
            that sees no key at all gets a zero output row.
+           Infinities and NaN follow torch's scaled_dot_product_attention (docs/guide.md,
+           "Infinities and NaN in the inputs"): a +inf or NaN score of a visible key makes its row
+           NaN, a -inf score is a key of weight 0 (a row with only -inf scores gets zeros), inf or
+           NaN in v[..., j, d] reaches column d of the rows that weigh key j, and masked keys are
+           dropped before the softmax, as in SDPA's flash backend.
         scale: multiplier of q·kᵀ; default 1/sqrt(D).
         phase: which kernel of the ladder runs: "best" (default: the newest phase, built its
            fastest way; on a GPU too old for it, the newest phase the GPU can run; on the

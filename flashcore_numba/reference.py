@@ -15,7 +15,11 @@ Masking conventions shared with every kernel:
 - causal masks align to the bottom-right corner when the query and key lengths differ
   (FlashAttention-2's convention): query row i sees keys j <= i + (seq_k - seq_q);
 - a query row that sees no key at all (possible only when causal and seq_q > seq_k)
-  produces zeros.
+  produces zeros;
+- inf and NaN in the inputs follow torch's SDPA (docs/guide.md, "Infinities and NaN in the
+  inputs"): a +inf or NaN visible score makes its row NaN, a -inf score weighs 0, a row of -inf
+  scores produces zeros, masked keys are dropped before the softmax. `check_nonfinite` is the
+  oracle for such inputs.
 """
 
 from __future__ import annotations
@@ -40,10 +44,10 @@ def visible_mask(seq_q: int, seq_k: int, causal: bool) -> np.ndarray:
 def _softmax_rows(s: np.ndarray, mask: np.ndarray) -> np.ndarray:
     s = np.where(mask, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)  # fully masked rows: avoid (-inf) - (-inf)
-    p = np.exp(s - m)
+    m = np.where(m == -np.inf, 0.0, m)  # rows with no finite visible score: avoid (-inf) - (-inf)
+    p = np.exp(s - m)  # a +inf score gives inf - inf = NaN: its row becomes NaN, as in torch
     denom = p.sum(axis=-1, keepdims=True)
-    return np.divide(p, denom, out=np.zeros_like(p), where=denom > 0)
+    return np.divide(p, denom, out=np.zeros_like(p), where=denom != 0)  # no visible key: zeros
 
 
 def default_scale(head_dim: int) -> float:
@@ -70,8 +74,8 @@ def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = 
     B, H, Sq, _ = q.shape
     mask = visible_mask(Sq, k.shape[2], causal)
     out = np.empty((B, H, Sq, v.shape[-1]), dtype=np.float64)
-    for b in range(B):
-        for h in range(H):
+    with np.errstate(invalid="ignore"):  # inf - inf, 0 * inf: NaN where the inputs hold inf or NaN
+        for b, h in np.ndindex(B, H):
             hk = kv_head(h, H, k.shape[1])
             p = _softmax_rows(q[b, h] @ k[b, hk].T * scale, mask)
             out[b, h] = p @ v[b, hk]
@@ -91,10 +95,10 @@ def _reference_torch(q, k, v, causal, scale):
         s = torch.matmul(q[b].double(), k[b].double().transpose(-1, -2)) * scale
         s = s.masked_fill(~mask, float("-inf"))
         m = s.amax(dim=-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # as in _softmax_rows
         p = torch.exp(s - m)
         denom = p.sum(dim=-1, keepdim=True)
-        p = torch.where(denom > 0, p / denom.clamp_min(1e-300), torch.zeros_like(p))
+        p = torch.where(denom != 0, p / denom, torch.zeros_like(p))
         out[b] = torch.matmul(p, v[b].double())
     return out.cpu().numpy()
 
@@ -141,8 +145,8 @@ def lowp_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     B, H, Sq, _ = q.shape
     mask = visible_mask(Sq, k.shape[2], causal)
     out = np.empty((B, H, Sq, v.shape[-1]), dtype=np.float64)
-    for b in range(B):
-        for h in range(H):
+    with np.errstate(invalid="ignore"):  # as in reference_attention
+        for b, h in np.ndindex(B, H):
             hk = kv_head(h, H, k.shape[1])
             s = round_to(q[b, h] @ k[b, hk].T * np.float32(scale), dtype)
             p = round_to(_softmax_rows(s, mask), dtype)
@@ -199,3 +203,57 @@ def random_qkv(shape_q, seq_k=None, *, seed=None, dtype=np.float16, scale=1.0, h
     k = (rng.standard_normal((B, Hk, Sk, D)) * scale).astype(dtype)
     v = rng.standard_normal((B, Hk, Sk, D)).astype(dtype)
     return q, k, v
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs holding inf and NaN (docs/guide.md, "Infinities and NaN")
+# ---------------------------------------------------------------------------------------------
+def nonfinite_qkv(shape_q, *, causal: bool, seed=0):
+    """(q, k, v) with infinities and NaN placed to exercise each case of the rule in docs/guide.md.
+
+    Not causal (needs S >= 13, D >= 13): k[key 3, dim 0] = +inf and k[key 5, dim 1] = -inf, with
+    q[:, 0] and q[:, 1] cycling over four kinds of rows, so that row i gets
+      i % 4 == 0: q0 = +1, a +inf score (key 3)             -> NaN row
+      i % 4 == 1: q0 = -1, q1 = +1, two -inf scores          -> keys 3 and 5 weigh 0, the row is finite
+      i % 4 == 2: q0 = 0, a NaN score (0 * inf)              -> NaN row
+      i % 4 == 3: q0 = -2, q1 = -1, a +inf score (key 5)     -> NaN row
+    and v[key 7, dim 10] = NaN, v[key 8, dim 11] = +inf, v[key 9, dim 12] = -inf, which the finite
+    rows carry into columns 10, 11 and 12.
+    Causal: k[key 0, dim 0] = -inf with q[:, 0] = +1, so row 0, which sees key 0 only, has no
+    finite score (zeros) and every other row gives key 0 no weight; k[last key, dim 2] = +inf with
+    q[:, 2] = +1, which makes the last row NaN and no other row, since no other row sees that key.
+    """
+    q, k, v = random_qkv(shape_q, seed=seed)
+    S = shape_q[2]
+    kind = np.arange(S) % 4
+    if causal:
+        q[..., 0] = 1.0
+        k[..., 0, 0] = -np.inf
+        q[..., 2] = 1.0
+        k[..., S - 1, 2] = np.inf
+        return q, k, v
+    q[..., 0] = np.array([1.0, -1.0, 0.0, -2.0])[kind]
+    q[..., 1] = np.array([1.0, 1.0, 1.0, -1.0])[kind]
+    k[..., 3, 0] = np.inf
+    k[..., 5, 1] = -np.inf
+    v[..., 7, 10] = np.nan
+    v[..., 8, 11] = np.inf
+    v[..., 9, 12] = -np.inf
+    return q, k, v
+
+
+def check_nonfinite(out, ref, lowp, *, atol: float = ATOL) -> Verdict:
+    """The oracle for inputs holding inf or NaN: NaN exactly where the reference has NaN, the same
+    infinities where it has them, and `check_close` on every other element."""
+    out = np.asarray(out, dtype=np.float64)
+    if out.shape != ref.shape:
+        return Verdict(False, math.inf, 0.0, 0.0, 0, f"shape {out.shape} != reference shape {ref.shape}")
+    for what, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        differ = test(out) != test(ref)
+        if differ.any():
+            where = np.argwhere(differ)[0].tolist()
+            return Verdict(False, math.inf, 0.0, 0.0, int(differ.sum()),
+                           f"{int(differ.sum())} outputs disagree with the reference about {what} (first at "
+                           f"index {where}: got {out[tuple(where)]}, expected {ref[tuple(where)]})")
+    finite = np.isfinite(ref)
+    return check_close(out[finite], ref[finite], lowp[finite], atol=atol)

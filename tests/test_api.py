@@ -120,6 +120,29 @@ def test_rows_without_keys_are_zero():
     assert np.allclose(reference_attention(q, k, v, causal=True)[0, 0, :4], 0)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_reference_treats_inf_and_nan_as_torch_sdpa(causal):
+    """The rule of docs/guide.md, "Infinities and NaN in the inputs", is torch's: the reference (its
+    NumPy and its torch route) puts NaN, inf and zeros where SDPA's flash backend does (float64, CPU),
+    and the oracle for such inputs accepts the reference and refuses a zero where NaN belongs."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+    from flashcore_numba.reference import check_nonfinite, nonfinite_qkv
+
+    q, k, v = nonfinite_qkv((1, 2, 20, 64), causal=causal)
+    ref = reference_attention(q, k, v, causal=causal)
+    tq, tk, tv = (torch.from_numpy(x).double() for x in (q, k, v))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        sdpa = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal).numpy()
+    for got in (reference_attention(tq, tk, tv, causal=causal), sdpa):
+        assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))
+        assert np.allclose(got, ref, equal_nan=True)
+    assert np.isnan(ref).any() and np.isfinite(ref).any()
+    lowp = lowp_attention(q, k, v, causal=causal)
+    assert check_nonfinite(ref, ref, lowp).ok
+    bad = np.where(np.isnan(ref), 0.0, ref)  # what phases 01-06 once returned
+    assert not check_nonfinite(bad, ref, lowp).ok
+
+
 def test_oracle_rejects_nan_and_wrong_values():
     q, k, v = qkv()
     ref = reference_attention(q, k, v)

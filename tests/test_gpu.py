@@ -52,6 +52,21 @@ def test_phase_on_gpu(phase, shape, seq_k, causal):
     assert verdict.ok, f"phase {phase}: {verdict.message}"
 
 
+@pytest.mark.parametrize("phase", list(KERNELS))
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_infinities_and_nan_on_gpu(phase, causal):
+    """The rule of docs/guide.md, "Infinities and NaN", on the GPU's own exp2, max and tensor cores:
+    NaN rows where a score is +inf or NaN, zeros where a row's only score is -inf, inf and NaN of v in
+    their columns, every other output finite and correct (the cases: reference.nonfinite_qkv)."""
+    from flashcore_numba.reference import check_nonfinite, nonfinite_qkv
+
+    q, k, v = nonfinite_qkv((1, 2, 200, 64), causal=causal, seed=None)  # tails in the key and query tiles
+    out = launch_poisoned(phase, q, k, v, causal)
+    verdict = check_nonfinite(out, reference_attention(q, k, v, causal=causal),
+                              lowp_attention(q, k, v, causal=causal))
+    assert verdict.ok, f"phase {phase} causal={causal}: {verdict.message}"
+
+
 @pytest.mark.parametrize("shape,seq_k,causal", [
     pytest.param((2, 3, 700, 64), None, True, id="D=64 causal"),
     pytest.param((1, 3, 500, 128), 900, True, id="D=128 S_q=500 S_k=900 causal"),

@@ -383,6 +383,38 @@ def test_report_launch_times_and_flags(report_tree):
     assert "| 1, 16, 128, 128, 64 fp16 | 01 |" in block and "#### B=1 H=16 S=128" not in block
 
 
+def test_report_marks_sweep_points_whose_launches_spread(report_tree, monkeypatch):
+    """A sweep point whose fastest launch is more than 5 % below its median, or which another record of
+    the same problem contradicts by more than 5 %, is named in the summary (and drawn hollow in
+    sweep.png, with the same note); a point whose slowest launch alone is far off is not."""
+    def no_plots():  # the summary alone (test_report_plots_from_fixture draws the plots)
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    path = report_tree.records / "fixture_sweep_b16h16s2048d64_fp16.json"
+    record = json.loads(path.read_text())
+    at_512, at_1024 = record["sweep"]
+    at_1024["results"][0]["min_ms"] = 0.8 * at_1024["results"][0]["median_ms"]  # 01 at S=1024
+    at_512["results"][0]["max_ms"] = 3 * at_512["results"][0]["median_ms"]  # one slow launch: the median holds
+    path.write_text(json.dumps(record))
+    other = {k: v for k, v in record.items() if k != "sweep"}  # one problem: sdpa_flash at S=512, half as fast
+    other.update(created="2026-11-30T00:00:00+00:00", config=at_512["config"], flops=at_512["flops"],
+                 results=[dict(at_512["results"][1], tflops=0.5 * at_512["results"][1]["tflops"])])
+    (report_tree.records / "other_b64h16s512d64_fp16.json").write_text(json.dumps(other))
+    monkeypatch.setattr(report, "_pyplot", no_plots)
+    summary = _generate(report_tree)
+    flags = [line for line in summary if line.startswith("FLAGGED: sweep")]
+    assert flags == [("FLAGGED: sweep D=64 non-causal, S=512, sdpa_flash: 180 TFLOPS, 90.0 TFLOPS in "
+                      "other_b64h16s512d64_fp16.json"),
+                     "FLAGGED: sweep D=64 non-causal, S=1024, 01: 1.10 TFLOPS, fastest launch 20% below the median"]
+    monkeypatch.undo()
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[notebooks]')",
+                        exc_type=ImportError)
+    records = bench.load_records(report_tree.records)
+    sweep = next(r for r in records if "sweep" in r)
+    assert set(report.sweep_spreads(sweep, records)) == {(512, "sdpa_flash"), (1024, "01")}
+    assert report.plot_sweep([(sweep, None)], report_tree.root / "sweep.png", records).stat().st_size > 10_000
+
+
 def test_report_phase_docstrings_from_fixture(report_tree):
     _generate(report_tree)
     texts = {pid: next(report_tree.phases.glob(f"p{pid}_*.py")).read_text() for pid in ("01", "02", "03")}

@@ -75,6 +75,22 @@ def test_negative_and_zero_scale(phase, scale):
     assert verdict.ok, f"phase {phase} scale={scale}: {verdict.message}"
 
 
+@pytest.mark.parametrize("phase", sorted(PHASES))
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the emulated mma's inf - inf
+def test_infinities_and_nan_propagate_as_in_torch(phase, causal):
+    """docs/guide.md, "Infinities and NaN": a +inf or NaN score makes its row NaN, a -inf score is a
+    key of weight 0 (a row with nothing else gives zeros), inf and NaN in v reach the columns they
+    sit in; every other output is finite and correct. The cases are listed in nonfinite_qkv."""
+    from flashcore_numba.reference import check_nonfinite, nonfinite_qkv
+
+    q, k, v = nonfinite_qkv((1, 1, 20, 64), causal=causal)  # 20 keys: two of the simulator's key tiles
+    out = run_phase(phase, q, k, v, causal)
+    verdict = check_nonfinite(out, reference_attention(q, k, v, causal=causal),
+                              lowp_attention(q, k, v, causal=causal))
+    assert verdict.ok, f"phase {phase} causal={causal}: {verdict.message}"
+
+
 def test_every_phase_declares_the_contract():
     for pid, module in PHASES.items():
         assert module.ID == pid and module.NAME and module.TITLE

@@ -6,7 +6,8 @@ It writes three things:
 1. the README's performance table, between the lines `<!-- bench:begin -->` and
    `<!-- bench:end -->`;
 2. docs/bench/ladder.png (TFLOPS per phase on a log scale, torch SDPA as reference lines)
-   and docs/bench/sweep.png (TFLOPS over S, when a sweep record exists);
+   and docs/bench/sweep.png (TFLOPS over S, when a sweep record exists; a point whose launches
+   spread, `sweep_spreads`, is drawn hollow, listed under the plot and FLAGGED in the summary);
 3. the "Measured effect" block of each phase module's docstring, between the lines
    `[measured:begin]` and `[measured:end]`. A phase slower than its predecessor says so.
 
@@ -558,84 +559,178 @@ def _save(fig, path: Path) -> None:
 
 
 def plot_ladder(nc, c, path: Path) -> Path:
-    """Bars: TFLOPS per phase (non-causal, causal), log scale; lines: SDPA peers and the ceiling."""
+    """Horizontal bars: TFLOPS per phase (non-causal, causal) on a log scale, one phase per row so
+    that no label meets another; lines: SDPA peers and the ceiling; the legend beside the axes."""
     plt = _pyplot()
     anchor = nc or c
     runs = [(label, record) for label, record in (("non-causal", nc), ("causal", c)) if record is not None]
     phase_ids = sorted({r["name"] for _, rec in runs for r in rec["results"] if r["kind"] == "phase"})
-    fig, ax = plt.subplots(figsize=(9, 5))
-    width = 0.8 / len(runs)
+    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.45 * len(phase_ids)))
+    height = 0.8 / len(runs)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = {"non-causal": "-", "causal": "--"}
+    top = 0.0
     for i, (label, record) in enumerate(runs):
-        xs, ys = [], []
-        for x, pid in enumerate(phase_ids):
+        ys, xs = [], []
+        for y, pid in enumerate(phase_ids):
             r = _result(record, pid)
-            x_bar = x + (i - (len(runs) - 1) / 2) * width
+            y_bar = y + (i - (len(runs) - 1) / 2) * height
             if r is not None and r.get("tflops"):
-                xs.append(x_bar)
-                ys.append(r["tflops"])
+                ys.append(y_bar)
+                xs.append(r["tflops"])
             elif r is not None:  # no bar: say why at the foot of the axis
-                ax.text(x_bar, 0.02, "n/a" if not r["available"] else "FAILED", color=colors[i], fontsize=7,
-                        ha="center", transform=ax.get_xaxis_transform())
-        bars = ax.bar(xs, ys, width, label=f"phases, {label}", color=colors[i], alpha=0.85)
-        ax.bar_label(bars, labels=[format_tflops(y) for y in ys], fontsize=7)
+                ax.text(0.01, y_bar, "n/a" if not r["available"] else "FAILED", color=colors[i], fontsize=7,
+                        va="center", transform=ax.get_yaxis_transform())
+        bars = ax.barh(ys, xs, height, label=f"phases, {label}", color=colors[i], alpha=0.85)
+        ax.bar_label(bars, labels=[format_tflops(x) for x in xs], fontsize=7, padding=2, zorder=3,
+                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})  # over the lines
+        top = max([top, *xs])
         peers = [r for r in record["results"] if r["kind"] == "peer" and r.get("tflops")]
         for j, r in enumerate(peers):
             name = r["title"].replace("torch SDPA, ", "SDPA ")
-            ax.axhline(r["tflops"], color=colors[(2 + j) % len(colors)], linestyle=styles[label], linewidth=1,
+            ax.axvline(r["tflops"], color=colors[(2 + j) % len(colors)], linestyle=styles[label], linewidth=1,
                        label=f"{name}, {label}: {format_tflops(r['tflops'])}")
+            top = max(top, r["tflops"])
         if record.get("ceiling_tflops") and i == 0:
-            ax.axhline(record["ceiling_tflops"], color="gray", linestyle=":", linewidth=1,
+            ax.axvline(record["ceiling_tflops"], color="gray", linestyle=":", linewidth=1,
                        label=f"tensor-core ceiling (matmul): {format_tflops(record['ceiling_tflops'])}")
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(phase_ids)), phase_ids)
-    ax.set_xlim(-0.5, len(phase_ids) - 0.5)  # room for every phase, bar or not
-    ax.set_xlabel("phase")
-    ax.set_ylabel("TFLOPS (log scale)")
+            top = max(top, record["ceiling_tflops"])
+    ax.set_xscale("log")
+    ax.set_xlim(right=top * 1.6)  # room for the value beside the longest bar
+    ax.set_yticks(range(len(phase_ids)), phase_ids)
+    ax.set_ylim(len(phase_ids) - 0.5, -0.5)  # phase 01 on top, a row for every phase, bar or not
+    ax.set_ylabel("phase")
+    ax.set_xlabel("TFLOPS (log scale)")
     gpu = anchor["provenance"]["gpu_name"]
     ax.set_title(f"{gpu}, {_describe(anchor['config'])}, {anchor['created'][:10]}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(axis="y", which="both", alpha=0.3)
+    ax.grid(axis="x", which="both", alpha=0.3)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
     return path
 
 
-def plot_sweep(pairs, path: Path) -> Path:
-    """TFLOPS over S, one line per kernel; a row of panels per head dim, one panel per causal mode."""
+SPREAD = MEAN_OVER_MEDIAN - 1  # beyond 5 % a median is not taken at its word
+
+
+def _point_key(gpu, config) -> tuple:
+    return (gpu, *(config.get(k) for k in ("B", "H", "H_kv", "S_q", "S_k", "D", "dtype", "causal")))
+
+
+def _timings_by_shape(records) -> dict:
+    """(GPU and problem, kernel) -> [(TFLOPS, record file)] over every record, sweep points included."""
+    out = {}
+    for record in records:
+        gpu = record["provenance"]["gpu_name"]
+        for point in record.get("sweep", [record]):  # a sweep's points, or the record's one problem
+            for r in point["results"]:
+                if r.get("tflops"):
+                    out.setdefault((_point_key(gpu, point["config"]), r["name"]), []).append(
+                        (r["tflops"], Path(record.get("_path", "?")).name))
+    return out
+
+
+def sweep_spreads(record, records=()) -> dict:
+    """{(S, kernel): why} for the points of a sweep record whose median is in doubt: the fastest
+    launch more than 5 % faster than the median (then at least half the launches ran that much
+    slower than the kernel can; a slow maximum alone does not move the median), a mean more than
+    5 % above it, or another record of the same problem on the same GPU more than 5 % apart."""
+    others = _timings_by_shape(records)
+    gpu = record["provenance"]["gpu_name"]
+    spreads = {}
+    for point in record["sweep"]:
+        for r in point["results"]:
+            if not r.get("tflops"):
+                continue
+            why = []
+            if r.get("min_ms") and r["min_ms"] < (1 - SPREAD) * r["median_ms"]:
+                why.append(f"fastest launch {100 * (1 - r['min_ms'] / r['median_ms']):.0f}% below the median")
+            if mean_flag(r) is not None:
+                why.append(f"mean {100 * mean_flag(r):.0f}% above the median")
+            for tflops, name in others.get((_point_key(gpu, point["config"]), r["name"]), []):
+                if name != Path(record.get("_path", "?")).name and abs(tflops / r["tflops"] - 1) > SPREAD:
+                    why.append(f"{format_tflops(tflops)} TFLOPS in {name}")
+            if why:
+                spreads[(point["S"], r["name"])] = f"{format_tflops(r['tflops'])} TFLOPS, " + "; ".join(why)
+    return spreads
+
+
+def plot_sweep(pairs, path: Path, records=()) -> Path:
+    """TFLOPS over S, one line per kernel; a row of panels per head dim, one panel per causal mode.
+    One legend for every panel, below them; a point whose launches spread (`sweep_spreads`) is
+    drawn hollow and listed in a note under the legend, to be measured again."""
     plt = _pyplot()
+    from matplotlib.lines import Line2D
+
     rows = [[(label, record) for label, record in (("non-causal", nc), ("causal", c)) if record is not None]
             for nc, c in pairs]
     width = max(len(runs) for runs in rows)
-    fig, axes = plt.subplots(len(rows), width, figsize=(6 * width, 4.5 * len(rows)), squeeze=False)
-    for ax, (label, record) in ((axes[i][j], run) for i, runs in enumerate(rows) for j, run in enumerate(runs)):
-        names = [(r["name"], r["kind"], r["title"]) for r in record["sweep"][0]["results"]]
-        for name, kind, title in names:
-            xs, ys = [], []
-            for point in record["sweep"]:
-                r = next((x for x in point["results"] if x["name"] == name), None)
-                if r is not None and r.get("tflops"):
-                    xs.append(point["S"])
-                    ys.append(r["tflops"])
-            if xs:
-                style = "-o" if kind == "phase" else "--s"
-                ax.plot(xs, ys, style, markersize=3, label=f"{name} {title}" if kind == "phase" else title)
-        c0 = record["config"]
-        ax.set_xscale("log", base=2)
-        lengths = [point["S"] for point in record["sweep"]]
-        ax.set_xticks(lengths, [str(S) for S in lengths])
-        ax.minorticks_off()
-        ax.set_yscale("log")
-        ax.set_xlabel(f"S (B·S = {c0['B'] * c0['S_q']} tokens)")
-        ax.set_ylabel("TFLOPS (log scale)")
-        ax.set_title(f"{record['provenance']['gpu_name']}, {label}, H={c0['H']} D={c0['D']}", fontsize=10)
-        ax.grid(which="both", alpha=0.3)
-        ax.legend(fontsize=6)
+    kernels = {}  # name -> (kind, title), in the order the records list them: one colour each
+    for runs in rows:
+        for _, record in runs:
+            for r in record["sweep"][0]["results"]:
+                kernels.setdefault(r["name"], (r["kind"], r["title"]))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {name: cycle[i % len(cycle)] for i, name in enumerate(kernels)}
+    notes = []
+    for runs in rows:
+        for label, record in runs:
+            c0 = record["config"]
+            for (S, name), why in sorted(sweep_spreads(record, records).items()):
+                notes += textwrap.wrap(f"D={c0['D']} {label}, S={S}, {name}: {why}", 100 * width,
+                                       subsequent_indent="    ")
+    columns = min(2, width)  # of the legend
+    legend_rows = -(-(len(kernels) + bool(notes)) // columns)
+    foot = 0.3 + 0.2 * legend_rows + 0.17 * (len(notes) + bool(notes))  # inches below the panels
+    fig = plt.figure(figsize=(6 * width, 4.5 * len(rows) + foot))
+    grid = fig.add_gridspec(len(rows) + 1, width, height_ratios=[4.5] * len(rows) + [foot])
     for i, runs in enumerate(rows):
-        for j in range(len(runs), width):
-            axes[i][j].axis("off")  # a head dim measured in one causal mode only
+        for j in range(width):
+            ax = fig.add_subplot(grid[i, j])
+            if j >= len(runs):
+                ax.axis("off")  # a head dim measured in one causal mode only
+                continue
+            label, record = runs[j]
+            spreads = sweep_spreads(record, records)
+            for name, (kind, _) in kernels.items():
+                points = []
+                for point in record["sweep"]:
+                    r = next((x for x in point["results"] if x["name"] == name), None)
+                    if r is not None and r.get("tflops"):
+                        points.append((point["S"], r["tflops"], (point["S"], name) in spreads))
+                if not points:
+                    continue
+                xs, ys, _ = zip(*points)
+                style = "-o" if kind == "phase" else "--s"
+                ax.plot(xs, ys, style, markersize=3, color=color[name])
+                for x, y, spread in points:
+                    if spread:  # hollow: the median of this point is in doubt
+                        ax.plot([x], [y], "o" if kind == "phase" else "s", markersize=8, color=color[name],
+                                markerfacecolor="white", markeredgewidth=1.5)
+            c0 = record["config"]
+            ax.set_xscale("log", base=2)
+            lengths = [point["S"] for point in record["sweep"]]
+            ax.set_xticks(lengths, [str(S) for S in lengths])
+            ax.minorticks_off()
+            ax.set_yscale("log")
+            ax.set_xlabel(f"S (B·S = {c0['B'] * c0['S_q']} tokens)")
+            ax.set_ylabel("TFLOPS (log scale)")
+            ax.set_title(f"{record['provenance']['gpu_name']}, {label}, H={c0['H']} D={c0['D']}", fontsize=10)
+            ax.grid(which="both", alpha=0.3)
+    handles = [Line2D([], [], linestyle="-" if kind == "phase" else "--", marker="o" if kind == "phase" else "s",
+                      markersize=3, color=color[name]) for name, (kind, _) in kernels.items()]
+    labels = [f"{name} {title}" if kind == "phase" else title for name, (kind, title) in kernels.items()]
+    if notes:
+        handles.append(Line2D([], [], linestyle="", marker="o", markersize=8, color="gray",
+                              markerfacecolor="white", markeredgewidth=1.5))
+        labels.append("hollow: the launches of this point spread (below); to measure again")
+    foot_ax = fig.add_subplot(grid[len(rows), :])
+    foot_ax.axis("off")
+    foot_ax.legend(handles, labels, loc="upper center", ncol=columns, fontsize=8, frameon=False)
+    if notes:
+        foot_ax.text(0.0, 0.0, "Launches that spread:\n" + "\n".join(notes), fontsize=7, va="bottom",
+                     transform=foot_ax.transAxes)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
@@ -679,7 +774,7 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
             if nc or c:
                 plots.append(plot_ladder(nc, c, plots_dir / "ladder.png"))
             if sweeps:
-                plots.append(plot_sweep(sweeps, plots_dir / "sweep.png"))
+                plots.append(plot_sweep(sweeps, plots_dir / "sweep.png", records))
             summary += [f"{p}: written" for p in plots]
 
     if not readme.exists():
@@ -693,6 +788,10 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
     summary.append(f"{readme}: performance table {'updated' if new != text else 'unchanged'}")
     for pair in [(nc, c), *other_ladders(records, nc or c)]:
         summary += [f"FLAGGED: {flag}" for flag in flagged(*pair)]
+    for record in (r for pair in sweeps for r in pair if r is not None):
+        where = f"sweep D={record['config']['D']} {_mode(record)}"
+        summary += [f"FLAGGED: {where}, S={S}, {name}: {why}"
+                    for (S, name), why in sorted(sweep_spreads(record, records).items())]
 
     for phase_id, path in phase_files(phases_dir).items():
         text = path.read_text()

@@ -100,25 +100,26 @@ def softmax_rescale(m_i, m_ij):
 
 @cuda.jit(device=True, inline=True)
 def finalize(acc_value, l_i):
-    """-- epilogue: o = acc / l_i; a row that saw no key at all outputs 0, never NaN."""
-    if l_i > float32(0.0):
-        return acc_value / l_i
-    return float32(0.0)
+    """-- epilogue: o = acc / l_i; a row that saw no key (or only -inf scores) has l_i = 0 and
+    outputs 0, never NaN. A NaN l_i (a +inf or NaN score) passes through: the row is NaN."""
+    if l_i == float32(0.0):
+        return float32(0.0)
+    return acc_value / l_i
 
 
 @cuda.jit(device=True, inline=True)
 def quad_row_inverses(l_a, l_b):
     """1 / l_i of a thread's two rows (a and b), each of whose four quad lanes summed a quarter of
     the row's columns: the sums over the quad by shuffles, then the divisions (0 for a row that
-    saw no key)."""
+    saw no key, l_i = 0; NaN for a NaN l_i, as `finalize`)."""
     l_a += cuda.shfl_xor_sync(0xFFFFFFFF, l_a, 1)
     l_a += cuda.shfl_xor_sync(0xFFFFFFFF, l_a, 2)
     l_b += cuda.shfl_xor_sync(0xFFFFFFFF, l_b, 1)
     l_b += cuda.shfl_xor_sync(0xFFFFFFFF, l_b, 2)
     # 1 / l_i by the fast approximate division: an IEEE division has a slow path that is a
     # subroutine call, and a call anywhere in a kernel serializes its wgmmas
-    inv_a = fast_fdividef(float32(1.0), l_a) if l_a > float32(0.0) else float32(0.0)
-    inv_b = fast_fdividef(float32(1.0), l_b) if l_b > float32(0.0) else float32(0.0)
+    inv_a = fast_fdividef(float32(1.0), l_a) if l_a != float32(0.0) else float32(0.0)
+    inv_b = fast_fdividef(float32(1.0), l_b) if l_b != float32(0.0) else float32(0.0)
     return inv_a, inv_b
 
 
