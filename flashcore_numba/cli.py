@@ -523,7 +523,7 @@ def cmd_bench(args) -> int:
                else "no CUDA GPU found")
         raise CLIError(f"{why}; benchmarks need a GPU, and simulator timings mean nothing. "
                        f"`flashcore run` checks every phase on the CPU.")
-    from .measure import bench
+    from .measure import bench, records
 
     dtype = bench.DTYPES[args.dtype]
     shape = args.shape or bench.REFERENCE_SHAPE
@@ -566,8 +566,8 @@ def cmd_bench(args) -> int:
     if record.get("ceiling_tflops"):
         console.print(f"Tensor-core ceiling, same run: {_text(record['ceiling']['what'])} = "
                       f"{record['ceiling_tflops']:.0f} TFLOPS", soft_wrap=True)
-    path = args.out or bench.default_record_path(gpu, problem, sweep=bool(sweep), phase_ids=phase_ids)
-    bench.write_record(record, path)
+    path = args.out or records.default_record_path(gpu, problem, sweep=bool(sweep), phase_ids=phase_ids)
+    records.write_record(record, path)
     console.print(f"Record written to {path}; `flashcore report` regenerates the README and plots.",
                   soft_wrap=True)
     results = [r for p in record.get("sweep", [record]) for r in p["results"]]
