@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .arch.sim import kernel_target, rerun_in_simulator
 from .phases import KERNELS, PHASES, get_phase
+from .usage import Parser, usage_error
 
 MIN_REPEATS = 20  # the protocol: median of at least 20 timed runs
 SIM_SHAPE = (1, 1, 48, 64)  # one 64-row tile, 48 keys: a tail on every phase; a few seconds each
@@ -33,12 +34,7 @@ SIM_DISCLAIMER = ("Simulator timings mean nothing: every CUDA thread ran as a Py
 
 
 class CLIError(Exception):
-    """A mistake the user can fix: printed as one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of argparse's usage block
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+    """A mistake the user can fix: printed as one line by `usage_error`, exit status 2."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,8 +107,8 @@ def parse_peers(text: str) -> list[str]:
     return names
 
 
-def _build_parser() -> _Parser:
-    parser = _Parser(prog="flashcore", description="FlashAttention in Numba CUDA, one phase at a time.")
+def _build_parser() -> Parser:
+    parser = Parser(prog="flashcore", description="FlashAttention in Numba CUDA, one phase at a time.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser("run", help="walk the phase ladder: check (and on a GPU, time) every phase")
@@ -193,8 +189,7 @@ def main(argv=None) -> int:
     try:
         return int(args.handler(args) or 0)
     except CLIError as e:
-        print(f"flashcore {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return usage_error(f"flashcore {args.command}", str(e))
     except KeyboardInterrupt:
         print(f"flashcore {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -207,8 +202,7 @@ def _delegate(name: str, argv) -> int:
     except ModuleNotFoundError as e:
         if e.name != module_name:
             raise
-        print(f"flashcore {name}: error: {module_name} is not part of this installation", file=sys.stderr)
-        return 2
+        return usage_error(f"flashcore {name}", f"{module_name} is not part of this installation")
     return int(module.main(argv) or 0)
 
 

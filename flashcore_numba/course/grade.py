@@ -28,7 +28,6 @@ Exit status 0 only on full marks (of the checks this machine can run).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import itertools
 import json
@@ -58,6 +57,7 @@ from ..reference import (
     reference_attention,
     visible_mask,
 )
+from ..usage import Parser, usage_error
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # flashcore_numba/
 REPO_ROOT = PACKAGE_DIR.parent
@@ -549,14 +549,9 @@ def to_json(g: Grading) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, like the rest of the `flashcore` command
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _parser() -> _Parser:
+def _parser() -> Parser:
     ids = ", ".join(PHASES)
-    parser = _Parser(prog="flashcore grade", description="Grade an exercise: points and a reason per check.")
+    parser = Parser(prog="flashcore grade", description="Grade an exercise: points and a reason per check.")
     parser.add_argument("phase", metavar="NN", help=f"the phase of the exercise ({ids})")
     parser.add_argument("path", nargs="?", type=Path,
                         help="the solution to grade (default lessons/exercises/NN_<name>.py)")
@@ -569,8 +564,7 @@ def _parser() -> _Parser:
 
 
 def _usage_error(message: str) -> int:
-    print(f"flashcore grade: error: {message}", file=sys.stderr)
-    return 2
+    return usage_error("flashcore grade", message)
 
 
 def main(argv=None) -> int:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..arch.sim import simulator_enabled
 from ..phases import PHASES, get_phase
+from ..usage import Parser, usage_error
 from .notebooks import display_path, lesson_path, lesson_stem, lessons_dir, previous_phase
 
 LESSON_GLOB = "[0-9][0-9]_*.py"
@@ -300,12 +301,9 @@ def execute(sources=None, timeout: int = 600) -> list[str]:
 
 def main(argv=None) -> int:
     """`flashcore lessons [--sync] [--execute] [--check] [--new NN] [--only NN ...]`."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="flashcore lessons",
-                                     description="Build, check and run the lesson notebooks "
-                                                 "(lessons/NN_<name>.py is the source; the .ipynb is "
-                                                 "generated from it).")
+    parser = Parser(prog="flashcore lessons",
+                    description="Build, check and run the lesson notebooks "
+                                "(lessons/NN_<name>.py is the source; the .ipynb is generated from it).")
     parser.add_argument("--sync", action="store_true", help="regenerate every .ipynb from its .py")
     parser.add_argument("--execute", action="store_true",
                         help="run every lesson and save its outputs into the .ipynb "
@@ -319,8 +317,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     def fail(message: str) -> int:
-        print(f"flashcore lessons: error: {message}", file=sys.stderr)
-        return 2
+        return usage_error(parser.prog, message)
 
     if args.new:
         try:
