@@ -10,8 +10,8 @@
     flashcore grade      grade an exercise (flashcore_numba.course.grade)
     flashcore lessons    the notebooks (flashcore_numba.course.lessons)
 
-Mistakes in the arguments get one line naming the option and a nonzero exit status, never a
-traceback. `python -m flashcore_numba ...` is the same command.
+Mistakes in the arguments get one line naming the option and exit status 2, never a traceback
+(usage.py: the form every command shares). `python -m flashcore_numba ...` is the same command.
 """
 
 from __future__ import annotations

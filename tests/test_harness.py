@@ -468,6 +468,23 @@ def test_cli_bad_arguments_give_one_line(argv, option, capsys):
     assert len(err.splitlines()) == 1 and option in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, prog, says", [
+    (["walk"], "flashcore", "invalid choice: 'walk'"),  # argparse's, at the top
+    (["bench", "--dtype", "fp8"], "flashcore bench", "(see flashcore bench --help)"),  # argparse's, a command
+    (["report", "--records", "no/such/dir"], "flashcore report", "--records: no/such/dir is not a directory"),
+    (["grade", "03", "--seed", "x"], "flashcore grade", "(see flashcore grade --help)"),
+    (["grade", "42"], "flashcore grade", "NN: "),
+    (["lessons", "--timeout", "x"], "flashcore lessons", "(see flashcore lessons --help)"),
+    (["lessons", "--only", "42"], "flashcore lessons", "--only: "),
+])
+def test_every_usage_error_has_one_form(argv, prog, says, capsys):
+    """`<prog>: error: <message>` on one line and exit status 2, whichever command and whether
+    argparse or the command found the mistake (usage.py)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{prog}: error: ") and err.count("\n") == 1 and says in err, err
+
+
 @pytest.mark.skipif(not simulator_enabled(), reason="uses the CUDA simulator")
 def test_cli_compile_refuses_the_simulator(capsys):
     assert main(["compile", "--cc", "9.0"]) == 2

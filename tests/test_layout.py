@@ -5,7 +5,7 @@
       runtime/         the call path: a plan per problem, the launch, compiled kernels on disk
       phases/          the kernels, and the tile helpers only they use
       arch/            below Numba's surface: what the simulator lacks, shared memory, (PTX)
-      measure/         bench, report, machine_code, banks, doctor
+      measure/         bench, records, report, machine_code, banks, doctor
       course/          the lesson runtime, `flashcore lessons`, exercises, grade
 
 Arrows point one way: course -> measure -> library -> runtime -> phases -> arch, and the library

@@ -314,7 +314,10 @@ def main(argv=None) -> int:
                         help="write lessons/NN_<name>.py for phase NN from the template")
     parser.add_argument("--only", nargs="+", metavar="NN", help="only these phases' lessons")
     parser.add_argument("--timeout", type=int, default=600, help="seconds a cell may run (default 600)")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a bad argument already reported in one line
+        return e.code if isinstance(e.code, int) else 2
 
     def fail(message: str) -> int:
         return usage_error(parser.prog, message)

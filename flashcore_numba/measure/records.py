@@ -1,8 +1,9 @@
 """The benchmark record: its schema, its files under docs/bench/, and the provenance it carries.
 
 Every speed figure this project quotes is read from a record, one JSON file per `flashcore bench`
-run (bench.py measures and writes it; report.py, the lessons and `flashcore doctor` read it or
-its pieces). What a record holds (`validate_record` checks every field):
+run: bench.py measures and builds it, the CLI writes it (`write_record`), report.py and the lessons
+read it (`load_records`), and `flashcore doctor` asks the same provenance questions of a machine.
+What a record holds (`validate_record` checks it):
 
     schema, created, command   the format's version, when (UTC) and how the run was started
     provenance                 the GPU, its clocks, the driver and package versions, the git commit
@@ -10,8 +11,9 @@ its pieces). What a record holds (`validate_record` checks every field):
     timing                     the protocol's settings (bench.Timing)
     ceiling, ceiling_tflops    the tensor-core ceiling measured in the same run, or null
     oracle                     what a result was checked against
-    flops, seed, results       one row per phase or peer (`Result`); or, for a sweep, `sweep`:
-                               a list of {S, B, config, flops, seed, results}
+    flops, seed, results       the FLOP count, the inputs' seed, one row per phase or peer
+                               (`Result`); a sweep has instead `sweep`, a list of
+                               {S, B, config, flops, seed, results}
 
 The files are written as `json.dumps(record, indent=1)` plus a newline, and named by
 `default_record_path`. `repo_root` says where the checkout is, for docs/bench/ and, in the
