@@ -47,6 +47,7 @@ from types import ModuleType
 import numpy as np
 
 from ..arch.sim import kernel_target, rerun_in_simulator, simulator_enabled
+from ..measure.records import repo_root
 from ..phases import PHASES, get_phase
 from ..phases.common import LOG2E
 from ..reference import (
@@ -60,7 +61,6 @@ from ..reference import (
 from ..usage import Parser, usage_error
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # flashcore_numba/
-REPO_ROOT = PACKAGE_DIR.parent
 
 UNTILED_KEYS = 16  # a phase that walks the keys one at a time (01) is graded as if its key tile were 16
 LARGE_LOGITS = 30.0  # the largest |score| of the large-logits check
@@ -431,7 +431,7 @@ _loaded = itertools.count()
 def default_path(phase: ModuleType) -> Path:
     """lessons/exercises/NN_<name>.py: under the current directory, else in this source checkout."""
     relative = Path("lessons", "exercises", f"{phase.ID}_{phase.NAME}.py")
-    return relative if relative.exists() else REPO_ROOT / relative
+    return relative if relative.exists() else repo_root() / relative
 
 
 def load_module(path: Path) -> ModuleType:
