@@ -10,8 +10,8 @@
     flashcore grade      grade an exercise (flashcore_numba.course.grade)
     flashcore lessons    the notebooks (flashcore_numba.course.lessons)
 
-Mistakes in the arguments get one line naming the option and a nonzero exit status, never a
-traceback. `python -m flashcore_numba ...` is the same command.
+Mistakes in the arguments get one line naming the option and exit status 2, never a traceback
+(usage.py: the form every command shares). `python -m flashcore_numba ...` is the same command.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .arch.sim import kernel_target, rerun_in_simulator
 from .phases import KERNELS, PHASES, get_phase
+from .usage import Parser, usage_error
 
 MIN_REPEATS = 20  # the protocol: median of at least 20 timed runs
 SIM_SHAPE = (1, 1, 48, 64)  # one 64-row tile, 48 keys: a tail on every phase; a few seconds each
@@ -36,12 +37,7 @@ SIM_DISCLAIMER = ("Simulator timings mean nothing: every CUDA thread ran as a Py
 
 
 class CLIError(Exception):
-    """A mistake the user can fix: printed as one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of argparse's usage block
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+    """A mistake the user can fix: printed as one line by `usage_error`, exit status 2."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,8 +110,8 @@ def parse_peers(text: str) -> list[str]:
     return names
 
 
-def _build_parser() -> _Parser:
-    parser = _Parser(prog="flashcore", description="FlashAttention in Numba CUDA, one phase at a time.")
+def _build_parser() -> Parser:
+    parser = Parser(prog="flashcore", description="FlashAttention in Numba CUDA, one phase at a time.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser("run", help="walk the phase ladder: check (and on a GPU, time) every phase")
@@ -196,8 +192,7 @@ def main(argv=None) -> int:
     try:
         return int(args.handler(args) or 0)
     except CLIError as e:
-        print(f"flashcore {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return usage_error(f"flashcore {args.command}", str(e))
     except KeyboardInterrupt:
         print(f"flashcore {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -210,8 +205,7 @@ def _delegate(name: str, argv) -> int:
     except ModuleNotFoundError as e:
         if e.name != module_name:
             raise
-        print(f"flashcore {name}: error: {module_name} is not part of this installation", file=sys.stderr)
-        return 2
+        return usage_error(f"flashcore {name}", f"{module_name} is not part of this installation")
     return int(module.main(argv) or 0)
 
 
@@ -528,7 +522,7 @@ def cmd_bench(args) -> int:
                else "no CUDA GPU found")
         raise CLIError(f"{why}; benchmarks need a GPU, and simulator timings mean nothing. "
                        f"`flashcore run` checks every phase on the CPU.")
-    from .measure import bench
+    from .measure import bench, records
 
     dtype = bench.DTYPES[args.dtype]
     shape = args.shape or bench.REFERENCE_SHAPE
@@ -571,8 +565,8 @@ def cmd_bench(args) -> int:
     if record.get("ceiling_tflops"):
         console.print(f"Tensor-core ceiling, same run: {_text(record['ceiling']['what'])} = "
                       f"{record['ceiling_tflops']:.0f} TFLOPS", soft_wrap=True)
-    path = args.out or bench.default_record_path(gpu, problem, sweep=bool(sweep), phase_ids=phase_ids)
-    bench.write_record(record, path)
+    path = args.out or records.default_record_path(gpu, problem, sweep=bool(sweep), phase_ids=phase_ids)
+    records.write_record(record, path)
     console.print(f"Record written to {path}; `flashcore report` regenerates the README and plots.",
                   soft_wrap=True)
     results = [r for p in record.get("sweep", [record]) for r in p["results"]]

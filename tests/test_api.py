@@ -214,7 +214,7 @@ def test_phases_say_which_gpus_they_need():
 
 def _records_of_08_and_09():
     """(where, config, {kernel: result}) of every committed record point that timed phases 08 and 09."""
-    from flashcore_numba.measure.bench import load_records
+    from flashcore_numba.measure.records import load_records
 
     for record in load_records():
         points = record.get("sweep") or [record]

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from flashcore_numba import cli
-from flashcore_numba.measure.bench import load_records
+from flashcore_numba.measure.records import load_records
 
 RECORDS = Path(__file__).parent / "data" / "bench_records"
 

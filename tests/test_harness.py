@@ -22,7 +22,7 @@ from numba import cuda, int32
 from flashcore_numba import PHASES
 from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.cli import main
-from flashcore_numba.measure import bench, report
+from flashcore_numba.measure import bench, records, report
 from flashcore_numba.reference import visible_mask
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,12 +82,12 @@ def test_sweep_keeps_tokens_per_launch():
 
 
 def test_default_record_path_names_gpu_and_problem():
-    path = bench.default_record_path("NVIDIA H100 80GB HBM3", bench.Problem.from_shape((16, 16, 2048, 64),
-                                                                                       causal=True))
+    path = records.default_record_path("NVIDIA H100 80GB HBM3", bench.Problem.from_shape((16, 16, 2048, 64),
+                                                                                         causal=True))
     assert path.name == "nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json"
     assert path.parent.name == "bench"
-    partial = bench.default_record_path("H100", bench.Problem.from_shape((1, 2, 512, 128)), sweep=True,
-                                        phase_ids=["05", "03"])
+    partial = records.default_record_path("H100", bench.Problem.from_shape((1, 2, 512, 128)), sweep=True,
+                                          phase_ids=["05", "03"])
     assert partial.name == "h100_sweep_b1h2s512d128_fp16_p03-05.json"  # never overwrites the full ladder
 
 
@@ -99,24 +99,24 @@ ORACLE = {"reference": "test", "yardstick": "test"}
 
 
 def _fake_results(flops):
-    timed = bench.Result("01", "phase", "Phase one", correct=True, message="ok", max_err=1e-4,
-                         allowed_err=2e-3, registers=40, static_smem_bytes=0, dynamic_smem_bytes=1024,
-                         local_bytes_per_thread=0)
+    timed = records.Result("01", "phase", "Phase one", correct=True, message="ok", max_err=1e-4,
+                           allowed_err=2e-3, registers=40, static_smem_bytes=0, dynamic_smem_bytes=1024,
+                           local_bytes_per_thread=0)
     bench.set_timing(timed, [2.0, 1.0, 3.0, 2.0], flops, ceiling_tflops=500.0)
-    wrong = bench.Result("02", "phase", "Phase two", correct=False, message="max error 1 > allowed 0.002",
-                         max_err=1.0, allowed_err=2e-3)
-    peer = bench.unavailable("sdpa_cudnn", "peer", "torch SDPA, cuDNN backend", "no cuDNN")
+    wrong = records.Result("02", "phase", "Phase two", correct=False, message="max error 1 > allowed 0.002",
+                           max_err=1.0, allowed_err=2e-3)
+    peer = records.unavailable("sdpa_cudnn", "peer", "torch SDPA, cuDNN backend", "no cuDNN")
     return [timed, wrong, peer]
 
 
 def test_record_schema_round_trip():
     problem = bench.Problem.from_shape((1, 2, 256, 64))
-    record = bench.build_record(problem=problem, results=_fake_results(problem.flops), provenance=PROVENANCE,
-                                timing=bench.Timing(), ceiling={"what": "test", "tflops": 500.0},
-                                oracle=ORACLE, command=["flashcore", "bench"], seed=7)
-    assert bench.validate_record(record) == []
+    record = records.build_record(problem=problem, results=_fake_results(problem.flops), provenance=PROVENANCE,
+                                  timing=bench.Timing(), ceiling={"what": "test", "tflops": 500.0},
+                                  oracle=ORACLE, command=["flashcore", "bench"], seed=7)
+    assert records.validate_record(record) == []
     record = json.loads(json.dumps(record))  # what a reader of the file sees
-    assert bench.validate_record(record) == []
+    assert records.validate_record(record) == []
     assert record["config"] == {"B": 1, "H": 2, "S_q": 256, "S_k": 256, "D": 64, "dtype": "float16",
                                 "causal": False}
     timed, wrong, peer = record["results"]
@@ -136,15 +136,15 @@ def test_record_carries_mean_p99_tail_and_call():
     timed.tail = bench.distribution([1.0] * 98 + [1.6, 9.0])
     timed.call = dict(bench.distribution([1.1, 1.2, 1.3]), host_median_us=12.0, host_p99_us=20.0, host_max_us=21.0)
     assert timed.tail["slow"] == 2 and timed.tail["n"] == 100 and timed.tail["max_ms"] == 9.0
-    record = bench.build_record(problem=problem, results=[timed, wrong, peer], provenance=PROVENANCE,
-                                timing=bench.Timing(tail=100, calls=3), ceiling=None, oracle=ORACLE, command=[],
-                                seed=1)
+    record = records.build_record(problem=problem, results=[timed, wrong, peer], provenance=PROVENANCE,
+                                  timing=bench.Timing(tail=100, calls=3), ceiling=None, oracle=ORACLE, command=[],
+                                  seed=1)
     record = json.loads(json.dumps(record))
-    assert bench.validate_record(record) == []
+    assert records.validate_record(record) == []
     assert record["results"][0]["tail"]["slow"] == 2 and record["results"][0]["call"]["host_median_us"] == 12.0
     assert "tail" not in record["results"][1] and "call" not in record["results"][2]  # absent where not measured
     record["results"][0]["tail"]["p99_ms"] = "fast"
-    assert any("tail" in e for e in bench.validate_record(record))
+    assert any("tail" in e for e in records.validate_record(record))
 
 
 class _ScriptedClock:
@@ -197,8 +197,8 @@ def test_capped_launch_counts():
 
 def test_record_schema_rejects_bad_records():
     problem = bench.Problem.from_shape((1, 2, 256, 64))
-    good = bench.build_record(problem=problem, results=_fake_results(problem.flops), provenance=PROVENANCE,
-                              timing=bench.Timing(), ceiling=None, oracle=ORACLE, command=[], seed=1)
+    good = records.build_record(problem=problem, results=_fake_results(problem.flops), provenance=PROVENANCE,
+                                timing=bench.Timing(), ceiling=None, oracle=ORACLE, command=[], seed=1)
     cases = {
         "a correct result must be timed": lambda r: r["results"][0].pop("tflops"),
         "must not carry a speed figure": lambda r: r["results"][1].update(tflops=9.9),
@@ -210,7 +210,7 @@ def test_record_schema_rejects_bad_records():
     for expected, corrupt in cases.items():
         record = json.loads(json.dumps(good))
         corrupt(record)
-        errors = bench.validate_record(record)
+        errors = records.validate_record(record)
         assert any(expected in e for e in errors), (expected, errors)
 
 
@@ -235,7 +235,7 @@ def test_run_benchmark_builds_a_valid_record():
     problem = bench.Problem(1, 1, 16, 16, 64)
     record = bench.run_benchmark(problem, phase_ids=["01"], peer_names=["sdpa_flash"],
                                  timing=bench.Timing(1, 3), command=["flashcore", "bench"], device=device)
-    assert bench.validate_record(record) == []
+    assert records.validate_record(record) == []
     phase, peer = record["results"]
     assert phase["correct"] is True and phase["median_ms"] == 2.0
     assert phase["tflops"] == pytest.approx(problem.flops / 2e-3 / 1e12)
@@ -245,7 +245,7 @@ def test_run_benchmark_builds_a_valid_record():
 
     sweep = bench.run_benchmark(bench.Problem(2, 1, 16, 16, 64, causal=True), phase_ids=["01"], peer_names=[],
                                 timing=bench.Timing(1, 3), sweep_lengths=(16, 32), device=device)
-    assert bench.validate_record(sweep) == []
+    assert records.validate_record(sweep) == []
     assert [(p["S"], p["B"]) for p in sweep["sweep"]] == [(16, 2), (32, 1)]
     assert all(p["results"][0]["correct"] for p in sweep["sweep"])
 
@@ -500,6 +500,23 @@ def test_cli_bad_arguments_give_one_line(argv, option, capsys):
     assert len(err.splitlines()) == 1 and option in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, prog, says", [
+    (["walk"], "flashcore", "invalid choice: 'walk'"),  # argparse's, at the top
+    (["bench", "--dtype", "fp8"], "flashcore bench", "(see flashcore bench --help)"),  # argparse's, a command
+    (["report", "--records", "no/such/dir"], "flashcore report", "--records: no/such/dir is not a directory"),
+    (["grade", "03", "--seed", "x"], "flashcore grade", "(see flashcore grade --help)"),
+    (["grade", "42"], "flashcore grade", "NN: "),
+    (["lessons", "--timeout", "x"], "flashcore lessons", "(see flashcore lessons --help)"),
+    (["lessons", "--only", "42"], "flashcore lessons", "--only: "),
+])
+def test_every_usage_error_has_one_form(argv, prog, says, capsys):
+    """`<prog>: error: <message>` on one line and exit status 2, whichever command and whether
+    argparse or the command found the mistake (usage.py)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{prog}: error: ") and err.count("\n") == 1 and says in err, err
+
+
 @pytest.mark.skipif(not simulator_enabled(), reason="uses the CUDA simulator")
 def test_cli_compile_refuses_the_simulator(capsys):
     assert main(["compile", "--cc", "9.0"]) == 2
@@ -530,7 +547,7 @@ def test_cli_gpu_paths_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
     argv = ["bench", "--phases", "01", "--shape", "1,1,16,64", "--peers", "flash", "--out", str(out)]
     assert main(argv) == 0
     record = json.loads(out.read_text())
-    assert bench.validate_record(record) == [] and record["command"] == ["flashcore", *argv]
+    assert records.validate_record(record) == [] and record["command"] == ["flashcore", *argv]
     assert [r["name"] for r in record["results"]] == ["01", "sdpa_flash"]
     printed = capsys.readouterr().out
     assert "Record written to" in printed and "pip install -e '.[torch]'" in printed
@@ -565,12 +582,12 @@ def _fake_ladder() -> list[dict]:
     results = []
     for name, ms, _, _ in LADDER_MS:
         if name.startswith("sdpa_"):
-            r = bench.Result(name, "peer", f"torch SDPA, {name} backend", correct=True, message="ok",
-                             max_err=1e-4, allowed_err=2e-3)
+            r = records.Result(name, "peer", f"torch SDPA, {name} backend", correct=True, message="ok",
+                               max_err=1e-4, allowed_err=2e-3)
         else:
-            r = bench.Result(name, "phase", KERNELS[name].TITLE, correct=True, message="ok", max_err=1e-4,
-                             allowed_err=2e-3, registers=168, static_smem_bytes=0, dynamic_smem_bytes=98304,
-                             local_bytes_per_thread=0)
+            r = records.Result(name, "phase", KERNELS[name].TITLE, correct=True, message="ok", max_err=1e-4,
+                               allowed_err=2e-3, registers=168, static_smem_bytes=0, dynamic_smem_bytes=98304,
+                               local_bytes_per_thread=0)
         bench.set_timing(r, [ms], flops, ceiling_tflops=989.0)
         results.append(r.to_dict())
     return results
@@ -644,12 +661,12 @@ def _fake_verdicts(modes):
     verdicts = {}
     for i, pid in enumerate(PHASES):
         for causal in modes:
-            verdicts[pid, causal] = bench.Result(pid, "phase", f"Phase {pid}", correct=True, message="ok",
-                                                 max_err=(i + 1) * 1.23e-4, allowed_err=2e-3)
-    verdicts["03", modes[-1]] = bench.Result("03", "phase", "Phase 03", correct=False, max_err=0.5,
-                                             allowed_err=2e-3, message="max error 0.5 > allowed 2e-3")
-    verdicts["08", modes[0]] = bench.unavailable("08", "phase", "Phase 08", "a reason long enough to be cut "
-                                                 "if it were printed in the table's cell, as it once was")
+            verdicts[pid, causal] = records.Result(pid, "phase", f"Phase {pid}", correct=True, message="ok",
+                                                   max_err=(i + 1) * 1.23e-4, allowed_err=2e-3)
+    verdicts["03", modes[-1]] = records.Result("03", "phase", "Phase 03", correct=False, max_err=0.5,
+                                               allowed_err=2e-3, message="max error 0.5 > allowed 2e-3")
+    verdicts["08", modes[0]] = records.unavailable("08", "phase", "Phase 08", "a reason long enough to be cut "
+                                                   "if it were printed in the table's cell, as it once was")
     return verdicts
 
 
@@ -755,7 +772,7 @@ def test_gqa_benchmark_runs_gqa_phases_and_says_why_not_the_others():
     problem = bench.Problem(1, 4, 16, 16, 64, H_kv=2)
     record = bench.run_benchmark(problem, phase_ids=["05", "07"], peer_names=[], timing=bench.Timing(1, 3),
                                  device=device)
-    assert bench.validate_record(record) == [] and record["config"]["H_kv"] == 2
+    assert records.validate_record(record) == [] and record["config"]["H_kv"] == 2
     p05, p07 = record["results"]
     assert p05["available"] is False and "grouped-query" in p05["reason"]
     assert p07["correct"] is True, p07["message"]

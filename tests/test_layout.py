@@ -1,10 +1,11 @@
 """The package's layers, enforced: the folder is the architecture (docs/architecture.md).
 
-    flashcore_numba/   __init__, __main__, api, reference, cli: the library's face and the CLI
+    flashcore_numba/   __init__, __main__, api, reference, cli: the library's face and the CLI;
+                       usage: the one form of a usage error, for the CLI and the course's commands
       runtime/         the call path: a plan per problem, the launch, compiled kernels on disk
       phases/          the kernels, and the tile helpers only they use
       arch/            below Numba's surface: what the simulator lacks, shared memory, (PTX)
-      measure/         bench, report, machine_code, banks, doctor
+      measure/         bench, records, report, machine_code, banks, doctor
       course/          the lesson runtime, `flashcore lessons`, exercises, grade
 
 Arrows point one way: course -> measure -> library -> runtime -> phases -> arch, and the library
@@ -15,12 +16,16 @@ live), and resolved to the module it names.
 
 Within a layer the imports form no circle either: a module that imports one that imports it
 back (at any depth, through any number of modules) can only be read, and imported, together.
+
+And a definition the package shares has one home: each name of SHARED is assigned at module
+level in exactly one module, and every other user imports it from there.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -62,7 +67,7 @@ def layer(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != PACKAGE:
         return None
-    if len(parts) == 1 or parts[1] in ("api", "reference"):
+    if len(parts) == 1 or parts[1] in ("api", "reference", "usage"):
         return "library"
     return parts[1] if parts[1] in SUBPACKAGES + ("cli", "__main__") else "unknown"
 
@@ -249,3 +254,82 @@ def test_imports_without_a_circle_pass():
                f"{ARCH}.sim_mma": "from .emulation import emulation\nfrom .sim import warp_exchange\n",
                f"{ARCH}.emulation": "from __future__ import annotations\n", f"{ARCH}.sim": "import numpy\n"}
     assert circles(import_graph({module: (source, False) for module, source in sources.items()})) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# One home per shared definition
+# ---------------------------------------------------------------------------------------------
+# name -> the module that defines it; every other module imports it from there
+SHARED = {
+    "FULL_MASK": f"{PACKAGE}.phases.common",  # the warp's 32 lanes, for shuffles and votes
+    "PTX_TYPE": f"{PACKAGE}.phases.common",  # a dtype's name in PTX, beside ELEMENT
+    "REFERENCE_SHAPE": f"{PACKAGE}.measure.bench",  # the shape of the ladder
+    "repo_root": f"{PACKAGE}.measure.records",  # where docs/bench/ and lessons/ are
+    "SCHEMA": f"{PACKAGE}.measure.records",  # the record format's version
+    "Parser": f"{PACKAGE}.usage",  # every command's argument parser, one error form
+    "usage_error": f"{PACKAGE}.usage",
+}
+
+
+def module_level_definitions(source) -> set[str]:
+    """Names a module binds at its top level by assignment, def or class (imports aside),
+    including those bound under a top-level if/try/with."""
+    names = set()
+
+    def visit(statements):
+        for node in statements:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            for block in ("body", "orelse", "finalbody", "handlers"):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    visit(getattr(node, block, []))
+
+    visit((ast.parse(source) if isinstance(source, str) else source).body)
+    return names
+
+
+def definitions_by_name(sources: dict, names) -> dict[str, list[str]]:
+    """name -> the modules (of `sources`, {module: source or its ast}) that define it at module level."""
+    found = {name: [] for name in names}
+    for module, source in sorted(sources.items()):
+        for name in module_level_definitions(source) & set(names):
+            found[name].append(module)
+    return found
+
+
+@cache
+def package_trees() -> dict[str, ast.Module]:
+    """module -> its parsed source, for every module of the package (parsed once per session)."""
+    return {module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in package_modules()}
+
+
+def test_each_shared_definition_has_one_home():
+    homes = definitions_by_name(package_trees(), SHARED)
+    wrong = [f"{name} is defined in {', '.join(modules) or 'no module'}; its one home is {SHARED[name]} "
+             f"(import it from there)" for name, modules in homes.items() if modules != [SHARED[name]]]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_second_home_is_caught():
+    """The checker itself: a copy at module level, under an if, or as a class is found; a local
+    variable of the same name inside a function, or an import, is not a definition."""
+    sources = {
+        "a": "FULL_MASK = 0xFFFFFFFF\nclass Parser: pass\n",
+        "b": "from a import FULL_MASK\ndef f():\n    FULL_MASK = 1\n",
+        "c": "import os\nif os.name:\n    FULL_MASK: int = 0xFFFFFFFF\n",
+        "d": "try:\n    pass\nexcept ImportError:\n    class Parser: pass\n",
+    }
+    assert definitions_by_name(sources, ["FULL_MASK", "Parser"]) == {"FULL_MASK": ["a", "c"], "Parser": ["a", "d"]}
+
+
+def test_one_argument_parser_class():
+    """Every command's parser is usage.Parser: a second ArgumentParser subclass would bring back a
+    second form of usage error."""
+    subclasses = [f"{module}.{node.name}" for module, tree in package_trees().items() for node in ast.walk(tree)
+                  if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("ArgumentParser")
+                                                            for b in node.bases)]
+    assert subclasses == [f"{SHARED['Parser']}.Parser"], subclasses

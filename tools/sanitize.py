@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from flashcore_numba.measure.bench import git_state
+    from flashcore_numba.measure.records import git_state
     from flashcore_numba.phases import KERNELS
 
     ids = args.kernels.split(",") if args.kernels else list(KERNELS)

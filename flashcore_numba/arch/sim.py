@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 
 WARP_SIZE = 32
-FULL_MASK = 0xFFFFFFFF
 _BARRIER_TIMEOUT_S = 600.0  # a lane that died leaves its warp waiting: fail instead of hanging
 
 
@@ -128,7 +127,7 @@ def shfl_up_sync(mask, value, delta):
     return _shfl(value, lambda lane: lane - delta if lane - delta >= 0 else None)
 
 
-def syncwarp(mask=FULL_MASK):
+def syncwarp(mask=0xFFFFFFFF):  # numba's default; like every collective here, the mask is not read
     warp_exchange(None)
 
 

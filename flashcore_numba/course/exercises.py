@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding flashcore_numba/ and lessons/
-EXERCISES_DIR = REPO_ROOT / "lessons" / "exercises"
+from ..measure.records import repo_root
+
+EXERCISES_DIR = repo_root() / "lessons" / "exercises"
 
 # `# >>> exercise 03-a: what to write` ... `# <<< exercise`. The label is optional for a phase
 # with a single region (`# >>> exercise 01: ...`).
@@ -136,7 +137,7 @@ def stub_path(phase: ModuleType, directory: Path = EXERCISES_DIR) -> Path:
 def _relative(path) -> str:
     path = Path(path).resolve()
     try:
-        return path.relative_to(REPO_ROOT).as_posix()
+        return path.relative_to(repo_root()).as_posix()
     except ValueError:
         return str(path)
 

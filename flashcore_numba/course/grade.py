@@ -28,7 +28,6 @@ Exit status 0 only on full marks (of the checks this machine can run).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import itertools
 import json
@@ -48,6 +47,7 @@ from types import ModuleType
 import numpy as np
 
 from ..arch.sim import kernel_target, rerun_in_simulator, simulator_enabled
+from ..measure.records import repo_root
 from ..phases import PHASES
 from ..phases.common import LOG2E
 from ..reference import (
@@ -58,10 +58,10 @@ from ..reference import (
     reference_attention,
     visible_mask,
 )
+from ..usage import Parser, usage_error
 from .exercises import PUZZLES_ID, exercise_module
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # flashcore_numba/
-REPO_ROOT = PACKAGE_DIR.parent
 
 UNTILED_KEYS = 16  # a phase that walks the keys one at a time (01) is graded as if its key tile were 16
 LARGE_LOGITS = 30.0  # the largest |score| of the large-logits check
@@ -437,7 +437,7 @@ _loaded = itertools.count()
 def default_path(phase: ModuleType) -> Path:
     """lessons/exercises/NN_<name>.py: under the current directory, else in this source checkout."""
     relative = Path("lessons", "exercises", f"{phase.ID}_{phase.NAME}.py")
-    return relative if relative.exists() else REPO_ROOT / relative
+    return relative if relative.exists() else repo_root() / relative
 
 
 def load_module(path: Path) -> ModuleType:
@@ -555,14 +555,9 @@ def to_json(g: Grading) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, like the rest of the `flashcore` command
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _parser() -> _Parser:
+def _parser() -> Parser:
     ids = ", ".join([PUZZLES_ID, *PHASES])
-    parser = _Parser(prog="flashcore grade", description="Grade an exercise: points and a reason per check.")
+    parser = Parser(prog="flashcore grade", description="Grade an exercise: points and a reason per check.")
     parser.add_argument("phase", metavar="NN", help=f"the phase of the exercise ({ids})")
     parser.add_argument("path", nargs="?", type=Path,
                         help="the solution to grade (default lessons/exercises/NN_<name>.py)")
@@ -575,8 +570,7 @@ def _parser() -> _Parser:
 
 
 def _usage_error(message: str) -> int:
-    print(f"flashcore grade: error: {message}", file=sys.stderr)
-    return 2
+    return usage_error("flashcore grade", message)
 
 
 def main(argv=None) -> int:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..arch.sim import simulator_enabled
 from ..phases import PHASES, get_phase
+from ..usage import Parser, usage_error
 from .notebooks import display_path, lesson_path, lesson_stem, lessons_dir, previous_phase
 
 LESSON_GLOB = "[0-9][0-9]_*.py"
@@ -304,12 +305,9 @@ def execute(sources=None, timeout: int = 600) -> list[str]:
 
 def main(argv=None) -> int:
     """`flashcore lessons [--sync] [--execute] [--check] [--new NN] [--only NN ...]`."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="flashcore lessons",
-                                     description="Build, check and run the lesson notebooks "
-                                                 "(lessons/NN_<name>.py is the source; the .ipynb is "
-                                                 "generated from it).")
+    parser = Parser(prog="flashcore lessons",
+                    description="Build, check and run the lesson notebooks "
+                                "(lessons/NN_<name>.py is the source; the .ipynb is generated from it).")
     parser.add_argument("--sync", action="store_true", help="regenerate every .ipynb from its .py")
     parser.add_argument("--execute", action="store_true",
                         help="run every lesson and save its outputs into the .ipynb "
@@ -320,11 +318,13 @@ def main(argv=None) -> int:
                         help="write lessons/NN_<name>.py for phase NN from the template")
     parser.add_argument("--only", nargs="+", metavar="NN", help="only these phases' lessons")
     parser.add_argument("--timeout", type=int, default=600, help="seconds a cell may run (default 600)")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a bad argument already reported in one line
+        return e.code if isinstance(e.code, int) else 2
 
     def fail(message: str) -> int:
-        print(f"flashcore lessons: error: {message}", file=sys.stderr)
-        return 2
+        return usage_error(parser.prog, message)
 
     if args.new:
         try:

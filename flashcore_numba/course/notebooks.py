@@ -29,11 +29,12 @@ from pathlib import Path
 import numpy as np
 
 from ..arch.sim import simulator_enabled
+from ..measure.bench import REFERENCE_SHAPE  # the shape every timing in the course uses
+from ..measure.records import repo_root
 from ..phases import PHASES, VARIANTS, get_phase
 from ..reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
 from .exercises import exercise_module, phase_regions
 
-REFERENCE_SHAPE = (16, 16, 2048, 64)  # B, H, S, D: the shape every timing in the course uses
 # (B, H, S_q, S_k, D, causal) checked in the simulator, which runs one Python thread per CUDA thread:
 # one block of query rows; 100 keys span two K/V tiles and end in a tail; then the causal triangle
 SIM_PROBLEMS = ((1, 1, 40, 100, 64, False), (1, 1, 40, 40, 64, True))
@@ -42,16 +43,6 @@ SIM_PROBLEMS = ((1, 1, 40, 100, 64, False), (1, 1, 40, 40, 64, True))
 # =============================================================================================
 # Where things are
 # =============================================================================================
-def repo_root() -> Path:
-    """The checkout holding lessons/ and docs/: beside the package, else the nearest parent of cwd."""
-    here = Path(__file__).resolve().parents[2]  # flashcore_numba/course/notebooks.py -> the checkout
-    candidates = [here, Path.cwd(), *Path.cwd().parents]
-    for root in candidates:
-        if (root / "lessons").is_dir() or (root / "docs" / "bench").is_dir():
-            return root
-    return here
-
-
 def lessons_dir() -> Path:
     return repo_root() / "lessons"
 
@@ -133,14 +124,14 @@ PEERS_SHOWN = ("sdpa_flash", "sdpa_cudnn")
 
 
 def records_dir() -> Path:
-    from ..measure.bench import default_records_dir
+    from ..measure.records import default_records_dir
 
     return default_records_dir()
 
 
 def latest_record(directory=None) -> dict | None:
     """The record `flashcore report` shows: newest full ladder at the reference shape, non-causal first."""
-    from ..measure.bench import load_records
+    from ..measure.records import load_records
     from ..measure.report import ladder_records
 
     noncausal, causal = ladder_records(load_records(directory))

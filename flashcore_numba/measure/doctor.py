@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 
 from ..arch.sim import simulator_enabled
-from .bench import nvidia_smi, package_version
+from .records import nvidia_smi, package_version
 
 # Runs in a fresh interpreter with NUMBA_ENABLE_CUDASIM unset; prints one JSON line.
 _PROBE = r"""

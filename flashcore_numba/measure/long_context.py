@@ -98,7 +98,8 @@ def measure_one(S: int, *, phase, B: int, H: int, D: int, causal: bool, repeats:
 
 def run(*, s_values=S_VALUES, phase="best", B=1, H=16, D=64, causal=False, repeats=5, n_rows=16, progress=print):
     from ..phases import get_phase
-    from .bench import open_device, provenance
+    from .bench import open_device
+    from .records import provenance
 
     device = open_device()
     if device.kind != "torch":
@@ -125,7 +126,7 @@ def run(*, s_values=S_VALUES, phase="best", B=1, H=16, D=64, causal=False, repea
 
 
 def main(argv=None) -> int:
-    from .bench import default_records_dir, gpu_slug
+    from .records import default_records_dir, gpu_slug
 
     parser = argparse.ArgumentParser(prog="python -m flashcore_numba.measure.long_context",
                                      description=__doc__.splitlines()[0])

@@ -15,7 +15,7 @@ The exercise stubs copy the phase sources, docstrings included, so `flashcore re
 regenerates them (course.exercises): the CLI wires the two, as measurement never imports the
 course.
 
-`load_records` (from flashcore_numba.measure.bench, re-exported here) and `measured_phase` are the
+`load_records` (from flashcore_numba.measure.records, re-exported here) and `measured_phase` are the
 read side, for the lessons.
 """
 
@@ -32,13 +32,10 @@ from .bench import (
     SHORT_DTYPE,
     SLOW,
     Problem,
-    RecordError,
-    default_records_dir,
     format_tflops,
     ladder_speedups,
-    load_records,
-    repo_root,
 )
+from .records import RecordError, default_records_dir, load_records, repo_root
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 MEASURED_BEGIN, MEASURED_END = "[measured:begin]", "[measured:end]"

@@ -41,6 +41,7 @@ from ..arch.cache import cache_dir, install
 from ..arch.smem import STATIC_SMEM_LIMIT, argument_types, raise_dynamic_smem_limit
 
 LOG2E = 1.4426950408889634
+FULL_MASK = 0xFFFFFFFF  # bit i is lane i: all 32 lanes of the warp take part in a shuffle or vote
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +176,6 @@ def fragment_epilogue_16b(pack, n_blocks, st_global_v4):
     own word t - k. n_blocks must be a multiple of 4 (D = 64 and 128: 8 and 16 blocks).
     O is viewed as uint32 pairs and must start on a 16-byte boundary (the launch checks it).
     """
-    FULL_MASK = 0xFFFFFFFF
     assert n_blocks % 4 == 0, "the quad transposes groups of four 8-column blocks"
 
     @cuda.jit(device=True, inline=True)
@@ -332,6 +332,7 @@ LOW_OCCUPANCY_WARNING = r".*Grid size \d+ will likely result in GPU under-utiliz
 
 
 ELEMENT = {"float16": "float16", "bfloat16": "int16"}  # bf16 reaches a kernel as its int16 bit patterns
+PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}  # the type's name in PTX, and in the ptx/ functions' names
 
 
 @dataclass(frozen=True)

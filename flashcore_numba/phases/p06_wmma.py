@@ -49,7 +49,7 @@ from numba.types import float16
 
 from ..arch import ptx
 from ..arch.sim import arithmetic_device_function, simulator_enabled
-from .common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
+from .common import FULL_MASK, KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
 
 ID = "06"
 NAME = "wmma"
@@ -60,7 +60,6 @@ MIN_CC = (8, 0)  # ptx/wmma.ptx is written for sm_80 (.target sm_80)
 VARIANTS = {"inline": "Tensor cores: WMMA from inlined PTX (no call)"}  # build variant -> its title
 FASTEST = "inline"  # its fastest build: what phase="best" runs when 06 is the newest phase
 
-FULL_MASK = 0xFFFFFFFF
 WMMA = 16  # edge of the m16n16k16 tile: a warp owns WMMA query rows
 STRIP = 64  # columns of C one call of ptx/wmma.ptx computes
 PAD_H = 8  # fp16 elements added to each Q/K/V/P row: rows 16 bytes apart modulo 128 (no bank conflict)

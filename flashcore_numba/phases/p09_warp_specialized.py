@@ -368,7 +368,7 @@ from numba import cuda, float32, int32, uint32
 
 from ..arch import ptx
 from ..arch.sim import simulator_enabled
-from .common import KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale, uidx
+from .common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale, uidx
 from .tracing import wait_hooks
 
 ID = "09"
@@ -384,7 +384,6 @@ VARIANTS = {
     "overlap": "warp specialization + turns + overlap, one block per query block (not persistent)",
 }
 
-FULL_MASK = 0xFFFFFFFF
 WG_M = 64  # rows of one wgmma: a consumer warpgroup's share of the query block
 # keys per tile: twice phase 08's, which halves the turns, barrier waits and wgmma waits per key.
 # It fits in registers because P·V adds into the accumulator in place (no second O-sized tile)
@@ -402,7 +401,6 @@ STAGES = {64: 4, 128: 3}  # K/V ring depth: at D = 128 three stages of 64 KB fil
 TURN = 1  # named barriers TURN + c: consumer c's turn at the tensor cores
 TURN_THREADS = 256  # a turn barrier completes with its consumer (sync) and the one before (arrive)
 WG_SYNC = 4  # named barriers WG_SYNC + c: consumer c's 128 threads only
-PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 
 
 def layout(HEAD_DIM):

@@ -70,14 +70,13 @@ from functools import lru_cache
 from numba import cuda, float32
 
 from flashcore_numba.arch.sim import arithmetic_device_function, simulator_enabled
-from flashcore_numba.phases.common import KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
+from flashcore_numba.phases.common import FULL_MASK, KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
 
 ID = "03"
 NAME = "warp_shuffle"
 TITLE = "Warp-shuffle softmax and register tiles"
 HEAD_DIMS = (64, 128)
 
-FULL_MASK = 0xFFFFFFFF
 SMEM_PAD = 0  # phase 04 pads shared-memory rows; here rows are packed
 
 # Tile shape per head dim, shared by phases 03-05 so that their diffs show only their idea.

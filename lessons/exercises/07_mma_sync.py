@@ -240,7 +240,7 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from flashcore_numba.arch import ptx
 from flashcore_numba.arch.sim import simulator_enabled
-from flashcore_numba.phases.common import KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale
+from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale
 
 ID = "07"
 NAME = "mma_sync"
@@ -250,7 +250,6 @@ DTYPES = ("float16", "bfloat16")
 GQA = True
 MIN_CC = (8, 0)
 
-FULL_MASK = 0xFFFFFFFF
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync.m16n8k16
 LAZY = float32(8.0)  # how far (log2 units) a row's m_i may trail its max before the warp rescales
 PAD = 8  # fp16 elements added to each shared-memory row: rows 16 bytes apart mod 128, so the
@@ -359,9 +358,6 @@ def unrolled(step, n: int):
         rest(i + 1, args)
 
     return run
-
-
-PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 
 
 def build_kernel(L, dtype="float16") -> KernelConfig:

@@ -98,7 +98,7 @@ from numba import cuda, float32, uint32, uint64
 
 from flashcore_numba.arch import ptx
 from flashcore_numba.arch.sim import simulator_enabled
-from flashcore_numba.phases.common import KernelConfig, fragment_epilogue, key_end, softmax_rescale
+from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue, key_end, softmax_rescale
 
 ID = "08"
 NAME = "wgmma"
@@ -108,7 +108,6 @@ DTYPES = ("float16", "bfloat16")
 GQA = True
 MIN_CC = MAX_CC = (9, 0)  # wgmma exists on Hopper alone (sm_90a): not before, not after
 
-FULL_MASK = 0xFFFFFFFF
 WG_M = 64  # rows of one wgmma: a warpgroup's share of the query block
 BLOCK_N = 64  # keys per tile (the n of S's wgmma, the k of P·V's)
 ROW = 128  # bytes of one row of a 128-byte-swizzle atom (64 fp16)
@@ -118,7 +117,6 @@ MMA_N, MMA_K = 8, 16  # the accumulator's 8-column blocks; the k-step of P's A f
 
 SIM_WARPGROUPS = 1  # 128 threads per block in the simulator (one Python thread each)
 WARPGROUPS = 2
-PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 
 
 def layout(HEAD_DIM, warpgroups):
