@@ -18,9 +18,9 @@ A template is PTX plus three kinds of line:
     %# a note                    for the template's reader only, not copied
     .reg .f32   %s<${n // 2}>;   text: copied, each ${expression} replaced by its value
 
-and one helper, `registers(stem, count)`: the operand list {%s0, %s1, ..., %s31} wrapped at 96
-columns below its brace (after the 8 spaces of an operand line). An error names the template's
-line.
+and one helper, `registers(stem, count, first=0)`: the operand list {%s0, %s1, ..., %s31}
+wrapped at 96 columns below its brace (after the 8 spaces of an operand line). An error names
+the template's line.
 
 Templates are never rendered at run time, and the generated files are never edited by hand.
 After changing a template:
@@ -114,8 +114,8 @@ def render(template: str, filename: str = "<template>") -> str:
     except SyntaxError as e:
         raise TemplateError(f"{filename}:{e.lineno}: {e.msg}") from None
     try:
-        exec(code, {"_emit": out.append, "registers": registers})
-    except Exception as e:
+        exec(code, {"_emit": out.append, "registers": registers})  # noqa: S102 - a template of this checkout
+    except Exception as e:  # noqa: BLE001 - any error in a template's Python, reported with its line
         line = [frame.lineno for frame in traceback.extract_tb(e.__traceback__) if frame.filename == filename]
         raise TemplateError(f"{filename}:{line[-1] if line else '?'}: {type(e).__name__}: {e}") from None
     return "\n".join(out) + "\n"
@@ -173,14 +173,16 @@ def write_all(directory: Path = TEMPLATES_DIR, ptx_dir: Path = PTX_DIR) -> list[
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description="Check or regenerate the PTX files of ptx/ "
                                                                "that are written from ptx/templates/.")
-    parser.add_argument("--write", action="store_true", help="rewrite the generated files from their templates")
+    parser.add_argument("--write", action="store_true",
+                        help="rewrite the generated files from their templates")
     args = parser.parse_args(argv)
     try:
         if args.write:
             written = write_all()
             for path in written:
                 print(f"wrote {_relative(path)}")
-            print(f"{len(written)} file(s) rewritten" if written else "all generated PTX files were up to date")
+            print(f"{len(written)} file(s) rewritten" if written
+                  else "all generated PTX files were up to date")
             return 0
         stale = out_of_date()
     except TemplateError as e:
