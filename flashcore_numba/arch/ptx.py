@@ -1,7 +1,9 @@
 """PTX from `ptx/` as device functions, by two routes, and the simulator's stand-ins.
 
 Every hand-written PTX function lives in one file of the top-level `ptx/` folder, as a
-`.visible .func` in numba-cuda's C ABI. A kernel gets it from here in one of two ways:
+`.visible .func` in numba-cuda's C ABI (wgmma.ptx, whose functions come in many near-copies,
+is generated from ptx/templates/wgmma.ptx.in by `ptx_templates` and committed: what is read
+here is always the file in ptx/). A kernel gets it from here in one of two ways:
 
 - the **link route**: `cuda.declare_device(name, signature, abi="c", link=[file])`. The
   `.ptx` file is linked as written, and every use is a real call: arguments through `.param`
