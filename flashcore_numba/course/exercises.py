@@ -203,6 +203,46 @@ def fill_regions(stub: str, fills: dict[str, str]) -> str:
     return "\n".join(out) + "\n"
 
 
+def region_bodies(source: str) -> dict[str, tuple[int, int]]:
+    """Where each region's lines are in a student's file: label -> (first line, one past the last),
+    0-based, the marker lines excluded. Unlike find_regions, an empty region is fine (an untouched
+    stub) and the labels are read as written (a phase with one region has its id as its label)."""
+    lines = source.splitlines()
+    bodies, label, start = {}, None, 0
+    for i, line in enumerate(lines):
+        begin = BEGIN.match(line)
+        if begin:
+            label, start = (begin["label"] or "").strip(), i + 1
+        elif END.match(line) and label is not None:
+            bodies[label] = (start, i)
+            label = None
+    return bodies
+
+
+@dataclass(frozen=True)
+class Spliced:
+    """The solution with one region's lines taken from a student's file (see splice_region)."""
+
+    source: str
+    lines: dict[int, int]  # 1-based line of `source` -> 1-based line of the student's file
+
+
+def splice_region(solution: str, student: str, label: str) -> Spliced:
+    """The solved exercise `solution` (solution_source) with region `label`'s lines replaced by the
+    student's: a kernel in which only that region is the student's, so it is graded on its own.
+    Raises ExerciseFormatError when the student's file has lost the region's markers."""
+    theirs = region_bodies(student)
+    if label not in theirs:
+        raise ExerciseFormatError(f"the markers of region {label} are missing: keep the `# >>> exercise "
+                                  f"{label}: ...` and `# <<< exercise` lines the stub came with")
+    begin, end = region_bodies(solution)[label]
+    first, last = theirs[label]
+    student_lines, solution_lines = student.splitlines(), solution.splitlines()
+    spliced = solution_lines[:begin] + student_lines[first:last] + solution_lines[end:]
+    mapping = {begin + 1 + i: first + 1 + i for i in range(last - first)}
+    return Spliced("\n".join(spliced) + "\n", mapping)
+
+
 # ---------------------------------------------------------------------------------------------
 # python -m flashcore_numba.course.exercises [--write]
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ import re
 import statistics
 import sys
 import time
-import traceback
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -51,6 +50,7 @@ from ..arch.sim import kernel_target, rerun_in_simulator, simulator_enabled
 from ..phases import PHASES, get_phase
 from ..phases.common import LOG2E
 from ..reference import (
+    ATOL,
     check_close,
     default_scale,
     lowp_attention,
@@ -58,6 +58,9 @@ from ..reference import (
     reference_attention,
     visible_mask,
 )
+from . import exercises
+from .diagnose import CaseRun, describe_exception, diagnose, excerpt, picture, student_line
+from .hints import hints_for
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # flashcore_numba/
 REPO_ROOT = PACKAGE_DIR.parent
@@ -102,8 +105,9 @@ class Check:
     points: int
     run: Callable[[Grading, Check], Outcome]  # run(grading, this check)
     gpu_only: bool = False
-    kind: str = "correctness"  # or "point": the phase's own point
+    kind: str = "correctness"  # or "point": the phase's own point; or "region": one region on its own
     cases: tuple[Case, ...] = ()
+    region: str = ""  # the label of the exercise region a "region" check grades
 
 
 @dataclass(frozen=True)
@@ -138,13 +142,13 @@ class Grading:
         started = time.perf_counter()
         if check.gpu_only and not self.on_gpu:
             outcome = Outcome("skip", NEEDS_A_GPU)
-        elif self.student is None:
+        elif self.student is None and check.kind != "region":  # a region is graded in the solution's file
             outcome = Outcome("fail", f"the file does not load: {self.load_error}")
         else:
             try:
                 outcome = check.run(self, check)
             except Exception as e:  # noqa: BLE001 - a bug in the student's code, outside a launch
-                outcome = Outcome("fail", _raised(e))
+                outcome = Outcome("fail", describe_exception(e, self.path))
         result = Result(check.name, check.title, check.points, outcome.status, outcome.detail,
                         check.gpu_only, check.kind, round(time.perf_counter() - started, 2))
         self.results.append(result)
@@ -218,13 +222,165 @@ def run_cases(g: Grading, check: Check) -> Outcome:
         try:
             out = launch(g.student, q, k, v, case.causal)
         except Exception as e:  # noqa: BLE001 - whatever the student's kernel raises is a failed case
-            return Outcome("fail", f"{case}: the kernel {_raised(e)}")
+            return Outcome("fail", f"{case}: the kernel {describe_exception(e, g.path)}")
         outcome = judge(out, q, k, v, case.causal)
         if outcome.status != "pass":
-            return Outcome("fail", f"{case}: {outcome.detail}")
+            return Outcome("fail", f"{case}: {outcome.detail}\n{explain([case_run(case, out, q, k, v)])}")
         errors.append(outcome.detail.split(" <=")[0].removeprefix("max error "))
     n = len(check.cases)
     return Outcome("pass", f"{n} case{'s' * (n != 1)} correct (max error {', '.join(errors)})")
+
+
+def case_run(case: Case, out, q, k, v, error: str = "") -> CaseRun:
+    """A launch's output (None if it raised) with what the oracle expects and allows, for diagnose."""
+    expected = reference_attention(q, k, v, causal=case.causal)
+    lowp = lowp_attention(q, k, v, causal=case.causal)
+    allowed = 2.0 * float(np.max(np.abs(lowp - expected))) + ATOL
+    return CaseRun(str(case), case.seq_k, out, expected, allowed, error)
+
+
+def explain(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str:
+    """The diagnosis of the failing cases (where the pattern is known), then the largest failing case's
+    worst element and its picture of wrong rows and columns."""
+    lines = []
+    diagnosis = diagnose(runs, messages)
+    if diagnosis:
+        lines.append(f"diagnosis: {diagnosis}")
+    failing = [r for r in runs if r.out is not None and not r.ok]
+    if failing:
+        worst = max(failing, key=lambda r: r.out.size)
+        if len(runs) > 1:
+            lines.append(f"in case {worst.label}:")
+        if not np.isnan(np.asarray(worst.out, dtype=np.float64)).all():
+            lines.append(excerpt(worst.out, worst.expected, worst.allowed))
+        lines.append(picture(worst.out, worst.expected, worst.allowed))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# One region on its own: the solution's kernel with only that region's lines from the student's file
+# ---------------------------------------------------------------------------------------------
+# Regions whose code differs with the head dim (a loop over 64-column strips, TMA atoms of 64
+# columns) are also graded at the phase's other head dims.
+EVERY_HEAD_DIM = {"06-b", "09-b"}
+
+
+def region_cases(phase: ModuleType, label: str) -> tuple[Case, ...]:
+    """S = 1, then two row blocks of two key tiles (non-causal: every key of both tiles counts).
+
+    The pair tells the diagnosis apart: a state not carried from key to key passes the first only.
+    Rows span two blocks so that a region about where a block's rows start (09-a) shows.
+    """
+    D = phase.HEAD_DIMS[0]
+    BM, BN = tile_sizes(phase, D)
+    cases = [Case(1, 1, D), Case(BM + min(BM, BN) // 3 + 1, BN + 6, D)]
+    if label in EVERY_HEAD_DIM:
+        for d in phase.HEAD_DIMS[1:]:
+            bm, bn = tile_sizes(phase, d)
+            cases.append(Case(min(bm, bn) // 3 + 1, bn + 6, d))
+    return tuple(cases)
+
+
+_REGION_DIR: list[Path] = []
+
+
+def _region_dir() -> Path:
+    """Where the spliced kernels are written (one folder per process, removed at exit)."""
+    if not _REGION_DIR:
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="flashcore_regions_"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _REGION_DIR.append(folder)
+    return _REGION_DIR[0]
+
+
+def load_region(g: Grading, label: str) -> tuple[Path, exercises.Spliced]:
+    """The solution with region `label`'s lines from the student's file, written to a file of its own."""
+    student = g.path.read_text(encoding="utf-8")
+    spliced = exercises.splice_region(exercises.solution_source(g.phase), student, label)
+    name = re.sub(r"\W", "_", label)
+    path = _region_dir() / f"{g.phase.ID}_{g.phase.NAME}_region_{name}_{next(_loaded)}.py"
+    path.write_text(spliced.source, encoding="utf-8")
+    return path, spliced
+
+
+def run_region(g: Grading, check: Check) -> Outcome:
+    """Every case of a region check, all of them (so that the diagnosis sees the pattern)."""
+    try:
+        path, spliced = load_region(g, check.region)
+    except exercises.ExerciseFormatError as e:
+        return Outcome("fail", str(e))
+    mapped = {"lines": spliced.lines, "shown_as": g.path}
+    try:
+        module = load_module(path)
+    except SyntaxError as e:
+        line = spliced.lines.get(e.lineno)
+        where = f"{g.path.name} line {line}" if line else f"region {check.region}"
+        return Outcome("fail", f"{where}: SyntaxError: {e.msg}")
+    except Exception as e:  # noqa: BLE001 - the region's code fails as the module loads
+        return Outcome("fail", f"region {check.region}: {describe_exception(e, path, **mapped)}")
+    runs, reasons = [], []
+    for index, case in enumerate(check.cases):
+        q, k, v = make_inputs(case, g.case_seed(check, index))
+        try:
+            out = launch(module, q, k, v, case.causal)
+        except Exception as e:  # noqa: BLE001 - whatever the region raises is a failed case
+            message = f"the kernel {describe_exception(e, path, **mapped)}"
+            runs.append(case_run(case, None, q, k, v, error=message))
+            reasons.append(message)
+            continue
+        runs.append(case_run(case, out, q, k, v))
+        reasons.append(judge(out, q, k, v, case.causal).detail)
+    if all(r.ok for r in runs):
+        return Outcome("pass", f"{len(runs)} cases correct, with only region {check.region} from your file")
+    first = next(i for i, r in enumerate(runs) if not r.ok)
+    lines = [f"{runs[first].label}: {reasons[first]}"]
+    if not any(line.strip() and not line.lstrip().startswith("#") for line in region_lines(spliced)):
+        lines.append(f"region {check.region} is still empty: write its lines between the markers "
+                     f"(`flashcore grade {g.phase.ID} --hint` gives a hint)")
+    passed = [r.label for r in runs if r.ok]
+    if passed:
+        lines.append(f"passed: {'; '.join(passed)}")
+    explanation = explain(runs, hints_for(check.region).diagnoses)
+    return Outcome("fail", "\n".join(lines + ([explanation] if explanation else [])))
+
+
+def region_lines(spliced: exercises.Spliced) -> list[str]:
+    """The student's lines of a spliced source."""
+    lines = spliced.source.splitlines()
+    return [lines[i - 1] for i in sorted(spliced.lines)]
+
+
+def region_checks(phase: ModuleType) -> list[Check]:
+    """One check per exercise region: the region graded in a kernel that is otherwise the solution.
+
+    Phase 04's region is a layout constant: it is graded by the bank conflicts of that layout.
+    """
+    checks = []
+    for region in exercises.phase_regions(phase):
+        title = f"region {region.label} on its own"
+        if phase.ID == "04":
+            checks.append(Check(region.label, title, 1, run=region_bank_conflicts, kind="region",
+                                region=region.label))
+        else:
+            checks.append(Check(region.label, title, 1, run=run_region, kind="region",
+                                cases=region_cases(phase, region.label), region=region.label))
+    return checks
+
+
+def region_bank_conflicts(g: Grading, check: Check) -> Outcome:
+    """Phase 04's region (SMEM_PAD) in the solution's file: its layout's bank conflicts."""
+    try:
+        path, spliced = load_region(g, check.region)
+        module = load_module(path)
+    except exercises.ExerciseFormatError as e:
+        return Outcome("fail", str(e))
+    except SyntaxError as e:
+        return Outcome("fail", f"{g.path.name} line {spliced.lines.get(e.lineno, '?')}: SyntaxError: {e.msg}")
+    return bank_conflicts_check().run(Grading(g.phase, module, path, g.on_gpu, g.seed), check)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,7 +506,7 @@ def speed_check(baseline_id: str | None, at_least: float, points: int) -> Check:
         try:
             out = launch(g.student, q, k, v, False)
         except Exception as e:  # noqa: BLE001 - whatever the student's kernel raises is a failed check
-            return Outcome("fail", f"{shape}: the kernel {_raised(e)}")
+            return Outcome("fail", f"{shape}: the kernel {describe_exception(e, g.path)}")
         correct = judge(out, q, k, v, False)
         if correct.status != "pass":
             return Outcome("fail", f"not timed: wrong at {shape} ({correct.detail})")
@@ -418,7 +574,7 @@ def checks_for(phase) -> list[Check]:
     """Every graded check of a phase (by id, name or module), in the order they run."""
     phase = get_phase(phase)
     if phase.ID not in _CHECKS:
-        _CHECKS[phase.ID] = correctness_checks(phase) + point_checks(phase)
+        _CHECKS[phase.ID] = region_checks(phase) + correctness_checks(phase) + point_checks(phase)
     return _CHECKS[phase.ID]
 
 
@@ -463,10 +619,8 @@ def describe_load_error(e: BaseException, path: Path) -> str:
     """The error and the line of the student's file it came from."""
     if isinstance(e, SyntaxError):
         return f"{Path(e.filename or path).name} line {e.lineno}: SyntaxError: {e.msg}"
-    where = ""
-    for frame in traceback.extract_tb(e.__traceback__):
-        if Path(frame.filename).resolve() == Path(path).resolve():
-            where = f"line {frame.lineno}: "
+    where = student_line(e, path)
+    where = f"line {where[0]}: " if where else ""
     hint = ""
     if isinstance(e, ImportError) and "relative import" in str(e):
         hint = " (exercise files import absolutely: `from flashcore_numba.phases.common import ...`)"
@@ -564,8 +718,28 @@ def _parser() -> _Parser:
     parser.add_argument("--only", action="append", metavar="CHECK", help="run only this check (repeatable; "
                         "names from --list)")
     parser.add_argument("--list", action="store_true", help="list the checks of the phase and exit")
+    parser.add_argument("--hint", nargs="?", const=1, type=int, choices=(1, 2, 3), metavar="K",
+                        help="print hints 1..K (1 the idea, 2 the helpers, 3 pseudo-code; default 1) of every "
+                             "region, or of the regions named by --only, and exit")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
     return parser
+
+
+def print_hints(phase: ModuleType, upto: int, only: list[str] | None) -> int:
+    """`--hint K`: tiers 1..K of the hints of the phase's regions (those named by --only, if any)."""
+    from .hints import render_hints
+
+    regions = exercises.phase_regions(phase)
+    labels = [r.label for r in regions]
+    unknown = [x for x in only or () if x not in labels]
+    if unknown:
+        return _usage_error(f"--only: {unknown[0]!r} is not a region of exercise {phase.ID}; its regions are "
+                            f"{', '.join(labels)}")
+    chosen = [r for r in regions if not only or r.label in only]
+    print(f"Hints for exercise {phase.ID} ({phase.TITLE}); `--hint {min(upto + 1, 3)}` "
+          f"{'says more' if upto < 3 else 'is the last tier'}.\n")
+    print(render_hints(chosen, upto), end="")
+    return 0
 
 
 def _usage_error(message: str) -> int:
@@ -586,10 +760,14 @@ def main(argv=None) -> int:
         return _usage_error(f"NN: {e}")
     checks = checks_for(phase)
     names = [c.name for c in checks]
+    if args.hint:
+        return print_hints(phase, args.hint, args.only)
     if args.list:
+        instructions = {r.label: r.instruction for r in exercises.phase_regions(phase)}
         for c in checks:
             cases = "; ".join(map(str, c.cases))
             print(f"{c.name:<18} {c.points} pt{'s' * (c.points != 1)}  {c.title}"
+                  + (f": {instructions[c.region]}" if c.region else "")
                   + (" [GPU]" if c.gpu_only else "") + (f"\n{'':<25}{cases}" if cases else ""))
         return 0
     unknown = [n for n in args.only or () if n not in names]
