@@ -41,8 +41,8 @@ MESSAGES = {
     "nan": "NaN everywhere: the region writes nothing yet (the output was filled with NaN before the launch, "
            "and nothing replaced it)",
     "zeros": "all zeros: the running state is never updated (m_i, l_i and acc keep their initial values)",
-    "s_one": "only S = 1 passes: one key is right, several are not: the state (m_i, l_i, acc) is not carried "
-             "from one key to the next; each key must update it, not replace it",
+    "s_one": "only S = 1 passes: one key is right (its output is its v, whatever the scores), several are "
+             "not: the state (m_i, l_i, acc) is not carried from one key to the next, or the scores are wrong",
     "factor": "off by a constant factor {factor:.4g} (got ≈ {factor:.4g} × expected): a scale is wrong",
     "rows": "each row is off by a factor of its own (from {low:.3g} to {high:.3g}): the row's "
             "normalization, its sum l_i, is wrong",
@@ -160,9 +160,10 @@ def picture(out, expected, allowed: float, *, max_rows: int = MAX_PICTURE_ROWS,
     wrong = wrong_mask(out, expected, allowed)
     wrong = wrong.reshape(-1, *wrong.shape[-2:])[0]
     n_rows, n_cols = wrong.shape
-    if wrong.all():
-        return f"    every output is wrong: all {n_rows} rows x {n_cols} columns"
     row_step, col_step = -(-n_rows // max_rows), -(-n_cols // max_cols)
+    if wrong.all() or all(wrong[r0:r0 + row_step, c0:c0 + col_step].any()
+                          for r0 in range(0, n_rows, row_step) for c0 in range(0, n_cols, col_step)):
+        return f"    wrong outputs in every row and column: {int(wrong.sum())} of {wrong.size} wrong"
     lines = []
     for r0 in range(0, n_rows, row_step):
         cells = "".join("X" if wrong[r0:r0 + row_step, c0:c0 + col_step].any() else "."

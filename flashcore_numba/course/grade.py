@@ -29,6 +29,7 @@ Exit status 0 only on full marks (of the checks this machine can run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -187,16 +188,52 @@ def launch(module: ModuleType, q, k, v, causal: bool) -> np.ndarray:
     """Run the module's kernel on (q, k, v) and return its output.
 
     The output array is filled with NaN first (the poison): an element the kernel forgets
-    to write stays NaN, and NaN never passes.
+    to write stays NaN, and NaN never passes. In the simulator, so are the kernel's local
+    arrays (see poisoned_local_arrays): a register never written reads as NaN, every time.
     """
     from numba import cuda
 
     D = q.shape[-1]
     dq, dk, dv = (cuda.to_device(x) for x in (q, k, v))
     dout = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
-    module.build(D).launch(dq, dk, dv, dout, causal, default_scale(D) * LOG2E)
-    cuda.synchronize()
+    with poisoned_local_arrays():
+        module.build(D).launch(dq, dk, dv, dout, causal, default_scale(D) * LOG2E)
+        cuda.synchronize()
     return dout.copy_to_host()
+
+
+# A local array's poison, per kind of element: NaN for floats, and for unsigned words the bits of
+# fp16 NaNs (0x7E00 per 16-bit half), since they carry packed fp16 pairs (mma fragments)
+NAN_HALVES = 0x7E007E007E007E00
+
+
+@contextlib.contextmanager
+def poisoned_local_arrays():
+    """In the simulator, cuda.local.array comes filled with NaN (floats), fp16 NaN bits (unsigned
+    words) or zeros (signed), rather than NumPy's leftovers: an unset register gives the same
+    wrong answer on every run, so the diagnosis is the same on every run. Nothing on a GPU."""
+    if not simulator_enabled():
+        yield
+        return
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    def array(self, shape, dtype, alignment=None):
+        if not isinstance(dtype, np.dtype) and not isinstance(dtype, type):
+            dtype = numpy_support.as_dtype(dtype)
+        dtype = np.dtype(dtype)
+        if dtype.kind == "f":
+            return np.full(shape, np.nan, dtype)
+        if dtype.kind == "u":
+            return np.full(shape, NAN_HALVES & ((1 << (8 * dtype.itemsize)) - 1), dtype)
+        return np.zeros(shape, dtype)
+
+    original = kernelapi.FakeCUDALocal.array
+    kernelapi.FakeCUDALocal.array = array
+    try:
+        yield
+    finally:
+        kernelapi.FakeCUDALocal.array = original
 
 
 def judge(out: np.ndarray, q, k, v, causal: bool) -> Outcome:
@@ -261,19 +298,22 @@ def explain(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str:
 # One region on its own: the solution's kernel with only that region's lines from the student's file
 # ---------------------------------------------------------------------------------------------
 # Regions whose code differs with the head dim (a loop over 64-column strips, TMA atoms of 64
-# columns) are also graded at the phase's other head dims.
+# columns) are also graded at the phase's other head dims; regions about where a block's rows
+# start, on two row blocks.
 EVERY_HEAD_DIM = {"06-b", "09-b"}
+TWO_ROW_BLOCKS = {"09-a"}
 
 
 def region_cases(phase: ModuleType, label: str) -> tuple[Case, ...]:
-    """S = 1, then two row blocks of two key tiles (non-causal: every key of both tiles counts).
+    """S = 1, then a few rows against two key tiles (non-causal: every key of both tiles counts).
 
-    The pair tells the diagnosis apart: a state not carried from key to key passes the first only.
-    Rows span two blocks so that a region about where a block's rows start (09-a) shows.
+    The pair tells the diagnoses apart: a state not carried from key to key passes the first only.
+    Each costs about one simulated block per key tile, so a region check stays a few seconds.
     """
     D = phase.HEAD_DIMS[0]
     BM, BN = tile_sizes(phase, D)
-    cases = [Case(1, 1, D), Case(BM + min(BM, BN) // 3 + 1, BN + 6, D)]
+    rows = min(BM, BN) // 3 + 1  # fewer rows than a tile
+    cases = [Case(1, 1, D), Case(BM + rows if label in TWO_ROW_BLOCKS else rows, BN + 6, D)]
     if label in EVERY_HEAD_DIM:
         for d in phase.HEAD_DIMS[1:]:
             bm, bn = tile_sizes(phase, d)
@@ -688,6 +728,12 @@ def render(g: Grading, console=None) -> None:
     console.print(line, markup=False, highlight=False)
     if full_marks(g.results):
         console.print("Full marks.", highlight=False)
+    regions = [r for r in g.results if r.kind == "region" and r.status == "fail"]
+    if regions:
+        console.print(f"Start with the region check{'s' * (len(regions) != 1)} {', '.join(r.name for r in regions)}: "
+                      f"each grades one region in a kernel that is otherwise the solution, so each shows "
+                      f"progress on its own. Stuck? `flashcore grade {g.phase.ID} --hint` (then --hint 2, 3).",
+                      markup=False, highlight=False)
     elif any(r.status == "fail" and r.kind == "correctness" for r in g.results):
         console.print(f"Inputs came from the hidden seed {g.seed}; `{command_line(g, seed=True)}` repeats "
                       f"this run exactly.", markup=False, highlight=False)

@@ -132,6 +132,9 @@ HINTS: dict[str, RegionHints] = {
                 "Offsets here: c_warp, q_warp, k_cur; strides C_STRIDE, QKV_STRIDE; K_STEPS_QK.",
         pseudo="mma_abt(smem + <this warp's C>, smem + <its Q rows>, smem + <this stage's K>,\n"
                "        <C stride>, <Q stride>, <K stride>, <16-deep steps over HEAD_DIM>)",
+        diagnoses={"s_one": "only S = 1 passes: a single key's output is its v whatever its score; with "
+                            "several keys the scores matter, and S = Q · Kᵀ is not in the warp's buffer at "
+                            "c_warp"},
     ),
     "06-b": RegionHints(
         idea="O = P · V on the tensor cores, into the same per-warp fp32 buffer: one call covers 64 output "
