@@ -14,6 +14,11 @@ how to grade, and the package-relative imports made absolute (`from .common impo
 exercise therefore only adds lines, as in mojo-gpu-puzzles: the stub's lines are a
 subsequence of the solution's, which tests/test_exercises.py checks.
 
+Each region is graded on its own as well as in the whole kernel: `splice_region` puts the
+student's lines of one region into the solved file, and flashcore_numba.course.grade runs that
+kernel. A region's hints (three tiers) and the wording of its diagnoses live in
+flashcore_numba/course/hints.py, keyed by its label: a new region needs an entry there.
+
 Stubs are never edited by hand. After changing a phase:
 
     python -m flashcore_numba.course.exercises           # which stubs are out of date? (exit 1 if any)
@@ -158,7 +163,8 @@ def header(phase: ModuleType, regions: list[Region]) -> str:
 #     flashcore grade {phase.ID} path/to/copy.py         a copy of it
 #     pytest lessons/exercises --grade {phase.ID}        the same checks, as pytest tests
 # Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
-# Stuck? The solution is {_relative(phase.__file__)}.
+# Stuck? `flashcore grade {phase.ID} --hint` gives a hint per region (--hint 2, 3: more);
+# the solution is {_relative(phase.__file__)}.
 #
 # Generated from that file by `python -m flashcore_numba.course.exercises --write`:
 # improve the phase, not this copy.

@@ -9,19 +9,30 @@ The student's file is loaded as a module of its own and its kernel is launched t
 phase is: `module.build(D).launch(q, k, v, out, causal, qk_scale)` on Numba device arrays.
 
 The checks (`checks_for(phase)` lists them; `--list` prints them):
+- each exercise region on its own, first (see `region_checks`): the solved file with only that
+  region's lines taken from the student's file, run on S = 1 and on a few rows against two key
+  tiles (every case runs, so that the pattern shows). A solved region passes while another is
+  still empty. A failure says what the outputs look like where the pattern is known
+  (flashcore_numba.course.diagnose: all zeros, only S = 1 right, NaN everywhere, a constant
+  factor, ...), in the region's own words where hints.py has them, with the worst element
+  against the expected one and a picture of the wrong rows and columns. `--hint [K]` prints
+  the regions' hints (flashcore_numba.course.hints), tiers 1..K.
 - correctness on adversarial shapes (see `correctness_checks`): S a multiple of the tile and
   not, S smaller than a tile, S = 1, causal rows that see a single key and rows that see none
   (they must give zeros), scores of about ±30, every head dim of the phase. Inputs are fresh
   random numbers from a seed drawn at run time, so no answer can be hard-coded; the seed is
   printed when a check fails, and --seed repeats the run. The output is filled with NaN
   before each launch, so a value the kernel never writes cannot pass, and neither can NaN or
-  Inf. A check stops at its first failing case. The oracle is
+  Inf; in the simulator so are the kernel's local arrays (`poisoned_local_arrays`). A check stops at its first failing case. The oracle is
   flashcore_numba.reference.check_close: at most twice fp16 arithmetic's error, plus 1e-3.
 - the phase's own point: phase 04 must remove the shared-memory bank conflicts (counted from
   the layout by flashcore_numba.measure.banks, no GPU needed); on a GPU, phase 04 must beat phase 03
   and phase 05 must beat phase 04, measured in the same run; phases without a point of their
   own must run at least 0.8x as fast as their reference solution. Timing checks need a GPU and
   are skipped, with that reason, in the simulator.
+
+An exception raised in the kernel is reported at the line of the student's file it came from
+(the simulator runs the kernel's Python code; diagnose.describe_exception walks the traceback).
 
 Exit status 0 only on full marks (of the checks this machine can run).
 """
