@@ -142,6 +142,10 @@ def test_a_spliced_region_maps_its_lines_back_to_the_students_file(tmp_path):
         grade.load_module(path).f([1])
     text = diagnose.describe_exception(info.value, path, spliced.lines, shown_as=tmp_path / "mine.py")
     assert text.startswith("mine.py line 6 (`y = a[z, 1]`) raised TypeError"), text
+    # a compiler's message (numba on a GPU) that quotes the spliced file is rewritten the same way
+    typing = TypeError(f'Failed in cuda mode pipeline\nFile "{path}", line 4:\n    y = a[z, 1]')
+    assert 'File "mine.py", line 5:' in diagnose.describe_exception(typing, path, spliced.lines,
+                                                                     shown_as=tmp_path / "mine.py")
     with pytest.raises(exercises.ExerciseFormatError, match="markers of region 09-a are missing"):
         exercises.splice_region(solution, "def f(a):\n    return 1\n", "09-a")
 

@@ -196,6 +196,14 @@ def excerpt(out, expected, allowed: float, width: int = 4) -> str:
 # Exceptions: the student's line
 # ---------------------------------------------------------------------------------------------
 THREAD_PREFIX = re.compile(r"^tid=\[[^\]]*\] ctaid=\[[^\]]*\]:\s*")  # the CUDA simulator's
+COMPILER_LOCATION = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def _student_location(m: re.Match, path, lines: dict[int, int], shown_as) -> str:
+    line = int(m["line"])
+    if Path(m["file"]).resolve() == Path(path).resolve() and line in lines:
+        return f'File "{Path(shown_as or path).name}", line {lines[line]}'
+    return m.group()
 
 
 def student_line(e: BaseException, path, lines: dict[int, int] | None = None,
@@ -225,6 +233,8 @@ def describe_exception(e: BaseException, path, lines: dict[int, int] | None = No
     The simulator's thread ids lead its messages; they move to the end, as the thread that raised.
     """
     message = " ".join(str(e).split())
+    if lines is not None:  # a compiler's message (numba on a GPU) quotes the spliced file by line
+        message = COMPILER_LOCATION.sub(lambda m: _student_location(m, path, lines, shown_as), message)
     thread = THREAD_PREFIX.match(message)
     if thread:
         message = message[thread.end():] + f" (in thread {thread.group().rstrip(': ')})"
