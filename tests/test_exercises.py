@@ -340,6 +340,10 @@ STUB_REGION_SAYS = {
     "06-b": None,
     "07-a": "diagnosis: only S = 1 passes",
     "07-b": "diagnosis: NaN everywhere: the region writes nothing yet",
+    "08-a": "diagnosis: only S = 1 passes",
+    "08-b": "diagnosis: NaN everywhere: the region writes nothing yet",
+    "09-a": "diagnosis: only S = 1 passes: its single row is the block's first",
+    "09-b": "diagnosis: only S = 1 passes",
 }
 REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in PHASES.values()
            for r in exercises.phase_regions(phase)]

@@ -203,6 +203,9 @@ HINTS: dict[str, RegionHints] = {
              "WG_M rows each: consumer c's Q tile starts c tiles further on.",
         helpers="row0: the block's first query row; WG_M: rows per consumer; q_row is an int32 TMA coordinate.",
         pseudo="q_row = int32(<row0 plus c consumer tiles>)",
+        diagnoses={"s_one": "only S = 1 passes: its single row is the block's first, which any start gets right; "
+                            "the rows of the other consumers (see the picture) read the wrong rows of Q: "
+                            "consumer c's tile starts WG_M rows per consumer after row0"},
     ),
     "09-b": RegionHints(
         idea="A K/V tile of BLOCK_N keys is loaded as boxes of 64 columns x 64 keys: atom a holds columns "
@@ -210,6 +213,9 @@ HINTS: dict[str, RegionHints] = {
         helpers="col, row: int32 TMA coordinates (column = element of d, row = key); BLOCK_N keys per tile.",
         pseudo="col = int32(<first column of atom a>)\n"
                "row = int32(<first key of tile n> + <first key of box `box`>)",
+        diagnoses={"s_one": "only S = 1 passes: a single key's output is its v whatever the scores; with more "
+                            "keys, the boxes past the first (keys 64 on, the next tile, the columns of atom 1 "
+                            "at D = 128) bring the wrong part of K and V"},
     ),
 }
 
