@@ -223,3 +223,19 @@ def test_the_07b_instruction_names_pack_and_the_register_order():
     region = next(r for r in exercises.phase_regions(PHASES["07"]) if r.label == "07-b")
     assert "pack(" in region.instruction and "a0..a3" in region.instruction
     assert "a0 = row g" in hints.hints_for("07-b").helpers
+
+
+def test_a_broken_region_fails_its_own_check_only(tmp_path):
+    """A syntax error in 07-b: the file does not load, yet 07-a is still graded (in the solution's file)."""
+    phase = PHASES["07"]
+    path = tmp_path / exercises.stub_name(phase)
+    solved_a = "\n".join(next(r for r in exercises.phase_regions(phase) if r.label == "07-a").solution)
+    fills = {"07-a": "\n".join(line.strip() for line in solved_a.splitlines()), "07-b": "p_frag[0, 0, 0] = pack("}
+    path.write_text(exercises.fill_regions(exercises.stub_source(phase), fills), encoding="utf-8")
+    g = grade.start("07", path, seed=1)
+    assert g.student is None and "SyntaxError" in g.load_error
+    module, _, spliced = grade.load_region(g, "07-a")  # loads: 07-b there is the solution's
+    assert callable(module.build) and len(spliced.lines) == 4
+    result = g.run(_region_check("07", "07-b"))
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "p_frag[0, 0, 0] = pack(" in text)
+    assert result.status == "fail" and f"07_mma_sync.py line {line}: SyntaxError" in result.detail, result.detail

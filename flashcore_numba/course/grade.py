@@ -349,31 +349,38 @@ def _region_dir() -> Path:
     return _REGION_DIR[0]
 
 
-def load_region(g: Grading, label: str) -> tuple[Path, exercises.Spliced]:
-    """The solution with region `label`'s lines from the student's file, written to a file of its own."""
+class RegionNotLoaded(Exception):
+    """The spliced file of a region check does not load; the message says why, at the student's line."""
+
+
+def load_region(g: Grading, label: str) -> tuple[ModuleType, Path, exercises.Spliced]:
+    """(module, its file, the splice) of the solution with region `label`'s lines from the student's file."""
     student = g.path.read_text(encoding="utf-8")
-    spliced = exercises.splice_region(exercises.solution_source(g.phase), student, label)
+    try:
+        spliced = exercises.splice_region(exercises.solution_source(g.phase), student, label)
+    except exercises.ExerciseFormatError as e:
+        raise RegionNotLoaded(str(e)) from None
     name = re.sub(r"\W", "_", label)
     path = _region_dir() / f"{g.phase.ID}_{g.phase.NAME}_region_{name}_{next(_loaded)}.py"
     path.write_text(spliced.source, encoding="utf-8")
-    return path, spliced
+    try:
+        return load_module(path), path, spliced
+    except SyntaxError as e:
+        line = spliced.lines.get(e.lineno)
+        where = f"{g.path.name} line {line}" if line else f"region {label}"
+        raise RegionNotLoaded(f"{where}: SyntaxError: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - the region's code fails as the module loads
+        raise RegionNotLoaded(f"region {label}: {describe_exception(e, path, spliced.lines, g.path)}") from None
 
 
 def run_region(g: Grading, check: Check) -> Outcome:
-    """Every case of a region check, all of them (so that the diagnosis sees the pattern)."""
+    """The cases of a region check, in order, on past a failure (so that the diagnosis sees the
+    pattern); the last, S = 1, only once another has failed."""
     try:
-        path, spliced = load_region(g, check.region)
-    except exercises.ExerciseFormatError as e:
+        module, path, spliced = load_region(g, check.region)
+    except RegionNotLoaded as e:
         return Outcome("fail", str(e))
     mapped = {"lines": spliced.lines, "shown_as": g.path}
-    try:
-        module = load_module(path)
-    except SyntaxError as e:
-        line = spliced.lines.get(e.lineno)
-        where = f"{g.path.name} line {line}" if line else f"region {check.region}"
-        return Outcome("fail", f"{where}: SyntaxError: {e.msg}")
-    except Exception as e:  # noqa: BLE001 - the region's code fails as the module loads
-        return Outcome("fail", f"region {check.region}: {describe_exception(e, path, **mapped)}")
     runs, reasons = [], []
     for index, case in enumerate(check.cases):
         if case.seq_k == 1 and all(r.ok for r in runs):
@@ -429,12 +436,9 @@ def region_checks(phase: ModuleType) -> list[Check]:
 def region_bank_conflicts(g: Grading, check: Check) -> Outcome:
     """Phase 04's region (SMEM_PAD) in the solution's file: its layout's bank conflicts."""
     try:
-        path, spliced = load_region(g, check.region)
-        module = load_module(path)
-    except exercises.ExerciseFormatError as e:
+        module, path, _ = load_region(g, check.region)
+    except RegionNotLoaded as e:
         return Outcome("fail", str(e))
-    except SyntaxError as e:
-        return Outcome("fail", f"{g.path.name} line {spliced.lines.get(e.lineno, '?')}: SyntaxError: {e.msg}")
     return bank_conflicts_check().run(Grading(g.phase, module, path, g.on_gpu, g.seed), check)
 
 
