@@ -412,8 +412,11 @@ def test_a_file_that_does_not_load_fails_every_check_with_the_reason(tmp_path):
     path = tmp_path / "broken.py"
     path.write_text("from flashcore_numba.phases.common import KernelConfig\nx = (\n", encoding="utf-8")
     g = grade.start("01", path, seed=1)
-    result = g.run(grade.checks_for("01")[0])
+    result = g.run(next(c for c in grade.checks_for("01") if c.kind == "correctness"))
     assert result.status == "fail" and "SyntaxError" in result.detail and "line 2" in result.detail
+    # a region check is graded in the solution's file, but this one has lost the region's markers
+    region = g.run(next(c for c in grade.checks_for("01") if c.kind == "region"))
+    assert region.status == "fail" and "markers of region 01 are missing" in region.detail
 
 
 def test_relative_imports_outside_the_package_get_a_hint(tmp_path):
