@@ -745,17 +745,18 @@ def render(g: Grading, console=None) -> None:
         worth = sum(r.points for r in skipped)
         line += f" ({len(skipped)} check{'s' * (len(skipped) != 1)} worth {worth} point{'s' * (worth != 1)} skipped)"
     console.print(line, markup=False, highlight=False)
+    random_inputs = {c.name for c in checks_for(g.phase) if c.cases}  # the checks a seed repeats
     if full_marks(g.results):
         console.print("Full marks.", highlight=False)
+    elif any(r.status == "fail" and r.name in random_inputs for r in g.results):
+        console.print(f"Inputs came from the hidden seed {g.seed}; `{command_line(g, seed=True)}` repeats "
+                      f"this run exactly.", markup=False, highlight=False)
     regions = [r for r in g.results if r.kind == "region" and r.status == "fail"]
     if regions:
         console.print(f"Start with the region check{'s' * (len(regions) != 1)} {', '.join(r.name for r in regions)}: "
                       f"each grades one region in a kernel that is otherwise the solution, so each shows "
                       f"progress on its own. Stuck? `flashcore grade {g.phase.ID} --hint` (then --hint 2, 3).",
                       markup=False, highlight=False)
-    elif any(r.status == "fail" and r.kind == "correctness" for r in g.results):
-        console.print(f"Inputs came from the hidden seed {g.seed}; `{command_line(g, seed=True)}` repeats "
-                      f"this run exactly.", markup=False, highlight=False)
 
 
 def to_json(g: Grading) -> dict:
