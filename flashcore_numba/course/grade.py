@@ -309,28 +309,23 @@ def explain(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str:
 # One region on its own: the solution's kernel with only that region's lines from the student's file
 # ---------------------------------------------------------------------------------------------
 # Regions whose code differs with the head dim (a loop over 64-column strips, TMA atoms of 64
-# columns) are also graded at the phase's other head dims; regions about where a block's rows
-# start, on two row blocks.
-EVERY_HEAD_DIM = {"06-b", "09-b"}
+# columns) are graded at the phase's largest head dim, where every strip or atom runs; regions
+# about where a block's rows start, on two row blocks.
+LARGEST_HEAD_DIM = {"06-b", "09-b"}
 TWO_ROW_BLOCKS = {"09-a"}
 
 
 def region_cases(phase: ModuleType, label: str) -> tuple[Case, ...]:
     """A few rows against two key tiles (non-causal: every key of both tiles counts), then S = 1.
 
-    S = 1 runs only once another case has failed, for the diagnosis (the whole-kernel check s_one
-    grades it): a state not carried from key to key passes it and fails the others. Each case
+    S = 1 runs only once the other case has failed, for the diagnosis (the whole-kernel check
+    s_one grades it): a state not carried from key to key passes it and fails the other. A case
     costs about one simulated block per key tile, so a region check stays a few seconds.
     """
-    D = phase.HEAD_DIMS[0]
+    D = max(phase.HEAD_DIMS) if label in LARGEST_HEAD_DIM else phase.HEAD_DIMS[0]
     BM, BN = tile_sizes(phase, D)
     rows = min(BM, BN) // 3 + 1  # fewer rows than a tile
-    cases = [Case(BM + rows if label in TWO_ROW_BLOCKS else rows, BN + 6, D)]
-    if label in EVERY_HEAD_DIM:
-        for d in phase.HEAD_DIMS[1:]:
-            bm, bn = tile_sizes(phase, d)
-            cases.append(Case(min(bm, bn) // 3 + 1, bn + 6, d))
-    return (*cases, Case(1, 1, D))
+    return Case(BM + rows if label in TWO_ROW_BLOCKS else rows, BN + 6, D), Case(1, 1, phase.HEAD_DIMS[0])
 
 
 _REGION_DIR: list[Path] = []
