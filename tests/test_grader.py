@@ -80,6 +80,8 @@ def test_right_signs_wrong_sizes_means_a_sum_or_scale(expected):
 def test_noise_gets_no_diagnosis(expected):
     noise = np.random.default_rng(2).standard_normal(expected.shape)
     assert diagnose.diagnose([_run(noise, expected)]) == ""
+    # slightly off everywhere, by no factor: not "a factor of 1.00"
+    assert diagnose.diagnose([_run(expected + 0.01 * noise, expected)]) == ""
 
 
 def test_picture_marks_the_wrong_rows_and_columns():

@@ -126,10 +126,10 @@ def diagnose(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str
         return messages["s_one"]
     worst = max(failing, key=lambda r: r.out.size)
     c = constant_factor(worst.out, worst.expected)
-    if c is not None:
+    if c is not None and abs(c - 1.0) > FACTOR_TOLERANCE:
         return messages["factor"].format(factor=c)
     per_row = row_factors(worst.out, worst.expected)
-    if per_row is not None:
+    if per_row is not None and np.ptp(per_row) > FACTOR_TOLERANCE:
         return messages["rows"].format(low=float(per_row.min()), high=float(per_row.max()))
     typical = same_sign_factor(worst.out, worst.expected, worst.allowed)
     if typical is not None:
