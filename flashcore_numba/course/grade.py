@@ -749,8 +749,8 @@ def render(g: Grading, console=None) -> None:
     regions = [r for r in g.results if r.kind == "region" and r.status == "fail"]
     if regions:
         console.print(f"Start with the region check{'s' * (len(regions) != 1)} {', '.join(r.name for r in regions)}: "
-                      f"each grades one region in a kernel that is otherwise the solution, so each shows "
-                      f"progress on its own. Stuck? `flashcore grade {g.phase.ID} --hint` (then --hint 2, 3).",
+                      f"each grades one region, with the rest of the file taken from the solution, so each "
+                      f"shows progress on its own. Stuck? `flashcore grade {g.phase.ID} --hint` (then --hint 2, 3).",
                       markup=False, highlight=False)
 
 
