@@ -325,6 +325,46 @@ def test_check_passes_on_solution(phase_id, check_name, runs):
     assert result["status"] == "pass", f"{check_name} failed on the solution: {result['detail']}" + _explain(run)
 
 
+# What each untouched stub's region check says beyond failing: the diagnosis of its pattern, or
+# (None) no known pattern, and then the excerpt and the picture of the wrong outputs. Phase 04's
+# region is graded by its layout's bank conflicts.
+STUB_REGION_SAYS = {
+    "01": "diagnosis: all zeros: the running state is never updated",
+    "02": "diagnosis: all zeros: the K and V tiles are never loaded",
+    "03-a": "diagnosis: only S = 1 passes",
+    "03-b": "diagnosis: the signs are right but the outputs are too large",
+    "04": "bank conflicts remain with SMEM_PAD = 0",
+    "05-a": "diagnosis: only the single-tile cases pass",
+    "05-b": "diagnosis: only the single-tile cases pass",
+    "06-a": "diagnosis: only S = 1 passes",
+    "06-b": None,
+    "07-a": "diagnosis: only S = 1 passes",
+    "07-b": "diagnosis: NaN everywhere: the region writes nothing yet",
+    "08-a": "diagnosis: only S = 1 passes",
+    "08-b": "diagnosis: NaN everywhere: the region writes nothing yet",
+    "09-a": "diagnosis: only S = 1 passes: its single row is the block's first",
+    "09-b": "diagnosis: only S = 1 passes",
+}
+REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in PHASES.values()
+           for r in exercises.phase_regions(phase)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase_id, label", REGIONS)
+def test_region_check_fails_on_the_stub_with_its_diagnosis(phase_id, label, runs):
+    """The region checks' fail-on-stub and pass-on-solution are test_check_fails_on_stub and
+    test_check_passes_on_solution; here, what the failure teaches (from the same grader runs)."""
+    detail = runs.get(phase_id, "stub").result(label)["detail"]
+    says = STUB_REGION_SAYS.get(label)
+    if says:
+        assert says in detail, detail
+    if phase_id != "04":
+        assert f"region {label} is still empty" in detail and "--hint" in detail, detail
+        assert "wrong outputs" in detail, detail
+        if says is None:
+            assert "worst at row" in detail, detail
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("phase_id", list(PHASES))
 def test_timing_checks_are_skipped_in_the_simulator_with_the_reason(phase_id, runs):
@@ -372,8 +412,11 @@ def test_a_file_that_does_not_load_fails_every_check_with_the_reason(tmp_path):
     path = tmp_path / "broken.py"
     path.write_text("from flashcore_numba.phases.common import KernelConfig\nx = (\n", encoding="utf-8")
     g = grade.start("01", path, seed=1)
-    result = g.run(grade.checks_for("01")[0])
+    result = g.run(next(c for c in grade.checks_for("01") if c.kind == "correctness"))
     assert result.status == "fail" and "SyntaxError" in result.detail and "line 2" in result.detail
+    # a region check is graded in the solution's file, but this one has lost the region's markers
+    region = g.run(next(c for c in grade.checks_for("01") if c.kind == "region"))
+    assert region.status == "fail" and "markers of region 01 are missing" in region.detail
 
 
 def test_relative_imports_outside_the_package_get_a_hint(tmp_path):

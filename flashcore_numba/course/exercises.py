@@ -14,6 +14,11 @@ how to grade, and the package-relative imports made absolute (`from .common impo
 exercise therefore only adds lines, as in mojo-gpu-puzzles: the stub's lines are a
 subsequence of the solution's, which tests/test_exercises.py checks.
 
+Each region is graded on its own as well as in the whole kernel: `splice_region` puts the
+student's lines of one region into the solved file, and flashcore_numba.course.grade runs that
+kernel. A region's hints (three tiers) and the wording of its diagnoses live in
+flashcore_numba/course/hints.py, keyed by its label: a new region needs an entry there.
+
 Stubs are never edited by hand. After changing a phase:
 
     python -m flashcore_numba.course.exercises           # which stubs are out of date? (exit 1 if any)
@@ -166,7 +171,8 @@ def header(phase: ModuleType, regions: list[Region]) -> str:
 #     flashcore grade {phase.ID} path/to/copy.py         a copy of it
 #     pytest lessons/exercises --grade {phase.ID}        the same checks, as pytest tests
 # {no_gpu}
-# Stuck? The solution is {_relative(phase.__file__)}.
+# Stuck? `flashcore grade {phase.ID} --hint` gives a hint per region (--hint 2, 3: more);
+# the solution is {_relative(phase.__file__)}.
 #
 # Generated from that file by `python -m flashcore_numba.course.exercises --write`:
 # improve {source}, not this copy.
@@ -209,6 +215,46 @@ def fill_regions(stub: str, fills: dict[str, str]) -> str:
             out += [indent + x for x in fills[label].splitlines()]
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def region_bodies(source: str) -> dict[str, tuple[int, int]]:
+    """Where each region's lines are in a student's file: label -> (first line, one past the last),
+    0-based, the marker lines excluded. Unlike find_regions, an empty region is fine (an untouched
+    stub) and the labels are read as written (a phase with one region has its id as its label)."""
+    lines = source.splitlines()
+    bodies, label, start = {}, None, 0
+    for i, line in enumerate(lines):
+        begin = BEGIN.match(line)
+        if begin:
+            label, start = (begin["label"] or "").strip(), i + 1
+        elif END.match(line) and label is not None:
+            bodies[label] = (start, i)
+            label = None
+    return bodies
+
+
+@dataclass(frozen=True)
+class Spliced:
+    """The solution with one region's lines taken from a student's file (see splice_region)."""
+
+    source: str
+    lines: dict[int, int]  # 1-based line of `source` -> 1-based line of the student's file
+
+
+def splice_region(solution: str, student: str, label: str) -> Spliced:
+    """The solved exercise `solution` (solution_source) with region `label`'s lines replaced by the
+    student's: a kernel in which only that region is the student's, so it is graded on its own.
+    Raises ExerciseFormatError when the student's file has lost the region's markers."""
+    theirs = region_bodies(student)
+    if label not in theirs:
+        raise ExerciseFormatError(f"the markers of region {label} are missing: keep the `# >>> exercise "
+                                  f"{label}: ...` and `# <<< exercise` lines the stub came with")
+    begin, end = region_bodies(solution)[label]
+    first, last = theirs[label]
+    student_lines, solution_lines = student.splitlines(), solution.splitlines()
+    spliced = solution_lines[:begin] + student_lines[first:last] + solution_lines[end:]
+    mapping = {begin + 1 + i: first + 1 + i for i in range(last - first)}
+    return Spliced("\n".join(spliced) + "\n", mapping)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,13 +9,21 @@ The student's file is loaded as a module of its own and its kernel is launched t
 phase is: `module.build(D).launch(q, k, v, out, causal, qk_scale)` on Numba device arrays.
 
 The checks (`checks_for(phase)` lists them; `--list` prints them):
+- each exercise region on its own, first (see `region_checks`): the solved file with only that
+  region's lines taken from the student's file, run on S = 1 and on a few rows against two key
+  tiles (every case runs, so that the pattern shows). A solved region passes while another is
+  still empty. A failure says what the outputs look like where the pattern is known
+  (flashcore_numba.course.diagnose: all zeros, only S = 1 right, NaN everywhere, a constant
+  factor, ...), in the region's own words where hints.py has them, with the worst element
+  against the expected one and a picture of the wrong rows and columns. `--hint [K]` prints
+  the regions' hints (flashcore_numba.course.hints), tiers 1..K.
 - correctness on adversarial shapes (see `correctness_checks`): S a multiple of the tile and
   not, S smaller than a tile, S = 1, causal rows that see a single key and rows that see none
   (they must give zeros), scores of about ±30, every head dim of the phase. Inputs are fresh
   random numbers from a seed drawn at run time, so no answer can be hard-coded; the seed is
   printed when a check fails, and --seed repeats the run. The output is filled with NaN
   before each launch, so a value the kernel never writes cannot pass, and neither can NaN or
-  Inf. A check stops at its first failing case. The oracle is
+  Inf; in the simulator so are the kernel's local arrays (`poisoned_local_arrays`). A check stops at its first failing case. The oracle is
   flashcore_numba.reference.check_close: at most twice fp16 arithmetic's error, plus 1e-3.
 - the phase's own point: phase 04 must remove the shared-memory bank conflicts (counted from
   the layout by flashcore_numba.measure.banks, no GPU needed); on a GPU, phase 04 must beat phase 03
@@ -23,11 +31,15 @@ The checks (`checks_for(phase)` lists them; `--list` prints them):
   own must run at least 0.8x as fast as their reference solution. Timing checks need a GPU and
   are skipped, with that reason, in the simulator.
 
+An exception raised in the kernel is reported at the line of the student's file it came from
+(the simulator runs the kernel's Python code; diagnose.describe_exception walks the traceback).
+
 Exit status 0 only on full marks (of the checks this machine can run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -37,7 +49,6 @@ import re
 import statistics
 import sys
 import time
-import traceback
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -51,6 +62,7 @@ from ..measure.records import repo_root
 from ..phases import PHASES
 from ..phases.common import LOG2E
 from ..reference import (
+    ATOL,
     check_close,
     default_scale,
     lowp_attention,
@@ -59,7 +71,10 @@ from ..reference import (
     visible_mask,
 )
 from ..usage import Parser, usage_error
+from . import exercises
+from .diagnose import CaseRun, describe_exception, diagnose, excerpt, picture, student_line
 from .exercises import PUZZLES_ID, exercise_module
+from .hints import hints_for
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # flashcore_numba/
 
@@ -103,8 +118,9 @@ class Check:
     points: int
     run: Callable[[Grading, Check], Outcome]  # run(grading, this check)
     gpu_only: bool = False
-    kind: str = "correctness"  # or "point": the phase's own point
+    kind: str = "correctness"  # or "point": the phase's own point; or "region": one region on its own
     cases: tuple[Case, ...] = ()
+    region: str = ""  # the label of the exercise region a "region" check grades
 
 
 @dataclass(frozen=True)
@@ -139,13 +155,13 @@ class Grading:
         started = time.perf_counter()
         if check.gpu_only and not self.on_gpu:
             outcome = Outcome("skip", NEEDS_A_GPU)
-        elif self.student is None:
+        elif self.student is None and check.kind != "region":  # a region is graded in the solution's file
             outcome = Outcome("fail", f"the file does not load: {self.load_error}")
         else:
             try:
                 outcome = check.run(self, check)
             except Exception as e:  # noqa: BLE001 - a bug in the student's code, outside a launch
-                outcome = Outcome("fail", _raised(e))
+                outcome = Outcome("fail", describe_exception(e, self.path))
         result = Result(check.name, check.title, check.points, outcome.status, outcome.detail,
                         check.gpu_only, check.kind, round(time.perf_counter() - started, 2))
         self.results.append(result)
@@ -184,16 +200,52 @@ def launch(module: ModuleType, q, k, v, causal: bool) -> np.ndarray:
     """Run the module's kernel on (q, k, v) and return its output.
 
     The output array is filled with NaN first (the poison): an element the kernel forgets
-    to write stays NaN, and NaN never passes.
+    to write stays NaN, and NaN never passes. In the simulator, so are the kernel's local
+    arrays (see poisoned_local_arrays): a register never written reads as NaN, every time.
     """
     from numba import cuda
 
     D = q.shape[-1]
     dq, dk, dv = (cuda.to_device(x) for x in (q, k, v))
     dout = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
-    module.build(D).launch(dq, dk, dv, dout, causal, default_scale(D) * LOG2E)
-    cuda.synchronize()
+    with poisoned_local_arrays():
+        module.build(D).launch(dq, dk, dv, dout, causal, default_scale(D) * LOG2E)
+        cuda.synchronize()
     return dout.copy_to_host()
+
+
+# A local array's poison, per kind of element: NaN for floats, and for unsigned words the bits of
+# fp16 NaNs (0x7E00 per 16-bit half), since they carry packed fp16 pairs (mma fragments)
+NAN_HALVES = 0x7E007E007E007E00
+
+
+@contextlib.contextmanager
+def poisoned_local_arrays():
+    """In the simulator, cuda.local.array comes filled with NaN (floats), fp16 NaN bits (unsigned
+    words) or zeros (signed), rather than NumPy's leftovers: an unset register gives the same
+    wrong answer on every run, so the diagnosis is the same on every run. Nothing on a GPU."""
+    if not simulator_enabled():
+        yield
+        return
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    def array(self, shape, dtype, alignment=None):
+        if not isinstance(dtype, np.dtype) and not isinstance(dtype, type):
+            dtype = numpy_support.as_dtype(dtype)
+        dtype = np.dtype(dtype)
+        if dtype.kind == "f":
+            return np.full(shape, np.nan, dtype)
+        if dtype.kind == "u":
+            return np.full(shape, NAN_HALVES & ((1 << (8 * dtype.itemsize)) - 1), dtype)
+        return np.zeros(shape, dtype)
+
+    original = kernelapi.FakeCUDALocal.array
+    kernelapi.FakeCUDALocal.array = array
+    try:
+        yield
+    finally:
+        kernelapi.FakeCUDALocal.array = original
 
 
 def judge(out: np.ndarray, q, k, v, causal: bool) -> Outcome:
@@ -219,13 +271,171 @@ def run_cases(g: Grading, check: Check) -> Outcome:
         try:
             out = launch(g.student, q, k, v, case.causal)
         except Exception as e:  # noqa: BLE001 - whatever the student's kernel raises is a failed case
-            return Outcome("fail", f"{case}: the kernel {_raised(e)}")
+            return Outcome("fail", f"{case}: the kernel {describe_exception(e, g.path)}")
         outcome = judge(out, q, k, v, case.causal)
         if outcome.status != "pass":
-            return Outcome("fail", f"{case}: {outcome.detail}")
+            return Outcome("fail", f"{case}: {outcome.detail}\n{explain([case_run(case, out, q, k, v)])}")
         errors.append(outcome.detail.split(" <=")[0].removeprefix("max error "))
     n = len(check.cases)
     return Outcome("pass", f"{n} case{'s' * (n != 1)} correct (max error {', '.join(errors)})")
+
+
+def case_run(case: Case, out, q, k, v, error: str = "") -> CaseRun:
+    """A launch's output (None if it raised) with what the oracle expects and allows, for diagnose."""
+    expected = reference_attention(q, k, v, causal=case.causal)
+    lowp = lowp_attention(q, k, v, causal=case.causal)
+    allowed = 2.0 * float(np.max(np.abs(lowp - expected))) + ATOL
+    return CaseRun(str(case), case.seq_k, out, expected, allowed, error)
+
+
+def explain(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str:
+    """The diagnosis of the failing cases (where the pattern is known), then the largest failing case's
+    worst element and its picture of wrong rows and columns."""
+    lines = []
+    diagnosis = diagnose(runs, messages)
+    if diagnosis:
+        lines.append(f"diagnosis: {diagnosis}")
+    failing = [r for r in runs if r.out is not None and not r.ok]
+    if failing:
+        worst = max(failing, key=lambda r: r.out.size)
+        if len(runs) > 1:
+            lines.append(f"in case {worst.label}:")
+        if not np.isnan(np.asarray(worst.out, dtype=np.float64)).all():
+            lines.append(excerpt(worst.out, worst.expected, worst.allowed))
+        lines.append(picture(worst.out, worst.expected, worst.allowed))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# One region on its own: the solution's kernel with only that region's lines from the student's file
+# ---------------------------------------------------------------------------------------------
+# Regions whose code differs with the head dim (a loop over 64-column strips, TMA atoms of 64
+# columns) are graded at the phase's largest head dim, where every strip or atom runs; regions
+# about where a block's rows start, on two row blocks.
+LARGEST_HEAD_DIM = {"06-b", "09-b"}
+TWO_ROW_BLOCKS = {"09-a"}
+
+
+def region_cases(phase: ModuleType, label: str) -> tuple[Case, ...]:
+    """A few rows against two key tiles (non-causal: every key of both tiles counts), then S = 1.
+
+    S = 1 runs only once the other case has failed, for the diagnosis (the whole-kernel check
+    s_one grades it): a state not carried from key to key passes it and fails the other. A case
+    costs about one simulated block per key tile, so a region check stays a few seconds.
+    """
+    D = max(phase.HEAD_DIMS) if label in LARGEST_HEAD_DIM else phase.HEAD_DIMS[0]
+    BM, BN = tile_sizes(phase, D)
+    rows = min(BM, BN) // 3 + 1  # fewer rows than a tile
+    return Case(BM + rows if label in TWO_ROW_BLOCKS else rows, BN + 6, D), Case(1, 1, phase.HEAD_DIMS[0])
+
+
+_REGION_DIR: list[Path] = []
+
+
+def _region_dir() -> Path:
+    """Where the spliced kernels are written (one folder per process, removed at exit)."""
+    if not _REGION_DIR:
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="flashcore_regions_"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _REGION_DIR.append(folder)
+    return _REGION_DIR[0]
+
+
+class RegionNotLoaded(Exception):
+    """The spliced file of a region check does not load; the message says why, at the student's line."""
+
+
+def load_region(g: Grading, label: str) -> tuple[ModuleType, Path, exercises.Spliced]:
+    """(module, its file, the splice) of the solution with region `label`'s lines from the student's file."""
+    student = g.path.read_text(encoding="utf-8")
+    try:
+        spliced = exercises.splice_region(exercises.solution_source(g.phase), student, label)
+    except exercises.ExerciseFormatError as e:
+        raise RegionNotLoaded(str(e)) from None
+    name = re.sub(r"\W", "_", label)
+    path = _region_dir() / f"{g.phase.ID}_{g.phase.NAME}_region_{name}_{next(_loaded)}.py"
+    path.write_text(spliced.source, encoding="utf-8")
+    try:
+        return load_module(path), path, spliced
+    except SyntaxError as e:
+        line = spliced.lines.get(e.lineno)
+        where = f"{g.path.name} line {line}" if line else f"region {label}"
+        raise RegionNotLoaded(f"{where}: SyntaxError: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - the region's code fails as the module loads
+        raise RegionNotLoaded(f"region {label}: {describe_exception(e, path, spliced.lines, g.path)}") from None
+
+
+def run_region(g: Grading, check: Check) -> Outcome:
+    """The cases of a region check, in order, on past a failure (so that the diagnosis sees the
+    pattern); the last, S = 1, only once another has failed."""
+    try:
+        module, path, spliced = load_region(g, check.region)
+    except RegionNotLoaded as e:
+        return Outcome("fail", str(e))
+    mapped = {"lines": spliced.lines, "shown_as": g.path}
+    runs, reasons = [], []
+    for index, case in enumerate(check.cases):
+        if case.seq_k == 1 and all(r.ok for r in runs):
+            continue  # right so far: S = 1 would only serve a diagnosis
+        q, k, v = make_inputs(case, g.case_seed(check, index))
+        try:
+            out = launch(module, q, k, v, case.causal)
+        except Exception as e:  # noqa: BLE001 - whatever the region raises is a failed case
+            message = f"the kernel {describe_exception(e, path, **mapped)}"
+            runs.append(case_run(case, None, q, k, v, error=message))
+            reasons.append(message)
+            continue
+        runs.append(case_run(case, out, q, k, v))
+        reasons.append(judge(out, q, k, v, case.causal).detail)
+    if all(r.ok for r in runs):
+        return Outcome("pass", f"{len(runs)} case{'s' * (len(runs) != 1)} correct "
+                               f"({'; '.join(r.label for r in runs)}), with only region {check.region} from your file")
+    first = next(i for i, r in enumerate(runs) if not r.ok)
+    lines = [f"{runs[first].label}: {reasons[first]}"]
+    if not any(line.strip() and not line.lstrip().startswith("#") for line in region_lines(spliced)):
+        lines.append(f"region {check.region} is still empty: write its lines between the markers "
+                     f"(`flashcore grade {g.phase.ID} --hint` gives a hint)")
+    passed = [r.label for r in runs if r.ok]
+    if passed:
+        lines.append(f"passed: {'; '.join(passed)}")
+    explanation = explain(runs, hints_for(check.region).diagnoses)
+    return Outcome("fail", "\n".join(lines + ([explanation] if explanation else [])))
+
+
+def region_lines(spliced: exercises.Spliced) -> list[str]:
+    """The student's lines of a spliced source."""
+    lines = spliced.source.splitlines()
+    return [lines[i - 1] for i in sorted(spliced.lines)]
+
+
+def region_checks(phase: ModuleType) -> list[Check]:
+    """One check per exercise region: the region graded in a kernel that is otherwise the solution.
+
+    Phase 04's region is a layout constant: it is graded by the bank conflicts of that layout.
+    """
+    checks = []
+    for region in exercises.phase_regions(phase):
+        title = f"region {region.label} on its own"
+        if phase.ID == "04":
+            checks.append(Check(region.label, title, 1, run=region_bank_conflicts, kind="region",
+                                region=region.label))
+        else:
+            checks.append(Check(region.label, title, 1, run=run_region, kind="region",
+                                cases=region_cases(phase, region.label), region=region.label))
+    return checks
+
+
+def region_bank_conflicts(g: Grading, check: Check) -> Outcome:
+    """Phase 04's region (SMEM_PAD) in the solution's file: its layout's bank conflicts."""
+    try:
+        module, path, _ = load_region(g, check.region)
+    except RegionNotLoaded as e:
+        return Outcome("fail", str(e))
+    return bank_conflicts_check().run(Grading(g.phase, module, path, g.on_gpu, g.seed), check)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,7 +561,7 @@ def speed_check(baseline_id: str | None, at_least: float, points: int) -> Check:
         try:
             out = launch(g.student, q, k, v, False)
         except Exception as e:  # noqa: BLE001 - whatever the student's kernel raises is a failed check
-            return Outcome("fail", f"{shape}: the kernel {_raised(e)}")
+            return Outcome("fail", f"{shape}: the kernel {describe_exception(e, g.path)}")
         correct = judge(out, q, k, v, False)
         if correct.status != "pass":
             return Outcome("fail", f"not timed: wrong at {shape} ({correct.detail})")
@@ -424,7 +634,7 @@ def checks_for(phase) -> list[Check]:
 
             _CHECKS[phase.ID] = checks()
         else:
-            _CHECKS[phase.ID] = correctness_checks(phase) + point_checks(phase)
+            _CHECKS[phase.ID] = region_checks(phase) + correctness_checks(phase) + point_checks(phase)
     return _CHECKS[phase.ID]
 
 
@@ -469,10 +679,8 @@ def describe_load_error(e: BaseException, path: Path) -> str:
     """The error and the line of the student's file it came from."""
     if isinstance(e, SyntaxError):
         return f"{Path(e.filename or path).name} line {e.lineno}: SyntaxError: {e.msg}"
-    where = ""
-    for frame in traceback.extract_tb(e.__traceback__):
-        if Path(frame.filename).resolve() == Path(path).resolve():
-            where = f"line {frame.lineno}: "
+    where = student_line(e, path)
+    where = f"line {where[0]}: " if where else ""
     hint = ""
     if isinstance(e, ImportError) and "relative import" in str(e):
         hint = " (exercise files import absolutely: `from flashcore_numba.phases.common import ...`)"
@@ -538,11 +746,18 @@ def render(g: Grading, console=None) -> None:
         worth = sum(r.points for r in skipped)
         line += f" ({len(skipped)} check{'s' * (len(skipped) != 1)} worth {worth} point{'s' * (worth != 1)} skipped)"
     console.print(line, markup=False, highlight=False)
+    random_inputs = {c.name for c in checks_for(g.phase) if c.cases}  # the checks a seed repeats
     if full_marks(g.results):
         console.print("Full marks.", highlight=False)
-    elif any(r.status == "fail" and r.kind == "correctness" for r in g.results):
+    elif any(r.status == "fail" and r.name in random_inputs for r in g.results):
         console.print(f"Inputs came from the hidden seed {g.seed}; `{command_line(g, seed=True)}` repeats "
                       f"this run exactly.", markup=False, highlight=False)
+    regions = [r for r in g.results if r.kind == "region" and r.status == "fail"]
+    if regions:
+        console.print(f"Start with the region check{'s' * (len(regions) != 1)} {', '.join(r.name for r in regions)}: "
+                      f"each grades one region, with the rest of the file taken from the solution, so each "
+                      f"shows progress on its own. Stuck? `flashcore grade {g.phase.ID} --hint` (then --hint 2, 3).",
+                      markup=False, highlight=False)
 
 
 def to_json(g: Grading) -> dict:
@@ -565,8 +780,28 @@ def _parser() -> Parser:
     parser.add_argument("--only", action="append", metavar="CHECK", help="run only this check (repeatable; "
                         "names from --list)")
     parser.add_argument("--list", action="store_true", help="list the checks of the phase and exit")
+    parser.add_argument("--hint", nargs="?", const=1, type=int, choices=(1, 2, 3), metavar="K",
+                        help="print hints 1..K (1 the idea, 2 the helpers, 3 pseudo-code; default 1) of every "
+                             "region, or of the regions named by --only, and exit")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
     return parser
+
+
+def print_hints(phase: ModuleType, upto: int, only: list[str] | None) -> int:
+    """`--hint K`: tiers 1..K of the hints of the phase's regions (those named by --only, if any)."""
+    from .hints import render_hints
+
+    regions = exercises.phase_regions(phase)
+    labels = [r.label for r in regions]
+    unknown = [x for x in only or () if x not in labels]
+    if unknown:
+        return _usage_error(f"--only: {unknown[0]!r} is not a region of exercise {phase.ID}; its regions are "
+                            f"{', '.join(labels)}")
+    chosen = [r for r in regions if not only or r.label in only]
+    print(f"Hints for exercise {phase.ID} ({phase.TITLE}); `--hint {min(upto + 1, 3)}` "
+          f"{'says more' if upto < 3 else 'is the last tier'}.\n")
+    print(render_hints(chosen, upto), end="")
+    return 0
 
 
 def _usage_error(message: str) -> int:
@@ -586,10 +821,14 @@ def main(argv=None) -> int:
         return _usage_error(f"NN: {e}")
     checks = checks_for(phase)
     names = [c.name for c in checks]
+    if args.hint:
+        return print_hints(phase, args.hint, args.only)
     if args.list:
+        instructions = {r.label: r.instruction for r in exercises.phase_regions(phase)}
         for c in checks:
             cases = "; ".join(map(str, c.cases))
             print(f"{c.name:<18} {c.points} pt{'s' * (c.points != 1)}  {c.title}"
+                  + (f": {instructions[c.region]}" if c.region else "")
                   + (" [GPU]" if c.gpu_only else "") + (f"\n{'':<25}{cases}" if cases else ""))
         return 0
     unknown = [n for n in args.only or () if n not in names]

@@ -400,10 +400,10 @@ def draw_swizzle(rows: int = 16):
     _, axes = plt.subplots(1, 2, figsize=(12, 6))
     plain = np.tile(np.arange(8), (rows, 1))
     swizzled = np.array([[swizzled_chunk(r, p) for p in range(8)] for r in range(rows)])  # XOR is its own inverse
-    for ax, grid, title in [(axes[0], plain, "plain: chunk c of every row at position c\n"
-                                             "(eight rows' chunk 0 in the same 4 banks: an 8-way conflict)"),
-                            (axes[1], swizzled, "128-byte swizzle: chunk c of row r at position c ^ (r % 8)\n"
-                                                "(eight rows' chunk 0 in eight different bank groups)")]:
+    for ax, grid, title in [(axes[0], plain, ("plain: chunk c of every row at position c\n"
+                                             "(eight rows' chunk 0 in the same 4 banks: an 8-way conflict)")),
+                            (axes[1], swizzled, ("128-byte swizzle: chunk c of row r at position c ^ (r % 8)\n"
+                                                "(eight rows' chunk 0 in eight different bank groups)"))]:
         ax.imshow(grid, cmap="tab10", aspect="auto", interpolation="nearest", alpha=0.6)
         for (r, p), c in np.ndenumerate(grid):
             ax.text(p, r, str(c), ha="center", va="center", fontsize=8)

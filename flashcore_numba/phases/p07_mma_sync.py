@@ -563,7 +563,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
                 l_b[mt] += sum_b
 
             # -- p as A fragments: the accumulators of n-tiles 2kk and 2kk+1 are k-step kk's A
-            # >>> exercise 07-b: P as A fragments: p_frag[mt, kk, 0..3] from s[mt] of n-tiles 2kk and 2kk+1
+            # >>> exercise 07-b: p_frag[mt, kk, a0..a3] = pack(x, y) of s[mt]: rows g, g+8 of n-tile 2kk, then of 2kk+1
             for mt in range(M_TILES):
                 for kk in range(KP):
                     p_frag[mt, kk, 0] = pack(s[mt, 2 * kk, 0], s[mt, 2 * kk, 1])

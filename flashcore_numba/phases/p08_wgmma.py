@@ -290,7 +290,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             m_b = m_new_b
 
             # -- p as A fragments: the accumulators of 8-column blocks 2kk and 2kk+1 are k-step kk's A
-            # >>> exercise 08-b: P as A fragments: p_frag[kk, 0..3] from s of column blocks 2kk and 2kk+1
+            # >>> exercise 08-b: p_frag[kk, a0..a3] = pack(x, y) of s: rows g, g+8 of column block 2kk, then of 2kk+1
             for kk in range(KP):
                 p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
                 p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])

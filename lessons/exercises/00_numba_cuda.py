@@ -13,7 +13,8 @@
 #     flashcore grade 00 path/to/copy.py         a copy of it
 #     pytest lessons/exercises --grade 00        the same checks, as pytest tests
 # Without a GPU the kernels run in Numba's CUDA simulator.
-# Stuck? The solution is flashcore_numba/course/puzzles.py.
+# Stuck? `flashcore grade 00 --hint` gives a hint per region (--hint 2, 3: more);
+# the solution is flashcore_numba/course/puzzles.py.
 #
 # Generated from that file by `python -m flashcore_numba.course.exercises --write`:
 # improve the puzzles, not this copy.

@@ -10,7 +10,8 @@
 #     flashcore grade 02 path/to/copy.py         a copy of it
 #     pytest lessons/exercises --grade 02        the same checks, as pytest tests
 # Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
-# Stuck? The solution is flashcore_numba/phases/p02_smem_tiling.py.
+# Stuck? `flashcore grade 02 --hint` gives a hint per region (--hint 2, 3: more);
+# the solution is flashcore_numba/phases/p02_smem_tiling.py.
 #
 # Generated from that file by `python -m flashcore_numba.course.exercises --write`:
 # improve the phase, not this copy.

@@ -2,7 +2,7 @@
 #
 # This is the finished phase 07 kernel with 2 marked regions emptied:
 #   07-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
-#   07-b: P as A fragments: p_frag[mt, kk, 0..3] from s[mt] of n-tiles 2kk and 2kk+1
+#   07-b: p_frag[mt, kk, a0..a3] = pack(x, y) of s[mt]: rows g, g+8 of n-tile 2kk, then of 2kk+1
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
 # Change nothing else: solving only adds lines. The docstring below is the lesson.
 #
@@ -11,7 +11,8 @@
 #     flashcore grade 07 path/to/copy.py         a copy of it
 #     pytest lessons/exercises --grade 07        the same checks, as pytest tests
 # Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
-# Stuck? The solution is flashcore_numba/phases/p07_mma_sync.py.
+# Stuck? `flashcore grade 07 --hint` gives a hint per region (--hint 2, 3: more);
+# the solution is flashcore_numba/phases/p07_mma_sync.py.
 #
 # Generated from that file by `python -m flashcore_numba.course.exercises --write`:
 # improve the phase, not this copy.
@@ -576,7 +577,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
                 l_b[mt] += sum_b
 
             # -- p as A fragments: the accumulators of n-tiles 2kk and 2kk+1 are k-step kk's A
-            # >>> exercise 07-b: P as A fragments: p_frag[mt, kk, 0..3] from s[mt] of n-tiles 2kk and 2kk+1
+            # >>> exercise 07-b: p_frag[mt, kk, a0..a3] = pack(x, y) of s[mt]: rows g, g+8 of n-tile 2kk, then of 2kk+1
             # <<< exercise
 
             # -- acc += p · v: NO n-tiles of 8 output columns, two per pv_step

@@ -2,7 +2,7 @@
 #
 # This is the finished phase 08 kernel with 2 marked regions emptied:
 #   08-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
-#   08-b: P as A fragments: p_frag[kk, 0..3] from s of column blocks 2kk and 2kk+1
+#   08-b: p_frag[kk, a0..a3] = pack(x, y) of s: rows g, g+8 of column block 2kk, then of 2kk+1
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
 # Change nothing else: solving only adds lines. The docstring below is the lesson.
 #
@@ -11,7 +11,8 @@
 #     flashcore grade 08 path/to/copy.py         a copy of it
 #     pytest lessons/exercises --grade 08        the same checks, as pytest tests
 # Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
-# Stuck? The solution is flashcore_numba/phases/p08_wgmma.py.
+# Stuck? `flashcore grade 08 --hint` gives a hint per region (--hint 2, 3: more);
+# the solution is flashcore_numba/phases/p08_wgmma.py.
 #
 # Generated from that file by `python -m flashcore_numba.course.exercises --write`:
 # improve the phase, not this copy.
@@ -303,7 +304,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             m_b = m_new_b
 
             # -- p as A fragments: the accumulators of 8-column blocks 2kk and 2kk+1 are k-step kk's A
-            # >>> exercise 08-b: P as A fragments: p_frag[kk, 0..3] from s of column blocks 2kk and 2kk+1
+            # >>> exercise 08-b: p_frag[kk, a0..a3] = pack(x, y) of s: rows g, g+8 of column block 2kk, then of 2kk+1
             # <<< exercise
 
             # -- acc = alpha · acc + p · v: one warpgroup-wide call, 4 wgmmas of 16 keys

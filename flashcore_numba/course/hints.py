@@ -1,0 +1,243 @@
+"""The hints of every exercise region, in three tiers, and the diagnoses worded for each region.
+
+This file is the one home of the hints: a region's entry is keyed by its label, the label of its
+`# >>> exercise LABEL: ...` marker in the phase source (flashcore_numba/phases/pNN_*.py).
+`flashcore grade NN --hint [K]` prints tiers 1..K (default 1) of every region of exercise NN;
+`--only LABEL` narrows it to one region. A new region needs an entry here:
+tests/test_grader.py checks that every region has one, and that no entry is left without a region.
+
+    1 (idea)     what the region must achieve, in words
+    2 (helpers)  the helpers to call and their signatures
+    3 (pseudo)   the lines in pseudo-code, short of the answer itself
+
+`diagnoses` replaces the generic message of a pattern (see flashcore_numba.course.diagnose) where
+the region's own words say more; {factor}, {low}, {high} are filled in as there.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+TIERS = ("idea", "helpers", "pseudo")
+TIER_NAMES = {1: "the idea", 2: "the helpers", 3: "pseudo-code"}
+
+
+@dataclass(frozen=True)
+class RegionHints:
+    idea: str
+    helpers: str
+    pseudo: str
+    diagnoses: dict[str, str] = field(default_factory=dict)
+
+    def tier(self, k: int) -> str:
+        return getattr(self, TIERS[k - 1])
+
+
+HINTS: dict[str, RegionHints] = {
+    "01": RegionHints(
+        idea="Keep a running max m_i, a running sum l_i and an accumulator acc for the row. For each key j, "
+             "raise the max if s is larger, shrink the old l_i and acc by alpha = 2^(m_old - m_new), then add "
+             "this key: p = 2^(s - m_new) to l_i and p * v_j to acc. The state carries over to the next key.",
+        helpers="softmax_rescale(m_i, s) -> (m_new, m_ref, alpha)  (common.py): the new max, the value to "
+                "measure p against (0 when everything so far was masked), and the rescale factor.\n"
+                "math.exp2(x): 2^x (s is already in base 2: qk_scale includes log2(e)).\n"
+                "V[b, h, j, d]: fp16; convert with float32(...).",
+        pseudo="m_new, m_ref, alpha = softmax_rescale(m_i, s)\n"
+               "p = exp2(s - m_ref)\n"
+               "l_i = l_i * alpha + p\n"
+               "for every d: acc[d] = acc[d] * alpha + p * V[b, h, j, d]\n"
+               "m_i = m_new",
+        diagnoses={"s_one": "only S = 1 passes: one key is right, several are not: m_i, l_i and acc are not "
+                            "carried from one key to the next (each key must rescale the old values by alpha "
+                            "and add to them, and m_i must become m_new at the end)"},
+    ),
+    "02": RegionHints(
+        idea="Before the scores of a tile are computed, the whole block copies BLOCK_N rows of K and of V, "
+             "starting at key start_n, into shared memory: the K tile at K_OFF, the V tile at V_OFF, one row "
+             "of HEAD_DIM words per key. Every thread takes part.",
+        helpers="load_tile(smem, base, row_stride, src, b, h, row0, seq_len, tid, N_THREADS, N_ROWS, HEAD_DIM) "
+                "(common.py): copies rows row0 .. row0 + N_ROWS - 1 of src[b, h] to smem[base + r * row_stride "
+                "+ d]; rows past seq_len become zeros.",
+        pseudo="load_tile(smem, K_OFF, <row stride>, K, b, h, <first key>, seq_k, tid, N_THREADS, <rows>, HEAD_DIM)\n"
+               "the same for V at V_OFF",
+        diagnoses={"zeros": "all zeros: the K and V tiles are never loaded (shared memory is zero-filled in "
+                            "the simulator, so every score and value is 0)"},
+    ),
+    "03-a": RegionHints(
+        idea="A row's scores are spread over LANES_PER_ROW neighbouring lanes; each lane has the max of its "
+             "own columns in m_ij. Combine them so that every lane of the group holds the row's max: a "
+             "butterfly, exchanging with the lane at distance LANES_PER_ROW/2, then /4, ... down to 1.",
+        helpers="cuda.shfl_xor_sync(FULL_MASK, value, lane_mask) -> the value of lane (this lane XOR lane_mask). "
+                "FULL_MASK: every lane of the warp takes part. LANES_PER_ROW is a power of two.",
+        pseudo="offset = LANES_PER_ROW // 2\n"
+               "while offset > 0:\n"
+               "    m_ij = max(m_ij, <m_ij of the lane offset away>)\n"
+               "    offset //= 2",
+        diagnoses={"s_one": "only S = 1 passes: with one key a single lane holds a score and the others hold "
+                            "-inf, so any lane's max happens to work; with more keys every lane of the row "
+                            "must end with the max over all LANES_PER_ROW lanes"},
+    ),
+    "03-b": RegionHints(
+        idea="Each lane summed p over its own columns only: l_i is a partial row sum. Before dividing, add "
+             "up the partial sums of the LANES_PER_ROW lanes that share the row, with the same butterfly as "
+             "the row max (a sum this time).",
+        helpers="cuda.shfl_xor_sync(FULL_MASK, value, lane_mask) -> the value of lane (this lane XOR lane_mask).",
+        pseudo="offset = LANES_PER_ROW // 2\n"
+               "while offset > 0:\n"
+               "    l_row = l_row + <l_row of the lane offset away>\n"
+               "    offset //= 2",
+        diagnoses={
+            "rows": "each row is off by a factor of its own (from {low:.3g} to {high:.3g}): o = acc / l_row "
+                    "divides by a wrong sum; add the partial sums of the row's lanes",
+            "magnitude": "the signs are right but the outputs are too large (typically {factor:.3g} × expected): "
+                         "each lane divides by its own partial sum l_row; add the partial sums of the row's "
+                         "LANES_PER_ROW lanes first"},
+    ),
+    "04": RegionHints(
+        idea="Shared memory has 32 banks of 4 bytes. When a row is 64 or 128 words long, every row starts "
+             "in bank 0 and the lanes that read one column of several rows queue on the same bank. Add a few "
+             "words to each row so consecutive rows start in different banks, keeping rows 16-byte aligned.",
+        helpers="SMEM_PAD: fp32 words added to each row. flashcore_numba.measure.banks.warp_tile_conflicts"
+                "(smem_layout(64)) counts the conflicts of a layout, no GPU needed.",
+        pseudo="SMEM_PAD = <the smallest pad that keeps a row a multiple of 16 bytes>",
+        diagnoses={},
+    ),
+    "05-a": RegionHints(
+        idea="While this tile's scores are computed, the next tile's K should already be on its way: issue "
+             "its global loads into the registers `regs` now (only when there is a next tile); store_tile "
+             "writes them into the other stage after scores_tile.",
+        helpers="prefetch_tile(regs, src, b, h, row0, seq_len, tid): issues the loads of rows row0 .. of src "
+                "into regs, without waiting for them. has_next, next_n: is there a next tile, where it starts.",
+        pseudo="if <there is a next tile>:\n"
+               "    prefetch_tile(regs, <K>, b, h, <its first key>, seq_k, tid)",
+        diagnoses={"s_one": "only the single-tile cases pass: from the second key tile on the K tile in "
+                            "shared memory is not the right one (regs still hold what was loaded before)"},
+    ),
+    "05-b": RegionHints(
+        idea="The same for V: once the next K tile is stored, reuse `regs` to start loading the next V tile, "
+             "so it travels while the softmax and P·V of this tile run.",
+        helpers="prefetch_tile(regs, src, b, h, row0, seq_len, tid) (see 05-a).",
+        pseudo="if <there is a next tile>:\n"
+               "    prefetch_tile(regs, <V>, b, h, <its first key>, seq_k, tid)",
+        diagnoses={"s_one": "only the single-tile cases pass: from the second key tile on the V tile in "
+                            "shared memory holds K's values (regs were not reloaded with V)"},
+    ),
+    "06-a": RegionHints(
+        idea="The warp's 16 x BLOCK_N scores S = Q · Kᵀ come from one call of the WMMA function: A is the "
+             "warp's 16 rows of Q, B is the K tile of this stage (one key per row: Kᵀ in column-major), C is "
+             "the warp's fp32 buffer in shared memory.",
+        helpers="mma_abt(c, a, b, c_ld, a_ld, b_ld, k_steps) (ptx/wmma.ptx): C (16 x 64, fp32) = A (16 x K) · "
+                "Bᵀ; c, a, b are .shared addresses (smem + byte offset), strides in elements, k_steps = K / 16.\n"
+                "Offsets here: c_warp, q_warp, k_cur; strides C_STRIDE, QKV_STRIDE; K_STEPS_QK.",
+        pseudo="mma_abt(smem + <this warp's C>, smem + <its Q rows>, smem + <this stage's K>,\n"
+               "        <C stride>, <Q stride>, <K stride>, <16-deep steps over HEAD_DIM>)",
+        diagnoses={"s_one": "only S = 1 passes: a single key's output is its v whatever its score; with "
+                            "several keys the scores matter, and S = Q · Kᵀ is not in the warp's buffer at "
+                            "c_warp"},
+    ),
+    "06-b": RegionHints(
+        idea="O = P · V on the tensor cores, into the same per-warp fp32 buffer: one call covers 64 output "
+             "columns, so a head dim of 128 takes two calls, each on its own 64-column strip of V and of C.",
+        helpers="mma_ab(c, a, b, c_ld, a_ld, b_ld, k_steps) (ptx/wmma.ptx): C (16 x 64, fp32) = A (16 x K) · "
+                "B (K x 64), addresses as for mma_abt. A strip moves C by STRIP * 4 bytes (fp32) and V by "
+                "STRIP * 2 bytes (fp16). Offsets: c_warp, p_warp, v_cur; strides C_STRIDE, P_STRIDE, "
+                "QKV_STRIDE; K_STEPS_PV; N_STRIPS strips.",
+        pseudo="for strip in range(N_STRIPS):\n"
+               "    mma_ab(smem + c_warp + <strip's byte offset in C>, smem + p_warp,\n"
+               "           smem + v_cur + <strip's byte offset in V>, <strides>, K_STEPS_PV)",
+    ),
+    "07-a": RegionHints(
+        idea="In an mma.sync accumulator a row's 8·NT columns are held by the 4 lanes of a quad (lanes "
+             "4g .. 4g+3), two columns per n-tile each. m_ij_a (row g) and m_ij_b (row g + 8) are so far "
+             "this lane's max only: combine them over the quad, lanes 1 and 2 apart.",
+        helpers="cuda.shfl_xor_sync(FULL_MASK, value, lane_mask) -> the value of lane (this lane XOR lane_mask). "
+                "Lanes t = 0..3 of a quad differ in the two lowest bits of the lane id.",
+        pseudo="m_ij_a = max(m_ij_a, <m_ij_a of the lane 1 away>)\n"
+               "m_ij_a = max(m_ij_a, <m_ij_a of the lane 2 away>)\n"
+               "the same two lines for m_ij_b",
+        diagnoses={"s_one": "only S = 1 passes: with one key a single lane of the quad holds a score, so any "
+                            "lane's max happens to work; with more keys each lane must end with the max over "
+                            "the 4 lanes of its quad"},
+    ),
+    "07-b": RegionHints(
+        idea="P·V is an mma.sync whose A operand is P. An accumulator tile (c0..c3: row g columns 2t, 2t+1; "
+             "row g+8 the same columns) of two neighbouring n-tiles 2kk, 2kk+1 covers 16 keys: exactly one "
+             "A fragment (a0..a3) of k-step kk, once converted to fp16 pairs. No data moves between lanes.",
+        helpers="pack(lo, hi) -> uint32: two fp32 values as one register of two fp16 (lo in the low half). "
+                "The A fragment's register order: a0 = row g, keys 0-7 of the step (n-tile 2kk); a1 = row g+8, "
+                "n-tile 2kk; a2 = row g, keys 8-15 (n-tile 2kk+1); a3 = row g+8, n-tile 2kk+1. In s[mt, j, e], "
+                "e = 0, 1 are row g and e = 2, 3 row g + 8.",
+        pseudo="for mt, kk:\n"
+               "    p_frag[mt, kk, 0] = pack(<row g of n-tile 2kk>)\n"
+               "    p_frag[mt, kk, 1] = pack(<row g+8 of n-tile 2kk>)\n"
+               "    p_frag[mt, kk, 2] = pack(<row g of n-tile 2kk+1>)\n"
+               "    p_frag[mt, kk, 3] = pack(<row g+8 of n-tile 2kk+1>)",
+        diagnoses={"zeros": "all zeros: p_frag holds no probabilities (P · V adds nothing): fill p_frag[mt, kk, "
+                            "0..3] with pack(...) of s"},
+    ),
+    "08-a": RegionHints(
+        idea="As in 07-a: the wgmma accumulator spreads a row's columns over the 4 lanes of a quad; reduce "
+             "m_ij_a (row g) and m_ij_b (row g + 8) over the quad, lanes 1 and 2 apart.",
+        helpers="cuda.shfl_xor_sync(FULL_MASK, value, lane_mask) -> the value of lane (this lane XOR lane_mask).",
+        pseudo="m_ij_a = max(m_ij_a, <m_ij_a of the lane 1 away>)\n"
+               "m_ij_a = max(m_ij_a, <m_ij_a of the lane 2 away>)\n"
+               "the same two lines for m_ij_b",
+        diagnoses={"s_one": "only S = 1 passes: with one key a single lane of the quad holds a score; with "
+                            "more keys each lane must end with the max over the 4 lanes of its quad"},
+    ),
+    "08-b": RegionHints(
+        idea="As in 07-b: the accumulators of 8-column blocks 2kk and 2kk+1 are k-step kk's A fragment of "
+             "P · V, converted to fp16 pairs.",
+        helpers="pack(lo, hi) -> uint32 of two fp16. Register order a0 = row g of block 2kk, a1 = row g+8 of "
+                "block 2kk, a2 = row g of block 2kk+1, a3 = row g+8 of block 2kk+1; in s[j, e], e = 0, 1 are "
+                "row g and e = 2, 3 row g + 8.",
+        pseudo="for kk:\n"
+               "    p_frag[kk, 0] = pack(<row g of block 2kk>)\n"
+               "    p_frag[kk, 1] = pack(<row g+8 of block 2kk>)\n"
+               "    p_frag[kk, 2] = pack(<row g of block 2kk+1>)\n"
+               "    p_frag[kk, 3] = pack(<row g+8 of block 2kk+1>)",
+    ),
+    "09-a": RegionHints(
+        idea="The query block of BLOCK_M rows starting at row0 is split between the consumer warpgroups, "
+             "WG_M rows each: consumer c's Q tile starts c tiles further on.",
+        helpers="row0: the block's first query row; WG_M: rows per consumer; q_row is an int32 TMA coordinate.",
+        pseudo="q_row = int32(<row0 plus c consumer tiles>)",
+        diagnoses={"s_one": "only S = 1 passes: its single row is the block's first, which any start gets right; "
+                            "the rows of the other consumers (see the picture) read the wrong rows of Q: "
+                            "consumer c's tile starts WG_M rows per consumer after row0"},
+    ),
+    "09-b": RegionHints(
+        idea="A K/V tile of BLOCK_N keys is loaded as boxes of 64 columns x 64 keys: atom a holds columns "
+             "64a .. 64a + 63 of the head dim, box `box` keys 64·box .. of tile n.",
+        helpers="col, row: int32 TMA coordinates (column = element of d, row = key); BLOCK_N keys per tile.",
+        pseudo="col = int32(<first column of atom a>)\n"
+               "row = int32(<first key of tile n> + <first key of box `box`>)",
+        diagnoses={"s_one": "only S = 1 passes: a single key's output is its v whatever the scores; with more "
+                            "keys, the boxes past the first (keys 64 on, the next tile, the columns of atom 1 "
+                            "at D = 128) bring the wrong part of K and V"},
+    ),
+}
+
+
+def hints_for(label: str) -> RegionHints:
+    try:
+        return HINTS[label]
+    except KeyError:
+        raise KeyError(f"no hints for exercise region {label!r}: add them to flashcore_numba/course/hints.py") from None
+
+
+def render_hints(regions, upto: int) -> str:
+    """Tiers 1..upto of the hints of `regions` (exercises.Region), as text."""
+    out = []
+    for region in regions:
+        out.append(f"{region.label}: {region.instruction}")
+        hints = hints_for(region.label)
+        for k in range(1, upto + 1):
+            body = hints.tier(k).splitlines()
+            out.append(f"  hint {k} ({TIER_NAMES[k]}):")
+            for line in body:  # prose is wrapped; pseudo-code lines are short and keep their indent
+                out += textwrap.wrap(line, 100, initial_indent="    ", subsequent_indent="      ") if len(line) > 96 \
+                    else [f"    {line}"]
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
