@@ -191,7 +191,8 @@ def test_a_bug_that_raises_in_the_simulator_names_the_students_line(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Hints and the list of checks
 # ---------------------------------------------------------------------------------------------
-ALL_REGIONS = [r.label for phase in PHASES.values() for r in exercises.phase_regions(phase)]
+ALL_REGIONS = [r.label for module in (exercises.exercise_module(exercises.PUZZLES_ID), *PHASES.values())
+               for r in exercises.phase_regions(module)]
 
 
 def test_every_region_has_three_tiers_of_hints_and_no_hint_is_orphaned():

@@ -72,6 +72,7 @@ from ..reference import (
 )
 from ..usage import Parser, usage_error
 from . import exercises
+from .checks import Case, Check, Outcome, Result, raised_message
 from .diagnose import CaseRun, describe_exception, diagnose, excerpt, picture, student_line
 from .exercises import PUZZLES_ID, exercise_module
 from .hints import hints_for
@@ -90,55 +91,6 @@ NEEDS_A_GPU = "needs a GPU: timings in the CUDA simulator mean nothing"
 # ---------------------------------------------------------------------------------------------
 # Checks and their outcomes
 # ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Case:
-    """One kernel launch of a correctness check."""
-
-    seq_q: int
-    seq_k: int
-    head_dim: int
-    causal: bool = False
-    logits: float | None = None  # scale q and k so that the largest |score| is this
-
-    def __str__(self) -> str:
-        text = f"S_q={self.seq_q} S_k={self.seq_k} D={self.head_dim} {'causal' if self.causal else 'non-causal'}"
-        return text + (f", scores up to ±{self.logits:g}" if self.logits else "")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: str  # "pass" | "fail" | "skip"
-    detail: str
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str  # short id, for --only and test ids
-    title: str
-    points: int
-    run: Callable[[Grading, Check], Outcome]  # run(grading, this check)
-    gpu_only: bool = False
-    kind: str = "correctness"  # or "point": the phase's own point; or "region": one region on its own
-    cases: tuple[Case, ...] = ()
-    region: str = ""  # the label of the exercise region a "region" check grades
-
-
-@dataclass(frozen=True)
-class Result:
-    name: str
-    title: str
-    points: int
-    status: str
-    detail: str
-    gpu_only: bool
-    kind: str
-    seconds: float = 0.0
-
-    @property
-    def earned(self) -> int:
-        return self.points if self.status == "pass" else 0
-
-
 @dataclass
 class Grading:
     """What a check needs: the student's module, the phase it solves, where kernels run."""
@@ -174,13 +126,6 @@ class Grading:
 
 def _stable_hash(text: str) -> int:
     return zlib.crc32(text.encode())  # unlike hash(), the same in every process
-
-
-def _raised(e: BaseException) -> str:
-    message = " ".join(str(e).split())
-    if len(message) > 400:
-        message = message[:400] + " ..."
-    return f"raised {type(e).__name__}: {message}" if message else f"raised {type(e).__name__}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -684,7 +629,7 @@ def describe_load_error(e: BaseException, path: Path) -> str:
     hint = ""
     if isinstance(e, ImportError) and "relative import" in str(e):
         hint = " (exercise files import absolutely: `from flashcore_numba.phases.common import ...`)"
-    return f"{where}{_raised(e).removeprefix('raised ')}{hint}"
+    return f"{where}{raised_message(e).removeprefix('raised ')}{hint}"
 
 
 def start(phase, path: Path | None = None, *, seed: int | None = None, on_gpu: bool | None = None) -> Grading:

@@ -35,6 +35,49 @@ class RegionHints:
 
 
 HINTS: dict[str, RegionHints] = {
+    # lesson 00's puzzles (flashcore_numba/course/puzzles.py)
+    "00-a": RegionHints(
+        idea="Each thread handles one element. Its global index counts the threads of the blocks before its "
+             "own, then its place inside its block.",
+        helpers="cuda.blockIdx.x: this block's number; cuda.blockDim.x: threads per block; cuda.threadIdx.x: "
+                "this thread's number inside its block.",
+        pseudo="i = block number * threads per block + thread number\n"
+               "out[i] = a[i] + 10",
+    ),
+    "00-b": RegionHints(
+        idea="The launch has more threads than elements: a thread whose index is past the end must do "
+             "nothing, or it writes outside the array.",
+        helpers="a.size: the number of elements; i is computed above the region as in 00-a.",
+        pseudo="if i is inside the array:\n"
+               "    out[i] = alpha * a[i]",
+    ),
+    "00-c": RegionHints(
+        idea="Every thread puts one element (0 past the end) into the block's shared array; then, in rounds, "
+             "the first half of the threads add the second half's values to their own, halving each round, "
+             "until cache[0] holds the block's sum. Between rounds all threads must wait for each other.",
+        helpers="cache: the block's shared array of TPB floats; t = cuda.threadIdx.x; "
+                "cuda.syncthreads(): waits until every thread of the block has reached it.",
+        pseudo="cache[t] = a[i] if i is inside the array else 0\n"
+               "syncthreads\n"
+               "stride = TPB // 2\n"
+               "while stride > 0:\n"
+               "    if t < stride: cache[t] += cache[t + stride]\n"
+               "    syncthreads\n"
+               "    stride = stride // 2",
+    ),
+    "00-d": RegionHints(
+        idea="x is read by every row, so the block copies it into shared memory one tile of TPB elements at a "
+             "time (thread t copies element t of the tile); once the tile is complete, each thread adds its "
+             "row's products with the tile to acc. The block waits twice per tile: before reading it, and "
+             "before the next tile overwrites it.",
+        helpers="x_tile: the shared array of TPB floats; t, row and acc are set above the region; "
+                "cuda.syncthreads(); A.shape[0]: the number of rows; x.size: the length of x.",
+        pseudo="for start in 0, TPB, 2*TPB, ... below x.size:\n"
+               "    x_tile[t] = x[start + t] (0 past the end)\n"
+               "    syncthreads\n"
+               "    if row is a row of A: for k in the tile: acc += A[row, start + k] * x_tile[k]\n"
+               "    syncthreads",
+    ),
     "01": RegionHints(
         idea="Keep a running max m_i, a running sum l_i and an accumulator acc for the row. For each key j, "
              "raise the max if s is larger, shrink the old l_i and acc by alpha = 2^(m_old - m_new), then add "
