@@ -44,13 +44,15 @@
 # other of two stages while the current tile is computed; rows past the end are zero-filled by the
 # copy. What it buys: the registers phase 05 spent carrying the next tile are free for fragments.
 #
-# **7. Two m-tiles per warp.** As in FlashAttention-2, a warp owns 32 query rows: two 16-row *m-tiles*.
-# Every K or V fragment that `ldmatrix` brings then feeds two `mma`s instead of one, which halves the
-# shared-memory reads per product, and the two m-tiles' work is independent, so the warp scheduler
-# can interleave it. In the code every fragment and every row's m_i and l_i has an index `[mt]`.
-# A [block](../docs/glossary.md#block) is FlashAttention-2's: 128 rows in 4 warps. The price is registers: fitting both m-tiles
-# into a [thread](../docs/glossary.md#thread)'s 255 took some care, and the details (what [spilled](../docs/glossary.md#spill), what had to be [unrolled](../docs/glossary.md#unrolling))
-# are in the [appendix](#appendix-tuning-notes). This notebook's [simulator](../docs/glossary.md#simulator) runs one warp of two m-tiles.
+# **7. Two m-tiles per warp.** As in FlashAttention-2, a warp owns 32 query rows: two 16-row
+# *m-tiles* (`M_TILES` in the code). Every K or V fragment that `ldmatrix` brings then feeds two
+# `mma`s instead of one, which halves the shared-memory reads per product, and the two m-tiles' work
+# is independent, so the warp scheduler can interleave it. In the code every fragment and every
+# row's m_i and l_i has an index `[mt]`. A [block](../docs/glossary.md#block) is FlashAttention-2's: 128 rows in 4 warps.
+#
+# The price is registers: fitting both m-tiles into a [thread](../docs/glossary.md#thread)'s 255 took some care, and the
+# details (what [spilled](../docs/glossary.md#spill), what had to be [unrolled](../docs/glossary.md#unrolling)) are in the [appendix](#appendix-tuning-notes). This notebook's
+# [simulator](../docs/glossary.md#simulator) runs one warp of two m-tiles.
 #
 # **8. A lazy running max.** When a row's max grows, acc and l_i are rescaled by
 # alpha = exp2(m_old − m_new): one multiply per accumulator, 64 per thread and tile at D = 128, for
