@@ -41,15 +41,16 @@
 # ## Where the data lives: phase 05 against phase 06
 #
 # Each line is one of attention's matrices, and the path it takes from HBM (the GPU's main memory)
-# through shared memory to the place where it is computed on. Lines marked `*` changed in this phase.
+# through shared memory to the place where it is computed on. Lines marked `*` take a new path in
+# this phase.
 #
 # ```text
 #           phase 05: FP32 cores                  phase 06: tensor cores (WMMA)
-#   Q       HBM -> shared                         HBM -> shared (fp16)
-#   K, V    HBM -> registers -> shared            the same, fp16
+#   Q       HBM -> shared                         HBM -> shared (now fp16)
+#   K, V    HBM -> registers -> shared            the same (now fp16)
 #           (next tile in flight, 2 stages)
-# * S       shared -> registers, one FMA per      shared Q, K -> tensor cores -> shared (fp32)
-#           multiply-add
+# * S       shared Q, K -> FMA on the FP32        shared Q, K -> tensor cores -> shared (fp32)
+#           cores -> registers
 # * P       registers                             shared (fp16), written by the softmax
 # * O       acc in registers, p·v by FMA          shared P, V -> tensor cores -> shared
 #                                                 -> added into acc in registers
@@ -68,7 +69,7 @@
 #                   shared O_tile --> registers: acc += O_tile
 # ```
 #
-# Every `shared` in the middle column is a store and a load that phase 07 takes away.
+# Each trip of S, P and O_tile through shared memory is a store and a load that phase 07 takes away.
 
 # %% [markdown]
 # ## Why the hardware rewards it

@@ -68,7 +68,7 @@
 # ## Where the data lives: phase 06 against phase 07
 #
 # Each line is one of attention's matrices and its path from HBM (the GPU's main memory) to where it
-# is computed on. Lines marked `*` changed in this phase.
+# is computed on. Lines marked `*` take a new path in this phase.
 #
 # ```text
 #           phase 06: WMMA                       phase 07: mma.sync

@@ -51,7 +51,7 @@
 # ## Where the data lives: phase 07 against phase 08
 #
 # Each line is one of attention's matrices and its path from HBM (the GPU's main memory) to where it
-# is computed on. Lines marked `*` changed in this phase.
+# is computed on. Lines marked `*` take a new path in this phase.
 #
 # ```text
 #           phase 07: mma.sync, one warp           phase 08: wgmma, one warpgroup

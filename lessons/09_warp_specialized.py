@@ -81,7 +81,7 @@
 # ## Where the data lives: phase 08 against phase 09
 #
 # Each line is one of attention's matrices and its path from HBM (the GPU's main memory) to where it
-# is computed on. Lines marked `*` changed in this phase.
+# is computed on. Lines marked `*` take a new path in this phase.
 #
 # ```text
 #           phase 08: every warpgroup does it all      phase 09: a producer and consumers
@@ -94,7 +94,7 @@
 #   S       tensor cores -> registers (64 keys)        the same, in the consumers (128 keys)
 #   P       registers                                  the same
 # * O       tensor cores -> a fresh tile -> acc        tensor cores add into acc itself
-# * out     acc / l_i -> HBM, 4 bytes per store        quad shuffles, then 16 bytes per store
+# * O out   acc / l_i -> HBM, 4 bytes per store        quad shuffles, then 16 bytes per store
 # ```
 #
 # Who moves what in phase 09, one stage s of the ring (the producer on the left, a consumer on the
