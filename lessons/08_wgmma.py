@@ -72,12 +72,13 @@
 #
 # ```text
 #   HBM Q, K, V --cp.async--> shared Q, K, V (swizzled)
+#                               |Q, K        |V
 #                               |desc        |desc
 #                               v            |
-#   registers:  [tensor cores] S = Q·Kᵀ      |
+#               [tensor cores] S = Q·Kᵀ      |
 #                      |                     |
 #                      v                     v
-#               S --> softmax --> P --> [tensor cores] O_tile = P·V --> acc = alpha·acc + O_tile
+#   registers:  S --> softmax --> P --> [tensor cores] O_tile = P·V --> acc = alpha·acc + O_tile
 # ```
 #
 # Two warpgroups share each K/V tile: a block holds 128 query rows.
