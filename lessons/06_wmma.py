@@ -19,17 +19,57 @@
 # Phases 01–05 computed every score and every output element with fused multiply-adds on the
 # ordinary [FP32](../docs/glossary.md#fp32) cores. An H100 has a second, much larger arithmetic engine: the **[tensor cores](../docs/glossary.md#tensor-core)**,
 # which multiply small matrix [tiles](../docs/glossary.md#tile) in one instruction. Phase 06 moves both matrix products of
-# attention onto them:
+# attention onto them. Four ideas, one at a time.
 #
-# 1. **S = Q·Kᵀ** — a [warp](../docs/glossary.md#warp) owns 16 query rows. One call computes its 16 × 64 block of scores as
-#    HEAD_DIM/16 steps of four 16×16×16 tile products (`wmma.mma.sync`), [fp16](../docs/glossary.md#fp16) in, fp32 out.
-# 2. **The [online softmax](../docs/glossary.md#online-softmax)** — unchanged in spirit from phase 03, but it reads S from [shared
-#    memory](../docs/glossary.md#shared-memory) (two [lanes](../docs/glossary.md#lane) per row) and writes P back as fp16, the tensor cores' input type.
-# 3. **O_tile = P·V** — a second call, 64 output columns at a time; the lanes add it into `acc`,
-#    which stays in [registers](../docs/glossary.md#register) across the whole loop. Phase 05's pipelined K/V loads stay.
+# **1. The scores on the tensor cores.** A [warp](../docs/glossary.md#warp) now owns 16 query rows. One call computes its 16 × 64
+# block of scores S = Q·Kᵀ as HEAD_DIM/16 steps of four 16×16×16 tile products (`wmma.mma.sync`),
+# [fp16](../docs/glossary.md#fp16) in, fp32 out. What it buys: the bulk of the arithmetic now takes a few instructions per tile.
 #
-# The tensor-core instructions are not Python: they are hand-written [PTX](../docs/glossary.md#ptx) in
-# [`ptx/wmma.ptx`](../ptx/wmma.ptx), and this phase is the first that links PTX into a Numba [kernel](../docs/glossary.md#kernel).
+# **2. The [online softmax](../docs/glossary.md#online-softmax), unchanged in spirit.** It is phase 03's, but it reads S from [shared
+# memory](../docs/glossary.md#shared-memory), two [lanes](../docs/glossary.md#lane) per row, and writes P back as fp16, the tensor cores' input type. Why the detour
+# through shared memory is explained below, under "which lane holds what"; phase 07 removes it.
+#
+# **3. The output on the tensor cores.** O_tile = P·V is a second call, 64 output columns at a time.
+# The lanes add it into `acc`, which stays in [registers](../docs/glossary.md#register) across the whole loop. Phase 05's
+# pipelined K/V loads stay as they were.
+#
+# **4. Hand-written instructions, linked in.** The tensor-core instructions are not Python: they are
+# hand-written [PTX](../docs/glossary.md#ptx) in [`ptx/wmma.ptx`](../ptx/wmma.ptx), and this phase is the first that links PTX into a
+# Numba [kernel](../docs/glossary.md#kernel).
+
+# %% [markdown]
+# ## Where the data lives: phase 05 against phase 06
+#
+# Each line is one of attention's matrices, and the path it takes from HBM (the GPU's main memory)
+# through shared memory to the place where it is computed on. Lines marked `*` take a new path in
+# this phase.
+#
+# ```text
+#           phase 05: FP32 cores                  phase 06: tensor cores (WMMA)
+#   Q       HBM -> shared                         HBM -> shared (now fp16)
+#   K, V    HBM -> registers -> shared            the same (now fp16)
+#           (next tile in flight, 2 stages)
+# * S       shared Q, K -> FMA on the FP32        shared Q, K -> tensor cores -> shared (fp32)
+#           cores -> registers
+# * P       registers                             shared (fp16), written by the softmax
+# * O       acc in registers, p·v by FMA          shared P, V -> tensor cores -> shared
+#                                                 -> added into acc in registers
+#           acc / l_i -> HBM                      the same
+# ```
+#
+# One K/V tile through one warp's 16 query rows in phase 06:
+#
+# ```text
+#   shared Q, K --> [tensor cores] S = Q·Kᵀ --> shared S (fp32)
+#                                                 |  softmax, 2 lanes per row
+#                                                 v
+#   shared V -----> [tensor cores] O_tile = P·V <-- shared P (fp16)
+#                          |
+#                          v
+#                   shared O_tile --> registers: acc += O_tile
+# ```
+#
+# Each trip of S, P and O_tile through shared memory is a store and a load that phase 07 takes away.
 
 # %% [markdown]
 # ## Why the hardware rewards it
@@ -44,17 +84,19 @@
 # ## How PTX gets into a Numba kernel: two routes
 #
 # [`flashcore_numba/arch/ptx.py`](../flashcore_numba/arch/ptx.py) reads `ptx/wmma.ptx` and offers each
-# `.func` in it by two routes:
+# `.func` in it by two routes.
 #
-# - **link** (`phase="06"`): `cuda.declare_device(..., link=["ptx/wmma.ptx"])`. The file is linked as
-#   written. The linker never inlines it: each use is a real **call** — arguments through `.param`
-#   space, a [SASS](../docs/glossary.md#sass) `CALL`, and registers saved around it. Called once per `mma`, that cost would
-#   dominate; so each function here does a warp's *whole tile* (16 or 32 `mma`) per call.
-# - **inline** (`phase="06-inline"`): the same function body, pasted into the kernel as inline
-#   assembly (the parameter loads become operand moves, nothing else changes). No call at all.
+# The **link** route (`phase="06"`) hands the file to the linker as it is
+# (`cuda.declare_device(..., link=["ptx/wmma.ptx"])`). Each use is then a real function call, which
+# costs something every time. So each function here does a warp's *whole tile* (16 or 32 `mma`) per
+# call, and the cost is paid once per tile.
+#
+# The **inline** route (`phase="06-inline"`) pastes the same function body into the kernel as inline
+# assembly. No call at all.
 #
 # The two routes run identical instructions and give bit-identical results (a GPU test checks it).
-# Their difference in speed is what the call costs.
+# Their difference in speed is what the call costs. What exactly a call does on the GPU is in the
+# [appendix](#appendix-tuning-notes).
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
@@ -145,10 +187,10 @@ lesson.plot_timing(timings)
 # %% [markdown]
 # ## What a call costs
 #
-# The two routes side by side: registers, the [stack frame](../docs/glossary.md#stack-frame) ([local memory](../docs/glossary.md#local-memory)), the SASS `CALL` sites into
-# `ptx/wmma.ptx`, the tensor-core instructions (`HMMA`) visible in the kernel's own code, and speed.
-# With one call per tile of work, the call's cost is the gap between the two [TFLOPS](../docs/glossary.md#tflops) figures below,
-# not the factor of 30 that one call per `mma` cost in a microbenchmark.
+# The two routes side by side: registers, the [stack frame](../docs/glossary.md#stack-frame) ([local memory](../docs/glossary.md#local-memory)), the `CALL` sites into
+# `ptx/wmma.ptx` in the [SASS](../docs/glossary.md#sass) (the GPU's own machine code), the tensor-core instructions (`HMMA`)
+# visible in the kernel's own code, and speed. With one call per tile of work, the call's cost is the
+# gap between the two [TFLOPS](../docs/glossary.md#tflops) figures below ([appendix](#appendix-tuning-notes): what one call per `mma` would cost).
 
 # %%
 lesson.call_cost()
@@ -175,3 +217,18 @@ lesson.sass(["HMMA", "CALL", "LDS", "STS", "BAR"])
 
 # %%
 lesson.exercise()
+
+# %% [markdown]
+# <a id="appendix-tuning-notes"></a>
+# ## Appendix: tuning notes
+#
+# **What a call costs, instruction by instruction.** On the link route the linker never inlines a
+# function of `ptx/wmma.ptx`: each use is a real **call**. Its arguments travel through `.param`
+# space, the SASS has a `CALL`, and the registers the function may overwrite are saved around it.
+# Called once per `mma`, that cost would dominate: in a microbenchmark one call per `mma` cost a
+# factor of 30. That is why each function does a warp's whole tile (16 or 32 `mma`) per call, and why
+# the gap between the two routes in the table above is a few per cent, not a factor.
+#
+# **What the inline route changes.** The function body is the same; its seven `ld.param` loads of the
+# arguments become moves from the asm operands `$0`–`$6`, and `ret;` is dropped (the cell under
+# "The PTX" prints it). Phases 07–09 use the inline route only.

@@ -19,40 +19,80 @@
 # Phase 06 put the matrix products on the [tensor cores](../docs/glossary.md#tensor-core) but kept everything else in [shared memory](../docs/glossary.md#shared-memory):
 # S was stored, read back for the softmax, P written, O stored and read again. [WMMA](../docs/glossary.md#wmma) left no choice,
 # because [PTX](../docs/glossary.md#ptx) does not say which [lane](../docs/glossary.md#lane) holds which element of a WMMA [fragment](../docs/glossary.md#fragment). `mma.sync` does say,
-# and that changes the whole [kernel](../docs/glossary.md#kernel):
+# and that changes the whole [kernel](../docs/glossary.md#kernel): every value of the loop can now stay in
+# [registers](../docs/glossary.md#register). The ideas one at a time:
 #
-# 1. **Q in [registers](../docs/glossary.md#register)** — [`ldmatrix`](../docs/glossary.md#ldmatrix) reads the [warp](../docs/glossary.md#warp)'s query rows into A fragments once.
-# 2. **S = Q·Kᵀ in registers** — one `mma.sync.m16n8k16` per 8 keys and 16 dims, K's fragments read by
-#    `ldmatrix` (four 8×8 matrices per instruction).
-# 3. **The softmax on the fragments** — a lane holds two rows (g and g + 8) of every 8-key [tile](../docs/glossary.md#tile); the
-#    four lanes of a [quad](../docs/glossary.md#quad) hold the whole row, so the row max and sum are two [shuffles](../docs/glossary.md#warp-shuffle) each.
-# 4. **P stays in registers** — the [accumulator](../docs/glossary.md#accumulator) layout of two adjacent 8-key tiles *is* the A-fragment
-#    layout of one 16-key step: packing pairs of [fp32](../docs/glossary.md#fp32) into fp16x2 is the whole conversion.
-# 5. **O += P·V in registers** — V's fragments read by `ldmatrix.trans`.
-# 6. **[cp.async](../docs/glossary.md#cpasync)** — K and V are copied global → shared without passing through registers, into the
-#    other of two stages while the current tile is computed; tails are zero-filled by the copy.
-# 7. **M_TILES m-tiles per warp** — as in FlashAttention-2, a warp may own 32 query rows, two
-#    16-row m-tiles: every K or V fragment that `ldmatrix` brings then feeds two `mma`s instead of
-#    one, and the two m-tiles' products and softmaxes are independent work for the warp scheduler
-#    to interleave. Every fragment and every row's m_i and l_i has an index `[mt]`. The kernel runs
-#    FlashAttention-2's tiles: 128 rows in 4 warps of two m-tiles. At D = 64 Q's fragments stay in
-#    registers (242 in all, 64 keys per tile). At D = 128 two m-tiles' Q and O fragments would not
-#    fit in 255 registers, so Q's are read again from shared memory at every k-step
-#    (FlashAttention-2's way), and a tile holds 48 keys: with 64 the kernel [spills](../docs/glossary.md#spill). This notebook's
-#    [simulator](../docs/glossary.md#simulator) runs one warp of two m-tiles.
-#    Two more things make this layout pay: the k-steps of both products are [unrolled](../docs/glossary.md#unrolling) when the kernel
-#    is built (one inlined call per k-step: [NVVM](../docs/glossary.md#nvvm) had left a loop of 16 `mma` per step rolled, each
-#    waiting on the `ldmatrix` just before it), and a tile's scores are straight-line code from the
-#    products to one vote per warp (the mask is one branch around the whole tile).
-# 8. **A lazy running max** — when a row's max grows, acc and l_i are rescaled by alpha =
-#    exp2(m_old - m_new): one multiply per accumulator, 64 per [thread](../docs/glossary.md#thread) and tile at D = 128, for a
-#    factor that is 1 in almost every tile once the first tiles have set the max. So the warp votes
-#    (`cuda.any_sync`) and rescales only when one of its rows' max has grown by more than 8 (log2
-#    units). Until then m_i is stale and p = exp2(s - m_i) may reach 2^8 = 256: harmless, because acc
-#    and l_i are measured against the same m_i, and o = acc / l_i does not depend on it.
+# **1. Q in registers.** [`ldmatrix`](../docs/glossary.md#ldmatrix) reads the [warp](../docs/glossary.md#warp)'s query rows into A fragments once, before the loop
+# over K/V [tiles](../docs/glossary.md#tile). What it buys: Q is no longer read from shared memory for every tile.
+#
+# **2. S = Q·Kᵀ in registers.** One `mma.sync.m16n8k16` computes 16 rows × 8 keys over 16 dims; K's
+# fragments are read by `ldmatrix`, four 8×8 matrices per instruction. The scores land in the
+# registers of the warp's lanes and never go to shared memory.
+#
+# **3. The softmax on the fragments.** A lane holds two rows (g and g + 8) of every 8-key tile, and
+# the four lanes of a [quad](../docs/glossary.md#quad) together hold the whole row. So a row's max and sum are two
+# [shuffles](../docs/glossary.md#warp-shuffle) each: no shared memory, no [barrier](../docs/glossary.md#barrier).
+#
+# **4. P stays in registers.** The [accumulator](../docs/glossary.md#accumulator) layout of two adjacent 8-key tiles *is* the A-fragment
+# layout of one 16-key step (the picture below shows it). Packing pairs of [fp32](../docs/glossary.md#fp32) values into fp16x2 is
+# the whole conversion from S to P.
+#
+# **5. O += P·V in registers.** V's fragments are read by `ldmatrix.trans`, and the product adds straight
+# into `acc`, which leaves registers only at the very end.
+#
+# **6. [cp.async](../docs/glossary.md#cpasync).** K and V are copied global → shared without passing through registers, into the
+# other of two stages while the current tile is computed; rows past the end are zero-filled by the
+# copy. What it buys: the registers phase 05 spent carrying the next tile are free for fragments.
+#
+# **7. Two m-tiles per warp.** As in FlashAttention-2, a warp owns 32 query rows: two 16-row
+# *m-tiles* (`M_TILES` in the code). Every K or V fragment that `ldmatrix` brings then feeds two
+# `mma`s instead of one, which halves the shared-memory reads per product, and the two m-tiles' work
+# is independent, so the warp scheduler can interleave it. In the code every fragment and every
+# row's m_i and l_i has an index `[mt]`. A [block](../docs/glossary.md#block) is FlashAttention-2's: 128 rows in 4 warps.
+#
+# The price is registers: fitting both m-tiles into a [thread](../docs/glossary.md#thread)'s 255 took some care, and the
+# details (what [spilled](../docs/glossary.md#spill), what had to be [unrolled](../docs/glossary.md#unrolling)) are in the [appendix](#appendix-tuning-notes). This notebook's
+# [simulator](../docs/glossary.md#simulator) runs one warp of two m-tiles.
+#
+# **8. A lazy running max.** When a row's max grows, acc and l_i are rescaled by
+# alpha = exp2(m_old − m_new): one multiply per accumulator, 64 per thread and tile at D = 128, for
+# a factor that is 1 in almost every tile once the first tiles have set the max. So the warp votes
+# (`cuda.any_sync`) and rescales only when one of its rows' max has grown by more than 8 (log2
+# units). Until then m_i is stale and p = exp2(s − m_i) may reach 2^8 = 256. That is harmless:
+# acc and l_i are measured against the same m_i, and o = acc / l_i does not depend on it.
 #
 # Every instruction is one inline PTX function from [`ptx/`](../ptx/) (no call: phase 06 measured
 # what a call costs).
+
+# %% [markdown]
+# ## Where the data lives: phase 06 against phase 07
+#
+# Each line is one of attention's matrices and its path from HBM (the GPU's main memory) to where it
+# is computed on. Lines marked `*` take a new path in this phase.
+#
+# ```text
+#           phase 06: WMMA                       phase 07: mma.sync
+# * Q       HBM -> shared                        HBM -> shared -> registers (ldmatrix, once;
+#                                                at D = 128 again per k-step, see the appendix)
+# * K, V    HBM -> registers -> shared           HBM -> shared by cp.async (2 stages)
+#           (2 stages)                           -> registers by ldmatrix, per product
+# * S       tensor cores -> shared (fp32)        tensor cores -> registers (fragments)
+# * P       shared (fp16)                        registers: S's fragments packed to fp16
+# * O       tensor cores -> shared -> acc        tensor cores add into acc in registers
+#           acc / l_i -> HBM                     the same
+# ```
+#
+# One K/V tile through one warp in phase 07. Below the dashed line everything is in the warp's
+# registers; the only shared-memory traffic left is `ldmatrix` reading K and V.
+#
+# ```text
+#   HBM K, V --cp.async--> shared K, V   (tile j+1 lands in the other stage while j is used)
+#                             | ldmatrix           | ldmatrix.trans
+#   - - - - - - - - - - - - - | - - - - - - - - - -| - - - - - - - - - - - - - - - - - - -
+#                             v                    v
+#   Q frags --> [tensor cores] S --> softmax --> P frags --> [tensor cores] acc += P·V
+#                                (quad shuffles)
+# ```
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
@@ -88,7 +128,7 @@ notebooks.draw_mma_fragments()
 # ## The pipeline
 #
 # Two shared-memory stages: while the warps compute on tile j, `cp.async` brings tile j + 1 into the
-# other stage; one `cp.async.wait_group 0` and one [barrier](../docs/glossary.md#barrier) per tile. The picture is phase 05's, and so
+# other stage; one `cp.async.wait_group 0` and one barrier per tile. The picture is phase 05's, and so
 # is the idea; what changed is that the copies no longer pass through registers.
 
 # %%
@@ -108,11 +148,9 @@ lesson.show_ptx("ldmatrix.ptx", "flashcore_ldmatrix_x4")
 # %% [markdown]
 # The copy of a tile by `cp.async`, and the kernel against phase 06's. A tile is 16-byte chunks; thread
 # t copies chunk t % CHUNKS of every ROWS_PER_PASS-th row. Only the last tile of a sequence can reach
-# past its end, so only that tile checks each row (and zero-fills the rows past the end); every other
+# past its end, so only that tile checks each row (and zero-fills the rows past the end). Every other
 # tile takes the first branch, where a thread's copies sit at fixed offsets from one address and the
-# copy instruction adds the offset itself. The checks cost more than it looks: at D = 128, before this
-# split, the few lines that issue the copies held about 15 % of the time the warps spent stalled
-# (Nsight Compute, [docs/tuning/07_ab_copy.txt](../docs/tuning/07_ab_copy.txt)).
+# copy instruction adds the offset itself. Why that split matters: [appendix](#appendix-tuning-notes).
 
 # %%
 lesson.show_source(phase.make_copy_tile)
@@ -136,30 +174,20 @@ timings = lesson.timing()
 lesson.plot_timing(timings)
 
 # %% [markdown]
-# ## Where the gap to FlashAttention-2 went
+# ## Against FlashAttention-2
 #
-# torch SDPA's flash backend is FlashAttention-2 itself. Until the layout above, phase 07 ran 2-16 %
-# behind it, and Nsight Compute beside it at D = 128
-# ([docs/tuning/07_ab_smem.txt](../docs/tuning/07_ab_smem.txt)) said where, once you count the
-# shared-memory traffic per tensor-core product. A warp of one m-tile reads a whole K tile and a
-# whole V tile for its 16 rows, each of the [block](../docs/glossary.md#block)'s four warps reads the same tiles, and cp.async
-# writes them once. That makes 2.2 shared-memory wavefronts (128 bytes each) per m16n8k16 product,
-# against FlashAttention-2's 1.3 with two m-tiles per warp. Shared memory serves one wavefront per
-# cycle per [SM](../docs/glossary.md#sm), and at the best rate measured for [mma.sync](../docs/glossary.md#mmasync) from Numba (431 [TFLOPS](../docs/glossary.md#tflops), about 1.8 GHz)
-# the tensor cores finish a product every 2.2 cycles per SM: the two budgets are equal, and phase
-# 07's warps waited on shared memory (short scoreboard: 24 % of the stall samples, against 7 % for
-# FlashAttention-2).
+# torch SDPA's flash backend (in the plot above) is FlashAttention-2 itself, and phase 07 runs its
+# layout: the committed records put the two level at D = 128 and phase 07 ahead at D = 64 (README,
+# docs/bench/).
 #
-# Two m-tiles per warp halve that traffic, but at D = 128 they need every register a thread has.
-# Built here ([docs/tuning/07_ab_unroll.txt](../docs/tuning/07_ab_unroll.txt)), FlashAttention-2's
-# layout first ran level: NVVM had left its k-loop rolled. Unrolled at build time it ran 4-8 %
-# faster, and spilled 32 bytes per thread on the GPU with 64 keys per tile; with 48 keys it fit,
-# but one assembler or the other spilled at the slightest change. What made it both fit and run
-# was the tile's scores as one block of straight-line code: one branch around the mask instead of
-# one per score, one vote for the warp's two m-tiles instead of one each. The records now put phase
-# 07 level with FlashAttention-2 at D = 128 and ahead of it at D = 64 (README, docs/bench/). Phase 08
-# goes further at the root: `wgmma` reads its B operand from shared memory once for the 64 rows of
-# a whole [warpgroup](../docs/glossary.md#warpgroup).
+# In plain words, what held phase 07 back before idea 7: the tensor cores were fast enough that
+# shared memory could barely feed them. With one m-tile per warp, every warp read whole K and V tiles
+# for just 16 rows. Two m-tiles per warp read each fragment once for 32 rows, half the traffic. The
+# counts from the profiler that showed it, and the register trouble on the way, are in the
+# [appendix](#appendix-tuning-notes).
+#
+# Phase 08 goes further at the root: `wgmma` reads its B operand from shared memory once for the 64
+# rows of a whole [warpgroup](../docs/glossary.md#warpgroup).
 
 # %% [markdown]
 # ## What changed in the machine code
@@ -183,3 +211,47 @@ lesson.sass(["HMMA", "LDSM", "LDGSTS", "SHFL", "MUFU.EX2", "STL", "LDL"])
 
 # %%
 lesson.exercise()
+
+# %% [markdown]
+# <a id="appendix-tuning-notes"></a>
+# ## Appendix: tuning notes
+#
+# ### Registers for two m-tiles per warp
+#
+# At D = 64 Q's fragments stay in registers (242 in all, 64 keys per tile). At D = 128 two m-tiles'
+# Q and O fragments would not fit in 255 registers, so Q's are read again from shared memory at every
+# k-step (FlashAttention-2's way), and a tile holds 48 keys: with 64 the kernel spills.
+#
+# Two more things make this layout pay. The k-steps of both products are unrolled when the
+# kernel is built, one inlined call per k-step: [NVVM](../docs/glossary.md#nvvm) had left a loop of 16 `mma` per step
+# rolled, each waiting on the `ldmatrix` just before it. And a tile's scores are straight-line code
+# from the products to one vote per warp: the mask is one branch around the whole tile.
+#
+# ### The copy's checks
+#
+# Checking every row of every tile costs more than it looks: at D = 128, before the last tile got a
+# branch of its own, the few lines that issue the copies held about 15 % of the time the warps spent
+# stalled (Nsight Compute, [docs/tuning/07_ab_copy.txt](../docs/tuning/07_ab_copy.txt)).
+#
+# ### Where the gap to FlashAttention-2 went
+#
+# torch SDPA's flash backend is FlashAttention-2 itself. Until the layout of idea 7, phase 07 ran 2-16 %
+# behind it, and Nsight Compute beside it at D = 128
+# ([docs/tuning/07_ab_smem.txt](../docs/tuning/07_ab_smem.txt)) said where, once you count the
+# shared-memory traffic per tensor-core product. A warp of one m-tile reads a whole K tile and a
+# whole V tile for its 16 rows, each of the block's four warps reads the same tiles, and cp.async
+# writes them once. That makes 2.2 shared-memory wavefronts (128 bytes each) per m16n8k16 product,
+# against FlashAttention-2's 1.3 with two m-tiles per warp. Shared memory serves one wavefront per
+# cycle per [SM](../docs/glossary.md#sm), and at the best rate measured for [mma.sync](../docs/glossary.md#mmasync) from Numba (431 [TFLOPS](../docs/glossary.md#tflops), about 1.8 GHz)
+# the tensor cores finish a product every 2.2 cycles per SM: the two budgets are equal, and phase
+# 07's warps waited on shared memory (short scoreboard: 24 % of the stall samples, against 7 % for
+# FlashAttention-2).
+#
+# Two m-tiles per warp halve that traffic, but at D = 128 they need every register a thread has.
+# Built here ([docs/tuning/07_ab_unroll.txt](../docs/tuning/07_ab_unroll.txt)), FlashAttention-2's
+# layout first ran level: NVVM had left its k-loop rolled. Unrolled at build time it ran 4-8 %
+# faster, and spilled 32 bytes per thread on the GPU with 64 keys per tile; with 48 keys it fit,
+# but one assembler or the other spilled at the slightest change. What made it both fit and run
+# was the tile's scores as one block of straight-line code: one branch around the mask instead of
+# one per score, one vote for the warp's two m-tiles instead of one each. The records now put phase
+# 07 level with FlashAttention-2 at D = 128 and ahead of it at D = 64 (README, docs/bench/).

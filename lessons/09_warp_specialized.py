@@ -18,48 +18,98 @@
 #
 # In phase 08 every [warpgroup](../docs/glossary.md#warpgroup) did everything: computed the addresses of its share of the next K/V [tile](../docs/glossary.md#tile),
 # issued the `cp.async` copies, waited for them, met every other [warp](../docs/glossary.md#warp) at a [block](../docs/glossary.md#block) [barrier](../docs/glossary.md#barrier), multiplied,
-# ran the softmax. [Hopper](../docs/glossary.md#hopper) lets a block split those jobs by *role*:
+# ran the softmax. [Hopper](../docs/glossary.md#hopper) lets a block split those jobs by *role*. This phase has ten ideas, in four
+# groups; each is told here in a few lines, and the measurements behind them are in the
+# [appendix](#appendix-tuning-notes).
 #
-# 1. **[TMA](../docs/glossary.md#tma)** — the Tensor Memory Accelerator copies a whole box (here 64 rows × 64 columns, 8 KB) from
-#    global to [shared memory](../docs/glossary.md#shared-memory) with *one* instruction issued by *one* [thread](../docs/glossary.md#thread), writes it in the 128-byte
-#    [swizzle](../docs/glossary.md#swizzle) phase 08 already reads, and fills rows past the end of the tensor with zeros. It is told
-#    what the tensor looks like by a **[tensor map](../docs/glossary.md#tensor-map)**, a 128-byte [descriptor](../docs/glossary.md#descriptor) the driver builds on the host.
-# 2. **[mbarriers](../docs/glossary.md#mbarrier)** — a TMA copy reports completion by counting its bytes down on a barrier in shared
-#    memory. A ring of K/V *stages*, each with a "full" barrier (the bytes landed) and an "empty"
-#    barrier (every consumer is done with it), replaces the block-wide `syncthreads` of phase 08.
-# 3. **[Warp specialization](../docs/glossary.md#warp-specialization)** — warpgroup 0 is the *[producer](../docs/glossary.md#producer-and-consumer)*: one of its threads streams tiles into the
-#    ring. The other warpgroups are *consumers*: they only wait on "full", compute, and arrive on "empty".
-# 4. **[setmaxnreg](../docs/glossary.md#setmaxnreg)** — the producer needs almost no [registers](../docs/glossary.md#register), the consumers need many. A block starts
-#    with the same count for every thread; the producer gives its registers back, the consumers take them.
-# 5. **Ping-pong** — the consumers take turns at the [tensor cores](../docs/glossary.md#tensor-core), fenced by *[named barriers](../docs/glossary.md#named-barrier)*: while one
-#    runs its two products, the others run their softmax on the [FP32](../docs/glossary.md#fp32) and exp2 units.
-# 6. **Bigger tiles, P·V in place** — phase 08's P·V returned a fresh O-sized tile that the [kernel](../docs/glossary.md#kernel) then
-#    folded into `acc`; here the [wgmma](../docs/glossary.md#wgmma) adds into `acc` itself (its [accumulator](../docs/glossary.md#accumulator) goes in and comes out).
-#    The registers that saves hold S for 128 keys instead of 64, so every turn, barrier wait and drain
-#    of the tensor cores is paid once per 128 keys.
-# 7. **Overlap within a warpgroup** — a turn *issues* S = Q·Kᵀ of tile n and P·V of tile n − 1 and
-#    returns at once. The warpgroup waits for S alone (`wgmma.wait_group 1`), runs its softmax while the
-#    tensor cores are still adding P·V into O, and only then waits for O (`wait_group 0`). That is the
-#    [PTX](../docs/glossary.md#ptx); the assembler moves the second wait up, ahead of the exp2s (the docstring shows where), so on
-#    the H100 what this buys is mostly the two products issued back to back. A warpgroup barrier that
-#    reads the softmax's row sums does pin the wait after the exp2s; timed on the H100 it was no faster:
-#    while one warpgroup waits, the other consumers' products keep the tensor cores busy anyway.
-# 8. **A loop for the masked tiles** (D = 128) — only the last tiles of a causal row block, or the
-#    tile holding the end of the keys, need a mask. They run in a loop of their own, and the other
-#    tiles' softmax is compiled without the masking and its branches. At D = 64 a second copy of the
-#    softmax [spills](../docs/glossary.md#spill), so every tile runs one loop; there the question "does this tile need a mask?" is
-#    asked once, as one branch around the whole masking loop. Asked in each of S's 16 column blocks,
-#    it cost D = 64 8 % of its speed (the kernel's docstring has the profile and the records).
-# 9. **[Persistent blocks](../docs/glossary.md#persistent-kernel)** — one block per [SM](../docs/glossary.md#sm) instead of one per query block. The producer takes the
-#    next query block from a counter in [global memory](../docs/glossary.md#global-memory) (an [atomic](../docs/glossary.md#atomic) addition), the longest first, and tells
-#    the consumers which one it is through a slot of shared memory. Q is released as soon as a block's
-#    last S is done, so the next block's Q and first K/V tiles are loading while the consumers finish
-#    and write O: a block's start-up and its end are paid once per SM, not once per query block.
-# 10. **16-byte stores of O** — the accumulator layout leaves each [lane](../docs/glossary.md#lane) of a [quad](../docs/glossary.md#quad) 4 bytes of every
-#    8 columns of its row. Stored as they are, that is 32 stores per thread at D = 128. Three [shuffles](../docs/glossary.md#warp-shuffle)
-#    within the quad transpose the words, so that each lane holds 8 whole columns, 16 bytes, which one
-#    `st.global.v4.b32` writes: 8 stores per thread. A measured timeline of the blocks showed the
-#    [epilogue](../docs/glossary.md#epilogue) taking 6-8 % of each block's time before this change.
+# ### Moving the data
+#
+# **1. [TMA](../docs/glossary.md#tma).** The Tensor Memory Accelerator copies a whole box (here 64 rows × 64 columns, 8 KB)
+# from global to [shared memory](../docs/glossary.md#shared-memory) with *one* instruction issued by *one* [thread](../docs/glossary.md#thread). It writes the 128-byte
+# [swizzle](../docs/glossary.md#swizzle) phase 08 already reads, and fills rows past the end of the tensor with zeros. It is told
+# what the tensor looks like by a **[tensor map](../docs/glossary.md#tensor-map)**, a 128-byte [descriptor](../docs/glossary.md#descriptor) the driver builds on the host.
+# What it buys: copying a tile no longer costs the computing warps any instructions.
+#
+# **2. [mbarriers](../docs/glossary.md#mbarrier).** A TMA copy reports completion by counting its bytes down on a barrier in shared
+# memory. A ring of K/V *stages*, each with a "full" barrier (the bytes landed) and an "empty"
+# barrier (every consumer is done with it), replaces the block-wide `syncthreads` of phase 08. What
+# it buys: no one waits for the whole block, only for the one stage it needs.
+#
+# ### Splitting the work
+#
+# **3. [Warp specialization](../docs/glossary.md#warp-specialization).** Warpgroup 0 is the *[producer](../docs/glossary.md#producer-and-consumer)*: one of its threads streams tiles into the
+# ring. The other warpgroups are *consumers*: they only wait on "full", compute, and arrive on "empty".
+#
+# **4. [setmaxnreg](../docs/glossary.md#setmaxnreg).** The producer needs almost no [registers](../docs/glossary.md#register), the consumers need many. A block
+# starts with the same count for every thread; the producer gives its registers back, and the
+# consumers take them.
+#
+# ### Keeping the tensor cores busy
+#
+# **5. Ping-pong.** The consumers take turns at the [tensor cores](../docs/glossary.md#tensor-core), fenced by *[named barriers](../docs/glossary.md#named-barrier)*: while
+# one runs its two products, the others run their softmax on the [FP32](../docs/glossary.md#fp32) and exp2 units.
+#
+# **6. Bigger tiles, P·V in place.** Phase 08's P·V returned a fresh O-sized tile that the [kernel](../docs/glossary.md#kernel)
+# then folded into `acc`; here the [wgmma](../docs/glossary.md#wgmma) adds into `acc` itself (its [accumulator](../docs/glossary.md#accumulator) goes in and comes
+# out). The registers that saves hold S for 128 keys instead of 64, so every turn, barrier wait and
+# drain of the tensor cores is paid once per 128 keys.
+#
+# **7. Overlap within a warpgroup.** A turn *issues* S = Q·Kᵀ of tile n and P·V of tile n − 1 and
+# returns at once. The warpgroup waits for S alone (`wgmma.wait_group 1`), runs its softmax while the
+# tensor cores are still adding P·V into O, and only then waits for O (`wait_group 0`). That is what
+# the [PTX](../docs/glossary.md#ptx) asks for; what the assembler makes of it is in the appendix.
+#
+# ### Paying less at the edges
+#
+# **8. A loop for the masked tiles.** Only the last tiles of a causal row block, or the tile holding
+# the end of the keys, need a mask. At D = 128 they run in a loop of their own, and the other tiles'
+# softmax is compiled without the masking and its branches. (D = 64 does it differently: appendix.)
+#
+# **9. [Persistent blocks](../docs/glossary.md#persistent-kernel).** One block per [SM](../docs/glossary.md#sm) instead of one per query block. The producer takes
+# the next query block from a counter in [global memory](../docs/glossary.md#global-memory) (an [atomic](../docs/glossary.md#atomic) addition), the longest
+# first, and tells the consumers which one it is through a slot of shared memory. Q is released as
+# soon as a block's last S is done, so the next block's Q and first K/V tiles are loading while the
+# consumers finish and write O. What it buys: a block's start-up and its end are paid once per SM,
+# not once per query block.
+#
+# **10. 16-byte stores of O.** The [epilogue](../docs/glossary.md#epilogue), where a block writes O, had each [lane](../docs/glossary.md#lane) of a [quad](../docs/glossary.md#quad) holding
+# 4 bytes of every 8 columns of its row. Stored as they are, that is 32 stores per thread at
+# D = 128. Three [shuffles](../docs/glossary.md#warp-shuffle) within the quad transpose the words, so that each lane holds 8 whole
+# columns, 16 bytes, which one `st.global.v4.b32` writes: 8 stores per thread.
+
+# %% [markdown]
+# ## Where the data lives: phase 08 against phase 09
+#
+# Each line is one of attention's matrices and its path from HBM (the GPU's main memory) to where it
+# is computed on. Lines marked `*` take a new path in this phase.
+#
+# ```text
+#           phase 08: every warpgroup does it all      phase 09: a producer and consumers
+# * K, V    HBM -> shared by cp.async: every thread    HBM -> shared by TMA: one thread of the
+#           copies its share; a block barrier per     producer copies whole boxes into a ring of
+#           tile                                       stages, each with "full" and "empty"
+#                                                      mbarriers
+# * Q       HBM -> shared by cp.async                  HBM -> shared by TMA, one tile per
+#                                                      consumer, with barriers of its own
+#   S       tensor cores -> registers (64 keys)        the same, in the consumers (128 keys)
+#   P       registers                                  the same
+# * O       tensor cores -> a fresh tile -> acc        tensor cores add into acc itself
+# * O out   acc / l_i -> HBM, 4 bytes per store        quad shuffles, then 16 bytes per store
+# ```
+#
+# Who moves what in phase 09, one stage s of the ring (the producer on the left, a consumer on the
+# right; the tensor cores read K and V where they landed, as in phase 08):
+#
+# ```text
+#   producer (1 thread)                shared memory               consumer warpgroup
+#   wait "empty"[s] ---------------->  stage s is free
+#   TMA: K, V tile n --- bytes -----> stage s: K, V   ---------->  wait "full"[s]
+#                                     "full"[s] counts down        [tensor cores] S = Q·Kᵀ
+#                                                                  softmax in registers
+#                                                                  [tensor cores] acc += P·V
+#                   <------------------------------- arrive "empty"[s]
+#   next: stage s + 1 (the ring wraps after STAGES)
+# ```
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
@@ -101,11 +151,10 @@ notebooks.draw_warp_specialization()
 # `(n // STAGES) % 2`. The producer waits on "empty" with the opposite parity: on a fresh barrier the
 # phase of parity 1 counts as completed, so the first round of stages is free without anyone arriving.
 # The kernel counts the ring position rather than dividing a tile number: `stage`, and `phase`, the
-# parity of this use of the stage, which flips each time the ring wraps (`advance`); with three
-# stages the division cost some 40 instructions per tile. A persistent block counts on across the
-# query blocks it takes, and each consumer's tile of Q gets a pair of barriers of its own, "q_full"
-# and "q_empty", used once per query block: a consumer's next Q loads as soon as it is done with its
-# own, whatever the other consumers still do.
+# parity of this use of the stage, which flips each time the ring wraps (`advance`). A persistent
+# block counts on across the query blocks it takes, and each consumer's tile of Q gets a pair of
+# barriers of its own, "q_full" and "q_empty", used once per query block: a consumer's next Q loads
+# as soon as it is done with its own, whatever the other consumers still do.
 #
 # The functions, from [ptx/tma.ptx](../ptx/tma.ptx) — the TMA load and the wait:
 
@@ -146,9 +195,8 @@ print(ptx.load("wgmma.ptx")["flashcore_wgmma_pv_acc_issue_d64_n128_f16"].inline_
 
 # %% [markdown]
 # [ptxas](../docs/glossary.md#ptxas) checks it too: when an in-flight register is touched on some path, it makes every wgmma of the
-# kernel wait for the one before (warning C7518). A first version waited under `if n > 0:` in the loop
-# and got exactly that; tile 0, which has no P·V before it, is now taken before the loop, so the issue
-# and the waits are on one straight path.
+# kernel wait for the one before. So the issue and the waits must be on one straight path (the
+# appendix tells how a first version missed that).
 
 # %% [markdown]
 # The tensor maps are built on the host by `cuTensorMapEncodeTiled` (through cuda-bindings) and cached;
@@ -208,6 +256,87 @@ timings = lesson.timing()
 lesson.plot_timing(timings)
 
 # %% [markdown]
+# In short: each idea adds speed, most of all the overlap within a warpgroup and the persistent grid;
+# the turns alone pay mainly at D = 128. What the rows say in detail, and how phase 09 compares with
+# phase 08 and cuDNN, is in the [appendix](#appendix-tuning-notes).
+#
+# The timings are medians. A user running attention in a loop pays the mean, and a hunt for slow
+# launches once found some; they turned out to be the benchmark's, not the kernel's. How that was
+# told apart is the appendix's last section.
+
+# %% [markdown]
+# ## What changed in the machine code
+#
+# The kernel reports the registers of its [launch](../docs/glossary.md#launch), the count every thread starts with; after
+# `setmaxnreg` the consumers run with more (the numbers are in the appendix).
+
+# %%
+lesson.machine_code()
+
+# %%
+lesson.ptx(["cp.async.bulk.tensor", "mbarrier.try_wait", "setmaxnreg", "bar.sync", "bar.arrive"], max_lines=16)
+
+# %%
+lesson.sass(["UTMALDG", "SYNCS", "USETMAXREG", "BAR.SYNC", "BAR.ARV", "HGMMA", "STG.E.128", "STL", "LDL"])
+
+# %% [markdown]
+# ## Exercise
+#
+# Where the boxes come from. A tensor map sees Q, K and V as (B·H, S, D): the plane is the head, the
+# row is the query or key, the column is d, and a box is 64 rows × 64 columns. A K or V tile of
+# BLOCK_N = 128 keys is cut into atoms of 64 columns of d, each atom two boxes of 64 keys one below the
+# other. 09-a: the first query row of consumer c's Q tile. 09-b: the first column and first key of box
+# `box` of atom a of K/V tile n. A wrong
+# coordinate does not hang the kernel (the box still brings its bytes to the barrier); it brings the
+# wrong rows, and the graded checks see it.
+
+# %%
+lesson.exercise()
+
+# %% [markdown]
+# <a id="appendix-tuning-notes"></a>
+# ## Appendix: tuning notes
+#
+# ### Overlap within a warpgroup: what the assembler made of it
+#
+# The PTX of idea 7 waits for O after the softmax; the assembler moves the second wait up, ahead of
+# the exp2s (the docstring shows where), so on the H100 what this buys is mostly the two products
+# issued back to back. A warpgroup barrier that reads the softmax's row sums does pin the wait after
+# the exp2s; timed on the H100 it was no faster: while one warpgroup waits, the other consumers'
+# products keep the tensor cores busy anyway.
+#
+# ### The masked tiles at D = 64
+#
+# At D = 64 a second copy of the softmax [spills](../docs/glossary.md#spill), so every tile runs one loop; there the question
+# "does this tile need a mask?" is asked once, as one branch around the whole masking loop. Asked in
+# each of S's 16 column blocks, it cost D = 64 8 % of its speed (the kernel's docstring has the
+# profile and the records).
+#
+# ### The epilogue before 16-byte stores
+#
+# A measured timeline of the blocks showed the epilogue taking 6-8 % of each block's time before
+# the 16-byte stores of idea 10.
+#
+# ### Counting the ring position
+#
+# The kernel counts `stage` and `phase` instead of dividing a tile number by STAGES: with three
+# stages the division cost some 40 instructions per tile.
+#
+# ### A wait on one path
+#
+# When an in-flight register is touched on some path, ptxas makes every wgmma of the kernel wait for
+# the one before (warning C7518). A first version waited under `if n > 0:` in the loop and got
+# exactly that; tile 0, which has no P·V before it, is now taken before the loop, so the issue and
+# the waits are on one straight path.
+#
+# ### Registers of the launch
+#
+# The kernel reports the registers of its launch (168 per thread at D = 128: 384 threads in one block
+# per SM); after `setmaxnreg` the consumers run with 240. ptxas honours `setmaxnreg` only when it knows
+# the count at entry (the kernel's launch bounds) and compiles the whole program (Numba's [LTO](../docs/glossary.md#lto) route).
+#
+# ### What the timing rows say
+#
 # What the rows say, and what is missing: the overlap within a warpgroup pays at both head dims
 # (09-overlap against 09-turns), and the persistent grid more again (09 against 09-overlap), most at
 # short sequences, where a block's start and end are a larger share of its work. The turns alone pay
@@ -220,11 +349,10 @@ lesson.plot_timing(timings)
 # at the reference shape at both head dims, causal and not, by the most at D = 64 without a mask;
 # the sweeps show where it is still behind (short sequences with a mask), and the docstring says
 # by how much and what was tried.
-
-# %% [markdown]
-# ## The median is not the whole story: a tail that was not the kernel's
 #
-# A user runs attention in a loop, so what they pay is the *mean* [launch](../docs/glossary.md#launch), not the median. A test
+# ### The median is not the whole story: a tail that was not the kernel's
+#
+# A user runs attention in a loop, so what they pay is the *mean* launch, not the median. A test
 # that timed phase 09 launch by launch once found 1 launch in 12 taking 10-20 times its median:
 # if that were the kernel's, a loop would get half its speed. How to tell whose time it is:
 #
@@ -249,33 +377,3 @@ lesson.plot_timing(timings)
 # fix was in the benchmark: its kernel time is now device-only, every record keeps the mean, p99
 # and max beside the median, `--tail N` counts slow launches, and `--calls N` measures what a
 # user's call costs, host included (the call path has been made lean since: runtime/).
-
-# %% [markdown]
-# ## What changed in the machine code
-#
-# The kernel reports the registers of its launch (168 per thread at D = 128: 384 threads in one block
-# per SM); after `setmaxnreg` the consumers run with 240. ptxas honours `setmaxnreg` only when it knows
-# the count at entry (the kernel's launch bounds) and compiles the whole program (Numba's [LTO](../docs/glossary.md#lto) route).
-
-# %%
-lesson.machine_code()
-
-# %%
-lesson.ptx(["cp.async.bulk.tensor", "mbarrier.try_wait", "setmaxnreg", "bar.sync", "bar.arrive"], max_lines=16)
-
-# %%
-lesson.sass(["UTMALDG", "SYNCS", "USETMAXREG", "BAR.SYNC", "BAR.ARV", "HGMMA", "STG.E.128", "STL", "LDL"])
-
-# %% [markdown]
-# ## Exercise
-#
-# Where the boxes come from. A tensor map sees Q, K and V as (B·H, S, D): the plane is the head, the
-# row is the query or key, the column is d, and a box is 64 rows × 64 columns. A K or V tile of
-# BLOCK_N = 128 keys is cut into atoms of 64 columns of d, each atom two boxes of 64 keys one below the
-# other. 09-a: the first query row of consumer c's Q tile. 09-b: the first column and first key of box
-# `box` of atom a of K/V tile n. A wrong
-# coordinate does not hang the kernel (the box still brings its bytes to the barrier); it brings the
-# wrong rows, and the graded checks see it.
-
-# %%
-lesson.exercise()
