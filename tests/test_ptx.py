@@ -16,7 +16,7 @@ import pytest
 from numba import cuda, float32, uint16, uint32, uint64
 from numba.types import float16
 
-from flashcore_numba.arch import ptx
+from flashcore_numba.arch import operands, ptx
 
 PTX_FILES = sorted(ptx.ptx_dir().glob("*.ptx"))
 WMMA_FUNCTIONS = ("flashcore_wmma_abt", "flashcore_wmma_ab")
@@ -274,7 +274,7 @@ LD = 136  # row stride of the test tiles (elements): 16-byte multiple, room for 
 def route_kernel(name: str, route: str, k_depth: int):
     """A one-warp kernel: A (16 x K) and B into shared memory, one call of `name`, C (16 x 64) out."""
     fn = ptx.function("wmma.ptx", name, route)
-    shared_address = ptx.shared_address
+    shared_address = operands.shared_address
     b_rows = 64 if name.endswith("abt") else k_depth
     b_cols = k_depth if name.endswith("abt") else 64
 
@@ -382,7 +382,7 @@ def run_mma(kind, route, seed):
 
 def ldmatrix_kernel(trans: bool, route: str):
     ldm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans" if trans else "flashcore_ldmatrix_x4", route)
-    shared_address = ptx.shared_address
+    shared_address = operands.shared_address
     STRIDE = 24  # 16 b16 values + 8 of padding: rows 48 bytes apart, 16-byte aligned
 
     @cuda.jit
@@ -420,7 +420,7 @@ def cp_async_kernel(route: str):
     copy = ptx.function("cp_async.ptx", "flashcore_cp_async_16", route)
     commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", route)
     wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", route)
-    shared_address, global_address = ptx.shared_address, ptx.global_address
+    shared_address, global_address = operands.shared_address, operands.global_address
 
     @cuda.jit
     def copy_rows(src, src_bytes, out):
@@ -507,7 +507,7 @@ def store_kernel(route: str):
     def scatter(words, slots, shift, out):
         # lane l stores its four words to 16-byte slot slots[l] of out, `shift` bytes further on
         lane = cuda.threadIdx.x
-        st_global_v4(ptx.global_address(out) + uint64(16 * slots[lane] + shift),
+        st_global_v4(operands.global_address(out) + uint64(16 * slots[lane] + shift),
                      words[lane, 0], words[lane, 1], words[lane, 2], words[lane, 3])
 
     return scatter
@@ -654,7 +654,7 @@ def wgmma_kernel(head_dim: int, kind: str):
     qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{head_dim}_{kind}", "inline")
     pv = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_d{head_dim}_{kind}", "inline")
     fence = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
-    shared_address, descriptor, SW128 = ptx.shared_address, ptx.matrix_descriptor, ptx.SWIZZLE_128B
+    shared_address, descriptor, SW128 = operands.shared_address, operands.matrix_descriptor, operands.SWIZZLE_128B
     TILE = 64 * head_dim * 2  # bytes of one 64-row tile
     WORDS = 3 * TILE // 4
 
@@ -723,7 +723,7 @@ def wgmma_128_keys_kernel(kind: str, issued: bool = False):
     wait_s = ptx.function("wgmma.ptx", "flashcore_wgmma_wait_s_n128", "inline", tuples=True)
     wait_o = ptx.function("wgmma.ptx", "flashcore_wgmma_wait_o_d128_n128", "inline", tuples=True)
     fence = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
-    shared_address, descriptor, SW128 = ptx.shared_address, ptx.matrix_descriptor, ptx.SWIZZLE_128B
+    shared_address, descriptor, SW128 = operands.shared_address, operands.matrix_descriptor, operands.SWIZZLE_128B
     Q_BYTES, KV_BYTES = 64 * 128 * 2, 128 * 128 * 2
     WORDS = (Q_BYTES + 2 * KV_BYTES) // 4
 
@@ -738,8 +738,8 @@ def wgmma_128_keys_kernel(kind: str, issued: bool = False):
         smem = shared_address(smem_h)
         desc_q, desc_k = descriptor(smem, 16, 1024, SW128), descriptor(smem + Q_BYTES, 16, 1024, SW128)
         desc_v = descriptor(smem + Q_BYTES + KV_BYTES, 128 * 128, 1024, SW128)
-        p = ptx.as_tuple(frags[tid], 32)  # this thread's 32 P fragments and 64 O registers
-        o_in = ptx.as_tuple(acc[tid], 64)
+        p = operands.as_tuple(frags[tid], 32)  # this thread's 32 P fragments and 64 O registers
+        o_in = operands.as_tuple(acc[tid], 64)
         if issued:  # S, then P.V behind it; S awaited first (wait_group 1), then both (0)
             s = qk_issue(desc_q, desc_k)
             o = pv_acc_issue(p, desc_v, o_in)
@@ -837,9 +837,9 @@ def test_in_flight_functions_are_refused_on_the_link_route(name):
 
 
 def test_register_arrays_travel_as_tuples_in_c_order():
-    """ptx.as_tuple reads a local array's first n elements in C order; ptx.store_tuple writes a
+    """operands.as_tuple reads a local array's first n elements in C order; operands.store_tuple writes a
     tuple back the same way (what phase 09 passes to and takes from the tuples route)."""
-    as_tuple, store_tuple = ptx.as_tuple, ptx.store_tuple
+    as_tuple, store_tuple = operands.as_tuple, operands.store_tuple
 
     @cuda.jit
     def kernel(out_tuple, out_array):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from numba import cuda, int32, uint16, uint32, uint64
 
-from flashcore_numba.arch import ptx
+from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.arch.tma import check_layout, tensor_map
 
@@ -29,7 +29,7 @@ def ring_kernel(n_tiles: int, planes_rows: int):
     arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
     wait = ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline")
     tma_load = ptx.function("tma.ptx", "flashcore_tma_load_3d", "inline")
-    shared_address, map_address = ptx.shared_address, ptx.map_address
+    shared_address, map_address = operands.shared_address, operands.map_address
     TILE_BYTES = ROWS * COLS * 2
     RING_ELEMS, N_BARS = STAGES * ROWS * COLS, 2 * STAGES  # compile-time sizes of the shared arrays
     BLOCKS_PER_PLANE = -(-planes_rows // ROWS)

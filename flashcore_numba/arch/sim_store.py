@@ -1,6 +1,6 @@
 """The simulator's 16-byte store: a Python version of ptx/store.ptx's `flashcore_st_global_v4`.
 
-The address is the simulator's `Pointer` (array, byte offset), as `ptx.global_address` hands
+The address is the simulator's `Pointer` (array, byte offset), as `operands.global_address` hands
 it out there. The hardware faults on a store that is not 16-byte aligned; so does this one, with
 the offset in the message, so that a kernel that would fault on the GPU fails in the CPU tests.
 """

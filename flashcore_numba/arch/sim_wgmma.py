@@ -8,7 +8,7 @@ thread gets back the accumulator registers the hardware would give it:
     register 4j + e of warp w (of the warpgroup), lane (g = lane // 4, t = lane % 4):
         row 16w + g (+ 8 for e = 2, 3), column 8j + 2t (+ 1 for odd e)
 
-A descriptor here is a `flashcore_numba.arch.ptx.Descriptor` (a Pointer into the shared
+A descriptor here is a `flashcore_numba.arch.operands.Descriptor` (a Pointer into the shared
 array, LBO and SBO in bytes, the swizzle mode); on the GPU it is the 64-bit value of the PTX
 ISA's format. With the 128-byte swizzle every address is computed as for the plain layout and
 then XORed (bits 4-6 with bits 7-9), as the hardware does.

@@ -35,7 +35,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
-from ..arch import ptx
+from ..arch import operands
 from ..arch.sim import arithmetic_device_function, fast_fdividef, simulator_enabled, simulator_pacing
 from ..arch.cache import cache_dir, install
 from ..arch.smem import STATIC_SMEM_LIMIT, argument_types, raise_dynamic_smem_limit
@@ -204,7 +204,7 @@ def fragment_epilogue_16b(pack, n_blocks, st_global_v4):
         inv_a, inv_b = quad_row_inverses(l_a, l_b)
         row_bytes = uint64(O.shape[3] * 4)  # O as uint32 pairs: D / 2 of them per row
         plane = (uint64(b) * uint64(O.shape[1]) + uint64(h)) * uint64(O.shape[2])  # row 0 of O[b, h]
-        base = ptx.global_address(O)
+        base = operands.global_address(O)
         store_row(base + (plane + uint64(row_a)) * row_bytes, row_a < seq_q, t, acc, 0, inv_a)
         store_row(base + (plane + uint64(row_b)) * row_bytes, row_b < seq_q, t, acc, 2, inv_b)
 

@@ -47,7 +47,7 @@ from functools import lru_cache
 from numba import cuda, float32
 from numba.types import float16
 
-from ..arch import ptx
+from ..arch import operands, ptx
 from ..arch.sim import arithmetic_device_function, simulator_enabled
 from .common import FULL_MASK, KernelConfig, finalize, key_end, load_tile, softmax_rescale, uidx
 
@@ -159,7 +159,7 @@ def build_kernel(L, route: str = "link") -> KernelConfig:
     """The phase 06 kernel for layout L, its WMMA functions taken by `route` ("link" or "inline")."""
     mma_abt = ptx.function("wmma.ptx", "flashcore_wmma_abt", route)
     mma_ab = ptx.function("wmma.ptx", "flashcore_wmma_ab", route)
-    shared_address = ptx.shared_address
+    shared_address = operands.shared_address
     lane_col = arithmetic_device_function(lane_column)
     PER_THREAD, prefetch_tile, store_tile = make_pipeline_functions(L)
     HEAD_DIM, BLOCK_M, BLOCK_N, N_THREADS = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"], L["N_THREADS"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from numba import cuda, int32, uint32
 
-from ..arch import ptx
+from ..arch import operands, ptx
 from .common import uidx
 
 TRACE_HEADER, TRACE_KINDS, TRACE_EVENTS, TRACE_EVENT_NS = 8, 5, 12, 50_000
@@ -109,7 +109,7 @@ def wait_hooks(raw_wait, raw_bar_sync, trace: bool, smem_bytes: int, bars_off: i
         tid = cuda.threadIdx.x
         if tid % 128 == 0:
             sm = cuda.shared.array(0, uint32, alignment=1024)
-            i = (bar - ptx.shared_address(sm) - uint32(bars_off)) // uint32(8)  # which barrier
+            i = (bar - operands.shared_address(sm) - uint32(bars_off)) // uint32(8)  # which barrier
             kind = uint32(0)  # full[s]
             if i >= uint32(2 * stages + consumers):
                 kind = uint32(3)  # q_empty[c]

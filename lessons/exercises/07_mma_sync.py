@@ -239,7 +239,7 @@ from functools import lru_cache
 
 from numba import cuda, float32, int32, uint32, uint64
 
-from flashcore_numba.arch import ptx
+from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale
 
@@ -370,7 +370,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
     commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
     wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
-    shared_address, global_address = ptx.shared_address, ptx.global_address
+    shared_address, global_address = operands.shared_address, operands.global_address
     copy_tile = make_copy_tile(L)
     HEAD_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"]
     M_TILES, WARP_ROWS = L["M_TILES"], L["WARP_ROWS"]

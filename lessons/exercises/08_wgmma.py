@@ -97,7 +97,7 @@ from functools import lru_cache
 
 from numba import cuda, float32, uint32, uint64
 
-from flashcore_numba.arch import ptx
+from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue, key_end, softmax_rescale
 
@@ -177,11 +177,11 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")  # one MUFU.EX2, no subnormal fix-ups
     commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
     wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
-    shared_address, global_address = ptx.shared_address, ptx.global_address
-    descriptor = ptx.matrix_descriptor
+    shared_address, global_address = operands.shared_address, operands.global_address
+    descriptor = operands.matrix_descriptor
     copy_tile = make_copy_tile(L)
     BLOCK_M = L["BLOCK_M"]
-    SW128 = ptx.SWIZZLE_128B
+    SW128 = operands.SWIZZLE_128B
     K_OFF, V_OFF, STAGE_BYTES = L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
     store_rows = fragment_epilogue(pack, NO)  # the epilogue (common.py)

@@ -77,7 +77,7 @@ What changed from phase 08
       P·V returned a fresh O-sized tile that the kernel folded in with FMAs, D / 2 registers more
       per thread and one more pass per tile. `pv_acc` (ptx/wgmma.ptx) takes O's registers in and
       hands them back with P·V added (the wgmma's scale-d = 1); P's fragments and O travel as
-      tuples (`ptx.function(..., tuples=True)`, `ptx.as_tuple`, `ptx.store_tuple`). The registers
+      tuples (`ptx.function(..., tuples=True)`, `operands.as_tuple`, `operands.store_tuple`). The registers
       saved pay for S of 128 keys, which halves the turns, barrier waits and wgmma waits per key;
     - O leaves in 16-byte stores (ptx/store.ptx, common.fragment_epilogue_16b). The accumulator
       gives each lane of a quad 4 bytes of every 8 columns of its rows, which phase 08 stores as
@@ -384,7 +384,7 @@ from functools import lru_cache, partial
 
 from numba import cuda, float32, int32, uint32
 
-from flashcore_numba.arch import ptx
+from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale, uidx
 from flashcore_numba.phases.tracing import wait_hooks
@@ -482,9 +482,9 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     regs_inc = ptx.function("warpgroup.ptx", f"flashcore_setmaxnreg_inc_{L['CONSUMER_REGISTERS']}", "inline")
     regs_dec = ptx.function("warpgroup.ptx", "flashcore_setmaxnreg_dec_24", "inline")
     bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
-    shared_address, map_address, descriptor = ptx.shared_address, ptx.map_address, ptx.matrix_descriptor
-    as_tuple, store_tuple = ptx.as_tuple, ptx.store_tuple
-    SW128 = ptx.SWIZZLE_128B
+    shared_address, map_address, descriptor = operands.shared_address, operands.map_address, operands.matrix_descriptor
+    as_tuple, store_tuple = operands.as_tuple, operands.store_tuple
+    SW128 = operands.SWIZZLE_128B
     BLOCK_M, STAGES, ATOMS = L["BLOCK_M"], L["STAGES"], L["ATOMS"]
     TILE_BYTES, RING_OFF, STAGE_BYTES, BARS_OFF = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"], L["BARS_OFF"]
     INFO = L["INFO_OFF"] // 4  # the info slots (two words per consumer), in words of smem_h
