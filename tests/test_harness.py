@@ -409,10 +409,10 @@ def test_report_marks_sweep_points_whose_launches_spread(report_tree, monkeypatc
     monkeypatch.undo()
     pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[notebooks]')",
                         exc_type=ImportError)
-    records = bench.load_records(report_tree.records)
-    sweep = next(r for r in records if "sweep" in r)
-    assert set(report.sweep_spreads(sweep, records)) == {(512, "sdpa_flash"), (1024, "01")}
-    assert report.plot_sweep([(sweep, None)], report_tree.root / "sweep.png", records).stat().st_size > 10_000
+    found = records.load_records(report_tree.records)
+    sweep = next(r for r in found if "sweep" in r)
+    assert set(report.sweep_spreads(sweep, found)) == {(512, "sdpa_flash"), (1024, "01")}
+    assert report.plot_sweep([(sweep, None)], report_tree.root / "sweep.png", found).stat().st_size > 10_000
 
 
 def test_report_phase_docstrings_from_fixture(report_tree):
