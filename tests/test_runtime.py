@@ -108,11 +108,6 @@ def test_arg_slots_are_numbas_parameters():
     assert len(ours) == len(numba) == len(slots.sizes) == 4 * 13 + 1 + 1 + 9 + 7
     for i, (a, b, size) in enumerate(zip(ours, numba, slots.sizes, strict=True)):
         assert a[:size] == b[:size], f"parameter {i}: ours {a[:size].hex()}, numba's {b[:size].hex()}"
-    # the packed buffer (cuLaunchKernel's `extra`): the same bytes, each at its offset
-    packed = slots.packed()
-    assert slots.offsets[52:55] == [416, 420, 424]  # after 4 arrays: the bool, the float32 (aligned to 4), maps
-    for i, (b, size, at) in enumerate(zip(numba, slots.sizes, slots.offsets, strict=True)):
-        assert packed[at:at + size] == b[:size], f"parameter {i} at offset {at}: {packed[at:at + size].hex()}"
 
 
 def _phase01():
@@ -145,7 +140,6 @@ def test_cache_stores_loads_and_rebuilds_a_bad_entry(tmp_path, monkeypatch):
     shape = (1, 2, 40, 64)
     ArgSlots([ArrayArg(shape, 2)] * 4 + [ScalarArg("bool", False), ScalarArg("float32", 0.2)]).check(
         first.cubin, first.entry)
-    assert launch.param_layout(first.cubin, first.entry)[-3:] == [(408, 8), (416, 1), (420, 4)]
     with pytest.raises(ValueError, match="do not match the compiled kernel"):
         ArgSlots([ArrayArg(shape, 2)] * 4 + [ScalarArg("bool", False)]).check(first.cubin, first.entry)
 

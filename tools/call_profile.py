@@ -37,9 +37,7 @@ def us(fn, n=200, reps=9):
 
 
 q = torch.randn(1, 16, 128, 64, device="cuda", dtype=torch.float16); k = torch.randn_like(q); v = torch.randn_like(q)
-reference = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-for phase in ("best", "07"):
-    assert (attention(q, k, v, phase=phase) - reference).abs().max().item() < 2e-2, phase
+attention(q, k, v); attention(q, k, v, phase="07")
 plan09 = next(p for key, p in api._PLANS.items() if key[0] == "best")
 plan07 = next(p for key, p in api._PLANS.items() if key[0] == "07")
 out = torch.empty_like(q)
@@ -47,17 +45,9 @@ s = torch.cuda.current_stream().cuda_stream
 rows = {
  "attention() 09": lambda: attention(q, k, v),
  "attention() 07": lambda: attention(q, k, v, phase="07"),
- "torch.ops.flashcore.attention (09)": lambda: torch.ops.flashcore.attention(q, k, v, False, None, "best"),
  "plan09(q,k,v,out,s)": lambda: plan09(q, k, v, out, s),
  "plan07(q,k,v,out,s)": lambda: plan07(q, k, v, out, s),
- "drv.launch 07, packed buffer": lambda: drv.launch(plan07.kernel, plan07.grid, plan07.block, plan07.smem, s,
-                                                    plan07.slots),
- "drv.launch 07, a pointer each": lambda: drv.launch(plan07.kernel, plan07.grid, plan07.block, plan07.smem, s,
-                                                     plan07.slots, packed=False),
- "drv.launch 09, packed buffer": lambda: drv.launch(plan09.kernel, plan09.grid, plan09.block, plan09.smem, s,
-                                                    plan09.slots),
- "drv.launch 09, a pointer each": lambda: drv.launch(plan09.kernel, plan09.grid, plan09.block, plan09.smem, s,
-                                                     plan09.slots, packed=False),
+ "drv.launch 07 only": lambda: drv.launch(plan07.kernel, plan07.grid, plan07.block, plan07.smem, s, plan07.slots),
  "torch.empty": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
  "torch.cuda.current_stream(dev).cuda_stream": lambda: torch.cuda.current_stream(0).cuda_stream,
  "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0),

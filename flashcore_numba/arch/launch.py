@@ -53,15 +53,8 @@ class ScalarArg:
 
 
 class ArgSlots:
-    """The kernel's parameters, written once: everything but the arrays' data pointers.
-
-    Two forms of the same values, for the two ways cuLaunchKernel takes parameters:
-    - `params`: the address of a void*[] holding one pointer per parameter (each in an 8-byte slot);
-    - `extra`: the address of cuLaunchKernel's `extra` list naming one packed buffer, each parameter
-      at its offset in the kernel's parameter space (its natural alignment: a bool takes one byte,
-      a float32 four, aligned to four; `check` compares these offsets with the cubin's). The driver
-      then copies one block instead of following ~70 pointers (Numba passes every array as 13
-      eight-byte fields)."""
+    """The kernel's parameters in 8-byte slots, and `params`, the address of the void*[] of their
+    addresses that cuLaunchKernel reads. Everything but the arrays' data pointers is written once."""
 
     def __init__(self, args):
         self.args = tuple(args)
@@ -70,8 +63,7 @@ class ArgSlots:
         base = ctypes.addressof(self._slots)
         self._pointers = (ctypes.c_void_p * n)(*(base + 8 * i for i in range(n)))
         self.params = ctypes.addressof(self._pointers)
-        self.sizes, self.offsets, self.data_slot, i, offset = [], [], [], 0, 0
-        scalars = []
+        self.sizes, self.data_slot, i = [], [], 0
         for a in self.args:
             if isinstance(a, ArrayArg):
                 strides, step = [], a.itemsize
@@ -89,48 +81,24 @@ class ArgSlots:
             else:
                 value = _SCALARS[a.kind](a.value)
                 ctypes.memmove(base + 8 * i, ctypes.addressof(value), ctypes.sizeof(value))
-                scalars.append(i)
                 self.data_slot.append(None)
                 self.sizes.append(ctypes.sizeof(value))
             i += a.n_params
-        for size in self.sizes:
-            offset = -(-offset // size) * size  # aligned to its own size
-            self.offsets.append(offset)
-            offset += size
-        total = -(-offset // 8) * 8
-        self._buffer = (ctypes.c_uint64 * (total // 8))()
-        for slot, (size, at) in enumerate(zip(self.sizes, self.offsets)):
-            ctypes.memmove(ctypes.addressof(self._buffer) + at, base + 8 * slot, size)
-        self._buffer_size = ctypes.c_size_t(total)
-        # CU_LAUNCH_PARAM_BUFFER_POINTER (1), the buffer, CU_LAUNCH_PARAM_BUFFER_SIZE (2), its size, END (0)
-        self._extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(self._buffer), 2,
-                                             ctypes.addressof(self._buffer_size), 0)
-        self.extra = ctypes.addressof(self._extra)
-        self._buffer_word = [None if s is None else self.offsets[s] // 8 for s in self.data_slot]
 
     def set_pointer(self, arg: int, address: int) -> None:
         """The data pointer of array argument number `arg` (its position in the argument list)."""
         self._slots[self.data_slot[arg]] = address
-        self._buffer[self._buffer_word[arg]] = address
 
     def values(self) -> list[int]:
         """Every slot as an integer (for tests)."""
         return list(self._slots)
 
-    def packed(self) -> bytes:
-        """The packed buffer that `extra` names (for tests)."""
-        return bytes(self._buffer)
-
     def check(self, cubin: bytes, entry: str) -> None:
-        """Refuse a kernel whose parameters (count, sizes, offsets) are not these."""
-        declared = param_layout(cubin, entry)
-        if [size for _, size in declared] != self.sizes:
-            raise ValueError(f"kernel {entry}: its parameters are {[size for _, size in declared]} bytes, the "
-                             f"arguments packed here are {self.sizes}; the argument types do not match the "
-                             f"compiled kernel")
-        if [at for at, _ in declared] != self.offsets:
-            raise ValueError(f"kernel {entry}: its parameters lie at offsets {[at for at, _ in declared]}, "
-                             f"the packed buffer puts them at {self.offsets}")
+        """Refuse a kernel whose parameters (count, sizes) are not these."""
+        declared = param_sizes(cubin, entry)
+        if declared != self.sizes:
+            raise ValueError(f"kernel {entry}: its parameters are {declared} bytes, the arguments packed here "
+                             f"are {self.sizes}; the argument types do not match the compiled kernel")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,14 +160,10 @@ def _libcuda():
     return lib
 
 
-def launch(kernel: Kernel, grid, block: int, smem: int, stream: int, slots: ArgSlots, packed: bool = True) -> None:
-    """cuLaunchKernel on `stream` (a CUstream handle as an int; 0: the legacy default stream), its
-    parameters in one packed buffer (or, packed=False, one pointer per parameter)."""
+def launch(kernel: Kernel, grid, block: int, smem: int, stream: int, slots: ArgSlots) -> None:
+    """cuLaunchKernel on `stream` (a CUstream handle as an int; 0: the legacy default stream)."""
     gx, gy, gz = grid
-    if packed:
-        err = _libcuda().cuLaunchKernel(kernel.address, gx, gy, gz, block, 1, 1, smem, stream, None, slots.extra)
-    else:
-        err = _libcuda().cuLaunchKernel(kernel.address, gx, gy, gz, block, 1, 1, smem, stream, slots.params, None)
+    err = _libcuda().cuLaunchKernel(kernel.address, gx, gy, gz, block, 1, 1, smem, stream, slots.params, None)
     if err:
         raise RuntimeError(f"cuLaunchKernel({kernel.entry}) failed: {_error_name(err)}")
 
@@ -272,8 +236,8 @@ def kernel_names(cubin: bytes) -> list[str]:
     return [name[len(".text."):] for name in _sections(cubin) if name.startswith(".text.")]
 
 
-def param_layout(cubin: bytes, entry: str) -> list[tuple[int, int]]:
-    """(offset, size) in bytes of each of the kernel's parameters, in order (EIATTR_KPARAM_INFO, 0x17)."""
+def param_sizes(cubin: bytes, entry: str) -> list[int]:
+    """The size in bytes of each of the kernel's parameters, in order (EIATTR_KPARAM_INFO, 0x17)."""
     info, i, params = _sections(cubin)[".nv.info." + entry], 0, []
     while i < len(info):
         fmt, attr = info[i], info[i + 1]
@@ -283,7 +247,6 @@ def param_layout(cubin: bytes, entry: str) -> list[tuple[int, int]]:
         else:
             payload, i = info[i + 2:i + 4], i + (2 if fmt == 0x01 else 4)
         if attr == 0x17:
-            _, ordinal, offset, flags = struct.unpack_from("<IHHI", payload)
-            params.append((ordinal, offset, (flags >> 18) & 0x3FFF))
-    return [(offset, size) for _, offset, size in sorted(params)]
-
+            _, ordinal, _, flags = struct.unpack_from("<IHHI", payload)
+            params.append((ordinal, (flags >> 18) & 0x3FFF))
+    return [size for _, size in sorted(params)]
