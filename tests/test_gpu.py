@@ -261,12 +261,17 @@ def test_a_plan_serves_new_tensors_of_its_problem(phase):
     from flashcore_numba import api
 
     shape, seq_k, heads_kv = (2, 4, 300, 64), 333, 2
+    kept = []
     for i in range(3):
         q, k, v = _torch_qkv(shape, seq_k, heads_kv=heads_kv)
+        kept.append((q, k, v))  # alive, so that each set has its own addresses
         plans = len(api._PLANS)
         out = attention(q, k, v, causal=True, phase=phase)
         assert len(api._PLANS) == plans + (1 if i == 0 else 0)
         _check_torch(out, q, k, v, True, f"phase {phase} call {i}")
+    for i in (0, 2, 0, 1):  # back to earlier buffers, in another order (phase 09: their maps found again)
+        q, k, v = kept[i]
+        _check_torch(attention(q, k, v, causal=True, phase=phase), q, k, v, True, f"phase {phase} again {i}")
 
 
 @pytest.mark.parametrize("phase,D,dtype", [("09", 64, "float16"), ("09", 128, "bfloat16"), ("07", 64, "float16")])
