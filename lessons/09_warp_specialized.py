@@ -40,16 +40,18 @@
 # 7. **Overlap within a warpgroup** — a turn *issues* S = Q·Kᵀ of tile n and P·V of tile n − 1 and
 #    returns at once. The warpgroup waits for S alone (`wgmma.wait_group 1`), runs its softmax while the
 #    tensor cores are still adding P·V into O, and only then waits for O (`wait_group 0`). That is the
-#    PTX; the assembler moves the second wait up, ahead of the exp2s (the docstring shows where), so on
-#    the H100 what this buys is mostly the two products issued back to back. A warpgroup barrier that
-#    reads the softmax's row sums does pin the wait after the exp2s; timed on the H100 it was no faster:
-#    while one warpgroup waits, the other consumers' products keep the tensor cores busy anyway.
+#    PTX; the assembler moves the second wait up, ahead of the exp2s (the kernel's [tuning
+#    history](../docs/tuning/09_history.md) shows where), so on the H100 what this buys is mostly the
+#    two products issued back to back. A warpgroup barrier that reads the softmax's row sums does pin
+#    the wait after the exp2s; timed on the H100 it was no faster: while one warpgroup waits, the other
+#    consumers' products keep the tensor cores busy anyway.
 # 8. **A loop for the masked tiles** (D = 128) — only the last tiles of a causal row block, or the
 #    tile holding the end of the keys, need a mask. They run in a loop of their own, and the other
 #    tiles' softmax is compiled without the masking and its branches. At D = 64 a second copy of the
 #    softmax spills, so every tile runs one loop; there the question "does this tile need a mask?" is
 #    asked once, as one branch around the whole masking loop. Asked in each of S's 16 column blocks,
-#    it cost D = 64 8 % of its speed (the kernel's docstring has the profile and the records).
+#    it cost D = 64 8 % of its speed (the kernel's [tuning history](../docs/tuning/09_history.md) has the
+#    profile and the records).
 # 9. **Persistent blocks** — one block per SM instead of one per query block. The producer takes the
 #    next query block from a counter in global memory (an atomic addition), the longest first, and tells
 #    the consumers which one it is through a slot of shared memory. Q is released as soon as a block's
@@ -210,16 +212,16 @@ lesson.plot_timing(timings)
 # %% [markdown]
 # What the rows say, and what is missing: the overlap within a warpgroup pays at both head dims
 # (09-overlap against 09-turns), and the persistent grid more again (09 against 09-overlap), most at
-# short sequences, where a block's start and end are a larger share of its work. The turns alone pay
-# at D = 128 (09-turns against 09-ws) but hardly at D = 64: there 09-turns runs level with 09-ws
-# without a mask and below it with one in the current records, so the turns pay mostly together
-# with the overlap (the kernel's docstring follows 09-turns' history). Against phase 08 (the
-# committed records, [docs/bench](../docs/bench/)) the rows to compare are D = 64 and D = 128,
-# causal and not: phase 08 held its own at D = 64 until the tiles grew to 128 keys, since there the
-# softmax costs as much as both products. Against cuDNN (the records' SDPA rows) phase 09 is ahead
-# at the reference shape at both head dims, causal and not, by the most at D = 64 without a mask;
-# the sweeps show where it is still behind (short sequences with a mask), and the docstring says
-# by how much and what was tried.
+# short sequences, where a block's start and end are a larger share of its work. The turns alone pay at
+# D = 128 (09-turns against 09-ws) but hardly at D = 64: there 09-turns runs level with 09-ws without a
+# mask and below it with one in the current records, so the turns pay mostly together with the overlap
+# (the kernel's [tuning history](../docs/tuning/09_history.md) follows 09-turns'). Against phase 08 (the
+# committed records, [docs/bench](../docs/bench/)) the rows to compare are D = 64 and D = 128, causal
+# and not: phase 08 held its own at D = 64 until the tiles grew to 128 keys, since there the softmax
+# costs as much as both products. Against cuDNN (the records' SDPA rows) phase 09 is ahead at the
+# reference shape at both head dims, causal and not, by the most at D = 64 without a mask; the sweeps
+# show where it is still behind (short sequences with a mask), and the kernel's [tuning
+# history](../docs/tuning/09_history.md) says by how much and what was tried.
 
 # %% [markdown]
 # ## The median is not the whole story: a tail that was not the kernel's
