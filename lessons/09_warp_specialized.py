@@ -179,8 +179,20 @@ lesson.show_source(common.rotate4, common.fragment_epilogue_16b)
 # %% [markdown]
 # ## The kernel
 #
-# Against phase 08's: the `cp.async` copies and the block barriers are gone; the kernel splits into the
-# producer's loop and the consumers' loop.
+# Each build is described by one frozen `Build`: which of the ideas above it has. Phase 09 has them all,
+# and each variant leaves some out, so that every idea keeps its own row in the timings below.
+
+# %%
+lesson.show_source(phase.Build)
+print(phase.BUILDS)
+
+# %% [markdown]
+# Against phase 08's kernel: the `cp.async` copies and the block barriers are gone, and the kernel is
+# split by role, as FlashAttention-3 splits its own: the softmax of a tile (phase 08's), the work
+# scheduler (`next_unit`, `query_block`: which query block comes next), the `producer` (TMA loads of Q,
+# K and V into the ring), a consumer's `turn` (the products of one tile and its softmax) and the
+# `consumer` (its tiles, then the epilogue). The `kernel` at the end only sets the barriers up and hands
+# warpgroup 0 to the producer, the others to the consumer.
 
 # %%
 lesson.show_diff(p08_wgmma.build_kernel, phase.build_kernel)
@@ -235,7 +247,7 @@ lesson.plot_timing(timings)
 #    interval is the kernel's. Check it: measure how long the host took to queue the batch and drop
 #    the batch if that was longer than the sleep (`bench.queued_times` does both).
 # 2. **Ask the kernel's own clock.** `%globaltimer` is one nanosecond clock for every SM. The trace
-#    build of phase 09 (`build_kernel(..., trace=True)`, phases/tracing.py) times every barrier wait
+#    build of phase 09 (a `Build` with `trace=True`, phases/tracing.py) times every barrier wait
 #    of every warpgroup and writes a record per block and role: when it started and ended, how long
 #    each kind of wait took, and every wait longer than 50 us with its barrier, parity and query
 #    block. If a launch is slow *on the GPU*, the records say which block waited on what; if the

@@ -172,6 +172,7 @@ Measured effect (written by `flashcore report` from the committed record; do not
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache, partial
 
 from numba import cuda, float32, int32, uint32
@@ -251,9 +252,50 @@ def work_units(q_shape, causal, block_m) -> int:
     return B * H * (-(-S // block_m))
 
 
-def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=True, trace=False) -> KernelConfig:
-    """The kernel of layout L. trace: the diagnostic build of phases/tracing.py, every barrier wait
-    timed (docs/tuning/09_stalls.txt); it computes what the plain build computes."""
+@dataclass(frozen=True)
+class Build:
+    """Which of phase 09's ideas one build of its kernel has. Phase 09 has them all; each variant
+    (VARIANTS, BUILDS) leaves some out, so that what each idea buys stays measurable: every build
+    is its own benchmark row and its own `phase=` value ("09-ws", "09-turns", "09-overlap")."""
+
+    turns: bool = True  # ping-pong: the consumers take turns at the tensor cores (named barriers)
+    overlap: bool = True  # a turn's two products issued, not awaited: S waited for alone, P·V later
+    persistent: bool = True  # one block per SM, taking query blocks from a counter (else one per block)
+    trace: bool = False  # the diagnostic build of phases/tracing.py: every barrier wait timed
+
+    @property
+    def release_q_early(self) -> bool:
+        """A consumer releases Q (q_empty) as soon as its last S is done, not after that tile's
+        softmax and P·V: the next block's Q then loads under them. Only with the overlap (phase 09
+        and 09-overlap): 09-turns spilled 48 B at D = 64 with it, and the variants run one block
+        per query block, with no next Q to load."""
+        return self.overlap
+
+    @property
+    def uniform_c(self) -> bool:
+        """The consumer index broadcast from lane 0 (warp-uniform to ptxas) for the turns and the
+        loops. 09-turns keeps tid // 128 there: with c uniform ptxas moved its turn's hand-over
+        (bar.arrive) below two dozen exp2s, and the variant lost a quarter of its speed
+        (docs/tuning/09_history.md). 09-ws has no hand-over to move and keeps the broadcast."""
+        return self.overlap or not self.turns
+
+
+BUILDS = {
+    None: Build(),  # phase 09
+    "overlap": Build(persistent=False),
+    "turns": Build(overlap=False, persistent=False),
+    "ws": Build(turns=False, overlap=False, persistent=False),
+}
+
+
+def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
+    """The kernel of layout L, with the ideas `build` (a Build) names. Its parts, in this order:
+    the softmax of a tile (as in phase 08), the ring's position, the work scheduler (which query
+    block comes next), the producer (TMA loads of Q, K and V), a consumer's turn and the consumer
+    (the products, the softmax, the epilogue), then the kernel, which hands warpgroup 0 to the
+    producer and the others to the consumer. build.trace: the diagnostic build of
+    phases/tracing.py, every barrier wait timed (docs/tuning/09_stalls.txt); it computes what the
+    plain build computes."""
     kind = PTX_TYPE[dtype]
     HEAD_DIM = L["HEAD_DIM"]
     shape = f"d{HEAD_DIM}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D
@@ -293,18 +335,17 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     PASS_UNSEEN = L["PASS_UNSEEN"]
     CONSUMER_THREADS = 128 * CONSUMERS
     LAUNCH_BOUNDS = L["LAUNCH_BOUNDS"]
-    # A consumer releases Q (q_empty) as soon as its last S is done, not after that tile's softmax and
-    # P·V: the next block's Q then loads under them. Only with the overlap (phase 09 and 09-overlap):
-    # 09-turns spilled 48 B at D = 64 with it, and the variants run one block per query block, with
-    # no next Q to load
-    RELEASE_Q_EARLY = overlap
+    # the build's choices, as constants the compiler folds (a branch on one is compiled out)
+    TURNS, OVERLAP = build.turns, build.overlap
+    RELEASE_Q_EARLY, UNIFORM_C = build.release_q_early, build.uniform_c
     # the barrier waits, timed in the trace build (tracing.py; docs/tuning/09_stalls.txt), and the
     # trace's marks, which compile to nothing in every other build
     wait, bar_sync, trace_mark, trace_save, SMEM_BYTES = wait_hooks(
         ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline"),
-        ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline"), trace, L["SMEM_BYTES"], BARS_OFF, STAGES,
-        CONSUMERS)
+        ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline"), build.trace, L["SMEM_BYTES"], BARS_OFF,
+        STAGES, CONSUMERS)
 
+    # ---------------- the softmax of a tile: phase 08's, on S of BLOCK_N keys ----------------------
     @cuda.jit(device=True, inline=True)
     def rescale(acc, alpha_a, alpha_b):
         """acc = alpha · acc, before the next P·V adds to it (rows a: registers 0, 1; rows b: 2, 3)."""
@@ -326,7 +367,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         rows' maxima taken. Why halves: LLVM unrolls a loop of 8 blocks fully, one of 16 (128
         keys) it leaves a loop; s indexed at run time would be put in local memory. The masking
         is one branch around its whole loop: a branch in each block (16 per tile, taken or not)
-        cost D = 64, which runs every tile through this code, 8 % of its speed (docs/tuning/09_history.md)."""
+        cost D = 64, which runs every tile through this code, 8 % of its speed
+        (docs/tuning/09_history.md)."""
         if masked:
             for j in range(j0, j0 + HALF):
                 col = start_n + j * MMA_N + 2 * t
@@ -387,6 +429,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         sum_a, sum_b = exp_and_sum(s, HALF, scale, m_ref_a, m_ref_b, sum_a, sum_b)
         return m_new_a, m_new_b, l_a * alpha_a + sum_a, l_b * alpha_b + sum_b, alpha_a, alpha_b
 
+    # ---------------- the ring of K/V stages and the barriers ----------------------------------------
     @cuda.jit(device=True, inline=True)
     def advance(stage, phase):
         """The ring position after (stage, phase): the next stage, and the parity of its use, which
@@ -410,11 +453,33 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         q_full = empty + 8 * STAGES
         return full, empty, q_full, q_full + 8 * CONSUMERS
 
+    # ---------------- the work scheduler: which query block comes next ------------------------------
+    # The work is units of one query block, numbered head after head and within a head from the last
+    # block down (under a causal mask the last query rows see the most keys: the longest units go
+    # first). Block x takes unit x, then whichever unit the counter hands out next: a grid of one
+    # block per SM when persistent, else of one block per unit (which then finds no unit left). The
+    # producer asks; a consumer learns which query block comes from its info slot.
+    # (32-bit unsigned arithmetic throughout: after setmaxnreg.dec the producer has 24 registers,
+    # and Numba's default 64-bit integers take two each)
+    @cuda.jit(device=True, inline=True)
+    def next_unit(counter):
+        """The unit this block takes after its current one: one atomic addition on the counter in
+        global memory (`work_counter` zeroes it before each launch), past the grid's first units."""
+        return uint32(cuda.atomic.add(counter, 0, 1)) + uint32(cuda.gridDim.x)
+
+    @cuda.jit(device=True, inline=True)
+    def query_block(unit, n_m):
+        """Unit `unit` as a query block (n_m per head): its plane b * H + h of Q, and its first row."""
+        bh = uint32(unit // n_m)
+        row0 = int32((n_m - uint32(1) - unit % n_m) * uint32(BLOCK_M))
+        return bh, row0
+
+    # ---------------- the producer: TMA loads, one thread of warpgroup 0 ----------------------------
     @cuda.jit(device=True, inline=True)
     def load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q):
-        """The producer: the query block's Q by TMA, consumer after consumer, each tile once its
-        consumer has released the last one (q_empty[c]), and which block it is in the consumer's
-        info slot (published by the same barrier, q_full[c]); returns q_uses + 1."""
+        """The query block's Q by TMA, consumer after consumer, each tile once its consumer has
+        released the last one (q_empty[c]), and which block it is in the consumer's info slot
+        (published by the same barrier, q_full[c]); returns q_uses + 1."""
         for c in range(CONSUMERS):  # consumer c's 64 rows of Q, D / 64 boxes
             wait(q_empty + 8 * c, uint32(q_uses % uint32(2)) ^ uint32(1))  # consumer c is done with its last Q
             smem_h[INFO + 2 * c] = uint32(row0)
@@ -428,22 +493,79 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         return uint32(q_uses + uint32(1))
 
     @cuda.jit(device=True, inline=True)
+    def load_kv(smem, full, stage, n, plane_kv, map_k, map_v):
+        """Tile n's K and V by TMA into ring stage `stage`, counted on its full barrier."""
+        expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
+        k_tile = smem + RING_OFF + stage * STAGE_BYTES
+        for a in range(ATOMS):  # atom a holds columns 64a .. 64a + 63 of d
+            for box in range(BLOCK_N // 64):  # its rows, 64 keys per box
+                col = int32(0)
+                row = int32(0)
+                # >>> exercise 09-b: the first column and first row (key) of box `box` of atom a of tile n
+                # <<< exercise
+                at = a * KV_ATOM + box * ATOM
+                tma_load(k_tile + at, map_k, col, row, plane_kv, full + 8 * stage)
+                tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, full + 8 * stage)
+
+    @cuda.jit(device=True, inline=True)
+    def producer(smem_h, smem, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads, seq_q, seq_k):
+        """The producer: for each query block the scheduler hands out, its K and V tile after tile
+        into the ring (a stage once every consumer has released it), each consumer's Q behind tile
+        0; then it tells the consumers that no block is left."""
+        trace_mark(1)
+        map_q, map_k, map_v = map_address(maps[0]), map_address(maps[1]), map_address(maps[2])
+        n_m = uint32((seq_q + BLOCK_M - 1) // BLOCK_M)  # query blocks per head
+        n_units = uint32(Q.shape[0] * n_heads) * n_m
+        stage = uint32(0)  # the ring position of the next tile: its stage, and the parity of this use
+        phase = uint32(0)
+        q_uses = uint32(0)  # query blocks so far: Q's barriers are in phase q_uses % 2
+        unit = uint32(cuda.blockIdx.x)
+        while unit < n_units:
+            trace_mark(3)
+            # ask for the next unit now: the atomic's latency passes while this one's loads go out
+            unit_after = next_unit(counter)
+            bh, row0 = query_block(unit, n_m)
+            h_kv = uint32(uint32(bh % uint32(n_heads)) * uint32(K.shape[1])) // uint32(n_heads)  # see phase 08
+            plane_kv = int32(uint32(bh // uint32(n_heads)) * uint32(K.shape[1]) + h_kv)
+            block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
+            n_tiles = int32((block_k_end + BLOCK_N - 1) // BLOCK_N)
+            # Tile 0's K and V go out before Q: their stage is freed by the consumers of the last
+            # block whatever Q does, so they load while those finish. Each consumer's tile of Q
+            # waits for that consumer's release (its last S of the last block), then comes in
+            # behind tile 0 (n_tiles = 0: at once)
+            if n_tiles == 0:
+                q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
+            for n in range(n_tiles):  # fill the next stage once it is free
+                wait(empty + 8 * stage, phase ^ uint32(1))  # the use before this one was released
+                load_kv(smem, full, stage, n, plane_kv, map_k, map_v)
+                stage, phase = advance(stage, phase)
+                if n == 0:
+                    q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
+            unit = unit_after
+        for i in range(CONSUMERS):
+            wait(q_empty + 8 * i, uint32(q_uses % uint32(2)) ^ uint32(1))
+            smem_h[INFO + 2 * i] = uint32(0xFFFFFFFF)  # no query block left: the consumers stop
+            expect_tx(q_full + 8 * i, uint32(0))
+        trace_save(counter)
+
+    # ---------------- the consumers: warpgroup c owns query rows row0 + 64c .. + 63 ------------------
+    @cuda.jit(device=True, inline=True)
     def turn(smem, q_empty, n, stage, phase, prev, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a,
              l_b, alpha_a, alpha_b, may_mask, last):
-        """Tile n >= 1 of a query block, in ring stage `stage` (`phase`: the parity of this use of it),
-        tile n - 1 in stage `prev`: wait for it, take the turn (S of tile n, P·V of tile n - 1), the
-        softmax of tile n; returns the rows' new m_i, l_i and alpha. `last`: tile n is the last this
-        warpgroup computes S of, so its Q is released (q_empty: this consumer's barrier) as soon as that
-        S is done."""
+        """A consumer's step through its tiles: tile n >= 1 of a query block, in ring stage `stage`
+        (`phase`: the parity of this use of it), tile n - 1 in stage `prev`: wait for it, take the
+        turn (S of tile n, P·V of tile n - 1), the softmax of tile n; returns the rows' new m_i, l_i
+        and alpha. `last`: tile n is the last this warpgroup computes S of, so its Q is released
+        (q_empty: this consumer's barrier) as soon as that S is done."""
         full, empty, _, _ = barriers(smem)
         wait(full + 8 * stage, phase)  # tile n has landed
         desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
         desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
 
         # -- this warpgroup's turn: S of tile n, and P·V of tile n - 1
-        if pingpong:
+        if TURNS:
             bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
-        if overlap:  # both issued, neither awaited: S first, so that it is the first to finish
+        if OVERLAP:  # both issued, neither awaited: S first, so that it is the first to finish
             s_tile = qk_issue(desc_q, desc_k)
             rescale(acc, alpha_a, alpha_b)
             p_prev = as_tuple(p_frag, N_P)  # read by the tensor cores until wait_o
@@ -451,9 +573,9 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         else:
             add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
             s_tile = qk(desc_q, desc_k)
-        if pingpong:
+        if TURNS:
             bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))  # the next one's turn
-        if overlap:
+        if OVERLAP:
             s_tile = wait_s(s_tile)  # S is done; P·V of tile n - 1 runs on under the softmax
         else:
             arrive(empty + 8 * prev)  # tile n - 1 is used up: its stage may be refilled
@@ -462,7 +584,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         store_tuple(s, s_tile)
         m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, n * BLOCK_N, t, k_end_a, k_end_b,
                                                             scale, m_a, m_b, l_a, l_b, may_mask)
-        if overlap:
+        if OVERLAP:
             store_tuple(acc, wait_o(p_prev, o_tile))  # P·V of tile n - 1 is done
             arrive(empty + 8 * prev)
         # P's fragments after the wait: tile n - 1's are read by the tensor cores until then, and
@@ -470,100 +592,21 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         pack_p(s, p_frag)
         return m_a, m_b, l_a, l_b, alpha_a, alpha_b
 
-    def kernel(Q, K, V, O, causal, qk_scale, maps, counter):
-        smem_h = cuda.shared.array(0, uint32, alignment=1024)
-        smem = shared_address(smem_h)
-        full, empty, q_full, q_empty = barriers(smem)
-        n_heads = Q.shape[1]
-        seq_q = Q.shape[2]
-        seq_k = K.shape[2]
-        tid = cuda.threadIdx.x
-        wg = tid // 128
-
-        if tid == 0:  # one thread sets the barriers up; the block barrier publishes them
-            for i in range(CONSUMERS):
-                mbar_init(q_full + 8 * i, uint32(1))
-                mbar_init(q_empty + 8 * i, uint32(128))  # consumer i's threads
-            for s in range(STAGES):
-                mbar_init(full + 8 * s, uint32(1))  # the producer's arrival (and the TMA bytes)
-                mbar_init(empty + 8 * s, uint32(CONSUMER_THREADS))  # every consumer thread's
-            fence_mbar_init()
-        cuda.syncthreads()
-        trace_mark(0)
-
-        if wg == 0:
-            # ---------------- producer: one thread streams Q, then K and V tile after tile --------
-            regs_dec()
-            if tid == 0:
-                trace_mark(1)
-                map_q, map_k, map_v = map_address(maps[0]), map_address(maps[1]), map_address(maps[2])
-                # The work: units of one query block, numbered head after head and within a head from
-                # the last block down (under a causal mask the last query rows see the most keys: the
-                # longest units go first). Block x takes unit x, then whichever unit the counter hands
-                # out next (one atomic addition): a grid of one block per SM when persistent, else of
-                # one block per unit. A consumer learns which query block comes from its info slot,
-                # written before the arrival on its q_full that publishes it.
-                # (32-bit unsigned arithmetic throughout: after setmaxnreg.dec the producer has 24
-                # registers, and Numba's default 64-bit integers take two each)
-                n_m = uint32((seq_q + BLOCK_M - 1) // BLOCK_M)  # query blocks per head
-                n_units = uint32(Q.shape[0] * n_heads) * n_m
-                stage = uint32(0)  # the ring position of the next tile: its stage, and the parity of this use
-                phase = uint32(0)
-                q_uses = uint32(0)  # query blocks so far: Q's barriers are in phase q_uses % 2
-                unit = uint32(cuda.blockIdx.x)
-                while unit < n_units:
-                    trace_mark(3)
-                    # ask for the next unit now: the atomic's latency passes while this one's loads go out
-                    next_unit = uint32(cuda.atomic.add(counter, 0, 1)) + uint32(cuda.gridDim.x)
-                    bh = uint32(unit // n_m)  # the plane b * H + h of Q: one head
-                    row0 = int32((n_m - uint32(1) - unit % n_m) * uint32(BLOCK_M))
-                    h_kv = uint32(uint32(bh % uint32(n_heads)) * uint32(K.shape[1])) // uint32(n_heads)  # see phase 08
-                    plane_kv = int32(uint32(bh // uint32(n_heads)) * uint32(K.shape[1]) + h_kv)
-                    block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
-                    n_tiles = int32((block_k_end + BLOCK_N - 1) // BLOCK_N)
-                    # Tile 0's K and V go out before Q: their stage is freed by the consumers of the last
-                    # block whatever Q does, so they load while those finish. Each consumer's tile of Q
-                    # waits for that consumer's release (its last S of the last block), then comes in
-                    # behind tile 0 (n_tiles = 0: at once)
-                    if n_tiles == 0:
-                        q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
-                    for n in range(n_tiles):  # fill the next stage once it is free
-                        wait(empty + 8 * stage, phase ^ uint32(1))  # the use before this one was released
-                        expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
-                        k_tile = smem + RING_OFF + stage * STAGE_BYTES
-                        for a in range(ATOMS):  # atom a holds columns 64a .. 64a + 63 of d
-                            for box in range(BLOCK_N // 64):  # its rows, 64 keys per box
-                                col = int32(0)
-                                row = int32(0)
-                                # >>> exercise 09-b: the first column and first row (key) of box `box` of atom a of tile n
-                                # <<< exercise
-                                at = a * KV_ATOM + box * ATOM
-                                tma_load(k_tile + at, map_k, col, row, plane_kv, full + 8 * stage)
-                                tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, full + 8 * stage)
-                        stage, phase = advance(stage, phase)
-                        if n == 0:
-                            q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
-                    unit = next_unit
-                for i in range(CONSUMERS):
-                    wait(q_empty + 8 * i, uint32(q_uses % uint32(2)) ^ uint32(1))
-                    smem_h[INFO + 2 * i] = uint32(0xFFFFFFFF)  # no query block left: the consumers stop
-                    expect_tx(q_full + 8 * i, uint32(0))
-                trace_save(counter)
-            return
-
-        # -------------------- consumers: warpgroup c owns query rows row0 + 64c .. + 63 ------------
-        regs_inc()
+    @cuda.jit(device=True, inline=True)
+    def consumer(smem_h, smem, full, empty, q_full, q_empty, O, causal, qk_scale, counter, tid, wg, n_heads, seq_q,
+                 seq_k):
+        """A consumer warpgroup: for each query block the producer announces in its info slot, its
+        64 rows of O. Tile 0's S alone, then a turn per tile (the loop without masks, then the one
+        with), the tiles its rows never see passed, the last tile's P·V, and the epilogue."""
         trace_mark(1)
         # c is the same for the 128 threads of a warpgroup, but the assembler cannot tell that from
         # tid // 128: broadcast from lane 0, it is warp-uniform to ptxas, and so are the loop bounds
         # and ring addresses computed from it. Without this the tile loops below (whose bounds
         # depend on c) spilled at D = 64, and the loop of the masked tiles was left out there.
-        # 09-turns keeps tid // 128: with c uniform ptxas moved its turn's hand-over (bar.arrive)
-        # below two dozen exp2s, and the variant lost a quarter of its speed (docs/tuning/09_history.md).
-        # 09-ws has no hand-over to move and keeps the broadcast
+        # 09-turns keeps tid // 128 (Build.uniform_c says why)
         c = wg - 1
         c_uniform = cuda.shfl_sync(FULL_MASK, c, 0)
-        if overlap or not pingpong:
+        if UNIFORM_C:
             c = c_uniform
         warp = (tid % 128) // 32
         lane = tid % 32
@@ -579,7 +622,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         q_full = q_full + 8 * c_uniform
         q_empty = q_empty + 8 * c_uniform
         info = INFO + 2 * c_uniform
-        if pingpong and c == CONSUMERS - 1:
+        if TURNS and c == CONSUMERS - 1:
             bar_arrive(uint32(TURN), uint32(TURN_THREADS))  # consumer 0 takes the first turn
 
         stage = uint32(0)  # the ring position of the next tile, counted as the producer counts it
@@ -626,10 +669,10 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             prev = stage  # the stage of the tile before (of the last tile, after the loops)
             if n_mine > 0:  # -- tile 0: S alone, there is no P·V before it
                 wait(full + 8 * stage, phase)
-                if pingpong:
+                if TURNS:
                     bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
                 s_tile = qk(desc_q, descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128))
-                if pingpong:
+                if TURNS:
                     bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
                 if RELEASE_Q_EARLY and n_mine == 1:
                     arrive(q_empty)  # the block's only S is done
@@ -658,7 +701,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 prev = stage
                 stage, phase = advance(stage, phase)
             for n in range(n_mine, n_tiles):  # tiles no row here sees: pass the turn, free the stage
-                if pingpong:
+                if TURNS:
                     bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
                     bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
                 # not read, but waited for: without turns (09-ws) nothing else keeps a consumer from
@@ -680,11 +723,43 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             # meanwhile, and the producer loads the next block
             store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
 
-        if pingpong and c == 0:
+        if TURNS and c == 0:
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
             # it, so that no barrier is left half-arrived when the block exits
             bar_sync(uint32(TURN), uint32(TURN_THREADS))
         trace_save(counter)
+
+    # ---------------- the kernel: warpgroup 0 produces, the others consume --------------------------
+    def kernel(Q, K, V, O, causal, qk_scale, maps, counter):
+        smem_h = cuda.shared.array(0, uint32, alignment=1024)
+        smem = shared_address(smem_h)
+        full, empty, q_full, q_empty = barriers(smem)
+        n_heads = Q.shape[1]
+        seq_q = Q.shape[2]
+        seq_k = K.shape[2]
+        tid = cuda.threadIdx.x
+        wg = tid // 128
+
+        if tid == 0:  # one thread sets the barriers up; the block barrier publishes them
+            for i in range(CONSUMERS):
+                mbar_init(q_full + 8 * i, uint32(1))
+                mbar_init(q_empty + 8 * i, uint32(128))  # consumer i's threads
+            for s in range(STAGES):
+                mbar_init(full + 8 * s, uint32(1))  # the producer's arrival (and the TMA bytes)
+                mbar_init(empty + 8 * s, uint32(CONSUMER_THREADS))  # every consumer thread's
+            fence_mbar_init()
+        cuda.syncthreads()
+        trace_mark(0)
+
+        if wg == 0:  # the producer's warpgroup: one thread streams the tiles, all give registers back
+            regs_dec()
+            if tid == 0:
+                producer(smem_h, smem, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads, seq_q,
+                         seq_k)
+            return
+        regs_inc()  # the consumers take those registers
+        consumer(smem_h, smem, full, empty, q_full, q_empty, O, causal, qk_scale, counter, tid, wg, n_heads, seq_q,
+                 seq_k)
 
     if simulator_enabled():
         compiled = cuda.jit(kernel)
@@ -694,7 +769,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     return KernelConfig(compiled, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=SMEM_BYTES,
                         packed_output=True, out_alignment=16,  # 16-byte stores (ptx/store.ptx)
                         tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS,
-                        work_units=partial(work_units, block_m=BLOCK_M), persistent=persistent)
+                        work_units=partial(work_units, block_m=BLOCK_M), persistent=build.persistent)
 
 
 @lru_cache(maxsize=None)
@@ -705,5 +780,4 @@ def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16") -> 
         raise ValueError(f"dtype: phase 09 builds {' and '.join(DTYPES)}, not {dtype!r}")
     if variant not in (None, *VARIANTS):
         raise ValueError(f"variant: expected None or one of {', '.join(VARIANTS)}, got {variant!r}")
-    return build_kernel(layout(HEAD_DIM), dtype, pingpong=variant != "ws", overlap=variant in (None, "overlap"),
-                        persistent=variant is None)
+    return build_kernel(layout(HEAD_DIM), dtype, BUILDS[variant])
