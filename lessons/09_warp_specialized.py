@@ -225,8 +225,20 @@ lesson.show_source(common.rotate4, common.fragment_epilogue_16b)
 # %% [markdown]
 # ## The kernel
 #
-# Against phase 08's: the `cp.async` copies and the block barriers are gone; the kernel splits into the
-# producer's loop and the consumers' loop.
+# Each build is described by one frozen `Build`: which of the ideas above it has. Phase 09 has them all,
+# and each variant leaves some out, so that every idea keeps its own row in the timings below.
+
+# %%
+lesson.show_source(phase.Build)
+print(phase.BUILDS)
+
+# %% [markdown]
+# Against phase 08's kernel: the `cp.async` copies and the block barriers are gone, and the kernel is
+# split by role, as FlashAttention-3 splits its own: the softmax of a tile (phase 08's), the work
+# scheduler (`next_unit`, `query_block`: which query block comes next), the `producer` (TMA loads of Q,
+# K and V into the ring), a consumer's `turn` (the products of one tile and its softmax) and the
+# `consumer` (its tiles, then the epilogue). The `kernel` at the end only sets the barriers up and hands
+# warpgroup 0 to the producer, the others to the consumer.
 
 # %%
 lesson.show_diff(p08_wgmma.build_kernel, phase.build_kernel)
@@ -300,7 +312,7 @@ lesson.exercise()
 # ### Overlap within a warpgroup: what the assembler made of it
 #
 # The PTX of idea 7 waits for O after the softmax; the assembler moves the second wait up, ahead of
-# the exp2s (the docstring shows where), so on the H100 what this buys is mostly the two products
+# the exp2s (the kernel's [tuning history](../docs/tuning/09_history.md) shows where), so on the H100 what this buys is mostly the two products
 # issued back to back. A warpgroup barrier that reads the softmax's row sums does pin the wait after
 # the exp2s; timed on the H100 it was no faster: while one warpgroup waits, the other consumers'
 # products keep the tensor cores busy anyway.
@@ -309,7 +321,7 @@ lesson.exercise()
 #
 # At D = 64 a second copy of the softmax [spills](../docs/glossary.md#spill), so every tile runs one loop; there the question
 # "does this tile need a mask?" is asked once, as one branch around the whole masking loop. Asked in
-# each of S's 16 column blocks, it cost D = 64 8 % of its speed (the kernel's docstring has the
+# each of S's 16 column blocks, it cost D = 64 8 % of its speed (the kernel's [tuning history](../docs/tuning/09_history.md) has the
 # profile and the records).
 #
 # ### The epilogue before 16-byte stores
@@ -342,13 +354,13 @@ lesson.exercise()
 # short sequences, where a block's start and end are a larger share of its work. The turns alone pay
 # at D = 128 (09-turns against 09-ws) but hardly at D = 64: there 09-turns runs level with 09-ws
 # without a mask and below it with one in the current records, so the turns pay mostly together
-# with the overlap (the kernel's docstring follows 09-turns' history). Against phase 08 (the
+# with the overlap (the kernel's [tuning history](../docs/tuning/09_history.md) follows 09-turns'). Against phase 08 (the
 # committed records, [docs/bench](../docs/bench/)) the rows to compare are D = 64 and D = 128,
 # causal and not: phase 08 held its own at D = 64 until the tiles grew to 128 keys, since there the
 # softmax costs as much as both products. Against cuDNN (the records' SDPA rows) phase 09 is ahead
 # at the reference shape at both head dims, causal and not, by the most at D = 64 without a mask;
-# the sweeps show where it is still behind (short sequences with a mask), and the docstring says
-# by how much and what was tried.
+# the sweeps show where it is still behind (short sequences with a mask), and the kernel's
+# [tuning history](../docs/tuning/09_history.md) says by how much and what was tried.
 #
 # ### The median is not the whole story: a tail that was not the kernel's
 #
@@ -361,7 +373,7 @@ lesson.exercise()
 #    interval is the kernel's. Check it: measure how long the host took to queue the batch and drop
 #    the batch if that was longer than the sleep (`bench.queued_times` does both).
 # 2. **Ask the kernel's own clock.** `%globaltimer` is one nanosecond clock for every SM. The trace
-#    build of phase 09 (`build_kernel(..., trace=True)`, phases/tracing.py) times every barrier wait
+#    build of phase 09 (a `Build` with `trace=True`, phases/tracing.py) times every barrier wait
 #    of every warpgroup and writes a record per block and role: when it started and ended, how long
 #    each kind of wait took, and every wait longer than 50 us with its barrier, parity and query
 #    block. If a launch is slow *on the GPU*, the records say which block waited on what; if the

@@ -229,9 +229,9 @@ def test_best_for_shape_agrees_with_the_committed_records():
     """Where "best" hands the H100's work to phase 08 (api.SHORT_SEQUENCES_TO_08), phase 08 was not
     slower in the records, and where it keeps phase 09, 09 was not slower (3 % either way: the
     run-to-run noise). Points where either kernel's median launch took more than 1.2x its fastest
-    are not used to judge: there the median itself is in doubt (phase 09's docstring describes
-    its spread). A single slow launch (a record of bc3c341 has one of 344 ms beside a median of
-    0.67 ms) leaves the median alone."""
+    are not used to judge: there the median itself is in doubt (docs/tuning/09_history.md
+    describes its spread). A single slow launch (a record of bc3c341 has one of 344 ms beside a
+    median of 0.67 ms) leaves the median alone."""
     from flashcore_numba import api
     from flashcore_numba.phases import PHASES
 

@@ -282,6 +282,26 @@ def test_phase09_leaves_its_work_counter_at_zero():
         assert verdict.ok, f"launch {launch}: {verdict.message}"
 
 
+def test_phase09_builds_one_description_per_variant():
+    """Each build of phase 09 is one frozen Build: one per variant, all different, the persistent
+    grid phase 09's alone, and the trace build of measure.trace is phase 09's with trace on."""
+    import dataclasses
+
+    from flashcore_numba.measure.trace import trace_config
+    from flashcore_numba.phases import p09_warp_specialized as p09
+
+    assert set(p09.BUILDS) == {None, *p09.VARIANTS}
+    assert len(set(p09.BUILDS.values())) == len(p09.BUILDS)
+    assert [v for v, b in p09.BUILDS.items() if b.persistent] == [None]
+    assert not p09.BUILDS["ws"].turns and p09.BUILDS["ws"].uniform_c
+    assert not p09.BUILDS["turns"].uniform_c and not p09.BUILDS["turns"].release_q_early
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p09.BUILDS[None].overlap = False
+    assert trace_config(64, variant="turns").persistent is False
+    with pytest.raises(ValueError, match="variant: expected None or one of ws, turns, overlap, got 'fast'"):
+        p09.build(64, "fast")
+
+
 def test_persistent_grid_size_from_the_environment(monkeypatch):
     from flashcore_numba.phases import p09_warp_specialized as p09
 

@@ -18,6 +18,8 @@ and which barrier waited. tools/stalls.py runs it against many launches
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 KINDS = ("full", "empty", "q_full", "q_empty", "bar.sync")  # the kinds of wait, in record order
@@ -28,8 +30,7 @@ def trace_config(head_dim: int, dtype: str = "float16", variant: str | None = No
     """Phase 09 (or a variant: "ws", "turns", "overlap") built with the trace."""
     from ..phases import p09_warp_specialized as p09
 
-    return p09.build_kernel(p09.layout(head_dim), dtype, pingpong=variant != "ws",
-                            overlap=variant in (None, "overlap"), persistent=variant is None, trace=True)
+    return p09.build_kernel(p09.layout(head_dim), dtype, dataclasses.replace(p09.BUILDS[variant], trace=True))
 
 
 def roles_of(config) -> int:

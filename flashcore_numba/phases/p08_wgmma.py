@@ -26,30 +26,14 @@ Why the hardware rewards it
     tensor core a 64×N×16 product per instruction, operands fetched by the tensor cores from
     shared memory themselves: fewer instructions to issue, no register traffic for K and V.
     The swizzle matters as much: the same kernel with the unswizzled core-matrix layout measured
-    250 TFLOPS at D=64 and 240 at D=128 (commit 800ba99's records), slower than phase 07 at D=128.
-    The scores' exp2 is ptx/exp2.ptx's, one MUFU.EX2 without subnormal fix-ups (see phase 07);
-    it was this kernel's only change between the records of commit 38aa92d (Numba's math.exp2)
-    and those of bc3c341 below: D = 64 fp16 332 -> 357 TFLOPS, causal 280 -> 300; bf16 333 -> 362,
-    causal 281 -> 304; at D = 128, where the softmax is a smaller share of the work, 355 -> 350 and
-    299 -> 297 (no gain). The bf16 D = 128 and grouped-query records below are of commit 7d1070b
-    (the kernels of bc3c341): bf16 D = 128 353 -> 350, causal 299 -> 301; grouped queries
-    343 -> 368, causal 289 -> 314.
-    One branch for the masking (commit 3817eb0; the records of commit ad3eea8 against
-    those of 279a39d, bc3c341 and 7d1070b): the test "does this tile need a mask" sat inside the
-    loop over S's 8 column blocks, one branch per block whether taken or not; it is now one
-    branch around that loop, as in phase 09 (whose docstring has the profile that found it).
-    D = 64 fp16 362 -> 385 TFLOPS, causal 303 -> 317; D = 128 350 -> 384, causal 297 -> 324; bf16
-    D = 64 362 -> 385, causal 303 -> 319; bf16 D = 128 350 -> 382, causal 301 -> 323; grouped
-    queries 370 -> 394, causal 313 -> 328.
-    The epilogue in common.py (commit c1d3e54, common.fragment_epilogue; phase 09 shared it until it
-    took 16-byte stores): the same sums, division and packed stores, but with unsigned indices
-    (phase 03's uidx), so the stores lose their negative-index tests: 1608 -> 1320 SASS instructions
-    at D = 64, 2320 -> 1744 at D = 128. The epilogue runs once per block, and the records show no
-    gain (its records against those of 158229a and 40974dd): D = 64 fp16 378 -> 374 TFLOPS, causal
-    315 -> 310; bf16 379 -> 374, causal 315 -> 311; grouped queries 391 -> 385, causal 329 -> 324;
-    D = 128 fp16 378 -> 382, causal 320 -> 322; bf16 381 -> 382, causal 323 -> 326. D = 64 ran 1-2 %
-    slower in all six of its records, D = 128 0-1 % faster: small, and not understood (the assembler
-    allocated the registers of the whole kernel anew).
+    250 TFLOPS at D=64 and 240 at D=128, slower than phase 07 at D=128.
+    What each change bought, in the records (fp16, B=16 H=16 S=2048, TFLOPS without / with the
+    causal mask, each change against the records just before it): exp2 as one MUFU.EX2
+    (ptx/exp2.ptx), D = 64 332 -> 357 / 280 -> 300, D = 128 level (355 -> 350 / 299 -> 297: there
+    the softmax is a smaller share of the work); one branch around the masking instead of one per
+    column block of S, D = 64 362 -> 385 / 303 -> 317, D = 128 350 -> 384 / 297 -> 324; the epilogue
+    shared in common.py with unsigned indices (fewer instructions, run once per block), level.
+    The history of these changes, with the commits of the records: docs/tuning/08_history.md.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]

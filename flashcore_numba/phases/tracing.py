@@ -5,7 +5,7 @@ landed, Q may be reloaded) and on named barriers (the consumers' turns). When a 
 the question is which wait took the time. `wait_hooks` hands the kernel its two wait functions
 and two marks; in the plain build the waits are the PTX functions themselves and the marks
 compile to nothing, so the kernel is unchanged instruction for instruction. Built with
-trace=True, each wait reads %globaltimer (ptx/trace.ptx) before and after, and the first thread
+`Build(trace=True)`, each wait reads %globaltimer (ptx/trace.ptx) before and after, and the first thread
 of each warpgroup (a *role*: the producer, then each consumer) keeps a record in shared memory
 behind the kernel's own:
 

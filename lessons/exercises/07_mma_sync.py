@@ -61,156 +61,29 @@ Why the hardware rewards it
     could take two m-tiles: an ldmatrix.x4 brings 512 bytes for two products of 16 x 8 x 16,
     2 cycles of shared memory (128 bytes per cycle per SM) per product, and at half their rated
     ~1,000 TFLOPS (docs/hardware.md) the tensor cores finish a product every 2 cycles per SM.
-    Measured, the registers decide first. At D = 64 (quick timings of tools/sweep_tiles.py 07,
-    10 launches, no L2 flush; TFLOPS non-causal / causal): 128 rows in 8 warps of one m-tile
-    242 / 191, in 4 warps of two m-tiles 233 / 178 (255 registers and 16 B of local memory per
-    thread on the GPU), 64 rows in 4 warps 214 / 173. At D = 128 two m-tiles do not fit in 255
-    registers at all; 64 rows in 4 warps 246 / 208 beat 128 rows in 8 warps, 232 / 196.
-    The records of commit bc3c341 below against those of 38aa92d (64 rows in 4 warps at D = 64,
-    Numba's math.exp2): D = 64 fp16 231 -> 269 TFLOPS, causal 203 -> 229 (exp2 and 8 warps);
-    D = 128 255 -> 257, causal 220 -> 224 (exp2 alone). Still short of torch SDPA's flash
-    backend in the same runs: 298 / 262 at D = 64, 354 / 304 at D = 128. The bf16 D = 128 and
-    grouped-query records below are of commit 7d1070b (the kernels of bc3c341): bf16 D = 128
-    251 -> 259, causal 220 -> 226; grouped queries 236 -> 279, causal 209 -> 239 (SDPA flash there:
-    307 / 276).
-    Why still short, from Nsight Compute beside SDPA flash's kernel at D = 128
-    (docs/tuning/07_ncu_vs_sdpa_flash.txt): FA2 runs 128 rows in 4 warps, two m-tiles per warp,
-    so every K or V fragment an ldmatrix brings feeds two products, and each block reads K and V
-    for twice as many rows; 07 reads K/V for 64 rows and feeds one product per fragment, and its
-    L2 throughput is 70 % against FA2's 31 %, its tensor pipe 40 % busy against 56 %. FA2 fits
-    its layout in 255 registers by reading Q's fragments from shared memory at every k-step
-    instead of holding them. That layout was built here (Q re-read, P·V written as two loops of
-    half the columns so that NVVM unrolls them) and did not fit: quick timings of
-    tools/sweep_tiles.py on the H100, D = 128 128 rows in 4 warps 245 / 201 TFLOPS with 56 B of
-    local memory, against 250 / 213 for this kernel; D = 64 128 rows and 128 keys in 4 warps
-    215 / 179 (72 B of local memory), 128 rows and 64 keys 227 / 189 (none), against 263 / 219.
-    Not kept. Nor was one branch around the masking (as phase 09 now has): here it was slower at
-    D = 64, 208 against 256 (ad hoc, queued launches), and level at D = 128.
-    Tried again at commit 06e04ce (docs/tuning/07_ab_layouts.txt, ad hoc, L2 flushed, interleaved
-    rounds): cp.async addressed from one base per thread with 32-bit row arithmetic, which cuts
-    D = 128 from 237 to 175 registers. In this kernel's layout it was slower (213 against 251
-    TFLOPS); with 32 keys per tile (163 registers, three blocks per SM) level to 5 % faster, causal
-    5-7 % faster, over three runs; FlashAttention-2's layout with it spilled 52 B and ran level (258
-    against 259), and without spills at D = 64 slower (231 against 273). SDPA flash ran 333-348 in
-    the same runs. Not kept: no variant came near it.
-    The epilogue of phase 09 (commit b30c6d2, its records against those of d5d15af;
-    common.fragment_epilogue_16b, ptx/store.ptx). Until then each output element was divided by l_i
-    (an IEEE division, a subroutine with a slow path: 64 per thread at D = 128) and stored 4 bytes
-    at a time (32 stores per thread at D = 128). Now 1 / l_i is taken once per row and multiplied
-    in, and after a transpose within the quad each lane writes 16 contiguous bytes: 8 STG.E.128 per
-    thread at D = 128, 4 at D = 64 (242 registers at D = 128, was 237; 128 at D = 64; no spills).
-    Ad hoc A/B first (docs/tuning/07_ab_epilogue.txt; L2 flushed, interleaved rounds, each launch timed
-    alone; TFLOPS, old / new, SDPA flash in the same run): D = 128 249 / 269 (334), causal 213 / 243
-    (291); D = 64 271 / 265 (302), causal 226 / 228 (259). A block of 64 rows at D = 128 is short
-    (32 tiles at S = 2048, two blocks per SM), so its end weighs more than at D = 64. The records:
-    D = 128 fp16 260 -> 281 TFLOPS, causal 225 -> 254 (0.80x and 0.83x SDPA flash in the same runs,
-    were 0.74x and 0.73x); bf16 D = 128 258 -> 279, causal 224 -> 253 (0.79x, 0.82x); D = 64 fp16
-    271 -> 264, causal 230 -> 232 (0.88x, 0.88x): 2.6 % slower without a mask, as in the A/B; bf16
-    D = 64 271 -> 267 (0.88x; its causal record is of d5d15af, the device time of the session ran
-    out before it); grouped queries 275 -> 270, causal 236 -> 238 (0.88x, 0.87x).
-    The copies of a tile (docs/tuning/07_ab_copy.txt). Nsight Compute on the kernel of 06914a1 at
-    D = 128 put about 15 % of the warps' stall samples on the code that issues a tile's cp.async
-    copies: each of the 16 copies clamped its row and built its address in 64-bit arithmetic, about
-    ten integer instructions per copy, and some of them waited for registers that the copies issued
-    just before were still reading. A tile that lies inside the sequence needs no clamp: a thread's
-    copies are then at fixed offsets from one address, which the copy instruction adds itself
-    (make_copy_tile); only a tile that reaches past the sequence takes the clamped path. Registers
-    at D = 128 fall from 242 to 164, so 32 keys per tile now fit three blocks of 4 warps per SM
-    (64 keys per tile with the new copy ran slower, 212-220 TFLOPS against 260-262, as in 06e04ce;
-    not understood). Ad hoc A/B, two runs (TFLOPS, before / after, SDPA flash in the same rounds):
-    D = 64 264 / 283 and 258 / 276 (300, 293), causal 232 / 246 and 224 / 239 (263, 259); D = 128
-    260 / 269 and 262 / 276 (331, 329), causal 241 / 258 and 243 / 254 (294, 291).
-    The records of commit 2378a60 against those of b30c6d2: D = 128 fp16 281 -> 294 TFLOPS, causal
-    254 -> 271 (0.83x and 0.88x SDPA flash in the same runs); bf16 D = 128 279 -> 296, causal
-    253 -> 270 (0.83x, 0.87x); D = 64 fp16 264 -> 282, causal 232 -> 248 (0.94x, 0.95x); bf16 D = 64
-    267 -> 285, causal 229 -> 247 (0.94x, 0.93x; the causal one against d5d15af); grouped queries
-    270 -> 291, causal 238 -> 257 (0.95x, 0.94x). Still short of SDPA flash everywhere.
-    Tried on top of it and not kept (same log): Q's fragments re-read from shared memory at every
-    k-step (FlashAttention-2's way to free registers; 128 registers, but slower everywhere: 245 against
-    280 at D = 128); the tile's work written once and compiled twice, with and without the mask
-    (slower: 273 against 295 at D = 128, and 145 registers at D = 64); two m-tiles per warp again
-    (D = 64 level at best, 279 against 285; D = 128 still spills).
-    The lazy maximum (commit 5d649d6; docs/tuning/07_ab_copy.txt). Until then each tile
-    rescaled acc by alpha = exp2(m_old - m_new) for every row: 64 FMULs per thread and tile at
-    D = 128, on the path from the row max to P·V, for a factor that is 1 for almost every tile
-    once the first tiles have set the max. Now the warp votes (one `vote.any`) and rescales only
-    when some row's max has grown by more than 8, which with 2048 random keys happens in the
-    first tile and then almost never; a stale m_i only lets p reach 256. The same idea is in
-    FlashAttention-4. It also needs fewer registers at D = 64 with 64 rows and 32 keys per tile
-    (122: four blocks of 4 warps per SM). Ad hoc A/B (TFLOPS, before / after, SDPA flash in the
-    same rounds): D = 128 275 / 285 (325), causal 245 / 254 (277); D = 64 with 64 rows and 32
-    keys, against the 128 rows and 64 keys of before: 269 / 283 (283), causal 238 / 252 (256).
-    With 128 rows the lazy kernel needed 135 registers at D = 64 (one block of 8 warps per SM)
-    and ran at 187.
-    Records of 5d649d6 against those of 2378a60, three of the ten: D = 64 fp16 282 -> 286 TFLOPS,
-    causal 248 -> 256 (0.95x and 0.97x SDPA flash in the same runs); D = 128 fp16 294 -> 301
-    (0.84x). The other seven are of commit ebff494, whose kernel is that of 5d649d6: D = 128 fp16
-    causal 271 -> 278 (0.91x); bf16 D = 128 296 -> 300, causal 270 -> 277 (0.85x, 0.90x); bf16
-    D = 64 285 -> 287, causal 247 -> 258 (0.95x, 0.98x); grouped queries 291 -> 293, causal
-    257 -> 268 (0.95x, 0.97x).
-    Where the rest of the gap to SDPA flash lies (docs/tuning/07_ab_smem.txt, Nsight Compute at
-    D = 128 with stall sampling): per 16 x 8 x 16 product this kernel moves 2.2 shared-memory
-    wavefronts against FlashAttention-2's 1.3, because each warp reads a whole K and V tile for one
-    m-tile, and its warps wait on shared memory (short scoreboard, 24 % of the stall samples
-    against 7 %) where FA2's wait on the tensor pipe. Tried on the kernel of 5d649d6 and not kept
-    (same log): two m-tiles per warp with Q's fragments re-read (FA2's layout; 255 registers and
-    local memory here, 282 against 295 TFLOPS); three cp.async stages (level); blocks of 8 to 16
-    warps, one per SM, which read K and V once for 128-256 rows (10-30 % slower); copies at
-    immediate offsets of one address (level), or with their addresses carried from tile to tile
-    (slower).
-    FlashAttention-2's tiles at D = 64 (commit 86fdb12). With the kernel's copy and lazy maximum, 128
-    rows in four warps of two m-tiles (Q's fragments still held: 2 m-tiles x 4 k-steps x 4 = 32
-    registers), 64 keys per tile, 242 registers, no local memory: each K or V fragment feeds two
-    products, and each block reads K and V for twice the rows. Ad hoc A/Bs, three runs
-    (tools/ab_variants.py; TFLOPS, 64x32 / 128x64, SDPA flash in the same rounds): 281 / 294 (297), 279
-    / 289 (290), 279 / 294 (294); causal 252 / 250 (260), 251 / 250 (259), 251 / 251 (260). The records
-    of 86fdb12 against those of 5d649d6 / ebff494: D = 64 fp16 286 -> 297 TFLOPS, causal 256 -> 254
-    (0.98x and 0.96x SDPA flash in the same runs); bf16 D = 64 287 -> 296, causal 258 -> 256 (0.98x,
-    0.96x); grouped queries 293 -> 301, causal 268 -> 263 (0.98x, 0.96x). Faster without a mask, 1-2 %
-    slower with one; likely (not measured) because a block of 128 rows computes twice the masked scores
-    on the diagonal, and its last blocks are twice as long. The first fp16 causal record of this commit
-    had launches from 0.54 to 1.49 ms (median 171 TFLOPS); a check on the same machine right after (40
-    launches per kernel, twice) and the re-run record kept above spread by 2 % at most. The D = 64
-    sweeps of 86fdb12: 07 level with SDPA flash or ahead from S = 8192 on (312 against 309 and 311) and,
-    causal, at S = 512 and 1024 (173 against 154, 220 against 216).
-    At D = 128, FlashAttention-2's layout again (docs/tuning/07_ab_unroll.txt): 128 rows and 64 keys,
-    two m-tiles, Q read again at every k-step. Nsight Compute showed why it had run level: NVVM left its
-    Q·Kᵀ k-loop rolled (8 steps of 16 products, each mma waiting on the ldmatrix just before it, short
-    scoreboard and a branch per step). Unrolled at build time (a chain of inlined calls, one per k-step)
-    it ran 307 against 296 TFLOPS (SDPA flash 342), causal 282 against 275 (299), bf16 325 against 302
-    (349), causal 284 against 277 (302), but at 255 registers it keeps 24-36 B in local memory (32 B on
-    the GPU), which this phase forbids (the spill test). Unrolled four k-steps at a time (a loop of
-    two), it compiles here without spills, but the GPU's own compiler still keeps 32 B in local memory
-    (303 against 292, causal 265 against 267; bf16 310 against 297, causal 271 against 270). Not kept.
-    At D = 64 the same code (Q held, k-steps unrolled) ran 285 / 242 against 282 / 253 for the kernel of
-    5d649d6 in its one run, where the loops kept above had run 289-294 / 250-251 against 279-281 /
-    251-252. An earlier build of the D = 128 variant: 309 against 296 (SDPA flash 332), causal 272
-    against 271 (295). With 48 keys per tile (docs/tuning/07_ab_unroll.txt, run 7) the GPU compiles it
-    with 254 registers and no local memory and it ran 312 against 298 (SDPA flash 343), causal 273
-    against 273 (289), bf16 325 against 301 (345), causal 278 against 271 (294); but nvJitLink 13.5 here
-    spills 44 B of it, and the small changes that remove those spills make ptxas 13.0 (the GPU's) spill
-    instead: at the edge of 255 registers, not landed.
-    The scores of a tile as one block (commit 3f4f2d7; docs/tuning/07_ab_unroll.txt, run 8). Until
-    then the mask was tested score by score inside the loops of the row maxima, and each m-tile had
-    its own vote and branch for the lazy rescale. Now the mask is one branch around the whole tile,
-    the maxima of both m-tiles come first, then one vote for the warp, then the exponentials of both
-    m-tiles and the P·V products in one block of straight-line code that the assembler can schedule
-    as a whole. With the unrolled k-steps above and 48 keys per tile at D = 128 it assembles to 255
-    registers there with no spill under both nvJitLink 13.5 and ptxas 13.0 (242 at D = 64). Ad hoc
-    A/B (TFLOPS; the kernels of 86fdb12 / unrolled with 48 keys / this; SDPA flash in the same
-    rounds): D = 128 290 / 301 / 326 (331), causal 265 / 272 / 293 (290); bf16 D = 128 292 / - / 335
-    (331), causal 266 / - / 290 (287); D = 64 287 / - / 323 (288), causal 250 / - / 281 (262).
-    The records of 3f4f2d7 against those of 86fdb12 (D = 64) and 5d649d6 / ebff494 (D = 128): D = 64
-    fp16 297 -> 334 TFLOPS, causal 254 -> 284 (1.11x and 1.07x SDPA flash in the same runs); bf16
-    D = 64 296 -> 334, causal 256 -> 285 (1.10x, 1.08x); grouped queries 301 -> 345, causal 263 ->
-    295 (1.12x, 1.08x); D = 128 fp16 301 -> 358, causal 278 -> 311 (1.00x, 1.01x); bf16 D = 128
-    300 -> 358, causal 277 -> 309 (1.01x, 1.00x). At D = 128 the margin is within what SDPA flash
-    moves between runs (331-357 over this session's runs). The sweeps of 3f4f2d7: at D = 64 phase 07
-    is ahead of SDPA flash at every length, causal or not (S = 512 286 against 264, causal 185
-    against 154); at D = 128 it is behind at S = 512 and 1024 (311 against 317, 336 against 341) and
-    level or ahead from 2048 on; causal, ahead except at S = 8192 (336 against 340).
-    Tried on top of it and not kept (same log): a warp's tiles past its own rows' keys copied but not
-    computed (causal; slower at D = 64, 277 against 281, and it spills at D = 128).
+    What each change bought, in the records (fp16, B=16 H=16 S=2048, TFLOPS without / with the
+    causal mask, each change against the records just before it; SDPA's flash backend,
+    FlashAttention-2, in the same runs):
+    - exp2 as one MUFU.EX2 (ptx/exp2.ptx; at D = 64 also 8 warps of one m-tile): D = 64
+      231 -> 269 / 203 -> 229, D = 128 255 -> 257 / 220 -> 224;
+    - one reciprocal per row and 16-byte stores of O (common.fragment_epilogue_16b): D = 128
+      260 -> 281 / 225 -> 254, D = 64 level (271 -> 264 / 230 -> 232);
+    - a tile's copies at fixed offsets from one address per thread, the clamped copy only in a
+      tile that reaches past the sequence (Nsight Compute: the copy-issue code held about 15 % of
+      the stall samples): D = 128 281 -> 294 / 254 -> 271, D = 64 264 -> 282 / 232 -> 248;
+    - the lazy running max: D = 64 282 -> 286 / 248 -> 256, D = 128 294 -> 301 / 271 -> 278;
+    - 128 rows in four warps of two m-tiles at D = 64 (each K or V fragment feeds two products):
+      286 -> 297 / 256 -> 254;
+    - the k-steps unrolled at build time, a tile's scores as one block of straight-line code and
+      48 keys per tile at D = 128: D = 64 297 -> 334 / 254 -> 284 (1.11x and 1.07x SDPA flash),
+      D = 128 301 -> 358 / 278 -> 311 (1.00x and 1.01x).
+    Tried and not kept: FlashAttention-2's layout with Q's fragments re-read at every k-step, one
+    branch around the masking alone, cp.async from one base per thread in the earlier layout, the
+    tile compiled twice (with and without the mask), three cp.async stages, blocks of 8-16 warps,
+    copies at immediate offsets or with carried addresses, a warp's unseen causal tiles copied but
+    not computed.
+    The history of these changes, with each A/B and profile, the tile shapes timed and the
+    commits of the records: docs/tuning/07_history.md.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]

@@ -64,13 +64,13 @@ What changed from phase 08
       each SM takes the next block when it is free;
     - the tiles a row must mask (they cross the causal diagonal or the end of the keys) come last,
       in a loop of their own (FlashAttention-3 does the same): the other tiles' softmax is
-      compiled without the masking and its 16 branches per tile (at D = 64 since commit 8f08761,
-      whose warp-uniform consumer index made room for it: below);
+      compiled without the masking and its 16 branches per tile (at D = 64 as well,
+      since the consumer index is warp-uniform: below);
     - a consumer passes the tiles its rows never see: under a causal mask a block of 192 rows
       (D = 64) streams up to two tiles of 128 keys that only its later consumers need, and in
       the last block of a head whose S_q is not a multiple of 192 a consumer may have no rows at
       all (S = 2048: 2112 rows in 11 blocks; such a consumer used to compute all its tiles for
-      nothing, see "rows past S_q" below). The consumer takes its turn, hands it on and releases
+      nothing: docs/tuning/09_history.md). The consumer takes its turn, hands it on and releases
       the stage once the tile has landed, without reading it (PASS_UNSEEN; at D = 128, BLOCK_M =
       BLOCK_N, there are none when S_q = S_k);
     - tiles of 128 keys (phase 08: 64), and P·V added into the accumulator in place: phase 08's
@@ -102,240 +102,34 @@ Why the hardware rewards it
     for both products, then computes. With it, P·V (half the turn's FLOPs) runs under the
     warpgroup's own softmax, and the next warpgroup's turn queues behind it; the registers
     this costs (P of two tiles, S and O at once) still fit: no spills at either D.
-    Launch times that spread (seen in records and sweeps since commit 38aa92d: single launches 2 to
-    20 times the median, with correct outputs) were host time, not the kernel's: timed device-only
-    (each batch of launches queued behind a sleep the host's queuing cannot outlast) phase 09 and its
-    variants took no launch above 1.5x the median in 1000 at six shapes, and its trace build (every
-    barrier wait timed by %globaltimer, phases/tracing.py) found no wait longer than 6.5 us in 1200
-    launches (docs/tuning/09_stalls.txt). The benchmark has timed device-only since, and its
-    records keep mean, p99 and max beside the median.
-    The scores' exp2 is ptx/exp2.ptx's, one MUFU.EX2 without subnormal fix-ups (see phase 07).
-    Between the records of commit 38aa92d (Numba's math.exp2, one loop) and those of bc3c341
-    below (this exp2; at D = 128 the masked loop as well): D = 64 fp16 358 -> 408 TFLOPS, causal
-    275 -> 309 (now faster than phase 08's 300); D = 128 502 -> 549, causal 417 -> 436. At D = 128
-    09-turns gained as much (488 -> 549): the two now run level, the overlap adds nothing there.
-    The bf16 D = 128 and grouped-query records below are of commit 7d1070b, whose kernels are
-    those of bc3c341: bf16 D = 128 509 -> 554, causal 418 -> 440; grouped queries 371 -> 421, causal
-    286 -> 318 (now faster than phase 08's 314).
-    What the overlap covers, read from the SASS (python -m flashcore_numba.measure.machine_code
-    09 64 --sass): ptxas does not keep `wait_o` (WARPGROUP.DEPBAR.LE gsb0, 0x0) where the PTX
-    has it, after the exp2s. Where the masking branches are compiled in, it sits at the top of
-    the basic block after them, before the row maxima and the exp2s; in the loop without them
-    (then D = 128 alone) it follows `wait_s` at once. Packing P after the wait (as here)
-    rather than at the end of the softmax did not move it either. So P·V of tile n - 1 runs
-    under the masking at most, not under the exp2s: what 09 gains over 09-turns comes mostly
-    from issuing both products of a turn back to back, with no drained tensor pipe between them.
-    A branch placed just before the wait (an experiment on the PTX) keeps it after the exp2s,
-    but then S, P of tile n - 1 and O are live at once and ptxas spills (432 B at D = 64, 312 B at
-    D = 128) and serializes every wgmma (C7512, C7513). What does keep it in place is a barrier
-    that reads the softmax's result: `bar.red.and.pred` of the warpgroup's 128 threads on
-    "l_a + l_b >= 0", just before `wait_o` (an experiment, not in ptx/). The SASS then runs all
-    66 exp2s between the two waits, with no spills at D = 128 (24 B at D = 64) and no serialized
-    wgmma. It was not faster (ad-hoc, fp16, reference shape, interleaved rounds, each launch timed
-    alone, so host launch time included): D = 128 397 against 408 TFLOPS, causal 335 against 340;
-    D = 64 260 against 276. So P·V under the exp2s buys nothing here that the other consumers'
-    turns do not already give the tensor cores, and the barrier costs more than it hides. Two
-    running maxima and sums per row (dependency chains of 4 max instructions instead of 16) were
-    level too (D = 128 386-396 against 398, D = 64 320-324 against 320-325), and were not kept.
-    The masked loop, timed alone before the records (ad-hoc, fp16, reference shape, 6 interleaved
-    rounds of 10 launches, no L2 flush, on an H100 whose clock sat near 1.75 GHz): D = 128
-    non-causal 424 TFLOPS against 390 without it (rounds 386-456 against 366-421), causal 260
-    against 260; Nsight Compute timed one launch at 1.03 ms against 1.08. At D = 64: 311 / 203
-    against 312 / 209, so D = 64 kept one loop (until commit 8f08761, below).
-    One branch for the masking. Until commit c37da00 the test "does this tile need a mask" sat
-    inside the loop over S's 16 column blocks: 16 branches per tile, taken or not, in every tile at
-    D = 64 (one loop). Nsight Compute against cuDNN's kernel (docs/tuning/09_ncu_vs_cudnn.txt)
-    showed 6 % of 09's instructions were branches at D = 64 (cuDNN under 1 %), stalls on branch
-    resolution and on a missing instruction, and 13 % more instructions in all. With one branch
-    around the masking loop (mask_and_max), the records of commit 279a39d against those of bc3c341
-    and 7d1070b: D = 64 fp16 408 -> 446 TFLOPS, causal 309 -> 331; bf16 D = 64 412 -> 450, causal
-    311 -> 331; grouped queries 421 -> 459, causal 318 -> 338. D = 128 ran its unmasked tiles in
-    the loop without masks, where the branches were compiled out already: an A/B there was level (ad
-    hoc, queued launches: 481 against 485, causal 390 against 385). The masked loop at D = 64 with
-    one branch spilled 48 B and ran 397 against 420 (same A/B), so D = 64 kept one loop. What still
-    separates 09 from cuDNN in that profile: cuDNN runs one persistent block per SM (132 blocks of
-    384 threads, two consumers at D = 64 as at D = 128), and 09 keeps the uniform datapath far
-    busier (14 % of its issue slots against 4 %).
-    Persistent blocks (commit ad3eea8, its records against those of 279a39d at D = 64 and of
-    bc3c341 and 7d1070b at D = 128): D = 64 fp16 446 -> 462 TFLOPS, causal 331 -> 339; bf16 450 ->
-    464, causal 331 -> 340; grouped queries 459 -> 476, causal 338 -> 352; D = 128 fp16 549 -> 542,
-    causal 436 -> 443; bf16 554 -> 559, causal 440 -> 460. Against cuDNN in the same runs that is
-    0.98x / 0.85x at D = 64 fp16 (was 0.95x / 0.83x) and 0.85x / 0.85x at D = 128 (0.84x / 0.81x).
-    09-overlap, the same kernel with one block per query block, runs below the kernel of the
-    earlier records (D = 128 fp16 525 against 549): a block that takes one query block pays for
-    the counter, Q's second barrier and the info slot and gets nothing for them; persistence wins
-    that back and more. The sweeps show where it pays most: at D = 64 without a mask 09 is now
-    ahead of phase 08 from S = 512 on (it was not, up to S = 1024), and ahead of cuDNN from
-    S = 4096 on.
-    The ring position counted (commit 158229a; its fp16 records against those of ad3eea8): the
-    stage of tile r and the parity of its use were r % STAGES and (r // STAGES) % 2, with r a
-    64-bit tile count, and with STAGES = 3 (D = 128) that compiled to some 40 instructions of
-    division per tile, just before the wait on the tile (Nsight Compute had 09 executing 10 %
-    more instructions than cuDNN at D = 128, docs/tuning/09_ncu_persistent.txt). Counted
-    instead (`advance`): D = 128 fp16 542 -> 590 TFLOPS, causal 443 -> 479 (0.92x and 0.91x
-    cuDNN in the same runs); D = 64, whose four stages divide with a shift, 462 -> 464, causal
-    339 -> 342. All records were made again at commit c1d3e54, whose phase 09 compiles to the
-    SASS of 158229a (its epilogue moved to common.py): bf16 D = 128 559 -> 603 TFLOPS, causal
-    460 -> 488 (0.92x and 0.90x cuDNN); bf16 D = 64 464 -> 468, causal 340 -> 347; grouped queries
-    476 -> 487, causal 352 -> 360 (1.01x and 0.87x). In the sweeps 09 is level with cuDNN or ahead
-    at D = 64 without a mask from S = 2048 on (1.00x to 1.08x) and with one from S = 8192 on (1.00x,
-    1.03x); at D = 128 it reaches 1.03x at S = 16384 without a mask and stays at 0.83x-0.97x
-    elsewhere from S = 1024 (0.76x at S = 512 with a mask). Phase 08 was still the faster at D = 64
-    causal up to S = 1024 (09 at 0.94x and 0.95x of it). Two points of these sweeps spread as described above: D = 64 without a
-    mask at S = 512, where 09's launches took 0.23 to 3.71 ms (median 0.32, so 0.76x of phase 08;
-    in the sweep of commit 40974dd it was 1.06x of 08), and D = 128 at S = 512, where cuDNN's
-    took 0.34 to 1.58 ms (09 at 1.13x of it there, 0.79x in the sweep before).
-    The consumer index made warp-uniform (commit 8f08761, its records against those of c1d3e54).
-    A consumer computed c = tid // 128 - 1: the same for its 128 threads, but ptxas cannot prove
-    that, so every value computed from c (loop bounds, ring addresses, barrier numbers) was taken
-    to differ between lanes and kept in per-thread registers. Each new bound that depended on c
-    cost registers: at D = 64 the loop of the masked tiles spilled 64 B, and a pass over the tiles
-    a consumer never sees spilled 104 to 152 B in every form tried, even `n_tiles - (c & 1)` alone.
-    Broadcast from lane 0 (`shfl_sync(FULL_MASK, c, 0)`, as CUTLASS does for its warpgroup index)
-    c is warp-uniform to ptxas: both loops compile without spills, and the SASS at D = 128 is 5 %
-    shorter (3,360 instructions against 3,520), its ring addresses in uniform registers. An ad-hoc
-    A/B first (L2 flushed, interleaved rounds; TFLOPS): the broadcast alone D = 128 591 against 543,
-    causal 503 against 477; at D = 64 with the masked loop and the pass 456 against 452, causal 363
-    against 343, causal S = 1024 255 against 238 (phase 08 250). The records: D = 64 fp16 466 -> 479
-    TFLOPS, causal 345 -> 367 (1.02x and 0.92x cuDNN, were 0.99x and 0.87x); D = 128 fp16 588 -> 619,
-    causal 479 -> 500 (0.97x and 0.96x, were 0.92x and 0.91x); bf16 D = 64 468 -> 482, causal 347 ->
-    365; bf16 D = 128 603 -> 637, causal 488 -> 514 (0.97x, 0.96x); grouped queries 487 -> 494, causal
-    360 -> 382 (1.04x and 0.92x). The D = 64 fp16 records were made again at commit 01ec813 (481 /
-    367, the same kernel). In the sweeps of 8f08761 09 is level with cuDNN or ahead at D = 64 from
-    S = 2048 without a mask (1.02x to 1.08x) and from S = 8192 with one (1.04x, 1.09x), and at
-    D = 128 from S = 4096 both ways (1.01x to 1.12x); at S = 2048 D = 128 0.98x and 0.96x. It is
-    ahead of phase 08 everywhere but D = 64 causal at S = 512 (0.75x), where its launches spread
-    from 0.19 to 0.39 ms: there its host time per launch exceeded its time on the GPU (below).
-    09-turns, the same kernel without the overlap, lost a quarter of its speed with the broadcast
-    (D = 64 441 -> 314, D = 128 554 -> 443 in the records of 8f08761): in its SASS ptxas moved the
-    turn's hand-over (BAR.ARV) below 23 of the softmax's exp2s, so the next consumer waited for
-    them. 09-turns keeps c = tid // 128 since commit 01ec813: its hand-over is back before the
-    exp2s, and at D = 64 it carries a few bytes of local memory (the masked loop and the pass without
-    a uniform c). 09-ws, which has no hand-over to move, went back to c = tid // 128 in 01ec813 as
-    well (D = 64: 422 TFLOPS in the records of 8f08761, 388 in those of 01ec813, 40 B of local
-    memory) and has the broadcast again since commit 3c00a39 (0 B). The records of 3c00a39 have
-    every variant as built now: 09-turns D = 64 fp16 422, D = 128 564 (were 314 and 443 at
-    8f08761), 09-ws 419 and 525.
-    Host time per launch (docs/tuning/09_host_time_per_launch.txt; D = 64, causal, S = 512, B = 64):
-    phase 09 took 271 us of host time per launch for 202 us on the GPU (phase 08: 81 us for 209), so
-    back-to-back launches left the GPU waiting, the spread of the short sweep points. Describing
-    Q, K and V for their tensor maps, typing every argument again for the shared-memory limit and
-    asking the driver for the SM count cost most of it. Since commit 01ec813 a launch on the same
-    array objects finds its maps by their identity (weak references guard against a recycled id),
-    the shared-memory check keys on the arrays' cached Numba types, and the SM count is asked once:
-    120 us per launch. In the D = 64 causal sweep of commit 3c00a39 the point S = 512 no longer
-    spreads (0.188 to 0.190 ms) and 09 runs level with phase 08 there (182 and 183 TFLOPS), so
-    phase="best" still hands it to 08 (api.SHORT_SEQUENCES_TO_08); the other three sweeps are of
-    8f08761.
-    Q released at the block's last S (the sweeps of 06e04ce, then the records below). Fitted as
-    a time per launch a + b * S, the D = 128 sweep without a mask (4,096 query blocks at every
-    length) gives phase 09 0.116 ms of fixed cost per launch, some 3.7 us per query block on each
-    SM, against 0.051 ms (1.6 us) for cuDNN, and 6 % less than cuDNN per key: the gap at short
-    sequences sat at the block boundaries (docs/tuning/09_ab_q_release.txt). There a consumer
-    released Q after its last tile's softmax, and the producer waited for that release before it
-    sent the next block's Q and then its first K/V tile, so the latency of both loads fell between
-    two blocks with the tensor cores idle. Now a consumer releases Q as soon as its last S is done
-    (the softmax, the last P·V and the epilogue run while the next Q loads), and the producer sends
-    tile 0's K and V before it waits for that release: their stage is freed by the last block's
-    P·V, whatever Q does. Only the overlap kernels release early (09-turns spilled 48 B at D = 64
-    with it; the variants take one query block per block, with no next Q to load). Ad hoc A/B
-    first (L2 flushed, interleaved rounds, each launch timed alone, so host time included; TFLOPS,
-    new against old): D = 64 S = 2048 494 / 479, causal 376 / 363; S = 512 (B = 64) 348 / 326,
-    causal 200 / 182; D = 128 S = 2048 623 / 620, causal 507 / 500; S = 512 449 / 432, causal
-    205 / 270 in that run and 284 / 269 in the one before.
-    The records (commit e167d50, against those of 3c00a39): D = 64 fp16 476 -> 496 TFLOPS, causal
-    365 -> 377 (1.06x and 0.95x cuDNN in the same runs, were 1.02x and 0.92x); bf16 D = 64 480 -> 503,
-    causal 366 -> 379 (1.07x, 0.95x); grouped queries 495 -> 515, causal 377 -> 398 (1.07x, 0.97x);
-    D = 128 fp16 641 -> 628, causal 516 -> 514 (0.98x and 0.97x, were 0.97x and 0.96x: cuDNN too ran
-    2 % slower in these runs, 658 -> 642); bf16 D = 128 657 -> 647, causal 526 -> 527 (0.98x, 0.97x).
-    In the sweeps of e167d50 phase 09 is ahead of phase 08 at every point, D = 64 causal S = 512
-    included (201 against 183 TFLOPS, where the two ran level before), so phase="best" hands no
-    shape to 08 any more (api.SHORT_SEQUENCES_TO_08 is empty); D = 128 causal S = 512 runs 286
-    against 271, the 205 of the A/B above did not repeat. Against cuDNN: D = 64 from S = 2048 without
-    a mask (1.05x to 1.13x) and from S = 4096 with one (1.00x to 1.16x), D = 128 from S = 4096 (1.01x
-    to 1.06x); at S = 2048 D = 128 0.98x and 0.97x, and below S = 2048 0.78x to 0.95x.
-    Rows past S_q, and a pair of Q barriers per consumer (commit 254402e, its records against those
-    of e167d50). At D = 64 a block has 192 rows, which 2048 is not a multiple of: the last block of
-    each head holds 128 rows, and its third consumer, whose rows all lie past S_q, computed all of
-    its 16 tiles for nothing (3 % of the work without a mask, 6 % with one, 11 % at S = 512 and
-    1024). Such a consumer now has no tiles of its own (n_mine = 0) and passes them all. A pass
-    now waits for the tile to land before it releases the stage: 09-ws, which has no turns to
-    hold a consumer back, deadlocked once a consumer passed eight tiles, twice round the ring (an
-    arrival for a stage's next use counted towards this one); the GPU tests have that shape now
-    (S = 1000). And Q has a pair of barriers per consumer instead of one for the block: a
-    consumer's next Q loads as soon as it is done with its own, not once the last consumer is
-    (two turns later at D = 64). Ad hoc A/B first (docs/tuning/09_ab_q_pairs.txt; TFLOPS, e167d50
-    against the rows fix alone, the Q pairs alone, both): D = 64 S = 2048 493 / 491 / 482 / 492,
-    causal 380 / 391 / 381 / 393; S = 512 350 / 369 / 353 / 374, causal 201 / 215 / 204 / 221; at
-    D = 128 the Q pairs ran 591 against 575 and causal 510 against 486 in one run, level in
-    another. The records: D = 64 fp16 496 -> 505 TFLOPS, causal 377 -> 387 (1.09x and 0.98x cuDNN
-    in the same runs, were 1.06x and 0.95x); bf16 D = 64 503 -> 508, causal 379 -> 390 (1.09x,
-    0.98x); grouped queries 515 -> 522, causal 398 -> 405 (1.10x, 0.99x); D = 128 fp16 628 -> 631,
-    causal 514 -> 515 (0.98x, 0.98x); bf16 D = 128 647 -> 650, causal 527 -> 530 (0.98x, 0.98x).
-    09-turns addresses its Q, Q barriers and info slot through the broadcast (warp-uniform) index,
-    its turns through tid // 128 as before: 0 B of local memory at D = 64 (was 8), 8 B at D = 128
-    (was 0). It ran 422 -> 410 TFLOPS at D = 64 fp16 (545 against 550 at D = 128), now below 09-ws
-    (427) at D = 64: there the turns pay only together with the overlap.
-    The fit of the sweeps (a + b * S per launch, S = 512 to 8192): at D = 64 without a mask the
-    fixed cost fell from 89 to 70 us per launch (cuDNN 42), the rows fix; at D = 128 it stayed at
-    112 us (cuDNN 46) while 09 costs 6 % less per key than cuDNN. D = 128's gap to cuDNN at
-    S = 2048 is that fixed cost: some 2 us per query block on each SM more than cuDNN's, not
-    the loading of Q, which the pairs now start earlier without a gain there.
-    In the D = 64 causal sweep phase 09's launches at S = 1024 spread from 0.234 to 0.490 ms,
-    median 0.286 (240 TFLOPS against phase 08's 252), in two sweeps in a row (the first, median
-    0.275, is kept in docs/bench/outliers/); every other point of the four sweeps stays within a
-    few percent. In an ad hoc run of that shape (each launch after an L2 flush, timed alone, 60
-    launches) the kernel ran 0.231 / 0.236 / 0.461 ms (min / median / max) against 0.251 / 0.255 /
-    0.903 for the kernel of e167d50: faster, with the same rare slow launch. Why the sweep's
-    launches spread at this one point is not understood.
-    16-byte stores of O (commit d5d15af, its records against those of 254402e). A timeline of the query blocks at D = 128
-    (docs/tuning/09_block_timeline.txt, a copy with %globaltimer stamps) put 1.7 and 2.3 us of each
-    block's 28.4 us (consumers 0 and 1) in the epilogue alone, after the last P·V: 32 four-byte
-    stores per thread, each warp-wide store writing 16 bytes of each of 8 rows. With a transpose
-    within the quad (3 shuffles and a few selects per group of four 8-column blocks) a thread stores
-    16 contiguous bytes at a time: 8 STG.E.128 in place of 32 STG.E at D = 128, 4 in place of 16 at
-    D = 64, with registers and spills unchanged for phase 09 (128 at D = 64, 168 at D = 128, none);
-    09-turns at D = 64 now spills 72 B (outside its loop of turns). Ad hoc A/B first
-    (docs/tuning/09_ab_16b_stores.txt; L2 flushed, interleaved rounds, each launch timed alone;
-    TFLOPS, 4-byte against 16-byte stores, cuDNN in the same run): D = 128 S = 2048 626 / 657
-    (cuDNN 630), causal 502 / 542 (505); S = 512 436 / 524 (531), causal 285 / 334 (347); D = 64
-    S = 2048 509 / 524 (467), causal 388 / 407 (397); S = 512 379 / 417 (393), causal 224 / 242 (263).
-    The records: D = 64 fp16 505 -> 521 TFLOPS, causal 387 -> 405 (1.11x and 1.02x cuDNN in the same
-    runs, were 1.09x and 0.98x); bf16 D = 64 508 -> 526, causal 390 -> 410 (1.13x, 1.03x); grouped
-    queries 522 -> 536, causal 405 -> 423 (1.13x, 1.04x); D = 128 fp16 631 -> 660, causal 515 -> 548
-    (1.03x and 1.04x, were 0.98x and 0.98x); bf16 D = 128 650 -> 680, causal 530 -> 564 (1.03x,
-    1.04x). Every variant gained as well (they share the epilogue): 09-turns now runs level with
-    09-ws at D = 64 without a mask (443 and 437) and below it with one (331 and 340). In the sweeps
-    of d5d15af phase 09 is ahead of phase 08 at every point (1.02x at D = 64 S = 512 without a mask,
-    where its launches spread from 0.18 to 0.52 ms, median 0.23; 1.24x to 1.90x elsewhere; the
-    D = 64 causal point S = 1024 that trailed 08 in the sweeps of 254402e runs 1.24x of it without a
-    spread). Against cuDNN: 1.01x to 1.12x from S = 1024 at D = 128 (S = 512 0.99x, causal 0.96x),
-    and at D = 64 1.06x to 1.13x from S = 1024 without a mask and 1.03x to 1.09x from S = 2048 with
-    one (S = 512 and 1024 with a mask 0.92x and 0.93x; S = 512 without one 0.77x, the spread point).
-    Nine of the ten records were made again at commit b30c6d2 (phase 07's epilogue; phase 09's kernel
-    unchanged): phase 09 within 2 % of the numbers above, 1.03x-1.13x cuDNN.
-    Tried and not kept: a block's last P·V taken into the next block's first turn, beside that
-    block's first S (the epilogue after it), so that the tensor cores see no block boundary. At
-    D = 128 (no spills) it ran 529 against 591 TFLOPS, causal 449 against 510 (ad hoc A/B); at
-    D = 64 it spilled 292 B and was not timed.
-    Tried and not kept: five K/V stages at D = 64 instead of four (184 KB of shared memory, no
-    spills). Level within noise (docs/tuning/09_ab_five_stages.txt, four stages against five:
-    S = 2048 479 / 477 TFLOPS, causal 361 / 360; S = 8192 512 / 510, causal 476 / 472). The ring is
-    not what holds D = 64 back.
-    Tried and not kept (compile only): the exp2 of two scores in one instruction,
-    `ex2.approx.f16x2`. ptxas for sm_90a turns it into two MUFU.EX2.F16 and a PRMT, so the MUFU
-    does the same work as before, with one more instruction per pair.
-    Tried and not kept: two consumers at D = 64, as cuDNN has (BLOCK_M 128, 240 registers each,
-    which also fits the masked loop without spills). Slower at every length timed (ad hoc, fp16,
-    each launch after an L2 flush, interleaved rounds: S = 2048 404 TFLOPS against 455 with three,
-    the masked loop 393; causal 326 and 309 against 335; S = 8192 410 against 518): three
-    consumers keep the tensor cores busier than two at this head dim.
-    Tried and not kept: a share of the exp2s on the FMA pipe (a degree-3 polynomial for 2^f and
-    the exponent added as an integer, nine instructions instead of one MUFU.EX2, as FlashAttention
-    4 does on Blackwell). Every share was slower (ad hoc A/B, queued launches, D = 64: 391 with
-    none, 375 with 1/8, 358 with 1/4, 333 with 1/2; D = 128: 461, 461, 460, 435): at 16 exp2s per
-    clock per SM the MUFU keeps pace with the tensor cores here, and the issue slots do not
-    have nine instructions to spare per score.
+    What each idea bought, in the records (fp16, B=16 H=16 S=2048, TFLOPS without / with the causal
+    mask, each change against the records just before it):
+    - exp2 as one MUFU.EX2 (ptx/exp2.ptx): D = 64 358 -> 408 / 275 -> 309, D = 128 502 -> 549 /
+      417 -> 436;
+    - one branch around the masking, where the test sat in each of S's 16 column blocks (Nsight
+      Compute beside cuDNN: 6 % of the instructions were branches): D = 64 408 -> 446 / 309 -> 331;
+    - persistent blocks: D = 64 446 -> 462 / 331 -> 339, D = 128 level (549 -> 542 / 436 -> 443);
+    - the ring's stage and parity counted (`advance`), not divided out of a tile count (some 40
+      instructions per tile with three stages): D = 128 542 -> 590 / 443 -> 479;
+    - the consumer index broadcast from lane 0, so that ptxas knows it is warp-uniform (the ring
+      addresses in uniform registers, room for the masked loop and the pass at D = 64 without
+      spills): D = 64 466 -> 479 / 345 -> 367, D = 128 588 -> 619 / 479 -> 500. 09-turns keeps
+      c = tid // 128: with the broadcast ptxas moved its hand-over below the exp2s and it lost a
+      quarter of its speed;
+    - Q released at a consumer's last S, the next block's first K/V tile sent before Q:
+      D = 64 476 -> 496 / 365 -> 377, D = 128 level (641 -> 628 / 516 -> 514);
+    - a consumer whose rows all lie past S_q computes nothing, and a pair of Q barriers per
+      consumer: D = 64 496 -> 505 / 377 -> 387;
+    - 16-byte stores of O: D = 64 505 -> 521 / 387 -> 405, D = 128 631 -> 660 / 515 -> 548.
+    What the overlap covers: ptxas does not keep `wait_o` after the exp2s (the SASS, python -m
+    flashcore_numba.measure.machine_code 09 64 --sass), so what 09 gains over 09-turns comes
+    mostly from issuing both products of a turn back to back; a barrier that pins the wait after
+    the exp2s was not faster. Launch times that once spread were host time, not the kernel's
+    (docs/tuning/09_stalls.txt). Tried and not kept: a block's last P·V in the next block's first
+    turn, five K/V stages at D = 64, ex2.approx.f16x2, two consumers at D = 64, two running maxima
+    per row, a share of the exp2s on the FMA pipe.
+    The history of these changes, with each A/B, profile and sweep and the commits of the
+    records: docs/tuning/09_history.md.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -380,6 +174,7 @@ Measured effect (written by `flashcore report` from the committed record; do not
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache, partial
 
 from numba import cuda, float32, int32, uint32
@@ -457,9 +252,50 @@ def work_units(q_shape, causal, block_m) -> int:
     return B * H * (-(-S // block_m))
 
 
-def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=True, trace=False) -> KernelConfig:
-    """The kernel of layout L. trace: the diagnostic build of phases/tracing.py, every barrier wait
-    timed (docs/tuning/09_stalls.txt); it computes what the plain build computes."""
+@dataclass(frozen=True)
+class Build:
+    """Which of phase 09's ideas one build of its kernel has. Phase 09 has them all; each variant
+    (VARIANTS, BUILDS) leaves some out, so that what each idea buys stays measurable: every build
+    is its own benchmark row and its own `phase=` value ("09-ws", "09-turns", "09-overlap")."""
+
+    turns: bool = True  # ping-pong: the consumers take turns at the tensor cores (named barriers)
+    overlap: bool = True  # a turn's two products issued, not awaited: S waited for alone, P·V later
+    persistent: bool = True  # one block per SM, taking query blocks from a counter (else one per block)
+    trace: bool = False  # the diagnostic build of phases/tracing.py: every barrier wait timed
+
+    @property
+    def release_q_early(self) -> bool:
+        """A consumer releases Q (q_empty) as soon as its last S is done, not after that tile's
+        softmax and P·V: the next block's Q then loads under them. Only with the overlap (phase 09
+        and 09-overlap): 09-turns spilled 48 B at D = 64 with it, and the variants run one block
+        per query block, with no next Q to load."""
+        return self.overlap
+
+    @property
+    def uniform_c(self) -> bool:
+        """The consumer index broadcast from lane 0 (warp-uniform to ptxas) for the turns and the
+        loops. 09-turns keeps tid // 128 there: with c uniform ptxas moved its turn's hand-over
+        (bar.arrive) below two dozen exp2s, and the variant lost a quarter of its speed
+        (docs/tuning/09_history.md). 09-ws has no hand-over to move and keeps the broadcast."""
+        return self.overlap or not self.turns
+
+
+BUILDS = {
+    None: Build(),  # phase 09
+    "overlap": Build(persistent=False),
+    "turns": Build(overlap=False, persistent=False),
+    "ws": Build(turns=False, overlap=False, persistent=False),
+}
+
+
+def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
+    """The kernel of layout L, with the ideas `build` (a Build) names. Its parts, in this order:
+    the softmax of a tile (as in phase 08), the ring's position, the work scheduler (which query
+    block comes next), the producer (TMA loads of Q, K and V), a consumer's turn and the consumer
+    (the products, the softmax, the epilogue), then the kernel, which hands warpgroup 0 to the
+    producer and the others to the consumer. build.trace: the diagnostic build of
+    phases/tracing.py, every barrier wait timed (docs/tuning/09_stalls.txt); it computes what the
+    plain build computes."""
     kind = PTX_TYPE[dtype]
     HEAD_DIM = L["HEAD_DIM"]
     shape = f"d{HEAD_DIM}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D
@@ -499,18 +335,17 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     PASS_UNSEEN = L["PASS_UNSEEN"]
     CONSUMER_THREADS = 128 * CONSUMERS
     LAUNCH_BOUNDS = L["LAUNCH_BOUNDS"]
-    # A consumer releases Q (q_empty) as soon as its last S is done, not after that tile's softmax and
-    # P·V: the next block's Q then loads under them. Only with the overlap (phase 09 and 09-overlap):
-    # 09-turns spilled 48 B at D = 64 with it, and the variants run one block per query block, with
-    # no next Q to load
-    RELEASE_Q_EARLY = overlap
+    # the build's choices, as constants the compiler folds (a branch on one is compiled out)
+    TURNS, OVERLAP = build.turns, build.overlap
+    RELEASE_Q_EARLY, UNIFORM_C = build.release_q_early, build.uniform_c
     # the barrier waits, timed in the trace build (tracing.py; docs/tuning/09_stalls.txt), and the
     # trace's marks, which compile to nothing in every other build
     wait, bar_sync, trace_mark, trace_save, SMEM_BYTES = wait_hooks(
         ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline"),
-        ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline"), trace, L["SMEM_BYTES"], BARS_OFF, STAGES,
-        CONSUMERS)
+        ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline"), build.trace, L["SMEM_BYTES"], BARS_OFF,
+        STAGES, CONSUMERS)
 
+    # ---------------- the softmax of a tile: phase 08's, on S of BLOCK_N keys ----------------------
     @cuda.jit(device=True, inline=True)
     def rescale(acc, alpha_a, alpha_b):
         """acc = alpha · acc, before the next P·V adds to it (rows a: registers 0, 1; rows b: 2, 3)."""
@@ -532,7 +367,8 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         rows' maxima taken. Why halves: LLVM unrolls a loop of 8 blocks fully, one of 16 (128
         keys) it leaves a loop; s indexed at run time would be put in local memory. The masking
         is one branch around its whole loop: a branch in each block (16 per tile, taken or not)
-        cost D = 64, which runs every tile through this code, 8 % of its speed (docstring)."""
+        cost D = 64, which runs every tile through this code, 8 % of its speed
+        (docs/tuning/09_history.md)."""
         if masked:
             for j in range(j0, j0 + HALF):
                 col = start_n + j * MMA_N + 2 * t
@@ -593,6 +429,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         sum_a, sum_b = exp_and_sum(s, HALF, scale, m_ref_a, m_ref_b, sum_a, sum_b)
         return m_new_a, m_new_b, l_a * alpha_a + sum_a, l_b * alpha_b + sum_b, alpha_a, alpha_b
 
+    # ---------------- the ring of K/V stages and the barriers ----------------------------------------
     @cuda.jit(device=True, inline=True)
     def advance(stage, phase):
         """The ring position after (stage, phase): the next stage, and the parity of its use, which
@@ -616,11 +453,39 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         q_full = empty + 8 * STAGES
         return full, empty, q_full, q_full + 8 * CONSUMERS
 
+    # ---------------- the work scheduler: which query block comes next ------------------------------
+    # The work is units of one query block, numbered head after head and within a head from the last
+    # block down (under a causal mask the last query rows see the most keys: the longest units go
+    # first). Block x takes unit x, then whichever unit the counter hands out next: a grid of one
+    # block per SM when persistent, else of one block per unit (which then finds no unit left). The
+    # producer asks; a consumer learns which query block comes from its info slot.
+    # (32-bit unsigned arithmetic throughout: after setmaxnreg.dec the producer has 24 registers,
+    # and Numba's default 64-bit integers take two each)
+    @cuda.jit(device=True, inline=True)
+    def next_unit(counter, n_units):
+        """The unit this block takes after its current one: one atomic addition on the counter in
+        global memory, past the grid's first units. Every unit makes one request, so the request
+        handed n_units - 1 is the launch's last: no block asks again, and it sets the counter back
+        to zero for the next launch (no memset before a launch, and a replayed CUDA graph finds it
+        at zero too)."""
+        handed = uint32(cuda.atomic.add(counter, 0, 1))
+        if handed == n_units - uint32(1):
+            counter[0] = 0
+        return handed + uint32(cuda.gridDim.x)
+
+    @cuda.jit(device=True, inline=True)
+    def query_block(unit, n_m):
+        """Unit `unit` as a query block (n_m per head): its plane b * H + h of Q, and its first row."""
+        bh = uint32(unit // n_m)
+        row0 = int32((n_m - uint32(1) - unit % n_m) * uint32(BLOCK_M))
+        return bh, row0
+
+    # ---------------- the producer: TMA loads, one thread of warpgroup 0 ----------------------------
     @cuda.jit(device=True, inline=True)
     def load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q):
-        """The producer: the query block's Q by TMA, consumer after consumer, each tile once its
-        consumer has released the last one (q_empty[c]), and which block it is in the consumer's
-        info slot (published by the same barrier, q_full[c]); returns q_uses + 1."""
+        """The query block's Q by TMA, consumer after consumer, each tile once its consumer has
+        released the last one (q_empty[c]), and which block it is in the consumer's info slot
+        (published by the same barrier, q_full[c]); returns q_uses + 1."""
         for c in range(CONSUMERS):  # consumer c's 64 rows of Q, D / 64 boxes
             wait(q_empty + 8 * c, uint32(q_uses % uint32(2)) ^ uint32(1))  # consumer c is done with its last Q
             smem_h[INFO + 2 * c] = uint32(row0)
@@ -634,22 +499,79 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         return uint32(q_uses + uint32(1))
 
     @cuda.jit(device=True, inline=True)
+    def load_kv(smem, full, stage, n, plane_kv, map_k, map_v):
+        """Tile n's K and V by TMA into ring stage `stage`, counted on its full barrier."""
+        expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
+        k_tile = smem + RING_OFF + stage * STAGE_BYTES
+        for a in range(ATOMS):  # atom a holds columns 64a .. 64a + 63 of d
+            for box in range(BLOCK_N // 64):  # its rows, 64 keys per box
+                col = int32(0)
+                row = int32(0)
+                # >>> exercise 09-b: the first column and first row (key) of box `box` of atom a of tile n
+                # <<< exercise
+                at = a * KV_ATOM + box * ATOM
+                tma_load(k_tile + at, map_k, col, row, plane_kv, full + 8 * stage)
+                tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, full + 8 * stage)
+
+    @cuda.jit(device=True, inline=True)
+    def producer(smem_h, smem, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads, seq_q, seq_k):
+        """The producer: for each query block the scheduler hands out, its K and V tile after tile
+        into the ring (a stage once every consumer has released it), each consumer's Q behind tile
+        0; then it tells the consumers that no block is left."""
+        trace_mark(1)
+        map_q, map_k, map_v = map_address(maps[0]), map_address(maps[1]), map_address(maps[2])
+        n_m = uint32((seq_q + BLOCK_M - 1) // BLOCK_M)  # query blocks per head
+        n_units = uint32(Q.shape[0] * n_heads) * n_m
+        stage = uint32(0)  # the ring position of the next tile: its stage, and the parity of this use
+        phase = uint32(0)
+        q_uses = uint32(0)  # query blocks so far: Q's barriers are in phase q_uses % 2
+        unit = uint32(cuda.blockIdx.x)
+        while unit < n_units:
+            trace_mark(3)
+            # ask for the next unit now: the atomic's latency passes while this one's loads go out
+            unit_after = next_unit(counter, n_units)
+            bh, row0 = query_block(unit, n_m)
+            h_kv = uint32(uint32(bh % uint32(n_heads)) * uint32(K.shape[1])) // uint32(n_heads)  # see phase 08
+            plane_kv = int32(uint32(bh // uint32(n_heads)) * uint32(K.shape[1]) + h_kv)
+            block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
+            n_tiles = int32((block_k_end + BLOCK_N - 1) // BLOCK_N)
+            # Tile 0's K and V go out before Q: their stage is freed by the consumers of the last
+            # block whatever Q does, so they load while those finish. Each consumer's tile of Q
+            # waits for that consumer's release (its last S of the last block), then comes in
+            # behind tile 0 (n_tiles = 0: at once)
+            if n_tiles == 0:
+                q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
+            for n in range(n_tiles):  # fill the next stage once it is free
+                wait(empty + 8 * stage, phase ^ uint32(1))  # the use before this one was released
+                load_kv(smem, full, stage, n, plane_kv, map_k, map_v)
+                stage, phase = advance(stage, phase)
+                if n == 0:
+                    q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
+            unit = unit_after
+        for i in range(CONSUMERS):
+            wait(q_empty + 8 * i, uint32(q_uses % uint32(2)) ^ uint32(1))
+            smem_h[INFO + 2 * i] = uint32(0xFFFFFFFF)  # no query block left: the consumers stop
+            expect_tx(q_full + 8 * i, uint32(0))
+        trace_save(counter)
+
+    # ---------------- the consumers: warpgroup c owns query rows row0 + 64c .. + 63 ------------------
+    @cuda.jit(device=True, inline=True)
     def turn(smem, q_empty, n, stage, phase, prev, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a,
              l_b, alpha_a, alpha_b, may_mask, last):
-        """Tile n >= 1 of a query block, in ring stage `stage` (`phase`: the parity of this use of it),
-        tile n - 1 in stage `prev`: wait for it, take the turn (S of tile n, P·V of tile n - 1), the
-        softmax of tile n; returns the rows' new m_i, l_i and alpha. `last`: tile n is the last this
-        warpgroup computes S of, so its Q is released (q_empty: this consumer's barrier) as soon as that
-        S is done."""
+        """A consumer's step through its tiles: tile n >= 1 of a query block, in ring stage `stage`
+        (`phase`: the parity of this use of it), tile n - 1 in stage `prev`: wait for it, take the
+        turn (S of tile n, P·V of tile n - 1), the softmax of tile n; returns the rows' new m_i, l_i
+        and alpha. `last`: tile n is the last this warpgroup computes S of, so its Q is released
+        (q_empty: this consumer's barrier) as soon as that S is done."""
         full, empty, _, _ = barriers(smem)
         wait(full + 8 * stage, phase)  # tile n has landed
         desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
         desc_v = descriptor(smem + RING_OFF + prev * STAGE_BYTES + KV_BYTES, KV_ATOM, GROUP, SW128)
 
         # -- this warpgroup's turn: S of tile n, and P·V of tile n - 1
-        if pingpong:
+        if TURNS:
             bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
-        if overlap:  # both issued, neither awaited: S first, so that it is the first to finish
+        if OVERLAP:  # both issued, neither awaited: S first, so that it is the first to finish
             s_tile = qk_issue(desc_q, desc_k)
             rescale(acc, alpha_a, alpha_b)
             p_prev = as_tuple(p_frag, N_P)  # read by the tensor cores until wait_o
@@ -657,9 +579,9 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         else:
             add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
             s_tile = qk(desc_q, desc_k)
-        if pingpong:
+        if TURNS:
             bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))  # the next one's turn
-        if overlap:
+        if OVERLAP:
             s_tile = wait_s(s_tile)  # S is done; P·V of tile n - 1 runs on under the softmax
         else:
             arrive(empty + 8 * prev)  # tile n - 1 is used up: its stage may be refilled
@@ -668,7 +590,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         store_tuple(s, s_tile)
         m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, n * BLOCK_N, t, k_end_a, k_end_b,
                                                             scale, m_a, m_b, l_a, l_b, may_mask)
-        if overlap:
+        if OVERLAP:
             store_tuple(acc, wait_o(p_prev, o_tile))  # P·V of tile n - 1 is done
             arrive(empty + 8 * prev)
         # P's fragments after the wait: tile n - 1's are read by the tensor cores until then, and
@@ -676,106 +598,21 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         pack_p(s, p_frag)
         return m_a, m_b, l_a, l_b, alpha_a, alpha_b
 
-    def kernel(Q, K, V, O, causal, qk_scale, maps, counter):
-        smem_h = cuda.shared.array(0, uint32, alignment=1024)
-        smem = shared_address(smem_h)
-        full, empty, q_full, q_empty = barriers(smem)
-        n_heads = Q.shape[1]
-        seq_q = Q.shape[2]
-        seq_k = K.shape[2]
-        tid = cuda.threadIdx.x
-        wg = tid // 128
-
-        if tid == 0:  # one thread sets the barriers up; the block barrier publishes them
-            for i in range(CONSUMERS):
-                mbar_init(q_full + 8 * i, uint32(1))
-                mbar_init(q_empty + 8 * i, uint32(128))  # consumer i's threads
-            for s in range(STAGES):
-                mbar_init(full + 8 * s, uint32(1))  # the producer's arrival (and the TMA bytes)
-                mbar_init(empty + 8 * s, uint32(CONSUMER_THREADS))  # every consumer thread's
-            fence_mbar_init()
-        cuda.syncthreads()
-        trace_mark(0)
-
-        if wg == 0:
-            # ---------------- producer: one thread streams Q, then K and V tile after tile --------
-            regs_dec()
-            if tid == 0:
-                trace_mark(1)
-                map_q, map_k, map_v = map_address(maps[0]), map_address(maps[1]), map_address(maps[2])
-                # The work: units of one query block, numbered head after head and within a head from
-                # the last block down (under a causal mask the last query rows see the most keys: the
-                # longest units go first). Block x takes unit x, then whichever unit the counter hands
-                # out next (one atomic addition): a grid of one block per SM when persistent, else of
-                # one block per unit. A consumer learns which query block comes from its info slot,
-                # written before the arrival on its q_full that publishes it.
-                # (32-bit unsigned arithmetic throughout: after setmaxnreg.dec the producer has 24
-                # registers, and Numba's default 64-bit integers take two each)
-                n_m = uint32((seq_q + BLOCK_M - 1) // BLOCK_M)  # query blocks per head
-                n_units = uint32(Q.shape[0] * n_heads) * n_m
-                stage = uint32(0)  # the ring position of the next tile: its stage, and the parity of this use
-                phase = uint32(0)
-                q_uses = uint32(0)  # query blocks so far: Q's barriers are in phase q_uses % 2
-                unit = uint32(cuda.blockIdx.x)
-                while unit < n_units:
-                    trace_mark(3)
-                    # ask for the next unit now: the atomic's latency passes while this one's loads go out
-                    handed = uint32(cuda.atomic.add(counter, 0, 1))
-                    if handed == n_units - uint32(1):
-                        # Every unit makes one request, so this was the launch's last: no block asks
-                        # again, and the counter is left at zero for the next launch (no memset before
-                        # it on the host's side, and a replayed CUDA graph finds it zero too)
-                        counter[0] = 0
-                    next_unit = handed + uint32(cuda.gridDim.x)
-                    bh = uint32(unit // n_m)  # the plane b * H + h of Q: one head
-                    row0 = int32((n_m - uint32(1) - unit % n_m) * uint32(BLOCK_M))
-                    h_kv = uint32(uint32(bh % uint32(n_heads)) * uint32(K.shape[1])) // uint32(n_heads)  # see phase 08
-                    plane_kv = int32(uint32(bh // uint32(n_heads)) * uint32(K.shape[1]) + h_kv)
-                    block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
-                    n_tiles = int32((block_k_end + BLOCK_N - 1) // BLOCK_N)
-                    # Tile 0's K and V go out before Q: their stage is freed by the consumers of the last
-                    # block whatever Q does, so they load while those finish. Each consumer's tile of Q
-                    # waits for that consumer's release (its last S of the last block), then comes in
-                    # behind tile 0 (n_tiles = 0: at once)
-                    if n_tiles == 0:
-                        q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
-                    for n in range(n_tiles):  # fill the next stage once it is free
-                        wait(empty + 8 * stage, phase ^ uint32(1))  # the use before this one was released
-                        expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
-                        k_tile = smem + RING_OFF + stage * STAGE_BYTES
-                        for a in range(ATOMS):  # atom a holds columns 64a .. 64a + 63 of d
-                            for box in range(BLOCK_N // 64):  # its rows, 64 keys per box
-                                col = int32(0)
-                                row = int32(0)
-                                # >>> exercise 09-b: the first column and first row (key) of box `box` of atom a of tile n
-                                # <<< exercise
-                                at = a * KV_ATOM + box * ATOM
-                                tma_load(k_tile + at, map_k, col, row, plane_kv, full + 8 * stage)
-                                tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, full + 8 * stage)
-                        stage, phase = advance(stage, phase)
-                        if n == 0:
-                            q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
-                    unit = next_unit
-                for i in range(CONSUMERS):
-                    wait(q_empty + 8 * i, uint32(q_uses % uint32(2)) ^ uint32(1))
-                    smem_h[INFO + 2 * i] = uint32(0xFFFFFFFF)  # no query block left: the consumers stop
-                    expect_tx(q_full + 8 * i, uint32(0))
-                trace_save(counter)
-            return
-
-        # -------------------- consumers: warpgroup c owns query rows row0 + 64c .. + 63 ------------
-        regs_inc()
+    @cuda.jit(device=True, inline=True)
+    def consumer(smem_h, smem, full, empty, q_full, q_empty, O, causal, qk_scale, counter, tid, wg, n_heads, seq_q,
+                 seq_k):
+        """A consumer warpgroup: for each query block the producer announces in its info slot, its
+        64 rows of O. Tile 0's S alone, then a turn per tile (the loop without masks, then the one
+        with), the tiles its rows never see passed, the last tile's P·V, and the epilogue."""
         trace_mark(1)
         # c is the same for the 128 threads of a warpgroup, but the assembler cannot tell that from
         # tid // 128: broadcast from lane 0, it is warp-uniform to ptxas, and so are the loop bounds
         # and ring addresses computed from it. Without this the tile loops below (whose bounds
         # depend on c) spilled at D = 64, and the loop of the masked tiles was left out there.
-        # 09-turns keeps tid // 128: with c uniform ptxas moved its turn's hand-over (bar.arrive)
-        # below two dozen exp2s, and the variant lost a quarter of its speed (see the docstring).
-        # 09-ws has no hand-over to move and keeps the broadcast
+        # 09-turns keeps tid // 128 (Build.uniform_c says why)
         c = wg - 1
         c_uniform = cuda.shfl_sync(FULL_MASK, c, 0)
-        if overlap or not pingpong:
+        if UNIFORM_C:
             c = c_uniform
         warp = (tid % 128) // 32
         lane = tid % 32
@@ -791,7 +628,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
         q_full = q_full + 8 * c_uniform
         q_empty = q_empty + 8 * c_uniform
         info = INFO + 2 * c_uniform
-        if pingpong and c == CONSUMERS - 1:
+        if TURNS and c == CONSUMERS - 1:
             bar_arrive(uint32(TURN), uint32(TURN_THREADS))  # consumer 0 takes the first turn
 
         stage = uint32(0)  # the ring position of the next tile, counted as the producer counts it
@@ -838,10 +675,10 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             prev = stage  # the stage of the tile before (of the last tile, after the loops)
             if n_mine > 0:  # -- tile 0: S alone, there is no P·V before it
                 wait(full + 8 * stage, phase)
-                if pingpong:
+                if TURNS:
                     bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
                 s_tile = qk(desc_q, descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128))
-                if pingpong:
+                if TURNS:
                     bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
                 if RELEASE_Q_EARLY and n_mine == 1:
                     arrive(q_empty)  # the block's only S is done
@@ -870,7 +707,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
                 prev = stage
                 stage, phase = advance(stage, phase)
             for n in range(n_mine, n_tiles):  # tiles no row here sees: pass the turn, free the stage
-                if pingpong:
+                if TURNS:
                     bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
                     bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
                 # not read, but waited for: without turns (09-ws) nothing else keeps a consumer from
@@ -892,11 +729,43 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
             # meanwhile, and the producer loads the next block
             store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
 
-        if pingpong and c == 0:
+        if TURNS and c == 0:
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
             # it, so that no barrier is left half-arrived when the block exits
             bar_sync(uint32(TURN), uint32(TURN_THREADS))
         trace_save(counter)
+
+    # ---------------- the kernel: warpgroup 0 produces, the others consume --------------------------
+    def kernel(Q, K, V, O, causal, qk_scale, maps, counter):
+        smem_h = cuda.shared.array(0, uint32, alignment=1024)
+        smem = shared_address(smem_h)
+        full, empty, q_full, q_empty = barriers(smem)
+        n_heads = Q.shape[1]
+        seq_q = Q.shape[2]
+        seq_k = K.shape[2]
+        tid = cuda.threadIdx.x
+        wg = tid // 128
+
+        if tid == 0:  # one thread sets the barriers up; the block barrier publishes them
+            for i in range(CONSUMERS):
+                mbar_init(q_full + 8 * i, uint32(1))
+                mbar_init(q_empty + 8 * i, uint32(128))  # consumer i's threads
+            for s in range(STAGES):
+                mbar_init(full + 8 * s, uint32(1))  # the producer's arrival (and the TMA bytes)
+                mbar_init(empty + 8 * s, uint32(CONSUMER_THREADS))  # every consumer thread's
+            fence_mbar_init()
+        cuda.syncthreads()
+        trace_mark(0)
+
+        if wg == 0:  # the producer's warpgroup: one thread streams the tiles, all give registers back
+            regs_dec()
+            if tid == 0:
+                producer(smem_h, smem, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads, seq_q,
+                         seq_k)
+            return
+        regs_inc()  # the consumers take those registers
+        consumer(smem_h, smem, full, empty, q_full, q_empty, O, causal, qk_scale, counter, tid, wg, n_heads, seq_q,
+                 seq_k)
 
     if simulator_enabled():
         compiled = cuda.jit(kernel)
@@ -906,7 +775,7 @@ def build_kernel(L, dtype="float16", pingpong=True, overlap=True, persistent=Tru
     return KernelConfig(compiled, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=SMEM_BYTES,
                         packed_output=True, out_alignment=16,  # 16-byte stores (ptx/store.ptx)
                         tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS,
-                        work_units=partial(work_units, block_m=BLOCK_M), persistent=persistent)
+                        work_units=partial(work_units, block_m=BLOCK_M), persistent=build.persistent)
 
 
 @lru_cache(maxsize=None)
@@ -917,5 +786,4 @@ def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16") -> 
         raise ValueError(f"dtype: phase 09 builds {' and '.join(DTYPES)}, not {dtype!r}")
     if variant not in (None, *VARIANTS):
         raise ValueError(f"variant: expected None or one of {', '.join(VARIANTS)}, got {variant!r}")
-    return build_kernel(layout(HEAD_DIM), dtype, pingpong=variant != "ws", overlap=variant in (None, "overlap"),
-                        persistent=variant is None)
+    return build_kernel(layout(HEAD_DIM), dtype, BUILDS[variant])
