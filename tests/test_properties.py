@@ -132,7 +132,9 @@ def test_huge_logits_stay_finite(kernel_id):
 def test_scores_that_rise_along_the_keys(kernel_id, rise):
     """The row max keeps growing from tile to tile: by a few units in all (a kernel whose running
     max may trail, as phase 07's does by up to 8 in log2 units, then never rescales after the first
-    tile) or by far more than that in every tile (it must rescale each time)."""
+    tile) or by far more than that in every tile (it must rescale each time). One launch each (the
+    gentle rise without a mask, the steep one with the causal mask, bottom-right aligned, so each
+    row sees at least 131 keys): two launches per kernel, the suite's budget."""
     rng = np.random.default_rng()
     s_q, s_k, D = 20, 150, 64
     q = (rng.standard_normal((1, 1, s_q, D)) * 0.1).astype(np.float16)
@@ -140,8 +142,7 @@ def test_scores_that_rise_along_the_keys(kernel_id, rise):
     v = rng.standard_normal((1, 1, s_k, D)).astype(np.float16)
     q[..., 0] = 1.0
     k[..., 0] = np.linspace(0.0, rise, s_k)  # q·k grows with the key index, the same for every row
-    for causal in (False, True):
-        assert_matches_reference(kernel_id, q, k, v, causal)
+    assert_matches_reference(kernel_id, q, k, v, causal=rise > 10)
 
 
 @pytest.mark.parametrize("kernel_id", IDS)
