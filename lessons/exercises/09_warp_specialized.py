@@ -134,11 +134,11 @@ Why the hardware rewards it
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 514 TFLOPS (1.36x phase 08),
-    causal 403 TFLOPS (1.30x phase 08); 128 registers, 0 B local memory. 09-overlap: 475 TFLOPS
-    (0.92x phase 09, SLOWER than phase 09), causal 355 TFLOPS (0.88x phase 09, SLOWER than phase
+    causal 407 TFLOPS (1.31x phase 08); 128 registers, 0 B local memory. 09-overlap: 475 TFLOPS
+    (0.92x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase
     09). 09-turns: 445 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x
     09-overlap, SLOWER than 09-overlap). 09-ws: 441 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
-    causal 340 TFLOPS (1.02x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 662 TFLOPS (1.72x phase
+    causal 341 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 662 TFLOPS (1.72x phase
     08), causal 548 TFLOPS (1.70x phase 08); 09-overlap 628 TFLOPS (0.95x phase 09, SLOWER than
     phase 09), causal 496 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 572 TFLOPS (0.91x
     09-overlap, SLOWER than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than
