@@ -111,7 +111,7 @@ def test_solving_only_adds_lines(phase_id):
 def test_every_region_changes_the_program(phase_id):
     """Emptying any one region changes the code (its AST), not merely comments or blank lines."""
     phase = PHASES[phase_id]
-    source = exercises.phase_source(phase)
+    source = exercises.exercise_source(phase)
     full = ast.dump(ast.parse(source))
     for region in exercises.phase_regions(phase):
         emptied = exercises.strip_regions(source, [region])
@@ -491,3 +491,16 @@ def test_speed_check_gates_on_correctness_then_compares_medians(monkeypatch, tmp
     stub.write_text(exercises.stub_source(PHASES["01"]), encoding="utf-8")
     wrong = grade.start("01", stub, seed=3, on_gpu=True).run(check)
     assert wrong.status == "fail" and wrong.detail.startswith("not timed: wrong"), wrong.detail
+
+
+@pytest.mark.parametrize("phase_id", ["07", "08", "09"])
+def test_tensor_core_stubs_point_to_their_long_docstring(phase_id):
+    """A phase whose docstring is its full account (07-09) gives its stub a short one: the title,
+    then where the account and the lesson are. The phase keeps the long one."""
+    phase = PHASES[phase_id]
+    doc = ast.get_docstring(ast.parse(exercises.stub_source(phase).split("\n", 1)[1]))
+    full = ast.get_docstring(ast.parse(exercises.phase_source(phase)))
+    assert len(doc.splitlines()) <= 6 < exercises.LONG_DOCSTRING < len(full.splitlines())
+    assert doc.splitlines()[0] == full.splitlines()[0]
+    assert phase.__file__.endswith(doc.split("docstring of ")[1].split(";")[0].split("/")[-1])
+    assert exercises.lesson_name(phase) in doc and exercises.lesson_name(phase) in exercises.stub_source(phase)[:2000]

@@ -31,6 +31,7 @@ course/puzzles.py): a new phase with marked regions gets its stub with no new co
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import re
 import sys
@@ -127,8 +128,35 @@ def phase_source(phase: ModuleType) -> str:
     return Path(phase.__file__).read_text(encoding="utf-8")
 
 
+LONG_DOCSTRING = 50  # lines: a phase docstring longer than this (07-09) is its full account, not a lesson
+
+
+def lesson_name(phase: ModuleType) -> str:
+    return f"lessons/{phase.ID}_{phase.NAME}.ipynb"
+
+
+def exercise_source(phase: ModuleType) -> str:
+    """The phase source as its exercise files hold it. A docstring of more than LONG_DOCSTRING
+    lines (the tensor-core phases: what changed, why, every measured effect) is cut to its first
+    paragraph and a pointer to the solution and the lesson, so that the stub opens on the kernel;
+    the same cut in the stub and in the solution keeps the stub's lines a subsequence of the
+    solution's."""
+    source = phase_source(phase)
+    body = ast.parse(source).body
+    first = body[0] if body else None
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)) or first.end_lineno - first.lineno + 1 <= LONG_DOCSTRING:
+        return source
+    title = first.value.value.strip().split("\n\n")[0]
+    short = (f'"""{title}\n\nThe whole account of this phase (what it changes, why the hardware rewards it, '
+             f'what each\nchange bought) is the docstring of {_relative(phase.__file__)}; the lesson is\n'
+             f'{lesson_name(phase)}.\n"""\n')
+    lines = source.splitlines(keepends=True)
+    return "".join(lines[:first.lineno - 1]) + short + "".join(lines[first.end_lineno:])
+
+
 def phase_regions(phase: ModuleType) -> list[Region]:
-    return find_regions(phase_source(phase), _relative(phase.__file__), default_label=phase.ID)
+    return find_regions(exercise_source(phase), _relative(phase.__file__), default_label=phase.ID)
 
 
 def stub_name(phase: ModuleType) -> str:
@@ -158,13 +186,15 @@ def header(phase: ModuleType, regions: list[Region]) -> str:
         what, inputs, source = (f"the finished phase {phase.ID} kernel",
                                 "hidden random inputs and adversarial shapes", "the phase")
         no_gpu = "Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped."
+    lesson = ("The docstring below is the lesson." if exercise_source(phase) == phase_source(phase)
+              else f"The lesson is {lesson_name(phase)}.")
     return f"""\
 # Exercise {phase.ID}: {phase.TITLE}
 #
 # This is {what} with {n} marked region{"s" * (n != 1)} emptied:
 {todo}
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
-# Change nothing else: solving only adds lines. The docstring below is the lesson.
+# Change nothing else: solving only adds lines. {lesson}
 #
 # Grade it ({inputs}; points and reasons per check):
 #     flashcore grade {phase.ID}                         this file
@@ -181,12 +211,12 @@ def header(phase: ModuleType, regions: list[Region]) -> str:
 
 def solution_source(phase: ModuleType) -> str:
     """The solved exercise file: the stub with every region filled in as the phase has it."""
-    return header(phase, phase_regions(phase)) + absolute_imports(phase_source(phase), phase.__package__)
+    return header(phase, phase_regions(phase)) + absolute_imports(exercise_source(phase), phase.__package__)
 
 
 def stub_source(phase: ModuleType) -> str:
     """The exercise stub of a phase, exactly as committed under lessons/exercises/."""
-    source = phase_source(phase)
+    source = exercise_source(phase)
     regions = phase_regions(phase)
     if not regions:
         raise ExerciseFormatError(f"{_relative(phase.__file__)}: no `# >>> exercise` region; every phase "

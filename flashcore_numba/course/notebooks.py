@@ -33,7 +33,7 @@ from ..measure.bench import REFERENCE_SHAPE  # the shape every timing in the cou
 from ..measure.records import repo_root
 from ..phases import PHASES, VARIANTS, get_phase
 from ..reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
-from .exercises import exercise_module, phase_regions
+from .exercises import exercise_module, find_regions, phase_source
 
 # (B, H, S_q, S_k, D, causal) checked in the simulator, which runs one Python thread per CUDA thread:
 # one block of query rows; 100 keys span two K/V tiles and end in a tail; then the causal triangle
@@ -832,7 +832,7 @@ class Lesson:
         module = self.phase.__name__.rsplit(".", 1)[-1]
         print(f"The stub is flashcore_numba/phases/{module}.py with these regions cut out; "
               "you write them back:")
-        for region in phase_regions(self.phase):
+        for region in find_regions(phase_source(self.phase), default_label=self.phase.ID):  # lines of the phase file
             start, n_lines = region.begin + 2, region.end - region.begin - 1  # 1-based, markers excluded
             print(f"  - exercise {region.label}: {region.instruction}   (lines {start}-{start + n_lines - 1} "
                   f"of the phase source, {n_lines} lines)")

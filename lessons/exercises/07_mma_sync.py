@@ -4,7 +4,7 @@
 #   07-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
 #   07-b: p_frag[mt, kk, a0..a3] = pack(x, y) of s[mt]: rows g, g+8 of n-tile 2kk, then of 2kk+1
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
-# Change nothing else: solving only adds lines. The docstring below is the lesson.
+# Change nothing else: solving only adds lines. The lesson is lessons/07_mma_sync.ipynb.
 #
 # Grade it (hidden random inputs and adversarial shapes; points and reasons per check):
 #     flashcore grade 07                         this file
@@ -18,91 +18,9 @@
 # improve the phase, not this copy.
 """Phase 07 — FlashAttention-2 from mma.sync: fragments in registers, ldmatrix and cp.async.
 
-What changed from phase 06
-    The scores never leave the registers. The tensor cores are driven one `mma.sync.m16n8k16`
-    at a time, inline (no call), and mma.sync's fragment layout is documented: lane l holds
-    rows l/4 and l/4 + 8 of every accumulator tile, columns 2(l%4) and 2(l%4)+1. So:
-    - Q is read from shared memory into A fragments (`ldmatrix`): once, before the loop, when
-      they fit in registers (D = 64), else again at every k-step (D = 128, as FlashAttention-2);
-    - S = Q·Kᵀ accumulates in registers, K's B fragments read by `ldmatrix`;
-    - the online softmax runs on those accumulators: a row's max and sum are two shuffles
-      inside the quad of lanes that hold it (xor 1, xor 2), nothing goes to shared memory;
-      the scale is folded into the exponent, exp2(s * qk_scale - m_i): one FFMA and one
-      MUFU.EX2 per score (ptx/exp2.ptx: Numba's math.exp2 costs three instructions more);
-    - P is converted in registers from S's accumulator layout to A fragments (two fp32 ->
-      one fp16x2 register: the C layout of two n-tiles is the A layout of one k-step);
-    - O += P·V accumulates in registers, V's B fragments read by `ldmatrix.trans`;
-    - a warp owns M_TILES m-tiles of 16 rows (FlashAttention-2 gives each warp 32 rows), so
-      that every K or V fragment it reads feeds M_TILES products: half the ldmatrix traffic per
-      product, and two independent chains of mma and of softmax to interleave. The kernel runs
-      128 rows in four warps of two m-tiles, with 64 keys per tile at D = 64 (242 registers)
-      and 48 at D = 128 (255: with 64 keys it spills). The simulator runs one warp of two;
-    - the k-steps of both products are unrolled when the kernel is built (`unrolled`): NVVM
-      left a k-loop of 16 mma.sync per step rolled, each ldmatrix waiting just before its mma;
-    - a tile's scores are one block of straight-line code from the products to one vote: the
-      mask is one branch around the whole tile, and the warp votes once for all its m-tiles;
-    - the running max moves lazily: a warp rescales acc and l_i only when one of its rows' max
-      has grown by more than LAZY = 8 (log2 units) since m_i was set; until then p = exp2(s -
-      m_i) <= 256, and acc and l_i share the stale m_i, so o = acc / l_i is unchanged.
-    K and V arrive by `cp.async`: 16-byte copies from global to shared memory that no
-    register waits for, into the other of two stages while the current tile is computed;
-    rows past the end of the sequence are zero-filled by the copy itself. Causal tiles above
-    the diagonal are skipped; only tiles that cross it are masked. K/V heads may be fewer
-    than Q heads (grouped-query attention): head h reads K/V head h // (H_q / H_kv).
-    bf16 is the same kernel with the bf16 mma and conversions: the kernel never does
-    arithmetic on 16-bit values itself, it only moves their bits to the tensor cores. The
-    output is packed as the P fragments are and written 16 bytes at a time (below).
-
-Why the hardware rewards it
-    Phase 06 spent most of its time outside the tensor cores: storing S, reading it back
-    for the softmax, writing P, storing and re-reading O. Here a tile costs its `mma`s, a
-    few shuffles and exp2s per row, and the shared-memory reads of K and V by `ldmatrix`
-    (one instruction fetches four 8×8 fragments for the warp). That last cost is why a warp
-    could take two m-tiles: an ldmatrix.x4 brings 512 bytes for two products of 16 x 8 x 16,
-    2 cycles of shared memory (128 bytes per cycle per SM) per product, and at half their rated
-    ~1,000 TFLOPS (docs/hardware.md) the tensor cores finish a product every 2 cycles per SM.
-    What each change bought, in the records (fp16, B=16 H=16 S=2048, TFLOPS without / with the
-    causal mask, each change against the records just before it; SDPA's flash backend,
-    FlashAttention-2, in the same runs):
-    - exp2 as one MUFU.EX2 (ptx/exp2.ptx; at D = 64 also 8 warps of one m-tile): D = 64
-      231 -> 269 / 203 -> 229, D = 128 255 -> 257 / 220 -> 224;
-    - one reciprocal per row and 16-byte stores of O (common.fragment_epilogue_16b): D = 128
-      260 -> 281 / 225 -> 254, D = 64 level (271 -> 264 / 230 -> 232);
-    - a tile's copies at fixed offsets from one address per thread, the clamped copy only in a
-      tile that reaches past the sequence (Nsight Compute: the copy-issue code held about 15 % of
-      the stall samples): D = 128 281 -> 294 / 254 -> 271, D = 64 264 -> 282 / 232 -> 248;
-    - the lazy running max: D = 64 282 -> 286 / 248 -> 256, D = 128 294 -> 301 / 271 -> 278;
-    - 128 rows in four warps of two m-tiles at D = 64 (each K or V fragment feeds two products):
-      286 -> 297 / 256 -> 254;
-    - the k-steps unrolled at build time, a tile's scores as one block of straight-line code and
-      48 keys per tile at D = 128: D = 64 297 -> 334 / 254 -> 284 (1.11x and 1.07x SDPA flash),
-      D = 128 301 -> 358 / 278 -> 311 (1.00x and 1.01x).
-    Tried and not kept: FlashAttention-2's layout with Q's fragments re-read at every k-step, one
-    branch around the masking alone, cp.async from one base per thread in the earlier layout, the
-    tile compiled twice (with and without the mask), three cp.async stages, blocks of 8-16 warps,
-    copies at immediate offsets or with carried addresses, a warp's unseen causal tiles copied but
-    not computed.
-    The history of these changes, with each A/B and profile, the tile shapes timed and the
-    commits of the records: docs/tuning/07_history.md.
-
-Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
-    [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 336 TFLOPS (4.71x 06-inline),
-    causal 282 TFLOPS (4.61x 06-inline); 242 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 07 358 TFLOPS (5.92x 06-inline), causal 311 TFLOPS (5.88x 06-inline). At B=16 H=16 S=2048
-    D=64 bf16: 07 334 TFLOPS, causal 285 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 358 TFLOPS,
-    causal 309 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 345 TFLOPS, causal 295 TFLOPS
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16_causal.json).
-    [measured:end]
+The whole account of this phase (what it changes, why the hardware rewards it, what each
+change bought) is the docstring of flashcore_numba/phases/p07_mma_sync.py; the lesson is
+lessons/07_mma_sync.ipynb.
 """
 
 from __future__ import annotations

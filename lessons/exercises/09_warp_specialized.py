@@ -4,7 +4,7 @@
 #   09-a: the first query row of consumer c's tile
 #   09-b: the first column and first row (key) of box `box` of atom a of tile n
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
-# Change nothing else: solving only adds lines. The docstring below is the lesson.
+# Change nothing else: solving only adds lines. The lesson is lessons/09_warp_specialized.ipynb.
 #
 # Grade it (hidden random inputs and adversarial shapes; points and reasons per check):
 #     flashcore grade 09                         this file
@@ -18,157 +18,9 @@
 # improve the phase, not this copy.
 """Phase 09 — warp specialization: a TMA producer and consumer warpgroups taking turns.
 
-What changed from phase 08
-    Phase 08's warpgroups did everything: each thread computed addresses and issued cp.async
-    copies, then every warp met at a block barrier once per tile before the tensor cores could
-    read it. Here the work is split by role (FlashAttention-3's design):
-    - a *producer* warpgroup; one of its threads issues TMA loads (ptx/tma.ptx): one instruction
-      copies a 64 x 64 box of Q, K or V, in the 128-byte swizzle phase 08 already reads, and
-      counts its bytes on an mbarrier. It fills a ring of STAGES K/V stages ahead of the
-      consumers, each stage guarded by two mbarriers: "full" (its bytes landed) and "empty" (every
-      consumer is done with it). No block barrier is left in the loop;
-    - *consumer* warpgroups (two at D = 128, three at D = 64), 64 query rows each, run phase 08's
-      math: S = Q·Kᵀ and P·V by wgmma, the online softmax on the accumulators;
-    - registers follow the work (ptx/warpgroup.ptx): the kernel is compiled for one block per SM
-      (launch bounds), the producer gives most of its registers back (setmaxnreg.dec 24) and the
-      consumers take them (setmaxnreg.inc 240 at D = 128, 160 at D = 64);
-    - ping-pong: the consumers take turns at the tensor cores (named barriers 1, 2, 3, in a
-      circle). While one warpgroup runs its products, the others run their softmax, so the tensor
-      cores and the exp2 units work at the same time instead of every warpgroup waiting for the
-      same one. A turn issues S = Q·Kᵀ of tile n and P·V of tile n - 1 (tile 0 has S alone; the
-      last P·V follows the loop);
-    - overlap within a warpgroup: a turn's products are issued and not awaited (ptx/wgmma.ptx,
-      the _issue functions), S first. `wait_s` (wait_group 1) returns once S is done, and the
-      softmax of tile n runs while the tensor cores are still adding P·V of tile n - 1 into O;
-      `wait_o` (wait_group 0) then hands O back. Until its wait an in-flight register may not be
-      touched, not even copied: the inline route names them in place, the kernel passes them
-      from the issue to the wait untouched, and P's fragments of tile n - 1 go to `wait_o` as
-      well, so the softmax writes tile n's into other registers. The issue and the waits must
-      be on one straight path: with them under `if n > 0` ptxas serialized every wgmma of the
-      kernel (warning C7518), so tile 0 is taken before the loop;
-    - persistent blocks: the grid is one block per SM (132 on the H100), not one per query block.
-      The producer takes query blocks one after another from a counter in global memory (one
-      atomic addition each; the request that gets the last block sets it back to zero for the
-      next launch, so no memset precedes a launch), and writes which block
-      comes next into a slot of shared memory per consumer, which the consumer reads once its
-      tile of Q has landed (q_full[c]). Each consumer releases its Q (q_empty[c]) as soon as its
-      last S of the block is done, so its next Q and the next block's first K/V tile load while
-      it adds the last P·V and writes O, whatever the other consumers still do. A block's
-      start (barrier set-up, the first loads from memory) and its end are paid once per SM, not
-      once per query block, and the K/V ring runs on from one block to the next. Why a counter
-      and not a fixed share per SM (block x taking x, x + 132, ...): under a causal mask query
-      blocks differ in length, and at D = 64 (11 blocks of 192 rows per head at S = 2048) a fixed
-      share gave some SMs only short blocks; that version was slower than one block per query
-      block for causal D = 64 (an ad hoc A/B), the counter faster everywhere it was timed;
-    - causal work is balanced: the blocks with the most keys (the last query rows) go first, and
-      each SM takes the next block when it is free;
-    - the tiles a row must mask (they cross the causal diagonal or the end of the keys) come last,
-      in a loop of their own (FlashAttention-3 does the same): the other tiles' softmax is
-      compiled without the masking and its 16 branches per tile (at D = 64 as well,
-      since the consumer index is warp-uniform: below);
-    - a consumer passes the tiles its rows never see: under a causal mask a block of 192 rows
-      (D = 64) streams up to two tiles of 128 keys that only its later consumers need, and in
-      the last block of a head whose S_q is not a multiple of 192 a consumer may have no rows at
-      all (S = 2048: 2112 rows in 11 blocks; such a consumer used to compute all its tiles for
-      nothing: docs/tuning/09_history.md). The consumer takes its turn, hands it on and releases
-      the stage once the tile has landed, without reading it (PASS_UNSEEN; at D = 128, BLOCK_M =
-      BLOCK_N, there are none when S_q = S_k);
-    - tiles of 128 keys (phase 08: 64), and P·V added into the accumulator in place: phase 08's
-      P·V returned a fresh O-sized tile that the kernel folded in with FMAs, D / 2 registers more
-      per thread and one more pass per tile. `pv_acc` (ptx/wgmma.ptx) takes O's registers in and
-      hands them back with P·V added (the wgmma's scale-d = 1); P's fragments and O travel as
-      tuples (`ptx.function(..., tuples=True)`, `operands.as_tuple`, `operands.store_tuple`). The registers
-      saved pay for S of 128 keys, which halves the turns, barrier waits and wgmma waits per key;
-    - O leaves in 16-byte stores (ptx/store.ptx, common.fragment_epilogue_16b). The accumulator
-      gives each lane of a quad 4 bytes of every 8 columns of its rows, which phase 08 stores as
-      they are: 32 four-byte stores per thread at D = 128. Three shuffles per four column blocks
-      transpose the quad's words, so that each lane holds 8 whole columns, and one STG.E.128
-      writes them: 8 stores per thread at D = 128, 4 at D = 64.
-    VARIANTS keep each idea measurable: "ws" is the producer and the ring without turns, "turns"
-    adds the turns but awaits each product before the softmax (P·V first, then S: the other
-    order kept S, P and O's input and output all live at once and spilled at D = 128), "overlap"
-    adds the overlap within a warpgroup, and phase 09 is "overlap" on the persistent grid. The
-    three variants launch one block per query block (the same kernel, a grid of all the units).
-    The records carry their rows beside phase 09's (the block below).
-
-Why the hardware rewards it
-    A TMA load is one instruction for 8 KB; the producer costs the consumers nothing but the
-    registers it hands over. Without a block-wide barrier per tile the consumer warpgroups
-    drift apart, and the turns keep them apart on purpose: the SM's tensor cores see one
-    warpgroup's products while the others' softmax, which the tensor cores cannot help with,
-    runs on the FP32 and MUFU units. The ring must be deep enough that the consumers never wait
-    for TMA: four stages at D = 64, three at D = 128 (all that shared memory holds).
-    Without the overlap every turn ends in a drained tensor-core pipeline: the warpgroup waits
-    for both products, then computes. With it, P·V (half the turn's FLOPs) runs under the
-    warpgroup's own softmax, and the next warpgroup's turn queues behind it; the registers
-    this costs (P of two tiles, S and O at once) still fit: no spills at either D.
-    What each idea bought, in the records (fp16, B=16 H=16 S=2048, TFLOPS without / with the causal
-    mask, each change against the records just before it):
-    - exp2 as one MUFU.EX2 (ptx/exp2.ptx): D = 64 358 -> 408 / 275 -> 309, D = 128 502 -> 549 /
-      417 -> 436;
-    - one branch around the masking, where the test sat in each of S's 16 column blocks (Nsight
-      Compute beside cuDNN: 6 % of the instructions were branches): D = 64 408 -> 446 / 309 -> 331;
-    - persistent blocks: D = 64 446 -> 462 / 331 -> 339, D = 128 level (549 -> 542 / 436 -> 443);
-    - the ring's stage and parity counted (`advance`), not divided out of a tile count (some 40
-      instructions per tile with three stages): D = 128 542 -> 590 / 443 -> 479;
-    - the consumer index broadcast from lane 0, so that ptxas knows it is warp-uniform (the ring
-      addresses in uniform registers, room for the masked loop and the pass at D = 64 without
-      spills): D = 64 466 -> 479 / 345 -> 367, D = 128 588 -> 619 / 479 -> 500. 09-turns keeps
-      c = tid // 128: with the broadcast ptxas moved its hand-over below the exp2s and it lost a
-      quarter of its speed;
-    - Q released at a consumer's last S, the next block's first K/V tile sent before Q:
-      D = 64 476 -> 496 / 365 -> 377, D = 128 level (641 -> 628 / 516 -> 514);
-    - a consumer whose rows all lie past S_q computes nothing, and a pair of Q barriers per
-      consumer: D = 64 496 -> 505 / 377 -> 387;
-    - 16-byte stores of O: D = 64 505 -> 521 / 387 -> 405, D = 128 631 -> 660 / 515 -> 548.
-    What the overlap covers: ptxas does not keep `wait_o` after the exp2s (the SASS, python -m
-    flashcore_numba.measure.machine_code 09 64 --sass), so what 09 gains over 09-turns comes
-    mostly from issuing both products of a turn back to back; a barrier that pins the wait after
-    the exp2s was not faster. Launch times that once spread were host time, not the kernel's
-    (docs/tuning/09_stalls.txt). Tried and not kept: a block's last P·V in the next block's first
-    turn, five K/V stages at D = 64, ex2.approx.f16x2, two consumers at D = 64, two running maxima
-    per row, a share of the exp2s on the FMA pipe.
-    The history of these changes, with each A/B, profile and sweep and the commits of the
-    records: docs/tuning/09_history.md.
-
-Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
-    [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 514 TFLOPS (1.36x phase 08),
-    causal 407 TFLOPS (1.31x phase 08); 128 registers, 0 B local memory. 09-overlap: 475 TFLOPS
-    (0.92x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase
-    09). 09-turns: 445 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 441 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
-    causal 341 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 662 TFLOPS (1.72x phase
-    08), causal 548 TFLOPS (1.70x phase 08); 09-overlap 628 TFLOPS (0.95x phase 09, SLOWER than
-    phase 09), causal 496 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 572 TFLOPS (0.91x
-    09-overlap, SLOWER than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than
-    09-overlap); 09-ws 556 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.98x
-    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 530 TFLOPS (1.41x phase 08),
-    causal 410 TFLOPS (1.31x phase 08); 09-overlap 478 TFLOPS (0.90x phase 09, SLOWER than phase
-    09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 445 TFLOPS (0.93x
-    09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x 09-overlap, SLOWER than
-    09-overlap); 09-ws 438 TFLOPS (0.99x 09-turns, SLOWER than 09-turns), causal 341 TFLOPS (1.03x
-    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 683 TFLOPS (1.77x phase 08), causal 564 TFLOPS
-    (1.75x phase 08); 09-overlap 644 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 508
-    TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 578 TFLOPS (0.90x 09-overlap, SLOWER
-    than 09-overlap), causal 461 TFLOPS (0.91x 09-overlap, SLOWER than 09-overlap); 09-ws 559 TFLOPS
-    (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.98x 09-turns, SLOWER than
-    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 538 TFLOPS (1.39x phase 08), causal 430
-    TFLOPS (1.33x phase 08); 09-overlap 488 TFLOPS (0.91x phase 09, SLOWER than phase 09), causal
-    369 TFLOPS (0.86x phase 09, SLOWER than phase 09); 09-turns 453 TFLOPS (0.93x 09-overlap, SLOWER
-    than 09-overlap), causal 342 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap); 09-ws 451 TFLOPS
-    (0.99x 09-turns, SLOWER than 09-turns), causal 352 TFLOPS (1.03x 09-turns)
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16_causal.json).
-    [measured:end]
+The whole account of this phase (what it changes, why the hardware rewards it, what each
+change bought) is the docstring of flashcore_numba/phases/p09_warp_specialized.py; the lesson is
+lessons/09_warp_specialized.ipynb.
 """
 
 from __future__ import annotations
