@@ -195,8 +195,9 @@ class GraderRuns:
     """Grader subprocesses, started together (in the simulator, once the session's tests are known;
     on a GPU, when the first test needs one, in a pool of their own), waited for per test."""
 
-    def __init__(self, workdir: Path, phase_ids, pool: ThreadPoolExecutor | None = None):
+    def __init__(self, workdir: Path, phase_ids, pool: ThreadPoolExecutor | None = None, checks=None):
         self.workdir = workdir
+        self.checks = checks or {}  # phase -> the check names its runs must grade (absent or None: all)
         self.futures: dict[tuple[str, str], Future] = {}
         self.procs: list[subprocess.Popen] = []
         self.closed = False
@@ -207,6 +208,8 @@ class GraderRuns:
         jobs = []
         for pid in phase_ids:
             jobs += [(pid, "solution"), (pid, "stub")] + ([(pid, "wrong")] if pid in WRONG_ANSWER else [])
+        if self.checks:  # on a GPU: leave out a run no selected test reads
+            jobs = [job for job in jobs if self._checks_of(*job) != []]
         # The longest first (later phases are slower in the simulator; a solution runs every case)
         for job in sorted(jobs, key=lambda j: (-int(j[0]), j[1] != "solution")):
             self.futures[job] = self.pool.submit(self._run, *job)
@@ -228,11 +231,22 @@ class GraderRuns:
             if variant == "wrong":
                 source = exercises.fill_regions(source, WRONG_ANSWER[pid][1])
             stub.write_text(source, encoding="utf-8")
-            if pid in STUB_RIGHT_BY_DESIGN or pid in WRONG_ANSWER:  # only the checks this run must fail
-                for check in grade.checks_for(phase):
-                    if _stub_proof(pid, check.name) == (pid, variant):
-                        argv += ["--only", check.name]
+        for name in self._checks_of(pid, variant) or ():
+            argv += ["--only", name]
         return argv + ["--json", str(out)], cwd, env, out
+
+    def _checks_of(self, pid: str, variant: str) -> list[str] | None:
+        """The checks the run (pid, variant) grades: None for all of them. A stub that is right by
+        design, or a deliberately wrong answer, grades only the checks it must fail; on a GPU, a
+        run grades only the checks the selected tests read (see _wanted_checks)."""
+        names = None
+        if variant != "solution" and (pid in STUB_RIGHT_BY_DESIGN or pid in WRONG_ANSWER):
+            names = [c.name for c in grade.checks_for(PHASES[pid]) if _stub_proof(pid, c.name) == (pid, variant)]
+        wanted = self.checks.get(pid)
+        if wanted is not None:
+            every = names if names is not None else [c.name for c in grade.checks_for(PHASES[pid])]
+            names = [name for name in every if name in wanted]
+        return names
 
     def _run(self, pid: str, variant: str) -> Run:
         if self.closed:
@@ -281,6 +295,27 @@ def _wanted(items) -> list[str]:
     return sorted(wanted)
 
 
+def _wanted_checks(items) -> dict:
+    """Phase -> the names of the checks the selected tests read from its grader runs; None where a
+    selected test reads a whole run (every check). Used on a GPU, where every check of a run
+    compiles kernels of its own: under `-m gpu` the runs grade the timing checks alone, and the
+    simulator grades the rest (in CI)."""
+    checks: dict = {}
+    for item in items:
+        if "runs" not in getattr(item, "fixturenames", ()):
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        pids = [params["phase_id"]] if "phase_id" in params else list(PHASES)
+        name = params.get("check_name")
+        if name is None:
+            checks.update(dict.fromkeys(pids))
+            continue
+        for pid in {pids[0], _stub_proof(pids[0], name)[0]}:
+            if checks.get(pid, set()) is not None:
+                checks.setdefault(pid, set()).add(name)
+    return checks
+
+
 def start_background(items, pool):
     """The grader runs, started in the session's pool of background jobs (see conftest.py)."""
     wanted = _wanted(items)
@@ -292,7 +327,9 @@ def runs(request, background, tmp_path_factory):
     if background is not None:  # started when the session's tests were known
         yield background
         return
-    graders = GraderRuns(tmp_path_factory.mktemp("graded"), _wanted(request.session.items))
+    items = request.session.items
+    graders = GraderRuns(tmp_path_factory.mktemp("graded"), _wanted(items),
+                         checks=None if simulator_enabled() else _wanted_checks(items))
     yield graders
     graders.close()
 
@@ -504,3 +541,30 @@ def test_tensor_core_stubs_point_to_their_long_docstring(phase_id):
     assert doc.splitlines()[0] == full.splitlines()[0]
     assert phase.__file__.endswith(doc.split("docstring of ")[1].split(";")[0].split("/")[-1])
     assert exercises.lesson_name(phase) in doc and exercises.lesson_name(phase) in exercises.stub_source(phase)[:2000]
+
+
+def test_a_gpu_session_grades_only_the_checks_its_tests_read(tmp_path):
+    """On a GPU every check of a grader run compiles kernels of its own, so a run grades only the
+    checks its selected tests read: under `-m gpu`, the timing checks. A test that reads a whole
+    run (no check name) keeps every check of its phase."""
+    from types import SimpleNamespace
+
+    def item(name, **params):
+        return SimpleNamespace(name=name, fixturenames=["runs"], callspec=SimpleNamespace(params=params))
+
+    speed = [c.name for c in grade.checks_for(PHASES["07"]) if c.gpu_only]
+    items = [item("test_check_fails_on_stub", phase_id="07", check_name=speed[0]),
+             item("test_check_passes_on_solution", phase_id="07", check_name=speed[0]),
+             item("test_timing_checks_are_skipped", phase_id="05"),
+             SimpleNamespace(name="test_other", fixturenames=[])]
+    checks = _wanted_checks(items)
+    assert checks == {"07": {speed[0]}, "05": None}
+    runs = GraderRuns.__new__(GraderRuns)
+    runs.checks = checks
+    assert runs._checks_of("07", "solution") == [speed[0]] == runs._checks_of("07", "stub")
+    assert runs._checks_of("05", "solution") is None  # every check
+    assert runs._checks_of("03", "stub") is None  # a phase no test restricts
+    runs.checks = {}  # the simulator: as before, a stub right by design grades only what it must fail
+    for pid in STUB_RIGHT_BY_DESIGN:
+        assert runs._checks_of(pid, "stub") == [c.name for c in grade.checks_for(PHASES[pid])
+                                                if _stub_proof(pid, c.name) == (pid, "stub")]
