@@ -79,6 +79,8 @@ def test_a_missing_guard_is_diagnosed(tmp_path):
     result = g.run(next(c for c in grade.checks_for("00") if c.name == "scale"))
     assert result.status == "fail"
     assert "IndexError" in result.detail and "if i < a.size" in result.detail, result.detail
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip() == "out[i] = alpha * a[i]")
+    assert f"unguarded.py line {line} (`out[i] = alpha * a[i]`) raised IndexError" in result.detail, result.detail
 
 
 def test_a_missing_kernel_is_named(tmp_path):

@@ -142,11 +142,12 @@ def set_dynamic_smem(kernel: Kernel, nbytes: int, device_id: int) -> None:
     _check(driver.cuKernelSetAttribute(attr, nbytes, kernel.handle, device_id), "cuKernelSetAttribute")
 
 
-# The two calls made on every launch go to the driver library through ctypes, which passes the
-# integers as they are; cuda.bindings first wraps each argument in an object of its own. Its launch
-# took 5.5 us on one H100 host (docs/tuning/call_path.txt); the ctypes one has been timed on another,
-# slower host only, where the GPU may have paced the loop, so its gain is not established yet. The
-# rest of the driver API is used through cuda.bindings, where its cost does not matter.
+# The launch, made on every call, goes to the driver library through ctypes, which passes the
+# integers as they are; cuda.bindings first wraps each argument in an object of its own. Timed with
+# the GPU asleep (docs/tuning/call_path.txt, run 4) the ctypes launch took 5.8-6.8 us on an H100
+# host; cuda.bindings' 5.5 us was timed on another host (run 1), so the gain is not established.
+# The memset (a plan's work counter, zeroed once per stream) goes the same way. The rest of the
+# driver API is used through cuda.bindings, where its cost does not matter.
 @lru_cache(maxsize=None)
 def _libcuda():
     import sys

@@ -54,10 +54,3 @@ class Result:
     @property
     def earned(self) -> int:
         return self.points if self.status == "pass" else 0
-
-
-def raised_message(e: BaseException) -> str:
-    message = " ".join(str(e).split())
-    if len(message) > 400:
-        message = message[:400] + " ..."
-    return f"raised {type(e).__name__}: {message}" if message else f"raised {type(e).__name__}"

@@ -72,8 +72,8 @@ from ..reference import (
 )
 from ..usage import Parser, usage_error
 from . import exercises
-from .checks import Case, Check, Outcome, Result, raised_message
-from .diagnose import CaseRun, describe_exception, diagnose, excerpt, picture, student_line
+from .checks import Case, Check, Outcome, Result
+from .diagnose import CaseRun, describe_exception, diagnose, excerpt, picture
 from .exercises import PUZZLES_ID, exercise_module
 from .hints import hints_for
 
@@ -624,12 +624,10 @@ def describe_load_error(e: BaseException, path: Path) -> str:
     """The error and the line of the student's file it came from."""
     if isinstance(e, SyntaxError):
         return f"{Path(e.filename or path).name} line {e.lineno}: SyntaxError: {e.msg}"
-    where = student_line(e, path)
-    where = f"line {where[0]}: " if where else ""
     hint = ""
     if isinstance(e, ImportError) and "relative import" in str(e):
         hint = " (exercise files import absolutely: `from flashcore_numba.phases.common import ...`)"
-    return f"{where}{raised_message(e).removeprefix('raised ')}{hint}"
+    return describe_exception(e, path) + hint
 
 
 def start(phase, path: Path | None = None, *, seed: int | None = None, on_gpu: bool | None = None) -> Grading:

@@ -110,7 +110,8 @@ def diagnose(p: Puzzle, error: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------
 def checks() -> list:
     """One check per puzzle, in order; the grader's Check and Outcome, built here."""
-    from .checks import Check, Outcome, raised_message
+    from .checks import Check, Outcome
+    from .diagnose import describe_exception
 
     def make(p: Puzzle, points: int):
         def run_check(g, check) -> Outcome:
@@ -121,7 +122,7 @@ def checks() -> list:
             except MissingKernel as e:
                 return Outcome("fail", str(e))
             except Exception as e:  # noqa: BLE001 - whatever the student's kernel raises fails the check
-                return Outcome("fail", f"{p.launch}: the kernel {raised_message(e)}{diagnose(p, e)}")
+                return Outcome("fail", f"{p.launch}: {describe_exception(e, g.path)}{diagnose(p, e)}")
             ok, reason = judge(p, inputs, got)
             return Outcome("pass" if ok else "fail", f"{p.launch}: {reason}")
 

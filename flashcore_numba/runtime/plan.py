@@ -104,7 +104,7 @@ class Plan:
 
     def _new_counter(self, stream: int) -> int:
         """The address of a work counter for launches on `stream`, zeroed in that stream's order
-        (once: the kernel's last request sets it back to zero, see phase 09's producer)."""
+        (once: the kernel's last request sets it back to zero, see phase 09's `next_unit`)."""
         import torch
 
         counter = torch.empty(1, dtype=torch.int32, device=self.device)
