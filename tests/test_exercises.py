@@ -193,7 +193,8 @@ class Run:
 
 class GraderRuns:
     """Grader subprocesses, started together (in the simulator, once the session's tests are known;
-    on a GPU, when the first test needs one, in a pool of their own), waited for per test."""
+    on a GPU, when the first test needs one, in a pool of their own), waited for per test. On a GPU
+    they compile side by side and take turns timing (grade.gpu_timing_lock)."""
 
     def __init__(self, workdir: Path, phase_ids, pool: ThreadPoolExecutor | None = None, checks=None):
         self.workdir = workdir
@@ -201,8 +202,9 @@ class GraderRuns:
         self.futures: dict[tuple[str, str], Future] = {}
         self.procs: list[subprocess.Popen] = []
         self.closed = False
-        # Timing checks must not share the GPU with another grader; simulator runs use every core.
-        workers = 1 if not simulator_enabled() else max(1, os.cpu_count() or 1)
+        # A grader per core, on a GPU too: most of a GPU run is compiling the student's kernel, and
+        # the timed launches of concurrent graders take turns (grade.gpu_timing_lock).
+        workers = max(1, os.cpu_count() or 1)
         self.own_pool = pool is None
         self.pool = ThreadPoolExecutor(max_workers=workers) if pool is None else pool
         jobs = []

@@ -8,6 +8,8 @@ with the other graded checks, from the grader runs of tests/test_exercises.py.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -242,3 +244,19 @@ def test_a_broken_region_fails_its_own_check_only(tmp_path):
     result = g.run(_region_check("07", "07-b"))
     line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "p_frag[0, 0, 0] = pack(" in text)
     assert result.status == "fail" and f"07_mma_sync.py line {line}: SyntaxError" in result.detail, result.detail
+
+
+def test_graders_take_turns_timing_on_the_gpu():
+    """Graders compile side by side but time one at a time: while one holds the timing lock,
+    another cannot take it (a second handle of the same file, as another process would open it)."""
+    fcntl = pytest.importorskip("fcntl")
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / "flashcore-numba-timing.lock"
+    with grade.gpu_timing_lock():
+        with open(path, "a") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(path, "a") as other:  # released: free again
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(other, fcntl.LOCK_UN)
