@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arch.sim import simulator_enabled
-from .phases import PHASES, build, cc_reason, get_phase, supports_gqa
+from .phases import PHASES, build, cc_reason, get_phase, supports_gqa, supports_lse
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E
 from .reference import default_scale
@@ -88,10 +88,15 @@ def _describe(name: str, x) -> _Operand:
                     f"got {type(x).__name__}")
 
 
-def _validate(ops, phase, causal, scale):
+def _validate(ops, phase, causal, scale, return_lse=False):
     q, k, v = ops
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal: expected True or False, got {causal!r}")
+    if not isinstance(return_lse, (bool, np.bool_)):
+        raise TypeError(f"return_lse: expected True or False, got {return_lse!r}")
+    if return_lse and not supports_lse(phase):
+        raise ValueError(f"return_lse: phase {phase.ID} does not write the log-sum-exp; phases 07 on do "
+                         f"(phase='best' picks one where the GPU runs it)")
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
             raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
@@ -211,13 +216,14 @@ def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int):
 _PLANS: dict = {}  # the key of a call (see _torch_call) -> its runtime.Plan, oldest first
 PLANS_KEPT = 512  # a plan is a few KB; the compiled kernels themselves are shared by all plans
 _OP = None
+_OP_LSE = None
 
 
 def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def _torch_call(q, k, v, causal, scale, phase):
+def _torch_call(q, k, v, causal, scale, phase, return_lse=False):
     """attention() on torch tensors: the plan of this problem, made on its first call.
 
     This is the path a model's loop takes on every call, so each line here is paid per call
@@ -225,32 +231,33 @@ def _torch_call(q, k, v, causal, scale, phase):
     stream comes from torch's raw accessor, and nothing is built that the plan already holds."""
     torch = _TORCH or _import_torch()
     if torch.compiler.is_compiling():  # torch.compile traces the custom op, not the launch
-        return _custom_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase))
+        return _custom_op(return_lse)(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase))
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     # everything the validation looks at, so that a call with the same key passes as the first did
     key = (phase, type(causal), causal, type(scale), scale, grad, type(q), type(k), type(v), q.shape, k.shape,
            v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, q.is_contiguous(), k.is_contiguous(),
-           v.is_contiguous())
+           v.is_contiguous(), type(return_lse), return_lse)
     try:
         plan = _PLANS.get(key)
     except TypeError:  # an unhashable argument: the validation says which, and how
-        _resolve(q, k, v, causal, scale, phase)
+        _resolve(q, k, v, causal, scale, phase, return_lse)
         raise
     if plan is None:
-        plan = _make_plan(q, k, v, causal, scale, phase)
+        plan = _make_plan(q, k, v, causal, scale, phase, return_lse)
         while len(_PLANS) >= PLANS_KEPT:  # many shapes (lengths that change call to call): forget the oldest
             del _PLANS[next(iter(_PLANS))]
         _PLANS[key] = plan
     if plan is _NUMBA_LAUNCH:
-        return _launch(q, k, v, causal, scale, phase)
+        return _launch(q, k, v, causal, scale, phase, return_lse)
     out = torch.empty_like(q)  # q is contiguous (the key says so): so is out
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     device = plan.device_index
     if device == torch.cuda.current_device():
-        plan(q, k, v, out, _current_stream(device))
+        plan(q, k, v, out, _current_stream(device), lse)
     else:  # the launch goes to the current context: make it the tensors' device's
         with torch.cuda.device(device):
-            plan(q, k, v, out, _current_stream(device))
-    return out
+            plan(q, k, v, out, _current_stream(device), lse)
+    return (out, lse) if return_lse else out
 
 
 _TORCH = None  # the torch module, once a call has imported it
@@ -276,26 +283,28 @@ def _current_stream(device: int) -> int:
 _NUMBA_LAUNCH = object()  # the plan of a problem that runs through Numba's own launch (the simulator)
 
 
-def _make_plan(q, k, v, causal, scale, phase):
+def _make_plan(q, k, v, causal, scale, phase, return_lse=False):
     """Validate the problem as a first call does (every message of `attention`), and plan it."""
-    kernel, ops, qk_scale = _resolve(q, k, v, causal, scale, phase)
+    kernel, ops, qk_scale = _resolve(q, k, v, causal, scale, phase, return_lse)
     if simulator_enabled():
         return _NUMBA_LAUNCH
     from .runtime import Plan
 
     return Plan(kernel.ID, ops[0].shape[3], ops[0].dtype, ops[0].shape, ops[1].shape, bool(causal), qk_scale,
-                q.device.index or 0)
+                q.device.index or 0, return_lse=bool(return_lse))
 
 
-def _custom_op():
-    """flashcore::attention, registered on first use: what torch.compile sees of attention()."""
-    global _OP
+def _custom_op(return_lse: bool = False):
+    """flashcore::attention (and flashcore::attention_lse, the call with return_lse=True, which
+    returns the pair), registered on first use: what torch.compile sees of attention()."""
+    global _OP, _OP_LSE
     if _OP is None:
         import torch
 
-        # the schema spelled out: this module's annotations are strings (from __future__ import annotations)
-        @torch.library.custom_op("flashcore::attention", mutates_args=(),
-                                 schema="(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str phase) -> Tensor")
+        # the schemas spelled out: this module's annotations are strings (from __future__ import annotations)
+        args = "(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str phase)"
+
+        @torch.library.custom_op("flashcore::attention", mutates_args=(), schema=f"{args} -> Tensor")
         def attention_op(q, k, v, causal, scale, phase):
             return _torch_call(q, k, v, causal, scale, phase)
 
@@ -303,8 +312,16 @@ def _custom_op():
         def _(q, k, v, causal, scale, phase):
             return torch.empty_like(q)
 
-        _OP = attention_op
-    return _OP
+        @torch.library.custom_op("flashcore::attention_lse", mutates_args=(), schema=f"{args} -> (Tensor, Tensor)")
+        def attention_lse_op(q, k, v, causal, scale, phase):
+            return _torch_call(q, k, v, causal, scale, phase, True)
+
+        @attention_lse_op.register_fake
+        def _(q, k, v, causal, scale, phase):
+            return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+        _OP, _OP_LSE = attention_op, attention_lse_op
+    return _OP_LSE if return_lse else _OP
 
 
 def register_torch_op() -> None:
@@ -339,12 +356,12 @@ def register_torch_op() -> None:
         sys.meta_path.insert(0, AfterTorchImport())
 
 
-def _resolve(q, k, v, causal, scale, phase):
+def _resolve(q, k, v, causal, scale, phase, return_lse=False):
     """(kernel, described operands, qk_scale) of a call, or the error that names its bad argument."""
     best = isinstance(phase, str) and phase == "best"
     phase = _best_for_this_gpu() if best else get_phase(phase)
     ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
-    _validate(ops, phase, causal, scale)
+    _validate(ops, phase, causal, scale, return_lse)
     if best and not simulator_enabled():  # the simulator has no speed to choose by
         phase = best_for_shape(phase, ops[0].shape[3], causal, ops[1].shape[2])
     _require_device(phase)
@@ -353,7 +370,8 @@ def _resolve(q, k, v, causal, scale, phase):
     return phase, ops, qk_scale
 
 
-def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phase="best"):
+def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phase="best",
+              return_lse: bool = False):
     """softmax(q·kᵀ·scale [+ causal mask])·v for (B, H, S, D) fp16 or bf16 inputs, fp32 accumulation.
 
     Args:
@@ -374,18 +392,24 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
            fastest way; on a GPU too old for it, the newest phase the GPU can run; on the
            H100 phase 08 where the records have it faster, see SHORT_SEQUENCES_TO_08), an id
            such as "03" or 3, a build variant such as "06-inline", or a name such as "padding".
+        return_lse: also return each row's log-sum-exp (phases 07 on): log(sum_j exp(q_i·k_j·scale))
+           over the keys row i sees, natural log, as torch and FlashAttention define it; -inf
+           for a row that sees no key (FlashAttention writes +inf there). It is what merges
+           partial results over key ranges: outputs o_1, o_2 with LSEs l_1, l_2 combine into
+           (exp(l_1 - l) o_1 + exp(l_2 - l) o_2) with l = logaddexp(l_1, l_2).
     Returns:
-        (B, H, S_q, D) output of q's dtype, of the same kind as q.
+        (B, H, S_q, D) output of q's dtype, of the same kind as q; with return_lse, the pair
+        (output, lse), lse a (B, H, S_q) float32 array of the same kind.
     """
     if _is_torch(q):
-        return _torch_call(q, k, v, causal, scale, phase)
-    return _launch(q, k, v, causal, scale, phase)
+        return _torch_call(q, k, v, causal, scale, phase, return_lse)
+    return _launch(q, k, v, causal, scale, phase, return_lse)
 
 
-def _launch(q, k, v, causal, scale, phase):
+def _launch(q, k, v, causal, scale, phase, return_lse=False):
     """Validate and launch through Numba: NumPy arrays, Numba device arrays, and the simulator."""
-    phase, ops, qk_scale = _resolve(q, k, v, causal, scale, phase)
-    D = ops[0].shape[3]
+    phase, ops, qk_scale = _resolve(q, k, v, causal, scale, phase, return_lse)
+    B, H, Sq, D = ops[0].shape
     config = build(phase, D, ops[0].dtype)
     kind = ops[0].kind
 
@@ -394,20 +418,23 @@ def _launch(q, k, v, causal, scale, phase):
         from numba import cuda
 
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if return_lse else None
         with cuda.gpus[q.device.index or 0]:
             stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
             arrays = [torch_to_kernel(t) for t in (q, k, v, out)]
-            config.launch(*arrays, causal, qk_scale, stream=stream)
-        return out
+            config.launch(*arrays, causal, qk_scale, stream=stream,
+                          lse=None if lse is None else cuda.as_cuda_array(lse))
+        return (out, lse) if return_lse else out
 
     from numba import cuda
 
+    lse = cuda.device_array((B, H, Sq), dtype=np.float32) if return_lse else None
     if kind == "numba":
         out = cuda.device_array(q.shape, dtype=q.dtype)
-        config.launch(q, k, v, out, causal, qk_scale)
-        return out
+        config.launch(q, k, v, out, causal, qk_scale, lse=lse)
+        return (out, lse) if return_lse else out
 
     dq, dk, dv = (cuda.to_device(x) for x in (q, k, v))
     dout = cuda.device_array(q.shape, dtype=q.dtype)
-    config.launch(dq, dk, dv, dout, causal, qk_scale)
-    return dout.copy_to_host()
+    config.launch(dq, dk, dv, dout, causal, qk_scale, lse=lse)
+    return (dout.copy_to_host(), lse.copy_to_host()) if return_lse else dout.copy_to_host()

@@ -82,6 +82,41 @@ def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = 
     return out
 
 
+def reference_lse(q, k, *, causal: bool = False, scale: float | None = None) -> np.ndarray:
+    """float64 log-sum-exp of every row's scores, (B, H, S_q): log(sum_j exp(q_i·k_j·scale)) over
+    the keys row i sees, natural log (torch's and FlashAttention's convention); -inf for a row that
+    sees no key. What attention(..., return_lse=True) returns beside the output. NumPy arrays or
+    torch tensors (computed with torch in float64 on their own device)."""
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    if type(q).__module__.startswith("torch"):
+        return _reference_lse_torch(q, k, causal, scale)
+    q, k = (np.asarray(x, dtype=np.float64) for x in (q, k))
+    B, H, Sq, _ = q.shape
+    mask = visible_mask(Sq, k.shape[2], causal)
+    lse = np.empty((B, H, Sq), dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for b, h in np.ndindex(B, H):
+            s = np.where(mask, q[b, h] @ k[b, kv_head(h, H, k.shape[1])].T * scale, -np.inf)
+            m = s.max(axis=-1, keepdims=True)
+            m = np.where(np.isfinite(m), m, 0.0)  # a row of -inf only: log(0) = -inf below
+            lse[b, h] = np.log(np.exp(s - m).sum(axis=-1)) + m[:, 0]
+    return lse
+
+
+def _reference_lse_torch(q, k, causal, scale):
+    import torch
+
+    B, H, Sq, _ = q.shape
+    mask = torch.from_numpy(visible_mask(Sq, k.shape[2], causal)).to(q.device)
+    if k.shape[1] != H:
+        k = k.repeat_interleave(H // k.shape[1], dim=1)
+    lse = torch.empty((B, H, Sq), dtype=torch.float64, device=q.device)
+    for b in range(B):  # one batch at a time keeps the float64 score matrix small
+        s = torch.matmul(q[b].double(), k[b].double().transpose(-1, -2)) * scale
+        lse[b] = torch.logsumexp(s.masked_fill(~mask, float("-inf")), dim=-1)  # -inf for a row of -inf
+    return lse.cpu().numpy()
+
+
 def _reference_torch(q, k, v, causal, scale):
     import torch
 

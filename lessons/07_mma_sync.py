@@ -159,6 +159,14 @@ lesson.show_source(phase.make_copy_tile)
 lesson.show_diff(p06_wmma.build_kernel, phase.build_kernel)
 
 # %% [markdown]
+# One argument is new at the end of the diff: `LSE`. When a caller asks for it
+# (`attention(q, k, v, return_lse=True)`), the kernel also writes each row's
+# [log-sum-exp](../docs/glossary.md#log-sum-exp), `(m_i + log2 l_i) · ln 2`: the log of the row's
+# softmax denominator, which it holds anyway at the end. Two results over different keys merge
+# through it, and a backward pass recomputes the probabilities from it. Otherwise `LSE` is an empty
+# array and the kernel writes nothing there.
+
+# %% [markdown]
 # ## Is it correct?
 
 # %%

@@ -292,3 +292,54 @@ def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
     with pytest.raises(RuntimeError, match="stop"):
         api.attention(q, q, q, phase="09")  # a phase asked for by name is never swapped
     assert chosen[-1] == "09"
+
+
+# ---------------------------------------------------------------------------------------------
+# return_lse: each row's log-sum-exp beside the output (phases 07 on)
+# ---------------------------------------------------------------------------------------------
+def test_return_lse_bad_input_names_the_argument():
+    q, k, v = qkv()
+    raises(TypeError, "return_lse", attention, q, k, v, phase="07", return_lse="yes")
+    msg = raises(ValueError, "return_lse", attention, q, k, v, phase="03", return_lse=True)
+    assert "phase 03" in msg and "07" in msg
+
+
+def test_lse_flag_of_every_kernel_matches_its_phase():
+    """A phase that says it writes the log-sum-exp builds kernels that take LSE, and only those."""
+    from flashcore_numba.phases import KERNELS, build, supports_lse
+
+    for kernel in KERNELS.values():
+        for D in kernel.HEAD_DIMS:
+            assert build(kernel, D).lse == supports_lse(kernel), (kernel.ID, D)
+    assert [p for p in PHASES if supports_lse(PHASES[p])] == ["07", "08", "09"]
+
+
+@pytest.mark.parametrize("phase", ["07", "08", "09"])
+def test_return_lse_matches_the_float64_reference(phase):
+    """One call covers the cases: grouped-query heads, S_q > S_k under a causal mask (the first
+    rows see no key: LSE -inf, output 0), a scale of our own, and the output still right."""
+    from flashcore_numba.reference import reference_lse
+
+    q, k, v = random_qkv((1, 4, 40, 64), 24, seed=5, heads_kv=2)
+    out, lse = attention(q, k, v, causal=True, scale=0.2, phase=phase, return_lse=True)
+    assert isinstance(lse, np.ndarray) and lse.dtype == np.float32 and lse.shape == (1, 4, 40)
+    ref = reference_lse(q, k, causal=True, scale=0.2)
+    empty = np.isneginf(ref)
+    assert empty[0, 0, :16].all() and not empty[0, 0, 16:].any()  # rows 0-15 see no key (40 - 24)
+    np.testing.assert_array_equal(np.isneginf(lse), empty)
+    np.testing.assert_allclose(lse[~empty], ref[~empty], rtol=1e-5, atol=1e-5)
+    assert check_close(out, reference_attention(q, k, v, causal=True, scale=0.2),
+                       lowp_attention(q, k, v, causal=True, scale=0.2)).ok
+
+
+def test_lse_merges_attention_over_two_key_ranges():
+    """What the log-sum-exp is for: attention over keys [0, n) and [n, S_k) computed apart and
+    merged with their LSEs equals attention over all keys (split keys, phase 10, rests on it)."""
+    q, k, v = random_qkv((1, 2, 16, 64), 48, seed=6)
+    whole = reference_attention(q, k, v)
+    n = 20
+    o1, l1 = attention(q, k[:, :, :n].copy(), v[:, :, :n].copy(), phase="08", return_lse=True)
+    o2, l2 = attention(q, k[:, :, n:].copy(), v[:, :, n:].copy(), phase="08", return_lse=True)
+    lse = np.logaddexp(l1, l2)
+    merged = np.exp(l1 - lse)[..., None] * o1.astype(np.float64) + np.exp(l2 - lse)[..., None] * o2
+    np.testing.assert_allclose(merged, whole, atol=2e-3)

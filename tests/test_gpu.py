@@ -312,6 +312,74 @@ def test_torch_compile_fullgraph_matches_eager():
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-3)
 
 
+# ---------------------------------------------------------------------------------------------
+# return_lse: the rows' log-sum-exp (phases 07 on)
+# ---------------------------------------------------------------------------------------------
+def _check_lse(lse, q, k, causal, scale=None, what=""):
+    """The kernel's LSE against the float64 one: -inf exactly where a row sees no key, and
+    elsewhere within what fp32 arithmetic on the scores leaves (the LSE is a log: its absolute
+    error is the relative error of the row's sum)."""
+    from flashcore_numba.reference import reference_lse
+
+    got = lse.double().cpu().numpy() if hasattr(lse, "cpu") else np.asarray(lse, dtype=np.float64)
+    ref = reference_lse(q, k, causal=causal, scale=scale)
+    assert got.shape == ref.shape, what
+    empty = np.isneginf(ref)
+    assert not np.isnan(got).any(), f"{what}: NaN in the LSE"
+    np.testing.assert_array_equal(np.isneginf(got), empty, err_msg=what)
+    np.testing.assert_allclose(got[~empty], ref[~empty], rtol=0, atol=1e-3, err_msg=what)
+
+
+@pytest.mark.parametrize("phase", ["07", "08", "09", "09-ws"])
+@pytest.mark.parametrize("shape,seq_k,causal,heads_kv,dtype", [
+    pytest.param((2, 4, 300, 64), 333, True, 2, "float16", id="GQA tail causal"),
+    pytest.param((1, 2, 77, 128), 30, True, None, "bfloat16", id="D=128 bf16 rows without keys"),
+    pytest.param((1, 2, 1000, 64), None, False, None, "float16", id="S=1000"),
+])
+def test_return_lse_through_torch(phase, shape, seq_k, causal, heads_kv, dtype):
+    """attention(..., return_lse=True) on torch tensors (the plan's launch): the output as without
+    it, and the LSE against the float64 reference, poisoned beforehand by the allocator's reuse."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    q, k, v = _torch_qkv(shape, seq_k, dtype=dtype, heads_kv=heads_kv)
+    torch.full(shape[:3], float("nan"), device="cuda")  # freed: the LSE below may reuse its memory
+    out, lse = attention(q, k, v, causal=causal, phase=phase, return_lse=True)
+    assert lse.dtype == torch.float32 and lse.shape == shape[:3] and lse.device == q.device
+    assert torch.equal(out, attention(q, k, v, causal=causal, phase=phase))
+    _check_lse(lse, q, k, causal, what=f"phase {phase}")
+
+
+def test_return_lse_at_the_reference_shape_and_with_a_scale():
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    q, k, v = _torch_qkv((16, 16, 2048, 64))
+    out, lse = attention(q, k, v, causal=True, scale=0.3, return_lse=True)
+    _check_lse(lse, q, k, True, scale=0.3, what="reference shape, scale 0.3")
+
+
+def test_return_lse_in_a_cuda_graph_and_under_torch_compile():
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    q, k, v = _torch_qkv((2, 3, 500, 64))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        attention(q, k, v, causal=True, return_lse=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = attention(q, k, v, causal=True, return_lse=True)
+    for x in (q, k, v):
+        x.copy_(torch.randn_like(x))
+    lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_lse(lse, q, k, True, what="graph replay")
+
+    def step(q, k, v):
+        o, l = attention(q, k, v, causal=True, return_lse=True)
+        return o.float().sum(dim=-1) + l
+
+    torch.testing.assert_close(torch.compile(step, fullgraph=True)(q, k, v), step(q, k, v), rtol=1e-5, atol=1e-3)
+
+
 def _first_call_in_a_new_process(env) -> dict:
     import json
     import os

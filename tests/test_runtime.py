@@ -85,7 +85,7 @@ def numba_packed(argtypes, values) -> list[bytes]:
 
 @needs_compiler
 def test_arg_slots_are_numbas_parameters():
-    """Phase 09's argument list (bf16 as int16, O as uint32 pairs, the maps, the counter), packed by
+    """Phase 09's argument list (bf16 as int16, O as uint32 pairs, the LSE, the maps, the counter), packed by
     ArgSlots and by numba-cuda itself: the same bytes in every parameter, over the size each has."""
     from numba.cuda import types
 
@@ -93,19 +93,21 @@ def test_arg_slots_are_numbas_parameters():
     k = np.zeros((2, 1, 7, 64), np.int16)
     o = np.zeros((2, 3, 5, 32), np.uint32)
     maps, counter = np.zeros((3, 16), np.uint64), np.zeros(1, np.int32)
-    values = [q, k, k, o, True, np.float32(0.18), maps, counter]
-    argtypes = [types.Array(types.int16, 4, "C")] * 3 + [types.Array(types.uint32, 4, "C"), types.boolean,
+    lse = np.zeros((2, 3, 5), np.float32)
+    values = [q, k, k, o, lse, True, np.float32(0.18), maps, counter]
+    argtypes = [types.Array(types.int16, 4, "C")] * 3 + [types.Array(types.uint32, 4, "C"),
+                                                          types.Array(types.float32, 3, "C"), types.boolean,
                                                           types.float32, types.Array(types.uint64, 2, "C"),
                                                           types.Array(types.int32, 1, "C")]
     slots = ArgSlots([ArrayArg(q.shape, 2), ArrayArg(k.shape, 2), ArrayArg(k.shape, 2), ArrayArg(o.shape, 4),
-                      ScalarArg("bool", True), ScalarArg("float32", 0.18), ArrayArg(maps.shape, 8),
-                      ArrayArg(counter.shape, 4)])
-    for i, array in enumerate((q, k, k, o, None, None, maps, counter)):
+                      ArrayArg(lse.shape, 4), ScalarArg("bool", True), ScalarArg("float32", 0.18),
+                      ArrayArg(maps.shape, 8), ArrayArg(counter.shape, 4)])
+    for i, array in enumerate((q, k, k, o, lse, None, None, maps, counter)):
         if array is not None:
             slots.set_pointer(i, array.ctypes.data)
     numba = numba_packed(argtypes, values)
     ours = [int(x).to_bytes(8, "little") for x in slots.values()]
-    assert len(ours) == len(numba) == len(slots.sizes) == 4 * 13 + 1 + 1 + 9 + 7
+    assert len(ours) == len(numba) == len(slots.sizes) == 4 * 13 + 11 + 1 + 1 + 9 + 7
     for i, (a, b, size) in enumerate(zip(ours, numba, slots.sizes, strict=True)):
         assert a[:size] == b[:size], f"parameter {i}: ours {a[:size].hex()}, numba's {b[:size].hex()}"
 
@@ -239,11 +241,13 @@ def test_a_call_finds_its_plan_by_its_key(monkeypatch):
     class StandInPlan:
         device_index = 0
 
-        def __call__(self, q, k, v, out, stream):
+        def __call__(self, q, k, v, out, stream, lse=None):
             launched.append(out.shape)
+            if lse is not None:
+                lse.fill_(1.0)
 
-    def make_plan(q, k, v, causal, scale, phase):
-        made.append((tuple(q.shape), causal, scale, phase))
+    def make_plan(q, k, v, causal, scale, phase, return_lse=False):
+        made.append((tuple(q.shape), causal, scale, phase, return_lse))
         return StandInPlan()
 
     monkeypatch.setattr(api, "_make_plan", make_plan)
@@ -258,6 +262,9 @@ def test_a_call_finds_its_plan_by_its_key(monkeypatch):
     api.attention(q[:, :, :4], k, v)  # another shape (a view: not contiguous, so another key too)
     api.attention(q.float(), k.float(), v.float())  # another dtype
     assert len(made) == 4
+    out, lse = api.attention(q, k, v, causal=True, return_lse=True)  # another plan: it writes the LSE
+    assert len(made) == 5 and made[-1][4] is True
+    assert lse.shape == (1, 2, 8) and lse.dtype == torch.float32 and bool((lse == 1.0).all())
     with pytest.raises(TypeError, match="phase: expected a phase id"):
         api.attention(q, k, v, phase=["09"])  # unhashable: the validation says what is wrong
     monkeypatch.setattr(api, "PLANS_KEPT", 2)

@@ -135,6 +135,11 @@ def supports_gqa(phase: ModuleType) -> bool:
     return getattr(phase, "GQA", False)
 
 
+def supports_lse(phase: ModuleType) -> bool:
+    """Whether the phase's kernels can write each row's log-sum-exp (`return_lse`; 07 on)."""
+    return getattr(phase, "LSE", False)
+
+
 def get_phase(phase):
     """Look a kernel up by id ("03", 3, "06-inline"), name ("warp_shuffle"), module name or "best"."""
     if isinstance(phase, (ModuleType, Variant)) and getattr(phase, "ID", None) in KERNELS:

@@ -21,7 +21,9 @@ from a 1-D grid, one block per SM). A bf16 kernel (phase 07 on) gets the arrays 
 patterns (Numba has no bf16 type), and a kernel that stores two neighbouring output columns at once
 (`packed_output`) gets O viewed as uint32 pairs, (B, H, S, D/2). A kernel that loads its
 tiles by TMA (phase 09, `tma_box`) gets one argument more: the tensor maps of Q, K and V; and a
-kernel with `work_units` one more, last: the counter that hands its query blocks out.
+kernel with `work_units` one more, last: the counter that hands its query blocks out. The
+tensor-core phases (07 on, `lse`) take LSE after O, (B, H, S_q) float32: each row's log-sum-exp
+for `attention(..., return_lse=True)`, or an empty array when it is not asked for.
 """
 
 from __future__ import annotations
@@ -122,6 +124,37 @@ def quad_row_inverses(l_a, l_b):
     inv_a = fast_fdividef(float32(1.0), l_a) if l_a != float32(0.0) else float32(0.0)
     inv_b = fast_fdividef(float32(1.0), l_b) if l_b != float32(0.0) else float32(0.0)
     return inv_a, inv_b
+
+
+LN2 = float32(math.log(2.0))
+
+
+@cuda.jit(device=True, inline=True)
+def row_lse(m_i, l_i):
+    """A row's log-sum-exp in the natural-log convention of torch and FlashAttention,
+    log(sum_j exp(score_j * scale)), from the kernel's base-2 state: l_i = sum_j exp2(s_j - m_i)
+    with s_j = score_j * scale * log2(e), so the sum is 2^m_i * l_i and its natural log is
+    (m_i + log2(l_i)) * ln 2. A row that saw no key (l_i = 0) gets -inf, the log of an empty sum
+    (FlashAttention writes +inf there); a NaN l_i stays NaN."""
+    if l_i == float32(0.0):
+        return float32(-math.inf)
+    return (m_i + math.log2(l_i)) * LN2
+
+
+@cuda.jit(device=True, inline=True)
+def store_lse(LSE, b, h, row_a, row_b, seq_q, t, l_a, l_b, m_a, m_b):
+    """`return_lse`: the log-sum-exp of a thread's two rows (a and b, as in `store_rows`) into
+    LSE (B, H, S_q) float32. The four lanes of a quad each hold a quarter of a row's l_i and the
+    same m_i: the sums over the quad, then lane t = 0 writes. The whole warp calls it (shuffles)."""
+    l_a += cuda.shfl_xor_sync(0xFFFFFFFF, l_a, 1)
+    l_a += cuda.shfl_xor_sync(0xFFFFFFFF, l_a, 2)
+    l_b += cuda.shfl_xor_sync(0xFFFFFFFF, l_b, 1)
+    l_b += cuda.shfl_xor_sync(0xFFFFFFFF, l_b, 2)
+    if t == 0:
+        if row_a < seq_q:
+            LSE[b, h, row_a] = row_lse(m_a, l_a)
+        if row_b < seq_q:
+            LSE[b, h, row_b] = row_lse(m_b, l_b)
 
 
 def fragment_epilogue(pack, n_blocks):
@@ -296,6 +329,12 @@ def work_counter(stream=0):
     return counter
 
 
+def no_lse():
+    """The LSE argument of a call that did not ask for the log-sum-exp: an empty array (the
+    kernel tests its size and writes nothing)."""
+    return cuda.device_array((0, 0, 0), np.float32)
+
+
 def launch(kernel, grid, block: int, smem_bytes: int, args, stream=0, cache_key=()) -> None:
     """Launch `kernel[grid, block, stream, smem_bytes](*args)`, raising the limit if needed.
 
@@ -352,6 +391,9 @@ class KernelConfig:
     work_units: object = None
     persistent: bool = False  # with work_units: one block per SM, each looping over units
     out_alignment: int = 0  # bytes: O's address must be a multiple of this (the kernel's vector stores)
+    # the kernel takes LSE, (B, H, S_q) float32, after O: `return_lse` (phase 07 on). It writes each
+    # row's log-sum-exp there when LSE has rows, and nothing when it is the empty (0, 0, 0) array
+    lse: bool = False
     # (kernel id, head dim, dtype) when built through the registry (phases.build): a launch then
     # loads the compiled kernel from the disk cache (arch/cache.py) instead of compiling it
     cache_key: tuple = ()
@@ -359,13 +401,15 @@ class KernelConfig:
     def signature(self, dtype: str = "float16") -> str:
         """The kernel's signature as a launch types it: Q, K, V (and O) of `dtype` (bf16 as its int16
         bit patterns), O as uint32 pairs when the kernel stores packed output, then the flag and the
-        scale, the tensor maps of a TMA kernel and the work counter of a looping one."""
+        scale, the tensor maps of a TMA kernel and the work counter of a looping one; LSE after O for
+        a kernel that can write the log-sum-exp."""
         element = ELEMENT[dtype]
         out = "uint32" if self.packed_output else element
         qkv = ", ".join(3 * [f"{element}[:,:,:,::1]"])
+        lse = ", float32[:,:,::1]" if self.lse else ""
         maps = ", uint64[:,::1]" if self.tma_box else ""
         counter = ", int32[::1]" if self.work_units is not None else ""
-        return f"void({qkv}, {out}[:,:,:,::1], boolean, float32{maps}{counter})"
+        return f"void({qkv}, {out}[:,:,:,::1]{lse}, boolean, float32{maps}{counter})"
 
     def grid(self, q_shape, causal: bool) -> tuple:
         """The launch grid: every phase's (row blocks, heads, batch), or for a kernel with work
@@ -375,8 +419,11 @@ class KernelConfig:
         units = max(1, self.work_units(q_shape, causal))
         return (min(units, sm_count()) if self.persistent else units,)
 
-    def arguments(self, q, k, v, o, causal: bool, qk_scale: float, stream=0) -> tuple:
-        """The kernel's arguments, as `launch` passes them (the benchmark reads registers by them)."""
+    def arguments(self, q, k, v, o, causal: bool, qk_scale: float, stream=0, lse=None) -> tuple:
+        """The kernel's arguments, as `launch` passes them (the benchmark reads registers by them).
+        lse: a (B, H, S_q) float32 device array for the rows' log-sum-exp, or None."""
+        if lse is not None and not self.lse:
+            raise ValueError("return_lse: this kernel does not write the log-sum-exp (phases 07 on do)")
         if self.out_alignment and not simulator_enabled():  # the simulator's store checks its own addresses
             offset = o.__cuda_array_interface__["data"][0] % self.out_alignment
             if offset:
@@ -386,7 +433,8 @@ class KernelConfig:
         if self.packed_output:
             o = o.view(np.uint32)
         # float32 on purpose: a Python float would be typed float64 and drag fp64 math in.
-        args = (q, k, v, o, bool(causal), np.float32(qk_scale))
+        args = (q, k, v, o) + ((no_lse() if lse is None else lse,) if self.lse else ()) + (
+            bool(causal), np.float32(qk_scale))
         if self.tma_box:
             from ..arch.tma import head_maps
 
@@ -395,7 +443,7 @@ class KernelConfig:
             args += (work_counter(stream),)
         return args
 
-    def launch(self, q, k, v, o, causal: bool, qk_scale: float, stream=0) -> None:
-        args = self.arguments(q, k, v, o, causal, qk_scale, stream)
+    def launch(self, q, k, v, o, causal: bool, qk_scale: float, stream=0, lse=None) -> None:
+        args = self.arguments(q, k, v, o, causal, qk_scale, stream, lse)
         launch(self.kernel, self.grid(q.shape, causal), self.n_threads, self.smem_bytes, args, stream,
                self.cache_key)

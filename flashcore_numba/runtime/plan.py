@@ -7,7 +7,7 @@ kernel parameter but the arrays' addresses packed in place (arch/launch.py). A c
 four data pointers and launches with one driver call on torch's current stream:
 
     plan = Plan("09", 64, "float16", q.shape, k.shape, causal=False, qk_scale=..., device_index=0)
-    plan(q, k, v, out, stream)
+    plan(q, k, v, out, stream)            # plan(q, k, v, out, stream, lse) with return_lse=True
 
 Phase 09 also gets, per call, the tensor maps of q, k and v (built on the first call that uses
 those addresses, then found by them; their device copy is made on the stream, from pinned host
@@ -48,7 +48,7 @@ class Plan:
     """One problem's launch, settled; `plan(q, k, v, out, stream)` runs it on those tensors."""
 
     def __init__(self, kernel_id: str, head_dim: int, dtype: str, q_shape, k_shape, causal: bool, qk_scale: float,
-                 device_index: int):
+                 device_index: int, return_lse: bool = False):
         import torch
         from numba import cuda
         from numba.cuda.core import sigutils
@@ -67,8 +67,11 @@ class Plan:
         self.looping = config.work_units is not None
         B, H, S, D = q_shape
         out = ArrayArg((B, H, S, D // 2), 4) if config.packed_output else ArrayArg(tuple(q_shape), 2)
-        args = [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(k_shape), 2), ArrayArg(tuple(k_shape), 2), out,
-                ScalarArg("bool", bool(causal)), ScalarArg("float32", float(np.float32(qk_scale)))]
+        args = [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(k_shape), 2), ArrayArg(tuple(k_shape), 2), out]
+        self.return_lse = return_lse
+        if config.lse:  # the (B, H, S_q) float32 log-sum-exp, or an empty array with no address
+            args.append(ArrayArg((B, H, S) if return_lse else (0, 0, 0), 4))
+        args += [ScalarArg("bool", bool(causal)), ScalarArg("float32", float(np.float32(qk_scale)))]
         if self.tma_box:
             self.maps_arg = len(args)
             args.append(ArrayArg((3, 16), 8))
@@ -83,7 +86,7 @@ class Plan:
         self._counter_tensors: list = []
         self._lock = threading.Lock()
 
-    def __call__(self, q, k, v, out, stream: int) -> None:
+    def __call__(self, q, k, v, out, stream: int, lse=None) -> None:
         qkv = (q.data_ptr(), k.data_ptr(), v.data_ptr())
         with self._lock:  # the slots are this plan's: one launch packs them at a time
             slots = self.slots
@@ -91,6 +94,8 @@ class Plan:
             slots.set_pointer(1, qkv[1])
             slots.set_pointer(2, qkv[2])
             slots.set_pointer(3, out.data_ptr())
+            if self.return_lse:
+                slots.set_pointer(4, lse.data_ptr())
             if self.tma_box:
                 # a model's loop calls with the same q, k, v buffers again and again: the last maps first
                 maps = self._last_maps if qkv == self._last_qkv else self._maps_of(q, k, v, qkv)

@@ -32,7 +32,7 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
-from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale
+from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale, store_lse
 
 ID = "07"
 NAME = "mma_sync"
@@ -40,6 +40,7 @@ TITLE = "FlashAttention-2: mma.sync fragments in registers"
 HEAD_DIMS = (64, 128)
 DTYPES = ("float16", "bfloat16")
 GQA = True
+LSE = True  # return_lse: the kernel can write each row's log-sum-exp (common.store_lse)
 MIN_CC = (8, 0)
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync.m16n8k16
@@ -206,7 +207,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     pv_steps = unrolled(pv_step, NO // 2)
 
     @cuda.jit
-    def mma_attention(Q, K, V, O, causal, qk_scale):
+    def mma_attention(Q, K, V, O, LSE, causal, qk_scale):
         smem_h = cuda.shared.array(0, uint32, alignment=128)
         smem = shared_address(smem_h)
         b = cuda.blockIdx.z
@@ -384,9 +385,11 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         for mt in range(M_TILES):
             row_a = warp_row0 + mt * MMA_M + g
             store_rows(O, b, h, row_a, row_a + 8, seq_q, t, acc[mt], l_a[mt], l_b[mt])
+            if LSE.shape[2] != 0:  # return_lse: each row's log-sum-exp too (common.py)
+                store_lse(LSE, b, h, row_a, row_a + 8, seq_q, t, l_a[mt], l_b[mt], m_a[mt], m_b[mt])
 
     return KernelConfig(mma_attention, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
-                        packed_output=True, out_alignment=16)  # 16-byte stores (ptx/store.ptx)
+                        packed_output=True, out_alignment=16, lse=True)  # 16-byte stores (ptx/store.ptx)
 
 
 @lru_cache(maxsize=None)

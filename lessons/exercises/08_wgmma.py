@@ -32,7 +32,7 @@ from numba import cuda, float32, uint32, uint64
 
 from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
-from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue, key_end, softmax_rescale
+from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue, key_end, softmax_rescale, store_lse
 
 ID = "08"
 NAME = "wgmma"
@@ -40,6 +40,7 @@ TITLE = "Hopper wgmma: tiles multiplied from shared-memory descriptors"
 HEAD_DIMS = (64, 128)
 DTYPES = ("float16", "bfloat16")
 GQA = True
+LSE = True  # return_lse: the kernel can write each row's log-sum-exp (common.store_lse)
 MIN_CC = MAX_CC = (9, 0)  # wgmma exists on Hopper alone (sm_90a): not before, not after
 
 WG_M = 64  # rows of one wgmma: a warpgroup's share of the query block
@@ -122,7 +123,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     Q_WORDS, N_THREADS = BLOCK_M * HEAD_DIM // 2, L["N_THREADS"]
 
     @cuda.jit
-    def wgmma_attention(Q, K, V, O, causal, qk_scale):
+    def wgmma_attention(Q, K, V, O, LSE, causal, qk_scale):
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
         smem = shared_address(smem_h)
         b = cuda.blockIdx.z
@@ -259,9 +260,11 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
 
         # -- epilogue: the rows' sums over the quad, o = acc / l_i, packed pairs (common.py)
         store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
+        if LSE.shape[2] != 0:  # return_lse: each row's log-sum-exp too (common.py)
+            store_lse(LSE, b, h, row_a, row_b, seq_q, t, l_a, l_b, m_a, m_b)
 
     return KernelConfig(wgmma_attention, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
-                        packed_output=True)
+                        packed_output=True, lse=True)
 
 
 @lru_cache(maxsize=None)

@@ -33,7 +33,7 @@ from numba import cuda, float32, int32, uint32
 
 from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
-from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale, uidx
+from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale, store_lse, uidx
 from flashcore_numba.phases.tracing import wait_hooks
 
 ID = "09"
@@ -42,6 +42,7 @@ TITLE = "Hopper TMA + warp specialization: a producer warpgroup, consumers takin
 HEAD_DIMS = (64, 128)
 DTYPES = ("float16", "bfloat16")
 GQA = True
+LSE = True  # return_lse: the kernel can write each row's log-sum-exp (common.store_lse)
 MIN_CC = MAX_CC = (9, 0)  # wgmma, setmaxnreg: Hopper alone (sm_90a)
 VARIANTS = {
     "ws": "TMA producer + mbarrier ring, consumers without turns",
@@ -451,8 +452,8 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
         return m_a, m_b, l_a, l_b, alpha_a, alpha_b
 
     @cuda.jit(device=True, inline=True)
-    def consumer(smem_h, smem, full, empty, q_full, q_empty, O, causal, qk_scale, counter, tid, wg, n_heads, seq_q,
-                 seq_k):
+    def consumer(smem_h, smem, full, empty, q_full, q_empty, O, LSE, causal, qk_scale, counter, tid, wg, n_heads,
+                 seq_q, seq_k):
         """A consumer warpgroup: for each query block the producer announces in its info slot, its
         64 rows of O. Tile 0's S alone, then a turn per tile (the loop without masks, then the one
         with), the tiles its rows never see passed, the last tile's P·V, and the epilogue."""
@@ -580,6 +581,8 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
             # within the quad and one 16-byte store per 8 columns; the other consumers' turns go on
             # meanwhile, and the producer loads the next block
             store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
+            if LSE.shape[2] != 0:  # return_lse: each row's log-sum-exp too (common.py)
+                store_lse(LSE, b, h, row_a, row_b, seq_q, t, l_a, l_b, m_a, m_b)
 
         if TURNS and c == 0:
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
@@ -588,7 +591,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
         trace_save(counter)
 
     # ---------------- the kernel: warpgroup 0 produces, the others consume --------------------------
-    def kernel(Q, K, V, O, causal, qk_scale, maps, counter):
+    def kernel(Q, K, V, O, LSE, causal, qk_scale, maps, counter):
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
         smem = shared_address(smem_h)
         full, empty, q_full, q_empty = barriers(smem)
@@ -616,8 +619,8 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
                          seq_k)
             return
         regs_inc()  # the consumers take those registers
-        consumer(smem_h, smem, full, empty, q_full, q_empty, O, causal, qk_scale, counter, tid, wg, n_heads, seq_q,
-                 seq_k)
+        consumer(smem_h, smem, full, empty, q_full, q_empty, O, LSE, causal, qk_scale, counter, tid, wg, n_heads,
+                 seq_q, seq_k)
 
     if simulator_enabled():
         compiled = cuda.jit(kernel)
@@ -625,7 +628,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
         # then moves from the producer to the consumers (see ptx/warpgroup.ptx)
         compiled = cuda.jit(launch_bounds=LAUNCH_BOUNDS)(kernel)
     return KernelConfig(compiled, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=SMEM_BYTES,
-                        packed_output=True, out_alignment=16,  # 16-byte stores (ptx/store.ptx)
+                        packed_output=True, out_alignment=16, lse=True,  # 16-byte stores (ptx/store.ptx)
                         tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS,
                         work_units=partial(work_units, block_m=BLOCK_M), persistent=build.persistent)
 
