@@ -16,6 +16,7 @@ finish. The jobs run at a lower priority (nice 10) than the tests of this proces
 """
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 if os.environ.get("FLASHCORE_GPU", "0") in ("", "0"):
@@ -55,13 +56,44 @@ def pytest_collection_finish(session):
     on a GPU the timing checks must not share the GPU with other processes."""
     if not simulator_enabled() or not session.items or session.config.option.collectonly:
         return
-    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, initializer=_lower_priority)
+    pool = TimedPool(max_workers=os.cpu_count() or 1, initializer=_lower_priority)
     started = {}
     for module in dict.fromkeys(getattr(item, "module", None) for item in session.items):
         start = getattr(module, "start_background", None)
         if start is not None:
             started[module.__name__] = start(session.items, pool)
     session.config.stash[BACKGROUND] = (pool, started)
+
+
+class TimedPool(ThreadPoolExecutor):
+    """The shared pool, noting when each job started and ended: the session's summary lists the
+    longest (the suite's critical path is usually one of them)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.created = time.monotonic()
+        self.times: list[tuple[str, float, float]] = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        name = " ".join([getattr(fn, "__qualname__", repr(fn)), *map(str, args)])
+
+        def timed():
+            started = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.times.append((name, started - self.created, time.monotonic() - self.created))
+
+        return super().submit(timed)
+
+
+def pytest_terminal_summary(terminalreporter):
+    pool, _ = terminalreporter.config.stash.get(BACKGROUND, (None, {}))
+    if not getattr(pool, "times", None):
+        return
+    terminalreporter.section("background jobs (seconds from the session's start; longest first)")
+    for name, start, end in sorted(pool.times, key=lambda t: t[1] - t[2])[:15]:
+        terminalreporter.write_line(f"{end - start:7.1f} s  {start:6.1f} -> {end:6.1f}  {name}")
 
 
 def _lower_priority():

@@ -116,3 +116,39 @@ def test_occupancy_on_h100():
     big_smem = dict(small, registers=32, dynamic_smem_bytes=100 * 1024)
     assert occupancy(big_smem)["blocks_per_sm"] == 2
     assert occupancy(big_smem)["limited_by"] == "shared memory"
+
+
+def test_reports_are_kept_on_disk_and_rebuilt_when_damaged(tmp_path, monkeypatch):
+    """A report compiled once is read back by the next process that asks (lessons, `flashcore run`
+    and the tests ask for the same ones); a damaged entry is compiled again, never trusted; with
+    FLASHCORE_CACHE=0 nothing is kept. The compiler is replaced by a counter here."""
+    from flashcore_numba.arch import cache
+    from flashcore_numba.measure import machine_code
+
+    compiled = []
+
+    def fake_report(phase_id, head_dim, sass, dtype="float16"):
+        compiled.append((phase_id, head_dim, dtype))
+        return {"phase": phase_id, "registers": 42, "sass": "SASS" if sass else None}
+
+    monkeypatch.setattr(machine_code, "_report_here", fake_report)
+    monkeypatch.setattr(machine_code, "find_disassembler", lambda: "nvdisasm")
+    monkeypatch.setattr(cache, "toolchain", lambda: {"numba-cuda": "test"})
+    monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FLASHCORE_CACHE", raising=False)
+
+    first = machine_code._report_kept("09", 64, False)
+    again = machine_code._report_kept("09", 64, True)
+    assert compiled == [("09", 64, "float16")]  # once, with its SASS kept for whoever asks for it
+    assert first["sass"] is None and again["sass"] == "SASS" and again["registers"] == 42
+    machine_code._report_kept("09", 128, False)
+    assert len(compiled) == 2  # another head dim is another report
+
+    (entry,) = [p for p in (tmp_path / "reports").glob("*.json") if '"head_dim": 64' in p.read_text()]
+    entry.write_text(entry.read_text()[:20])  # truncated
+    assert machine_code._report_kept("09", 64, False)["registers"] == 42 and len(compiled) == 3
+
+    monkeypatch.setenv("FLASHCORE_CACHE", "0")
+    machine_code._report_kept("09", 64, False)
+    machine_code._report_kept("09", 64, False)
+    assert len(compiled) == 5

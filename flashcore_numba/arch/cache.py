@@ -18,7 +18,8 @@ process killed mid-write leaves no half entry under the final name.
 
 Where: $FLASHCORE_CACHE_DIR, else the platform's cache folder (~/.cache/flashcore-numba on
 Linux, $XDG_CACHE_HOME when set; ~/Library/Caches on macOS; %LOCALAPPDATA% on Windows).
-FLASHCORE_CACHE=0 switches it off: every process compiles again. `flashcore compile` fills it
+FLASHCORE_CACHE=0 switches it off: every process compiles again. Its `reports/` folder keeps the
+machine-code reports of measure/machine_code.py (registers, spills, PTX, SASS) the same way. `flashcore compile` fills it
 ahead of time (runtime/precompile.py).
 
 Both launches use it: the plan of a call on torch tensors loads the cubin itself (runtime/plan.py),

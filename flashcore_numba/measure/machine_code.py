@@ -326,6 +326,69 @@ def _report_here(phase_id: str, head_dim: int, sass: bool, dtype: str = "float16
     return report
 
 
+def _report_kept(phase_id: str, head_dim: int, sass: bool, dtype: str = "float16") -> dict:
+    """`_report_here`, kept on disk beside the kernel cache (arch/cache.py, `reports/`): compiling
+    phase 09 for sm_90a takes a minute or two on a laptop core, and a lesson, `flashcore run` and
+    the tests ask for the same reports again. The key hashes everything the report depends on:
+    the kernels' source, this file, the toolchain, the phase, head dim and dtype. A report is
+    stored with its SASS whenever a disassembler is found, and handed out without it when not
+    asked for. One process compiles a key at a time (a lock file, where the platform has flock);
+    another asking for it meanwhile waits and reads it. An entry that does not parse or names
+    another key is compiled again. FLASHCORE_CACHE=0 keeps nothing."""
+    import hashlib
+
+    from ..arch.cache import cache_dir, source_fingerprint, toolchain
+
+    folder = cache_dir()
+    if folder is None:
+        return _report_here(phase_id, head_dim, sass, dtype)
+    with_sass = sass or find_disassembler() is not None
+    fields = {"phase": phase_id, "head_dim": int(head_dim), "dtype": dtype, "arch": ARCH, "sass": with_sass,
+              "source": source_fingerprint(), "reporter": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+              "toolchain": toolchain()}
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
+    path = folder / "reports" / f"{key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(path.with_suffix(".lock")):
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8"))
+            report = kept["report"] if kept.get("key") == key else None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            report = None
+        if report is None:
+            report = _report_here(phase_id, head_dim, with_sass, dtype)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=key, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump({"key": key, "fields": fields, "report": report}, f)
+                os.replace(tmp, path)  # whole or not at all: a reader never sees half an entry
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+    return report if sass else dict(report, sass=None)
+
+
+class _file_lock:
+    """An exclusive lock on `path` for a `with` block (flock; no lock where the platform lacks it)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:
+            self.handle = None
+            return self
+        self.handle = open(self.path, "a")
+        fcntl.flock(self.handle, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.handle is not None:
+            self.handle.close()  # closing releases the lock
+
+
 def _in_subprocess(phase_ids, head_dim: int, sass: bool, dtype: str) -> dict[str, dict]:
     """Run this module in a fresh interpreter that compiles for real (no simulator)."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
@@ -347,7 +410,7 @@ def _reports(phase_ids: tuple, head_dim: int, sass: bool, dtype: str) -> dict:
 
     if simulator_enabled():
         return _in_subprocess(phase_ids, head_dim, sass, dtype)
-    return {p: _report_here(p, head_dim, sass, dtype) for p in phase_ids}
+    return {p: _report_kept(p, head_dim, sass, dtype) for p in phase_ids}
 
 
 def kernel_reports(phase_ids, head_dim: int, *, sass: bool = False, dtype: str = "float16") -> dict[str, dict]:
