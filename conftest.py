@@ -58,7 +58,10 @@ def pytest_collection_finish(session):
         return
     pool = TimedPool(max_workers=os.cpu_count() or 1, initializer=_lower_priority)
     started = {}
-    for module in dict.fromkeys(getattr(item, "module", None) for item in session.items):
+    modules = dict.fromkeys(getattr(item, "module", None) for item in session.items)
+    # the pool runs jobs in the order they come: a module whose jobs are the longest (the lessons)
+    # says so with BACKGROUND_FIRST, so that its jobs start at once and the short ones fill in around them
+    for module in sorted(modules, key=lambda m: not getattr(m, "BACKGROUND_FIRST", False)):
         start = getattr(module, "start_background", None)
         if start is not None:
             started[module.__name__] = start(session.items, pool)
