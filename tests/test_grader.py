@@ -79,6 +79,23 @@ def test_right_signs_wrong_sizes_means_a_sum_or_scale(expected):
     assert "signs are right" in diagnose.diagnose([_run(sizes * expected, expected)])
 
 
+def test_one_wrong_strip_of_columns_means_a_strip_never_computed():
+    """D = 128 in two 64-column strips, the second never multiplied: only its columns are wrong."""
+    expected = np.random.default_rng(3).standard_normal((6, 128))
+    out = expected.copy()
+    out[:, 64:] = 0.25
+    verdict = diagnose.diagnose([_run(expected[:, :64], expected[:, :64]), _run(out, expected)])
+    assert "only columns 64..127" in verdict
+    # with the region's own wording (exercise 06-b)
+    from flashcore_numba.course.hints import HINTS
+
+    worded = diagnose.diagnose([_run(out, expected)], HINTS["06-b"].diagnoses)
+    assert worded.startswith("only columns 64..127 are wrong: at D = 128")
+    # wrong columns that are not one range, or every column: not this pattern
+    out[:, 10] = 9.0
+    assert "only columns" not in diagnose.diagnose([_run(out, expected)])
+
+
 def test_noise_gets_no_diagnosis(expected):
     noise = np.random.default_rng(2).standard_normal(expected.shape)
     assert diagnose.diagnose([_run(noise, expected)]) == ""

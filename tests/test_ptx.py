@@ -152,6 +152,9 @@ def _compile(phase_ids, head_dim, dtype) -> dict:
     return kernel_reports(phase_ids, head_dim, dtype=dtype)
 
 
+BACKGROUND_FIRST = True  # its sm_90a compiles of phase 09 (about 100 s each) go to the pool early, not last
+
+
 def start_background(items, pool):
     """The compiles the selected tests read, one job each in the session's pool (conftest.py): a
     compile that several tests read is submitted once."""

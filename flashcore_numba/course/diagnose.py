@@ -8,6 +8,9 @@ Pure NumPy, no kernel: flashcore_numba.course.grade runs the kernels and hands t
 
       nan        every output of every case is NaN: the region writes nothing yet
       zeros      every case fails, with all outputs zero: the running state is never updated
+      columns    every wrong output lies in one range of columns d (of every case that fails)
+                 and the other columns are right: a strip of the head dim is never computed or
+                 stored (a loop over column strips that stops early)
       s_one      the one-key case (S = 1) passes, every case with more keys fails: the state
                  is not carried from key to key
     and on the largest failing case:
@@ -48,6 +51,8 @@ MESSAGES = {
             "normalization, its sum l_i, is wrong",
     "magnitude": "the signs are right but the sizes are not (typically {factor:.3g} × expected): a sum or a "
                  "scale is off",
+    "columns": "only columns {first}..{last} of the head dim are wrong, every other column is right: that "
+               "strip of the output is never computed or stored (does a loop over column strips stop early?)",
 }
 SAME_SIGN = 0.95  # the share of clearly non-zero outputs whose sign must match for "magnitude"
 
@@ -120,6 +125,9 @@ def diagnose(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str
         return messages["nan"]
     if len(failing) == len(runs) and all(not np.any(r.out) for r in failing):
         return messages["zeros"]
+    strip = wrong_columns(failing)  # before s_one: a strip missing at D = 128 fails every case with D = 128
+    if strip is not None:
+        return messages["columns"].format(first=strip[0], last=strip[1])
     one_key = [r for r in ran if r.seq_k == 1]
     more_keys = [r for r in runs if r.seq_k > 1]
     if one_key and all(r.ok for r in one_key) and more_keys and all(not r.ok for r in more_keys):
@@ -135,6 +143,18 @@ def diagnose(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str
     if typical is not None:
         return messages["magnitude"].format(factor=typical)
     return ""
+
+
+def wrong_columns(failing: list[CaseRun]) -> tuple[int, int] | None:
+    """(first, last) when the wrong outputs of every failing case fill one range of columns that is
+    not the whole head dim, and every column outside it is right; else None."""
+    strips = set()
+    for r in failing:
+        cols = np.flatnonzero(r.wrong.reshape(-1, r.wrong.shape[-1]).any(axis=0))
+        if len(cols) == 0 or len(cols) == r.wrong.shape[-1] or cols[-1] - cols[0] + 1 != len(cols):
+            return None
+        strips.add((int(cols[0]), int(cols[-1])))
+    return strips.pop() if len(strips) == 1 else None
 
 
 def same_sign_factor(out, expected, allowed: float) -> float | None:

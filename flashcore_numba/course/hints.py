@@ -189,6 +189,9 @@ HINTS: dict[str, RegionHints] = {
         pseudo="for strip in range(N_STRIPS):\n"
                "    mma_ab(smem + c_warp + <strip's byte offset in C>, smem + p_warp,\n"
                "           smem + v_cur + <strip's byte offset in V>, <strides>, K_STEPS_PV)",
+        diagnoses={"columns": "only columns {first}..{last} are wrong: at D = 128 the output has two 64-column "
+                              "strips, and that one is never multiplied (one mma_ab per strip, each moving C by "
+                              "STRIP * 4 bytes and V by STRIP * 2 bytes)"},
     ),
     "07-a": RegionHints(
         idea="In an mma.sync accumulator a row's 8·NT columns are held by the 4 lanes of a quad (lanes "
