@@ -232,3 +232,14 @@ def test_execute_notebook_shuts_its_kernel_down(tmp_path):
     assert "42" in nb.cells[0].outputs[0]["text"]
     assert len(made) == 1
     assert not made[0].has_kernel, "the notebook's kernel is still running"
+
+
+def test_the_simulator_compiles_phase_09s_variants_only_on_a_gpu():
+    """Lesson 09's machine-code cells compile 08 and 09 in the simulator (each of 09's variants
+    would add a minute or two of a laptop core) and every variant on a GPU; lesson 06 compares
+    its two PTX routes, so it compiles both everywhere."""
+    lesson = notebooks.Lesson("09")
+    assert set(lesson._ids()) == {"08", "09", "09-overlap", "09-turns", "09-ws"}
+    expected = lesson._ids() if lesson.on_gpu else ["08", "09"]
+    assert lesson._compiled_ids() == expected
+    assert "06-inline" in notebooks.Lesson("06")._compiled_ids()

@@ -561,6 +561,15 @@ class Lesson:
         """The kernels this lesson compares: the previous phase, this one, and its variants."""
         return [p.ID for p in (self.previous, self.phase, *self.variants) if p is not None]
 
+    def _compiled_ids(self) -> list[str]:
+        """The kernels the machine-code cells compile: all of `_ids` on a GPU, or where the lesson
+        compares the variants' code itself (phase 06's two PTX routes, `call_cost`). In the
+        simulator the variants of phase 09 are left out: each takes a minute or two of a laptop
+        core to compile, and the lesson's tables make their point with 08 against 09."""
+        if self.on_gpu or self.phase.ID == "06":
+            return self._ids()
+        return [p.ID for p in (self.previous, self.phase) if p is not None]
+
     # -- where we are ----------------------------------------------------------------------
     def intro(self) -> None:
         p = self.phase
@@ -713,7 +722,7 @@ class Lesson:
         if self._reports is None:
             from ..measure.machine_code import find_disassembler, kernel_reports
 
-            self._reports = kernel_reports(self._ids(), self.head_dim, sass=find_disassembler() is not None)
+            self._reports = kernel_reports(self._compiled_ids(), self.head_dim, sass=find_disassembler() is not None)
         return self._reports
 
     def machine_code(self) -> None:
@@ -734,6 +743,10 @@ class Lesson:
         print(table(rows, [(k, k) for k in rows[0]]))
         print("blocks/SM and occupancy: how many blocks fit on one H100 SM (65536 registers, 228 KB shared "
               "memory, 2048 threads) and what runs out first.")
+        left_out = [kid for kid in self._ids() if kid not in self._compiled_ids()]
+        if left_out:
+            print(f"Not compiled in the simulator: {', '.join(left_out)} (a minute or two each on a laptop core); "
+                  "the lesson's saved outputs, run on a GPU, list them too.")
         for pid, r in self.reports().items():
             if r["spill_store_bytes"] or r["spill_load_bytes"]:
                 print(f"\nphase {pid} spills: {r['spill_store_bytes']} bytes stored to and "
