@@ -1,7 +1,8 @@
 """What every kernel must satisfy, whatever the phase: the guarantees written as tests.
 
 - Property-based (hypothesis): random S_q, S_k (tails everywhere), causal or not, the softmax
-  scale, D = 64 / 128, against the float64 reference. In the simulator (CPU) with a few tiny
+  scale, D = 64 / 128, against the float64 reference (the output, and the log-sum-exp of the
+  phases that write it). In the simulator (CPU) with a few tiny
   examples per phase; on a GPU (`gpu` marker) with many more, every kernel including the build
   variants ("06-inline").
 - Numerics: rows that see no key give zeros (never NaN); logits far beyond fp16's range stay
@@ -20,30 +21,44 @@ from flashcore_numba import check_close, lowp_attention, reference_attention
 from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.phases import KERNELS, PHASES
 from flashcore_numba.phases.common import LOG2E
-from flashcore_numba.reference import default_scale, random_qkv
+from flashcore_numba.reference import default_scale, random_qkv, reference_lse
 
 ON_GPU = not simulator_enabled()
 # the simulator runs every phase (variants share their phase's emulated code); a GPU every kernel
 IDS = list(KERNELS) if ON_GPU else list(PHASES)
 
 
-def run(kernel_id, q, k, v, causal, scale=None):
-    """Launch a kernel on poisoned (NaN) output memory; returns what it wrote."""
+def run_with_lse(kernel_id, q, k, v, causal, scale=None):
+    """Launch a kernel on poisoned (NaN) output memory; returns what it wrote: the output, and the
+    rows' log-sum-exp for a kernel that writes it (return_lse, phases 07 on), else None."""
     from numba import cuda
 
     D = q.shape[-1]
     scale = default_scale(D) if scale is None else scale
     out = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
-    KERNELS[kernel_id].build(D).launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal,
-                                       scale * LOG2E)
-    return out.copy_to_host()
+    config = KERNELS[kernel_id].build(D)
+    lse = cuda.to_device(np.full(q.shape[:3], np.nan, dtype=np.float32)) if config.lse else None
+    config.launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal, scale * LOG2E, lse=lse)
+    return out.copy_to_host(), (None if lse is None else lse.copy_to_host())
+
+
+def run(kernel_id, q, k, v, causal, scale=None):
+    return run_with_lse(kernel_id, q, k, v, causal, scale)[0]
 
 
 def assert_matches_reference(kernel_id, q, k, v, causal, scale=None):
-    out = run(kernel_id, q, k, v, causal, scale)
+    """The output against the float64 reference, and where the kernel writes it, the log-sum-exp:
+    -inf exactly for the rows that see no key, and within fp32 rounding elsewhere."""
+    out, lse = run_with_lse(kernel_id, q, k, v, causal, scale)
+    what = f"{kernel_id} q{q.shape} k{k.shape} causal={causal} scale={scale}"
     ref = reference_attention(q, k, v, causal=causal, scale=scale)
     verdict = check_close(out, ref, lowp_attention(q, k, v, causal=causal, scale=scale))
-    assert verdict.ok, (f"{kernel_id} q{q.shape} k{k.shape} causal={causal} scale={scale}: {verdict.message}")
+    assert verdict.ok, f"{what}: {verdict.message}"
+    if lse is not None:
+        ref_lse = reference_lse(q, k, causal=causal, scale=scale)
+        empty = np.isneginf(ref_lse)
+        np.testing.assert_array_equal(np.isneginf(lse), empty, err_msg=f"{what}: rows without keys")
+        np.testing.assert_allclose(lse[~empty], ref_lse[~empty], rtol=1e-5, atol=1e-3, err_msg=f"{what}: LSE")
 
 
 def require_hypothesis():
