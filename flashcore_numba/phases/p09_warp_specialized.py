@@ -125,11 +125,11 @@ Measured effect (written by `flashcore report` from the committed record; do not
     phase 09), causal 496 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 572 TFLOPS (0.91x
     09-overlap, SLOWER than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than
     09-overlap); 09-ws 556 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.98x
-    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 530 TFLOPS (1.41x phase 08),
-    causal 410 TFLOPS (1.31x phase 08); 09-overlap 478 TFLOPS (0.90x phase 09, SLOWER than phase
-    09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase 09); 09-turns 445 TFLOPS (0.93x
-    09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x 09-overlap, SLOWER than
-    09-overlap); 09-ws 438 TFLOPS (0.99x 09-turns, SLOWER than 09-turns), causal 341 TFLOPS (1.03x
+    09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 527 TFLOPS (1.39x phase 08),
+    causal 412 TFLOPS (1.32x phase 08); 09-overlap 480 TFLOPS (0.91x phase 09, SLOWER than phase
+    09), causal 359 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 448 TFLOPS (0.93x
+    09-overlap, SLOWER than 09-overlap), causal 334 TFLOPS (0.93x 09-overlap, SLOWER than
+    09-overlap); 09-ws 443 TFLOPS (0.99x 09-turns, SLOWER than 09-turns), causal 343 TFLOPS (1.03x
     09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 683 TFLOPS (1.77x phase 08), causal 564 TFLOPS
     (1.75x phase 08); 09-overlap 644 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 508
     TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 578 TFLOPS (0.90x 09-overlap, SLOWER
