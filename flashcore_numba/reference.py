@@ -103,17 +103,26 @@ def reference_lse(q, k, *, causal: bool = False, scale: float | None = None) -> 
     return lse
 
 
+def _masked_scores_torch(q, k, causal, scale):
+    """(b, scores of batch b) in float64 on q's device, masked keys -inf, one batch at a time (that
+    keeps the float64 score matrix small); grouped K/V heads spelled out per query head."""
+    import torch
+
+    H, Sq = q.shape[1], q.shape[2]
+    mask = torch.from_numpy(visible_mask(Sq, k.shape[2], causal)).to(q.device)
+    if k.shape[1] != H:  # grouped-query attention: each K/V head serves H / H_kv query heads
+        k = k.repeat_interleave(H // k.shape[1], dim=1)
+    for b in range(q.shape[0]):
+        s = torch.matmul(q[b].double(), k[b].double().transpose(-1, -2)) * scale
+        yield b, s.masked_fill(~mask, float("-inf"))
+
+
 def _reference_lse_torch(q, k, causal, scale):
     import torch
 
-    B, H, Sq, _ = q.shape
-    mask = torch.from_numpy(visible_mask(Sq, k.shape[2], causal)).to(q.device)
-    if k.shape[1] != H:
-        k = k.repeat_interleave(H // k.shape[1], dim=1)
-    lse = torch.empty((B, H, Sq), dtype=torch.float64, device=q.device)
-    for b in range(B):  # one batch at a time keeps the float64 score matrix small
-        s = torch.matmul(q[b].double(), k[b].double().transpose(-1, -2)) * scale
-        lse[b] = torch.logsumexp(s.masked_fill(~mask, float("-inf")), dim=-1)  # -inf for a row of -inf
+    lse = torch.empty(q.shape[:3], dtype=torch.float64, device=q.device)
+    for b, s in _masked_scores_torch(q, k, causal, scale):
+        lse[b] = torch.logsumexp(s, dim=-1)  # -inf for a row of -inf
     return lse.cpu().numpy()
 
 
@@ -121,14 +130,10 @@ def _reference_torch(q, k, v, causal, scale):
     import torch
 
     B, H, Sq, _ = q.shape
-    Sk = k.shape[2]
-    mask = torch.from_numpy(visible_mask(Sq, Sk, causal)).to(q.device)
     out = torch.empty((B, H, Sq, v.shape[-1]), dtype=torch.float64, device=q.device)
-    if k.shape[1] != H:  # grouped-query attention: each K/V head serves H / H_kv query heads
-        k, v = (x.repeat_interleave(H // x.shape[1], dim=1) for x in (k, v))
-    for b in range(B):  # one batch at a time keeps the float64 score matrix small
-        s = torch.matmul(q[b].double(), k[b].double().transpose(-1, -2)) * scale
-        s = s.masked_fill(~mask, float("-inf"))
+    if v.shape[1] != H:
+        v = v.repeat_interleave(H // v.shape[1], dim=1)
+    for b, s in _masked_scores_torch(q, k, causal, scale):
         m = s.amax(dim=-1, keepdim=True)
         m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # as in _softmax_rows
         p = torch.exp(s - m)

@@ -352,6 +352,7 @@ def test_return_lse_at_the_reference_shape_and_with_a_scale():
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     q, k, v = _torch_qkv((16, 16, 2048, 64))
     out, lse = attention(q, k, v, causal=True, scale=0.3, return_lse=True)
+    assert torch.equal(out, attention(q, k, v, causal=True, scale=0.3))  # the output as without the LSE
     _check_lse(lse, q, k, True, scale=0.3, what="reference shape, scale 0.3")
 
 
@@ -368,9 +369,11 @@ def test_return_lse_in_a_cuda_graph_and_under_torch_compile():
         out, lse = attention(q, k, v, causal=True, return_lse=True)
     for x in (q, k, v):
         x.copy_(torch.randn_like(x))
+    out.fill_(float("nan"))
     lse.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
+    _check_torch(out, q, k, v, True, "graph replay with the LSE")
     _check_lse(lse, q, k, True, what="graph replay")
 
     def step(q, k, v):

@@ -29,6 +29,7 @@ and a launch through Numba (phases.common.launch) first gives Numba's dispatcher
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -132,7 +133,12 @@ def read_entry(path: Path, key: str) -> tuple[bytes, str] | None:
 
 def write_entry(path: Path, key: str, fields: dict, cubin: bytes, entry: str) -> None:
     header = dict(fields, key=key, entry=entry, size=len(cubin), sha256=hashlib.sha256(cubin).hexdigest())
-    data = MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + cubin
+    write_whole(path, MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + cubin)
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """`data` into `path` whole or not at all: a temporary file beside it, then a rename, so that
+    a reader (or a process killed mid-write) never leaves or sees half a file under that name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
     try:
@@ -142,6 +148,24 @@ def write_entry(path: Path, key: str, fields: dict, cubin: bytes, entry: str) ->
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """Hold an exclusive lock on the file `path` (made if missing) for a `with` block, so that
+    processes take turns: flock where the platform has it; elsewhere no lock."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def cached_cubin(dispatcher, argtypes, identity: tuple, cc) -> CachedKernel:

@@ -283,7 +283,6 @@ def _region_dir() -> Path:
     if not _REGION_DIR:
         import atexit
         import shutil
-        import tempfile
 
         folder = Path(tempfile.mkdtemp(prefix="flashcore_regions_"))
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
@@ -550,24 +549,14 @@ def time_against(student: ModuleType, baseline: ModuleType, q, k, v) -> tuple[fl
     return statistics.median(mine), statistics.median(theirs)
 
 
-@contextlib.contextmanager
 def gpu_timing_lock():
     """One grader at a time times kernels on this machine: two timing at once would each measure
     the other's load. Graders still compile side by side (the test suite runs one per core); only
-    the timed launches wait. A lock file in the temporary folder, held with flock where the
-    platform has it (elsewhere no lock: run one grader at a time there)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        yield
-        return
-    path = Path(tempfile.gettempdir()) / "flashcore-numba-timing.lock"
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    the timed launches wait. A lock file in the temporary folder (arch/cache.py's `locked`: where
+    the platform has no flock, no lock: run one grader at a time there)."""
+    from ..arch.cache import locked
+
+    return locked(Path(tempfile.gettempdir()) / "flashcore-numba-timing.lock")
 
 
 # The point of each phase beyond correctness; a phase not listed (and every new one) must be

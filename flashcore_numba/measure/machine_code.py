@@ -337,7 +337,7 @@ def _report_kept(phase_id: str, head_dim: int, sass: bool, dtype: str = "float16
     another key is compiled again. FLASHCORE_CACHE=0 keeps nothing."""
     import hashlib
 
-    from ..arch.cache import cache_dir, source_fingerprint, toolchain
+    from ..arch.cache import cache_dir, locked, source_fingerprint, toolchain, write_whole
 
     folder = cache_dir()
     if folder is None:
@@ -348,8 +348,7 @@ def _report_kept(phase_id: str, head_dim: int, sass: bool, dtype: str = "float16
               "toolchain": toolchain()}
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
     path = folder / "reports" / f"{key}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(path.with_suffix(".lock")):
+    with locked(path.with_suffix(".lock")):
         try:
             kept = json.loads(path.read_text(encoding="utf-8"))
             report = kept["report"] if kept.get("key") == key else None
@@ -357,36 +356,8 @@ def _report_kept(phase_id: str, head_dim: int, sass: bool, dtype: str = "float16
             report = None
         if report is None:
             report = _report_here(phase_id, head_dim, with_sass, dtype)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=key, suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump({"key": key, "fields": fields, "report": report}, f)
-                os.replace(tmp, path)  # whole or not at all: a reader never sees half an entry
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_whole(path, json.dumps({"key": key, "fields": fields, "report": report}).encode())
     return report if sass else dict(report, sass=None)
-
-
-class _file_lock:
-    """An exclusive lock on `path` for a `with` block (flock; no lock where the platform lacks it)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        try:
-            import fcntl
-        except ImportError:
-            self.handle = None
-            return self
-        self.handle = open(self.path, "a")
-        fcntl.flock(self.handle, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        if self.handle is not None:
-            self.handle.close()  # closing releases the lock
 
 
 def _in_subprocess(phase_ids, head_dim: int, sass: bool, dtype: str) -> dict[str, dict]:
