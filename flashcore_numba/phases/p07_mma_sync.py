@@ -76,9 +76,9 @@ Measured effect (written by `flashcore report` from the committed record; do not
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 336 TFLOPS (4.71x 06-inline),
     causal 282 TFLOPS (4.61x 06-inline); 242 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 07 358 TFLOPS (5.92x 06-inline), causal 311 TFLOPS (5.88x 06-inline). At B=16 H=16 S=2048
-    D=64 bf16: 07 337 TFLOPS, causal 286 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 358 TFLOPS,
-    causal 309 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 345 TFLOPS, causal 295 TFLOPS
+    fp16: 07 358 TFLOPS (5.92x 06-inline), causal 312 TFLOPS (5.91x 06-inline). At B=16 H=16 S=2048
+    D=64 bf16: 07 337 TFLOPS, causal 286 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 360 TFLOPS,
+    causal 312 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 346 TFLOPS, causal 299 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,

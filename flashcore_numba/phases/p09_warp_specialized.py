@@ -121,25 +121,25 @@ Measured effect (written by `flashcore report` from the committed record; do not
     09). 09-turns: 445 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x
     09-overlap, SLOWER than 09-overlap). 09-ws: 441 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
     causal 341 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 09 662 TFLOPS (1.72x phase
-    08), causal 548 TFLOPS (1.70x phase 08); 09-overlap 628 TFLOPS (0.95x phase 09, SLOWER than
-    phase 09), causal 496 TFLOPS (0.91x phase 09, SLOWER than phase 09); 09-turns 572 TFLOPS (0.91x
-    09-overlap, SLOWER than 09-overlap), causal 458 TFLOPS (0.92x 09-overlap, SLOWER than
-    09-overlap); 09-ws 556 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.98x
+    08), causal 556 TFLOPS (1.73x phase 08); 09-overlap 628 TFLOPS (0.95x phase 09, SLOWER than
+    phase 09), causal 500 TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 572 TFLOPS (0.91x
+    09-overlap, SLOWER than 09-overlap), causal 451 TFLOPS (0.90x 09-overlap, SLOWER than
+    09-overlap); 09-ws 556 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 446 TFLOPS (0.99x
     09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048 D=64 bf16: 09 527 TFLOPS (1.39x phase 08),
     causal 412 TFLOPS (1.32x phase 08); 09-overlap 480 TFLOPS (0.91x phase 09, SLOWER than phase
     09), causal 359 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 448 TFLOPS (0.93x
     09-overlap, SLOWER than 09-overlap), causal 334 TFLOPS (0.93x 09-overlap, SLOWER than
     09-overlap); 09-ws 443 TFLOPS (0.99x 09-turns, SLOWER than 09-turns), causal 343 TFLOPS (1.03x
-    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 683 TFLOPS (1.77x phase 08), causal 564 TFLOPS
-    (1.75x phase 08); 09-overlap 644 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 508
-    TFLOPS (0.90x phase 09, SLOWER than phase 09); 09-turns 578 TFLOPS (0.90x 09-overlap, SLOWER
-    than 09-overlap), causal 461 TFLOPS (0.91x 09-overlap, SLOWER than 09-overlap); 09-ws 559 TFLOPS
-    (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.98x 09-turns, SLOWER than
-    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 538 TFLOPS (1.39x phase 08), causal 430
-    TFLOPS (1.33x phase 08); 09-overlap 488 TFLOPS (0.91x phase 09, SLOWER than phase 09), causal
-    369 TFLOPS (0.86x phase 09, SLOWER than phase 09); 09-turns 453 TFLOPS (0.93x 09-overlap, SLOWER
-    than 09-overlap), causal 342 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap); 09-ws 451 TFLOPS
-    (0.99x 09-turns, SLOWER than 09-turns), causal 352 TFLOPS (1.03x 09-turns)
+    09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 690 TFLOPS (1.81x phase 08), causal 572 TFLOPS
+    (1.78x phase 08); 09-overlap 651 TFLOPS (0.94x phase 09, SLOWER than phase 09), causal 512
+    TFLOPS (0.89x phase 09, SLOWER than phase 09); 09-turns 577 TFLOPS (0.89x 09-overlap, SLOWER
+    than 09-overlap), causal 455 TFLOPS (0.89x 09-overlap, SLOWER than 09-overlap); 09-ws 561 TFLOPS
+    (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS (0.99x 09-turns, SLOWER than
+    09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 539 TFLOPS (1.40x phase 08), causal 426
+    TFLOPS (1.31x phase 08); 09-overlap 493 TFLOPS (0.92x phase 09, SLOWER than phase 09), causal
+    373 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 417 TFLOPS (0.84x 09-overlap, SLOWER
+    than 09-overlap), causal 326 TFLOPS (0.87x 09-overlap, SLOWER than 09-overlap); 09-ws 461 TFLOPS
+    (1.11x 09-turns), causal 358 TFLOPS (1.10x 09-turns)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
