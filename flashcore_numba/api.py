@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arch.sim import simulator_enabled
-from .phases import PHASES, build, cc_reason, get_phase, supports_gqa, supports_lse
+from .phases import PHASES, build, cc_reason, get_phase, min_cc, supports_gqa, supports_lse
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E
 from .reference import default_scale
@@ -188,7 +188,7 @@ def _best_for_this_gpu():
     cc = tuple(cuda.get_current_device().compute_capability)
     if cc_reason(best, cc) is None:
         return best
-    runnable = [p for p in PHASES.values() if cc_reason(p, cc) is None]
+    runnable = [p for p in PHASES.values() if cc_reason(p, cc) is None and not getattr(p, "DECODE", False)]
     return max(runnable, key=lambda p: p.ID) if runnable else best
 
 
@@ -201,10 +201,20 @@ def _best_for_this_gpu():
 # 09, 09 was not (points whose launches spread are left out).
 SHORT_SEQUENCES_TO_08 = {}
 
+# Where "best" hands the work to phase 10 (split keys): where each K/V head has at most this many
+# query rows (its group of query heads times S_q), the rows of one phase-10 block. Decoding (S_q = 1,
+# or a few drafted tokens) falls there; phases 07-09 would give such a problem a few blocks of 128
+# rows, most of them empty, each reading its head's K and V alone.
+DECODE_ROWS = 16
 
-def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int):
-    """The kernel "best" runs at this shape: `phase` (the newest the GPU runs), or phase 08 where
+
+def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int, rows_per_kv_head: int):
+    """The kernel "best" runs at this shape: phase 10 where each K/V head has few query rows
+    (`rows_per_kv_head`, its query heads times S_q, at most DECODE_ROWS) and the GPU runs it, else `phase` (the newest the GPU runs), or phase 08 where
     the records have it faster than phase 09 (SHORT_SEQUENCES_TO_08)."""
+    decode = PHASES["10"]
+    if rows_per_kv_head <= DECODE_ROWS and tuple(min_cc(phase)) >= tuple(min_cc(decode)):
+        return decode  # a GPU that runs `phase` runs phase 10 too
     if phase.ID == "09" and seq_k <= SHORT_SEQUENCES_TO_08.get((head_dim, bool(causal)), 0):
         return PHASES["08"]
     return phase
@@ -363,7 +373,8 @@ def _resolve(q, k, v, causal, scale, phase, return_lse=False):
     ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     _validate(ops, phase, causal, scale, return_lse)
     if best and not simulator_enabled():  # the simulator has no speed to choose by
-        phase = best_for_shape(phase, ops[0].shape[3], causal, ops[1].shape[2])
+        B, H, S_q, D = ops[0].shape
+        phase = best_for_shape(phase, D, causal, ops[1].shape[2], rows_per_kv_head=H // ops[1].shape[1] * S_q)
     _require_device(phase)
     D = ops[0].shape[3]
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E

@@ -96,7 +96,10 @@ def test_unknown_phase(phase):
 def test_phase_lookup():
     from flashcore_numba.phases import BEST, KERNELS
 
-    assert get_phase("best") is KERNELS[BEST] and BEST.startswith(max(PHASES))
+    # "best" is the newest phase of the ladder for every shape; phase 10 (decoding) gets its shapes
+    # from best_for_shape
+    ladder = [i for i, p in PHASES.items() if not getattr(p, "DECODE", False)]
+    assert get_phase("best") is KERNELS[BEST] and BEST.startswith(max(ladder)) and max(PHASES) == "10"
     assert get_phase("06-inline") is get_phase("wmma-inline") is KERNELS["06-inline"]
     assert get_phase("06-inline").phase is PHASES["06"]
     assert get_phase(3) is get_phase("03") is get_phase("warp_shuffle") is get_phase("p03_warp_shuffle")
@@ -240,7 +243,8 @@ def test_best_for_shape_agrees_with_the_committed_records():
         if any(results[k]["median_ms"] > 1.2 * results[k]["min_ms"] for k in ("08", "09")):
             unreliable.append(where)
             continue
-        chosen = api.best_for_shape(PHASES["09"], config["D"], config["causal"], config["S_k"]).ID
+        rows = config["H"] // config.get("H_kv", config["H"]) * config["S_q"]
+        chosen = api.best_for_shape(PHASES["09"], config["D"], config["causal"], config["S_k"], rows).ID
         tflops = {k: results[k]["tflops"] for k in ("08", "09")}
         judged += 1
         if tflops[chosen] < 0.97 * max(tflops.values()):
@@ -257,13 +261,28 @@ def test_best_for_shape_keeps_09_everywhere_and_hands_over_only_where_the_table_
     p09 = PHASES["09"]
     for head_dim in (64, 128):  # the records have 09 ahead of 08 at every sweep point
         for causal in (False, True):
-            assert api.best_for_shape(p09, head_dim, causal, 512).ID == "09"
+            assert api.best_for_shape(p09, head_dim, causal, 512, 512).ID == "09"
     # the hand-over itself, for a table that asks for one
     monkeypatch.setattr(api, "SHORT_SEQUENCES_TO_08", {(64, True): 512})
-    assert api.best_for_shape(p09, 64, True, 512).ID == "08" and api.best_for_shape(p09, 64, True, 1024).ID == "09"
-    assert api.best_for_shape(p09, 64, False, 512).ID == "09"
-    assert api.best_for_shape(p09, 128, True, 512).ID == "09"
-    assert api.best_for_shape(PHASES["07"], 64, True, 512).ID == "07", "only phase 09 hands over"
+    assert api.best_for_shape(p09, 64, True, 512, 512).ID == "08"
+    assert api.best_for_shape(p09, 64, True, 1024, 1024).ID == "09"
+    assert api.best_for_shape(p09, 64, False, 512, 512).ID == "09"
+    assert api.best_for_shape(p09, 128, True, 512, 512).ID == "09"
+    assert api.best_for_shape(PHASES["07"], 64, True, 512, 512).ID == "07", "only phase 09 hands over"
+
+
+def test_best_hands_decoding_to_phase_10():
+    """Where a K/V head has at most DECODE_ROWS query rows (its group's heads times S_q), "best"
+    runs phase 10 (split keys), on any GPU whose best phase is 07 or later; above it, the ladder."""
+    from flashcore_numba import api
+    from flashcore_numba.phases import KERNELS, PHASES
+
+    assert api.DECODE_ROWS == 16
+    for best in ("07", "08", "09", "09-ws"):
+        for rows in (1, 4, 16):
+            assert api.best_for_shape(KERNELS[best], 128, True, 4096, rows).ID == "10", (best, rows)
+        assert api.best_for_shape(KERNELS[best], 128, True, 4096, 17).ID == best
+    assert api.best_for_shape(PHASES["05"], 64, False, 4096, 1).ID == "05", "phase 10 needs sm_80, 05 does not"
 
 
 def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
@@ -280,8 +299,8 @@ def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
     monkeypatch.setattr(api, "simulator_enabled", lambda: False)
     monkeypatch.setattr(api, "_best_for_this_gpu", lambda: api.get_phase("09"))
     monkeypatch.setattr(api, "_require_device", stop)
-    shapes = ((512, True, 64), (4096, True, 64), (1024, False, 64), (512, False, 128))
-    for table, expected in (({}, ["09", "09", "09", "09"]), ({(64, True): 512}, ["08", "09", "09", "09"])):
+    shapes = ((512, True, 64), (4096, True, 64), (1024, False, 64), (512, False, 128), (1, True, 64))
+    for table, expected in (({}, ["09", "09", "09", "09", "10"]), ({(64, True): 512}, ["08", "09", "09", "09", "10"])):
         monkeypatch.setattr(api, "SHORT_SEQUENCES_TO_08", table)  # today's (empty) and one that hands over
         chosen.clear()
         for seq, causal, head_dim in shapes:
@@ -311,10 +330,10 @@ def test_lse_flag_of_every_kernel_matches_its_phase():
     for kernel in KERNELS.values():
         for D in kernel.HEAD_DIMS:
             assert build(kernel, D).lse == supports_lse(kernel), (kernel.ID, D)
-    assert [p for p in PHASES if supports_lse(PHASES[p])] == ["07", "08", "09"]
+    assert [p for p in PHASES if supports_lse(PHASES[p])] == ["07", "08", "09", "10"]
 
 
-@pytest.mark.parametrize("phase", ["07", "08", "09"])
+@pytest.mark.parametrize("phase", ["07", "08", "09", "10"])
 def test_return_lse_matches_the_float64_reference(phase):
     """One call covers the cases: grouped-query heads, S_q > S_k under a causal mask (the first
     rows see no key: LSE -inf, output 0), a scale of our own, and the output still right."""

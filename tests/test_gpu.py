@@ -254,7 +254,7 @@ def _check_torch(out, q, k, v, causal, what=""):
     assert verdict.ok, f"{what}: {verdict.message}"
 
 
-@pytest.mark.parametrize("phase", ["07", "08", "09", "09-ws"])
+@pytest.mark.parametrize("phase", ["07", "08", "09", "09-ws", "10"])
 def test_a_plan_serves_new_tensors_of_its_problem(phase):
     """The second call of a problem reuses its plan (no new one is made) and launches on the new
     tensors' addresses: correct results for new inputs every time, GQA and a tail included."""
@@ -274,11 +274,13 @@ def test_a_plan_serves_new_tensors_of_its_problem(phase):
         _check_torch(attention(q, k, v, causal=True, phase=phase), q, k, v, True, f"phase {phase} again {i}")
 
 
-@pytest.mark.parametrize("phase,D,dtype", [("09", 64, "float16"), ("09", 128, "bfloat16"), ("07", 64, "float16")])
+@pytest.mark.parametrize("phase,D,dtype", [("09", 64, "float16"), ("09", 128, "bfloat16"), ("07", 64, "float16"),
+                                           ("10", 128, "float16")])
 def test_cuda_graph_capture_and_replay(phase, D, dtype):
     """attention() captured in a CUDA graph, replayed on new data in the same buffers: right every
     time (phase 09's work counter is zeroed by a memset inside the captured work, its tensor maps
-    copied on the stream)."""
+    copied on the stream; phase 10's workspace is the plan's, its counters left at zero by each
+    launch's merging blocks)."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     q, k, v = _torch_qkv((2, 3, 500, D), dtype=dtype)
     side = torch.cuda.Stream()
@@ -330,7 +332,7 @@ def _check_lse(lse, q, k, causal, scale=None, what=""):
     np.testing.assert_allclose(got[~empty], ref[~empty], rtol=0, atol=1e-3, err_msg=what)
 
 
-@pytest.mark.parametrize("phase", ["07", "08", "09", "09-ws"])
+@pytest.mark.parametrize("phase", ["07", "08", "09", "09-ws", "10"])
 @pytest.mark.parametrize("shape,seq_k,causal,heads_kv,dtype", [
     pytest.param((2, 4, 300, 64), 333, True, 2, "float16", id="GQA tail causal"),
     pytest.param((1, 2, 77, 128), 30, True, None, "bfloat16", id="D=128 bf16 rows without keys"),
@@ -346,6 +348,31 @@ def test_return_lse_through_torch(phase, shape, seq_k, causal, heads_kv, dtype):
     assert lse.dtype == torch.float32 and lse.shape == shape[:3] and lse.device == q.device
     assert torch.equal(out, attention(q, k, v, causal=causal, phase=phase))
     _check_lse(lse, q, k, causal, what=f"phase {phase}")
+
+
+@pytest.mark.parametrize("shape,seq_k,heads_kv,causal,dtype", [
+    pytest.param((1, 16, 1, 128), 4096, None, False, "float16", id="one row, 16 heads, S_k=4096"),
+    pytest.param((4, 32, 1, 128), 3001, 8, False, "bfloat16", id="GQA 4, S_k=3001 bf16"),
+    pytest.param((2, 32, 4, 64), 2500, 4, True, "float16", id="4 drafted rows, GQA 8, causal: 2 row tiles"),
+    pytest.param((3, 8, 1, 64), 1, 8, False, "float16", id="S_k=1"),
+    pytest.param((1, 4, 1, 64), 100_000, 1, True, "float16", id="MQA, S_k=100000: the most splits"),
+])
+def test_split_keys_decoding_through_torch(shape, seq_k, heads_kv, causal, dtype):
+    """Phase 10 at decode shapes, with the split count its rule gives on this GPU: output and LSE
+    against the float64 reference; "best" runs phase 10 there (bit for bit the same output)."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba import api
+
+    q, k, v = _torch_qkv(shape, seq_k, dtype=dtype, heads_kv=heads_kv)
+    splits = build(KERNELS["10"], shape[-1], dtype).split_keys(tuple(q.shape), tuple(k.shape), causal)
+    out, lse = attention(q, k, v, causal=causal, phase="10", return_lse=True)
+    what = f"{shape} S_k={seq_k}: {splits.grid[0]} splits"
+    _check_torch(out, q, k, v, causal, what)
+    _check_lse(lse, q, k, causal, what=what)
+    assert api._resolve(q, k, v, causal, None, "best")[0].ID == "10"
+    assert torch.equal(attention(q, k, v, causal=causal), out), what
+    if seq_k >= 4096:
+        assert splits.grid[0] > 1, f"{what}: a long decode step must split"
 
 
 def test_return_lse_at_the_reference_shape_and_with_a_scale():

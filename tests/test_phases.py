@@ -348,3 +348,104 @@ def test_shared_memory_limit_is_raised_once_per_specialization(monkeypatch):
     assert [t[0] for t in compiled] == [numba.typeof(half), numba.typeof(single)]
     smem.raise_dynamic_smem_limit(kernel, (half, True, 0.5), 120_000)  # more bytes: asked again
     assert calls[-1] == (3, 120_000)
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase 10: split keys
+# ---------------------------------------------------------------------------------------------
+def test_phase10_split_count_fills_the_gpu_once():
+    """Enough splits that blocks x splits fills the GPU's slots once, each split at least
+    MIN_TILES_PER_SPLIT tiles, at most MAX_SPLITS, evened out; none where the blocks fill it."""
+    from flashcore_numba.phases.p10_split_keys import MAX_SPLITS, MIN_TILES_PER_SPLIT, split_count
+
+    assert MIN_TILES_PER_SPLIT == 4 and MAX_SPLITS == 64
+    assert split_count(blocks=16, key_tiles=128, slots=792) == 32  # B=1 H=16 S_k=4096 D=128: 4 tiles each
+    assert split_count(blocks=256, key_tiles=64, slots=792) == 4  # 8 x 32 heads, S_k=2048: 16 tiles each
+    assert split_count(blocks=1, key_tiles=1000, slots=792) == 63  # at most 64: 16 tiles each, 63 splits
+    assert split_count(blocks=792, key_tiles=128, slots=792) == 1  # the blocks fill the GPU already
+    assert split_count(blocks=1, key_tiles=7, slots=792) == 1  # under two splits' worth of keys
+    assert split_count(blocks=4, key_tiles=10, slots=792) == 2
+    for blocks in (1, 3, 50):
+        for key_tiles in range(1, 300, 7):
+            n = split_count(blocks, key_tiles, 792)
+            per = -(-key_tiles // n)
+            assert 1 <= n <= MAX_SPLITS and (n - 1) * per < key_tiles, (blocks, key_tiles, n)  # no empty split
+
+
+def split_config(D, splits, dtype="float16"):
+    """Phase 10's kernel with `splits` key ranges whatever the shape (the rule would split the
+    simulator's tiny problems once or not at all)."""
+    import dataclasses
+    from functools import partial
+
+    from flashcore_numba.phases import p10_split_keys as p10
+
+    config = p10.build(D, dtype)
+    return dataclasses.replace(config, split_keys=partial(config.split_keys, splits=splits))
+
+
+@pytest.mark.parametrize("splits", [2, 3, 5])
+@pytest.mark.parametrize("case", [
+    pytest.param(dict(shape=(2, 4, 1, 64), seq_k=100, heads_kv=2, causal=False), id="decode, GQA 2"),
+    pytest.param(dict(shape=(1, 8, 3, 64), seq_k=90, heads_kv=2, causal=True), id="3 drafted rows, GQA 4, causal"),
+    pytest.param(dict(shape=(1, 2, 20, 64), seq_k=70, heads_kv=2, causal=True), id="20 rows: two row tiles"),
+    pytest.param(dict(shape=(1, 1, 24, 64), seq_k=10, heads_kv=1, causal=True), id="rows without keys"),
+])
+def test_phase10_splits_merge_to_the_reference(case, splits):
+    """The partial outputs of every split, merged by the last block through their log-sum-exps,
+    give the output and the LSE of the whole: on poisoned memory, with grouped query heads packed
+    as rows (the causal mask per row's own position), several row tiles, and rows that see no key
+    in any split (output 0, LSE -inf)."""
+    from numba import cuda
+
+    from flashcore_numba.phases.common import LOG2E
+    from flashcore_numba.reference import reference_lse
+
+    q, k, v = random_qkv(case["shape"], case["seq_k"], seed=None, heads_kv=case["heads_kv"])
+    causal, D = case["causal"], q.shape[-1]
+    config = split_config(D, splits)
+    assert config.grid(q.shape, causal, k.shape)[0] == splits
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    lse = cuda.to_device(np.full(q.shape[:3], np.nan, np.float32))
+    config.launch(*(cuda.to_device(x) for x in (q, k, v)), out, causal, LOG2E * 0.3, lse=lse)
+    verdict = check_close(out.copy_to_host(), reference_attention(q, k, v, causal=causal, scale=0.3),
+                          lowp_attention(q, k, v, causal=causal, scale=0.3))
+    assert verdict.ok, verdict.message
+    ref = reference_lse(q, k, causal=causal, scale=0.3)
+    got = lse.copy_to_host()
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(ref))
+    seen = ~np.isneginf(ref)
+    np.testing.assert_allclose(got[seen], ref[seen], rtol=1e-5, atol=1e-5)
+
+
+def test_phase10_leaves_its_counters_at_zero():
+    """The block that merges a row tile sets its counter back to zero: two launches share one
+    workspace, and the second merges as the first did (without the reset, no block of the second
+    would count to the last and its rows would stay poisoned)."""
+    from numba import cuda
+
+    from flashcore_numba.phases.common import LOG2E
+
+    q, k, v = random_qkv((1, 4, 2, 64), 80, heads_kv=1)  # 8 packed rows, one row tile
+    config = split_config(64, 3)
+    splits = config.split_keys(q.shape, k.shape, False)
+    assert splits.counters == 1 and splits.o_part == (3, 8, 64)
+    workspace = (cuda.device_array(splits.o_part, np.float32), cuda.device_array(splits.lse_part, np.float32),
+                 cuda.to_device(np.zeros(splits.counters, np.int32)))
+    ref, lowp = reference_attention(q, k, v), lowp_attention(q, k, v)
+    for launch in range(2):
+        out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+        args = config.arguments(*(cuda.to_device(x) for x in (q, k, v)), out, False, LOG2E / 8)
+        config.kernel[splits.grid, config.n_threads, 0, config.smem_bytes](*args[:-3], *workspace)
+        assert workspace[2].copy_to_host()[0] == 0, f"launch {launch}: the counter was left non-zero"
+        verdict = check_close(out.copy_to_host(), ref, lowp)
+        assert verdict.ok, f"launch {launch}: {verdict.message}"
+
+
+def test_phase10_grid_packs_a_groups_rows():
+    """The grid is (splits, row tiles x K/V heads, batch): a group's query heads times S_q rows
+    make one sequence of packed rows, cut into tiles of 16."""
+    config = split_config(64, 1)
+    assert config.grid((2, 32, 1, 64), False, (2, 8, 500, 64)) == (1, 8, 2)  # 4 rows per K/V head
+    assert config.grid((2, 32, 5, 64), False, (2, 8, 500, 64)) == (1, 16, 2)  # 20 rows: 2 tiles
+    assert split_config(64, 6).grid((1, 16, 1, 64), True, (1, 16, 4096, 64)) == (6, 16, 1)

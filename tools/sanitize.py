@@ -25,8 +25,10 @@ TOOLS = ("memcheck", "racecheck", "synccheck")
 # The 400-key shapes reach every loop of phase 09's consumers: at D = 128 tiles 1 and 2 in the loop
 # without masks and tile 3 in the masked one; at D = 64, causal, the 192-row blocks also stream tiles
 # that their first consumers' rows never see, and those consumers pass them (PASS_UNSEEN)
+# The last two are decode steps: phase 10 splits their keys (its blocks' partials, the count, the merge)
 SHAPES = ((1, 2, 77, 50, 64, True), (1, 1, 130, 130, 128, False), (2, 1, 33, 65, 64, True),
-          (1, 1, 70, 70, 128, True), (1, 1, 200, 400, 128, False), (1, 1, 400, 400, 64, True))
+          (1, 1, 70, 70, 128, True), (1, 1, 200, 400, 128, False), (1, 1, 400, 400, 64, True),
+          (2, 4, 1, 1000, 64, False), (1, 2, 3, 700, 128, True))
 
 
 def child(kernel_ids) -> int:

@@ -47,6 +47,8 @@ EXERCISES_DIR = repo_root() / "lessons" / "exercises"
 # with a single region (`# >>> exercise 01: ...`).
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# >>> exercise(?: (?P<label>[^:]+?))?: (?P<instruction>\S.*?)\s*$")
 END = re.compile(r"^[ \t]*# <<< exercise\s*$")
+# PEP 263: a comment on line 1 or 2 with "coding:" in it ("...decoding: ...") names the file's encoding
+ENCODING_DECLARATION = re.compile(r"^[ \t\f]*#.*?coding[:=]")
 # `from .x import` / `from ..x import`: resolved against the phase's package.
 RELATIVE_IMPORT = re.compile(r"^(?P<head>[ \t]*from[ \t]+)(?P<name>\.+[\w.]*)(?P<tail>[ \t]+import\b.*)$")
 
@@ -222,6 +224,10 @@ def stub_source(phase: ModuleType) -> str:
         raise ExerciseFormatError(f"{_relative(phase.__file__)}: no `# >>> exercise` region; every phase "
                                   f"ships with an exercise (see flashcore_numba/course/exercises.py)")
     stub = header(phase, regions) + absolute_imports(strip_regions(source, regions), phase.__package__)
+    if any(ENCODING_DECLARATION.match(line) for line in stub.splitlines()[:2]):
+        raise ExerciseFormatError(f"{_relative(phase.__file__)}: the stub's first lines read as a Python encoding "
+                                  f"declaration (PEP 263: a comment with 'coding:' in it); reword the phase's "
+                                  f"TITLE, which the header's first line holds")
     try:  # an emptied region must leave valid Python (e.g. not the whole body of an `if`)
         compile(stub, stub_name(phase), "exec")
     except SyntaxError as e:

@@ -263,6 +263,38 @@ HINTS: dict[str, RegionHints] = {
                             "keys, the boxes past the first (keys 64 on, the next tile, the columns of atom 1 "
                             "at D = 128) bring the wrong part of K and V"},
     ),
+    "10-a": RegionHints(
+        idea="Every block of a row tile ends by counting itself on the tile's counter. Only the block that "
+             "counts last may merge (every other split's partials are written by then): it is the one that "
+             "finds n_splits - 1 blocks counted before it. Count once per block, not once per lane.",
+        helpers="cuda.atomic.add(array, index, value) adds value to array[index] and returns the value it "
+                "held before, in one indivisible step (two blocks never get the same one). "
+                "cuda.shfl_sync(FULL_MASK, value, 0) gives every lane lane 0's value.",
+        pseudo="if lane == 0:\n"
+               "    done = <add 1 to this row tile's counter; keep what it held>\n"
+               "done = <lane 0's done, for every lane>",
+        diagnoses={"s_one": "only S = 1 passes: with one key there is one split, and its block, finding 0 "
+                            "blocks counted before it, is rightly the last; with several, no block found that "
+                            "it finished last, so none merged the splits and the output stayed as it was "
+                            "before the launch (NaN)"},
+    ),
+    "10-b": RegionHints(
+        idea="Each split sp left its partial output o_s (normalized over its own keys) and lse_s, the log2 "
+             "of its softmax denominator. The whole denominator is the sum of theirs: lse = log2(sum_s "
+             "2^lse_s), and split sp's share of the output is 2^(lse_s - lse) (the shares add up to 1). "
+             "Subtract the largest lse_s before exponentiating, as the online softmax subtracts m_i; a split "
+             "that saw no key has lse_s = -inf and weight 0.",
+        helpers="LSE_PART[sp, row]: split sp's lse_s of this row (base 2); math.exp2, math.log2; "
+                "weight[sp * BLOCK_M + lane]: shared memory, read by the loop below that sums the outputs.",
+        pseudo="top = <max over sp of LSE_PART[sp, row]>\n"
+               "ref = top, or 0 if top is -inf\n"
+               "total = <sum over sp of 2^(LSE_PART[sp, row] - ref)>\n"
+               "if total != 0: lse = ref + log2(total)\n"
+               "for sp: weight[sp * BLOCK_M + lane] = 2^(LSE_PART[sp, row] - lse) if total != 0 else 0",
+        diagnoses={"s_one": "only S = 1 passes: with one key there is one split, whose weight 2^(lse_0 - lse) "
+                            "is 1 however lse is summed; with several, the weights are wrong: they are "
+                            "2^(lse_s - lse) with lse = log2 of the sum of the 2^lse_s, and they add up to 1"},
+    ),
 }
 
 

@@ -138,11 +138,24 @@ def latest_record(directory=None) -> dict | None:
     return noncausal or causal
 
 
-def measure(phase_ids, shape=REFERENCE_SHAPE, causal: bool = False) -> dict:
-    """Benchmark phases and torch SDPA on this GPU with the full protocol; returns a record (not saved)."""
+def latest_record_of(problem: dict, phase_id: str, directory=None) -> dict | None:
+    """The newest record of `problem` (a phase's LESSON_PROBLEM: its config's fields) with a row
+    for `phase_id`, or None."""
+    from ..measure.records import load_records
+
+    found = [r for r in load_records(directory) if "sweep" not in r
+             and all(r["config"].get(key) == value for key, value in problem.items())
+             and any(x["kind"] == "phase" and x["name"] == phase_id for x in r["results"])]
+    return max(found, key=lambda r: r["created"]) if found else None
+
+
+def measure(phase_ids, shape=REFERENCE_SHAPE, causal: bool = False, problem: dict | None = None) -> dict:
+    """Benchmark phases and torch SDPA on this GPU with the full protocol; returns a record (not saved).
+    `problem` (Problem's fields) replaces the shape: a phase that serves other shapes (phase 10)."""
     from ..measure.bench import Problem, run_benchmark
 
-    return run_benchmark(Problem.from_shape(shape, causal=causal), phase_ids=list(phase_ids),
+    problem = Problem(**problem) if problem else Problem.from_shape(shape, causal=causal)
+    return run_benchmark(problem, phase_ids=list(phase_ids),
                          peer_names=PEERS_SHOWN, measure_ceiling=False,
                          command=["python", "-m", "flashcore_numba.course.notebooks",
                                   "(a lesson's timing cell)"])
@@ -168,10 +181,13 @@ def timing_rows(record: dict, phase_ids) -> list[dict]:
 
 def _describe_shape(config: dict) -> str:
     causal = config.get("causal")
-    S = config["S_q"] if config["S_q"] == config["S_k"] else f"{config['S_q']}×{config['S_k']}"
-    return (f"B={config['B']} H={config['H']} S={S} D={config['D']} {config.get('dtype', 'float16')}, "
-            f"{'causal' if causal else 'not causal'}; "
-            f"TFLOPS = 4·B·H·S²·D{'/2' if causal else ''} / median time")
+    if config["S_q"] == config["S_k"]:
+        S, flops = f"S={config['S_q']}", f"4·B·H·S²·D{'/2' if causal else ''}"
+    else:
+        S, flops = f"S_q={config['S_q']} S_k={config['S_k']}", "4·B·H·S_q·S_k·D (less the masked pairs)"
+    kv = f" H_kv={config['H_kv']}" if config.get("H_kv") else ""
+    return (f"B={config['B']} H={config['H']}{kv} {S} D={config['D']} {config.get('dtype', 'float16')}, "
+            f"{'causal' if causal else 'not causal'}; TFLOPS = {flops} / median time")
 
 
 def display_path(path) -> str:
@@ -495,6 +511,61 @@ def draw_warp_specialization(n_tiles: int = 5, gemm: float = 0.8, softmax: float
     plt.show()
 
 
+def decode_blocks(shape, kv_heads: int, seq_k: int, sms: int = 132) -> list[dict]:
+    """How many blocks each tensor-core phase launches for one decode step, against the SMs of
+    an H100 (132): phases 07-09 one per 128 query rows per head, phase 10 one per 16 packed rows
+    per K/V head and per key split. Computed from the kernels' own grids (phase 10's split rule
+    with an H100's SMs and shared memory), nothing launched."""
+    from ..phases import p10_split_keys as p10
+    from ..phases.common import H100_SM_LIMITS, blocks_per_sm, cdiv
+
+    B, H, S_q, D = shape
+    rows = []
+    for pid in ("07", "09"):
+        blocks = cdiv(S_q, 128) * H * B  # 07's grid, and 09's units of 128 rows
+        rows.append({"phase": pid, "block_m": 128, "blocks": blocks, "rows used": f"{S_q} of 128",
+                     "reads of each K/V head": H // kv_heads})
+    L = p10.gpu_layout(D)
+    row_tiles = cdiv(H // kv_heads * S_q, p10.BLOCK_M)
+    splits = p10.split_count(B * kv_heads * row_tiles, cdiv(seq_k, L["BLOCK_N"]),
+                             sms * blocks_per_sm(p10.smem_size(L), H100_SM_LIMITS))
+    rows.append({"phase": "10", "block_m": p10.BLOCK_M, "blocks": B * kv_heads * row_tiles * splits,
+                 "rows used": f"{H // kv_heads * S_q} of 16", "reads of each K/V head": 1})
+    for r in rows:
+        r["SMs busy"] = f"{min(r['blocks'], sms)} of {sms}"
+    return rows
+
+
+def draw_split_keys(n_splits: int = 4, n_tiles: int = 12):
+    """Phase 10 for one (batch, K/V head, row tile): the keys cut into n_splits ranges of whole
+    tiles, each a block that ends with a partial output and its log-sum-exp; the last block to
+    finish merges them (the order does not matter: the merge is associative)."""
+    plt = _plt()
+    _, ax = plt.subplots(figsize=(12, 3.8))
+    colors = ["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974", "#64b5cd"]
+    per = -(-n_tiles // n_splits)
+    for s in range(n_splits):
+        first, last = s * per, min(n_tiles, (s + 1) * per)
+        color = colors[s % len(colors)]
+        for tile in range(first, last):
+            ax.add_patch(plt.Rectangle((tile, 3), 0.92, 0.8, color=color, alpha=0.8))
+        middle = (first + last) / 2
+        ax.text(middle, 4.15, f"block (split {s}): keys {first * 64}..{last * 64 - 1}", ha="center", fontsize=8)
+        ax.annotate("", xy=(middle, 1.9), xytext=(middle, 2.9), arrowprops=dict(arrowstyle="->", color=color))
+        ax.text(middle, 1.45, f"o_{s} = acc / l_i\nlse_{s} = m_i + log2 l_i", ha="center", va="center", fontsize=8,
+                bbox=dict(boxstyle="round", fc="white", ec=color))
+        ax.annotate("", xy=(n_tiles / 2, -0.25), xytext=(middle, 0.9), arrowprops=dict(arrowstyle="->", color="#888"))
+    ax.text(n_tiles / 2, -0.8, "the last block to finish (an atomic counter says which):  lse = log2 Σ_s 2^lse_s,   "
+            "o = Σ_s 2^(lse_s - lse) · o_s", ha="center", va="center", fontsize=9,
+            bbox=dict(boxstyle="round", fc="#f3f3f3", ec="#888"))
+    ax.text(-0.3, 3.4, "K, V\ntiles", ha="right", va="center", fontsize=8)
+    ax.set_xlim(-1.5, n_tiles + 0.5)
+    ax.set_ylim(-1.3, 4.6)
+    ax.axis("off")
+    ax.set_title("Phase 10: one query row tile, its keys split across blocks, merged by their log-sum-exp")
+    plt.show()
+
+
 def draw_mma_fragments():
     """The three operands of `mma.sync.m16n8k16`: which lane holds each element, in which register."""
     plt = _plt()
@@ -665,13 +736,14 @@ class Lesson:
     def timing(self, directory=None) -> dict | None:
         """This phase, the previous one and torch SDPA: measured live on a GPU, else the committed record."""
         ids = self._ids()
+        problem = getattr(self.phase, "LESSON_PROBLEM", None)  # a phase of other shapes: phase 10, decoding
         if self.on_gpu:
-            record = measure(ids)
+            record = measure(ids, problem=problem)
             label = (f"Measured live on {record['provenance']['gpu_name']} on {record['created'][:10]} "
                      f"(flashcore_numba.measure.bench: median of {record['timing']['repeats']} runs, "
                      "L2 flushed)")
         else:
-            record = latest_record(directory)
+            record = latest_record(directory) if problem is None else latest_record_of(problem, self.phase.ID, directory)
             if record is None:
                 where = display_path(directory or records_dir())
                 print(f"No GPU benchmark record in {where} yet, so there is nothing to show here on a CPU.\n"

@@ -27,6 +27,7 @@ _MODULES = (
     "p07_mma_sync",
     "p08_wgmma",
     "p09_warp_specialized",
+    "p10_split_keys",
 )
 
 DEFAULT_DTYPES = ("float16",)
@@ -76,8 +77,10 @@ KERNELS: dict = {k.ID: k for k in sorted([*PHASES.values(), *VARIANTS.values()],
 
 
 def _best() -> str:
-    """The newest phase, built the fastest way it has (its FASTEST variant, when it names one)."""
-    newest = PHASES[max(PHASES)]
+    """The newest phase of the ladder for every shape, built the fastest way it has (its FASTEST
+    variant, when it names one). A phase for decoding (DECODE: phase 10 splits the keys of a few
+    query rows) is not: `attention(phase="best")` gives it the shapes it serves (api.best_for_shape)."""
+    newest = PHASES[max(i for i, p in PHASES.items() if not getattr(p, "DECODE", False))]
     fastest = getattr(newest, "FASTEST", None)
     return f"{newest.ID}-{fastest}" if fastest else newest.ID
 

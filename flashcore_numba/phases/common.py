@@ -329,6 +329,32 @@ def work_counter(stream=0):
     return counter
 
 
+_WORKSPACES: dict = {}
+
+
+def split_workspace(splits, stream=0):
+    """The workspace of a split-keys kernel (phase 10) for one problem: its partial outputs and
+    log-sum-exps (float32, never read before written) and its counters at zero. Kept per device,
+    stream and shape, as `work_counter` is: the kernel's last block of each row tile sets its
+    counter back to zero, so a launch needs no memset, and launches on different streams never
+    share one."""
+    if simulator_enabled():
+        return (cuda.device_array(splits.o_part, np.float32), cuda.device_array(splits.lse_part, np.float32),
+                cuda.to_device(np.zeros(splits.counters, np.int32)))
+    from numba.cuda.cudadrv.driver import device_memset
+
+    stream = stream or cuda.default_stream()
+    _, handle = stream.__cuda_stream__()
+    key = (cuda.get_current_device().id, int(handle), splits.o_part, splits.lse_part, splits.counters)
+    found = _WORKSPACES.get(key)
+    if found is None:
+        counters = cuda.device_array(splits.counters, np.int32)
+        device_memset(counters, 0, 4 * splits.counters, stream=stream)
+        found = _WORKSPACES[key] = (cuda.device_array(splits.o_part, np.float32),
+                                    cuda.device_array(splits.lse_part, np.float32), counters)
+    return found
+
+
 def no_lse():
     """The LSE argument of a call that did not ask for the log-sum-exp: an empty array (the
     kernel tests its size and writes nothing)."""
@@ -370,6 +396,39 @@ def launch(kernel, grid, block: int, smem_bytes: int, args, stream=0, cache_key=
 LOW_OCCUPANCY_WARNING = r".*Grid size \d+ will likely result in GPU under-utilization"
 
 
+@dataclass(frozen=True)
+class Splits:
+    """How a split-keys kernel (phase 10) runs one problem: its grid, (splits, row tiles x K/V
+    heads, batch), and the shapes of its workspace (`split_workspace`)."""
+
+    grid: tuple
+    o_part: tuple  # (splits, B * H * S_q, D) float32: each split's partial output
+    lse_part: tuple  # (splits, B * H * S_q) float32: each split's log-sum-exp (base 2)
+    counters: int  # int32 counters, one per (batch, K/V head, row tile): how many splits have finished
+
+
+H100_SM_LIMITS = (228 * 1024, 32)  # shared memory per SM (bytes) and blocks per SM of an H100
+
+
+def blocks_per_sm(smem_bytes: int, limits=None) -> int:
+    """How many blocks of `smem_bytes` dynamic shared memory one SM holds at once (by shared memory
+    and the SM's block limit; registers are not counted): on this GPU, in the simulator an H100's,
+    or by `limits` (shared memory per SM, blocks per SM)."""
+    if limits is not None:
+        per_sm, most = limits
+    elif simulator_enabled():
+        per_sm, most = H100_SM_LIMITS
+    else:
+        per_sm, most = _sm_limits(cuda.get_current_device().id)
+    return max(1, min(most, per_sm // (smem_bytes + 1024)))  # the driver keeps 1 KB per block
+
+
+@lru_cache(maxsize=None)
+def _sm_limits(device_id: int) -> tuple[int, int]:
+    device = cuda.get_current_device()
+    return device.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, device.MAX_BLOCKS_PER_MULTIPROCESSOR
+
+
 ELEMENT = {"float16": "float16", "bfloat16": "int16"}  # bf16 reaches a kernel as its int16 bit patterns
 PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}  # the type's name in PTX, and in the ptx/ functions' names
 
@@ -394,6 +453,10 @@ class KernelConfig:
     # the kernel takes LSE, (B, H, S_q) float32, after O: `return_lse` (phase 07 on). It writes each
     # row's log-sum-exp there when LSE has rows, and nothing when it is the empty (0, 0, 0) array
     lse: bool = False
+    # (q shape, k shape, causal) -> Splits, for a kernel that splits each block's keys into ranges
+    # run as blocks of their own (phase 10): it takes, after qk_scale, its workspace (the partial
+    # outputs, their log-sum-exps and the counters that tell the last block to merge them)
+    split_keys: object = None
     # (kernel id, head dim, dtype) when built through the registry (phases.build): a launch then
     # loads the compiled kernel from the disk cache (arch/cache.py) instead of compiling it
     cache_key: tuple = ()
@@ -409,11 +472,15 @@ class KernelConfig:
         lse = ", float32[:,:,::1]" if self.lse else ""
         maps = ", uint64[:,::1]" if self.tma_box else ""
         counter = ", int32[::1]" if self.work_units is not None else ""
-        return f"void({qkv}, {out}[:,:,:,::1]{lse}, boolean, float32{maps}{counter})"
+        workspace = ", float32[:,:,::1], float32[:,::1], int32[::1]" if self.split_keys else ""
+        return f"void({qkv}, {out}[:,:,:,::1]{lse}, boolean, float32{maps}{counter}{workspace})"
 
-    def grid(self, q_shape, causal: bool) -> tuple:
+    def grid(self, q_shape, causal: bool, k_shape=None) -> tuple:
         """The launch grid: every phase's (row blocks, heads, batch), or for a kernel with work
-        units one block per unit, or per SM when it is persistent (never more blocks than units)."""
+        units one block per unit, or per SM when it is persistent (never more blocks than units);
+        for a split-keys kernel (splits, row tiles x K/V heads, batch), which needs k's shape."""
+        if self.split_keys is not None:
+            return self.split_keys(tuple(q_shape), tuple(k_shape), causal).grid
         if self.work_units is None:
             return grid_for(q_shape, self.block_m)
         units = max(1, self.work_units(q_shape, causal))
@@ -441,9 +508,11 @@ class KernelConfig:
             args += (head_maps((q, k, v), self.tma_box),)
         if self.work_units is not None:
             args += (work_counter(stream),)
+        if self.split_keys is not None:
+            args += split_workspace(self.split_keys(tuple(q.shape), tuple(k.shape), causal), stream)
         return args
 
     def launch(self, q, k, v, o, causal: bool, qk_scale: float, stream=0, lse=None) -> None:
         args = self.arguments(q, k, v, o, causal, qk_scale, stream, lse)
-        launch(self.kernel, self.grid(q.shape, causal), self.n_threads, self.smem_bytes, args, stream,
+        launch(self.kernel, self.grid(q.shape, causal, k.shape), self.n_threads, self.smem_bytes, args, stream,
                self.cache_key)

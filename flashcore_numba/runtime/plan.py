@@ -9,7 +9,9 @@ four data pointers and launches with one driver call on torch's current stream:
     plan = Plan("09", 64, "float16", q.shape, k.shape, causal=False, qk_scale=..., device_index=0)
     plan(q, k, v, out, stream)            # plan(q, k, v, out, stream, lse) with return_lse=True
 
-Phase 09 also gets, per call, the tensor maps of q, k and v (built on the first call that uses
+Phase 10 also gets its workspace (the partial outputs of its key splits, their log-sum-exps and
+the counters that elect the block that merges them): one per stream, made on the first call on
+that stream, its counters zeroed then and left at zero by every launch. Phase 09 also gets, per call, the tensor maps of q, k and v (built on the first call that uses
 those addresses, then found by them; their device copy is made on the stream, from pinned host
 memory, so a CUDA graph captures it) and its work counter: one per stream, zeroed once in that
 stream's order, then left at zero by each launch's last request (no memset per call, and a
@@ -56,7 +58,8 @@ class Plan:
         config = build(get_phase(kernel_id), head_dim, dtype)
         with cuda.gpus[device_index]:
             cc = tuple(cuda.get_current_device().compute_capability)
-            self.grid = (tuple(config.grid(tuple(q_shape), causal)) + (1, 1))[:3]
+            self.grid = (tuple(config.grid(tuple(q_shape), causal, tuple(k_shape))) + (1, 1))[:3]
+            self.splits = config.split_keys(tuple(q_shape), tuple(k_shape), causal) if config.split_keys else None
         argtypes, _ = sigutils.normalize_signature(config.signature(dtype))
         cached = cached_cubin(config.kernel, argtypes, config.cache_key, cc)
         self.kernel = _loaded(cached, device_index, config.smem_bytes)
@@ -78,12 +81,17 @@ class Plan:
         if self.looping:
             self.counter_arg = len(args)
             args.append(ArrayArg((1,), 4))
+        if self.splits is not None:  # phase 10's workspace: partial outputs, their LSEs, the counters
+            self.workspace_arg = len(args)
+            args += [ArrayArg(self.splits.o_part, 4), ArrayArg(self.splits.lse_part, 4),
+                     ArrayArg((self.splits.counters,), 4)]
         self.slots = ArgSlots(args)
         self.slots.check(cached.cubin, cached.entry)
         self._maps: OrderedDict = OrderedDict()  # (q, k, v addresses) -> (maps on the device, pinned source, address)
         self._last_qkv, self._last_maps = None, 0  # the last call's addresses and their maps
         self._counters: dict = {}  # stream -> the address of its work counter
         self._counter_tensors: list = []
+        self._workspaces: dict = {}  # stream -> the addresses of its workspace (split keys)
         self._lock = threading.Lock()
 
     def __call__(self, q, k, v, out, stream: int, lse=None) -> None:
@@ -105,6 +113,12 @@ class Plan:
                 if counter is None:
                     counter = self._counters[stream] = self._new_counter(stream)
                 slots.set_pointer(self.counter_arg, counter)
+            if self.splits is not None:
+                workspace = self._workspaces.get(stream)
+                if workspace is None:
+                    workspace = self._workspaces[stream] = self._new_workspace(stream)
+                for i, address in enumerate(workspace):
+                    slots.set_pointer(self.workspace_arg + i, address)
             driver.launch(self.kernel, self.grid, self.block, self.smem, stream, slots)
 
     def _new_counter(self, stream: int) -> int:
@@ -116,6 +130,20 @@ class Plan:
         driver.memset32(counter.data_ptr(), 0, 1, stream)
         self._counter_tensors.append(counter)  # the memory stays the plan's
         return counter.data_ptr()
+
+    def _new_workspace(self, stream: int) -> tuple[int, int, int]:
+        """The addresses of a split-keys workspace for launches on `stream`: the partial outputs and
+        their LSEs (written before they are read), and counters zeroed once in that stream's order
+        (the kernel's merging block sets each back to zero)."""
+        import torch
+
+        splits = self.splits
+        o_part = torch.empty(splits.o_part, dtype=torch.float32, device=self.device)
+        lse_part = torch.empty(splits.lse_part, dtype=torch.float32, device=self.device)
+        counters = torch.empty(splits.counters, dtype=torch.int32, device=self.device)
+        driver.memset32(counters.data_ptr(), 0, splits.counters, stream)
+        self._counter_tensors += [o_part, lse_part, counters]  # the memory stays the plan's
+        return o_part.data_ptr(), lse_part.data_ptr(), counters.data_ptr()
 
     def _maps_of(self, q, k, v, key) -> int:
         """The device address of the tensor maps of q, k and v (one row of 16 words each)."""

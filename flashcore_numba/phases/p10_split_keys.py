@@ -1,0 +1,395 @@
+"""Phase 10 — split keys (flash-decoding): one query row, many blocks, merged by the log-sum-exp.
+
+What changed from phase 07
+    Phase 10 is for decoding: a model that generates text calls attention with one new query
+    row per sequence (S_q = 1, or a few when it checks several drafted tokens) against every key
+    it has so far (S_k in the thousands). Phases 07-09 give a block 128 query rows: at B = 1,
+    H = 16, S_q = 1 that is 16 blocks on an H100's 132 SMs, each reading its head's whole K and V
+    alone. The work is reading K and V once; the FLOPs hardly matter. Two changes fix that, on
+    phase 07's mma.sync machinery (it runs on sm_80 and later; its tile loop is phase 07's):
+    - **The query heads of a group become the rows of one tile.** With grouped-query attention
+      the H_q / H_kv query heads of a group read the same K/V head. Their rows, `group` heads x
+      S_q rows each, lie one after another in memory (q is (B, H, S, D), row-major), so the
+      kernel treats them as one sequence of group x S_q packed rows: packed row p is query row
+      p % S_q of head h_kv * group + p // S_q. A block takes BLOCK_M = 16 of them, one m-tile
+      of one warp, and each K/V byte it reads serves the whole group. The causal mask is still
+      per row: row p sees the keys up to key_end(p % S_q).
+    - **The keys are split across blocks.** The keys of each (batch, K/V head, row tile) are cut
+      into `n_splits` ranges, whole tiles of BLOCK_N keys, that run as separate blocks
+      (grid x). Each block runs phase 07's loop over its range only and ends with a partial
+      output o_s = acc / l_i and its log-sum-exp lse_s (base 2 here: m_i + log2 l_i), written
+      to a float32 workspace. The last block of a row tile to finish merges them: with
+      lse = log2(sum_s 2^lse_s), the output is sum_s 2^(lse_s - lse) o_s. The merge is
+      associative, so the order in which the splits finish does not matter. A block knows it
+      is the last by an atomic counter: it writes its partials, makes them visible to every
+      other block (`cuda.threadfence`), then adds 1 to its row tile's counter; the block that
+      gets n_splits - 1 back has seen every other block's fence, so their partials are there
+      to read. It sets the counter back to 0 for the next launch.
+    How many splits: enough blocks to fill the GPU once (its SMs times the blocks one SM holds),
+    at least MIN_TILES_PER_SPLIT tiles each, at most MAX_SPLITS; none where the unsplit grid
+    already fills it (`split_count`). With one split the path is the same: the block writes its
+    partial, counts itself last, and its merge copies the partial out (one code path, and a
+    round trip through L2 of D floats per row, small beside the row's keys).
+    A block is one warp (32 threads): it holds its 16 rows' state and its own two stages of K
+    and V, so an SM holds several blocks and their copies overlap.
+
+Why the hardware rewards it
+    A decode step reads K and V once, 2 x B x H_kv x S_k x D x 2 bytes, and does about 4 x B x
+    H_q x S_k x D FLOPs: one FLOP per byte, where an H100 gives ~300 FLOPs per byte of HBM. Its
+    time is the time to read K and V, and only many blocks reading at once reach the HBM's
+    bandwidth (docs/hardware.md): each SM keeps a few tiles in flight, and every SM must. The
+    merge reads n_splits x 16 x D floats per row tile from L2, a few percent of K and V.
+    Packing the group's rows matters as much at GQA: at H_q = 32, H_kv = 8 phase 07 reads each
+    K/V head four times (once per query head), phase 10 once.
+
+Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
+    [measured:begin]
+    [measured:end]
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from numba import cuda, float32, int32, uint32, uint64
+
+from ..arch import operands, ptx
+from ..arch.sim import simulator_enabled
+from .common import (FULL_MASK, LN2, PTX_TYPE, KernelConfig, Splits, blocks_per_sm, cdiv, key_end, sm_count,
+                     softmax_rescale)
+from .p07_mma_sync import MMA_K, MMA_M, MMA_N, layout, make_copy_tile, unrolled
+
+ID = "10"
+NAME = "split_keys"
+TITLE = "Split keys: one decode step across many blocks, merged by the log-sum-exp"
+HEAD_DIMS = (64, 128)
+DTYPES = ("float16", "bfloat16")
+GQA = True
+LSE = True
+MIN_CC = (8, 0)
+# Not the ladder's "best" for every shape: it serves decoding (few query rows per K/V head);
+# `attention(phase="best")` hands it the shapes where the records have it faster (api.py)
+DECODE = True
+
+# The lesson's timing problem (measure.bench.Problem's fields): a decode step of 32 query heads
+# sharing 8 K/V heads, one query row against 8192 keys
+LESSON_PROBLEM = dict(B=1, H=32, S_q=1, S_k=8192, D=128, H_kv=8)
+
+BLOCK_M = MMA_M  # one m-tile of packed rows per block: one warp
+TILES = {64: dict(block_n=64), 128: dict(block_n=32)}  # 2 stages of K and V: 37 and 39 KB per block
+SIM_TILES = {64: dict(block_n=16), 128: dict(block_n=16)}  # the simulator: short tiles, more of them
+MIN_TILES_PER_SPLIT = 4  # a split's fixed costs (Q's load, the first tile's wait) over at least 4 tiles
+SIM_MIN_TILES_PER_SPLIT = 1  # the simulator: any problem of two tiles or more splits (and merges)
+MAX_SPLITS = 64  # the merge keeps one weight per split and row in shared memory: 16 x 64 floats
+SIM_SLOTS = 8  # the simulator's "GPU": blocks it holds at once, so that small problems split too
+
+
+def tiles(HEAD_DIM: int) -> dict:
+    return (SIM_TILES if simulator_enabled() else TILES)[HEAD_DIM]
+
+
+def split_count(blocks: int, key_tiles: int, slots: int, min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
+    """How many ranges to cut each block's keys into: enough that blocks x splits fills the
+    GPU's `slots` (blocks it holds at once) once, each range at least `min_tiles` tiles, at
+    most MAX_SPLITS ranges; then evened out so that no range is empty."""
+    if blocks >= slots or key_tiles < 2 * min_tiles:
+        return 1
+    splits = min(cdiv(slots, blocks), key_tiles // min_tiles, MAX_SPLITS)
+    return cdiv(key_tiles, cdiv(key_tiles, splits))  # the same tiles per split, the last one shorter
+
+
+def make_splits(block_n: int, smem_bytes: int):
+    """The kernel's `split_keys`: (q shape, k shape, causal) -> its grid and workspace (Splits)."""
+
+    def splits_of(q_shape, k_shape, causal, splits=None) -> Splits:
+        B, H, S_q, D = q_shape
+        H_kv, S_k = k_shape[1], k_shape[2]
+        row_tiles = cdiv((H // H_kv) * S_q, BLOCK_M)  # tiles of packed rows per K/V head
+        blocks = B * H_kv * row_tiles
+        if splits is None:
+            min_tiles = SIM_MIN_TILES_PER_SPLIT if simulator_enabled() else MIN_TILES_PER_SPLIT
+            splits = split_count(blocks, cdiv(S_k, block_n), sm_count() * blocks_per_sm(smem_bytes), min_tiles)
+        return Splits((splits, row_tiles * H_kv, B), (splits, B * H * S_q, D), (splits, B * H * S_q), blocks)
+
+    return splits_of
+
+
+def smem_size(L) -> int:
+    """Dynamic shared memory per block: Q's tile and two stages of K and V, which the merge then
+    reuses for its weights (MAX_SPLITS x BLOCK_M floats)."""
+    return max(L["SMEM_BYTES"], MAX_SPLITS * BLOCK_M * 4)
+
+
+def gpu_layout(HEAD_DIM: int) -> dict:
+    """The layout the GPU kernel has (the simulator's tiles are smaller)."""
+    return layout(HEAD_DIM, block_m=BLOCK_M, warps=1, **TILES[HEAD_DIM])
+
+
+def build_kernel(L, dtype="float16") -> KernelConfig:
+    mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
+    exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")
+    ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
+    ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
+    commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
+    wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
+    shared_address, global_address = operands.shared_address, operands.global_address
+    copy_tile = make_copy_tile(L)
+    HEAD_DIM, BLOCK_N = L["HEAD_DIM"], L["BLOCK_N"]
+    STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
+    NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
+    ROW_BYTES = STRIDE * 2
+    PAIRS = HEAD_DIM // 2  # output columns are written two at a time (one packed 32-bit word)
+
+    @cuda.jit(device=True, inline=True)
+    def mma_into(c, j, a, kk, b0, b1):
+        """c[j] += a[kk] · b: one m16n8k16 product into n-tile j of the warp's accumulators."""
+        c[j, 0], c[j, 1], c[j, 2], c[j, 3] = mma(a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b0, b1,
+                                                 c[j, 0], c[j, 1], c[j, 2], c[j, 3])
+
+    @cuda.jit(device=True, inline=True)
+    def qk_step(kk, args):
+        """k-step kk of s = q · kᵀ: NT n-tiles of 8 keys, two per ldmatrix (as phase 07)."""
+        s, q_frag, k_tile = args
+        for jj in range(NT // 2):
+            b0, b1, b2, b3 = ldsm(k_tile + jj * 16 * ROW_BYTES + kk * 32)
+            mma_into(s, 2 * jj, q_frag, kk, b0, b1)
+            mma_into(s, 2 * jj + 1, q_frag, kk, b2, b3)
+
+    @cuda.jit(device=True, inline=True)
+    def pv_step(jj, args):
+        """Output columns 16 jj .. 16 jj + 15 of acc += p · v (as phase 07)."""
+        acc, p_frag, v_tile = args
+        for kk in range(KP):
+            b0, b1, b2, b3 = ldsm_t(v_tile + kk * 16 * ROW_BYTES + jj * 32)
+            mma_into(acc, 2 * jj, p_frag, kk, b0, b1)
+            mma_into(acc, 2 * jj + 1, p_frag, kk, b2, b3)
+
+    qk_steps = unrolled(qk_step, KQ)
+    pv_steps = unrolled(pv_step, NO // 2)
+
+    @cuda.jit(device=True, inline=True)
+    def packed_row(p, seq_q):
+        """(query head within the group, query row) of packed row p."""
+        return p // seq_q, p % seq_q
+
+    @cuda.jit
+    def split_keys_attention(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS):
+        smem_h = cuda.shared.array(0, uint32, alignment=128)
+        smem = shared_address(smem_h)
+        split = cuda.blockIdx.x  # which range of keys
+        n_splits = cuda.gridDim.x
+        H, H_kv, seq_q, seq_k = Q.shape[1], K.shape[1], Q.shape[2], K.shape[2]
+        group = H // H_kv  # query heads per K/V head
+        rows = group * seq_q  # the packed rows of one K/V head
+        row_tiles = (rows + BLOCK_M - 1) // BLOCK_M
+        tile = cuda.blockIdx.y // H_kv
+        h_kv = cuda.blockIdx.y % H_kv
+        b = cuda.blockIdx.z
+        lane = cuda.threadIdx.x  # one warp per block
+        g = lane // 4  # this lane's packed rows: row0 + g and row0 + g + 8 (as phase 07's rows)
+        t = lane % 4  # and its columns 2t, 2t + 1 of every 8-column tile
+        row0 = tile * BLOCK_M
+        # the group's packed rows are consecutive rows of q, starting at row 0 of head h_kv * group
+        first_row = (b * H + h_kv * group) * seq_q  # as a row of the (B * H * S_q, D) matrix q is
+        head_q = uint64(first_row * HEAD_DIM * 2)
+        head_kv = uint64(((b * H_kv + h_kv) * seq_k) * HEAD_DIM * 2)
+
+        # -- the keys this block's rows see (the one whose query row is last sees the most), and
+        # this split's share of them, whole tiles
+        last = min(row0 + BLOCK_M, rows) - 1
+        q_last = seq_q - 1 if row0 // seq_q != last // seq_q else last % seq_q
+        block_k_end = int32(key_end(q_last, seq_q, seq_k, causal))
+        tiles_per_split = (block_k_end + BLOCK_N * n_splits - 1) // (BLOCK_N * n_splits)
+        k_start = int32(split * tiles_per_split * BLOCK_N)
+        k_stop = min(block_k_end, k_start + int32(tiles_per_split * BLOCK_N))
+        _, q_a = packed_row(min(row0 + g, rows - 1), seq_q)
+        _, q_b = packed_row(min(row0 + g + 8, rows - 1), seq_q)
+        k_end_a = key_end(q_a, seq_q, seq_k, causal)
+        k_end_b = key_end(q_b, seq_q, seq_k, causal)
+
+        q_frag = cuda.local.array((KQ, 4), uint32)
+        s = cuda.local.array((NT, 4), float32)
+        p_frag = cuda.local.array((KP, 4), uint32)
+        acc = cuda.local.array((NO, 4), float32)
+        for j in range(NO):
+            for e in range(4):
+                acc[j, e] = float32(0.0)
+        m_a = float32(-math.inf)
+        m_b = float32(-math.inf)
+        l_a = float32(0.0)
+        l_b = float32(0.0)
+
+        # -- prologue: the 16 packed rows of Q and the range's first K/V tile
+        copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, rows, lane)
+        if k_start < k_stop:
+            copy_tile(smem, K_OFF, global_address(K), head_kv, k_start, BLOCK_N, seq_k, lane)
+            copy_tile(smem, V_OFF, global_address(V), head_kv, k_start, BLOCK_N, seq_k, lane)
+        commit()
+        wait_all()
+        cuda.syncthreads()
+        if qk_scale < 0:  # as phase 07: the sign goes into q, the max and exp2 need a scale >= 0
+            for w in range(lane, BLOCK_M * STRIDE // 2, 32):
+                smem_h[w] ^= uint32(0x80008000)
+            cuda.syncthreads()
+        scale = max(abs(qk_scale), float32(1e-30))
+        q_lane = smem + (lane % 16) * ROW_BYTES + (lane // 16) * 16
+        for kk in range(KQ):  # Q's A fragments stay in registers: 16 rows are one m-tile
+            a0, a1, a2, a3 = ldsm(q_lane + kk * 32)
+            q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = a0, a1, a2, a3
+        k_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
+        v_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
+
+        # -- phase 07's loop, over this split's keys only
+        stage = 0
+        for start_n in range(k_start, k_stop, int32(BLOCK_N)):
+            next_n = start_n + int32(BLOCK_N)
+            if next_n < k_stop:
+                copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
+                          seq_k, lane)
+                copy_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_kv, next_n, BLOCK_N,
+                          seq_k, lane)
+                commit()
+            for j in range(NT):
+                for e in range(4):
+                    s[j, e] = float32(0.0)
+            qk_steps(0, (s, q_frag, smem + K_OFF + stage * STAGE_BYTES + k_lane))
+            if start_n + BLOCK_N > min(k_end_a, k_end_b):  # a key past a row's end: mask it
+                for j in range(NT):
+                    col = start_n + j * MMA_N + 2 * t
+                    if col >= k_end_a:
+                        s[j, 0] = float32(-math.inf)
+                    if col + 1 >= k_end_a:
+                        s[j, 1] = float32(-math.inf)
+                    if col >= k_end_b:
+                        s[j, 2] = float32(-math.inf)
+                    if col + 1 >= k_end_b:
+                        s[j, 3] = float32(-math.inf)
+            m_ij_a = float32(-math.inf)
+            m_ij_b = float32(-math.inf)
+            for j in range(NT):
+                m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
+                m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
+            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
+            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
+            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
+            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
+            m_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a * scale)
+            m_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b * scale)
+            l_a *= alpha_a
+            l_b *= alpha_b
+            for j in range(NO):
+                acc[j, 0] *= alpha_a
+                acc[j, 1] *= alpha_a
+                acc[j, 2] *= alpha_b
+                acc[j, 3] *= alpha_b
+            for j in range(NT):
+                s[j, 0] = exp2(cuda.fma(s[j, 0], scale, -m_ref_a))
+                s[j, 1] = exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
+                s[j, 2] = exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
+                s[j, 3] = exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
+                l_a += s[j, 0] + s[j, 1]
+                l_b += s[j, 2] + s[j, 3]
+            for kk in range(KP):
+                p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
+                p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
+                p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
+                p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+            pv_steps(0, (acc, p_frag, smem + V_OFF + stage * STAGE_BYTES + v_lane))
+            wait_all()
+            cuda.syncthreads()
+            stage = 1 - stage
+
+        # -- the rows' sums over the quad: each lane summed a quarter of each row's columns
+        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
+        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
+        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
+        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
+        inv_a = float32(1.0) / l_a if l_a != float32(0.0) else float32(0.0)  # a row without keys: 0
+        inv_b = float32(1.0) / l_b if l_b != float32(0.0) else float32(0.0)
+        p_a = row0 + g
+        p_b = row0 + g + 8
+
+        # -- a partial result: o_s = acc / l_i and lse_s = m_i + log2(l_i), in the workspace
+        for j in range(NO):
+            col = j * MMA_N + 2 * t
+            if p_a < rows:
+                O_PART[split, first_row + p_a, col] = acc[j, 0] * inv_a
+                O_PART[split, first_row + p_a, col + 1] = acc[j, 1] * inv_a
+            if p_b < rows:
+                O_PART[split, first_row + p_b, col] = acc[j, 2] * inv_b
+                O_PART[split, first_row + p_b, col + 1] = acc[j, 3] * inv_b
+        if t == 0:
+            if p_a < rows:
+                LSE_PART[split, first_row + p_a] = float32(-math.inf) if l_a == float32(0.0) else m_a + math.log2(l_a)
+            if p_b < rows:
+                LSE_PART[split, first_row + p_b] = float32(-math.inf) if l_b == float32(0.0) else m_b + math.log2(l_b)
+
+        # -- the last block of this row tile to finish merges. Its partials are made visible to the
+        # whole GPU before it counts itself; the block that counts last reads everyone's.
+        cuda.threadfence()
+        cuda.syncthreads()  # the block is one warp
+        counter = (b * H_kv + h_kv) * row_tiles + tile
+        done = 0  # how many blocks of this row tile had finished before this one
+        # >>> exercise 10-a: count this block as finished: lane 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value), then every lane gets that value as `done` (a shuffle from lane 0)
+        if lane == 0:
+            done = cuda.atomic.add(COUNTERS, counter, 1)
+        done = cuda.shfl_sync(FULL_MASK, done, 0)
+        # <<< exercise
+        if done != n_splits - 1:
+            return
+        cuda.threadfence()  # the other blocks' partials, read after their count
+        if lane == 0:
+            COUNTERS[counter] = 0  # every block of this launch has counted: ready for the next launch
+
+        # lse = log2(sum_s 2^lse_s) of each row, and each split's weight 2^(lse_s - lse), in shared
+        # memory (K and V are done with): lane r < 16 takes row r
+        weight = cuda.shared.array(0, float32)
+        n_rows = min(BLOCK_M, rows - row0)
+        if lane < n_rows:
+            row = first_row + row0 + lane
+            lse = float32(-math.inf)  # the log of an empty sum: the row sees no key in any split
+            # >>> exercise 10-b: lse = log2 of sum over the splits sp of 2^LSE_PART[sp, row] (subtract their max first), and weight[sp * BLOCK_M + lane] = 2^(LSE_PART[sp, row] - lse) for each split (0 when no split saw a key)
+            top = float32(-math.inf)
+            for sp in range(n_splits):
+                top = max(top, LSE_PART[sp, row])
+            ref = top if top != float32(-math.inf) else float32(0.0)  # no key in any split: every weight 0
+            total = float32(0.0)
+            for sp in range(n_splits):
+                total += math.exp2(LSE_PART[sp, row] - ref)
+            if total != float32(0.0):
+                lse = ref + math.log2(total)
+            for sp in range(n_splits):
+                weight[sp * BLOCK_M + lane] = (math.exp2(LSE_PART[sp, row] - lse) if total != float32(0.0)
+                                               else float32(0.0))
+            # <<< exercise
+            if LSE.shape[2] != 0:
+                hg, qi = packed_row(row0 + lane, seq_q)
+                LSE[b, h_kv * group + hg, qi] = lse * LN2
+        cuda.syncthreads()  # the block is one warp
+        # o = sum_s weight_s o_s, two columns per lane at a time (neighbours read neighbouring words)
+        for idx in range(lane, n_rows * PAIRS, 32):
+            r = idx // PAIRS
+            pair = idx % PAIRS
+            x = float32(0.0)
+            y = float32(0.0)
+            for sp in range(n_splits):
+                w = weight[sp * BLOCK_M + r]
+                x += w * O_PART[sp, first_row + row0 + r, 2 * pair]
+                y += w * O_PART[sp, first_row + row0 + r, 2 * pair + 1]
+            hg, qi = packed_row(row0 + r, seq_q)
+            O[b, h_kv * group + hg, qi, pair] = pack(x, y)
+
+    smem_bytes = smem_size(L)
+    return KernelConfig(split_keys_attention, block_m=BLOCK_M, n_threads=32, smem_bytes=smem_bytes,
+                        packed_output=True, lse=True, split_keys=make_splits(BLOCK_N, smem_bytes))
+
+
+@lru_cache(maxsize=None)
+def build(HEAD_DIM: int, dtype: str = "float16") -> KernelConfig:
+    """The kernel for head dim HEAD_DIM and `dtype` ("float16" or "bfloat16")."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: phase 10 builds {' and '.join(DTYPES)}, not {dtype!r}")
+    L = layout(HEAD_DIM, block_m=BLOCK_M, warps=1, **tiles(HEAD_DIM))
+    return build_kernel(L, dtype)

@@ -1,0 +1,175 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Phase 10 — Split keys: one decode step across many blocks, merged by the log-sum-exp
+#
+# *Previous: [09 warp_specialized](09_warp_specialized.ipynb), though this phase builds on
+# [07 mma.sync](07_mma_sync.ipynb). Hardware background: [docs/hardware.md](../docs/hardware.md).
+# Course map: [README](README.md).*
+#
+# ## The idea
+#
+# Phases 01-09 made one kind of problem fast: many query rows against many keys (a model reading a
+# prompt). A model that *writes* text calls attention once per new token, with **one query row** per
+# sequence (S_q = 1) against every key it has so far (S_k in the thousands). That is a decode step.
+#
+# **1. One row leaves the GPU idle.** Phases 07-09 give each [block](../docs/glossary.md#block) 128 query rows of one head. At
+# B = 1, H = 16, S_q = 1 that is 16 blocks, each using 1 of its 128 rows, on an H100 with 132
+# [SMs](../docs/glossary.md#sm): 116 SMs have nothing to do, and each busy block reads its head's whole K and V alone.
+#
+# **2. The work is reading K and V.** A decode step reads K and V once (2 · B · H_kv · S_k · D · 2
+# bytes) and does about 4 · B · H · S_k · D FLOPs: one FLOP per byte read. The GPU could do about
+# 300 FLOPs in the time it reads a byte from [HBM](../docs/glossary.md#hbm), so the time of a decode step is the time to read K
+# and V, and only many blocks reading at once, on every SM, reach the memory's bandwidth.
+#
+# **3. Split the keys.** Phase 10 cuts the keys of each head into ranges of whole [tiles](../docs/glossary.md#tile) and runs
+# each range as a block of its own ([split keys](../docs/glossary.md#split-keys)). Each block runs phase 07's loop on its range
+# and ends with a partial answer: its output o_s = acc / l_i, normalized over its own keys, and its
+# [log-sum-exp](../docs/glossary.md#log-sum-exp) lse_s = m_i + log2(l_i), the log of its softmax denominator.
+#
+# **4. Merge by the log-sum-exp.** The whole row's denominator is the sum of the ranges'
+# denominators, so lse = log2(Σ_s 2^lse_s), and range s contributes its output with weight
+# 2^(lse_s − lse): o = Σ_s 2^(lse_s − lse) · o_s. The weights add up to 1. It is the online softmax
+# again, applied to whole ranges instead of single tiles, and like it, the order does not matter.
+#
+# **5. The last block merges.** No second kernel: every block writes its partials to a small
+# float32 workspace, makes them visible to the whole GPU (a [memory fence](../docs/glossary.md#memory-fence), `cuda.threadfence()`),
+# then adds 1 to a counter of its row tile with an [atomic](../docs/glossary.md#atomic) addition. The one that gets back
+# n_splits − 1 knows every other block has written and fenced its partials: it merges them, and
+# sets the counter back to 0 for the next call.
+#
+# **6. A group's query heads share one tile.** With grouped-query attention, the H / H_kv query
+# heads of a group read the same K/V head. Their rows lie one after another in memory, so the kernel
+# packs them into one tile of 16 rows ("packed rows": row p is query row p % S_q of head
+# h_kv · group + p // S_q). Each K/V byte read serves the whole group, where phases 07-09 read it
+# once per query head.
+#
+# The tile of 16 rows is one m-tile of one [warp](../docs/glossary.md#warp), and a block is that warp alone: small blocks, so
+# that an SM holds several and their copies overlap. The tensor cores waste most of the 16 rows on
+# padding at S_q = 1; they are not the bottleneck here.
+#
+# How many splits: enough blocks to fill the GPU once (SMs × the blocks one SM holds), at least
+# four tiles per split (a split has fixed costs: loading Q, waiting for its first tile), at most 64.
+
+# %%
+# Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
+# driver shows one, else in Numba's CUDA simulator on the CPU. Set NUMBA_ENABLE_CUDASIM to choose.
+import os
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if os.path.exists("/dev/nvidiactl") else "1"
+
+# %%
+from flashcore_numba.course import notebooks
+from flashcore_numba.phases import p10_split_keys as phase
+
+lesson = notebooks.Lesson("10")
+lesson.intro()
+
+# %%
+lesson.changelog()
+
+# %% [markdown]
+# ## Why one query row leaves most SMs idle
+#
+# The blocks each phase launches for one decode step, computed from the kernels' own grids (and
+# phase 10's split rule for an H100): first 16 heads without grouping, then 32 query heads sharing
+# 8 K/V heads.
+
+# %%
+print(notebooks.table(notebooks.decode_blocks((1, 16, 1, 128), kv_heads=16, seq_k=4096),
+                      [(c, c) for c in ("phase", "block_m", "blocks", "rows used", "reads of each K/V head",
+                                        "SMs busy")]))
+print(notebooks.table(notebooks.decode_blocks((1, 32, 1, 128), kv_heads=8, seq_k=8192),
+                      [(c, c) for c in ("phase", "block_m", "blocks", "rows used", "reads of each K/V head",
+                                        "SMs busy")]))
+
+# %% [markdown]
+# ## The chunks and the merge
+#
+# One row tile of one K/V head: its key tiles cut into ranges, one block each; each block's partial
+# result; the merge by whichever block finishes last.
+
+# %%
+notebooks.draw_split_keys()
+
+# %% [markdown]
+# The merge is the only new arithmetic. Here it is in NumPy on random partials, against the softmax
+# of all keys at once: two ranges of keys, each softmaxed on its own, merged by their log-sum-exps.
+
+# %%
+import numpy as np
+
+rng = np.random.default_rng(0)
+scores, values = rng.standard_normal(1000) * 3, rng.standard_normal((1000, 4))
+whole = np.exp2(scores - scores.max()) @ values / np.exp2(scores - scores.max()).sum()
+partials = []
+for keys in (slice(0, 300), slice(300, 1000)):  # two splits
+    s, v = scores[keys], values[keys]
+    m = s.max()
+    l = np.exp2(s - m).sum()
+    partials.append((np.exp2(s - m) @ v / l, m + np.log2(l)))  # o_s, lse_s
+lse = np.log2(sum(np.exp2(lse_s) for _, lse_s in partials))
+merged = sum(np.exp2(lse_s - lse) * o_s for o_s, lse_s in partials)
+print("merged:", merged.round(6), "\nwhole: ", whole.round(6))
+
+# %% [markdown]
+# ## The kernel
+#
+# Straight from the package: what runs is what you read.
+
+# %%
+lesson.show_source(phase.split_count, phase.make_splits)
+
+# %% [markdown]
+# The kernel itself: phase 07's loop on one warp's 16 packed rows and one range of keys, then the
+# partials, the count and the merge.
+
+# %%
+lesson.show_source(phase.build_kernel)
+
+# %% [markdown]
+# ## Is it correct?
+#
+# Fresh random inputs, the output poisoned with NaN first, compared with the float64 reference.
+
+# %%
+lesson.check()
+
+# %% [markdown]
+# ## How fast is it?
+#
+# At a decode shape, not the course's usual one: 32 query heads sharing 8 K/V heads, one query row,
+# 8192 keys. The time is what counts here: the TFLOPS of a decode step are small by nature.
+
+# %%
+timings = lesson.timing()
+
+# %%
+lesson.plot_timing(timings)
+
+# %% [markdown]
+# ## What changed in the machine code
+
+# %%
+lesson.machine_code()
+
+# %%
+lesson.ptx(["mma.sync", "cp.async", "membar.gl", "atom.global.add", "ex2.approx"])
+
+# %%
+lesson.sass(["HMMA", "LDGSTS", "MEMBAR", "ATOMG", "RED", "MUFU.EX2", "STL", "LDL"])
+
+# %% [markdown]
+# ## Exercise
+
+# %%
+lesson.exercise()
