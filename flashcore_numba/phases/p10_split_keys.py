@@ -44,6 +44,7 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
+    not measured yet
     [measured:end]
 """
 
