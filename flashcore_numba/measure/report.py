@@ -502,18 +502,23 @@ def measured_lines(phase_id: str, nc, c, others=()) -> list[str]:
     """The generated lines of one phase's "Measured effect" docstring block: the reference shape,
     the phase's variants, and the other shapes measured (e.g. D=128)."""
     anchor = nc or c
-    if anchor is None or (_result(nc, phase_id) is None and _result(c, phase_id) is None):
+    in_anchor = anchor is not None and (_result(nc, phase_id) is not None or _result(c, phase_id) is not None)
+    if anchor is None or not (in_anchor or any(_ran(phase_id, o_nc, o_c) for o_nc, o_c in others)):
         return [DOCSTRING_INDENT + NOT_MEASURED]
     text = f"{anchor['provenance']['gpu_name']}, {anchor['created'][:10]}, {_describe(anchor['config'])}: "
-    text += ", ".join(_figures(phase_id, nc, c))
-    r_nc, r_c = _result(nc, phase_id), _result(c, phase_id)
-    resources = r_nc if r_nc and r_nc.get("registers") is not None else r_c
-    if resources and resources.get("registers") is not None:
-        local = resources.get("local_bytes_per_thread")
-        text += f"; {resources['registers']} registers, {local} B local memory"
-    for vid in _variant_ids(phase_id, nc, c):
-        text += f". {vid}: " + ", ".join(_figures(vid, nc, c))
-    files = [Path(r["_path"]).name for r in (nc, c) if r is not None]
+    files = []
+    if not in_anchor:  # a phase for other shapes (phase 10, decoding): its own records below
+        text += "not measured at this shape (the phase serves others)"
+    else:
+        text += ", ".join(_figures(phase_id, nc, c))
+        r_nc, r_c = _result(nc, phase_id), _result(c, phase_id)
+        resources = r_nc if r_nc and r_nc.get("registers") is not None else r_c
+        if resources and resources.get("registers") is not None:
+            local = resources.get("local_bytes_per_thread")
+            text += f"; {resources['registers']} registers, {local} B local memory"
+        for vid in _variant_ids(phase_id, nc, c):
+            text += f". {vid}: " + ", ".join(_figures(vid, nc, c))
+        files = [Path(r["_path"]).name for r in (nc, c) if r is not None]
     for o_nc, o_c in others:
         o_parts = [f"{kid} " + ", ".join(_figures(kid, o_nc, o_c))
                    for kid in [phase_id, *_variant_ids(phase_id, o_nc, o_c)] if _ran(kid, o_nc, o_c)]

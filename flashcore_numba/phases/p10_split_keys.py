@@ -44,7 +44,13 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    not measured yet
+    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: not measured at this shape (the
+    phase serves others). At B=8 H=32 S_q=1 S_k=2048 D=128 fp16: 10 2.14 TFLOPS (0.86x phase 09,
+    SLOWER than phase 09). At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 10 0.88 TFLOPS (1.37x phase 09).
+    At B=1 H=32 H_kv=8 S_q=1 S_k=8192 D=128 fp16: 10 1.76 TFLOPS (1.22x phase 09)
+    (nvidia-h100-80gb-hbm3_b8h32s1k2048d128_fp16_p07-09-10.json,
+    nvidia-h100-80gb-hbm3_b1h16s1k4096d128_fp16_p07-09-10.json,
+    nvidia-h100-80gb-hbm3_b1h32kv8s1k8192d128_fp16_p07-09-10.json).
     [measured:end]
 """
 

@@ -4,7 +4,7 @@
 #   10-a: count this block as finished: lane 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value), then every lane gets that value as `done` (a shuffle from lane 0)
 #   10-b: lse = log2 of sum over the splits sp of 2^LSE_PART[sp, row] (subtract their max first), and weight[sp * BLOCK_M + lane] = 2^(LSE_PART[sp, row] - lse) for each split (0 when no split saw a key)
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
-# Change nothing else: solving only adds lines. The docstring below is the lesson.
+# Change nothing else: solving only adds lines. The lesson is lessons/10_split_keys.ipynb.
 #
 # Grade it (hidden random inputs and adversarial shapes; points and reasons per check):
 #     flashcore grade 10                         this file
@@ -18,52 +18,9 @@
 # improve the phase, not this copy.
 """Phase 10 — split keys (flash-decoding): one query row, many blocks, merged by the log-sum-exp.
 
-What changed from phase 07
-    Phase 10 is for decoding: a model that generates text calls attention with one new query
-    row per sequence (S_q = 1, or a few when it checks several drafted tokens) against every key
-    it has so far (S_k in the thousands). Phases 07-09 give a block 128 query rows: at B = 1,
-    H = 16, S_q = 1 that is 16 blocks on an H100's 132 SMs, each reading its head's whole K and V
-    alone. The work is reading K and V once; the FLOPs hardly matter. Two changes fix that, on
-    phase 07's mma.sync machinery (it runs on sm_80 and later; its tile loop is phase 07's):
-    - **The query heads of a group become the rows of one tile.** With grouped-query attention
-      the H_q / H_kv query heads of a group read the same K/V head. Their rows, `group` heads x
-      S_q rows each, lie one after another in memory (q is (B, H, S, D), row-major), so the
-      kernel treats them as one sequence of group x S_q packed rows: packed row p is query row
-      p % S_q of head h_kv * group + p // S_q. A block takes BLOCK_M = 16 of them, one m-tile
-      of one warp, and each K/V byte it reads serves the whole group. The causal mask is still
-      per row: row p sees the keys up to key_end(p % S_q).
-    - **The keys are split across blocks.** The keys of each (batch, K/V head, row tile) are cut
-      into `n_splits` ranges, whole tiles of BLOCK_N keys, that run as separate blocks
-      (grid x). Each block runs phase 07's loop over its range only and ends with a partial
-      output o_s = acc / l_i and its log-sum-exp lse_s (base 2 here: m_i + log2 l_i), written
-      to a float32 workspace. The last block of a row tile to finish merges them: with
-      lse = log2(sum_s 2^lse_s), the output is sum_s 2^(lse_s - lse) o_s. The merge is
-      associative, so the order in which the splits finish does not matter. A block knows it
-      is the last by an atomic counter: it writes its partials, makes them visible to every
-      other block (`cuda.threadfence`), then adds 1 to its row tile's counter; the block that
-      gets n_splits - 1 back has seen every other block's fence, so their partials are there
-      to read. It sets the counter back to 0 for the next launch.
-    How many splits: enough blocks to fill the GPU once (its SMs times the blocks one SM holds),
-    at least MIN_TILES_PER_SPLIT tiles each, at most MAX_SPLITS; none where the unsplit grid
-    already fills it (`split_count`). With one split the path is the same: the block writes its
-    partial, counts itself last, and its merge copies the partial out (one code path, and a
-    round trip through L2 of D floats per row, small beside the row's keys).
-    A block is one warp (32 threads): it holds its 16 rows' state and its own two stages of K
-    and V, so an SM holds several blocks and their copies overlap.
-
-Why the hardware rewards it
-    A decode step reads K and V once, 2 x B x H_kv x S_k x D x 2 bytes, and does about 4 x B x
-    H_q x S_k x D FLOPs: one FLOP per byte, where an H100 gives ~300 FLOPs per byte of HBM. Its
-    time is the time to read K and V, and only many blocks reading at once reach the HBM's
-    bandwidth (docs/hardware.md): each SM keeps a few tiles in flight, and every SM must. The
-    merge reads n_splits x 16 x D floats per row tile from L2, a few percent of K and V.
-    Packing the group's rows matters as much at GQA: at H_q = 32, H_kv = 8 phase 07 reads each
-    K/V head four times (once per query head), phase 10 once.
-
-Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
-    [measured:begin]
-    not measured yet
-    [measured:end]
+The whole account of this phase (what it changes, why the hardware rewards it, what each
+change bought) is the docstring of flashcore_numba/phases/p10_split_keys.py; the lesson is
+lessons/10_split_keys.ipynb.
 """
 
 from __future__ import annotations
