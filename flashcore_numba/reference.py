@@ -171,6 +171,48 @@ def round_to(x, dtype) -> np.ndarray:
     return np.asarray(x, dtype=np.float32).astype(dtype).astype(np.float32)
 
 
+def cache_sequences(k_cache, v_cache, cache_seqlens, block_table=None):
+    """Each sequence's keys and values out of a KV cache (flashcore_numba.inference's layouts), as
+    NumPy arrays (H_kv, L_b, D): the contiguous cache's row b, or the pages block_table[b] names."""
+    k_cache, v_cache = (np.asarray(x.float().cpu() if hasattr(x, "cpu") else x) for x in (k_cache, v_cache))
+    lengths = np.asarray(cache_seqlens.cpu() if hasattr(cache_seqlens, "cpu") else cache_seqlens)
+    table = None if block_table is None else np.asarray(block_table.cpu() if hasattr(block_table, "cpu")
+                                                        else block_table)
+    out = []
+    for b, n in enumerate(lengths):
+        n = int(n)
+        if table is None:
+            k, v = k_cache[b, :n], v_cache[b, :n]
+        else:
+            page_size = k_cache.shape[1]
+            keys = np.arange(n)
+            pages = table[b, keys // page_size]
+            k, v = k_cache[pages, keys % page_size], v_cache[pages, keys % page_size]
+        out.append((k.transpose(1, 0, 2), v.transpose(1, 0, 2)))
+    return out
+
+
+def reference_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal: bool = True,
+                      scale: float | None = None, lowp_dtype=None):
+    """float64 output (B, S_q, H, D) and LSE (B, H, S_q) of attention_kvcache, one sequence at a time
+    through reference_attention and reference_lse (a sequence without keys: zeros and -inf); with
+    `lowp_dtype`, also the plain fp16 (or "bfloat16") yardstick of lowp_attention, for check_close."""
+    q = np.asarray(q.float().cpu() if hasattr(q, "cpu") else q, dtype=np.float64)
+    B, S_q, H, D = q.shape
+    out, lse = np.zeros((B, S_q, H, D)), np.full((B, H, S_q), -np.inf)
+    lowp = np.zeros_like(out)
+    for b, (k, v) in enumerate(cache_sequences(k_cache, v_cache, cache_seqlens, block_table)):
+        if k.shape[1] == 0:
+            continue
+        qb = q[b].transpose(1, 0, 2)[None]  # (1, H, S_q, D)
+        out[b] = reference_attention(qb, k[None], v[None], causal=causal, scale=scale)[0].transpose(1, 0, 2)
+        lse[b] = reference_lse(qb, k[None], causal=causal, scale=scale)[0]
+        if lowp_dtype is not None:
+            lowp[b] = lowp_attention(qb, k[None], v[None], causal=causal, scale=scale,
+                                     dtype=lowp_dtype)[0].transpose(1, 0, 2)
+    return (out, lse, lowp) if lowp_dtype is not None else (out, lse)
+
+
 def lowp_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                    dtype=np.float16) -> np.ndarray:
     """Attention the way plain fp16 (or bf16) framework code computes it (the oracle's yardstick).

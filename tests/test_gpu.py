@@ -491,3 +491,46 @@ def test_trace_build_on_gpu():
     s = trace.summary(records)
     assert 0 < s["span_ns"] * 1e-6 <= start.elapsed_time(end)
     assert sum(records[:, 0, 3]) == 2 * 4 * -(-700 // config.block_m)  # every query block taken once
+
+
+@pytest.mark.parametrize("B,S_q,H,H_kv,D,max_len,page_size,dtype", [
+    pytest.param(4, 1, 32, 8, 128, 5000, None, "float16", id="contiguous GQA 4, ragged up to 5000"),
+    pytest.param(8, 1, 16, 16, 64, 3000, 16, "float16", id="paged 16"),
+    pytest.param(3, 4, 32, 8, 128, 9000, 256, "bfloat16", id="paged 256, 4 drafted rows, bf16"),
+    pytest.param(2, 1, 8, 1, 64, 40000, 64, "float16", id="MQA, paged 64, 40000 keys"),
+])
+def test_kvcache_through_torch(B, S_q, H, H_kv, D, max_len, page_size, dtype):
+    """attention_kvcache on torch tensors against the float64 reference, sequence by sequence:
+    ragged lengths with 0 and 1 among them, pages scattered through the pool, the causal mask at
+    each sequence's end; the paged cache gives what the same keys give contiguous."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba import attention_kvcache
+    from flashcore_numba.reference import reference_kvcache
+
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(2, max_len + 1, (B,), generator=gen, dtype=torch.int32)
+    lengths[0], lengths[-1] = 0, 1
+    lengths = lengths.cuda()
+    t = getattr(torch, dtype)
+    q = torch.randn(B, S_q, H, D, device="cuda", dtype=t)
+    if page_size is None:
+        k, v = (torch.randn(B, max_len, H_kv, D, device="cuda", dtype=t) for _ in range(2))
+        table = None
+    else:
+        per_seq = -(-max_len // page_size)
+        pool = B * per_seq + 5
+        k, v = (torch.randn(pool, page_size, H_kv, D, device="cuda", dtype=t) for _ in range(2))
+        table = torch.randperm(pool, generator=gen)[:B * per_seq].reshape(B, per_seq).int().cuda()
+    out, lse = attention_kvcache(q, k, v, lengths, table, return_lse=True)
+    ref, ref_lse, lowp = reference_kvcache(q, k, v, lengths, table, lowp_dtype="bfloat16" if dtype == "bfloat16"
+                                           else np.float16)
+    verdict = check_close(out.double().cpu().numpy(), ref, lowp)
+    assert verdict.ok, verdict.message
+    got = lse.double().cpu().numpy()
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(ref_lse))
+    seen = ~np.isneginf(ref_lse)
+    np.testing.assert_allclose(got[seen], ref_lse[seen], rtol=0, atol=1e-3)
+    if table is not None:
+        dense_k = torch.stack([k[table[b]].reshape(-1, H_kv, D) for b in range(B)])
+        dense_v = torch.stack([v[table[b]].reshape(-1, H_kv, D) for b in range(B)])
+        assert torch.equal(attention_kvcache(q, dense_k, dense_v, lengths), out)

@@ -1,6 +1,7 @@
 """The package's layers, enforced: the folder is the architecture (docs/architecture.md).
 
-    flashcore_numba/   __init__, __main__, api, reference, cli: the library's face and the CLI;
+    flashcore_numba/   __init__, __main__, api, inference, reference, cli: the library's face (api:
+                       attention; inference: attention_kvcache) and the CLI;
                        usage: the one form of a usage error, for the CLI and the course's commands
       runtime/         the call path: a plan per problem, the launch, compiled kernels on disk
       phases/          the kernels, and the tile helpers only they use
@@ -32,7 +33,7 @@ import pytest
 
 PACKAGE = "flashcore_numba"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / PACKAGE
-MAX_TOP_LEVEL_MODULES = 6
+MAX_TOP_LEVEL_MODULES = 7
 SUBPACKAGES = ("runtime", "phases", "arch", "measure", "course")
 
 # layer -> the layers it must never import
@@ -67,7 +68,7 @@ def layer(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != PACKAGE:
         return None
-    if len(parts) == 1 or parts[1] in ("api", "reference", "usage"):
+    if len(parts) == 1 or parts[1] in ("api", "inference", "reference", "usage"):
         return "library"
     return parts[1] if parts[1] in SUBPACKAGES + ("cli", "__main__") else "unknown"
 

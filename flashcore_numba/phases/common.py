@@ -457,6 +457,9 @@ class KernelConfig:
     # run as blocks of their own (phase 10): it takes, after qk_scale, its workspace (the partial
     # outputs, their log-sum-exps and the counters that tell the last block to merge them)
     split_keys: object = None
+    # the kernel reads a KV cache (phase 10 built `paged`, flashcore_numba.inference): it also takes each
+    # sequence's length (int32, B) and the block table (int32, B x pages per sequence), last
+    kv_cache: bool = False
     # (kernel id, head dim, dtype) when built through the registry (phases.build): a launch then
     # loads the compiled kernel from the disk cache (arch/cache.py) instead of compiling it
     cache_key: tuple = ()
@@ -473,7 +476,8 @@ class KernelConfig:
         maps = ", uint64[:,::1]" if self.tma_box else ""
         counter = ", int32[::1]" if self.work_units is not None else ""
         workspace = ", float32[:,:,::1], float32[:,::1], int32[::1]" if self.split_keys else ""
-        return f"void({qkv}, {out}[:,:,:,::1]{lse}, boolean, float32{maps}{counter}{workspace})"
+        cache = ", int32[::1], int32[:,::1]" if self.kv_cache else ""
+        return f"void({qkv}, {out}[:,:,:,::1]{lse}, boolean, float32{maps}{counter}{workspace}{cache})"
 
     def grid(self, q_shape, causal: bool, k_shape=None) -> tuple:
         """The launch grid: every phase's (row blocks, heads, batch), or for a kernel with work

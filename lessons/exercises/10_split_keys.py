@@ -102,7 +102,12 @@ def gpu_layout(HEAD_DIM: int) -> dict:
     return layout(HEAD_DIM, block_m=BLOCK_M, warps=1, **TILES[HEAD_DIM])
 
 
-def build_kernel(L, dtype="float16") -> KernelConfig:
+def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
+    """Phase 10's kernel; with `paged`, the same kernel on a KV cache (flashcore_numba.decode): q and
+    the output as (B, S_q, H, D), K and V as pages (num_pages, page_size, H_kv, D) named by a block
+    table (B, pages per sequence), and each sequence's own length. Only where rows live and how many
+    keys a sequence has differ (the branches on PAGED, settled when the kernel is built)."""
+    PAGED = paged
     mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
     exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")
@@ -112,6 +117,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
     shared_address, global_address = operands.shared_address, operands.global_address
     copy_tile = make_copy_tile(L)
+    copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
+    CHUNKS, ROWS_PER_PASS = L["CHUNKS"], L["ROWS_PER_PASS"]
     HEAD_DIM, BLOCK_N = L["HEAD_DIM"], L["BLOCK_N"]
     STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
@@ -150,13 +157,47 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         """(query head within the group, query row) of packed row p."""
         return p // seq_q, p % seq_q
 
-    @cuda.jit
-    def split_keys_attention(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS):
+    @cuda.jit(device=True, inline=True)
+    def copy_q_rows(smem, Q, b, h0, row0, rows, seq_q, lane):
+        """(paged) The 16 packed rows from row0 of q (B, S_q, H, D): packed row p is q[b, p % S_q,
+        h0 + p // S_q], D contiguous values; a row past `rows` is zero-filled (0 bytes copied)."""
+        H = Q.shape[2]
+        base = global_address(Q)
+        r, chunk = lane // CHUNKS, lane % CHUNKS
+        for i in range(BLOCK_M // ROWS_PER_PASS):
+            p = row0 + r + i * ROWS_PER_PASS
+            hg, qi = packed_row(min(p, rows - 1), seq_q)
+            src = base + uint64(((b * seq_q + qi) * H + h0 + hg) * HEAD_DIM * 2 + chunk * 16)
+            copy16(smem + (r + i * ROWS_PER_PASS) * ROW_BYTES + chunk * 16, src,
+                   uint32(16) if p < rows else uint32(0))
+
+    @cuda.jit(device=True, inline=True)
+    def copy_kv_pages(smem, offset, X, BLOCK_TABLE, b, h_kv, key0, seq_k, lane):
+        """(paged) Keys key0 .. key0 + BLOCK_N - 1 of a sequence from its pages: key j is row
+        j % page_size of page BLOCK_TABLE[b, j // page_size] of X (num_pages, page_size, H_kv, D),
+        any page size; a key past seq_k is zero-filled."""
+        page_size, H_kv = X.shape[1], X.shape[2]
+        base = global_address(X)
+        r, chunk = lane // CHUNKS, lane % CHUNKS
+        for i in range(BLOCK_N // ROWS_PER_PASS):
+            j = key0 + r + i * ROWS_PER_PASS
+            jj = min(j, seq_k - 1)
+            page = BLOCK_TABLE[b, jj // page_size]
+            src = base + uint64(((page * page_size + jj % page_size) * H_kv + h_kv) * HEAD_DIM * 2 + chunk * 16)
+            copy16(smem + offset + (r + i * ROWS_PER_PASS) * ROW_BYTES + chunk * 16, src,
+                   uint32(16) if j < seq_k else uint32(0))
+
+    @cuda.jit(device=True, inline=True)
+    def attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE):
+        """The whole of one block's work (the kernels below only name their arguments)."""
         smem_h = cuda.shared.array(0, uint32, alignment=128)
         smem = shared_address(smem_h)
         split = cuda.blockIdx.x  # which range of keys
         n_splits = cuda.gridDim.x
-        H, H_kv, seq_q, seq_k = Q.shape[1], K.shape[1], Q.shape[2], K.shape[2]
+        if PAGED:  # q (B, S_q, H, D), K and V (pages, page_size, H_kv, D), each sequence its length
+            H, H_kv, seq_q, seq_k = Q.shape[2], K.shape[2], Q.shape[1], SEQLENS[cuda.blockIdx.z]
+        else:
+            H, H_kv, seq_q, seq_k = Q.shape[1], K.shape[1], Q.shape[2], K.shape[2]
         group = H // H_kv  # query heads per K/V head
         rows = group * seq_q  # the packed rows of one K/V head
         row_tiles = (rows + BLOCK_M - 1) // BLOCK_M
@@ -198,10 +239,16 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         l_b = float32(0.0)
 
         # -- prologue: the 16 packed rows of Q and the range's first K/V tile
-        copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, rows, lane)
-        if k_start < k_stop:
-            copy_tile(smem, K_OFF, global_address(K), head_kv, k_start, BLOCK_N, seq_k, lane)
-            copy_tile(smem, V_OFF, global_address(V), head_kv, k_start, BLOCK_N, seq_k, lane)
+        if PAGED:
+            copy_q_rows(smem, Q, b, h_kv * group, row0, rows, seq_q, lane)
+            if k_start < k_stop:
+                copy_kv_pages(smem, K_OFF, K, BLOCK_TABLE, b, h_kv, k_start, seq_k, lane)
+                copy_kv_pages(smem, V_OFF, V, BLOCK_TABLE, b, h_kv, k_start, seq_k, lane)
+        else:
+            copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, rows, lane)
+            if k_start < k_stop:
+                copy_tile(smem, K_OFF, global_address(K), head_kv, k_start, BLOCK_N, seq_k, lane)
+                copy_tile(smem, V_OFF, global_address(V), head_kv, k_start, BLOCK_N, seq_k, lane)
         commit()
         wait_all()
         cuda.syncthreads()
@@ -222,10 +269,14 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         for start_n in range(k_start, k_stop, int32(BLOCK_N)):
             next_n = start_n + int32(BLOCK_N)
             if next_n < k_stop:
-                copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
-                          seq_k, lane)
-                copy_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_kv, next_n, BLOCK_N,
-                          seq_k, lane)
+                if PAGED:
+                    copy_kv_pages(smem, K_OFF + (1 - stage) * STAGE_BYTES, K, BLOCK_TABLE, b, h_kv, next_n, seq_k, lane)
+                    copy_kv_pages(smem, V_OFF + (1 - stage) * STAGE_BYTES, V, BLOCK_TABLE, b, h_kv, next_n, seq_k, lane)
+                else:
+                    copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
+                              seq_k, lane)
+                    copy_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_kv, next_n, BLOCK_N,
+                              seq_k, lane)
                 commit()
             for j in range(NT):
                 for e in range(4):
@@ -340,17 +391,30 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
                 x += w * O_PART[sp, first_row + row0 + r, 2 * pair]
                 y += w * O_PART[sp, first_row + row0 + r, 2 * pair + 1]
             hg, qi = packed_row(row0 + r, seq_q)
-            O[b, h_kv * group + hg, qi, pair] = pack(x, y)
+            if PAGED:
+                O[b, qi, h_kv * group + hg, pair] = pack(x, y)
+            else:
+                O[b, h_kv * group + hg, qi, pair] = pack(x, y)
+
+    @cuda.jit
+    def split_keys_attention(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS):
+        attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, COUNTERS, COUNTERS)
+
+    @cuda.jit
+    def split_keys_kvcache(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE):
+        attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE)
 
     smem_bytes = smem_size(L)
-    return KernelConfig(split_keys_attention, block_m=BLOCK_M, n_threads=32, smem_bytes=smem_bytes,
-                        packed_output=True, lse=True, split_keys=make_splits(BLOCK_N, smem_bytes))
+    return KernelConfig(split_keys_kvcache if PAGED else split_keys_attention, block_m=BLOCK_M, n_threads=32,
+                        smem_bytes=smem_bytes, packed_output=True, lse=True, kv_cache=PAGED,
+                        split_keys=make_splits(BLOCK_N, smem_bytes))
 
 
 @lru_cache(maxsize=None)
-def build(HEAD_DIM: int, dtype: str = "float16") -> KernelConfig:
-    """The kernel for head dim HEAD_DIM and `dtype` ("float16" or "bfloat16")."""
+def build(HEAD_DIM: int, dtype: str = "float16", paged: bool = False) -> KernelConfig:
+    """The kernel for head dim HEAD_DIM and `dtype` ("float16" or "bfloat16"); with `paged`, the
+    same kernel reading a KV cache (flashcore_numba.decode.attention_kvcache)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 10 builds {' and '.join(DTYPES)}, not {dtype!r}")
     L = layout(HEAD_DIM, block_m=BLOCK_M, warps=1, **tiles(HEAD_DIM))
-    return build_kernel(L, dtype)
+    return build_kernel(L, dtype, paged)

@@ -1,0 +1,156 @@
+"""attention_kvcache (flashcore_numba/inference.py): phase 10 on a KV cache, contiguous or paged, in
+the simulator (GPU: tests/test_gpu.py), against the float64 reference sequence by sequence."""
+
+import numpy as np
+import pytest
+
+from flashcore_numba import attention_kvcache, check_close
+from flashcore_numba.reference import reference_kvcache
+
+
+def make_cache(B, S_q, H, H_kv, D, lengths, page_size=None, spare_pages=3, seed=0):
+    """q (B, S_q, H, D) and a cache holding `lengths` keys per sequence: contiguous (B, capacity,
+    H_kv, D), or paged with pages handed out in a shuffled order (plus spare pages never used)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, S_q, H, D)).astype(np.float16)
+    lengths = np.asarray(lengths, np.int32)
+    if page_size is None:
+        capacity = max(int(lengths.max()), 1) + 5
+        k = rng.standard_normal((B, capacity, H_kv, D)).astype(np.float16)
+        v = rng.standard_normal((B, capacity, H_kv, D)).astype(np.float16)
+        return q, k, v, lengths, None
+    per_seq = max(1, -(-int(lengths.max()) // page_size))
+    n_pages = B * per_seq + spare_pages
+    k = rng.standard_normal((n_pages, page_size, H_kv, D)).astype(np.float16)
+    v = rng.standard_normal((n_pages, page_size, H_kv, D)).astype(np.float16)
+    table = rng.permutation(n_pages)[:B * per_seq].reshape(B, per_seq).astype(np.int32)
+    return q, k, v, lengths, table
+
+
+def check(q, k, v, lengths, table, causal=True, scale=None):
+    out, lse = attention_kvcache(q, k, v, lengths, table, causal=causal, scale=scale, return_lse=True)
+    ref, ref_lse, lowp = reference_kvcache(q, k, v, lengths, table, causal=causal, scale=scale,
+                                           lowp_dtype=np.float16)
+    assert out.shape == q.shape and out.dtype == np.float16 and lse.shape == ref_lse.shape
+    verdict = check_close(out, ref, lowp)
+    assert verdict.ok, verdict.message
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    seen = ~np.isneginf(ref_lse)
+    np.testing.assert_allclose(lse[seen], ref_lse[seen], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(dict(B=3, S_q=1, H=4, H_kv=2, D=64, lengths=[70, 1, 33]), id="contiguous, ragged, GQA 2"),
+    pytest.param(dict(B=2, S_q=3, H=4, H_kv=1, D=64, lengths=[50, 0], page_size=16), id="paged 16, MQA, empty seq"),
+    pytest.param(dict(B=2, S_q=1, H=2, H_kv=2, D=128, lengths=[45, 90], page_size=32), id="paged 32, D=128"),
+    pytest.param(dict(B=1, S_q=2, H=8, H_kv=2, D=64, lengths=[37], page_size=48), id="page size not a tile's"),
+])
+def test_kvcache_matches_the_reference(case):
+    """Ragged lengths (0, 1 and ones that divide no page or tile), pages in a shuffled order,
+    grouped query heads, drafted rows under the causal mask aligned to each sequence's end."""
+    check(*make_cache(**case))
+
+
+def test_kvcache_without_the_causal_mask_and_with_a_scale():
+    check(*make_cache(B=2, S_q=4, H=2, H_kv=1, D=64, lengths=[40, 3], page_size=16), causal=False, scale=0.3)
+
+
+def test_paged_equals_contiguous():
+    """The same keys in a contiguous cache and scattered over pages give the same output, bit for bit."""
+    q, k, v, lengths, table = make_cache(B=2, S_q=1, H=4, H_kv=2, D=64, lengths=[60, 35], page_size=16)
+    capacity = table.shape[1] * 16
+    dense_k = np.stack([k[table[b]].reshape(capacity, 2, 64) for b in range(2)])
+    dense_v = np.stack([v[table[b]].reshape(capacity, 2, 64) for b in range(2)])
+    paged = attention_kvcache(q, k, v, lengths, table)
+    dense = attention_kvcache(q, dense_k, dense_v, lengths)
+    np.testing.assert_array_equal(paged, dense)
+
+
+def _errors(**changes):
+    q, k, v, lengths, table = make_cache(B=2, S_q=1, H=4, H_kv=2, D=64, lengths=[20, 10], page_size=16)
+    args = dict(q=q, k_cache=k, v_cache=v, cache_seqlens=lengths, block_table=table)
+    args.update(changes)
+    return args
+
+
+@pytest.mark.parametrize("changes,error,name", [
+    (dict(cache_seqlens=np.array([20, 999], np.int32)), ValueError, "cache_seqlens"),
+    (dict(cache_seqlens=np.array([20, -1], np.int32)), ValueError, "cache_seqlens"),
+    (dict(cache_seqlens=np.array([20, 10], np.int64)), TypeError, "cache_seqlens"),
+    (dict(cache_seqlens=np.array([20], np.int32)), ValueError, "cache_seqlens"),
+    (dict(block_table=np.array([[0, 1], [999, 3]], np.int32)), ValueError, "block_table"),
+    (dict(block_table=np.array([[0, 1], [2, 999]], np.int32)), None, "unused"),  # page 1 of a 10-key sequence: unread
+    (dict(block_table=np.array([[0, 1], [2, 3]], np.int64)), TypeError, "block_table"),
+    (dict(block_table=np.zeros((3, 2), np.int32)), ValueError, "block_table"),
+    (dict(q=np.zeros((2, 1, 3, 64), np.float16)), ValueError, "k_cache"),
+    (dict(q=np.zeros((2, 1, 4, 96), np.float16)), ValueError, "q"),
+    (dict(q=np.zeros((2, 1, 4, 64), np.float32)), TypeError, "q"),
+    (dict(v_cache=np.zeros((3, 16, 2, 64), np.float16)), ValueError, "v_cache"),
+    (dict(k_cache=np.zeros((20, 24, 2, 64), np.float16), v_cache=np.zeros((20, 24, 2, 64), np.float16)),
+     ValueError, "k_cache"),
+])
+def test_bad_input_names_the_argument(changes, error, name):
+    if error is None:  # not an error: a table entry past a sequence's pages is never read
+        attention_kvcache(**_errors(**changes))
+        return
+    with pytest.raises(error, match=rf"^{name}:"):
+        attention_kvcache(**_errors(**changes))
+
+
+def test_a_contiguous_cache_needs_a_row_per_sequence():
+    q, k, v, lengths, _ = make_cache(B=2, S_q=1, H=2, H_kv=2, D=64, lengths=[5, 6])
+    with pytest.raises(ValueError, match="^k_cache:.*block_table"):
+        attention_kvcache(q, k[:1], v[:1], lengths)
+    with pytest.raises(TypeError, match="^causal:"):
+        attention_kvcache(q, k, v, lengths, causal=1)
+
+
+def kvcache_problems(max_len: int, max_batch: int):
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries(dict(
+        B=st.integers(1, max_batch), S_q=st.integers(1, 3), group=st.sampled_from([1, 2, 4]),
+        H_kv=st.integers(1, 2), D=st.sampled_from([64, 128]), page_size=st.sampled_from([None, 16, 48, 64]),
+        causal=st.booleans(), seed=st.integers(0, 2**31 - 1),
+        lengths=st.lists(st.integers(0, max_len), min_size=max_batch, max_size=max_batch)))
+
+
+def check_problem(p):
+    lengths = p["lengths"][:p["B"]]
+    check(*make_cache(p["B"], p["S_q"], p["H_kv"] * p["group"], p["H_kv"], p["D"], lengths, p["page_size"],
+                      seed=p["seed"]), causal=p["causal"])
+
+
+@pytest.mark.slow
+def test_random_caches_in_the_simulator():
+    """Random ragged lengths (0 and 1 among them), page sizes that divide no length, GQA ratios,
+    drafted rows, causal or not: a few examples in the simulator (many more on the GPU)."""
+    pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install -e '.[dev]')",
+                        exc_type=ImportError)
+    from hypothesis import HealthCheck, given, settings
+
+    from flashcore_numba.arch.sim import simulator_enabled
+
+    if not simulator_enabled():
+        pytest.skip("the GPU variant runs with more examples (test_random_caches_on_gpu)")
+
+    @settings(max_examples=4, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(p=kvcache_problems(max_len=60, max_batch=3))
+    def run(p):
+        check_problem(p)
+
+    run()
+
+
+@pytest.mark.gpu
+def test_random_caches_on_gpu():
+    pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install -e '.[dev]')",
+                        exc_type=ImportError)
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(p=kvcache_problems(max_len=3000, max_batch=6))
+    def run(p):
+        check_problem(p)
+
+    run()
