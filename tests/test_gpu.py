@@ -359,7 +359,7 @@ def test_return_lse_through_torch(phase, shape, seq_k, causal, heads_kv, dtype):
 ])
 def test_split_keys_decoding_through_torch(shape, seq_k, heads_kv, causal, dtype):
     """Phase 10 at decode shapes, with the split count its rule gives on this GPU: output and LSE
-    against the float64 reference; "best" runs phase 10 there (bit for bit the same output)."""
+    against the float64 reference; where "best" runs phase 10, the same output bit for bit."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     from flashcore_numba import api
 
@@ -369,8 +369,10 @@ def test_split_keys_decoding_through_torch(shape, seq_k, heads_kv, causal, dtype
     what = f"{shape} S_k={seq_k}: {splits.grid[0]} splits"
     _check_torch(out, q, k, v, causal, what)
     _check_lse(lse, q, k, causal, what=what)
-    assert api._resolve(q, k, v, causal, None, "best")[0].ID == "10"
-    assert torch.equal(attention(q, k, v, causal=causal), out), what
+    rows, kv_heads = shape[1] // k.shape[1] * shape[2], shape[0] * k.shape[1]
+    if rows <= api.DECODE_ROWS and kv_heads < 132:  # a decode step "best" gives phase 10 (api.best_for_shape)
+        assert api._resolve(q, k, v, causal, None, "best")[0].ID == "10", what
+        assert torch.equal(attention(q, k, v, causal=causal), out), what
     if seq_k >= 4096:
         assert splits.grid[0] > 1, f"{what}: a long decode step must split"
 

@@ -103,7 +103,7 @@ def gpu_layout(HEAD_DIM: int) -> dict:
 
 
 def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
-    """Phase 10's kernel; with `paged`, the same kernel on a KV cache (flashcore_numba.decode): q and
+    """Phase 10's kernel; with `paged`, the same kernel on a KV cache (flashcore_numba.inference): q and
     the output as (B, S_q, H, D), K and V as pages (num_pages, page_size, H_kv, D) named by a block
     table (B, pages per sequence), and each sequence's own length. Only where rows live and how many
     keys a sequence has differ (the branches on PAGED, settled when the kernel is built)."""
@@ -413,7 +413,7 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
 @lru_cache(maxsize=None)
 def build(HEAD_DIM: int, dtype: str = "float16", paged: bool = False) -> KernelConfig:
     """The kernel for head dim HEAD_DIM and `dtype` ("float16" or "bfloat16"); with `paged`, the
-    same kernel reading a KV cache (flashcore_numba.decode.attention_kvcache)."""
+    same kernel reading a KV cache (flashcore_numba.inference.attention_kvcache)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 10 builds {' and '.join(DTYPES)}, not {dtype!r}")
     L = layout(HEAD_DIM, block_m=BLOCK_M, warps=1, **tiles(HEAD_DIM))
