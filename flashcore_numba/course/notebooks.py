@@ -630,7 +630,8 @@ class Lesson:
 
     def _ids(self) -> list[str]:
         """The kernels this lesson compares: the previous phase, this one, and its variants."""
-        return [p.ID for p in (self.previous, self.phase, *self.variants) if p is not None]
+        base = PHASES.get(getattr(self.phase, "BUILDS_ON", ""))  # phase 10: built on 07, after 09
+        return [p.ID for p in (self.previous, base, self.phase, *self.variants) if p is not None]
 
     def _compiled_ids(self) -> list[str]:
         """The kernels the machine-code cells compile: all of `_ids` on a GPU, or where the lesson
@@ -639,7 +640,10 @@ class Lesson:
         core to compile, and the lesson's tables make their point with 08 against 09."""
         if self.on_gpu or self.phase.ID == "06":
             return self._ids()
-        return [p.ID for p in (self.previous, self.phase) if p is not None]
+        # a phase built on an earlier one than its predecessor (phase 10 on 07's mma.sync) compares
+        # its machine code with that one
+        base = PHASES.get(getattr(self.phase, "BUILDS_ON", ""), self.previous)
+        return [p.ID for p in (base, self.phase) if p is not None]
 
     # -- where we are ----------------------------------------------------------------------
     def intro(self) -> None:

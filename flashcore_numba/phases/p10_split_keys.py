@@ -81,6 +81,7 @@ MIN_CC = (8, 0)
 # Not the ladder's "best" for every shape: it serves decoding (few query rows per K/V head);
 # `attention(phase="best")` hands it the shapes where the records have it faster (api.py)
 DECODE = True
+BUILDS_ON = "07"  # its tile loop is phase 07's: the lesson compares their machine code
 
 # The lesson's timing problem (measure.bench.Problem's fields): a decode step of 32 query heads
 # sharing 8 K/V heads, one query row against 8192 keys
