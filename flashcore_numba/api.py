@@ -378,12 +378,11 @@ def _resolve(q, k, v, causal, scale, phase, return_lse=False):
     phase = _best_for_this_gpu() if best else get_phase(phase)
     ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     _validate(ops, phase, causal, scale, return_lse)
+    B, H, S_q, D = ops[0].shape
     if best and not simulator_enabled():  # the simulator has no speed to choose by
-        B, H, S_q, D = ops[0].shape
         phase = best_for_shape(phase, D, causal, ops[1].shape[2], rows_per_kv_head=H // ops[1].shape[1] * S_q,
                                kv_heads=B * ops[1].shape[1])
     _require_device(phase)
-    D = ops[0].shape[3]
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
     return phase, ops, qk_scale
 

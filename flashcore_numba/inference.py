@@ -29,9 +29,8 @@ import math
 import numpy as np
 
 from .api import _describe, _is_torch, torch_to_kernel
-from .arch.sim import simulator_enabled
 from .phases import p10_split_keys as p10
-from .phases.common import LOG2E, blocks_per_sm, cdiv, launch, no_lse, sm_count, split_workspace
+from .phases.common import LOG2E, cdiv, launch, no_lse, split_workspace
 from .reference import default_scale
 
 PAGE_MULTIPLE = 16
@@ -44,7 +43,7 @@ def _config(head_dim: int, dtype: str):
     return dataclasses.replace(config, cache_key=("10-kvcache", int(head_dim), dtype))
 
 
-def _host_ints(name: str, x) -> np.ndarray:
+def _host_ints(x) -> np.ndarray:
     """An int32 index array's values on the host, to check them (a copy from the GPU; none while a
     CUDA graph is being captured, where the check is skipped)."""
     if _is_torch(x):
@@ -126,7 +125,7 @@ def _validate(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, re
             raise ValueError(f"k_cache: a contiguous cache has one row per sequence: {num_pages} rows for a batch "
                              f"of {B} (pass block_table for a paged cache)")
         capacity = page_size
-    lengths = _host_ints("cache_seqlens", cache_seqlens)
+    lengths = _host_ints(cache_seqlens)
     if lengths is not None:
         bad = np.flatnonzero((lengths < 0) | (lengths > capacity))
         if bad.size:
@@ -134,7 +133,7 @@ def _validate(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, re
             raise ValueError(f"cache_seqlens: sequence {i} has length {int(lengths[i])}, outside 0 .. {capacity} "
                              f"(the cache holds {capacity} keys per sequence)")
         if paged:
-            table = _host_ints("block_table", block_table)
+            table = _host_ints(block_table)
             if table is not None:
                 for b in range(B):
                     used = table[b, :cdiv(int(lengths[b]), page_size)]
@@ -156,15 +155,8 @@ def attention_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, *, c
         q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse)
     config = _config(D, qd.dtype)
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
-    row_tiles = cdiv(H // H_kv * S_q, p10.BLOCK_M)
-    blocks = B * H_kv * row_tiles
-    min_tiles = p10.SIM_MIN_TILES_PER_SPLIT if simulator_enabled() else p10.MIN_TILES_PER_SPLIT
-    L = p10.layout(D, block_m=p10.BLOCK_M, warps=1, **p10.tiles(D))
-    splits = p10.split_count(blocks, cdiv(capacity, L["BLOCK_N"]), sm_count() * blocks_per_sm(config.smem_bytes),
-                             min_tiles)
-    from .phases.common import Splits
-
-    plan = Splits((splits, row_tiles * H_kv, B), (splits, B * H * S_q, D), (splits, B * H * S_q), blocks)
+    # the grid and the workspace as for a dense problem whose keys are the cache's capacity
+    plan = config.split_keys((B, H, S_q, D), (B, H_kv, capacity, D), causal)
     from numba import cuda
 
     if qd.kind == "torch":

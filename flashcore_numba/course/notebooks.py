@@ -513,9 +513,9 @@ def draw_warp_specialization(n_tiles: int = 5, gemm: float = 0.8, softmax: float
 
 def decode_blocks(shape, kv_heads: int, seq_k: int, sms: int = 132) -> list[dict]:
     """How many blocks each tensor-core phase launches for one decode step, against the SMs of
-    an H100 (132): phases 07-09 one per 128 query rows per head, phase 10 one per 16 packed rows
-    per K/V head and per key split. Computed from the kernels' own grids (phase 10's split rule
-    with an H100's SMs and shared memory), nothing launched."""
+    an H100 (132): phases 07 and 09 one per 128 query rows per head (their H100 tiles), phase 10
+    one per 16 packed rows per K/V head and per key split (its split rule with an H100's SMs and
+    shared memory). Nothing is launched."""
     from ..phases import p10_split_keys as p10
     from ..phases.common import H100_SM_LIMITS, blocks_per_sm, cdiv
 
