@@ -374,9 +374,10 @@ class _FitToWidth:
         yield from self.layout(console, options)
 
 
-def _results_table(results, title, *, vs_peers=(), resources=False):
+def _results_table(results, title, *, vs_peers=(), resources=False, bandwidth=False):
     """One problem's results (dicts as in a record) for rich: the title, a table with one line
-    per kernel, and under it what does not fit a cell. Every number is printed whole at the
+    per kernel, and under it what does not fit a cell. With `bandwidth` (a decode step, bound by
+    reading K and V, not by FLOPs), GB/s and the share of the copy's bandwidth come after TFLOPS. Every number is printed whole at the
     width it gets: a kernel whose "id name" is too long is named by its id alone, and where
     that is not enough the least needed columns are left out, last first (local B, smem B,
     regs, %peak, the SDPA columns from the last, × prev), and named under the table."""
@@ -407,6 +408,11 @@ def _results_table(results, title, *, vs_peers=(), resources=False):
     columns = [("ms", lambda r: _sig3(r.get("median_ms")), 0),
                ("TFLOPS", lambda r: format_tflops(r.get("tflops")), 0),
                ("× prev", speedup, 1)]
+    if bandwidth and any(r.get("gb_per_s") is not None for r in results):
+        columns.append(("GB/s", lambda r: "" if r.get("gb_per_s") is None else f"{r['gb_per_s']:.0f}", 3))
+        if any(r.get("pct_of_bandwidth") is not None for r in results):
+            columns.append(("%bw", lambda r: "" if r.get("pct_of_bandwidth") is None
+                            else f"{r['pct_of_bandwidth']:.1f}%", 3))
     if resources and any(r.get("pct_of_ceiling") is not None for r in results):
         columns.append(("%peak", lambda r: "" if r.get("pct_of_ceiling") is None
                         else f"{r['pct_of_ceiling']:.1f}%", 4))
@@ -471,6 +477,8 @@ def _results_table(results, title, *, vs_peers=(), resources=False):
             legend.append(f"{', '.join(peers)}: of torch SDPA's backends")
         if "%peak" in headers:
             legend.append("%peak: of the tensor-core ceiling")
+        if "GB/s" in headers:
+            legend.append("GB/s: K and V read once" + (", %bw: of the copy's bandwidth" * ("%bw" in headers)))
         if left_out := [c[0] for i, c in enumerate(columns) if i not in kept]:
             legend.append(f"left out to fit {options.max_width} columns: {', '.join(left_out)}")
         yield Text(title, style="table.title")  # above the table, not in it: wrapped at its width
@@ -552,6 +560,9 @@ def cmd_bench(args) -> int:
                                      sweep_lengths=sweep, command=["flashcore", *args.argv],
                                      progress=step, device=device)
     gpu = record["provenance"]["gpu_name"]
+    from .api import DECODE_ROWS  # a decode step: few query rows per K/V head, bound by reading K and V
+
+    decode = not sweep and problem.S_q * problem.H // problem.heads_kv <= DECODE_ROWS
     if sweep:
         console.print(_sweep_table(record, f"{gpu}: sweep over S, B·S = {problem.B * problem.S_q}, "
                                            f"H={problem.H} D={problem.D} {args.dtype}"
@@ -561,7 +572,11 @@ def cmd_bench(args) -> int:
         # (no terminal to measure) it is printed 132 wide; a narrower terminal gets kernels named
         # by id and, if need be, columns left out (said under the table), never a number cut
         wide = console if console.is_terminal else _console(width=132)
-        wide.print(_results_table(record["results"], f"{gpu}: {problem.describe()}", resources=True))
+        wide.print(_results_table(record["results"], f"{gpu}: {problem.describe()}", resources=True,
+                                  bandwidth=decode))
+    if record.get("bandwidth_gb_per_s") and decode:
+        console.print(f"Bandwidth ceiling, same run: {_text(record['bandwidth']['what'])} = "
+                      f"{record['bandwidth_gb_per_s']:.0f} GB/s", soft_wrap=True)
     if record.get("ceiling_tflops"):
         console.print(f"Tensor-core ceiling, same run: {_text(record['ceiling']['what'])} = "
                       f"{record['ceiling_tflops']:.0f} TFLOPS", soft_wrap=True)

@@ -657,6 +657,36 @@ def test_bench_table_at_80_and_132_columns():
     assert re.search(r" 47\.5 +5\.79 ", rows["03"]), text
 
 
+def test_bandwidth_figures_of_a_decode_step():
+    """GB/s counts K and V read once; its share is of the copy measured in the same run, and a
+    decode step's table shows both (a prefill's table, bound by FLOPs, does not)."""
+    from flashcore_numba import cli
+
+    problem = bench.Problem(1, 32, 1, 8192, 128, H_kv=8)
+    assert problem.kv_bytes == 2 * 8 * 8192 * 128 * 2
+    r = records.Result("10", "phase", "Split keys", correct=True, message="ok", max_err=1e-4, allowed_err=2e-3,
+                       registers=100, static_smem_bytes=0, dynamic_smem_bytes=0, local_bytes_per_thread=0)
+    bench.set_timing(r, [0.01], problem.flops, None, kv_bytes=problem.kv_bytes, ceiling_gb_per_s=3200.0)
+    assert r.gb_per_s == pytest.approx(problem.kv_bytes / 1e-5 / 1e9)  # 3355 GB/s
+    assert r.pct_of_bandwidth == pytest.approx(100 * r.gb_per_s / 3200.0)
+    copy = {"what": "copy", "bytes": problem.kv_bytes, "median_ms": 0.02, "gb_per_s": 3200.0}
+    record = records.build_record(problem=problem, results=[r], provenance=PROVENANCE, timing=bench.Timing(),
+                                  ceiling=None, oracle=ORACLE, command=[], seed=1, bandwidth=copy)
+    assert records.validate_record(json.loads(json.dumps(record))) == []
+    assert record["bandwidth_gb_per_s"] == 3200.0 and record["results"][0]["pct_of_bandwidth"] > 100
+    assert records.validate_record(dict(record, bandwidth_gb_per_s="fast")) == [
+        "record.bandwidth_gb_per_s: expected a number or null"]
+    wrong = dict(record["results"][0], correct=False)
+    assert any("pct_of_bandwidth" in e for e in records.validate_record(dict(record, results=[wrong])))
+    text = "\n".join(_rendered(cli._results_table(record["results"], "decode", resources=True, bandwidth=True), 132))
+    assert re.search(r" GB/s +%bw ", text) and re.search(r" 3355 +104\.9% ", text), text
+    assert "GB/s: K and V read once, %bw: of the copy's bandwidth" in text
+    prefill = "\n".join(_rendered(cli._results_table(record["results"], "prefill", resources=True), 132))
+    assert "GB/s" not in prefill
+    unmeasured = records.Result("10", "phase", "t", correct=True, message="ok").to_dict()
+    assert "gb_per_s" not in unmeasured and "pct_of_bandwidth" not in unmeasured  # as older records
+
+
 def _fake_verdicts(modes):
     verdicts = {}
     for i, pid in enumerate(PHASES):

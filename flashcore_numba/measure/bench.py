@@ -22,7 +22,9 @@ The protocol (../shared/DESIGN.md), in the order the code runs it:
    time enters wherever the GPU waits for it; with the host's own time per call.
 5. FLOPs = 4·B·H·S_q·S_k·D (two matmuls, 2 FLOPs per multiply-add), halved when causal;
    TFLOPS from the median; and the percentage of the tensor-core ceiling, a large fp16
-   matmul measured in the same run on the same card.
+   matmul measured in the same run on the same card. Bytes = K and V read once: GB/s from
+   the median, and the percentage of the memory-bandwidth ceiling, a device-to-device copy
+   of that many bytes in the same run (what bounds a decode step, where the FLOPs do not).
 6. Peers in the same run, same inputs, same gate: torch SDPA with the flash, cuDNN,
    efficient and math backends. One that cannot run says why.
 7. A JSON record with the provenance needed to trust or reproduce the numbers: its schema, its
@@ -114,6 +116,12 @@ class Problem:
         return attention_flops(self.B, self.H, self.S_q, self.S_k, self.D, self.causal)
 
     @property
+    def kv_bytes(self) -> int:
+        """Bytes of K and V: what a kernel must read at least once, the work of a decode step."""
+        itemsize = 2  # fp16 and bf16
+        return 2 * self.B * self.heads_kv * self.S_k * self.D * itemsize
+
+    @property
     def tag(self) -> str:
         """File-name fragment, e.g. b16h16s2048d64_fp16_causal."""
         s = f"s{self.S_q}" if self.S_q == self.S_k else f"s{self.S_q}k{self.S_k}"
@@ -176,8 +184,10 @@ class Timing:
     cap_seconds: float = 5.0  # tail and calls: at most about this much GPU time per kernel
 
 
-def set_timing(result: Result, times_ms, flops: int, ceiling_tflops: float | None) -> None:
-    """Fill median/mean/p99/min/max, TFLOPS (from the median) and the share of the ceiling."""
+def set_timing(result: Result, times_ms, flops: int, ceiling_tflops: float | None, *,
+               kv_bytes: int | None = None, ceiling_gb_per_s: float | None = None) -> None:
+    """Fill median/mean/p99/min/max, TFLOPS (from the median) and the share of the ceiling;
+    with kv_bytes, GB/s of K and V read once (from the median) and the share of the copy's."""
     times = np.asarray(times_ms, dtype=np.float64)
     result.median_ms = float(np.median(times))
     result.min_ms = float(times.min())
@@ -187,6 +197,10 @@ def set_timing(result: Result, times_ms, flops: int, ceiling_tflops: float | Non
     result.tflops = flops / (result.median_ms * 1e-3) / 1e12
     if ceiling_tflops:
         result.pct_of_ceiling = 100.0 * result.tflops / ceiling_tflops
+    if kv_bytes:
+        result.gb_per_s = kv_bytes / (result.median_ms * 1e-3) / 1e9
+        if ceiling_gb_per_s:
+            result.pct_of_bandwidth = 100.0 * result.gb_per_s / ceiling_gb_per_s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,6 +358,9 @@ class NumbaDevice:
     def ceiling(self, dtype, timing):
         return None  # the ceiling is a torch matmul
 
+    def bandwidth(self, nbytes, timing):
+        return None  # the bandwidth ceiling is a torch copy, beside the matmul
+
     def time_ms(self, fn: Callable[[], None], timing: Timing) -> list[float]:
         """The kernel time of fn's launches: device only, an L2 flush before each (queued_times)."""
         if self._flush is None or self._flush.size != timing.l2_flush_bytes:
@@ -492,6 +509,21 @@ class TorchDevice:
         torch.cuda.empty_cache()
         return {"what": f"torch.matmul {n}x{n}x{n} {dtype}, median of {len(times)}",
                 "median_ms": median, "tflops": 2 * n**3 / (median * 1e-3) / 1e12}
+
+    def bandwidth(self, nbytes: int, timing: Timing) -> dict:
+        """Memory-bandwidth ceiling of this card now: a device-to-device copy of `nbytes` (the
+        problem's K and V), each after the L2 flush. A copy reads and writes every byte, so its
+        GB/s counts both: 2·nbytes per copy, what the memory moved."""
+        torch = self.torch
+        src = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        dst = torch.empty_like(src)
+        times = self.time_ms(lambda: dst.copy_(src), Timing(3, 20, timing.l2_flush_bytes))
+        median = float(np.median(times))
+        del src, dst
+        torch.cuda.empty_cache()
+        return {"what": f"device-to-device copy of {nbytes} bytes (K and V), read and written, median of "
+                        f"{len(times)}", "bytes": nbytes, "median_ms": median,
+                "gb_per_s": 2 * nbytes / (median * 1e-3) / 1e9}
 
     def time_ms(self, fn: Callable[[], None], timing: Timing) -> list[float]:
         """The kernel time of fn's launches: device only, an L2 flush before each (queued_times)."""
@@ -689,7 +721,8 @@ def check_peer(name: str, device, qkv, problem: Problem, ref, lowp):
 
 
 def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timing, *,
-                  ceiling_tflops=None, seed=None, progress: Callable[[str], None] | None = None):
+                  ceiling_tflops=None, ceiling_gb_per_s=None, seed=None,
+                  progress: Callable[[str], None] | None = None):
     """Check and time every phase and peer on one problem. Returns (results, oracle, seed)."""
     step = progress or (lambda label: None)
     if seed is None:  # fresh inputs every run, but the seed is recorded so they can be remade
@@ -708,7 +741,8 @@ def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timi
         result, launch = check()
         if launch is not None:
             try:
-                set_timing(result, device.time_ms(launch, timing), problem.flops, ceiling_tflops)
+                set_timing(result, device.time_ms(launch, timing), problem.flops, ceiling_tflops,
+                           kv_bytes=problem.kv_bytes, ceiling_gb_per_s=ceiling_gb_per_s)
                 if timing.tail:
                     n = capped(timing.tail, result.median_ms, timing.cap_seconds)
                     result.tail = distribution(queued_times(device, launch, n, flush=False))
@@ -723,7 +757,7 @@ def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timi
                 result.correct = False
                 result.message = f"passed the gate, then timing raised {_raised(e)}"
                 for key in ("median_ms", "min_ms", "max_ms", "mean_ms", "p99_ms", "tflops", "pct_of_ceiling",
-                            "tail", "call", "call_op"):
+                            "gb_per_s", "pct_of_bandwidth", "tail", "call", "call_op"):
                     setattr(result, key, None)  # an incorrect result carries no speed figure
         results.append(result)
         device.release()
@@ -758,18 +792,20 @@ def run_benchmark(problem: Problem, *, phase_ids=None, peer_names=tuple(PEERS), 
     phase_list = [phase_registry.get_phase(p) for p in (phase_ids or phase_registry.KERNELS)]
     clock_start = nvidia_smi().get("sm_clock_mhz")
     step = progress or (lambda label: None)
-    ceiling = None
+    ceiling = bandwidth = None
     if measure_ceiling:
-        step("tensor-core ceiling (fp16 matmul)")
+        step("tensor-core ceiling (fp16 matmul) and bandwidth ceiling (copy)")
         ceiling = device.ceiling(problem.dtype, timing)
+        bandwidth = device.bandwidth(problem.kv_bytes, timing)
     ceiling_tflops = ceiling["tflops"] if ceiling else None
-    common = {"device": device, "timing": timing, "ceiling_tflops": ceiling_tflops, "progress": progress}
+    common = {"device": device, "timing": timing, "ceiling_tflops": ceiling_tflops, "progress": progress,
+              "ceiling_gb_per_s": bandwidth["gb_per_s"] if bandwidth else None}
     command = command if command is not None else ["flashcore", *sys.argv[1:]]
     if sweep_lengths is None:
         results, oracle, seed = bench_problem(problem, phase_list, peer_names, **common)
         return build_record(problem=problem, results=results, provenance=provenance(
             device, sm_clock_start=clock_start), timing=timing, ceiling=ceiling, oracle=oracle,
-            command=command, seed=seed)
+            command=command, seed=seed, bandwidth=bandwidth)
     points = []
     for point in sweep_problems(problem, sweep_lengths):
         results, oracle, seed = bench_problem(point, phase_list, peer_names, **common)
@@ -778,7 +814,7 @@ def run_benchmark(problem: Problem, *, phase_ids=None, peer_names=tuple(PEERS), 
     oracle = dict(oracle, sweep_rule=f"B*S held at {problem.B * problem.S_q} tokens")
     return build_record(problem=problem, results=None, provenance=provenance(
         device, sm_clock_start=clock_start), timing=timing, ceiling=ceiling, oracle=oracle,
-        command=command, sweep=points)
+        command=command, sweep=points, bandwidth=bandwidth)
 
 
 def ladder_speedups(results) -> dict[str, tuple[str, float]]:

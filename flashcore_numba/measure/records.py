@@ -10,6 +10,9 @@ What a record holds (`validate_record` checks it):
     config                     the problem: B, H, S_q, S_k, D, dtype, causal (H_kv when grouped)
     timing                     the protocol's settings (bench.Timing)
     ceiling, ceiling_tflops    the tensor-core ceiling measured in the same run, or null
+    bandwidth, bandwidth_gb_per_s
+                               the memory-bandwidth ceiling (a copy of K and V's bytes) measured
+                               in the same run; absent where not measured (older records)
     oracle                     what a result was checked against
     flops, seed, results       the FLOP count, the inputs' seed, one row per phase or peer
                                (`Result`); a sweep has instead `sweep`, a list of
@@ -79,6 +82,9 @@ class Result:
     p99_ms: float | None = None
     tflops: float | None = None
     pct_of_ceiling: float | None = None
+    # K and V's bytes over the median, and their share of the bandwidth ceiling (absent in older records)
+    gb_per_s: float | None = None
+    pct_of_bandwidth: float | None = None
     # kernel resources (phases on a real GPU only)
     registers: int | None = None
     static_smem_bytes: int | None = None
@@ -98,7 +104,8 @@ class Result:
         if self.kind == "peer":
             for key in ("registers", "static_smem_bytes", "dynamic_smem_bytes", "local_bytes_per_thread"):
                 del d[key]
-        for key in ("tail", "call", "call_op"):  # absent, not null, where not measured (older records lack them)
+        for key in ("gb_per_s", "pct_of_bandwidth", "tail", "call", "call_op"):  # absent, not null, where
+            # not measured (older records lack them)
             if d[key] is None:
                 del d[key]
         return d
@@ -109,7 +116,8 @@ def unavailable(name: str, kind: str, title: str, reason: str) -> Result:
 
 
 def build_record(*, problem, results, provenance: dict, timing, ceiling: dict | None,
-                 oracle: dict, command, seed: int | None = None, sweep: list | None = None) -> dict:
+                 oracle: dict, command, seed: int | None = None, sweep: list | None = None,
+                 bandwidth: dict | None = None) -> dict:
     """The JSON record of one `flashcore bench` run (see `validate_record` for the schema).
 
     `problem` is a bench.Problem (its `as_dict()` is the "config") and `timing` a bench.Timing
@@ -129,6 +137,8 @@ def build_record(*, problem, results, provenance: dict, timing, ceiling: dict | 
         "ceiling_tflops": ceiling.get("tflops") if ceiling else None,
         "oracle": oracle,
     }
+    if bandwidth:
+        record.update(bandwidth=bandwidth, bandwidth_gb_per_s=bandwidth["gb_per_s"])
     if sweep is None:
         record.update(flops=problem.flops, seed=seed, results=[_as_dict(r) for r in results])
     else:
@@ -170,9 +180,9 @@ def validate_record(record: dict) -> list[str]:
     for key in ("gpu_name", "git_commit"):
         if key not in record.get("provenance", {}):
             errors.append(f"provenance: missing key {key!r}")
-    ceiling = record.get("ceiling_tflops")
-    if ceiling is not None and not isinstance(ceiling, _NUMBER):
-        errors.append("record.ceiling_tflops: expected a number or null")
+    for key in ("ceiling_tflops", "bandwidth_gb_per_s"):
+        if record.get(key) is not None and not isinstance(record[key], _NUMBER):
+            errors.append(f"record.{key}: expected a number or null")
     if "sweep" in record:
         points = [(f"sweep[{i}]", p) for i, p in enumerate(record["sweep"])]
         for where, point in points:
@@ -204,7 +214,8 @@ def _validate_result(r, where) -> list[str]:
     for key in ("max_err", "allowed_err"):
         if r.get(key) is not None and not isinstance(r.get(key), _NUMBER):
             errors.append(f"{where}.{key}: expected a number or null")
-    keys = _MEASURED_KEYS + tuple(k for k in ("pct_of_ceiling", "mean_ms", "p99_ms") if r.get(k) is not None)
+    keys = _MEASURED_KEYS + tuple(k for k in ("pct_of_ceiling", "mean_ms", "p99_ms", "gb_per_s",
+                                            "pct_of_bandwidth") if r.get(k) is not None)
     for key in keys:
         value = r.get(key)
         if r.get("correct") and not isinstance(value, _NUMBER):
