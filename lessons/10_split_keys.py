@@ -57,7 +57,7 @@
 # padding at S_q = 1; they are not the bottleneck here.
 #
 # How many splits: enough blocks to fill the GPU once (SMs × the blocks one SM holds), at least
-# four tiles per split (a split has fixed costs: loading Q, waiting for its first tile), at most 64.
+# eight tiles per split (a split has fixed costs: loading Q, waiting for its first tile), at most 64.
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the

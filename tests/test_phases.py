@@ -358,13 +358,14 @@ def test_phase10_split_count_fills_the_gpu_once():
     MIN_TILES_PER_SPLIT tiles, at most MAX_SPLITS, evened out; none where the blocks fill it."""
     from flashcore_numba.phases.p10_split_keys import MAX_SPLITS, MIN_TILES_PER_SPLIT, split_count
 
-    assert MIN_TILES_PER_SPLIT == 4 and MAX_SPLITS == 64
-    assert split_count(blocks=16, key_tiles=128, slots=792) == 32  # B=1 H=16 S_k=4096 D=128: 4 tiles each
+    assert MIN_TILES_PER_SPLIT == 8 and MAX_SPLITS == 64
+    assert split_count(blocks=16, key_tiles=128, slots=792) == 16  # B=1 H=16 S_k=4096 D=128: 8 tiles each
     assert split_count(blocks=256, key_tiles=64, slots=792) == 4  # 8 x 32 heads, S_k=2048: 16 tiles each
     assert split_count(blocks=1, key_tiles=1000, slots=792) == 63  # at most 64: 16 tiles each, 63 splits
     assert split_count(blocks=792, key_tiles=128, slots=792) == 1  # the blocks fill the GPU already
-    assert split_count(blocks=1, key_tiles=7, slots=792) == 1  # under two splits' worth of keys
-    assert split_count(blocks=4, key_tiles=10, slots=792) == 2
+    assert split_count(blocks=1, key_tiles=15, slots=792) == 1  # under two splits' worth of keys
+    assert split_count(blocks=4, key_tiles=20, slots=792) == 2
+    assert split_count(blocks=4, key_tiles=20, slots=792, min_tiles=1) == 20
     for blocks in (1, 3, 50):
         for key_tiles in range(1, 300, 7):
             n = split_count(blocks, key_tiles, 792)
@@ -416,6 +417,21 @@ def test_phase10_splits_merge_to_the_reference(case, splits):
     np.testing.assert_array_equal(np.isneginf(got), np.isneginf(ref))
     seen = ~np.isneginf(ref)
     np.testing.assert_allclose(got[seen], ref[seen], rtol=1e-5, atol=1e-5)
+
+
+def test_phase10_merges_more_splits_than_lanes():
+    """37 splits: lane l of the merging warp holds splits l and l + 32, and the output sums them
+    four at a time and the last one alone (37 = 9 x 4 + 1)."""
+    from numba import cuda
+
+    from flashcore_numba.phases.common import LOG2E
+
+    q, k, v = random_qkv((1, 2, 1, 64), 37 * 16, seed=None, heads_kv=1)
+    config = split_config(64, 37)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    config.launch(*(cuda.to_device(x) for x in (q, k, v)), out, False, LOG2E / 8)
+    verdict = check_close(out.copy_to_host(), reference_attention(q, k, v), lowp_attention(q, k, v))
+    assert verdict.ok, verdict.message
 
 
 def test_phase10_leaves_its_counters_at_zero():

@@ -282,16 +282,20 @@ HINTS: dict[str, RegionHints] = {
         idea="Each split sp left its partial output o_s (normalized over its own keys) and lse_s, the log2 "
              "of its softmax denominator. The whole denominator is the sum of theirs: lse = log2(sum_s "
              "2^lse_s), and split sp's share of the output is 2^(lse_s - lse) (the shares add up to 1). "
-             "Subtract the largest lse_s before exponentiating, as the online softmax subtracts m_i; a split "
-             "that saw no key has lse_s = -inf and weight 0.",
-        helpers="LSE_PART[sp, row]: split sp's lse_s of this row (base 2); math.exp2, math.log2; "
-                "weight[sp * BLOCK_M + lane]: shared memory, read by the loop below that sums the outputs.",
-        pseudo="top = <max over sp of LSE_PART[sp, row]>\n"
+             "Each lane holds two splits' lse_s (lse_0, lse_1); the max and the sum run over the whole warp. "
+             "Subtract the max before exponentiating, as the online softmax subtracts m_i; a split that saw "
+             "no key has lse_s = -inf and weight 0.",
+        helpers="warp_max(x), warp_sum(x): the max and the sum of x over the 32 lanes, in every lane; "
+                "math.exp2, math.log2. lse, w_0 and w_1 start as -inf, 0 and 0 (a row without keys).",
+        pseudo="top = warp_max(<the larger of this lane's two>)\n"
                "ref = top, or 0 if top is -inf\n"
-               "total = <sum over sp of 2^(LSE_PART[sp, row] - ref)>\n"
-               "if total != 0: lse = ref + log2(total)\n"
-               "for sp: weight[sp * BLOCK_M + lane] = 2^(LSE_PART[sp, row] - lse) if total != 0 else 0",
-        diagnoses={"s_one": "only S = 1 passes: with one key there is one split, whose weight 2^(lse_0 - lse) "
+               "total = warp_sum(<2^(lse_0 - ref) + 2^(lse_1 - ref)>)\n"
+               "if total != 0:\n"
+               "    lse = ref + log2(total)\n"
+               "    w_0, w_1 = 2^(lse_0 - lse), 2^(lse_1 - lse)",
+        diagnoses={"zeros": "all zeros: every split's weight is still 0 (w_0 and w_1 keep their initial values), "
+                            "so the merge adds nothing: compute lse, then w_0 = 2^(lse_0 - lse) and w_1",
+                   "s_one": "only S = 1 passes: with one key there is one split, whose weight 2^(lse_0 - lse) "
                             "is 1 however lse is summed; with several, the weights are wrong: they are "
                             "2^(lse_s - lse) with lse = log2 of the sum of the 2^lse_s, and they add up to 1"},
     ),

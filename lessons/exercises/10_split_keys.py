@@ -2,7 +2,7 @@
 #
 # This is the finished phase 10 kernel with 2 marked regions emptied:
 #   10-a: count this block as finished: lane 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value), then every lane gets that value as `done` (a shuffle from lane 0)
-#   10-b: lse = log2 of sum over the splits sp of 2^LSE_PART[sp, row] (subtract their max first), and weight[sp * BLOCK_M + lane] = 2^(LSE_PART[sp, row] - lse) for each split (0 when no split saw a key)
+#   10-b: lse = log2 of the sum over every split of 2^lse_s (lse_0, lse_1 of every lane; subtract their max first), and this lane's weights w_0 = 2^(lse_0 - lse), w_1 = 2^(lse_1 - lse) (both 0 when no split saw a key)
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
 # Change nothing else: solving only adds lines. The lesson is lessons/10_split_keys.ipynb.
 #
@@ -56,7 +56,7 @@ LESSON_PROBLEM = dict(B=1, H=32, S_q=1, S_k=8192, D=128, H_kv=8)
 BLOCK_M = MMA_M  # one m-tile of packed rows per block: one warp
 TILES = {64: dict(block_n=64), 128: dict(block_n=32)}  # 2 stages of K and V: 37 and 39 KB per block
 SIM_TILES = {64: dict(block_n=16), 128: dict(block_n=16)}  # the simulator: short tiles, more of them
-MIN_TILES_PER_SPLIT = 4  # a split's fixed costs (Q's load, the first tile's wait) over at least 4 tiles
+MIN_TILES_PER_SPLIT = 8  # a split's fixed costs (Q's load, the first tile's wait, its share of the merge)
 SIM_MIN_TILES_PER_SPLIT = 1  # the simulator: any problem of two tiles or more splits (and merges)
 MAX_SPLITS = 64  # the merge keeps one weight per split and row in shared memory: 16 x 64 floats
 SIM_SLOTS = 8  # the simulator's "GPU": blocks it holds at once, so that small problems split too
@@ -152,6 +152,20 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
 
     qk_steps = unrolled(qk_step, KQ)
     pv_steps = unrolled(pv_step, NO // 2)
+
+    @cuda.jit(device=True, inline=True)
+    def warp_max(x):
+        """The max of x over the 32 lanes, in every lane (a butterfly of shuffles, as phase 03's)."""
+        for offset in (16, 8, 4, 2, 1):
+            x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, offset))
+        return x
+
+    @cuda.jit(device=True, inline=True)
+    def warp_sum(x):
+        """The sum of x over the 32 lanes, in every lane."""
+        for offset in (16, 8, 4, 2, 1):
+            x += cuda.shfl_xor_sync(FULL_MASK, x, offset)
+        return x
 
     @cuda.jit(device=True, inline=True)
     def packed_row(p, seq_q):
@@ -368,34 +382,54 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
         if lane == 0:
             COUNTERS[counter] = 0  # every block of this launch has counted: ready for the next launch
 
-        # lse = log2(sum_s 2^lse_s) of each row, and each split's weight 2^(lse_s - lse), in shared
-        # memory (K and V are done with): lane r < 16 takes row r
+        # lse = log2(sum_s 2^lse_s) of each row, and each split's weight 2^(lse_s - lse), into shared
+        # memory (K and V are done with). Lane l holds splits l and l + 32 (MAX_SPLITS = 64): a row's
+        # loads all go out at once, and its max and its sum are reductions over the warp
         weight = cuda.shared.array(0, float32)
         n_rows = min(BLOCK_M, rows - row0)
-        if lane < n_rows:
-            row = first_row + row0 + lane
+        for r in range(n_rows):
+            row = first_row + row0 + r
+            lse_0 = LSE_PART[lane, row] if lane < n_splits else float32(-math.inf)
+            lse_1 = LSE_PART[lane + 32, row] if lane + 32 < n_splits else float32(-math.inf)
             lse = float32(-math.inf)  # the log of an empty sum: the row sees no key in any split
-            # >>> exercise 10-b: lse = log2 of sum over the splits sp of 2^LSE_PART[sp, row] (subtract their max first), and weight[sp * BLOCK_M + lane] = 2^(LSE_PART[sp, row] - lse) for each split (0 when no split saw a key)
+            w_0 = float32(0.0)
+            w_1 = float32(0.0)
+            # >>> exercise 10-b: lse = log2 of the sum over every split of 2^lse_s (lse_0, lse_1 of every lane; subtract their max first), and this lane's weights w_0 = 2^(lse_0 - lse), w_1 = 2^(lse_1 - lse) (both 0 when no split saw a key)
             # <<< exercise
-            if LSE.shape[2] != 0:
-                hg, qi = packed_row(row0 + lane, seq_q)
+            weight[lane * BLOCK_M + r] = w_0
+            weight[(lane + 32) * BLOCK_M + r] = w_1
+            if LSE.shape[2] != 0 and lane == 0:
+                hg, qi = packed_row(row0 + r, seq_q)
                 LSE[b, h_kv * group + hg, qi] = lse * LN2
         cuda.syncthreads()  # the block is one warp
-        # o = sum_s weight_s o_s, two columns per lane at a time (neighbours read neighbouring words)
+        # o = sum_s weight_s o_s, two columns per lane at a time (neighbours read neighbouring words),
+        # four splits per step with their own sums: eight loads in flight instead of two
+        out_row = first_row + row0
         for idx in range(lane, n_rows * PAIRS, 32):
             r = idx // PAIRS
-            pair = idx % PAIRS
-            x = float32(0.0)
-            y = float32(0.0)
-            for sp in range(n_splits):
-                w = weight[sp * BLOCK_M + r]
-                x += w * O_PART[sp, first_row + row0 + r, 2 * pair]
-                y += w * O_PART[sp, first_row + row0 + r, 2 * pair + 1]
+            col = 2 * (idx % PAIRS)
+            x0 = y0 = x1 = y1 = x2 = y2 = x3 = y3 = float32(0.0)
+            sp = 0
+            while sp + 4 <= n_splits:
+                x0 += weight[sp * BLOCK_M + r] * O_PART[sp, out_row + r, col]
+                y0 += weight[sp * BLOCK_M + r] * O_PART[sp, out_row + r, col + 1]
+                x1 += weight[(sp + 1) * BLOCK_M + r] * O_PART[sp + 1, out_row + r, col]
+                y1 += weight[(sp + 1) * BLOCK_M + r] * O_PART[sp + 1, out_row + r, col + 1]
+                x2 += weight[(sp + 2) * BLOCK_M + r] * O_PART[sp + 2, out_row + r, col]
+                y2 += weight[(sp + 2) * BLOCK_M + r] * O_PART[sp + 2, out_row + r, col + 1]
+                x3 += weight[(sp + 3) * BLOCK_M + r] * O_PART[sp + 3, out_row + r, col]
+                y3 += weight[(sp + 3) * BLOCK_M + r] * O_PART[sp + 3, out_row + r, col + 1]
+                sp += 4
+            while sp < n_splits:
+                x0 += weight[sp * BLOCK_M + r] * O_PART[sp, out_row + r, col]
+                y0 += weight[sp * BLOCK_M + r] * O_PART[sp, out_row + r, col + 1]
+                sp += 1
             hg, qi = packed_row(row0 + r, seq_q)
+            o = pack((x0 + x1) + (x2 + x3), (y0 + y1) + (y2 + y3))
             if PAGED:
-                O[b, qi, h_kv * group + hg, pair] = pack(x, y)
+                O[b, qi, h_kv * group + hg, col // 2] = o
             else:
-                O[b, h_kv * group + hg, qi, pair] = pack(x, y)
+                O[b, h_kv * group + hg, qi, col // 2] = o
 
     @cuda.jit
     def split_keys_attention(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS):
