@@ -685,6 +685,14 @@ def test_bandwidth_figures_of_a_decode_step():
     assert "GB/s" not in prefill
     unmeasured = records.Result("10", "phase", "t", correct=True, message="ok").to_dict()
     assert "gb_per_s" not in unmeasured and "pct_of_bandwidth" not in unmeasured  # as older records
+    from flashcore_numba.measure import report
+
+    assert report._bandwidth_bound(record, None)  # a decode step with the copy beside it: told in GB/s
+    lines = report.bandwidth_table(record)
+    assert "| 10 | Split keys | 10 | 3355 | 104.9% |  |" in lines, lines
+    assert any("K and V's 32 MiB read once" in line and "3200 GB/s" in line for line in lines), lines
+    prefill = dict(record, config=dict(record["config"], S_q=64))
+    assert not report._bandwidth_bound(prefill, None) and not report._bandwidth_bound(dict(record, bandwidth_gb_per_s=None), None)
 
 
 def _fake_verdicts(modes):

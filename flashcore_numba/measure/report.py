@@ -239,7 +239,7 @@ def readme_table(nc, c, readme_dir: Path, plots: list[Path], others=(), latency=
         o_anchor = o_nc or o_c
         lines += ["", f"#### {_describe(o_anchor['config'])}", "",
                   f"Measured on the same GPU on {o_anchor['created'][:10]}{_code_of(o_nc, o_c)}, same protocol."]
-        lines += ladder_table(o_nc, o_c)
+        lines += bandwidth_table(o_anchor) if _bandwidth_bound(o_nc, o_c) else ladder_table(o_nc, o_c)
         rel = [_rel(r["_path"], readme_dir) for r in (o_nc, o_c) if r is not None]
         lines += ["", "Records: " + ", ".join(f"[`{p}`]({p})" for p in rel) + "."]
         tail = tail_summary(*_with_tail(all_records, o_nc, o_c))
@@ -409,6 +409,42 @@ def tail_summary(nc, c) -> str:
                  f"{sum(t['n'] for t in tails)} back-to-back device-only launches")
     flags = flagged(nc, c)
     return text + (". Flagged: " + "; ".join(flags) if flags else "") + "."
+
+
+def _bandwidth_bound(nc, c) -> bool:
+    """A decode step (few query rows per K/V head: api.DECODE_ROWS) with the copy measured beside it:
+    bound by reading K and V, so told in GB/s rather than TFLOPS. One mode only (no causal twin)."""
+    from ..api import DECODE_ROWS
+
+    if (nc is None) == (c is None):
+        return False
+    record = nc or c
+    config = record["config"]
+    return bool(record.get("bandwidth_gb_per_s")) and \
+        config["S_q"] * config["H"] // config.get("H_kv", config["H"]) <= DECODE_ROWS
+
+
+def bandwidth_table(record) -> list[str]:
+    """The markdown table of a decode step's record: kernel time, GB/s of K and V read once and its share
+    of the copy measured in the same run, and each phase's speed over the phase above it."""
+    speedups = ladder_speedups(record["results"])
+    names = sorted(record["results"], key=lambda r: (r["kind"] != "phase", r["name"] if r["kind"] == "phase" else ""))
+    lines = ["", "| Phase | Kernel | µs | GB/s | % of copy | vs previous |", "|---|---|---:|---:|---:|---:|"]
+    for r in names:
+        label = r["name"] if r["kind"] == "phase" else "SDPA"
+        if r.get("pct_of_bandwidth") is None:
+            lines.append(f"| {label} | {r['title']} | {_cell(r) if not _timed(r) else _us(r['median_ms'])} | — | — | |")
+            continue
+        lines.append(f"| {label} | {r['title']} | {_us(r['median_ms'])} | {r['gb_per_s']:.0f} | "
+                     f"{r['pct_of_bandwidth']:.1f}% | {_speedup_cell(speedups.get(r['name']))} |")
+    copy = record["bandwidth"]
+    lines += ["", f"GB/s: K and V's {copy['bytes'] / 2**20:.0f} MiB read once, over the median kernel time. "
+                  f"% of copy: of a device-to-device copy of as many bytes in the same run, "
+                  f"{record['bandwidth_gb_per_s']:.0f} GB/s (its reads and writes counted)."]
+    lines += [f"- n/a — {r['title']}: {r['reason']}" for r in record["results"] if not r["available"]]
+    lines += [f"- FAILED the correctness gate, so not timed — {r['name']} {r['title']}: {r['message']}"
+              for r in record["results"] if r["available"] and not r["correct"]]
+    return lines
 
 
 def ladder_table(nc, c) -> list[str]:

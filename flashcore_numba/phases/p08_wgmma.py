@@ -39,7 +39,7 @@ Measured effect (written by `flashcore report` from the committed record; do not
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 379 TFLOPS (1.13x phase 07),
     causal 311 TFLOPS (1.10x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 08 385 TFLOPS (1.08x phase 07), causal 322 TFLOPS (1.03x phase 07). At B=16 H=16 S=2048
+    fp16: 08 382 TFLOPS (1.06x phase 07), causal 322 TFLOPS (1.03x phase 07). At B=16 H=16 S=2048
     D=64 bf16: 08 379 TFLOPS (1.13x phase 07), causal 312 TFLOPS (1.09x phase 07). At B=16 H=16
     S=2048 D=128 bf16: 08 382 TFLOPS (1.06x phase 07), causal 322 TFLOPS (1.03x phase 07). At B=16
     H=32 H_kv=8 S=2048 D=64 fp16: 08 386 TFLOPS (1.11x phase 07), causal 326 TFLOPS (1.09x phase 07)

@@ -25,6 +25,12 @@ What changed from phase 07
       other block (`cuda.threadfence`), then adds 1 to its row tile's counter; the block that
       gets n_splits - 1 back has seen every other block's fence, so their partials are there
       to read. It sets the counter back to 0 for the next launch.
+    - **The merge is spread over the warp.** Lane l holds the log-sum-exp of splits l and
+      l + 32, so a row's maximum and sum are warp reductions (`warp_max`, `warp_sum`), not a pass
+      over every split; then each lane sums its output columns four splits per step, so several
+      loads from L2 are in flight at once. Against a merge of one lane per row, split after
+      split: 1.96x at B=1 H=32 H_kv=8 S_k=8192 and 1.29x at B=1 H=16 S_k=4096, the records of
+      both in docs/tuning/10_merge/ (and the other shapes in docs/tuning/10_history.md).
     How many splits: enough blocks to fill the GPU once (its SMs times the blocks one SM holds),
     at least MIN_TILES_PER_SPLIT tiles each, at most MAX_SPLITS; none where the unsplit grid
     already fills it (`split_count`). With one split the path is the same: the block writes its
@@ -49,11 +55,16 @@ Measured effect (written by `flashcore report` from the committed record; do not
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: not measured at this shape (the
     phase serves others). At B=8 H=32 S_q=1 S_k=2048 D=128 fp16: 10 2.14 TFLOPS (0.86x phase 09,
-    SLOWER than phase 09). At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 10 0.88 TFLOPS (1.37x phase 09).
-    At B=1 H=32 H_kv=8 S_q=1 S_k=8192 D=128 fp16: 10 1.76 TFLOPS (1.22x phase 09)
+    SLOWER than phase 09). At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 10 1.12 TFLOPS (1.75x phase 09).
+    At B=16 H=16 S=2048 D=128 fp16: 10 77.5 TFLOPS (0.14x 09-ws, SLOWER than 09-ws). At B=1 H=32
+    H_kv=8 S_q=1 S_k=8192 D=128 fp16: 10 3.38 TFLOPS (2.35x phase 09). At B=1 H=32 H_kv=8 S_q=1
+    S_k=32768 D=128 fp16: 10 6.25 TFLOPS (4.05x phase 09)
     (nvidia-h100-80gb-hbm3_b8h32s1k2048d128_fp16_p07-09-10.json,
     nvidia-h100-80gb-hbm3_b1h16s1k4096d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b1h32kv8s1k8192d128_fp16_p07-09-10.json).
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
+    nvidia-h100-80gb-hbm3_b1h32kv8s1k8192d128_fp16_p07-09-10.json,
+    nvidia-h100-80gb-hbm3_b1h32kv8s1k32768d128_fp16_p07-09-10.json).
     [measured:end]
 """
 
