@@ -4,6 +4,7 @@
     out = attention(q, k, v, causal=True)            # the fastest phase
     out = attention(q, k, v, phase="03")             # a given rung of the ladder
     out = attention_kvcache(q, k_cache, v_cache, cache_seqlens, block_table)  # decoding (phase 10)
+    out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)  # packed sequences
 
 `PHASES` maps phase ids ("01" ...) to their modules; each module's docstring is its lesson.
 """
@@ -13,12 +14,12 @@ from .arch import sim as _sim
 _sim.install()  # the simulator gains warp shuffles; a no-op on a real GPU
 
 from .api import attention, register_torch_op  # noqa: E402
-from .inference import attention_kvcache  # noqa: E402
+from .inference import attention_kvcache, attention_varlen  # noqa: E402
 from .phases import BEST, PHASES, get_phase  # noqa: E402
 from .reference import check_close, lowp_attention, reference_attention  # noqa: E402
 
 register_torch_op()  # torch.compile sees attention() as the op flashcore::attention (api.py)
 
 __version__ = "0.1.0"
-__all__ = ["attention", "attention_kvcache", "PHASES", "BEST", "get_phase", "reference_attention", "lowp_attention",
+__all__ = ["attention", "attention_kvcache", "attention_varlen", "PHASES", "BEST", "get_phase", "reference_attention", "lowp_attention",
            "check_close", "__version__"]

@@ -149,6 +149,10 @@ def _build_parser() -> Parser:
     bench.add_argument("--warmup", type=_positive_int, default=3)
     bench.add_argument("--peers", type=parse_peers, default=None,
                        help="torch SDPA backends to compare: flash,cudnn,efficient,math (default) or none")
+    bench.add_argument("--varlen", type=lambda t: _positive_ints(t, 3), default=None, metavar="N,LO,HI",
+                       help="packed sequences (attention_varlen): N of random lengths LO..HI, H and D from "
+                            "--shape, beside a dense batch of as many tokens and SDPA on the padded batch; "
+                            "the record goes to docs/bench/varlen/")
     bench.add_argument("--out", type=Path, help="record file (default docs/bench/<gpu>_<shape>.json)")
     bench.set_defaults(handler=cmd_bench)
 
@@ -539,6 +543,8 @@ def cmd_bench(args) -> int:
     problem = bench.Problem.from_shape(shape, dtype=dtype, causal=args.causal, kv_heads=args.kv_heads)
     if args.seq_k is not None:
         problem = dataclasses.replace(problem, S_k=args.seq_k)
+    if args.varlen:
+        return _bench_varlen(args, bench, records, dtype, shape)
     phase_ids = args.phases or list(KERNELS)
     peers = list(bench.PEERS) if args.peers is None else args.peers
     sweep = args.sweep_s or (bench.SWEEP_S if args.sweep else None)
@@ -586,6 +592,47 @@ def cmd_bench(args) -> int:
                   soft_wrap=True)
     results = [r for p in record.get("sweep", [record]) for r in p["results"]]
     wrong = [r for r in results if r["kind"] == "phase" and r["available"] and not r["correct"]]
+    return 1 if wrong else 0
+
+
+def _bench_varlen(args, bench, records, dtype, shape) -> int:
+    """`flashcore bench --varlen N,LO,HI` (measure/varlen.py)."""
+    from .measure import varlen
+
+    n, lo, hi = args.varlen
+    if lo > hi:
+        raise CLIError(f"--varlen: the shortest length {lo} is above the longest {hi}")
+    if args.seq_k is not None or args.sweep or args.sweep_s or args.kv_heads is not None:
+        raise CLIError("--varlen: packed sequences have S_q = S_k per sequence and as many K/V heads as query "
+                       "heads here; drop --seq-k, --sweep and --kv-heads")
+    device = bench.open_device()
+    if device.kind != "torch":
+        raise CLIError(f"--varlen: needs torch with CUDA: {device.no_peers_reason}")
+    phase_ids = args.phases or list(varlen.VARLEN_PHASES)
+    if any(p not in varlen.VARLEN_PHASES for p in phase_ids):
+        raise CLIError(f"--phases: packed sequences run on phases {', '.join(varlen.VARLEN_PHASES)}")
+    peers = list(varlen.VARLEN_PEERS) if args.peers is None else args.peers
+    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats)
+    console = _console()
+    with _progress(console) as progress:
+        task = progress.add_task("bench", total=2 + 2 * len(phase_ids) + len(peers))
+
+        def step(label):
+            progress.update(task, description=label, advance=1)
+
+        record = varlen.run_varlen_benchmark(n, lo, hi, H=shape[1], D=shape[3], dtype=dtype, causal=args.causal,
+                                             phase_ids=phase_ids, peer_names=peers, timing=timing, device=device,
+                                             command=["flashcore", *args.argv], progress=step)
+    gpu = record["provenance"]["gpu_name"]
+    c = record["config"]
+    wide = console if console.is_terminal else _console(width=132)
+    wide.print(_results_table(record["results"], f"{gpu}: {n} packed sequences of {lo}..{hi} "
+                              f"({c['packed_tokens']} tokens), H={c['H']} D={c['D']} {args.dtype}"
+                              + (" causal" if c["causal"] else ""), resources=True))
+    path = args.out or varlen.record_path(gpu, n, lo, hi, c["H"], c["D"], dtype, c["causal"])
+    records.write_record(record, path)
+    console.print(f"Record written to {path}; `flashcore report` regenerates the README.", soft_wrap=True)
+    wrong = [r for r in record["results"] if r["kind"] == "phase" and r["available"] and not r["correct"]]
     return 1 if wrong else 0
 
 

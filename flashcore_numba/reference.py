@@ -213,6 +213,32 @@ def reference_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, *, c
     return (out, lse, lowp) if lowp_dtype is not None else (out, lse)
 
 
+def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = False, scale: float | None = None,
+                     lowp_dtype=None):
+    """float64 output (total_q, H, D) and LSE (H, total_q) of attention_varlen, one sequence at a time
+    through reference_attention and reference_lse (a sequence without keys: zeros and -inf); with
+    `lowp_dtype`, also the plain fp16 (or "bfloat16") yardstick of lowp_attention, for check_close."""
+    def host(x, dtype=np.float64):
+        return np.asarray(x.float().cpu() if hasattr(x, "cpu") and x.is_floating_point() else
+                          x.cpu() if hasattr(x, "cpu") else x, dtype=dtype)
+
+    q, k, v = (host(x) for x in (q, k, v))
+    cu_q, cu_k = (host(c, np.int64) for c in (cu_seqlens_q, cu_seqlens_k))
+    total_q, H, D = q.shape
+    out, lse = np.zeros((total_q, H, D)), np.full((H, total_q), -np.inf)
+    lowp = np.zeros_like(out)
+    for b in range(len(cu_q) - 1):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if cu_q[b + 1] == cu_q[b] or cu_k[b + 1] == cu_k[b]:
+            continue  # no row, or rows that see no key: zeros
+        qb, kb, vb = (x[None].transpose(0, 2, 1, 3) for x in (q[rows], k[keys], v[keys]))  # (1, heads, S, D)
+        out[rows] = reference_attention(qb, kb, vb, causal=causal, scale=scale)[0].transpose(1, 0, 2)
+        lse[:, rows] = reference_lse(qb, kb, causal=causal, scale=scale)[0]
+        if lowp_dtype is not None:
+            lowp[rows] = lowp_attention(qb, kb, vb, causal=causal, scale=scale, dtype=lowp_dtype)[0].transpose(1, 0, 2)
+    return (out, lse, lowp) if lowp_dtype is not None else (out, lse)
+
+
 def lowp_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                    dtype=np.float16) -> np.ndarray:
     """Attention the way plain fp16 (or bf16) framework code computes it (the oracle's yardstick).

@@ -8,6 +8,8 @@ checked too.
 
 import functools
 
+import json
+
 import numpy as np
 import pytest
 
@@ -493,6 +495,61 @@ def test_trace_build_on_gpu():
     s = trace.summary(records)
     assert 0 < s["span_ns"] * 1e-6 <= start.elapsed_time(end)
     assert sum(records[:, 0, 3]) == 2 * 4 * -(-700 // config.block_m)  # every query block taken once
+
+
+@pytest.mark.parametrize("phase,B,H,H_kv,D,max_len,causal,dtype", [
+    pytest.param("09", 16, 16, 16, 128, 4096, True, "float16", id="09, 16 sequences up to 4096, causal"),
+    pytest.param("09", 6, 32, 8, 64, 3000, False, "bfloat16", id="09, GQA 4, bf16"),
+    pytest.param("07", 6, 16, 4, 128, 3000, True, "float16", id="07, GQA 4, causal"),
+    pytest.param("07", 5, 8, 8, 64, 2000, False, "bfloat16", id="07, bf16"),
+])
+def test_varlen_through_torch(phase, B, H, H_kv, D, max_len, causal, dtype):
+    """attention_varlen on torch tensors against the float64 reference, sequence by sequence: random
+    lengths with an empty sequence and one of a single row among them, keys as many as rows or not."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba import attention_varlen
+    from flashcore_numba.reference import reference_varlen
+
+    gen = torch.Generator().manual_seed(1)
+    lengths_q = torch.randint(2, max_len + 1, (B,), generator=gen)
+    lengths_q[0], lengths_q[-1] = 0, 1
+    lengths_k = lengths_q if causal else torch.randint(1, max_len + 1, (B,), generator=gen)
+    cu_q, cu_k = (torch.cat([torch.zeros(1, dtype=torch.int64), n.cumsum(0)]).int().cuda()
+                  for n in (lengths_q, lengths_k))
+    t = getattr(torch, dtype)
+    q = torch.randn(int(cu_q[-1]), H, D, device="cuda", dtype=t)
+    k, v = (torch.randn(int(cu_k[-1]), H_kv, D, device="cuda", dtype=t) for _ in range(2))
+    out, lse = attention_varlen(q, k, v, cu_q, cu_k, int(lengths_q.max()), int(lengths_k.max()), causal=causal,
+                                return_lse=True, phase=phase)
+    ref, ref_lse, lowp = reference_varlen(q, k, v, cu_q, cu_k, causal=causal,
+                                          lowp_dtype="bfloat16" if dtype == "bfloat16" else np.float16)
+    verdict = check_close(out.double().cpu().numpy(), ref, lowp)
+    assert verdict.ok, verdict.message
+    got = lse.double().cpu().numpy()
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(ref_lse))
+    seen = ~np.isneginf(ref_lse)
+    np.testing.assert_allclose(got[seen], ref_lse[seen], rtol=0, atol=1e-3)
+
+
+def test_varlen_benchmark_writes_a_valid_record(tmp_path):
+    """`flashcore bench --varlen`: packed 07 and 09, dense 07 and 09, SDPA on the padded batch, each gated
+    before it is timed; a record of the schema, with the lengths, that the README table reads."""
+    pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba.cli import main
+    from flashcore_numba.measure import records, report
+
+    out = tmp_path / "varlen" / "r.json"
+    assert main(["bench", "--varlen", "5,60,300", "--shape", "1,4,1,64", "--causal", "--repeats", "20",
+                 "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert records.validate_record(record) == []
+    assert len(record["config"]["lengths"]) == 5 and record["config"]["packed_tokens"] == sum(record["config"]["lengths"])
+    names = [r["name"] for r in record["results"]]
+    assert names == ["07-varlen", "09-varlen", "07", "09", "sdpa_flash", "sdpa_cudnn"]
+    assert all(r["correct"] for r in record["results"] if r["kind"] == "phase"), record["results"]
+    record["_path"] = str(out)
+    lines = report.varlen_table([record], tmp_path)
+    assert any("the TFLOPS of 09 on the dense batch" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("B,S_q,H,H_kv,D,max_len,page_size,dtype", [

@@ -123,6 +123,29 @@ def head_maps(arrays, box, swizzle: str = "128B"):
     return maps
 
 
+def packed_maps(arrays, box, swizzle: str = "128B"):
+    """The tensor maps of packed sequences' (1, total, heads, D) arrays (attention_varlen), each seen as
+    (heads, total, D): plane h is head h, its rows heads x D elements apart. One device array of
+    shape (len(arrays), 16), as head_maps gives; cached by address and shape."""
+    described, views = [], []
+    for i, array in enumerate(arrays):
+        if simulator_enabled():
+            base = getattr(array, "_ary", array)
+            address, shape, strides, dtype = 0, base.shape, base.strides, base.dtype.name
+        else:
+            address, shape, strides, dtype = _describe(array)
+        if len(shape) != 4 or shape[0] != 1:
+            raise ValueError(f"array {i}: expected (1, total, heads, D), got shape {tuple(shape)}")
+        described.append((address, (shape[2], shape[1], shape[3]), (strides[2], strides[1], strides[3]), dtype))
+        if simulator_enabled():
+            views.append(base[0].transpose(1, 0, 2))  # the same memory, plane by head
+    if simulator_enabled():
+        from numba import cuda
+
+        return cuda.to_device(np.stack([tensor_map(v, box, swizzle).copy_to_host() for v in views]))
+    return _head_maps(tuple(described), tuple(map(int, box)), swizzle)
+
+
 def describe_heads(arrays) -> tuple:
     """(address, (B*H, S, D), strides of the last two dimensions in bytes, dtype) of each (B, H, S, D)
     array (a Numba device array or torch CUDA tensor): attention's arrays as TMA sees them, one head

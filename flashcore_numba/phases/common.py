@@ -208,6 +208,8 @@ def fragment_epilogue_16b(pack, n_blocks, st_global_v4):
     (1, 2, 3) every lane sends the word that lane t + k needs and receives, from lane t - k, its
     own word t - k. n_blocks must be a multiple of 4 (D = 64 and 128: 8 and 16 blocks).
     O is viewed as uint32 pairs and must start on a 16-byte boundary (the launch checks it).
+    Returns (store_rows, store_rows_at): O's rows found from (b, h) in a (B, H, S, D / 2) array, or
+    from an address and a stride.
     """
     assert n_blocks % 4 == 0, "the quad transposes groups of four 8-column blocks"
 
@@ -241,7 +243,15 @@ def fragment_epilogue_16b(pack, n_blocks, st_global_v4):
         store_row(base + (plane + uint64(row_a)) * row_bytes, row_a < seq_q, t, acc, 0, inv_a)
         store_row(base + (plane + uint64(row_b)) * row_bytes, row_b < seq_q, t, acc, 2, inv_b)
 
-    return store_rows
+    @cuda.jit(device=True, inline=True)
+    def store_rows_at(row0_address, row_stride, row_a, row_b, seq_q, t, acc, l_a, l_b):
+        """store_rows where a head's rows are not one after another: row r at row0_address + r *
+        row_stride bytes (packed sequences, (total, H, D): the stride is H * D * 2)."""
+        inv_a, inv_b = quad_row_inverses(l_a, l_b)
+        store_row(row0_address + uint64(row_a) * row_stride, row_a < seq_q, t, acc, 0, inv_a)
+        store_row(row0_address + uint64(row_b) * row_stride, row_b < seq_q, t, acc, 2, inv_b)
+
+    return store_rows, store_rows_at
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,6 +470,11 @@ class KernelConfig:
     # the kernel reads a KV cache (phase 10 built `paged`, flashcore_numba.inference): it also takes each
     # sequence's length (int32, B) and the block table (int32, B x pages per sequence), last
     kv_cache: bool = False
+    # the kernel runs packed sequences of their own lengths (phases 07 and 09 built `varlen`,
+    # flashcore_numba.inference): q, k, v, O as (1, total, heads, D) and LSE as (1, H, total_q); it also
+    # takes the int32 offsets cu_seqlens_q and cu_seqlens_k (B + 1 each), last, and a kernel with work
+    # units (09) then max_seqlen_q, which sizes them
+    varlen: bool = False
     # (kernel id, head dim, dtype) when built through the registry (phases.build): a launch then
     # loads the compiled kernel from the disk cache (arch/cache.py) instead of compiling it
     cache_key: tuple = ()
@@ -477,7 +492,8 @@ class KernelConfig:
         counter = ", int32[::1]" if self.work_units is not None else ""
         workspace = ", float32[:,:,::1], float32[:,::1], int32[::1]" if self.split_keys else ""
         cache = ", int32[::1], int32[:,::1]" if self.kv_cache else ""
-        return f"void({qkv}, {out}[:,:,:,::1]{lse}, boolean, float32{maps}{counter}{workspace}{cache})"
+        offsets = ", int32[::1], int32[::1]" + ", int32" * (self.work_units is not None) if self.varlen else ""
+        return f"void({qkv}, {out}[:,:,:,::1]{lse}, boolean, float32{maps}{counter}{workspace}{cache}{offsets})"
 
     def grid(self, q_shape, causal: bool, k_shape=None) -> tuple:
         """The launch grid: every phase's (row blocks, heads, batch), or for a kernel with work

@@ -175,11 +175,13 @@ def make_copy_tile(L):
     """Global -> shared by cp.async, 16 bytes per copy, consecutive threads on consecutive chunks."""
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
     CHUNKS, STRIDE, ROWS_PER_PASS = L["CHUNKS"], L["STRIDE"], L["ROWS_PER_PASS"]
-    ROW_BYTES = STRIDE * 2  # a row in shared memory; in global memory a row is CHUNKS * 16 bytes
+    ROW_BYTES = STRIDE * 2  # a row in shared memory; in global memory a row is CHUNKS * 16 bytes, the
+    # next one row_stride bytes on
 
     @cuda.jit(device=True, inline=True)
-    def copy_tile(smem, offset, src_base, head_bytes, row0, n_rows, seq_len, tid):
-        """Start copying rows row0 .. row0+n_rows-1 of one head (at src_base + head_bytes) to smem+offset.
+    def copy_tile(smem, offset, src_base, head_bytes, row0, n_rows, seq_len, tid, row_stride):
+        """Start copying rows row0 .. row0+n_rows-1 of one head (at src_base + head_bytes, its rows
+        row_stride bytes apart: D * 2 in a (B, H, S, D) array) to smem+offset.
 
         Thread tid copies chunk tid % CHUNKS of rows tid // CHUNKS, + ROWS_PER_PASS, + 2 ROWS_PER_PASS...
         A tile that lies inside the sequence needs no check: each copy is at a fixed offset from one
@@ -190,15 +192,15 @@ def make_copy_tile(L):
         src = src_base + head_bytes + uint64(chunk * 16)
         dst = smem + offset + r * ROW_BYTES + chunk * 16
         if row0 + n_rows <= seq_len:
-            src += uint64(row0 + r) * uint64(CHUNKS * 16)
+            src += uint64(row0 + r) * uint64(row_stride)
             for i in range(n_rows // ROWS_PER_PASS):
-                copy16(dst + i * ROWS_PER_PASS * ROW_BYTES, src + uint64(i * ROWS_PER_PASS * CHUNKS * 16),
+                copy16(dst + i * ROWS_PER_PASS * ROW_BYTES, src + uint64(i * ROWS_PER_PASS * row_stride),
                        uint32(16))
         else:
             for i in range(n_rows // ROWS_PER_PASS):
                 row = row0 + r + i * ROWS_PER_PASS
                 n_bytes = uint32(16) if row < seq_len else uint32(0)
-                row_src = src + uint64(min(row, seq_len - 1)) * uint64(CHUNKS * 16)
+                row_src = src + uint64(min(row, seq_len - 1)) * uint64(row_stride)
                 copy16(dst + i * ROWS_PER_PASS * ROW_BYTES, row_src, n_bytes)
 
     return copy_tile
@@ -228,7 +230,12 @@ def unrolled(step, n: int):
     return run
 
 
-def build_kernel(L, dtype="float16") -> KernelConfig:
+def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
+    """Phase 07's kernel; with `varlen`, the same kernel on sequences of their own lengths packed end
+    to end (flashcore_numba.inference.attention_varlen): q (1, total_q, H, D), K and V (1, total_k,
+    H_kv, D), sequence b's rows from CU_Q[b] (and CU_K[b]). Only where a head's rows lie and how
+    many a sequence has differ (the branches on VARLEN, settled when the kernel is built)."""
+    VARLEN = varlen
     mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
     exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")  # one MUFU.EX2, no subnormal fix-ups
@@ -244,7 +251,7 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KQ, KP, NO, Q_STEPS = L["NT"], L["KQ"], L["KP"], L["NO"], L["Q_STEPS"]
     N_THREADS, ROW_BYTES = L["N_THREADS"], STRIDE * 2
-    store_rows = fragment_epilogue_16b(pack, NO, st_global_v4)  # O in 16-byte stores (common.py)
+    store_rows, store_rows_at = fragment_epilogue_16b(pack, NO, st_global_v4)  # 16-byte stores (common.py)
 
     @cuda.jit(device=True, inline=True)
     def mma_into(c, mt, j, a, kk, b0, b1):
@@ -281,13 +288,13 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     qk_steps = unrolled(qk_step, KQ)  # straight-line code: see unrolled above
     pv_steps = unrolled(pv_step, NO // 2)
 
-    @cuda.jit
-    def mma_attention(Q, K, V, O, LSE, causal, qk_scale):
+    @cuda.jit(device=True, inline=True)
+    def attend(Q, K, V, O, LSE, causal, qk_scale, CU_Q, CU_K):
+        """The whole of one block's work (the kernels below only name their arguments)."""
         smem_h = cuda.shared.array(0, uint32, alignment=128)
         smem = shared_address(smem_h)
         b = cuda.blockIdx.z
         h = cuda.blockIdx.y
-        h_kv = h * K.shape[1] // Q.shape[1]  # grouped-query attention: several q heads per k/v head
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -295,10 +302,25 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         t = lane % 4  # and its columns: 2t, 2t + 1 of every 8-column tile
         row0 = cuda.blockIdx.x * BLOCK_M
         warp_row0 = row0 + warp * WARP_ROWS  # the warp's M_TILES m-tiles of 16 rows start here
-        seq_q = Q.shape[2]
-        seq_k = K.shape[2]
-        head_q = uint64(((b * Q.shape[1] + h) * seq_q) * HEAD_DIM * 2)
-        head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * HEAD_DIM * 2)
+        if VARLEN:  # sequence b: rows q_first .. q_first + seq_q - 1 of q (1, total_q, H, D), and so for K, V
+            q_first = CU_Q[b]
+            k_first = CU_K[b]
+            seq_q = CU_Q[b + 1] - q_first
+            seq_k = CU_K[b + 1] - k_first
+            if row0 >= seq_q:  # the grid is sized for the longest sequence
+                return
+            h_kv = h * K.shape[2] // Q.shape[2]
+            q_stride = Q.shape[2] * HEAD_DIM * 2  # bytes from a row of a head to its next row
+            kv_stride = K.shape[2] * HEAD_DIM * 2
+            head_q = uint64((q_first * Q.shape[2] + h) * HEAD_DIM * 2)
+            head_kv = uint64((k_first * K.shape[2] + h_kv) * HEAD_DIM * 2)
+        else:
+            h_kv = h * K.shape[1] // Q.shape[1]  # grouped-query attention: several q heads per k/v head
+            seq_q = Q.shape[2]
+            seq_k = K.shape[2]
+            q_stride = kv_stride = HEAD_DIM * 2
+            head_q = uint64(((b * Q.shape[1] + h) * seq_q) * HEAD_DIM * 2)
+            head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * HEAD_DIM * 2)
 
         # The lane's rows in m-tile mt: row_a = g and row_b = g + 8 of its 16 (elements 0, 1 and 2, 3
         # of every accumulator tile); m_i and l_i of each, per m-tile
@@ -326,9 +348,10 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
 
         # -- prologue: Q and the first K/V tile, one cp.async group
         block_k_end = int32(key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal))
-        copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, seq_q, tid)
-        copy_tile(smem, K_OFF, global_address(K), head_kv, 0, BLOCK_N, seq_k, tid)
-        copy_tile(smem, V_OFF, global_address(V), head_kv, 0, BLOCK_N, seq_k, tid)
+        copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, seq_q, tid, q_stride)
+        if not VARLEN or seq_k > 0:  # (a sequence with no key has no row to copy from)
+            copy_tile(smem, K_OFF, global_address(K), head_kv, 0, BLOCK_N, seq_k, tid, kv_stride)
+            copy_tile(smem, V_OFF, global_address(V), head_kv, 0, BLOCK_N, seq_k, tid, kv_stride)
         commit()
         wait_all()
         cuda.syncthreads()
@@ -361,9 +384,9 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             next_n = start_n + int32(BLOCK_N)
             if next_n < block_k_end:  # -- the next tile flies into the other stage meanwhile
                 copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
-                          seq_k, tid)
+                          seq_k, tid, kv_stride)
                 copy_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_kv, next_n, BLOCK_N,
-                          seq_k, tid)
+                          seq_k, tid, kv_stride)
                 commit()
             k_tile = smem + K_OFF + stage * STAGE_BYTES + k_lane
             v_tile = smem + V_OFF + stage * STAGE_BYTES + v_lane
@@ -469,17 +492,34 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
         # packed in pairs, and a transpose within the quad so that each lane writes 16 bytes at once
         for mt in range(M_TILES):
             row_a = warp_row0 + mt * MMA_M + g
-            store_rows(O, b, h, row_a, row_a + 8, seq_q, t, acc[mt], l_a[mt], l_b[mt])
-            if LSE.shape[2] != 0:  # return_lse: each row's log-sum-exp too (common.py)
-                store_lse(LSE, b, h, row_a, row_a + 8, seq_q, t, l_a[mt], l_b[mt], m_a[mt], m_b[mt])
+            if VARLEN:  # O (1, total_q, H, D / 2) and LSE (1, H, total_q): the sequence's rows from q_first
+                store_rows_at(global_address(O) + head_q, uint64(q_stride), row_a, row_a + 8, seq_q, t, acc[mt],
+                              l_a[mt], l_b[mt])
+                if LSE.shape[2] != 0:
+                    store_lse(LSE, 0, h, q_first + row_a, q_first + row_a + 8, q_first + seq_q, t, l_a[mt], l_b[mt],
+                              m_a[mt], m_b[mt])
+            else:
+                store_rows(O, b, h, row_a, row_a + 8, seq_q, t, acc[mt], l_a[mt], l_b[mt])
+                if LSE.shape[2] != 0:  # return_lse: each row's log-sum-exp too (common.py)
+                    store_lse(LSE, b, h, row_a, row_a + 8, seq_q, t, l_a[mt], l_b[mt], m_a[mt], m_b[mt])
 
-    return KernelConfig(mma_attention, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"],
-                        packed_output=True, out_alignment=16, lse=True)  # 16-byte stores (ptx/store.ptx)
+    @cuda.jit
+    def mma_attention(Q, K, V, O, LSE, causal, qk_scale):
+        attend(Q, K, V, O, LSE, causal, qk_scale, LSE, LSE)  # (no sequence offsets: LSE stands in, unread)
+
+    @cuda.jit
+    def mma_attention_varlen(Q, K, V, O, LSE, causal, qk_scale, CU_Q, CU_K):
+        attend(Q, K, V, O, LSE, causal, qk_scale, CU_Q, CU_K)
+
+    return KernelConfig(mma_attention_varlen if VARLEN else mma_attention, block_m=BLOCK_M,
+                        n_threads=L["N_THREADS"], smem_bytes=L["SMEM_BYTES"], packed_output=True, out_alignment=16,
+                        lse=True, varlen=VARLEN)  # 16-byte stores (ptx/store.ptx)
 
 
 @lru_cache(maxsize=None)
-def build(HEAD_DIM: int, dtype: str = "float16") -> KernelConfig:
-    """The kernel for head dim HEAD_DIM and `dtype` ("float16" or "bfloat16")."""
+def build(HEAD_DIM: int, dtype: str = "float16", varlen: bool = False) -> KernelConfig:
+    """The kernel for head dim HEAD_DIM and `dtype` ("float16" or "bfloat16"); with `varlen`, the same
+    kernel on packed sequences of their own lengths (flashcore_numba.inference.attention_varlen)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 07 builds {' and '.join(DTYPES)}, not {dtype!r}")
-    return build_kernel(layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype)
+    return build_kernel(layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype, varlen)

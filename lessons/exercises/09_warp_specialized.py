@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, int32, uint32, uint64
 
 from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
@@ -141,14 +141,17 @@ BUILDS = {
 }
 
 
-def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
+def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> KernelConfig:
     """The kernel of layout L, with the ideas `build` (a Build) names. Its parts, in this order:
     the softmax of a tile (as in phase 08), the ring's position, the work scheduler (which query
     block comes next), the producer (TMA loads of Q, K and V), a consumer's turn and the consumer
     (the products, the softmax, the epilogue), then the kernel, which hands warpgroup 0 to the
     producer and the others to the consumer. build.trace: the diagnostic build of
     phases/tracing.py, every barrier wait timed (docs/tuning/09_stalls.txt); it computes what the
-    plain build computes."""
+    plain build computes. With `varlen`, the same kernel on sequences of their own lengths packed end
+    to end (flashcore_numba.inference.attention_varlen, as phase 07's): a unit past its sequence's
+    rows is passed over, and each sequence's rows are found from its offsets (the branches on VARLEN)."""
+    VARLEN = varlen
     kind = PTX_TYPE[dtype]
     HEAD_DIM = L["HEAD_DIM"]
     shape = f"d{HEAD_DIM}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D
@@ -172,6 +175,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
     regs_dec = ptx.function("warpgroup.ptx", "flashcore_setmaxnreg_dec_24", "inline")
     bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
     shared_address, map_address, descriptor = operands.shared_address, operands.map_address, operands.matrix_descriptor
+    global_address = operands.global_address
     as_tuple, store_tuple = operands.as_tuple, operands.store_tuple
     SW128 = operands.SWIZZLE_128B
     BLOCK_M, STAGES, ATOMS = L["BLOCK_M"], L["STAGES"], L["ATOMS"]
@@ -180,7 +184,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
     KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
     NT, KP, NO = L["NT"], L["KP"], L["NO"]
     st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
-    store_rows = fragment_epilogue_16b(pack, NO, st_global_v4)  # 16-byte stores of O (common.py)
+    store_rows, store_rows_at = fragment_epilogue_16b(pack, NO, st_global_v4)  # 16-byte stores of O (common.py)
     HALF = NT // 2  # S's column blocks are walked in two halves: see mask_and_max
     N_P, N_O = 4 * KP, 4 * NO  # registers per thread of P's fragments, of O
     Q_WG_WORDS = TILE_BYTES // 4
@@ -335,10 +339,11 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
 
     # ---------------- the producer: TMA loads, one thread of warpgroup 0 ----------------------------
     @cuda.jit(device=True, inline=True)
-    def load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q):
+    def load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q, q_first, plane_q):
         """The query block's Q by TMA, consumer after consumer, each tile once its consumer has
         released the last one (q_empty[c]), and which block it is in the consumer's info slot
-        (published by the same barrier, q_full[c]); returns q_uses + 1."""
+        (published by the same barrier, q_full[c]); returns q_uses + 1. Q's rows are those of plane
+        plane_q (b * H + h; varlen: h), from row q_first (varlen: the sequence's first row)."""
         for c in range(CONSUMERS):  # consumer c's 64 rows of Q, D / 64 boxes
             wait(q_empty + 8 * c, uint32(q_uses % uint32(2)) ^ uint32(1))  # consumer c is done with its last Q
             smem_h[INFO + 2 * c] = uint32(row0)
@@ -347,13 +352,17 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
             q_row = int32(0)
             # >>> exercise 09-a: the first query row of consumer c's tile
             # <<< exercise
+            if VARLEN:
+                q_row += int32(q_first)
             for a in range(ATOMS):
-                tma_load(smem + c * TILE_BYTES + a * ATOM, map_q, int32(64 * a), q_row, int32(bh), q_full + 8 * c)
+                tma_load(smem + c * TILE_BYTES + a * ATOM, map_q, int32(64 * a), q_row, int32(plane_q),
+                         q_full + 8 * c)
         return uint32(q_uses + uint32(1))
 
     @cuda.jit(device=True, inline=True)
-    def load_kv(smem, full, stage, n, plane_kv, map_k, map_v):
-        """Tile n's K and V by TMA into ring stage `stage`, counted on its full barrier."""
+    def load_kv(smem, full, stage, n, plane_kv, map_k, map_v, k_first):
+        """Tile n's K and V by TMA into ring stage `stage`, counted on its full barrier (varlen: the
+        sequence's keys start at row k_first)."""
         expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
         k_tile = smem + RING_OFF + stage * STAGE_BYTES
         for a in range(ATOMS):  # atom a holds columns 64a .. 64a + 63 of d
@@ -362,19 +371,22 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
                 row = int32(0)
                 # >>> exercise 09-b: the first column and first row (key) of box `box` of atom a of tile n
                 # <<< exercise
+                if VARLEN:
+                    row += int32(k_first)
                 at = a * KV_ATOM + box * ATOM
                 tma_load(k_tile + at, map_k, col, row, plane_kv, full + 8 * stage)
                 tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, full + 8 * stage)
 
     @cuda.jit(device=True, inline=True)
-    def producer(smem_h, smem, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads, seq_q, seq_k):
+    def producer(smem_h, smem, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads, seq_q, seq_k,
+                 CU_Q, CU_K):
         """The producer: for each query block the scheduler hands out, its K and V tile after tile
         into the ring (a stage once every consumer has released it), each consumer's Q behind tile
-        0; then it tells the consumers that no block is left."""
+        0; then it tells the consumers that no block is left. varlen: seq_q is the longest sequence's."""
         trace_mark(1)
         map_q, map_k, map_v = map_address(maps[0]), map_address(maps[1]), map_address(maps[2])
         n_m = uint32((seq_q + BLOCK_M - 1) // BLOCK_M)  # query blocks per head
-        n_units = uint32(Q.shape[0] * n_heads) * n_m
+        n_units = uint32((CU_Q.shape[0] - 1 if VARLEN else Q.shape[0]) * n_heads) * n_m
         stage = uint32(0)  # the ring position of the next tile: its stage, and the parity of this use
         phase = uint32(0)
         q_uses = uint32(0)  # query blocks so far: Q's barriers are in phase q_uses % 2
@@ -384,8 +396,22 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
             # ask for the next unit now: the atomic's latency passes while this one's loads go out
             unit_after = next_unit(counter, n_units)
             bh, row0 = query_block(unit, n_m)
-            h_kv = uint32(uint32(bh % uint32(n_heads)) * uint32(K.shape[1])) // uint32(n_heads)  # see phase 08
-            plane_kv = int32(uint32(bh // uint32(n_heads)) * uint32(K.shape[1]) + h_kv)
+            if VARLEN:  # (1, total, heads, D): sequence b's rows from CU_Q[b], plane h of the maps
+                b = bh // uint32(n_heads)
+                q_first = CU_Q[b]
+                k_first = CU_K[b]
+                seq_q = CU_Q[b + 1] - q_first
+                seq_k = CU_K[b + 1] - k_first
+                if row0 >= seq_q:  # a query block past its sequence's rows: nothing to load
+                    unit = unit_after
+                    continue
+                plane_q = bh % uint32(n_heads)
+                plane_kv = int32(uint32(plane_q * uint32(K.shape[2])) // uint32(n_heads))
+            else:
+                q_first = k_first = 0
+                plane_q = bh
+                h_kv = uint32(uint32(bh % uint32(n_heads)) * uint32(K.shape[1])) // uint32(n_heads)  # see phase 08
+                plane_kv = int32(uint32(bh // uint32(n_heads)) * uint32(K.shape[1]) + h_kv)
             block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
             n_tiles = int32((block_k_end + BLOCK_N - 1) // BLOCK_N)
             # Tile 0's K and V go out before Q: their stage is freed by the consumers of the last
@@ -393,13 +419,13 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
             # waits for that consumer's release (its last S of the last block), then comes in
             # behind tile 0 (n_tiles = 0: at once)
             if n_tiles == 0:
-                q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
+                q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q, q_first, plane_q)
             for n in range(n_tiles):  # fill the next stage once it is free
                 wait(empty + 8 * stage, phase ^ uint32(1))  # the use before this one was released
-                load_kv(smem, full, stage, n, plane_kv, map_k, map_v)
+                load_kv(smem, full, stage, n, plane_kv, map_k, map_v, k_first)
                 stage, phase = advance(stage, phase)
                 if n == 0:
-                    q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q)
+                    q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q, q_first, plane_q)
             unit = unit_after
         for i in range(CONSUMERS):
             wait(q_empty + 8 * i, uint32(q_uses % uint32(2)) ^ uint32(1))
@@ -453,7 +479,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
 
     @cuda.jit(device=True, inline=True)
     def consumer(smem_h, smem, full, empty, q_full, q_empty, O, LSE, causal, qk_scale, counter, tid, wg, n_heads,
-                 seq_q, seq_k):
+                 seq_q, seq_k, CU_Q, CU_K):
         """A consumer warpgroup: for each query block the producer announces in its info slot, its
         64 rows of O. Tile 0's S alone, then a turn per tile (the loop without masks, then the one
         with), the tiles its rows never see passed, the last tile's P·V, and the epilogue."""
@@ -497,6 +523,10 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
             bh = smem_h[info + 1]
             b = bh // uint32(n_heads)
             h = bh % uint32(n_heads)
+            if VARLEN:  # the block's sequence: its rows from q_first, its own lengths
+                q_first = CU_Q[b]
+                seq_q = CU_Q[b + 1] - q_first
+                seq_k = CU_K[b + 1] - CU_K[b]
             block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
             n_tiles = (block_k_end + BLOCK_N - 1) // BLOCK_N
             row_a = row0 + c * WG_M + warp * 16 + g
@@ -580,9 +610,15 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
             # -- epilogue (common.py): phase 08's sums over the quad and o = acc / l_i, then a transpose
             # within the quad and one 16-byte store per 8 columns; the other consumers' turns go on
             # meanwhile, and the producer loads the next block
-            store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
-            if LSE.shape[2] != 0:  # return_lse: each row's log-sum-exp too (common.py)
-                store_lse(LSE, b, h, row_a, row_b, seq_q, t, l_a, l_b, m_a, m_b)
+            if VARLEN:  # O (1, total_q, H, D / 2) and LSE (1, H, total_q): the sequence's rows from q_first
+                store_rows_at(global_address(O) + uint64((q_first * n_heads + h) * HEAD_DIM * 2),
+                              uint64(n_heads * HEAD_DIM * 2), row_a, row_b, seq_q, t, acc, l_a, l_b)
+                if LSE.shape[2] != 0:
+                    store_lse(LSE, 0, h, q_first + row_a, q_first + row_b, q_first + seq_q, t, l_a, l_b, m_a, m_b)
+            else:
+                store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
+                if LSE.shape[2] != 0:  # return_lse: each row's log-sum-exp too (common.py)
+                    store_lse(LSE, b, h, row_a, row_b, seq_q, t, l_a, l_b, m_a, m_b)
 
         if TURNS and c == 0:
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
@@ -591,13 +627,20 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
         trace_save(counter)
 
     # ---------------- the kernel: warpgroup 0 produces, the others consume --------------------------
-    def kernel(Q, K, V, O, LSE, causal, qk_scale, maps, counter):
+    @cuda.jit(device=True, inline=True)
+    def attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, CU_Q, CU_K, max_seqlen_q):
+        """The whole of one block's work (the kernels below only name their arguments)."""
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
         smem = shared_address(smem_h)
         full, empty, q_full, q_empty = barriers(smem)
-        n_heads = Q.shape[1]
-        seq_q = Q.shape[2]
-        seq_k = K.shape[2]
+        if VARLEN:  # (1, total, heads, D); the lengths are each sequence's, read per query block
+            n_heads = Q.shape[2]
+            seq_q = max_seqlen_q
+            seq_k = max_seqlen_q
+        else:
+            n_heads = Q.shape[1]
+            seq_q = Q.shape[2]
+            seq_k = K.shape[2]
         tid = cuda.threadIdx.x
         wg = tid // 128
 
@@ -616,29 +659,37 @@ def build_kernel(L, dtype="float16", build=BUILDS[None]) -> KernelConfig:
             regs_dec()
             if tid == 0:
                 producer(smem_h, smem, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads, seq_q,
-                         seq_k)
+                         seq_k, CU_Q, CU_K)
             return
         regs_inc()  # the consumers take those registers
         consumer(smem_h, smem, full, empty, q_full, q_empty, O, LSE, causal, qk_scale, counter, tid, wg, n_heads,
-                 seq_q, seq_k)
+                 seq_q, seq_k, CU_Q, CU_K)
 
+    def kernel(Q, K, V, O, LSE, causal, qk_scale, maps, counter):
+        attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, counter, counter, 0)  # (no offsets: unread)
+
+    def kernel_varlen(Q, K, V, O, LSE, causal, qk_scale, maps, counter, CU_Q, CU_K, max_seqlen_q):
+        attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, CU_Q, CU_K, max_seqlen_q)
+
+    entry = kernel_varlen if VARLEN else kernel
     if simulator_enabled():
-        compiled = cuda.jit(kernel)
+        compiled = cuda.jit(entry)
     else:  # 384 threads, one block per SM: ptxas budgets 168 registers per thread, which setmaxnreg
         # then moves from the producer to the consumers (see ptx/warpgroup.ptx)
-        compiled = cuda.jit(launch_bounds=LAUNCH_BOUNDS)(kernel)
+        compiled = cuda.jit(launch_bounds=LAUNCH_BOUNDS)(entry)
     return KernelConfig(compiled, block_m=BLOCK_M, n_threads=L["N_THREADS"], smem_bytes=SMEM_BYTES,
                         packed_output=True, out_alignment=16, lse=True,  # 16-byte stores (ptx/store.ptx)
                         tma_box=(1, WG_M, 64), launch_bounds=LAUNCH_BOUNDS,
-                        work_units=partial(work_units, block_m=BLOCK_M), persistent=build.persistent)
+                        work_units=partial(work_units, block_m=BLOCK_M), persistent=build.persistent, varlen=VARLEN)
 
 
 @lru_cache(maxsize=None)
-def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16") -> KernelConfig:
+def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16", varlen: bool = False) -> KernelConfig:
     """The kernel for head dim HEAD_DIM and `dtype`; `variant` "ws" (no turns), "turns" (no overlap) or
-    "overlap" (not persistent: one block per query block)."""
+    "overlap" (not persistent: one block per query block); with `varlen`, on packed sequences
+    (flashcore_numba.inference.attention_varlen)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 09 builds {' and '.join(DTYPES)}, not {dtype!r}")
     if variant not in (None, *VARIANTS):
         raise ValueError(f"variant: expected None or one of {', '.join(VARIANTS)}, got {variant!r}")
-    return build_kernel(layout(HEAD_DIM), dtype, BUILDS[variant])
+    return build_kernel(layout(HEAD_DIM), dtype, BUILDS[variant], varlen)

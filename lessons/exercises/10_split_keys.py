@@ -121,6 +121,7 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
     CHUNKS, ROWS_PER_PASS = L["CHUNKS"], L["ROWS_PER_PASS"]
     HEAD_DIM, BLOCK_N = L["HEAD_DIM"], L["BLOCK_N"]
+    ROW = HEAD_DIM * 2  # bytes from a row of q, K or V to the next (copy_tile)
     STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
     ROW_BYTES = STRIDE * 2
@@ -260,10 +261,10 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
                 copy_kv_pages(smem, K_OFF, K, BLOCK_TABLE, b, h_kv, k_start, seq_k, lane)
                 copy_kv_pages(smem, V_OFF, V, BLOCK_TABLE, b, h_kv, k_start, seq_k, lane)
         else:
-            copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, rows, lane)
+            copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, rows, lane, ROW)
             if k_start < k_stop:
-                copy_tile(smem, K_OFF, global_address(K), head_kv, k_start, BLOCK_N, seq_k, lane)
-                copy_tile(smem, V_OFF, global_address(V), head_kv, k_start, BLOCK_N, seq_k, lane)
+                copy_tile(smem, K_OFF, global_address(K), head_kv, k_start, BLOCK_N, seq_k, lane, ROW)
+                copy_tile(smem, V_OFF, global_address(V), head_kv, k_start, BLOCK_N, seq_k, lane, ROW)
         commit()
         wait_all()
         cuda.syncthreads()
@@ -289,9 +290,9 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
                     copy_kv_pages(smem, V_OFF + (1 - stage) * STAGE_BYTES, V, BLOCK_TABLE, b, h_kv, next_n, seq_k, lane)
                 else:
                     copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
-                              seq_k, lane)
+                              seq_k, lane, ROW)
                     copy_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_kv, next_n, BLOCK_N,
-                              seq_k, lane)
+                              seq_k, lane, ROW)
                 commit()
             for j in range(NT):
                 for e in range(4):

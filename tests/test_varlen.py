@@ -1,0 +1,187 @@
+"""attention_varlen (flashcore_numba/inference.py): phase 07 on sequences of their own lengths packed end
+to end, in the simulator (GPU: tests/test_gpu.py), against the float64 reference sequence by sequence."""
+
+import numpy as np
+import pytest
+
+from flashcore_numba import attention, attention_varlen, check_close
+from flashcore_numba.reference import reference_varlen
+
+
+def packed(lengths_q, lengths_k=None, H=4, H_kv=2, D=64, seed=0):
+    """q (total_q, H, D), k and v (total_k, H_kv, D), and the int32 offsets of the lengths."""
+    rng = np.random.default_rng(seed)
+    lengths_k = lengths_q if lengths_k is None else lengths_k
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lengths_q, lengths_k))
+    q = rng.standard_normal((int(cu_q[-1]), H, D)).astype(np.float16)
+    k = rng.standard_normal((int(cu_k[-1]), H_kv, D)).astype(np.float16)
+    v = rng.standard_normal((int(cu_k[-1]), H_kv, D)).astype(np.float16)
+    return q, k, v, cu_q, cu_k, max(lengths_q, default=0), max(lengths_k, default=0)
+
+
+def check(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, scale=None, phase="07"):
+    out, lse = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, scale=scale, return_lse=True,
+                                phase=phase)
+    ref, ref_lse, lowp = reference_varlen(q, k, v, cu_q, cu_k, causal=causal, scale=scale, lowp_dtype=np.float16)
+    assert out.shape == q.shape and out.dtype == np.float16 and lse.shape == (q.shape[1], q.shape[0])
+    verdict = check_close(out, ref, lowp)
+    assert verdict.ok, verdict.message
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    seen = ~np.isneginf(ref_lse)
+    np.testing.assert_allclose(lse[seen], ref_lse[seen], rtol=1e-5, atol=1e-5)
+
+
+def test_ragged_self_attention():
+    """Lengths 37, 0, 1 and 40 (one empty sequence, one of a single row, ones longer than the
+    simulator's block of 32 rows), grouped query heads, causal."""
+    check(*packed([37, 0, 1, 40]), causal=True)
+
+
+def test_more_keys_than_rows_and_rows_without_keys():
+    """Each sequence its own S_q and S_k: the causal mask aligned to its last key; a sequence with rows
+    but no key gives zeros and an LSE of -inf. D = 128, MQA."""
+    check(*packed([5, 33, 3], [40, 20, 0], H=2, H_kv=1, D=128), causal=True)
+
+
+def test_phase_09_passes_over_blocks_past_a_sequence():
+    """Phase 09 (TMA maps over the packed heads, a persistent grid of units sized by the longest
+    sequence): a sequence of two query blocks, an empty one, one shorter than a block; and rows of a
+    TMA box that belong to the next sequence are never taken for this one's."""
+    check(*packed([130, 0, 17], [100, 5, 40], H=2, H_kv=1), causal=True, phase="09")
+
+
+def test_a_scale_and_no_grouping():
+    check(*packed([20, 45], H=2, H_kv=2), scale=0.3)
+
+
+def test_equal_lengths_give_the_dense_kernel_bit_for_bit():
+    """Packed sequences of one length are the dense batch: the same blocks, the same arithmetic."""
+    q, k, v, cu_q, cu_k, max_q, max_k = packed([33, 33], H=2, H_kv=1)
+    out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, phase="07")
+    dense = attention(*(x.reshape(2, 33, *x.shape[1:]).transpose(0, 2, 1, 3).copy() for x in (q, k, v)),
+                      causal=True, phase="07")
+    np.testing.assert_array_equal(out.reshape(2, 33, 2, 64).transpose(0, 2, 1, 3), dense)
+
+
+def test_nothing_to_attend():
+    """No sequence, or only empty ones: an empty (or zero) output and no launch."""
+    q, k, v, cu_q, cu_k, _, _ = packed([0, 0])
+    out, lse = attention_varlen(q, k, v, cu_q, cu_k, 0, 0, return_lse=True)
+    assert out.shape == (0, 4, 64) and lse.shape == (4, 0)
+
+
+def _args(**changes):
+    q, k, v, cu_q, cu_k, max_q, max_k = packed([10, 6])
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, phase="07")
+    args.update(changes)
+    return args
+
+
+@pytest.mark.parametrize("changes,error,name", [
+    (dict(cu_seqlens_q=np.array([0, 10, 18], np.int32)), ValueError, "cu_seqlens_q"),  # not ending at total
+    (dict(cu_seqlens_q=np.array([0, 7, 16], np.int32), max_seqlen_q=9), None, "valid"),  # other lengths, same total
+    (dict(cu_seqlens_k=np.array([0, 12, 10], np.int32)), ValueError, "cu_seqlens_k"),  # decreasing
+    (dict(cu_seqlens_k=np.array([1, 10, 16], np.int32)), ValueError, "cu_seqlens_k"),  # not from 0
+    (dict(cu_seqlens_q=np.array([0, 10, 16], np.int64)), TypeError, "cu_seqlens_q"),
+    (dict(cu_seqlens_k=np.array([0, 16], np.int32)), ValueError, "cu_seqlens_k"),  # a different batch
+    (dict(max_seqlen_q=8), ValueError, "max_seqlen_q"),  # sequence 0 has 10 rows
+    (dict(max_seqlen_k=2.5), TypeError, "max_seqlen_k"),
+    (dict(q=np.zeros((16, 3, 64), np.float16)), ValueError, "k"),  # 2 K/V heads do not divide 3
+    (dict(q=np.zeros((16, 4, 96), np.float16)), ValueError, "q"),
+    (dict(q=np.zeros((16, 4, 64), np.float32)), TypeError, "q"),
+    (dict(q=np.zeros((1, 16, 4, 64), np.float16)), ValueError, "q"),  # a dense layout
+    (dict(v=np.zeros((15, 2, 64), np.float16)), ValueError, "v"),
+])
+def test_bad_input_names_the_argument(changes, error, name):
+    if error is None:
+        attention_varlen(**_args(**changes))
+        return
+    with pytest.raises(error, match=rf"^{name}:"):
+        attention_varlen(**_args(**changes))
+
+
+def varlen_problems(max_len: int, max_batch: int):
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries(dict(
+        B=st.integers(1, max_batch), group=st.sampled_from([1, 2, 4]), H_kv=st.integers(1, 2),
+        D=st.sampled_from([64, 128]), causal=st.booleans(), same=st.booleans(), seed=st.integers(0, 2**31 - 1),
+        phase=st.sampled_from(["07", "09"]),
+        lengths_q=st.lists(st.integers(0, max_len), min_size=max_batch, max_size=max_batch),
+        lengths_k=st.lists(st.integers(0, max_len), min_size=max_batch, max_size=max_batch)))
+
+
+def check_problem(p):
+    lengths_q = p["lengths_q"][:p["B"]]
+    lengths_k = lengths_q if p["same"] else p["lengths_k"][:p["B"]]
+    check(*packed(lengths_q, lengths_k, p["H_kv"] * p["group"], p["H_kv"], p["D"], seed=p["seed"]),
+          causal=p["causal"], phase=p["phase"])
+
+
+@pytest.mark.slow
+def test_random_packings_in_the_simulator():
+    """Random ragged lengths (0 and 1 among them, empty sequences beside long ones), S_q equal to S_k
+    or not, GQA ratios, causal or not: a few examples in the simulator (many more on the GPU)."""
+    pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install -e '.[dev]')",
+                        exc_type=ImportError)
+    from hypothesis import HealthCheck, given, settings
+
+    from flashcore_numba.arch.sim import simulator_enabled
+
+    if not simulator_enabled():
+        pytest.skip("the GPU variant runs with more examples (test_random_packings_on_gpu)")
+
+    @settings(max_examples=3, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(p=varlen_problems(max_len=40, max_batch=3))
+    def run(p):
+        check_problem(p)
+
+    run()
+
+
+@pytest.mark.gpu
+def test_random_packings_on_gpu():
+    pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install -e '.[dev]')",
+                        exc_type=ImportError)
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(p=varlen_problems(max_len=1500, max_batch=8))
+    def run(p):
+        check_problem(p)
+
+    run()
+
+
+def test_the_readme_table_of_a_packed_sequence_record(tmp_path):
+    """report.varlen_table: each packed phase beside the same phase on the dense batch, each SDPA
+    row beside the fastest packed phase, what could not run with its reason."""
+    from flashcore_numba.measure import bench, records, report
+
+    problem = bench.Problem(3, 4, 300, 300, 64, causal=True)
+    rows = []
+    for name, kind, ms in (("07-varlen", "phase", 2.0), ("09-varlen", "phase", 1.0), ("07", "phase", 2.2),
+                           ("09", "phase", 1.1), ("sdpa_flash", "peer", 1.5)):
+        r = records.Result(name, kind, f"title {name}", correct=True, message="ok", registers=1, static_smem_bytes=0,
+                           dynamic_smem_bytes=0, local_bytes_per_thread=0)
+        bench.set_timing(r, [ms], 10**9 if name.endswith("varlen") or kind == "peer" else 10**9, None)
+        rows.append(r)
+    rows.append(records.unavailable("sdpa_cudnn", "peer", "title cudnn", "no cuDNN here"))
+    record = records.build_record(problem=problem, results=rows, provenance={"gpu_name": "G", "git_commit": "abcdef0"},
+                                  timing=bench.Timing(), ceiling=None, oracle={}, command=[], seed=1)
+    record["config"].update(lengths=[100, 300, 250], packed_tokens=650, dense_batch=[3, 217])
+    assert records.validate_record(record) == []
+    record["_path"] = str(tmp_path / "varlen" / "r.json")
+    text = "\n".join(report.varlen_table([record], tmp_path))
+    assert "#### 3 packed sequences of 100..300 (650 tokens), H=4 D=64 fp16 causal" in text
+    assert "| title 09-varlen | 1.000 | 1.00 | 1.10× the TFLOPS of 09 on the dense batch |" in text, text
+    assert "| title sdpa_flash | 1.500 | 0.67 | 09-varlen on the packed sequences is 1.50× faster |" in text, text
+    assert "| title cudnn | — | — | no cuDNN here |" in text
+    assert "code at commit `abcdef0`" in text and "(varlen/r.json)" in text
+
+
+def test_varlen_bench_arguments_are_checked():
+    from flashcore_numba.cli import main
+
+    assert main(["bench", "--varlen", "4,100"]) == 2  # three numbers
+    assert main(["bench", "--varlen", "4,300,100"]) == 2  # the simulator, or lo > hi: refused with a message
