@@ -167,7 +167,7 @@ def test_the_readme_table_of_a_packed_sequence_record(tmp_path):
         bench.set_timing(r, [ms], 10**9 if name.endswith("varlen") or kind == "peer" else 10**9, None)
         rows.append(r)
     rows.append(records.unavailable("sdpa_cudnn", "peer", "title cudnn", "no cuDNN here"))
-    record = records.build_record(problem=problem, results=rows, provenance={"gpu_name": "G", "git_commit": "abcdef0"},
+    record = records.build_record(problem=problem, results=rows, provenance={"gpu_name": "Test GPU", "git_commit": "abcdef0"},
                                   timing=bench.Timing(), ceiling=None, oracle={}, command=[], seed=1)
     record["config"].update(lengths=[100, 300, 250], packed_tokens=650, dense_batch=[3, 217])
     assert records.validate_record(record) == []

@@ -263,7 +263,8 @@ def varlen_table(records, readme_dir) -> list[str]:
         lines += ["", f"#### {len(lengths)} packed sequences of {min(lengths)}..{max(lengths)} "
                       f"({c['packed_tokens']} tokens), H={c['H']} D={c['D']} {SHORT_DTYPE.get(c['dtype'], c['dtype'])}"
                       + (" causal" if c["causal"] else ""), "",
-                  f"`attention_varlen`, measured on the same GPU on {record['created'][:10]}{_code_of(record)}: "
+                  f"`attention_varlen`, measured on the {record['provenance']['gpu_name']} on "
+                  f"{record['created'][:10]}{_code_of(record)}: "
                   f"kernel time, L2 flushed before each launch; TFLOPS of the useful FLOPs.", "",
                   "| Kernel | ms | TFLOPS | beside |", "|---|---:|---:|---|"]
         for r in results:
