@@ -153,6 +153,12 @@ def _build_parser() -> Parser:
                        help="packed sequences (attention_varlen): N of random lengths LO..HI, H and D from "
                             "--shape, beside a dense batch of as many tokens and SDPA on the padded batch; "
                             "the record goes to docs/bench/varlen/")
+    bench.add_argument("--kvcache", type=lambda t: _positive_ints(t, 3), default=None, metavar="B,LO,HI",
+                       help="a decode step against a KV cache (attention_kvcache): B sequences of random lengths "
+                            "LO..HI, one query row each, H and D from --shape, H_kv from --kv-heads; contiguous "
+                            "and paged (--page-sizes); the record goes to docs/bench/kvcache/")
+    bench.add_argument("--page-sizes", type=_positive_ints, default=(64, 256),
+                       help="--kvcache: the paged caches' page sizes, multiples of 16 (default 64,256)")
     bench.add_argument("--out", type=Path, help="record file (default docs/bench/<gpu>_<shape>.json)")
     bench.set_defaults(handler=cmd_bench)
 
@@ -545,6 +551,8 @@ def cmd_bench(args) -> int:
         problem = dataclasses.replace(problem, S_k=args.seq_k)
     if args.varlen:
         return _bench_varlen(args, bench, records, dtype, shape)
+    if args.kvcache:
+        return _bench_kvcache(args, bench, records, dtype, shape)
     phase_ids = args.phases or list(KERNELS)
     peers = list(bench.PEERS) if args.peers is None else args.peers
     sweep = args.sweep_s or (bench.SWEEP_S if args.sweep else None)
@@ -634,6 +642,48 @@ def _bench_varlen(args, bench, records, dtype, shape) -> int:
     console.print(f"Record written to {path}; `flashcore report` regenerates the README.", soft_wrap=True)
     wrong = [r for r in record["results"] if r["kind"] == "phase" and r["available"] and not r["correct"]]
     return 1 if wrong else 0
+
+
+def _bench_kvcache(args, bench, records, dtype, shape) -> int:
+    """`flashcore bench --kvcache B,LO,HI` (measure/kvcache.py)."""
+    from .measure import kvcache
+
+    B, lo, hi = args.kvcache
+    if lo > hi:
+        raise CLIError(f"--kvcache: the shortest length {lo} is above the longest {hi}")
+    if bad := [p for p in args.page_sizes if p % 16]:
+        raise CLIError(f"--page-sizes: {bad[0]} is not a multiple of 16")
+    if args.seq_k is not None or args.sweep or args.sweep_s or args.causal or args.phases:
+        raise CLIError("--kvcache: one query row per sequence against its cache, causal, phase 10; drop --seq-k, "
+                       "--sweep, --causal and --phases")
+    H, D = shape[1], shape[3]
+    H_kv = args.kv_heads or H
+    if H % H_kv:
+        raise CLIError(f"--kv-heads {H_kv}: must divide the {H} query heads of --shape")
+    device = bench.open_device()
+    if device.kind != "torch":
+        raise CLIError(f"--kvcache: needs torch with CUDA: {device.no_peers_reason}")
+    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats)
+    console = _console()
+    with _progress(console) as progress:
+        task = progress.add_task("bench", total=2 + len(args.page_sizes))
+
+        def step(label):
+            progress.update(task, description=label, advance=1)
+
+        record = kvcache.run_kvcache_benchmark(B, lo, hi, H=H, H_kv=H_kv, D=D, dtype=dtype,
+                                               page_sizes=args.page_sizes, timing=timing, device=device,
+                                               command=["flashcore", *args.argv], progress=step)
+    gpu = record["provenance"]["gpu_name"]
+    wide = console if console.is_terminal else _console(width=132)
+    wide.print(_results_table(record["results"], f"{gpu}: decode step, {B} caches of {lo}..{hi} keys, H={H} "
+                              f"H_kv={H_kv} D={D} {args.dtype}", resources=True, bandwidth=True))
+    console.print(f"Bandwidth ceiling, same run: {_text(record['bandwidth']['what'])} = "
+                  f"{record['bandwidth_gb_per_s']:.0f} GB/s", soft_wrap=True)
+    path = args.out or kvcache.record_path(gpu, B, lo, hi, H, H_kv, D, dtype)
+    records.write_record(record, path)
+    console.print(f"Record written to {path}; `flashcore report` regenerates the README.", soft_wrap=True)
+    return 1 if any(r["available"] and not r["correct"] for r in record["results"]) else 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -552,6 +552,21 @@ def test_varlen_benchmark_writes_a_valid_record(tmp_path):
     assert any("the TFLOPS of 09 on the dense batch" in line for line in lines), lines
 
 
+def test_kvcache_benchmark_writes_a_valid_record(tmp_path):
+    """`flashcore bench --kvcache`: the contiguous cache and two paged ones, gated, timed, with GB/s."""
+    pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba.cli import main
+    from flashcore_numba.measure import records
+
+    out = tmp_path / "kvcache" / "r.json"
+    assert main(["bench", "--kvcache", "6,1,3000", "--shape", "1,16,1,128", "--kv-heads", "4", "--page-sizes",
+                 "16,64", "--repeats", "20", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert records.validate_record(record) == []
+    assert [r["name"] for r in record["results"]] == ["10-kvcache", "10-kvcache-p16", "10-kvcache-p64"]
+    assert all(r["correct"] and r["gb_per_s"] > 0 for r in record["results"]), record["results"]
+
+
 @pytest.mark.parametrize("B,S_q,H,H_kv,D,max_len,page_size,dtype", [
     pytest.param(4, 1, 32, 8, 128, 5000, None, "float16", id="contiguous GQA 4, ragged up to 5000"),
     pytest.param(8, 1, 16, 16, 64, 3000, 16, "float16", id="paged 16"),

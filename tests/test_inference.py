@@ -154,3 +154,27 @@ def test_random_caches_on_gpu():
         check_problem(p)
 
     run()
+
+
+def test_the_readme_table_of_a_kvcache_record(tmp_path):
+    """report.kvcache_table: each cache in µs, GB/s and % of the copy, the paged ones beside the contiguous."""
+    from flashcore_numba.measure import bench, records, report
+
+    problem = bench.Problem(4, 32, 1, 900, 128, causal=True, H_kv=8)
+    rows = []
+    for name, ms in (("10-kvcache", 0.010), ("10-kvcache-p64", 0.0105)):
+        r = records.Result(name, "phase", f"title {name}", correct=True, message="ok", registers=1,
+                           static_smem_bytes=0, dynamic_smem_bytes=0, local_bytes_per_thread=0)
+        bench.set_timing(r, [ms], 10**6, None, kv_bytes=2 * 10**7, ceiling_gb_per_s=3000.0)
+        rows.append(r)
+    copy = {"what": "copy", "bytes": 2 * 10**7, "median_ms": 0.01, "gb_per_s": 3000.0}
+    record = records.build_record(problem=problem, results=rows, provenance={"gpu_name": "Test GPU", "git_commit": "abc1234"},
+                                  timing=bench.Timing(), ceiling=None, oracle={}, command=[], seed=1, bandwidth=copy)
+    record["config"].update(lengths=[900, 10, 500, 3], page_sizes=[64], kv_bytes=2 * 10**7)
+    assert records.validate_record(record) == []
+    record["_path"] = str(tmp_path / "kvcache" / "r.json")
+    text = "\n".join(report.kvcache_table([record], tmp_path))
+    assert "#### A decode step against 4 KV caches of 3..900 keys, H=32 H_kv=8 D=128 fp16" in text, text
+    assert "| title 10-kvcache | 10 | 2000 | 66.7% |  |" in text, text
+    assert "| title 10-kvcache-p64 | 10 | 1905 | 63.5% | 1.05× its time |" in text, text
+    assert "3000 GB/s" in text and "(kvcache/r.json)" in text
