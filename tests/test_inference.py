@@ -44,6 +44,7 @@ def check(q, k, v, lengths, table, causal=True, scale=None):
     pytest.param(dict(B=2, S_q=3, H=4, H_kv=1, D=64, lengths=[50, 0], page_size=16), id="paged 16, MQA, empty seq"),
     pytest.param(dict(B=2, S_q=1, H=2, H_kv=2, D=128, lengths=[45, 90], page_size=32), id="paged 32, D=128"),
     pytest.param(dict(B=1, S_q=2, H=8, H_kv=2, D=64, lengths=[37], page_size=48), id="page size not a tile's"),
+    pytest.param(dict(B=3, S_q=1, H=2, H_kv=1, D=64, lengths=[5, 9, 0]), id="a cache shorter than a tile"),
 ])
 def test_kvcache_matches_the_reference(case):
     """Ragged lengths (0, 1 and ones that divide no page or tile), pages in a shuffled order,
