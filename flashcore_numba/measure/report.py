@@ -260,7 +260,9 @@ def kvcache_table(records, readme_dir) -> list[str]:
         c, results = record["config"], record["results"]
         lengths = c["lengths"]
         contiguous = next((r for r in results if r["name"] == "10-kvcache" and r.get("median_ms")), None)
-        lines += ["", f"#### A decode step against {len(lengths)} KV caches of {min(lengths)}..{max(lengths)} keys, "
+        caches = f"{len(lengths)} KV cache{'s' * (len(lengths) != 1)} of {min(lengths)}..{max(lengths)} keys" \
+            if min(lengths) != max(lengths) else f"{len(lengths)} KV cache{'s' * (len(lengths) != 1)} of {max(lengths)} keys"
+        lines += ["", f"#### A decode step against {caches}, "
                       f"H={c['H']} H_kv={c.get('H_kv', c['H'])} D={c['D']} {SHORT_DTYPE.get(c['dtype'], c['dtype'])}",
                   "", f"`attention_kvcache`, measured on the {record['provenance']['gpu_name']} on "
                       f"{record['created'][:10]}{_code_of(record)}: kernel time, L2 flushed before each launch. "

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from numba import cuda, float32, int32, uint32, uint64
+from numba import cuda, float32, int32, int64, uint32, uint64
 
 from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
@@ -188,6 +188,33 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
                    uint32(16) if p < rows else uint32(0))
 
     @cuda.jit(device=True, inline=True)
+    def tile_pages(BLOCK_TABLE, b, key0, seq_k, page_size):
+        """(paged, pages of at least BLOCK_N keys) The pages of keys key0 .. key0 + BLOCK_N - 1: at most
+        two, p0 and p1, p0's keys from first, p1's from boundary. Read a tile ahead of its copy, so
+        that the copy never waits for the block table."""
+        last = min(key0 + BLOCK_N, seq_k) - 1
+        first_page = key0 // page_size
+        first = first_page * page_size
+        return int64(BLOCK_TABLE[b, first_page]), int64(BLOCK_TABLE[b, last // page_size]), int64(first), \
+            int64(first + page_size)
+
+    @cuda.jit(device=True, inline=True)
+    def copy_kv_tile(smem, offset, X, h_kv, key0, seq_k, lane, pages):
+        """(paged, pages of at least BLOCK_N keys) copy_kv_pages with the tile's pages known
+        (tile_pages): no division and no read of the block table per key."""
+        page_size, H_kv = X.shape[1], X.shape[2]
+        p0, p1, first, boundary = pages
+        base = global_address(X)
+        r, chunk = lane // CHUNKS, lane % CHUNKS
+        for i in range(BLOCK_N // ROWS_PER_PASS):
+            j = key0 + r + i * ROWS_PER_PASS
+            jj = min(j, seq_k - 1)
+            row = p0 * page_size + (jj - first) if jj < boundary else p1 * page_size + (jj - boundary)
+            src = base + uint64((row * H_kv + h_kv) * HEAD_DIM * 2 + chunk * 16)
+            copy16(smem + offset + (r + i * ROWS_PER_PASS) * ROW_BYTES + chunk * 16, src,
+                   uint32(16) if j < seq_k else uint32(0))
+
+    @cuda.jit(device=True, inline=True)
     def copy_kv_pages(smem, offset, X, BLOCK_TABLE, b, h_kv, key0, seq_k, lane):
         """(paged) Keys key0 .. key0 + BLOCK_N - 1 of a sequence from its pages: key j is row
         j % page_size of page BLOCK_TABLE[b, j // page_size] of X (num_pages, page_size, H_kv, D),
@@ -257,9 +284,21 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
         # -- prologue: the 16 packed rows of Q and the range's first K/V tile
         if PAGED:
             copy_q_rows(smem, Q, b, h_kv * group, row0, rows, seq_q, lane)
+            # pages of at least a tile: each tile's (at most two) pages read once, a tile ahead; smaller
+            # pages: the block table read for every key (copy_kv_pages)
+            page_size = K.shape[1]
+            whole_tiles = page_size >= BLOCK_N
+            pages_next = (int64(0), int64(0), int64(0), int64(0))
             if k_start < k_stop:
-                copy_kv_pages(smem, K_OFF, K, BLOCK_TABLE, b, h_kv, k_start, seq_k, lane)
-                copy_kv_pages(smem, V_OFF, V, BLOCK_TABLE, b, h_kv, k_start, seq_k, lane)
+                if whole_tiles:
+                    pages = tile_pages(BLOCK_TABLE, b, k_start, seq_k, page_size)
+                    copy_kv_tile(smem, K_OFF, K, h_kv, k_start, seq_k, lane, pages)
+                    copy_kv_tile(smem, V_OFF, V, h_kv, k_start, seq_k, lane, pages)
+                    if k_start + BLOCK_N < k_stop:
+                        pages_next = tile_pages(BLOCK_TABLE, b, k_start + BLOCK_N, seq_k, page_size)
+                else:
+                    copy_kv_pages(smem, K_OFF, K, BLOCK_TABLE, b, h_kv, k_start, seq_k, lane)
+                    copy_kv_pages(smem, V_OFF, V, BLOCK_TABLE, b, h_kv, k_start, seq_k, lane)
         else:
             copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, rows, lane, ROW)
             if k_start < k_stop:
@@ -286,8 +325,16 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
             next_n = start_n + int32(BLOCK_N)
             if next_n < k_stop:
                 if PAGED:
-                    copy_kv_pages(smem, K_OFF + (1 - stage) * STAGE_BYTES, K, BLOCK_TABLE, b, h_kv, next_n, seq_k, lane)
-                    copy_kv_pages(smem, V_OFF + (1 - stage) * STAGE_BYTES, V, BLOCK_TABLE, b, h_kv, next_n, seq_k, lane)
+                    if whole_tiles:
+                        copy_kv_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, K, h_kv, next_n, seq_k, lane, pages_next)
+                        copy_kv_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, V, h_kv, next_n, seq_k, lane, pages_next)
+                        if next_n + BLOCK_N < k_stop:  # the tile after: its pages read now, used next time round
+                            pages_next = tile_pages(BLOCK_TABLE, b, next_n + BLOCK_N, seq_k, page_size)
+                    else:
+                        copy_kv_pages(smem, K_OFF + (1 - stage) * STAGE_BYTES, K, BLOCK_TABLE, b, h_kv, next_n, seq_k,
+                                      lane)
+                        copy_kv_pages(smem, V_OFF + (1 - stage) * STAGE_BYTES, V, BLOCK_TABLE, b, h_kv, next_n, seq_k,
+                                      lane)
                 else:
                     copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
                               seq_k, lane, ROW)
