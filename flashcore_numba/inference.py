@@ -217,12 +217,17 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
         with cuda.gpus[device_index]:
             arrays = [torch_to_kernel(t) for t in (q, k_cache, v_cache, out)]
             extra = [cuda.as_cuda_array(t) for t in (cache_seqlens, table)]
-            kernel_lse = lse if lse is None else cuda.as_cuda_array(lse)
+            kernel_lse = cuda.as_cuda_array(lse if lse is not None else _no_lse_torch(q.device))
+            # the workspace from torch's allocator, so that a call can be captured in a CUDA graph; its
+            # counters zeroed here, on the stream, and left at zero by every launch's merging blocks
+            workspace = [cuda.as_cuda_array(torch.empty(plan.o_part, dtype=torch.float32, device=q.device)),
+                         cuda.as_cuda_array(torch.empty(plan.lse_part, dtype=torch.float32, device=q.device)),
+                         cuda.as_cuda_array(torch.zeros(plan.counters, dtype=torch.int32, device=q.device))]
 
         def launch():
             with cuda.gpus[device_index]:
                 stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
-                _launch(config, plan, arrays, extra, kernel_lse, causal, qk_scale, stream)
+                _launch(config, plan, arrays, extra, kernel_lse, causal, qk_scale, stream, workspace)
 
         return launch, out, lse
     if out is not None:
@@ -241,10 +246,18 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
     return launch, out, lse
 
 
-def _launch(config, plan, arrays, extra, lse, causal, qk_scale, stream):
+def _no_lse_torch(device):
+    """The empty LSE argument (no_lse) from torch's allocator: nothing allocated by Numba in a call
+    that a CUDA graph may be capturing."""
+    import torch
+
+    return torch.empty((0, 0, 0), dtype=torch.float32, device=device)
+
+
+def _launch(config, plan, arrays, extra, lse, causal, qk_scale, stream, workspace=None):
     q, k, v, o = arrays
     args = (q, k, v, o.view(np.uint32), no_lse() if lse is None else lse, bool(causal), np.float32(qk_scale),
-            *split_workspace(plan, stream), *extra)
+            *(workspace or split_workspace(plan, stream)), *extra)
     launch(config.kernel, plan.grid, config.n_threads, config.smem_bytes, args, stream, config.cache_key)
 
 
@@ -370,7 +383,7 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
             offsets = [cuda.as_cuda_array(c) for c in (cu_seqlens_q, cu_seqlens_k)]
             if config.work_units is not None:  # its work counter (the kernel leaves it at zero)
                 offsets.insert(0, cuda.as_cuda_array(torch.zeros(1, dtype=torch.int32, device=q.device)))
-            kernel_lse = None if lse is None else cuda.as_cuda_array(lse)
+            kernel_lse = cuda.as_cuda_array(lse if lse is not None else _no_lse_torch(q.device))
 
         def launch():
             with cuda.gpus[device_index]:

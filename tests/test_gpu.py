@@ -552,6 +552,51 @@ def test_varlen_benchmark_writes_a_valid_record(tmp_path):
     assert any("the TFLOPS of 09 on the dense batch" in line for line in lines), lines
 
 
+@pytest.mark.parametrize("which", ["varlen 09", "varlen 07", "kvcache paged 64", "kvcache contiguous"])
+def test_inference_calls_in_a_cuda_graph(which):
+    """attention_varlen and attention_kvcache captured in a CUDA graph (after a warm-up, as torch asks)
+    and replayed on new data in the same buffers: the same output as an eager call on that data. Their
+    offsets and lengths are not read back while capturing; their workspaces come from torch."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba import attention_kvcache, attention_varlen
+
+    if which.startswith("varlen"):
+        lengths = torch.tensor([0, 300, 1, 129])
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).int().cuda()
+        q, k, v = (torch.randn(int(cu[-1]), 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+
+        def call():
+            return attention_varlen(q, k, v, cu, cu, 300, 300, causal=True, phase=which[-2:])
+    else:
+        page = 64 if "paged" in which else None
+        seqlens = torch.tensor([0, 1, 700, 129], dtype=torch.int32, device="cuda")
+        q = torch.randn(4, 1, 8, 64, device="cuda", dtype=torch.float16)
+        if page:
+            k, v = (torch.randn(4 * 11 + 2, page, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+            table = torch.randperm(4 * 11 + 2)[:44].reshape(4, 11).int().cuda()
+        else:
+            k, v = (torch.randn(4, 700, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+            table = None
+
+        def call():
+            return attention_kvcache(q, k, v, seqlens, table)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for _ in range(3):
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, call()), which
+
+
 def test_kvcache_benchmark_writes_a_valid_record(tmp_path):
     """`flashcore bench --kvcache`: the contiguous cache and two paged ones, gated, timed, with GB/s."""
     pytest.importorskip("torch", reason=NO_TORCH)
