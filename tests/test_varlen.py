@@ -34,7 +34,7 @@ def check(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, scale=None, phase="07
 def test_ragged_self_attention():
     """Lengths 37, 0, 1 and 40 (one empty sequence, one of a single row, ones longer than the
     simulator's block of 32 rows), grouped query heads, causal."""
-    check(*packed([37, 0, 1, 40]), causal=True)
+    check(*packed([37, 0, 1, 40], H=2, H_kv=1), causal=True)
 
 
 def test_more_keys_than_rows_and_rows_without_keys():
@@ -56,11 +56,11 @@ def test_a_scale_and_no_grouping():
 
 def test_equal_lengths_give_the_dense_kernel_bit_for_bit():
     """Packed sequences of one length are the dense batch: the same blocks, the same arithmetic."""
-    q, k, v, cu_q, cu_k, max_q, max_k = packed([33, 33], H=2, H_kv=1)
+    q, k, v, cu_q, cu_k, max_q, max_k = packed([24, 24], H=2, H_kv=1)
     out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, phase="07")
-    dense = attention(*(x.reshape(2, 33, *x.shape[1:]).transpose(0, 2, 1, 3).copy() for x in (q, k, v)),
+    dense = attention(*(x.reshape(2, 24, *x.shape[1:]).transpose(0, 2, 1, 3).copy() for x in (q, k, v)),
                       causal=True, phase="07")
-    np.testing.assert_array_equal(out.reshape(2, 33, 2, 64).transpose(0, 2, 1, 3), dense)
+    np.testing.assert_array_equal(out.reshape(2, 24, 2, 64).transpose(0, 2, 1, 3), dense)
 
 
 def test_nothing_to_attend():
@@ -131,7 +131,7 @@ def test_random_packings_in_the_simulator():
     if not simulator_enabled():
         pytest.skip("the GPU variant runs with more examples (test_random_packings_on_gpu)")
 
-    @settings(max_examples=3, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=2, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(p=varlen_problems(max_len=40, max_batch=3))
     def run(p):
         check_problem(p)
