@@ -100,13 +100,13 @@ def test_bad_input_names_the_argument(changes, error, name):
         attention_varlen(**_args(**changes))
 
 
-def varlen_problems(max_len: int, max_batch: int):
+def varlen_problems(max_len: int, max_batch: int, phases=("07", "09")):
     from hypothesis import strategies as st
 
     return st.fixed_dictionaries(dict(
         B=st.integers(1, max_batch), group=st.sampled_from([1, 2, 4]), H_kv=st.integers(1, 2),
         D=st.sampled_from([64, 128]), causal=st.booleans(), same=st.booleans(), seed=st.integers(0, 2**31 - 1),
-        phase=st.sampled_from(["07", "09"]),
+        phase=st.sampled_from(phases),
         lengths_q=st.lists(st.integers(0, max_len), min_size=max_batch, max_size=max_batch),
         lengths_k=st.lists(st.integers(0, max_len), min_size=max_batch, max_size=max_batch)))
 
@@ -121,7 +121,8 @@ def check_problem(p):
 @pytest.mark.slow
 def test_random_packings_in_the_simulator():
     """Random ragged lengths (0 and 1 among them, empty sequences beside long ones), S_q equal to S_k
-    or not, GQA ratios, causal or not: a few examples in the simulator (many more on the GPU)."""
+    or not, GQA ratios, causal or not: a few examples of phase 07 in the simulator (many more, of 07
+    and 09, on the GPU)."""
     pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install -e '.[dev]')",
                         exc_type=ImportError)
     from hypothesis import HealthCheck, given, settings
@@ -132,7 +133,7 @@ def test_random_packings_in_the_simulator():
         pytest.skip("the GPU variant runs with more examples (test_random_packings_on_gpu)")
 
     @settings(max_examples=2, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(p=varlen_problems(max_len=40, max_batch=3))
+    @given(p=varlen_problems(max_len=40, max_batch=3, phases=("07",)))  # 09 has its own test here: it is slow
     def run(p):
         check_problem(p)
 
