@@ -49,7 +49,7 @@ from .arch import tma
 from .phases import p07_mma_sync as p07
 from .phases import p09_warp_specialized as p09
 from .phases import p10_split_keys as p10
-from .phases.common import LOG2E, cdiv, launch, no_lse, sm_count, split_workspace
+from .phases.common import LOG2E, cdiv, launch, no_lse, split_workspace
 from .reference import default_scale
 
 PAGE_MULTIPLE = 16
@@ -195,7 +195,7 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
                      return_lse=False, out=None):
     """attention_kvcache's checks, then (launch, out, lse): `launch()` runs the kernel with nothing
     checked or allocated again (what the benchmark times)."""
-    B, S_q, H, D, H_kv, page_size, capacity, paged, qd = _validate(
+    B, S_q, H, D, H_kv, _, capacity, paged, qd = _validate(
         q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse)
     config = _config(D, qd.dtype)
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E

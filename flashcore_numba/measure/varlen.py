@@ -25,8 +25,19 @@ import sys
 import numpy as np
 
 from ..phases import get_phase
-from .bench import (DTYPES, PEERS, Problem, Timing, _raised, attention_flops, gate, open_device, phase_skip_reason,
-                    check_phase, set_timing)
+from .bench import (
+    DTYPES,
+    PEERS,
+    Problem,
+    Timing,
+    _raised,
+    attention_flops,
+    check_phase,
+    gate,
+    open_device,
+    phase_skip_reason,
+    set_timing,
+)
 from .records import Result, build_record, default_records_dir, gpu_slug, nvidia_smi, provenance, unavailable
 
 VARLEN_PHASES = ("07", "09")
@@ -141,13 +152,13 @@ def run_varlen_benchmark(n: int, lo: int, hi: int, *, H: int = 16, D: int = 128,
             rows = torch.cat([out[b, :, :s].transpose(0, 1) for b, s in enumerate(lengths)])
             gate(result, device.host(rows), ref, lowp, poisoned=False)
             if result.correct:
-                set_timing(result, device.time_ms(lambda: device.sdpa(backend, pq, pk, pv, padded), timing), flops,
-                           None)
+                def launch(backend=backend, qkv=(pq, pk, pv)):
+                    device.sdpa(backend, *qkv, padded)
+
+                set_timing(result, device.time_ms(launch, timing), flops, None)
         except Exception as e:  # noqa: BLE001 - a backend that cannot run says why
             results.append(unavailable(name, "peer", title, _raised(e)))
             continue
-        finally:
-            del pq, pk, pv
         results.append(result)
         device.release()
     problem = Problem(n, H, longest, longest, D, dtype, causal)
