@@ -49,7 +49,8 @@ from .arch import tma
 from .phases import p07_mma_sync as p07
 from .phases import p09_warp_specialized as p09
 from .phases import p10_split_keys as p10
-from .phases.common import LOG2E, cdiv, launch, no_lse, split_workspace
+from .phases.common import LOG2E, cdiv, no_lse, split_workspace
+from .phases.common import launch as launch_kernel  # (the launchers below name their closures `launch`)
 from .reference import default_scale
 
 PAGE_MULTIPLE = 16
@@ -206,11 +207,7 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
     if qd.kind == "torch":
         import torch
 
-        if out is None:
-            out = torch.empty_like(q)
-        elif not _is_torch(out) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device \
-                or not out.is_contiguous():
-            raise ValueError(f"out: expected a contiguous tensor like q ({tuple(q.shape)}, {q.dtype} on {q.device})")
+        out = _torch_out(q, out)
         lse = torch.empty((B, H, S_q), dtype=torch.float32, device=q.device) if return_lse else None
         table = block_table if paged else torch.arange(B, dtype=torch.int32, device=q.device)[:, None]
         device_index = q.device.index or 0
@@ -218,11 +215,7 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
             arrays = [torch_to_kernel(t) for t in (q, k_cache, v_cache, out)]
             extra = [cuda.as_cuda_array(t) for t in (cache_seqlens, table)]
             kernel_lse = cuda.as_cuda_array(lse if lse is not None else _no_lse_torch(q.device))
-            # the workspace from torch's allocator, so that a call can be captured in a CUDA graph; its
-            # counters zeroed here, on the stream, and left at zero by every launch's merging blocks
-            workspace = [cuda.as_cuda_array(torch.empty(plan.o_part, dtype=torch.float32, device=q.device)),
-                         cuda.as_cuda_array(torch.empty(plan.lse_part, dtype=torch.float32, device=q.device)),
-                         cuda.as_cuda_array(torch.zeros(plan.counters, dtype=torch.int32, device=q.device))]
+            workspace = _torch_workspace(plan, q.device)
 
         def launch():
             with cuda.gpus[device_index]:
@@ -246,6 +239,37 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
     return launch, out, lse
 
 
+_TORCH_WORKSPACES: dict = {}  # (device, stream, shapes) -> a split-keys workspace from torch's allocator
+
+
+def _torch_workspace(plan, device) -> list:
+    """The split-keys workspace of a torch call on the current stream, as common.split_workspace keeps
+    one per stream, but from torch's allocator, so that a call can be captured in a CUDA graph: made
+    on the first call on that stream (its counters zeroed there, on the stream), then left at zero by
+    every launch's merging blocks."""
+    import torch
+    from numba import cuda
+
+    key = (str(device), torch.cuda.current_stream(device).cuda_stream, plan.o_part, plan.lse_part, plan.counters)
+    found = _TORCH_WORKSPACES.get(key)
+    if found is None:
+        found = _TORCH_WORKSPACES[key] = [
+            cuda.as_cuda_array(torch.empty(plan.o_part, dtype=torch.float32, device=device)),
+            cuda.as_cuda_array(torch.empty(plan.lse_part, dtype=torch.float32, device=device)),
+            cuda.as_cuda_array(torch.zeros(plan.counters, dtype=torch.int32, device=device))]
+    return found
+
+
+def _torch_out(q, out):
+    """The output tensor of a torch call: a new one like q, or the caller's `out`, checked."""
+    if out is None:
+        return q.new_empty(q.shape)
+    if not _is_torch(out) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device \
+            or not out.is_contiguous():
+        raise ValueError(f"out: expected a contiguous tensor like q ({tuple(q.shape)}, {q.dtype} on {q.device})")
+    return out
+
+
 def _no_lse_torch(device):
     """The empty LSE argument (no_lse) from torch's allocator: nothing allocated by Numba in a call
     that a CUDA graph may be capturing."""
@@ -258,7 +282,7 @@ def _launch(config, plan, arrays, extra, lse, causal, qk_scale, stream, workspac
     q, k, v, o = arrays
     args = (q, k, v, o.view(np.uint32), no_lse() if lse is None else lse, bool(causal), np.float32(qk_scale),
             *(workspace or split_workspace(plan, stream)), *extra)
-    launch(config.kernel, plan.grid, config.n_threads, config.smem_bytes, args, stream, config.cache_key)
+    launch_kernel(config.kernel, plan.grid, config.n_threads, config.smem_bytes, args, stream, config.cache_key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,11 +393,7 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     if qd.kind == "torch":
         import torch
 
-        if out is None:
-            out = torch.empty_like(q)
-        elif not _is_torch(out) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device \
-                or not out.is_contiguous():
-            raise ValueError(f"out: expected a contiguous tensor like q ({tuple(q.shape)}, {q.dtype} on {q.device})")
+        out = _torch_out(q, out)
         lse = torch.full((1, H, total_q), -math.inf, dtype=torch.float32, device=q.device) if return_lse else None
         if not launches:
             return out.zero_, out, lse
@@ -384,11 +404,12 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
             if config.work_units is not None:  # its work counter (the kernel leaves it at zero)
                 offsets.insert(0, cuda.as_cuda_array(torch.zeros(1, dtype=torch.int32, device=q.device)))
             kernel_lse = cuda.as_cuda_array(lse if lse is not None else _no_lse_torch(q.device))
+            args = _varlen_arguments(config, arrays, offsets, kernel_lse, causal, qk_scale, max_seqlen_q)
 
         def launch():
             with cuda.gpus[device_index]:
                 stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
-                _launch_varlen(config, grid, arrays, offsets, kernel_lse, causal, qk_scale, stream, max_seqlen_q)
+                launch_kernel(config.kernel, grid, config.n_threads, config.smem_bytes, args, stream, config.cache_key)
 
         return launch, out, lse
     if out is not None:
@@ -401,25 +422,24 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     offsets = [dev(cu_seqlens_q), dev(cu_seqlens_k)]
     if config.work_units is not None:
         offsets.insert(0, cuda.to_device(np.zeros(1, np.int32)))
+    args = _varlen_arguments(config, arrays + [out], offsets, lse, causal, qk_scale, max_seqlen_q) if launches else ()
 
     def launch():
         if launches:
-            _launch_varlen(config, grid, arrays + [out], offsets, lse, causal, qk_scale, 0, max_seqlen_q)
+            launch_kernel(config.kernel, grid, config.n_threads, config.smem_bytes, args, 0, config.cache_key)
 
     return launch, out, lse
 
 
-def _launch_varlen(config, grid, arrays, offsets, lse, causal, qk_scale, stream, max_seqlen_q):
-    """Phase 07: (..., cu_seqlens_q, cu_seqlens_k); phase 09 also its tensor maps and work counter
-    (offsets = [counter, cu_q, cu_k]) and max_seqlen_q."""
+def _varlen_arguments(config, arrays, offsets, lse, causal, qk_scale, max_seqlen_q) -> list:
+    """The kernel's arguments, made once per launcher. Phase 07: (..., cu_seqlens_q, cu_seqlens_k);
+    phase 09 also its tensor maps and work counter (offsets = [counter, cu_q, cu_k]) and max_seqlen_q."""
     q, k, v, o = arrays
     args = [q, k, v, o.view(np.uint32), no_lse() if lse is None else lse, bool(causal), np.float32(qk_scale)]
-    if config.tma_box is not None:
-        for name, x in zip("qkv", (q, k, v)):
-            if not tma.simulator_enabled() and x.__cuda_array_interface__["data"][0] % 16:
-                raise ValueError(f"{name}: phase 09 loads it by TMA, which needs a 16-byte aligned address; "
-                                 f"pass a fresh tensor (or phase='07')")
-        args += [tma.packed_maps((q, k, v), config.tma_box), *offsets, np.int32(max_seqlen_q)]
-    else:
-        args += offsets
-    launch(config.kernel, grid, config.n_threads, config.smem_bytes, args, stream, config.cache_key)
+    if config.tma_box is None:
+        return args + offsets
+    for name, x in zip("qkv", (q, k, v)):
+        if not tma.simulator_enabled() and x.__cuda_array_interface__["data"][0] % 16:
+            raise ValueError(f"{name}: phase 09 loads it by TMA, which needs a 16-byte aligned address; "
+                             f"pass a fresh tensor (or phase='07')")
+    return args + [tma.packed_maps((q, k, v), config.tma_box), *offsets, np.int32(max_seqlen_q)]

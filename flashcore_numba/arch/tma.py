@@ -127,23 +127,27 @@ def packed_maps(arrays, box, swizzle: str = "128B"):
     """The tensor maps of packed sequences' (1, total, heads, D) arrays (attention_varlen), each seen as
     (heads, total, D): plane h is head h, its rows heads x D elements apart. One device array of
     shape (len(arrays), 16), as head_maps gives; cached by address and shape."""
-    described, views = [], []
+    described = []
     for i, array in enumerate(arrays):
-        if simulator_enabled():
-            base = getattr(array, "_ary", array)
-            address, shape, strides, dtype = 0, base.shape, base.strides, base.dtype.name
-        else:
-            address, shape, strides, dtype = _describe(array)
+        address, shape, strides, dtype = _described(array)
         if len(shape) != 4 or shape[0] != 1:
             raise ValueError(f"array {i}: expected (1, total, heads, D), got shape {tuple(shape)}")
         described.append((address, (shape[2], shape[1], shape[3]), (strides[2], strides[1], strides[3]), dtype))
-        if simulator_enabled():
-            views.append(base[0].transpose(1, 0, 2))  # the same memory, plane by head
     if simulator_enabled():
         from numba import cuda
 
+        views = [getattr(a, "_ary", a)[0].transpose(1, 0, 2) for a in arrays]  # the same memory, plane by head
         return cuda.to_device(np.stack([tensor_map(v, box, swizzle).copy_to_host() for v in views]))
     return _head_maps(tuple(described), tuple(map(int, box)), swizzle)
+
+
+def _described(array) -> tuple:
+    """(address, shape, strides in bytes, dtype name) of a kernel's array; in the simulator, of the
+    NumPy array behind it, at address 0."""
+    if simulator_enabled():
+        base = getattr(array, "_ary", array)
+        return 0, base.shape, base.strides, base.dtype.name
+    return _describe(array)
 
 
 def describe_heads(arrays) -> tuple:
@@ -152,11 +156,7 @@ def describe_heads(arrays) -> tuple:
     per plane. ValueError names an array whose heads do not lie one after another."""
     described = []
     for i, array in enumerate(arrays):
-        if simulator_enabled():
-            base = getattr(array, "_ary", array)
-            address, shape, strides, dtype = 0, base.shape, base.strides, base.dtype.name
-        else:
-            address, shape, strides, dtype = _describe(array)
+        address, shape, strides, dtype = _described(array)
         if len(shape) != 4:
             raise ValueError(f"array {i}: expected (B, H, S, D), got shape {tuple(shape)}")
         if strides[0] != shape[1] * strides[1]:
