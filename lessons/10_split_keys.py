@@ -40,11 +40,15 @@
 # 2^(lse_s − lse): o = Σ_s 2^(lse_s − lse) · o_s. The weights add up to 1. It is the online softmax
 # again, applied to whole ranges instead of single tiles, and like it, the order does not matter.
 #
-# **5. The last block merges.** No second kernel: every block writes its partials to a small
-# float32 workspace, makes them visible to the whole GPU (a [memory fence](../docs/glossary.md#memory-fence), `cuda.threadfence()`),
-# then adds 1 to a counter of its row tile with an [atomic](../docs/glossary.md#atomic) addition. The one that gets back
-# n_splits − 1 knows every other block has written and fenced its partials: it merges them, and
-# sets the counter back to 0 for the next call.
+# **5. The last block merges, as a tree.** No second kernel: every block writes its partials to a
+# small float32 workspace, makes them visible to the whole GPU (a [memory fence](../docs/glossary.md#memory-fence), `cuda.threadfence()`),
+# then adds 1 to a counter with an [atomic](../docs/glossary.md#atomic) addition. The splits count in teams of 16: the block
+# of a team that gets back 15 (or the team's size − 1) knows every other member has written and
+# fenced its partials. It merges them into the team's first slot, a partial of its own with its own
+# log-sum-exp, and sets the counter back to 0 for the next call. The teams then count and merge in
+# teams of 16 in turn, until one team is left, whose last block writes the output. Merging merges is
+# still the same merge (step 4), and the teams merge at the same time on different SMs: one warp
+# merging 64 splits alone was the slowest part of the kernel.
 #
 # **6. A group's query heads share one tile.** With grouped-query attention, the H / H_kv query
 # heads of a group read the same K/V head. Their rows lie one after another in memory, so the kernel
@@ -57,7 +61,7 @@
 # padding at S_q = 1; they are not the bottleneck here.
 #
 # How many splits: enough blocks to fill the GPU once (SMs × the blocks one SM holds), at least
-# eight tiles per split (a split has fixed costs: loading Q, waiting for its first tile), at most 64.
+# eight tiles per split (a split has fixed costs: loading Q, waiting for its first tile), at most 256.
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
@@ -130,8 +134,8 @@ print("merged:", merged.round(6), "\nwhole: ", whole.round(6))
 lesson.show_source(phase.split_count, phase.make_splits)
 
 # %% [markdown]
-# The kernel itself: phase 07's loop on one warp's 16 packed rows and one range of keys, then the
-# partials, the count and the merge.
+# The kernel itself: phase 07's loop on one warp's 16 packed rows and one range of keys (three
+# stages of K and V, two tiles in flight), then the partials, the count and the merge.
 
 # %%
 lesson.show_source(phase.build_kernel)

@@ -384,7 +384,7 @@ STUB_REGION_SAYS = {
     "09-a": "diagnosis: only S = 1 passes: its single row is the block's first",
     "09-b": "diagnosis: only S = 1 passes",
     "10-a": "diagnosis: only S = 1 passes: with one key there is one split",
-    "10-b": "diagnosis: all zeros: every split's weight is still 0",
+    "10-b": "diagnosis: all zeros: every member's weight is still 0",
 }
 REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in PHASES.values()
            for r in exercises.phase_regions(phase)]

@@ -358,10 +358,11 @@ def test_phase10_split_count_fills_the_gpu_once():
     MIN_TILES_PER_SPLIT tiles, at most MAX_SPLITS, evened out; none where the blocks fill it."""
     from flashcore_numba.phases.p10_split_keys import MAX_SPLITS, MIN_TILES_PER_SPLIT, split_count
 
-    assert MIN_TILES_PER_SPLIT == 8 and MAX_SPLITS == 64
+    assert MIN_TILES_PER_SPLIT == 8 and MAX_SPLITS == 256
     assert split_count(blocks=16, key_tiles=128, slots=792) == 16  # B=1 H=16 S_k=4096 D=128: 8 tiles each
     assert split_count(blocks=256, key_tiles=64, slots=792) == 4  # 8 x 32 heads, S_k=2048: 16 tiles each
-    assert split_count(blocks=1, key_tiles=1000, slots=792) == 63  # at most 64: 16 tiles each, 63 splits
+    assert split_count(blocks=8, key_tiles=1024, slots=660) == 79  # B=1 H_kv=8 S_k=32768: 13 tiles each
+    assert split_count(blocks=1, key_tiles=4000, slots=792) == 250  # at most 256: 16 tiles each, 250 splits
     assert split_count(blocks=792, key_tiles=128, slots=792) == 1  # the blocks fill the GPU already
     assert split_count(blocks=1, key_tiles=15, slots=792) == 1  # under two splits' worth of keys
     assert split_count(blocks=4, key_tiles=20, slots=792) == 2
@@ -419,13 +420,25 @@ def test_phase10_splits_merge_to_the_reference(case, splits):
     np.testing.assert_allclose(got[seen], ref[seen], rtol=1e-5, atol=1e-5)
 
 
-def test_phase10_merges_more_splits_than_lanes():
-    """37 splits: lane l of the merging warp holds splits l and l + 32, and the output sums them
-    four at a time and the last one alone (37 = 9 x 4 + 1)."""
+def test_phase10_merge_counters_count_every_team_of_the_tree():
+    """One counter per team at each level of the merge tree, down to the team that writes the
+    output: 79 splits in teams of 16 are 5 teams, then 1."""
+    from flashcore_numba.phases.p10_split_keys import merge_counters
+
+    assert merge_counters(1, 16) == 1 and merge_counters(16, 16) == 1 and merge_counters(17, 16) == 3
+    assert merge_counters(79, 16) == 6 and merge_counters(256, 16) == 17
+    assert merge_counters(37, 2) == 19 + 10 + 5 + 3 + 2 + 1
+
+
+def test_phase10_merges_over_several_levels():
+    """37 splits in the simulator's teams of two: six levels of merges (19, 10, 5, 3, 2 and 1
+    teams), a team of one at the end of a level carried up unchanged."""
     from numba import cuda
 
     from flashcore_numba.phases.common import LOG2E
+    from flashcore_numba.phases.p10_split_keys import SIM_FAN_IN
 
+    assert SIM_FAN_IN == 2
     q, k, v = random_qkv((1, 2, 1, 64), 37 * 16, seed=None, heads_kv=1)
     config = split_config(64, 37)
     out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
@@ -435,7 +448,7 @@ def test_phase10_merges_more_splits_than_lanes():
 
 
 def test_phase10_leaves_its_counters_at_zero():
-    """The block that merges a row tile sets its counter back to zero: two launches share one
+    """The block that merges a team sets its counter back to zero: two launches share one
     workspace, and the second merges as the first did (without the reset, no block of the second
     would count to the last and its rows would stay poisoned)."""
     from numba import cuda
@@ -445,7 +458,7 @@ def test_phase10_leaves_its_counters_at_zero():
     q, k, v = random_qkv((1, 4, 2, 64), 80, heads_kv=1)  # 8 packed rows, one row tile
     config = split_config(64, 3)
     splits = config.split_keys(q.shape, k.shape, False)
-    assert splits.counters == 1 and splits.o_part == (3, 8, 64)
+    assert splits.counters == 3 and splits.o_part == (3, 8, 64)  # teams of two: 2, then 1
     workspace = (cuda.device_array(splits.o_part, np.float32), cuda.device_array(splits.lse_part, np.float32),
                  cuda.to_device(np.zeros(splits.counters, np.int32)))
     ref, lowp = reference_attention(q, k, v), lowp_attention(q, k, v)
@@ -453,7 +466,7 @@ def test_phase10_leaves_its_counters_at_zero():
         out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
         args = config.arguments(*(cuda.to_device(x) for x in (q, k, v)), out, False, LOG2E / 8)
         config.kernel[splits.grid, config.n_threads, 0, config.smem_bytes](*args[:-3], *workspace)
-        assert workspace[2].copy_to_host()[0] == 0, f"launch {launch}: the counter was left non-zero"
+        assert not workspace[2].copy_to_host().any(), f"launch {launch}: a counter was left non-zero"
         verdict = check_close(out.copy_to_host(), ref, lowp)
         assert verdict.ok, f"launch {launch}: {verdict.message}"
 

@@ -264,14 +264,14 @@ HINTS: dict[str, RegionHints] = {
                             "at D = 128) bring the wrong part of K and V"},
     ),
     "10-a": RegionHints(
-        idea="Every block of a row tile ends by counting itself on the tile's counter. Only the block that "
-             "counts last may merge (every other split's partials are written by then): it is the one that "
-             "finds n_splits - 1 blocks counted before it. Count once per block, not once per lane.",
+        idea="Every block of a merge team ends by counting itself on the team's counter. Only the block that "
+             "counts last may merge (every other member's partials are written by then): it is the one that "
+             "finds members - 1 blocks counted before it. Count once per block, not once per lane.",
         helpers="cuda.atomic.add(array, index, value) adds value to array[index] and returns the value it "
                 "held before, in one indivisible step (two blocks never get the same one). "
                 "cuda.shfl_sync(FULL_MASK, value, 0) gives every lane lane 0's value.",
         pseudo="if lane == 0:\n"
-               "    done = <add 1 to this row tile's counter; keep what it held>\n"
+               "    done = <add 1 to COUNTERS[counter]; keep what it held>\n"
                "done = <lane 0's done, for every lane>",
         diagnoses={"s_one": "only S = 1 passes: with one key there is one split, and its block, finding 0 "
                             "blocks counted before it, is rightly the last; with several, no block found that "
@@ -279,25 +279,25 @@ HINTS: dict[str, RegionHints] = {
                             "before the launch (NaN)"},
     ),
     "10-b": RegionHints(
-        idea="Each split sp left its partial output o_s (normalized over its own keys) and lse_s, the log2 "
-             "of its softmax denominator. The whole denominator is the sum of theirs: lse = log2(sum_s "
-             "2^lse_s), and split sp's share of the output is 2^(lse_s - lse) (the shares add up to 1). "
-             "Each lane holds two splits' lse_s (lse_0, lse_1); the max and the sum run over the whole warp. "
-             "Subtract the max before exponentiating, as the online softmax subtracts m_i; a split that saw "
-             "no key has lse_s = -inf and weight 0.",
+        idea="Each member i of a team left its partial output o_i (normalized over its own keys) and lse_i, "
+             "the log2 of its softmax denominator. The whole denominator is the sum of theirs: lse = "
+             "log2(sum_i 2^lse_i), and member i's share of the output is 2^(lse_i - lse) (the shares add up "
+             "to 1). Lane i holds member i's lse_i (-inf in a lane past the team's members); the max and the "
+             "sum run over the whole warp. Subtract the max before exponentiating, as the online softmax "
+             "subtracts m_i; a member that saw no key has lse_i = -inf and weight 0.",
         helpers="warp_max(x), warp_sum(x): the max and the sum of x over the 32 lanes, in every lane; "
-                "math.exp2, math.log2. lse, w_0 and w_1 start as -inf, 0 and 0 (a row without keys).",
-        pseudo="top = warp_max(<the larger of this lane's two>)\n"
+                "math.exp2, math.log2. lse and w start as -inf and 0 (a row without keys).",
+        pseudo="top = warp_max(lse_i)\n"
                "ref = top, or 0 if top is -inf\n"
-               "total = warp_sum(<2^(lse_0 - ref) + 2^(lse_1 - ref)>)\n"
+               "total = warp_sum(<2^(lse_i - ref)>)\n"
                "if total != 0:\n"
                "    lse = ref + log2(total)\n"
-               "    w_0, w_1 = 2^(lse_0 - lse), 2^(lse_1 - lse)",
-        diagnoses={"zeros": "all zeros: every split's weight is still 0 (w_0 and w_1 keep their initial values), "
-                            "so the merge adds nothing: compute lse, then w_0 = 2^(lse_0 - lse) and w_1",
-                   "s_one": "only S = 1 passes: with one key there is one split, whose weight 2^(lse_0 - lse) "
+               "    w = 2^(lse_i - lse)",
+        diagnoses={"zeros": "all zeros: every member's weight is still 0 (w keeps its initial value), so the "
+                            "merge adds nothing: compute lse, then w = 2^(lse_i - lse)",
+                   "s_one": "only S = 1 passes: with one key there is one split, whose weight 2^(lse_i - lse) "
                             "is 1 however lse is summed; with several, the weights are wrong: they are "
-                            "2^(lse_s - lse) with lse = log2 of the sum of the 2^lse_s, and they add up to 1"},
+                            "2^(lse_i - lse) with lse = log2 of the sum of the 2^lse_i, and they add up to 1"},
     ),
 }
 

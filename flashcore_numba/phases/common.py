@@ -414,7 +414,7 @@ class Splits:
     grid: tuple
     o_part: tuple  # (splits, B * H * S_q, D) float32: each split's partial output
     lse_part: tuple  # (splits, B * H * S_q) float32: each split's log-sum-exp (base 2)
-    counters: int  # int32 counters, one per (batch, K/V head, row tile): how many splits have finished
+    counters: int  # int32 counters: per (batch, K/V head, row tile), one per team of its merge tree
 
 
 H100_SM_LIMITS = (228 * 1024, 32)  # shared memory per SM (bytes) and blocks per SM of an H100

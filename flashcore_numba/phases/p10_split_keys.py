@@ -18,25 +18,33 @@ What changed from phase 07
       into `n_splits` ranges, whole tiles of BLOCK_N keys, that run as separate blocks
       (grid x). Each block runs phase 07's loop over its range only and ends with a partial
       output o_s = acc / l_i and its log-sum-exp lse_s (base 2 here: m_i + log2 l_i), written
-      to a float32 workspace. The last block of a row tile to finish merges them: with
-      lse = log2(sum_s 2^lse_s), the output is sum_s 2^(lse_s - lse) o_s. The merge is
-      associative, so the order in which the splits finish does not matter. A block knows it
-      is the last by an atomic counter: it writes its partials, makes them visible to every
-      other block (`cuda.threadfence`), then adds 1 to its row tile's counter; the block that
-      gets n_splits - 1 back has seen every other block's fence, so their partials are there
-      to read. It sets the counter back to 0 for the next launch.
-    - **The merge is spread over the warp.** Lane l holds the log-sum-exp of splits l and
-      l + 32, so a row's maximum and sum are warp reductions (`warp_max`, `warp_sum`), not a pass
-      over every split; then each lane sums its output columns four splits per step, so several
-      loads from L2 are in flight at once. Against a merge of one lane per row, split after
-      split: 1.96x at B=1 H=32 H_kv=8 S_k=8192 and 1.29x at B=1 H=16 S_k=4096, the records of
-      both in docs/tuning/10_merge/ (and the other shapes in docs/tuning/10_history.md).
+      to a float32 workspace. With lse = log2(sum_s 2^lse_s), the output is
+      sum_s 2^(lse_s - lse) o_s. The merge is associative, so the order in which the splits
+      finish does not matter, and merges can be merged.
+    - **The merge is a tree, done by the last block to finish.** The splits are gathered in
+      teams of FAN_IN = 16. The last block of a team to finish merges the team's partials into
+      the team's first slot: a partial of its own, with its own log-sum-exp. The teams are then
+      gathered in teams of 16 in turn, until one team is left, whose last block writes the
+      output. A block knows it is the last of its team by an atomic counter (`arrive`): it
+      writes its partials, makes them visible to every other block (`cuda.threadfence`), then
+      adds 1 to its team's counter; the block that gets members - 1 back has seen every other
+      member's fence, so their partials are there to read. It sets the counter back to 0 for
+      the next launch. In a merge, lane i holds member i's log-sum-exp, so a row's maximum and
+      sum are warp reductions (`warp_max`, `warp_sum`), and each lane's loads of every member's
+      columns go out together (`merge_members`, unrolled).
+      Why a tree: one block merging every split alone was the kernel's tail. Timed with the
+      GPU's clock (docs/tuning/10_trace/), at B=1 H=32 H_kv=8 S_k=32768 the splits end by
+      60 us and a merge level takes 7-9 us on one warp; 64 splits merged by one warp took
+      longer than the two levels of 16 do.
+    - **Three stages of K and V.** Two tiles are in flight while the warp works on a third
+      (cp.async.wait_group 1): the B=8 H=32 S_k=2048 decode step, whose splits are short, gains
+      the most.
     How many splits: enough blocks to fill the GPU once (its SMs times the blocks one SM holds),
     at least MIN_TILES_PER_SPLIT tiles each, at most MAX_SPLITS; none where the unsplit grid
     already fills it (`split_count`). With one split the path is the same: the block writes its
     partial, counts itself last, and its merge copies the partial out (one code path, and a
     round trip through L2 of D floats per row, small beside the row's keys).
-    A block is one warp (32 threads): it holds its 16 rows' state and its own two stages of K
+    A block is one warp (32 threads): it holds its 16 rows' state and its own three stages of K
     and V, so an SM holds several blocks and their copies overlap.
     Built `paged`, the same kernel reads a KV cache (flashcore_numba.inference.attention_kvcache):
     q as (B, S_q, H, D), K and V as pages named by a block table, one length per sequence. Only
@@ -99,16 +107,33 @@ BUILDS_ON = "07"  # its tile loop is phase 07's: the lesson compares their machi
 LESSON_PROBLEM = dict(B=1, H=32, S_q=1, S_k=8192, D=128, H_kv=8)
 
 BLOCK_M = MMA_M  # one m-tile of packed rows per block: one warp
-TILES = {64: dict(block_n=64), 128: dict(block_n=32)}  # 2 stages of K and V: 37 and 39 KB per block
-SIM_TILES = {64: dict(block_n=16), 128: dict(block_n=16)}  # the simulator: short tiles, more of them
+TILES = {64: dict(block_n=64, stages=3), 128: dict(block_n=32, stages=3)}  # 3 stages of K and V: 58 and 57 KB
+SIM_TILES = {64: dict(block_n=16, stages=3), 128: dict(block_n=16, stages=3)}  # the simulator: short tiles
 MIN_TILES_PER_SPLIT = 8  # a split's fixed costs (Q's load, the first tile's wait, its share of the merge)
 SIM_MIN_TILES_PER_SPLIT = 1  # the simulator: any problem of two tiles or more splits (and merges)
-MAX_SPLITS = 64  # the merge keeps one weight per split and row in shared memory: 16 x 64 floats
+MAX_SPLITS = 256  # at most so many ranges per row tile (its workspace: 256 x 16 x D floats)
+FAN_IN = 16  # the merge gathers the partials 16 at a time: a lane holds one partial's log-sum-exp
+SIM_FAN_IN = 2  # the simulator: teams of two, so that small problems merge over several levels
 SIM_SLOTS = 8  # the simulator's "GPU": blocks it holds at once, so that small problems split too
 
 
 def tiles(HEAD_DIM: int) -> dict:
     return (SIM_TILES if simulator_enabled() else TILES)[HEAD_DIM]
+
+
+def fan_in() -> int:
+    return SIM_FAN_IN if simulator_enabled() else FAN_IN
+
+
+def merge_counters(n_splits: int, fan: int) -> int:
+    """How many counters the merge of one row tile's n_splits partials uses: one per team of
+    `fan` partials at each level of the tree, down to the one team that writes the output."""
+    total, count = 0, n_splits
+    while True:
+        count = cdiv(count, fan)
+        total += count
+        if count == 1:
+            return total
 
 
 def split_count(blocks: int, key_tiles: int, slots: int, min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
@@ -121,8 +146,9 @@ def split_count(blocks: int, key_tiles: int, slots: int, min_tiles: int = MIN_TI
     return cdiv(key_tiles, cdiv(key_tiles, splits))  # the same tiles per split, the last one shorter
 
 
-def make_splits(block_n: int, smem_bytes: int):
-    """The kernel's `split_keys`: (q shape, k shape, causal) -> its grid and workspace (Splits)."""
+def make_splits(block_n: int, smem_bytes: int, fan: int):
+    """The kernel's `split_keys`: (q shape, k shape, causal) -> its grid and workspace (Splits);
+    `fan`: the partials per merge (its counters)."""
 
     def splits_of(q_shape, k_shape, causal, splits=None) -> Splits:
         B, H, S_q, D = q_shape
@@ -132,20 +158,30 @@ def make_splits(block_n: int, smem_bytes: int):
         if splits is None:
             min_tiles = SIM_MIN_TILES_PER_SPLIT if simulator_enabled() else MIN_TILES_PER_SPLIT
             splits = split_count(blocks, cdiv(S_k, block_n), sm_count() * blocks_per_sm(smem_bytes), min_tiles)
-        return Splits((splits, row_tiles * H_kv, B), (splits, B * H * S_q, D), (splits, B * H * S_q), blocks)
+        return Splits((splits, row_tiles * H_kv, B), (splits, B * H * S_q, D), (splits, B * H * S_q),
+                      blocks * merge_counters(splits, fan))
 
     return splits_of
 
 
+def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
+    """Phase 07's layout for one warp of 16 rows, with `stages` stages of K and V (2 to 4)."""
+    assert 2 <= stages <= 4, "cp.async.wait_group takes its count as an immediate: ptx/cp_async.ptx has 0 to 2"
+    L = layout(HEAD_DIM, block_m=BLOCK_M, warps=1, block_n=block_n)
+    L["STAGES"] = stages
+    L["SMEM_BYTES"] = L["K_OFF"] + stages * L["STAGE_BYTES"]
+    return L
+
+
 def smem_size(L) -> int:
-    """Dynamic shared memory per block: Q's tile and two stages of K and V, which the merge then
-    reuses for its weights (MAX_SPLITS x BLOCK_M floats)."""
-    return max(L["SMEM_BYTES"], MAX_SPLITS * BLOCK_M * 4)
+    """Dynamic shared memory per block: Q's tile and the stages of K and V, which the merge then
+    reuses for its weights (FAN_IN x BLOCK_M floats)."""
+    return max(L["SMEM_BYTES"], FAN_IN * BLOCK_M * 4)
 
 
 def gpu_layout(HEAD_DIM: int) -> dict:
     """The layout the GPU kernel has (the simulator's tiles are smaller)."""
-    return layout(HEAD_DIM, block_m=BLOCK_M, warps=1, **TILES[HEAD_DIM])
+    return split_layout(HEAD_DIM, **TILES[HEAD_DIM])
 
 
 def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
@@ -154,13 +190,15 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
     table (B, pages per sequence), and each sequence's own length. Only where rows live and how many
     keys a sequence has differ (the branches on PAGED, settled when the kernel is built)."""
     PAGED = paged
+    STAGES = L["STAGES"]
     mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
     exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")
     ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
     ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
     commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
-    wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
+    # wait until the oldest of the groups in flight has landed: STAGES - 2 newer ones may still fly
+    wait_pending = ptx.function("cp_async.ptx", f"flashcore_cp_async_wait_{STAGES - 2}", "inline")
     shared_address, global_address = operands.shared_address, operands.global_address
     copy_tile = make_copy_tile(L)
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
@@ -171,6 +209,7 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
     NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
     ROW_BYTES = STRIDE * 2
     PAIRS = HEAD_DIM // 2  # output columns are written two at a time (one packed 32-bit word)
+    FAN_IN = fan_in()  # partials per merge (the simulator's are fewer)
 
     @cuda.jit(device=True, inline=True)
     def mma_into(c, j, a, kk, b0, b1):
@@ -198,6 +237,34 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
 
     qk_steps = unrolled(qk_step, KQ)
     pv_steps = unrolled(pv_step, NO // 2)
+
+    @cuda.jit(device=True, inline=True)
+    def merge_member(i, args):
+        """Member i of a team, times its weight, into sums: columns col and col + 1 of tile row r. A
+        team shorter than FAN_IN reads its last member again for i past it, with weight 0: no
+        branch, so that the loads of every member go out before their sums need them (unrolled
+        below)."""
+        sums, O_PART, weight, slot0, stride, last, out_row, r, col = args
+        slot = slot0 + min(i, last) * stride
+        w = weight[i * BLOCK_M + r]
+        sums[0] += w * O_PART[slot, out_row + r, col]
+        sums[1] += w * O_PART[slot, out_row + r, col + 1]
+
+    merge_members = unrolled(merge_member, FAN_IN)
+
+    @cuda.jit(device=True, inline=True)
+    def put_merged(O, O_PART, x, y, r, col, last_level, slot, out_row, b, h0, seq_q, row0):
+        """Merged columns col, col + 1 of tile row r: to the output at the last level (packed), else
+        in place of the team's first member (this lane read its value already)."""
+        if last_level:
+            hg, qi = packed_row(row0 + r, seq_q)
+            if PAGED:
+                O[b, qi, h0 + hg, col // 2] = pack(x, y)
+            else:
+                O[b, h0 + hg, qi, col // 2] = pack(x, y)
+        else:
+            O_PART[slot, out_row + r, col] = x
+            O_PART[slot, out_row + r, col + 1] = y
 
     @cuda.jit(device=True, inline=True)
     def warp_max(x):
@@ -276,6 +343,44 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
                    uint32(16) if j < seq_k else uint32(0))
 
     @cuda.jit(device=True, inline=True)
+    def copy_kv(smem, stage, K, V, head_kv, h_kv, key0, seq_k, lane, BLOCK_TABLE, b, pages, whole_tiles):
+        """Start copying keys key0 .. key0 + BLOCK_N - 1 of K and V into `stage`: from a (B, H_kv, S_k, D)
+        head, or (PAGED) from the cache's pages, the tile's pages known (whole_tiles) or not."""
+        k_off = K_OFF + stage * STAGE_BYTES
+        v_off = V_OFF + stage * STAGE_BYTES
+        if PAGED:
+            if whole_tiles:
+                copy_kv_tile(smem, k_off, K, h_kv, key0, seq_k, lane, pages)
+                copy_kv_tile(smem, v_off, V, h_kv, key0, seq_k, lane, pages)
+            else:
+                copy_kv_pages(smem, k_off, K, BLOCK_TABLE, b, h_kv, key0, seq_k, lane)
+                copy_kv_pages(smem, v_off, V, BLOCK_TABLE, b, h_kv, key0, seq_k, lane)
+        else:
+            copy_tile(smem, k_off, global_address(K), head_kv, key0, BLOCK_N, seq_k, lane, ROW)
+            copy_tile(smem, v_off, global_address(V), head_kv, key0, BLOCK_N, seq_k, lane, ROW)
+
+    @cuda.jit(device=True, inline=True)
+    def arrive(COUNTERS, counter, members, lane):
+        """Count this block as one of the `members` blocks that COUNTERS[counter] waits for; True in
+        the block that counts last, which sets the counter back to 0 for the next launch. Each
+        block made its partials visible to the whole GPU before it counted, so the block that
+        counts last has seen every other block's fence: their partials are there to read."""
+        cuda.threadfence()
+        cuda.syncthreads()  # the block is one warp
+        done = 0  # how many of the members had counted before this block
+        # >>> exercise 10-a: count this block as finished: lane 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value), then every lane gets that value as `done` (a shuffle from lane 0)
+        if lane == 0:
+            done = cuda.atomic.add(COUNTERS, counter, 1)
+        done = cuda.shfl_sync(FULL_MASK, done, 0)
+        # <<< exercise
+        if done != members - 1:
+            return False
+        cuda.threadfence()  # the other blocks' partials, read after their count
+        if lane == 0:
+            COUNTERS[counter] = 0  # every member of this launch has counted: ready for the next launch
+        return True
+
+    @cuda.jit(device=True, inline=True)
     def attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE):
         """The whole of one block's work (the kernels below only name their arguments)."""
         smem_h = cuda.shared.array(0, uint32, alignment=128)
@@ -326,31 +431,29 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
         l_a = float32(0.0)
         l_b = float32(0.0)
 
-        # -- prologue: the 16 packed rows of Q and the range's first K/V tile
+        # -- prologue: the 16 packed rows of Q, then the range's first STAGES - 1 tiles of K and V,
+        # a commit group each (a group past the range is empty: the count of groups stays the same)
         if PAGED:
             copy_q_rows(smem, Q, b, h_kv * group, row0, rows, seq_q, lane)
-            # pages of at least a tile: each tile's (at most two) pages read once, a tile ahead; smaller
-            # pages: the block table read for every key (copy_kv_pages)
+            # pages of at least a tile: each tile's (at most two) pages read once, a tile ahead of its
+            # copy; smaller pages: the block table read for every key (copy_kv_pages)
             page_size = K.shape[1]
             whole_tiles = page_size >= BLOCK_N
-            pages_next = (int64(0), int64(0), int64(0), int64(0))
-            if k_start < k_stop:
-                if whole_tiles:
-                    pages = tile_pages(BLOCK_TABLE, b, k_start, seq_k, page_size)
-                    copy_kv_tile(smem, K_OFF, K, h_kv, k_start, seq_k, lane, pages)
-                    copy_kv_tile(smem, V_OFF, V, h_kv, k_start, seq_k, lane, pages)
-                    if k_start + BLOCK_N < k_stop:
-                        pages_next = tile_pages(BLOCK_TABLE, b, k_start + BLOCK_N, seq_k, page_size)
-                else:
-                    copy_kv_pages(smem, K_OFF, K, BLOCK_TABLE, b, h_kv, k_start, seq_k, lane)
-                    copy_kv_pages(smem, V_OFF, V, BLOCK_TABLE, b, h_kv, k_start, seq_k, lane)
         else:
             copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, rows, lane, ROW)
-            if k_start < k_stop:
-                copy_tile(smem, K_OFF, global_address(K), head_kv, k_start, BLOCK_N, seq_k, lane, ROW)
-                copy_tile(smem, V_OFF, global_address(V), head_kv, k_start, BLOCK_N, seq_k, lane, ROW)
-        commit()
-        wait_all()
+            page_size = 1
+            whole_tiles = False
+        pages = (int64(0), int64(0), int64(0), int64(0))  # (paged, whole tiles) the next copy's pages
+        for st in range(STAGES - 1):
+            key0 = k_start + st * BLOCK_N
+            if key0 < k_stop:
+                if PAGED and whole_tiles:
+                    pages = tile_pages(BLOCK_TABLE, b, key0, seq_k, page_size)
+                copy_kv(smem, st, K, V, head_kv, h_kv, key0, seq_k, lane, BLOCK_TABLE, b, pages, whole_tiles)
+            commit()
+        if PAGED and whole_tiles and k_start + (STAGES - 1) * BLOCK_N < k_stop:
+            pages = tile_pages(BLOCK_TABLE, b, k_start + (STAGES - 1) * BLOCK_N, seq_k, page_size)
+        wait_pending()  # the first group, Q's rows with the first tile, has landed
         cuda.syncthreads()
         if qk_scale < 0:  # as phase 07: the sign goes into q, the max and exp2 need a scale >= 0
             for w in range(lane, BLOCK_M * STRIDE // 2, 32):
@@ -364,28 +467,19 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
         k_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
         v_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
 
-        # -- phase 07's loop, over this split's keys only
+        # -- phase 07's loop over this split's keys, STAGES - 1 tiles in flight while one is used
         stage = 0
         for start_n in range(k_start, k_stop, int32(BLOCK_N)):
-            next_n = start_n + int32(BLOCK_N)
+            wait_pending()  # this tile's group has landed (the STAGES - 2 newer ones may still fly)
+            cuda.syncthreads()  # the block is one warp: every lane's copies, and every lane done with
+            # the stage the next copy overwrites (the one used last time round)
+            next_n = start_n + int32((STAGES - 1) * BLOCK_N)
             if next_n < k_stop:
-                if PAGED:
-                    if whole_tiles:
-                        copy_kv_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, K, h_kv, next_n, seq_k, lane, pages_next)
-                        copy_kv_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, V, h_kv, next_n, seq_k, lane, pages_next)
-                        if next_n + BLOCK_N < k_stop:  # the tile after: its pages read now, used next time round
-                            pages_next = tile_pages(BLOCK_TABLE, b, next_n + BLOCK_N, seq_k, page_size)
-                    else:
-                        copy_kv_pages(smem, K_OFF + (1 - stage) * STAGE_BYTES, K, BLOCK_TABLE, b, h_kv, next_n, seq_k,
-                                      lane)
-                        copy_kv_pages(smem, V_OFF + (1 - stage) * STAGE_BYTES, V, BLOCK_TABLE, b, h_kv, next_n, seq_k,
-                                      lane)
-                else:
-                    copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
-                              seq_k, lane, ROW)
-                    copy_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_kv, next_n, BLOCK_N,
-                              seq_k, lane, ROW)
-                commit()
+                copy_kv(smem, (stage + STAGES - 1) % STAGES, K, V, head_kv, h_kv, next_n, seq_k, lane, BLOCK_TABLE,
+                        b, pages, whole_tiles)
+                if PAGED and whole_tiles and next_n + BLOCK_N < k_stop:  # the tile after: its pages now
+                    pages = tile_pages(BLOCK_TABLE, b, next_n + BLOCK_N, seq_k, page_size)
+            commit()
             for j in range(NT):
                 for e in range(4):
                     s[j, e] = float32(0.0)
@@ -432,9 +526,7 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
                 p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
                 p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
             pv_steps(0, (acc, p_frag, smem + V_OFF + stage * STAGE_BYTES + v_lane))
-            wait_all()
-            cuda.syncthreads()
-            stage = 1 - stage
+            stage = stage + 1 if stage + 1 < STAGES else 0
 
         # -- the rows' sums over the quad: each lane summed a quarter of each row's columns
         l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
@@ -461,78 +553,68 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
             if p_b < rows:
                 LSE_PART[split, first_row + p_b] = float32(-math.inf) if l_b == float32(0.0) else m_b + math.log2(l_b)
 
-        # -- the last block of this row tile to finish merges. Its partials are made visible to the
-        # whole GPU before it counts itself; the block that counts last reads everyone's.
-        cuda.threadfence()
-        cuda.syncthreads()  # the block is one warp
-        counter = (b * H_kv + h_kv) * row_tiles + tile
-        done = 0  # how many blocks of this row tile had finished before this one
-        # >>> exercise 10-a: count this block as finished: lane 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value), then every lane gets that value as `done` (a shuffle from lane 0)
-        if lane == 0:
-            done = cuda.atomic.add(COUNTERS, counter, 1)
-        done = cuda.shfl_sync(FULL_MASK, done, 0)
-        # <<< exercise
-        if done != n_splits - 1:
-            return
-        cuda.threadfence()  # the other blocks' partials, read after their count
-        if lane == 0:
-            COUNTERS[counter] = 0  # every block of this launch has counted: ready for the next launch
-
-        # lse = log2(sum_s 2^lse_s) of each row, and each split's weight 2^(lse_s - lse), into shared
-        # memory (K and V are done with). Lane l holds splits l and l + 32 (MAX_SPLITS = 64): a row's
-        # loads all go out at once, and its max and its sum are reductions over the warp
-        weight = cuda.shared.array(0, float32)
+        # -- merge, as a tree. Splits are gathered in teams of FAN_IN: the last block of a team
+        # to finish merges the team's partials into its first slot (a partial of its own, with its
+        # own log-sum-exp), then the teams are gathered in teams of FAN_IN in turn, and so on,
+        # until one team is left: its last block writes the output. The merge is associative, so
+        # merging merges gives the same result, and the teams merge in parallel, most of them while
+        # other splits still run: only the last team's merge is left after the last split ends.
+        weight = cuda.shared.array(0, float32)  # (FAN_IN, BLOCK_M): K and V are done with
+        sums = cuda.local.array(2, float32)  # a lane's two output columns (registers: constant indices)
+        per_tile = COUNTERS.shape[0] // (cuda.gridDim.y * cuda.gridDim.z)  # merge_counters(n_splits)
+        counters = ((b * H_kv + h_kv) * row_tiles + tile) * per_tile  # this row tile's first counter
         n_rows = min(BLOCK_M, rows - row0)
-        for r in range(n_rows):
-            row = first_row + row0 + r
-            lse_0 = LSE_PART[lane, row] if lane < n_splits else float32(-math.inf)
-            lse_1 = LSE_PART[lane + 32, row] if lane + 32 < n_splits else float32(-math.inf)
-            lse = float32(-math.inf)  # the log of an empty sum: the row sees no key in any split
-            w_0 = float32(0.0)
-            w_1 = float32(0.0)
-            # >>> exercise 10-b: lse = log2 of the sum over every split of 2^lse_s (lse_0, lse_1 of every lane; subtract their max first), and this lane's weights w_0 = 2^(lse_0 - lse), w_1 = 2^(lse_1 - lse) (both 0 when no split saw a key)
-            top = warp_max(max(lse_0, lse_1))
-            ref = top if top != float32(-math.inf) else float32(0.0)  # no key in any split: keep 0 - 0
-            total = warp_sum(math.exp2(lse_0 - ref) + math.exp2(lse_1 - ref))
-            if total != float32(0.0):
-                lse = ref + math.log2(total)
-                w_0 = math.exp2(lse_0 - lse)
-                w_1 = math.exp2(lse_1 - lse)
-            # <<< exercise
-            weight[lane * BLOCK_M + r] = w_0
-            weight[(lane + 32) * BLOCK_M + r] = w_1
-            if LSE.shape[2] != 0 and lane == 0:
-                hg, qi = packed_row(row0 + r, seq_q)
-                LSE[b, h_kv * group + hg, qi] = lse * LN2
-        cuda.syncthreads()  # the block is one warp
-        # o = sum_s weight_s o_s, two columns per lane at a time (neighbours read neighbouring words),
-        # four splits per step with their own sums: eight loads in flight instead of two
         out_row = first_row + row0
-        for idx in range(lane, n_rows * PAIRS, 32):
-            r = idx // PAIRS
-            col = 2 * (idx % PAIRS)
-            x0 = y0 = x1 = y1 = x2 = y2 = x3 = y3 = float32(0.0)
-            sp = 0
-            while sp + 4 <= n_splits:
-                x0 += weight[sp * BLOCK_M + r] * O_PART[sp, out_row + r, col]
-                y0 += weight[sp * BLOCK_M + r] * O_PART[sp, out_row + r, col + 1]
-                x1 += weight[(sp + 1) * BLOCK_M + r] * O_PART[sp + 1, out_row + r, col]
-                y1 += weight[(sp + 1) * BLOCK_M + r] * O_PART[sp + 1, out_row + r, col + 1]
-                x2 += weight[(sp + 2) * BLOCK_M + r] * O_PART[sp + 2, out_row + r, col]
-                y2 += weight[(sp + 2) * BLOCK_M + r] * O_PART[sp + 2, out_row + r, col + 1]
-                x3 += weight[(sp + 3) * BLOCK_M + r] * O_PART[sp + 3, out_row + r, col]
-                y3 += weight[(sp + 3) * BLOCK_M + r] * O_PART[sp + 3, out_row + r, col + 1]
-                sp += 4
-            while sp < n_splits:
-                x0 += weight[sp * BLOCK_M + r] * O_PART[sp, out_row + r, col]
-                y0 += weight[sp * BLOCK_M + r] * O_PART[sp, out_row + r, col + 1]
-                sp += 1
-            hg, qi = packed_row(row0 + r, seq_q)
-            o = pack((x0 + x1) + (x2 + x3), (y0 + y1) + (y2 + y3))
-            if PAGED:
-                O[b, qi, h_kv * group + hg, col // 2] = o
-            else:
-                O[b, h_kv * group + hg, qi, col // 2] = o
+        node = split  # this block's partial among this level's partials
+        count = n_splits  # partials at this level
+        stride = 1  # slots of O_PART from one partial of this level to the next
+        while True:
+            team = node // FAN_IN
+            first = team * FAN_IN  # the team's first partial: where its merge goes
+            members = min(FAN_IN, count - first)
+            last_level = count <= FAN_IN  # one team: its merge is the output
+            if not arrive(COUNTERS, counters + team, members, lane):
+                return  # another block of the team merges it
+            # each row's lse = log2(sum_i 2^lse_i) over the team's members, lane i holding member i,
+            # and each member's weight 2^(lse_i - lse), into shared memory
+            for r in range(n_rows):
+                row = out_row + r
+                lse_i = LSE_PART[(first + lane) * stride, row] if lane < members else float32(-math.inf)
+                lse = float32(-math.inf)  # the log of an empty sum: no member saw a key of this row
+                w = float32(0.0)
+                # >>> exercise 10-b: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
+                top = warp_max(lse_i)
+                ref = top if top != float32(-math.inf) else float32(0.0)  # no key at all: keep 0 - 0
+                total = warp_sum(math.exp2(lse_i - ref))
+                if total != float32(0.0):
+                    lse = ref + math.log2(total)
+                    w = math.exp2(lse_i - lse)
+                # <<< exercise
+                if lane < FAN_IN:
+                    weight[lane * BLOCK_M + r] = w
+                if lane == 0:
+                    if not last_level:
+                        LSE_PART[first * stride, row] = lse  # every lane has read it: overwritten in place
+                    elif LSE.shape[2] != 0:
+                        hg, qi = packed_row(row0 + r, seq_q)
+                        LSE[b, h_kv * group + hg, qi] = lse * LN2
+            cuda.syncthreads()  # the block is one warp
+            # o = sum_i w_i o_i, two columns per lane (neighbours read neighbouring words), the
+            # members one after another with no loop (merge_members)
+            for idx in range(lane, n_rows * PAIRS, 32):
+                r, col = idx // PAIRS, 2 * (idx % PAIRS)
+                sums[0] = float32(0.0)
+                sums[1] = float32(0.0)
+                merge_members(0, (sums, O_PART, weight, first * stride, stride, members - 1, out_row, r, col))
+                put_merged(O, O_PART, sums[0], sums[1], r, col, last_level, first * stride, out_row, b, h_kv * group,
+                           seq_q, row0)
+            if last_level:
+                return
+            cuda.syncthreads()  # the weights are read before the next level writes them
+            counters += (count + FAN_IN - 1) // FAN_IN  # past this level's counters
+            node = team
+            count = (count + FAN_IN - 1) // FAN_IN
+            stride *= FAN_IN
 
     @cuda.jit
     def split_keys_attention(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS):
@@ -545,7 +627,7 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
     smem_bytes = smem_size(L)
     return KernelConfig(split_keys_kvcache if PAGED else split_keys_attention, block_m=BLOCK_M, n_threads=32,
                         smem_bytes=smem_bytes, packed_output=True, lse=True, kv_cache=PAGED,
-                        split_keys=make_splits(BLOCK_N, smem_bytes))
+                        split_keys=make_splits(BLOCK_N, smem_bytes, FAN_IN))
 
 
 @lru_cache(maxsize=None)
@@ -554,5 +636,5 @@ def build(HEAD_DIM: int, dtype: str = "float16", paged: bool = False) -> KernelC
     same kernel reading a KV cache (flashcore_numba.inference.attention_kvcache)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 10 builds {' and '.join(DTYPES)}, not {dtype!r}")
-    L = layout(HEAD_DIM, block_m=BLOCK_M, warps=1, **tiles(HEAD_DIM))
+    L = split_layout(HEAD_DIM, **tiles(HEAD_DIM))
     return build_kernel(L, dtype, paged)
