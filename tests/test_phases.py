@@ -447,6 +447,23 @@ def test_phase10_merges_over_several_levels():
     assert verdict.ok, verdict.message
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_phase10_merge_keeps_infinities_of_v(splits):
+    """A team shorter than FAN_IN reads its last member again and must add nothing: 0 times an inf
+    of v would be NaN where torch has inf (one split: a team of one; three: the last team of two)."""
+    from numba import cuda
+
+    from flashcore_numba.phases.common import LOG2E
+    from flashcore_numba.reference import check_nonfinite, nonfinite_qkv
+
+    q, k, v = nonfinite_qkv((1, 1, 20, 64), causal=False)
+    config = split_config(64, splits)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    config.launch(*(cuda.to_device(x) for x in (q, k, v)), out, False, LOG2E / 8)
+    verdict = check_nonfinite(out.copy_to_host(), reference_attention(q, k, v), lowp_attention(q, k, v))
+    assert verdict.ok, verdict.message
+
+
 def test_phase10_leaves_its_counters_at_zero():
     """The block that merges a team sets its counter back to zero: two launches share one
     workspace, and the second merges as the first did (without the reset, no block of the second
