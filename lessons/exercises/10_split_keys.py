@@ -188,14 +188,16 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
     @cuda.jit(device=True, inline=True)
     def merge_member(i, args):
         """Member i of a team, times its weight, into sums: columns col and col + 1 of tile row r. A
-        team shorter than FAN_IN reads its last member again for i past it, with weight 0: no
-        branch, so that the loads of every member go out before their sums need them (unrolled
-        below)."""
+        team shorter than FAN_IN reads its last member again for i past it and adds nothing (a
+        select, not 0 times the value: an inf of v stays inf, not NaN): no branch, so that the loads
+        of every member go out before their sums need them (unrolled below)."""
         sums, O_PART, weight, slot0, stride, last, out_row, r, col = args
         slot = slot0 + min(i, last) * stride
         w = weight[i * BLOCK_M + r]
-        sums[0] += w * O_PART[slot, out_row + r, col]
-        sums[1] += w * O_PART[slot, out_row + r, col + 1]
+        x = w * O_PART[slot, out_row + r, col]
+        y = w * O_PART[slot, out_row + r, col + 1]
+        sums[0] += x if i <= last else float32(0.0)
+        sums[1] += y if i <= last else float32(0.0)
 
     merge_members = unrolled(merge_member, FAN_IN)
 
