@@ -47,8 +47,8 @@
 # fenced its partials. It merges them into the team's first slot, a partial of its own with its own
 # log-sum-exp, and sets the counter back to 0 for the next call. The teams then count and merge in
 # teams of 16 in turn, until one team is left, whose last block writes the output. Merging merges is
-# still the same merge (step 4), and the teams merge at the same time on different SMs: one warp
-# merging 64 splits alone took longer than two levels of teams of 16 (docs/tuning/10_trace).
+# still the same merge (step 4), and the teams merge at the same time on different SMs: a single
+# merge of 64 splits took longer than two levels of teams of 16 (docs/tuning/10_trace).
 #
 # **6. A group's query heads share one tile.** With grouped-query attention, the H / H_kv query
 # heads of a group read the same K/V head. Their rows lie one after another in memory, so the kernel
