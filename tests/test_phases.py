@@ -464,6 +464,33 @@ def test_phase10_merge_keeps_infinities_of_v(splits):
     assert verdict.ok, verdict.message
 
 
+@pytest.mark.parametrize("stages", [2, 4])
+def test_phase10_pipeline_of_other_stage_counts(stages):
+    """The kernel with 2 or 4 stages of K and V (the GPU's has 3; split_layout takes 2 to 4): the
+    prologue's STAGES - 1 groups, the wait for the oldest and the stage each copy overwrites, over
+    ranges of 1 to 5 tiles (the last one short), several splits merged."""
+    import dataclasses
+    from functools import partial
+
+    from numba import cuda
+
+    from flashcore_numba.phases import p10_split_keys as p10
+    from flashcore_numba.phases.common import LOG2E
+
+    L = p10.split_layout(64, 16, stages)
+    assert L["SMEM_BYTES"] == L["K_OFF"] + stages * L["STAGE_BYTES"]
+    config = p10.build_kernel(L)
+    config = dataclasses.replace(config, split_keys=partial(config.split_keys, splits=2))
+    q, k, v = random_qkv((1, 2, 3, 64), 150, seed=None, heads_kv=1)  # 10 tiles: two splits of 5
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    config.launch(*(cuda.to_device(x) for x in (q, k, v)), out, True, LOG2E / 8)
+    verdict = check_close(out.copy_to_host(), reference_attention(q, k, v, causal=True),
+                          lowp_attention(q, k, v, causal=True))
+    assert verdict.ok, verdict.message
+    with pytest.raises(AssertionError, match="wait_group"):
+        p10.split_layout(64, 16, 5)
+
+
 def test_phase10_leaves_its_counters_at_zero():
     """The block that merges a team sets its counter back to zero: two launches share one
     workspace, and the second merges as the first did (without the reset, no block of the second
