@@ -15,15 +15,16 @@ from flashcore_numba import PHASES, check_close, lowp_attention, reference_atten
 from flashcore_numba.reference import random_qkv
 
 
-def run_phase(phase, q, k, v, causal):
-    """Launch a phase on poisoned output memory and return what it wrote."""
+def run_phase(phase, q, k, v, causal, config=None):
+    """Launch a phase (or `config`, one of its builds) on poisoned output memory and return what
+    it wrote."""
     from numba import cuda
 
     from flashcore_numba.phases.common import LOG2E
 
     D = q.shape[-1]
     out = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))  # poison: unwritten -> NaN
-    config = PHASES[phase].build(D)
+    config = config or PHASES[phase].build(D)
     config.launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal, LOG2E / np.sqrt(D))
     return out.copy_to_host()
 
@@ -433,17 +434,12 @@ def test_phase10_merge_counters_count_every_team_of_the_tree():
 def test_phase10_merges_over_several_levels():
     """37 splits in the simulator's teams of two: six levels of merges (19, 10, 5, 3, 2 and 1
     teams), a team of one at the end of a level carried up unchanged."""
-    from numba import cuda
-
-    from flashcore_numba.phases.common import LOG2E
     from flashcore_numba.phases.p10_split_keys import SIM_FAN_IN
 
     assert SIM_FAN_IN == 2
     q, k, v = random_qkv((1, 2, 1, 64), 37 * 16, seed=None, heads_kv=1)
-    config = split_config(64, 37)
-    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
-    config.launch(*(cuda.to_device(x) for x in (q, k, v)), out, False, LOG2E / 8)
-    verdict = check_close(out.copy_to_host(), reference_attention(q, k, v), lowp_attention(q, k, v))
+    out = run_phase("10", q, k, v, False, split_config(64, 37))
+    verdict = check_close(out, reference_attention(q, k, v), lowp_attention(q, k, v))
     assert verdict.ok, verdict.message
 
 
@@ -451,16 +447,11 @@ def test_phase10_merges_over_several_levels():
 def test_phase10_merge_keeps_infinities_of_v(splits):
     """A team shorter than FAN_IN reads its last member again and must add nothing: 0 times an inf
     of v would be NaN where torch has inf (one split: a team of one; three: the last team of two)."""
-    from numba import cuda
-
-    from flashcore_numba.phases.common import LOG2E
     from flashcore_numba.reference import check_nonfinite, nonfinite_qkv
 
     q, k, v = nonfinite_qkv((1, 1, 20, 64), causal=False)
-    config = split_config(64, splits)
-    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
-    config.launch(*(cuda.to_device(x) for x in (q, k, v)), out, False, LOG2E / 8)
-    verdict = check_nonfinite(out.copy_to_host(), reference_attention(q, k, v), lowp_attention(q, k, v))
+    out = run_phase("10", q, k, v, False, split_config(64, splits))
+    verdict = check_nonfinite(out, reference_attention(q, k, v), lowp_attention(q, k, v))
     assert verdict.ok, verdict.message
 
 
@@ -472,19 +463,15 @@ def test_phase10_pipeline_of_other_stage_counts(stages):
     import dataclasses
     from functools import partial
 
-    from numba import cuda
-
     from flashcore_numba.phases import p10_split_keys as p10
-    from flashcore_numba.phases.common import LOG2E
 
     L = p10.split_layout(64, 16, stages)
     assert L["SMEM_BYTES"] == L["K_OFF"] + stages * L["STAGE_BYTES"]
     config = p10.build_kernel(L)
     config = dataclasses.replace(config, split_keys=partial(config.split_keys, splits=2))
     q, k, v = random_qkv((1, 2, 3, 64), 150, seed=None, heads_kv=1)  # 10 tiles: two splits of 5
-    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
-    config.launch(*(cuda.to_device(x) for x in (q, k, v)), out, True, LOG2E / 8)
-    verdict = check_close(out.copy_to_host(), reference_attention(q, k, v, causal=True),
+    out = run_phase("10", q, k, v, True, config)
+    verdict = check_close(out, reference_attention(q, k, v, causal=True),
                           lowp_attention(q, k, v, causal=True))
     assert verdict.ok, verdict.message
     with pytest.raises(AssertionError, match="wait_group"):

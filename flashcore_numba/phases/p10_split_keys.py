@@ -559,8 +559,8 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
         # to finish merges the team's partials into its first slot (a partial of its own, with its
         # own log-sum-exp), then the teams are gathered in teams of FAN_IN in turn, and so on,
         # until one team is left: its last block writes the output. The merge is associative, so
-        # merging merges gives the same result, and the teams merge in parallel, most of them while
-        # other splits still run: only the last team's merge is left after the last split ends.
+        # merging merges gives the same result, and the teams of a level merge in parallel, each
+        # on its own SM.
         weight = cuda.shared.array(0, float32)  # (FAN_IN, BLOCK_M): K and V are done with
         sums = cuda.local.array(2, float32)  # a lane's two output columns (registers: constant indices)
         per_tile = COUNTERS.shape[0] // (cuda.gridDim.y * cuda.gridDim.z)  # merge_counters(n_splits)
@@ -612,10 +612,12 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
                            seq_q, row0)
             if last_level:
                 return
-            cuda.syncthreads()  # the weights are read before the next level writes them
-            counters += (count + FAN_IN - 1) // FAN_IN  # past this level's counters
+            # the next level: this level's teams are its partials (the barrier in `arrive` keeps the
+            # next level's weights from being written before every lane has read these)
+            teams = (count + FAN_IN - 1) // FAN_IN
+            counters += teams  # past this level's counters
             node = team
-            count = (count + FAN_IN - 1) // FAN_IN
+            count = teams
             stride *= FAN_IN
 
     @cuda.jit
