@@ -31,8 +31,9 @@
 # and V, and only many blocks reading at once, on every SM, reach the memory's bandwidth.
 #
 # **3. Split the keys.** Phase 10 cuts the keys of each head into ranges of whole [tiles](../docs/glossary.md#tile) and runs
-# each range as a block of its own ([split keys](../docs/glossary.md#split-keys)). Each block runs phase 07's loop on its range
-# and ends with a partial answer: its output o_s = acc / l_i, normalized over its own keys, and its
+# them on many blocks at once ([split keys](../docs/glossary.md#split-keys)): each block takes a share of the keys, and each of its
+# four [warps](../docs/glossary.md#warp) a range of that share. Each warp runs phase 07's loop on its range and ends with a
+# partial answer: its output o_s = acc / l_i, normalized over its own keys, and its
 # [log-sum-exp](../docs/glossary.md#log-sum-exp) lse_s = m_i + log2(l_i), the log of its softmax denominator.
 #
 # **4. Merge by the log-sum-exp.** The whole row's denominator is the sum of the ranges'
@@ -40,15 +41,15 @@
 # 2^(lse_s − lse): o = Σ_s 2^(lse_s − lse) · o_s. The weights add up to 1. It is the online softmax
 # again, applied to whole ranges instead of single tiles, and like it, the order does not matter.
 #
-# **5. The last block merges, as a tree.** No second kernel: every block writes its partials to a
-# small float32 workspace, makes them visible to the whole GPU (a [memory fence](../docs/glossary.md#memory-fence), `cuda.threadfence()`),
-# then adds 1 to a counter with an [atomic](../docs/glossary.md#atomic) addition. The splits count in teams of 16: the block
-# of a team that gets back 15 (or the team's size − 1) knows every other member has written and
-# fenced its partials. It merges them into the team's first slot, a partial of its own with its own
-# log-sum-exp, and sets the counter back to 0 for the next call. The teams then count and merge in
-# teams of 16 in turn, until one team is left, whose last block writes the output. Merging merges is
-# still the same merge (step 4), and the teams merge at the same time on different SMs: a single
-# merge of 64 splits took longer than two levels of teams of 16 (docs/tuning/10_trace).
+# **5. The block merges its warps, then the last block merges the blocks, as a tree.** No second
+# kernel. Every warp writes its partials to a small float32 workspace; after a barrier the block
+# merges its four into one, a partial of its own with its own log-sum-exp. Then the block makes it
+# visible to the whole GPU (a [memory fence](../docs/glossary.md#memory-fence), `cuda.threadfence()`) and adds 1 to a counter with an
+# [atomic](../docs/glossary.md#atomic) addition. The blocks count in teams of 16: the block of a team that gets back 15 (or
+# the team's size − 1) knows every other member has written and fenced its partial. It merges
+# them into the team's first slot and sets the counter back to 0 for the next call. Teams of
+# teams would merge the same way (merging merges is still the same merge, step 4); on an H100 the
+# decode shapes here need one team per head: 16 blocks of 4 warps.
 #
 # **6. A group's query heads share one tile.** With grouped-query attention, the H / H_kv query
 # heads of a group read the same K/V head. Their rows lie one after another in memory, so the kernel
@@ -56,12 +57,15 @@
 # h_kv · group + p // S_q). Each K/V byte read serves the whole group, where phases 07-09 read it
 # once per query head.
 #
-# The tile of 16 rows is one m-tile of one [warp](../docs/glossary.md#warp), and a block is that warp alone: small blocks, so
-# that an SM holds several and their copies overlap. The tensor cores waste most of the 16 rows on
-# padding at S_q = 1; they are not the bottleneck here.
+# The tile of 16 rows is one m-tile of one warp. Each warp has its own copy of the tile and its own
+# three stages of K and V: four warps fill an SM's shared memory, so a block is one SM's work. The
+# tensor cores waste most of the 16 rows on padding at S_q = 1; they are not the bottleneck here.
 #
-# How many splits: enough blocks to fill the GPU once (SMs × the blocks one SM holds), at least
-# eight tiles per split (a split has fixed costs: loading Q, waiting for its first tile), at most 256.
+# How many blocks: as many as fill the GPU in one wave (an SM holds one; part of a second wave would
+# double the time), at least four tiles per warp (a range has fixed costs: loading Q, waiting for
+# its first tile), at most 256 ranges. Why blocks of four warps and not one warp alone, several to
+# an SM: the last merges were the kernel's tail (docs/tuning/10_trace); a block of four merges its
+# own warps within the SM and leaves a quarter of the partials to merge across the GPU.
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
@@ -134,7 +138,7 @@ print("merged:", merged.round(6), "\nwhole: ", whole.round(6))
 lesson.show_source(phase.split_count, phase.make_splits)
 
 # %% [markdown]
-# The kernel itself: phase 07's loop on one warp's 16 packed rows and one range of keys (three
+# The kernel itself: phase 07's loop on each warp's 16 packed rows and range of keys (three
 # stages of K and V, two tiles in flight), then the partials, the count and the merge.
 
 # %%

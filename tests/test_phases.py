@@ -355,24 +355,30 @@ def test_shared_memory_limit_is_raised_once_per_specialization(monkeypatch):
 # Phase 10: split keys
 # ---------------------------------------------------------------------------------------------
 def test_phase10_split_count_fills_the_gpu_once():
-    """Enough splits that blocks x splits fills the GPU's slots once, each split at least
-    MIN_TILES_PER_SPLIT tiles, at most MAX_SPLITS, evened out; none where the blocks fill it."""
-    from flashcore_numba.phases.p10_split_keys import MAX_SPLITS, MIN_TILES_PER_SPLIT, split_count
+    """As many blocks per row tile as fill the GPU's slots in one wave (never part of a second),
+    each warp's range at least MIN_TILES_PER_SPLIT tiles, at most MAX_SPLITS ranges, evened out;
+    none where the blocks fill it."""
+    from flashcore_numba.phases.p10_split_keys import MAX_SPLITS, MIN_TILES_PER_SPLIT, WARPS, split_count
 
-    assert MIN_TILES_PER_SPLIT == 8 and MAX_SPLITS == 256
-    assert split_count(blocks=16, key_tiles=128, slots=792) == 16  # B=1 H=16 S_k=4096 D=128: 8 tiles each
-    assert split_count(blocks=256, key_tiles=64, slots=792) == 4  # 8 x 32 heads, S_k=2048: 16 tiles each
-    assert split_count(blocks=8, key_tiles=1024, slots=660) == 79  # B=1 H_kv=8 S_k=32768: 13 tiles each
-    assert split_count(blocks=1, key_tiles=4000, slots=792) == 250  # at most 256: 16 tiles each, 250 splits
-    assert split_count(blocks=792, key_tiles=128, slots=792) == 1  # the blocks fill the GPU already
-    assert split_count(blocks=1, key_tiles=15, slots=792) == 1  # under two splits' worth of keys
-    assert split_count(blocks=4, key_tiles=20, slots=792) == 2
-    assert split_count(blocks=4, key_tiles=20, slots=792, min_tiles=1) == 20
-    for blocks in (1, 3, 50):
-        for key_tiles in range(1, 300, 7):
-            n = split_count(blocks, key_tiles, 792)
-            per = -(-key_tiles // n)
-            assert 1 <= n <= MAX_SPLITS and (n - 1) * per < key_tiles, (blocks, key_tiles, n)  # no empty split
+    assert MIN_TILES_PER_SPLIT == 4 and MAX_SPLITS == 256 and WARPS == 4
+    # an H100 holds one block of four warps per SM: 132 slots
+    assert split_count(blocks=8, key_tiles=1024, slots=132) == 16  # B=1 H_kv=8 S_k=32768: 64 ranges of 16 tiles
+    assert split_count(blocks=8, key_tiles=256, slots=132) == 16  # S_k=8192: 64 ranges of 4 tiles
+    assert split_count(blocks=16, key_tiles=128, slots=132) == 8  # B=1 H=16 S_k=4096: 32 ranges of 4
+    assert split_count(blocks=256, key_tiles=64, slots=132) == 1  # 8 x 32 heads: more blocks than slots
+    assert split_count(blocks=100, key_tiles=1000, slots=132) == 1  # 2 x 100 would be part of a second wave
+    assert split_count(blocks=1, key_tiles=4000, slots=132) == 63  # at most 256 ranges: 250 of 16 tiles
+    assert split_count(blocks=1, key_tiles=15, slots=132) == 1  # under two blocks' worth of keys
+    assert split_count(blocks=4, key_tiles=40, slots=132) == 2
+    assert split_count(blocks=4, key_tiles=20, slots=792, min_tiles=1, warps=1) == 20  # one warp a block
+    assert split_count(blocks=1, key_tiles=9, slots=8, min_tiles=1, warps=2) == 3  # 8 ranges: 5 of 2 tiles
+    for warps in (1, 2, 4):
+        for blocks in (1, 3, 50):
+            for key_tiles in range(1, 300, 7):
+                n = split_count(blocks, key_tiles, 132, warps=warps)
+                per = -(-key_tiles // (n * warps))  # tiles per warp's range
+                assert 1 <= n * warps <= MAX_SPLITS and n * blocks <= max(132, blocks), (warps, blocks, key_tiles)
+                assert n == 1 or (n - 1) * warps * per < key_tiles, (warps, blocks, key_tiles, n)  # no empty block
 
 
 def split_config(D, splits, dtype="float16"):
@@ -432,12 +438,12 @@ def test_phase10_merge_counters_count_every_team_of_the_tree():
 
 
 def test_phase10_merges_over_several_levels():
-    """37 splits in the simulator's teams of two: six levels of merges (19, 10, 5, 3, 2 and 1
-    teams), a team of one at the end of a level carried up unchanged."""
+    """37 blocks (of two warps, merged first) in the simulator's teams of two: six levels of merges
+    across blocks (19, 10, 5, 3, 2 and 1 teams), a team of one at the end of a level carried up."""
     from flashcore_numba.phases.p10_split_keys import SIM_FAN_IN
 
     assert SIM_FAN_IN == 2
-    q, k, v = random_qkv((1, 2, 1, 64), 37 * 16, seed=None, heads_kv=1)
+    q, k, v = random_qkv((1, 2, 1, 64), 37 * 2 * 16, seed=None, heads_kv=1)  # a tile per warp
     out = run_phase("10", q, k, v, False, split_config(64, 37))
     verdict = check_close(out, reference_attention(q, k, v), lowp_attention(q, k, v))
     assert verdict.ok, verdict.message
@@ -445,8 +451,8 @@ def test_phase10_merges_over_several_levels():
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_phase10_merge_keeps_infinities_of_v(splits):
-    """A team shorter than FAN_IN reads its last member again and must add nothing: 0 times an inf
-    of v would be NaN where torch has inf (one split: a team of one; three: the last team of two)."""
+    """An inf of v stays inf through the merge's weights and sums, where torch has inf (one block:
+    its warps' merge writes the output; three: the last team of blocks has one member)."""
     from flashcore_numba.reference import check_nonfinite, nonfinite_qkv
 
     q, k, v = nonfinite_qkv((1, 1, 20, 64), causal=False)
@@ -489,7 +495,7 @@ def test_phase10_leaves_its_counters_at_zero():
     q, k, v = random_qkv((1, 4, 2, 64), 80, heads_kv=1)  # 8 packed rows, one row tile
     config = split_config(64, 3)
     splits = config.split_keys(q.shape, k.shape, False)
-    assert splits.counters == 3 and splits.o_part == (3, 8, 64)  # teams of two: 2, then 1
+    assert splits.counters == 3 and splits.o_part == (6, 8, 64)  # 3 blocks of 2 warps; teams of two: 2, then 1
     workspace = (cuda.device_array(splits.o_part, np.float32), cuda.device_array(splits.lse_part, np.float32),
                  cuda.to_device(np.zeros(splits.counters, np.int32)))
     ref, lowp = reference_attention(q, k, v), lowp_attention(q, k, v)

@@ -266,17 +266,21 @@ HINTS: dict[str, RegionHints] = {
     "10-a": RegionHints(
         idea="Every block of a merge team ends by counting itself on the team's counter. Only the block that "
              "counts last may merge (every other member's partials are written by then): it is the one that "
-             "finds members - 1 blocks counted before it. Count once per block, not once per lane.",
+             "finds members - 1 blocks counted before it. Count once per block, not once per thread, and "
+             "let every thread of the block know the count: a warp's shuffle reaches only its own 32 lanes, "
+             "so the block shares it through shared memory, after a barrier.",
         helpers="cuda.atomic.add(array, index, value) adds value to array[index] and returns the value it "
-                "held before, in one indivisible step (two blocks never get the same one). "
-                "cuda.shfl_sync(FULL_MASK, value, 0) gives every lane lane 0's value.",
-        pseudo="if lane == 0:\n"
-               "    done = <add 1 to COUNTERS[counter]; keep what it held>\n"
-               "done = <lane 0's done, for every lane>",
-        diagnoses={"s_one": "only S = 1 passes: with one key there is one split, and its block, finding 0 "
-                            "blocks counted before it, is rightly the last; with several, no block found that "
-                            "it finished last, so none merged the splits and the output stayed as it was "
-                            "before the launch (NaN)"},
+                "held before, in one indivisible step (two blocks never get the same one). done_s is one "
+                "int32 of shared memory; cuda.syncthreads() waits until every thread of the block is there "
+                "(and what thread 0 wrote before it is then seen by all).",
+        pseudo="if tid == 0:\n"
+               "    done_s[0] = <add 1 to COUNTERS[counter]; keep what it held>\n"
+               "<a barrier>\n"
+               "done = done_s[0]",
+        diagnoses={"s_one": "only S = 1 passes: with one key there is one block, whose warps merge after a "
+                            "barrier and write the output without counting; with several blocks, no block "
+                            "found that it finished last, so none merged the blocks' partials and the "
+                            "output stayed as it was before the launch (NaN)"},
     ),
     "10-b": RegionHints(
         idea="Each member i of a team left its partial output o_i (normalized over its own keys) and lse_i, "

@@ -1,7 +1,7 @@
 # Exercise 10: Split keys: one decode step across many blocks, merged by the log-sum-exp
 #
 # This is the finished phase 10 kernel with 2 marked regions emptied:
-#   10-a: count this block as finished: lane 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value), then every lane gets that value as `done` (a shuffle from lane 0)
+#   10-a: count this block as finished: thread 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value) and leaves that value in done_s[0]; after a barrier every thread reads it as `done`
 #   10-b: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
 # Change nothing else: solving only adds lines. The lesson is lessons/10_split_keys.ipynb.
@@ -56,10 +56,12 @@ LESSON_PROBLEM = dict(B=1, H=32, S_q=1, S_k=8192, D=128, H_kv=8)
 BLOCK_M = MMA_M  # one m-tile of packed rows per block: one warp
 TILES = {64: dict(block_n=64, stages=3), 128: dict(block_n=32, stages=3)}  # 3 stages of K and V: 58 and 57 KB
 SIM_TILES = {64: dict(block_n=16, stages=3), 128: dict(block_n=16, stages=3)}  # the simulator: short tiles
-MIN_TILES_PER_SPLIT = 8  # a split's fixed costs (Q's load, the first tile's wait, its share of the merge)
+WARPS = 4  # warps per block, each on its own range of keys: one block fills an SM's shared memory
+SIM_WARPS = 2  # the simulator: two, so that its blocks merge their warps too
+MIN_TILES_PER_SPLIT = 4  # a warp's range at least: its fixed costs (Q's load, the first tile's wait)
 SIM_MIN_TILES_PER_SPLIT = 1  # the simulator: any problem of two tiles or more splits (and merges)
-MAX_SPLITS = 256  # at most so many ranges per row tile (its workspace: 256 x 16 x D floats)
-FAN_IN = 16  # the merge gathers the partials 16 at a time: a lane holds one partial's log-sum-exp
+MAX_SPLITS = 256  # at most so many ranges (one a warp) per row tile (its workspace: 256 x 16 x D floats)
+FAN_IN = 16  # the merge gathers the blocks' partials 16 at a time: a lane holds one partial's log-sum-exp
 SIM_FAN_IN = 2  # the simulator: teams of two, so that small problems merge over several levels
 SIM_SLOTS = 8  # the simulator's "GPU": blocks it holds at once, so that small problems split too
 
@@ -70,6 +72,10 @@ def tiles(HEAD_DIM: int) -> dict:
 
 def fan_in() -> int:
     return SIM_FAN_IN if simulator_enabled() else FAN_IN
+
+
+def block_warps() -> int:
+    return SIM_WARPS if simulator_enabled() else WARPS
 
 
 def merge_counters(n_splits: int, fan: int) -> int:
@@ -83,19 +89,25 @@ def merge_counters(n_splits: int, fan: int) -> int:
             return total
 
 
-def split_count(blocks: int, key_tiles: int, slots: int, min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
-    """How many ranges to cut each block's keys into: enough that blocks x splits fills the
-    GPU's `slots` (blocks it holds at once) once, each range at least `min_tiles` tiles, at
-    most MAX_SPLITS ranges; then evened out so that no range is empty."""
-    if blocks >= slots or key_tiles < 2 * min_tiles:
+def split_count(blocks: int, key_tiles: int, slots: int, min_tiles: int = MIN_TILES_PER_SPLIT,
+                warps: int = WARPS) -> int:
+    """How many blocks to cut each row tile's keys across (each block's `warps` warps cut its share
+    again, a range each): as many as the GPU's `slots` (blocks it holds at once) hold in one wave,
+    never a partial second one (an SM holds one block: a second wave would double the time), each
+    warp's range at least `min_tiles` tiles, at most MAX_SPLITS ranges; then evened out so that no
+    block is left without keys."""
+    if blocks >= slots:
         return 1
-    splits = min(cdiv(slots, blocks), key_tiles // min_tiles, MAX_SPLITS)
-    return cdiv(key_tiles, cdiv(key_tiles, splits))  # the same tiles per split, the last one shorter
+    splits = min(slots // blocks, key_tiles // (min_tiles * warps), MAX_SPLITS // warps)
+    if splits <= 1:
+        return 1
+    per_range = cdiv(key_tiles, splits * warps)  # the same tiles per range, the last ones shorter
+    return cdiv(cdiv(key_tiles, per_range), warps)
 
 
-def make_splits(block_n: int, smem_bytes: int, fan: int):
+def make_splits(block_n: int, smem_bytes: int, fan: int, warps: int):
     """The kernel's `split_keys`: (q shape, k shape, causal) -> its grid and workspace (Splits);
-    `fan`: the partials per merge (its counters)."""
+    `fan`: the blocks' partials per merge (its counters); `warps`: ranges (partials) per block."""
 
     def splits_of(q_shape, k_shape, causal, splits=None) -> Splits:
         B, H, S_q, D = q_shape
@@ -104,8 +116,10 @@ def make_splits(block_n: int, smem_bytes: int, fan: int):
         blocks = B * H_kv * row_tiles
         if splits is None:
             min_tiles = SIM_MIN_TILES_PER_SPLIT if simulator_enabled() else MIN_TILES_PER_SPLIT
-            splits = split_count(blocks, cdiv(S_k, block_n), sm_count() * blocks_per_sm(smem_bytes), min_tiles)
-        return Splits((splits, row_tiles * H_kv, B), (splits, B * H * S_q, D), (splits, B * H * S_q),
+            splits = split_count(blocks, cdiv(S_k, block_n), sm_count() * blocks_per_sm(smem_bytes), min_tiles,
+                                 warps)
+        ranges = splits * warps  # a partial per warp
+        return Splits((splits, row_tiles * H_kv, B), (ranges, B * H * S_q, D), (ranges, B * H * S_q),
                       blocks * merge_counters(splits, fan))
 
     return splits_of
@@ -120,10 +134,10 @@ def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
     return L
 
 
-def smem_size(L) -> int:
-    """Dynamic shared memory per block: Q's tile and the stages of K and V, which the merge then
-    reuses for its weights (FAN_IN x BLOCK_M floats)."""
-    return max(L["SMEM_BYTES"], FAN_IN * BLOCK_M * 4)
+def smem_size(L, warps: int) -> int:
+    """Dynamic shared memory per block: each warp's Q tile and stages of K and V, which the merge
+    then reuses for its weights (FAN_IN x BLOCK_M floats)."""
+    return max(warps * L["SMEM_BYTES"], max(FAN_IN, warps) * BLOCK_M * 4)
 
 
 def gpu_layout(HEAD_DIM: int) -> dict:
@@ -131,13 +145,16 @@ def gpu_layout(HEAD_DIM: int) -> dict:
     return split_layout(HEAD_DIM, **TILES[HEAD_DIM])
 
 
-def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
-    """Phase 10's kernel; with `paged`, the same kernel on a KV cache (flashcore_numba.inference): q and
+def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
+    """Phase 10's kernel, `warps` warps a block (block_warps() if None); with `paged`, the same kernel on a KV cache (flashcore_numba.inference): q and
     the output as (B, S_q, H, D), K and V as pages (num_pages, page_size, H_kv, D) named by a block
     table (B, pages per sequence), and each sequence's own length. Only where rows live and how many
     keys a sequence has differ (the branches on PAGED, settled when the kernel is built)."""
     PAGED = paged
     STAGES = L["STAGES"]
+    WARPS = block_warps() if warps is None else warps
+    WARP_BYTES = L["SMEM_BYTES"]  # one warp's Q tile and stages of K and V
+    THREADS = 32 * WARPS
     mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
     exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")
@@ -156,7 +173,8 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
     NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
     ROW_BYTES = STRIDE * 2
     PAIRS = HEAD_DIM // 2  # output columns are written two at a time (one packed 32-bit word)
-    FAN_IN = fan_in()  # partials per merge (the simulator's are fewer)
+    FAN_IN = fan_in()  # the blocks' partials per merge (the simulator's are fewer)
+    TEAM = max(FAN_IN, WARPS)  # the most members a team has (level 0's are the block's warps)
 
     @cuda.jit(device=True, inline=True)
     def mma_into(c, j, a, kk, b0, b1):
@@ -186,20 +204,16 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
     pv_steps = unrolled(pv_step, NO // 2)
 
     @cuda.jit(device=True, inline=True)
-    def merge_member(i, args):
-        """Member i of a team, times its weight, into sums: columns col and col + 1 of tile row r. A
-        team shorter than FAN_IN reads its last member again for i past it and adds nothing (a
-        select, not 0 times the value: an inf of v stays inf, not NaN): no branch, so that the loads
-        of every member go out before their sums need them (unrolled below)."""
-        sums, O_PART, weight, slot0, stride, last, out_row, r, col = args
-        slot = slot0 + min(i, last) * stride
-        w = weight[i * BLOCK_M + r]
-        x = w * O_PART[slot, out_row + r, col]
-        y = w * O_PART[slot, out_row + r, col + 1]
-        sums[0] += x if i <= last else float32(0.0)
-        sums[1] += y if i <= last else float32(0.0)
-
-    merge_members = unrolled(merge_member, FAN_IN)
+    def merge_members(O_PART, weight, slot0, stride, members, row, r, col):
+        """sum_i w_i o_i over a team's members, at columns col and col + 1 of tile row r (the row
+        `row` of the workspace): neighbouring lanes read neighbouring words of each member."""
+        x = float32(0.0)
+        y = float32(0.0)
+        for i in range(members):
+            w = weight[i * BLOCK_M + r]
+            x += w * O_PART[slot0 + i * stride, row, col]
+            y += w * O_PART[slot0 + i * stride, row, col + 1]
+        return x, y
 
     @cuda.jit(device=True, inline=True)
     def put_merged(O, O_PART, x, y, r, col, last_level, slot, out_row, b, h0, seq_q, row0):
@@ -309,20 +323,21 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
             copy_tile(smem, v_off, global_address(V), head_kv, key0, BLOCK_N, seq_k, lane, ROW)
 
     @cuda.jit(device=True, inline=True)
-    def arrive(COUNTERS, counter, members, lane):
+    def arrive(COUNTERS, counter, members, tid, done_s):
         """Count this block as one of the `members` blocks that COUNTERS[counter] waits for; True in
         the block that counts last, which sets the counter back to 0 for the next launch. Each
         block made its partials visible to the whole GPU before it counted, so the block that
-        counts last has seen every other block's fence: their partials are there to read."""
-        cuda.threadfence()
-        cuda.syncthreads()  # the block is one warp
+        counts last has seen every other block's fence: their partials are there to read.
+        done_s: one int32 of shared memory, through which the block's threads learn the count."""
+        cuda.threadfence()  # every thread's partials, before the block counts
+        cuda.syncthreads()
         done = 0  # how many of the members had counted before this block
-        # >>> exercise 10-a: count this block as finished: lane 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value), then every lane gets that value as `done` (a shuffle from lane 0)
+        # >>> exercise 10-a: count this block as finished: thread 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value) and leaves that value in done_s[0]; after a barrier every thread reads it as `done`
         # <<< exercise
         if done != members - 1:
             return False
         cuda.threadfence()  # the other blocks' partials, read after their count
-        if lane == 0:
+        if tid == 0:
             COUNTERS[counter] = 0  # every member of this launch has counted: ready for the next launch
         return True
 
@@ -330,9 +345,12 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
     def attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE):
         """The whole of one block's work (the kernels below only name their arguments)."""
         smem_h = cuda.shared.array(0, uint32, alignment=128)
-        smem = shared_address(smem_h)
-        split = cuda.blockIdx.x  # which range of keys
-        n_splits = cuda.gridDim.x
+        tid = cuda.threadIdx.x
+        warp = tid // 32  # each warp runs phase 07's loop over a range of keys of its own
+        lane = tid % 32
+        smem = shared_address(smem_h) + uint32(warp * WARP_BYTES)  # the warp's Q tile and stages
+        split = cuda.blockIdx.x * WARPS + warp  # which range of keys
+        n_splits = cuda.gridDim.x * WARPS
         if PAGED:  # q (B, S_q, H, D), K and V (pages, page_size, H_kv, D), each sequence its length
             H, H_kv, seq_q, seq_k = Q.shape[2], K.shape[2], Q.shape[1], SEQLENS[cuda.blockIdx.z]
         else:
@@ -343,7 +361,6 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
         tile = cuda.blockIdx.y // H_kv
         h_kv = cuda.blockIdx.y % H_kv
         b = cuda.blockIdx.z
-        lane = cuda.threadIdx.x  # one warp per block
         g = lane // 4  # this lane's packed rows: row0 + g and row0 + g + 8 (as phase 07's rows)
         t = lane % 4  # and its columns 2t, 2t + 1 of every 8-column tile
         row0 = tile * BLOCK_M
@@ -400,11 +417,11 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
         if PAGED and whole_tiles and k_start + (STAGES - 1) * BLOCK_N < k_stop:
             pages = tile_pages(BLOCK_TABLE, b, k_start + (STAGES - 1) * BLOCK_N, seq_k, page_size)
         wait_pending()  # the first group, Q's rows with the first tile, has landed
-        cuda.syncthreads()
+        cuda.syncwarp()  # every lane's copies (no other warp reads this warp's shared memory)
         if qk_scale < 0:  # as phase 07: the sign goes into q, the max and exp2 need a scale >= 0
             for w in range(lane, BLOCK_M * STRIDE // 2, 32):
-                smem_h[w] ^= uint32(0x80008000)
-            cuda.syncthreads()
+                smem_h[warp * (WARP_BYTES // 4) + w] ^= uint32(0x80008000)
+            cuda.syncwarp()
         scale = max(abs(qk_scale), float32(1e-30))
         q_lane = smem + (lane % 16) * ROW_BYTES + (lane // 16) * 16
         for kk in range(KQ):  # Q's A fragments stay in registers: 16 rows are one m-tile
@@ -417,8 +434,8 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
         stage = 0
         for start_n in range(k_start, k_stop, int32(BLOCK_N)):
             wait_pending()  # this tile's group has landed (the STAGES - 2 newer ones may still fly)
-            cuda.syncthreads()  # the block is one warp: every lane's copies, and every lane done with
-            # the stage the next copy overwrites (the one used last time round)
+            cuda.syncwarp()  # every lane's copies, and every lane done with the stage the next copy
+            # overwrites (the one used last time round)
             next_n = start_n + int32((STAGES - 1) * BLOCK_N)
             if next_n < k_stop:
                 copy_kv(smem, (stage + STAGES - 1) % STAGES, K, V, head_kv, h_kv, next_n, seq_k, lane, BLOCK_TABLE,
@@ -499,38 +516,44 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
             if p_b < rows:
                 LSE_PART[split, first_row + p_b] = float32(-math.inf) if l_b == float32(0.0) else m_b + math.log2(l_b)
 
-        # -- merge, as a tree. Splits are gathered in teams of FAN_IN: the last block of a team
-        # to finish merges the team's partials into its first slot (a partial of its own, with its
-        # own log-sum-exp), then the teams are gathered in teams of FAN_IN in turn, and so on,
-        # until one team is left: its last block writes the output. The merge is associative, so
-        # merging merges gives the same result, and the teams of a level merge in parallel, each
-        # on its own SM.
+        # -- merge, as a tree. Level 0 is the block: once every warp has written its partial (a
+        # barrier: it orders the block's writes to global memory too), the block merges its WARPS
+        # partials into its first warp's slot. Then the blocks' partials are gathered in teams of
+        # FAN_IN: the last block of a team to finish merges the team's partials into the team's
+        # first slot (a partial of its own, with its own log-sum-exp), then the teams are gathered
+        # in teams of FAN_IN in turn, and so on, until one team is left: its last block writes the
+        # output. The merge is associative, so merging merges gives the same result, and the teams
+        # of a level merge in parallel, each on its own SM.
         weight = cuda.shared.array(0, float32)  # (FAN_IN, BLOCK_M): K and V are done with
-        sums = cuda.local.array(2, float32)  # a lane's two output columns (registers: constant indices)
-        per_tile = COUNTERS.shape[0] // (cuda.gridDim.y * cuda.gridDim.z)  # merge_counters(n_splits)
+        done_s = cuda.shared.array(1, int32)  # arrive's count, for the whole block
+        per_tile = COUNTERS.shape[0] // (cuda.gridDim.y * cuda.gridDim.z)  # merge_counters(blocks' splits)
         counters = ((b * H_kv + h_kv) * row_tiles + tile) * per_tile  # this row tile's first counter
         n_rows = min(BLOCK_M, rows - row0)
         out_row = first_row + row0
-        node = split  # this block's partial among this level's partials
+        node = split  # this warp's partial among this level's partials
         count = n_splits  # partials at this level
         stride = 1  # slots of O_PART from one partial of this level to the next
+        fan = WARPS  # partials per team: level 0's teams are the blocks
+        in_block = True
         while True:
-            team = node // FAN_IN
-            first = team * FAN_IN  # the team's first partial: where its merge goes
-            members = min(FAN_IN, count - first)
-            last_level = count <= FAN_IN  # one team: its merge is the output
-            if not arrive(COUNTERS, counters + team, members, lane):
+            team = node // fan
+            first = team * fan  # the team's first partial: where its merge goes
+            members = min(fan, count - first)
+            last_level = count <= fan  # one team: its merge is the output
+            if in_block:
+                cuda.syncthreads()  # every warp's partial is written
+            elif not arrive(COUNTERS, counters + team, members, tid, done_s):
                 return  # another block of the team merges it
             # each row's lse = log2(sum_i 2^lse_i) over the team's members, lane i holding member i,
-            # and each member's weight 2^(lse_i - lse), into shared memory
-            for r in range(n_rows):
+            # and each member's weight 2^(lse_i - lse), into shared memory: row r by warp r % WARPS
+            for r in range(warp, n_rows, WARPS):
                 row = out_row + r
                 lse_i = LSE_PART[(first + lane) * stride, row] if lane < members else float32(-math.inf)
                 lse = float32(-math.inf)  # the log of an empty sum: no member saw a key of this row
                 w = float32(0.0)
                 # >>> exercise 10-b: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
                 # <<< exercise
-                if lane < FAN_IN:
+                if lane < TEAM:
                     weight[lane * BLOCK_M + r] = w
                 if lane == 0:
                     if not last_level:
@@ -538,25 +561,24 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
                     elif LSE.shape[2] != 0:
                         hg, qi = packed_row(row0 + r, seq_q)
                         LSE[b, h_kv * group + hg, qi] = lse * LN2
-            cuda.syncthreads()  # the block is one warp
-            # o = sum_i w_i o_i, two columns per lane (neighbours read neighbouring words), the
-            # members one after another with no loop (merge_members)
-            for idx in range(lane, n_rows * PAIRS, 32):
+            cuda.syncthreads()
+            # o = sum_i w_i o_i, two columns per thread (neighbours read neighbouring words)
+            for idx in range(tid, n_rows * PAIRS, THREADS):
                 r, col = idx // PAIRS, 2 * (idx % PAIRS)
-                sums[0] = float32(0.0)
-                sums[1] = float32(0.0)
-                merge_members(0, (sums, O_PART, weight, first * stride, stride, members - 1, out_row, r, col))
-                put_merged(O, O_PART, sums[0], sums[1], r, col, last_level, first * stride, out_row, b, h_kv * group,
-                           seq_q, row0)
+                x, y = merge_members(O_PART, weight, first * stride, stride, members, out_row + r, r, col)
+                put_merged(O, O_PART, x, y, r, col, last_level, first * stride, out_row, b, h_kv * group, seq_q, row0)
             if last_level:
                 return
             # the next level: this level's teams are its partials (the barrier in `arrive` keeps the
-            # next level's weights from being written before every lane has read these)
-            teams = (count + FAN_IN - 1) // FAN_IN
-            counters += teams  # past this level's counters
+            # next level's weights from being written before every thread has read these)
+            teams = (count + fan - 1) // fan
+            if not in_block:
+                counters += teams  # past this level's counters
             node = team
             count = teams
-            stride *= FAN_IN
+            stride *= fan
+            fan = FAN_IN
+            in_block = False
 
     @cuda.jit
     def split_keys_attention(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS):
@@ -566,10 +588,10 @@ def build_kernel(L, dtype="float16", paged=False) -> KernelConfig:
     def split_keys_kvcache(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE):
         attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE)
 
-    smem_bytes = smem_size(L)
-    return KernelConfig(split_keys_kvcache if PAGED else split_keys_attention, block_m=BLOCK_M, n_threads=32,
+    smem_bytes = smem_size(L, WARPS)
+    return KernelConfig(split_keys_kvcache if PAGED else split_keys_attention, block_m=BLOCK_M, n_threads=THREADS,
                         smem_bytes=smem_bytes, packed_output=True, lse=True, kv_cache=PAGED,
-                        split_keys=make_splits(BLOCK_N, smem_bytes, FAN_IN))
+                        split_keys=make_splits(BLOCK_N, smem_bytes, FAN_IN, WARPS))
 
 
 @lru_cache(maxsize=None)
