@@ -383,7 +383,7 @@ STUB_REGION_SAYS = {
     "08-b": "diagnosis: NaN everywhere: the region writes nothing yet",
     "09-a": "diagnosis: only S = 1 passes: its single row is the block's first",
     "09-b": "diagnosis: only S = 1 passes",
-    "10-a": "diagnosis: only S = 1 passes: with one key there is one split",
+    "10-a": "diagnosis: only S = 1 passes: with one key there is one block",
     "10-b": "diagnosis: all zeros: every member's weight is still 0",
 }
 REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in PHASES.values()

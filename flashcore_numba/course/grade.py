@@ -260,10 +260,14 @@ def explain(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str:
 # about where a block's rows start, on two row blocks.
 LARGEST_HEAD_DIM = {"06-b", "09-b"}
 TWO_ROW_BLOCKS = {"09-a"}
+# and about what blocks do together: 10-a counts the blocks of a merge team, and in the simulator a
+# block's two warps take two key tiles, so its case has five (three ranges: two blocks)
+KEY_TILES = {"10-a": 5}
 
 
 def region_cases(phase: ModuleType, label: str) -> tuple[Case, ...]:
-    """A few rows against two key tiles (non-causal: every key of both tiles counts), then S = 1.
+    """A few rows against two key tiles (non-causal: every key of both tiles counts; KEY_TILES
+    names regions that need more), then S = 1.
 
     S = 1 runs only once the other case has failed, for the diagnosis (the whole-kernel check
     s_one grades it): a state not carried from key to key passes it and fails the other. A case
@@ -272,7 +276,8 @@ def region_cases(phase: ModuleType, label: str) -> tuple[Case, ...]:
     D = max(phase.HEAD_DIMS) if label in LARGEST_HEAD_DIM else phase.HEAD_DIMS[0]
     BM, BN = tile_sizes(phase, D)
     rows = min(BM, BN) // 3 + 1  # fewer rows than a tile
-    return Case(BM + rows if label in TWO_ROW_BLOCKS else rows, BN + 6, D), Case(1, 1, phase.HEAD_DIMS[0])
+    seq_k = (KEY_TILES.get(label, 2) - 1) * BN + 6  # the last tile part full
+    return Case(BM + rows if label in TWO_ROW_BLOCKS else rows, seq_k, D), Case(1, 1, phase.HEAD_DIMS[0])
 
 
 _REGION_DIR: list[Path] = []
