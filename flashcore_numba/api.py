@@ -71,10 +71,6 @@ def _describe(name: str, x) -> _Operand:
     if isinstance(x, np.ndarray):
         return _Operand(name, "numpy", tuple(x.shape), x.dtype.name, bool(x.flags.c_contiguous), "host")
     if module.startswith("torch"):
-        if x.requires_grad and _grad_enabled():
-            raise ValueError(f"{name}: requires grad, but flashcore_numba has no backward pass (it computes "
-                             f"the forward output only); call attention under torch.no_grad() or "
-                             f"torch.inference_mode(), or pass {name}.detach()")
         device = str(x.device)
         if not x.is_cuda:
             raise TypeError(f"{name}: expected a CUDA torch tensor, got a tensor on {device}; "
@@ -233,6 +229,7 @@ _PLANS: dict = {}  # the key of a call (see _torch_call) -> its runtime.Plan, ol
 PLANS_KEPT = 512  # a plan is a few KB; the compiled kernels themselves are shared by all plans
 _OP = None
 _OP_LSE = None
+_OP_TRAIN = None
 
 
 def _is_torch(x) -> bool:
@@ -340,6 +337,86 @@ def _custom_op(return_lse: bool = False):
     return _OP_LSE if return_lse else _OP
 
 
+def _train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
+    """attention() on torch tensors that need gradients: the forward keeps O and the LSE, and
+    backward() runs the backward kernels (phases/p11_backward.py) through flashcore::attention_train."""
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
+    torch = _TORCH or _import_torch()
+    resolved = None if torch.compiler.is_compiling() else _resolve(q, k, v, causal, scale, phase, False)[0]
+    if resolved is not None and not supports_lse(resolved):
+        raise ValueError(f"q: requires grad, but phase {resolved.ID} has no backward pass (the backward "
+                         f"recomputes the softmax from the forward's log-sum-exp, which phases 07 on write); "
+                         f"pick phase='best' or 07 on, or call it under torch.no_grad()")
+    out, lse = _train_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase), bool(deterministic))
+    return (out, lse) if return_lse else out
+
+
+def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
+    """(dq, dk, dv) of q's dtype from the backward kernels, on float32 copies of the operands."""
+    import torch
+    from numba import cuda
+
+    from .phases import p11_backward
+
+    D = q.shape[-1]
+    scale = default_scale(D) if scale is None else float(scale)
+    operands = [x.detach().float().contiguous() for x in (q, k, v, out, dout)]
+    lse = lse.detach().float().contiguous()
+    dq, dk, dv = (torch.empty(x.shape, dtype=torch.float32, device=x.device) for x in (q, k, v))
+    with cuda.gpus[q.device.index or 0]:
+        stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
+        arrays = [cuda.as_cuda_array(x) for x in (*operands, lse, dq, dk, dv)]
+        extra = None if dlse is None else cuda.as_cuda_array(dlse.detach().float().contiguous())
+        p11_backward.build(D).run(*arrays, bool(causal), scale, bool(deterministic), stream=stream, dLSE=extra)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _train_op():
+    """flashcore::attention_train, with its backward registered (flashcore::attention_backward):
+    what a call that needs gradients runs, eagerly and under torch.compile."""
+    global _OP_TRAIN
+    if _OP_TRAIN is None:
+        import torch
+
+        args = "(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str phase, bool deterministic)"
+
+        @torch.library.custom_op("flashcore::attention_train", mutates_args=(), schema=f"{args} -> (Tensor, Tensor)")
+        def train_op(q, k, v, causal, scale, phase, deterministic):
+            with torch.no_grad():
+                return _torch_call(q.detach(), k.detach(), v.detach(), causal, scale, phase, True)
+
+        @train_op.register_fake
+        def _(q, k, v, causal, scale, phase, deterministic):
+            return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+        @torch.library.custom_op("flashcore::attention_backward", mutates_args=(),
+                                 schema="(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, "
+                                        "Tensor? dlse, bool causal, float? scale, bool deterministic) "
+                                        "-> (Tensor, Tensor, Tensor)")
+        def backward_op(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
+            return _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic)
+
+        @backward_op.register_fake
+        def _(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+        def setup_context(ctx, inputs, output):
+            q, k, v, causal, scale, _, deterministic = inputs
+            ctx.save_for_backward(q, k, v, *output)
+            ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+
+        def backward(ctx, dout, dlse):
+            q, k, v, out, lse = ctx.saved_tensors
+            dq, dk, dv = backward_op(q, k, v, out, lse, dout.contiguous(), dlse, ctx.causal, ctx.scale,
+                                     ctx.deterministic)
+            return dq, dk, dv, None, None, None, None
+
+        train_op.register_autograd(backward, setup_context=setup_context)
+        _OP_TRAIN = train_op
+    return _OP_TRAIN
+
+
 def register_torch_op() -> None:
     """Register flashcore::attention as soon as torch is imported: at once when it is, else right
     after its import (a one-shot import hook), never by importing it here. torch.compile cannot
@@ -388,7 +465,7 @@ def _resolve(q, k, v, causal, scale, phase, return_lse=False):
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phase="best",
-              return_lse: bool = False):
+              return_lse: bool = False, deterministic: bool = False):
     """softmax(q·kᵀ·scale [+ causal mask])·v for (B, H, S, D) fp16 or bf16 inputs, fp32 accumulation.
 
     Args:
@@ -414,11 +491,18 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
            for a row that sees no key (FlashAttention writes +inf there). It is what merges
            partial results over key ranges: outputs o_1, o_2 with LSEs l_1, l_2 combine into
            (exp(l_1 - l) o_1 + exp(l_2 - l) o_2) with l = logaddexp(l_1, l_2).
+        deterministic: for torch tensors that require grad (phases 07 on): the backward sums dQ in
+           a fixed order, so that the gradients are the same bit for bit on every run (a second
+           pass over the keys instead of atomic additions; phases/p11_backward.py).
     Returns:
         (B, H, S_q, D) output of q's dtype, of the same kind as q; with return_lse, the pair
-        (output, lse), lse a (B, H, S_q) float32 array of the same kind.
+        (output, lse), lse a (B, H, S_q) float32 array of the same kind. Torch tensors that
+        require grad (with grad enabled) give an output with a grad_fn: backward() computes dq,
+        dk and dv (and takes the lse's gradient too, where it is used).
     """
     if _is_torch(q):
+        if (q.requires_grad or k.requires_grad or v.requires_grad) and _grad_enabled():
+            return _train_call(q, k, v, causal, scale, phase, return_lse, deterministic)
         return _torch_call(q, k, v, causal, scale, phase, return_lse)
     return _launch(q, k, v, causal, scale, phase, return_lse)
 

@@ -82,6 +82,30 @@ def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = 
     return out
 
 
+def reference_gradients(q, k, v, do, *, causal: bool = False, scale: float | None = None, dlse=None):
+    """float64 (dq, dk, dv) of attention's output against its gradient `do`, NumPy arrays: with
+    P = softmax(scale · q kᵀ) (masked), dv = Pᵀ do, dS = P ∘ (do vᵀ − rowsum(do ∘ o)),
+    dq = scale · dS k, dk = scale · dSᵀ q; dk and dv of a K/V head summed over its group's query
+    heads. A row that sees no key has P = 0: it adds nothing. `dlse`, the gradient of the rows'
+    log-sum-exps (B, H, S_q), if they were used too: d lse_i / d s_ij = P_ij, added to dS."""
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, do))
+    B, H, Sq, _ = q.shape
+    mask = visible_mask(Sq, k.shape[2], causal)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b, h in np.ndindex(B, H):
+        hk = kv_head(h, H, k.shape[1])
+        p = _softmax_rows(q[b, h] @ k[b, hk].T * scale, mask)
+        dp = do[b, h] @ v[b, hk].T
+        ds = p * (dp - np.sum(dp * p, axis=1, keepdims=True))
+        if dlse is not None:
+            ds += p * np.asarray(dlse, dtype=np.float64)[b, h][:, None]
+        dv[b, hk] += p.T @ do[b, h]
+        dq[b, h] = scale * ds @ k[b, hk]
+        dk[b, hk] += scale * ds.T @ q[b, h]
+    return dq, dk, dv
+
+
 def reference_lse(q, k, *, causal: bool = False, scale: float | None = None) -> np.ndarray:
     """float64 log-sum-exp of every row's scores, (B, H, S_q): log(sum_j exp(q_i·k_j·scale)) over
     the keys row i sees, natural log (torch's and FlashAttention's convention); -inf for a row that

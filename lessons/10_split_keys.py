@@ -103,8 +103,8 @@ print(notebooks.table(notebooks.decode_blocks((1, 32, 1, 128), kv_heads=8, seq_k
 # %% [markdown]
 # ## The chunks and the merge
 #
-# One row tile of one K/V head: its key tiles cut into ranges, one block each; each block's partial
-# result; the merge by whichever block finishes last.
+# One row tile of one K/V head: its key tiles cut into ranges, one warp each (four warps a block);
+# each warp's partial result; the merge by the block, then by whichever block finishes last.
 
 # %%
 notebooks.draw_split_keys()

@@ -172,15 +172,21 @@ class _TorchLike:
         return True
 
 
-def test_requires_grad_is_refused_by_name(monkeypatch):
-    """Grad enabled and an input that requires grad: no backward pass here, said plainly."""
+def test_requires_grad_on_a_phase_without_backward_is_refused_by_name(monkeypatch):
+    """Grad enabled and an input that requires grad: the backward needs the forward's log-sum-exp,
+    which phases 07 on write; an earlier phase is refused, said plainly. Without grad (or under
+    no_grad) any phase is accepted."""
+    import types
+
     from flashcore_numba import api
 
     monkeypatch.setattr(api, "_grad_enabled", lambda: True)
-    with pytest.raises(ValueError, match=r"^k: requires grad.*no backward pass.*no_grad"):
-        api._describe("k", _TorchLike(requires_grad=True))
-    assert api._describe("k", _TorchLike(requires_grad=False)).kind == "torch"
-    monkeypatch.setattr(api, "_grad_enabled", lambda: False)  # under torch.no_grad(): accepted
+    monkeypatch.setattr(api, "_TORCH", types.SimpleNamespace(compiler=types.SimpleNamespace(is_compiling=lambda: False)))
+    ops = [_TorchLike(requires_grad=r) for r in (True, False, False)]
+    with pytest.raises(ValueError, match=r"^q: requires grad, but phase 03 has no backward pass.*07 on"):
+        api.attention(*ops, phase="03")
+    with pytest.raises(TypeError, match=r"^deterministic: expected True or False"):
+        api.attention(*ops, phase="07", deterministic="yes")
     assert api._describe("k", _TorchLike(requires_grad=True)).kind == "torch"
 
 

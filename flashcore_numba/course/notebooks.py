@@ -514,8 +514,8 @@ def draw_warp_specialization(n_tiles: int = 5, gemm: float = 0.8, softmax: float
 def decode_blocks(shape, kv_heads: int, seq_k: int, sms: int = 132) -> list[dict]:
     """How many blocks each tensor-core phase launches for one decode step, against the SMs of
     an H100 (132): phases 07 and 09 one per 128 query rows per head (their H100 tiles), phase 10
-    one per 16 packed rows per K/V head and per key split (its split rule with an H100's SMs and
-    shared memory). Nothing is launched."""
+    one per 16 packed rows per K/V head and per share of the keys, four warps each on a range of
+    it (its split rule with an H100's SMs and shared memory). Nothing is launched."""
     from ..phases import p10_split_keys as p10
     from ..phases.common import H100_SM_LIMITS, blocks_per_sm, cdiv
 
@@ -528,7 +528,7 @@ def decode_blocks(shape, kv_heads: int, seq_k: int, sms: int = 132) -> list[dict
     L = p10.gpu_layout(D)
     row_tiles = cdiv(H // kv_heads * S_q, p10.BLOCK_M)
     splits = p10.split_count(B * kv_heads * row_tiles, cdiv(seq_k, L["BLOCK_N"]),
-                             sms * blocks_per_sm(p10.smem_size(L), H100_SM_LIMITS))
+                             sms * blocks_per_sm(p10.smem_size(L, p10.WARPS), H100_SM_LIMITS), warps=p10.WARPS)
     rows.append({"phase": "10", "block_m": p10.BLOCK_M, "blocks": B * kv_heads * row_tiles * splits,
                  "rows used": f"{H // kv_heads * S_q} of 16", "reads of each K/V head": 1})
     for r in rows:
@@ -538,8 +538,9 @@ def decode_blocks(shape, kv_heads: int, seq_k: int, sms: int = 132) -> list[dict
 
 def draw_split_keys(n_splits: int = 4, n_tiles: int = 12):
     """Phase 10 for one (batch, K/V head, row tile): the keys cut into n_splits ranges of whole
-    tiles, each a block that ends with a partial output and its log-sum-exp; the last block to
-    finish merges them (the order does not matter: the merge is associative)."""
+    tiles (32 keys at D = 128), each a warp that ends with a partial output and its log-sum-exp; the
+    block merges its warps' partials, and the last block to finish the blocks' (the order does not
+    matter: the merge is associative)."""
     plt = _plt()
     _, ax = plt.subplots(figsize=(12, 3.8))
     colors = ["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974", "#64b5cd"]
@@ -550,19 +551,19 @@ def draw_split_keys(n_splits: int = 4, n_tiles: int = 12):
         for tile in range(first, last):
             ax.add_patch(plt.Rectangle((tile, 3), 0.92, 0.8, color=color, alpha=0.8))
         middle = (first + last) / 2
-        ax.text(middle, 4.15, f"block (split {s}): keys {first * 64}..{last * 64 - 1}", ha="center", fontsize=8)
+        ax.text(middle, 4.15, f"range {s} (a warp): keys {first * 32}..{last * 32 - 1}", ha="center", fontsize=8)
         ax.annotate("", xy=(middle, 1.9), xytext=(middle, 2.9), arrowprops=dict(arrowstyle="->", color=color))
         ax.text(middle, 1.45, f"o_{s} = acc / l_i\nlse_{s} = m_i + log2 l_i", ha="center", va="center", fontsize=8,
                 bbox=dict(boxstyle="round", fc="white", ec=color))
         ax.annotate("", xy=(n_tiles / 2, -0.25), xytext=(middle, 0.9), arrowprops=dict(arrowstyle="->", color="#888"))
-    ax.text(n_tiles / 2, -0.8, "the last block to finish (an atomic counter says which):  lse = log2 Σ_s 2^lse_s,   "
-            "o = Σ_s 2^(lse_s - lse) · o_s", ha="center", va="center", fontsize=9,
+    ax.text(n_tiles / 2, -0.8, "the block, its warps (then the last block to finish, the blocks):  "
+            "lse = log2 Σ_s 2^lse_s,   o = Σ_s 2^(lse_s - lse) · o_s", ha="center", va="center", fontsize=9,
             bbox=dict(boxstyle="round", fc="#f3f3f3", ec="#888"))
     ax.text(-0.3, 3.4, "K, V\ntiles", ha="right", va="center", fontsize=8)
     ax.set_xlim(-1.5, n_tiles + 0.5)
     ax.set_ylim(-1.3, 4.6)
     ax.axis("off")
-    ax.set_title("Phase 10: one query row tile, its keys split across blocks, merged by their log-sum-exp")
+    ax.set_title("Phase 10: one query row tile, its keys split across the warps of a block, merged by their log-sum-exp")
     plt.show()
 
 

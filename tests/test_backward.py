@@ -1,0 +1,200 @@
+"""The backward pass (phases/p11_backward.py, #41's first step): dQ, dK and dV against the float64
+reference's gradients, in the simulator on tiny shapes; on a GPU, through attention()'s autograd
+against torch's own autograd in float64, deterministic gradients, torch.compile and one training
+step beside SDPA's."""
+
+import numpy as np
+import pytest
+
+from flashcore_numba.reference import random_qkv, reference_attention, reference_gradients, reference_lse
+
+CASES = [
+    pytest.param((1, 2, 20, 64), 20, 2, True, id="causal, a partial tile"),
+    pytest.param((2, 2, 7, 64), 23, 2, False, id="S_q < S_k"),
+    pytest.param((1, 4, 5, 64), 9, 2, True, id="GQA 2, causal, S_q < S_k"),
+    pytest.param((1, 2, 26, 64), 11, 1, True, id="MQA, causal, rows without keys"),
+    pytest.param((1, 2, 18, 128), 17, 2, False, id="D=128"),
+]
+
+
+def gradients_close(got, ref, names=("dq", "dk", "dv")):
+    """float32 arithmetic on the same inputs: within 2e-5 of each gradient's largest value."""
+    for name, g, r in zip(names, got, ref):
+        assert g.shape == r.shape, (name, g.shape, r.shape)
+        assert np.isfinite(g).all(), f"{name}: {np.count_nonzero(~np.isfinite(g))} non-finite values"
+        err, size = float(np.abs(g - r).max()), float(np.abs(r).max())
+        assert err <= 2e-5 * size + 1e-6, f"{name}: max error {err:.2e} against values up to {size:.2e}"
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomics", "deterministic"])
+@pytest.mark.parametrize("shape, seq_k, heads_kv, causal", CASES)
+def test_backward_matches_the_reference_gradients(shape, seq_k, heads_kv, causal, deterministic):
+    """dQ (by atomics, or by its own pass over the keys), dK and dV summed over each group, from the
+    forward's output and log-sum-exp, with the causal mask of the forward (rows that see no key
+    give nothing), S_q != S_k and a scale that is not 1/sqrt(D)."""
+    from flashcore_numba.phases import p11_backward
+
+    q, k, v = random_qkv(shape, seq_k, heads_kv=heads_kv)
+    do = np.random.default_rng().standard_normal(q.shape).astype(np.float16)
+    o = reference_attention(q, k, v, causal=causal, scale=0.3)
+    lse = reference_lse(q, k, causal=causal, scale=0.3)
+    got = p11_backward.backward(q, k, v, o, do, lse, causal=causal, scale=0.3, deterministic=deterministic)
+    gradients_close(got, reference_gradients(q, k, v, do, causal=causal, scale=0.3))
+
+
+def test_backward_takes_the_gradient_of_the_lse():
+    """Where the log-sum-exp was used too (attention(..., return_lse=True) in a loss), its gradient
+    joins dS as P ∘ dLSE; without it the gradients differ (the test can fail)."""
+    from flashcore_numba.phases import p11_backward
+
+    q, k, v = random_qkv((1, 2, 12, 64), 30, heads_kv=1)
+    rng = np.random.default_rng()
+    do = rng.standard_normal(q.shape).astype(np.float16)
+    dlse = rng.standard_normal(q.shape[:3]).astype(np.float32)
+    o, lse = reference_attention(q, k, v, causal=True), reference_lse(q, k, causal=True)
+    got = p11_backward.backward(q, k, v, o, do, lse, causal=True, dlse=dlse)
+    gradients_close(got, reference_gradients(q, k, v, do, causal=True, dlse=dlse))
+    without = reference_gradients(q, k, v, do, causal=True)
+    assert np.abs(got[0] - without[0]).max() > 1e-3
+
+
+def test_backward_refuses_other_head_dims():
+    from flashcore_numba.phases import p11_backward
+
+    with pytest.raises(ValueError, match="head dim: the backward is built for"):
+        p11_backward.build(96)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a GPU, through attention()'s autograd
+# ---------------------------------------------------------------------------------------------
+GPU_CASES = [
+    pytest.param((2, 4, 300, 64), 300, 4, True, "float16", id="D=64 causal fp16"),
+    pytest.param((1, 4, 200, 128), 450, 2, False, "bfloat16", id="D=128 GQA 2 S_q<S_k bf16"),
+    pytest.param((1, 2, 130, 64), 70, 1, True, "float16", id="MQA causal S_q>S_k"),
+]
+
+
+def torch_gradients(q, k, v, do, causal, scale, dtype):
+    """(float64 reference, same-dtype yardstick) gradients from torch's own autograd: SDPA's math
+    backend on float64 copies, and on the inputs' dtype (its error is the tolerance's yardstick)."""
+    import torch
+
+    def grads(q, k, v, do):
+        q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        group = q.shape[1] // k.shape[1]
+        kk, vv = (x.repeat_interleave(group, dim=1) for x in (k, v))
+        with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+            out = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=False, scale=scale,
+                                                                   attn_mask=mask(q, k, causal))
+        out.backward(do)
+        return [x.grad for x in (q, k, v)]
+
+    def mask(q, k, causal):
+        if not causal:
+            return None
+        S_q, S_k = q.shape[2], k.shape[2]
+        rows = torch.arange(S_q, device=q.device)[:, None]
+        return torch.arange(S_k, device=q.device)[None, :] <= rows + (S_k - S_q)
+
+    ref = grads(*(x.double() for x in (q, k, v, do)))
+    lowp = grads(q, k, v, do)
+    return ref, lowp
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, seq_k, heads_kv, causal, dtype", GPU_CASES)
+def test_autograd_matches_torch_on_gpu(shape, seq_k, heads_kv, causal, dtype):
+    """attention()'s output has a grad_fn; backward() gives dq, dk, dv within twice what torch's own
+    same-dtype autograd errs by (plus 1e-3), against torch's float64 autograd; fully masked rows
+    (causal with S_q > S_k) included: there the output is 0 where SDPA's masked softmax is NaN, so
+    those rows' gradients are compared with the float64 reference's where it is finite."""
+    torch = pytest.importorskip("torch")
+    from flashcore_numba import attention
+
+    q, k, v = (torch.tensor(x, device="cuda").to(getattr(torch, dtype)).requires_grad_()
+               for x in random_qkv(shape, seq_k, heads_kv=heads_kv, dtype=np.float32))
+    do = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    out = attention(q, k, v, causal=causal, scale=0.2)
+    assert out.grad_fn is not None
+    out.backward(do)
+    ref, lowp = torch_gradients(q, k, v, do, causal, 0.2, dtype)
+    for name, x, r, l in zip(("dq", "dk", "dv"), (q, k, v), ref, lowp):
+        seen = torch.isfinite(r) & torch.isfinite(l)
+        err = (x.grad.double() - r)[seen].abs().max().item()
+        allowed = 2 * (l.double() - r)[seen].abs().max().item() + 1e-3
+        assert torch.isfinite(x.grad).all(), name
+        assert err <= allowed, f"{name}: error {err:.2e}, allowed {allowed:.2e}"
+
+
+@pytest.mark.gpu
+def test_deterministic_gradients_are_bit_identical_on_gpu():
+    """deterministic=True: the same gradients bit for bit on every run (dQ summed in one order);
+    and close to the default's (atomics)."""
+    torch = pytest.importorskip("torch")
+    from flashcore_numba import attention
+
+    q, k, v = (torch.randn(2, 4, 257, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+    runs = []
+    for deterministic in (True, True, False):
+        for x in (q, k, v):
+            x.grad = None
+        attention(q, k, v, causal=True, deterministic=deterministic).backward(do)
+        runs.append([x.grad.clone() for x in (q, k, v)])
+    for a, b in zip(runs[0], runs[1]):
+        assert torch.equal(a, b)
+    for a, c in zip(runs[0], runs[2]):
+        assert (a.float() - c.float()).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_training_step_matches_sdpa_on_gpu():
+    """One training step of a small attention module (projections, attention, loss, backward, an
+    optimizer step) with attention() and with SDPA: the same loss and close weights after it."""
+    torch = pytest.importorskip("torch")
+    from flashcore_numba import attention
+
+    class Block(torch.nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            torch.manual_seed(0)
+            self.qkv = torch.nn.Linear(256, 3 * 256, device="cuda", dtype=torch.float16)
+            self.fn = fn
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 128, 3, 4, 64).permute(2, 0, 3, 1, 4).contiguous().unbind(0)
+            return self.fn(q, k, v).square().mean()
+
+    x = torch.randn(2, 128, 256, device="cuda", dtype=torch.float16)
+    ours = Block(lambda q, k, v: attention(q, k, v, causal=True))
+    theirs = Block(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+    losses = []
+    for model in (ours, theirs):
+        opt = torch.optim.SGD(model.parameters(), lr=10.0)
+        loss = model(x)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert abs(losses[0] - losses[1]) <= 1e-3 * abs(losses[1]) + 1e-5
+    moved = (theirs.qkv.weight.float() - ours.qkv.weight.float()).abs().max().item()
+    assert moved < 1e-2, moved
+
+
+@pytest.mark.gpu
+def test_torch_compile_with_backward_on_gpu():
+    """torch.compile(fullgraph=True) of a function that calls attention() on tensors that need
+    grad, then backward(): no graph break (fullgraph) and the eager gradients."""
+    torch = pytest.importorskip("torch")
+    from flashcore_numba import attention
+
+    q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    fn = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, deterministic=True).float().sum(),
+                       fullgraph=True)
+    fn(q, k, v).backward()
+    compiled = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    attention(q, k, v, causal=True, deterministic=True).float().sum().backward()
+    for a, b in zip(compiled, (q.grad, k.grad, v.grad)):
+        assert torch.equal(a, b)
