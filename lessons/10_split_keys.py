@@ -42,10 +42,10 @@
 # again, applied to whole ranges instead of single tiles, and like it, the order does not matter.
 #
 # **5. The block merges its warps, then the last block merges the blocks, as a tree.** No second
-# kernel. Every warp writes its partials to a small float32 workspace; after a barrier the block
-# merges its four into one, a partial of its own with its own log-sum-exp. Then the block makes it
-# visible to the whole GPU (a [memory fence](../docs/glossary.md#memory-fence), `cuda.threadfence()`) and adds 1 to a counter with an
-# [atomic](../docs/glossary.md#atomic) addition. The blocks count in teams of 16: the block of a team that gets back 15 (or
+# kernel. Every warp leaves its partials in its own shared memory; after a barrier the block merges
+# its four into one, a partial of its own with its own log-sum-exp, in a small float32 workspace.
+# Then the block makes it visible to the whole GPU (a [memory fence](../docs/glossary.md#memory-fence), `cuda.threadfence()`) and
+# adds 1 to a counter with an [atomic](../docs/glossary.md#atomic) addition. The blocks count in teams of 16: the block of a team that gets back 15 (or
 # the team's size − 1) knows every other member has written and fenced its partial. It merges
 # them into the team's first slot and sets the counter back to 0 for the next call. Teams of
 # teams would merge the same way (merging merges is still the same merge, step 4); on an H100 the

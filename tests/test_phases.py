@@ -495,7 +495,7 @@ def test_phase10_leaves_its_counters_at_zero():
     q, k, v = random_qkv((1, 4, 2, 64), 80, heads_kv=1)  # 8 packed rows, one row tile
     config = split_config(64, 3)
     splits = config.split_keys(q.shape, k.shape, False)
-    assert splits.counters == 3 and splits.o_part == (6, 8, 64)  # 3 blocks of 2 warps; teams of two: 2, then 1
+    assert splits.counters == 3 and splits.o_part == (3, 8, 64)  # 3 blocks (of 2 warps); teams of two: 2, then 1
     workspace = (cuda.device_array(splits.o_part, np.float32), cuda.device_array(splits.lse_part, np.float32),
                  cuda.to_device(np.zeros(splits.counters, np.int32)))
     ref, lowp = reference_attention(q, k, v), lowp_attention(q, k, v)

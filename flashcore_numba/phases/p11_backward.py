@@ -34,7 +34,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ..arch.sim import simulator_enabled
-from .common import LOG2E, cdiv, key_end
+from .common import LOG2E, cdiv, key_end, launch
 
 ID = "11"
 NAME = "backward"
@@ -65,21 +65,21 @@ class Backward:
         B, H, S_q, D = Q.shape
         H_kv, S_k = K.shape[1], K.shape[2]
         delta = cuda.device_array((B, H, S_q), np.float32, stream=stream)
-        self.delta_kernel[(cdiv(S_q, BLOCK_M), H, B), self.threads, stream](
-            O, dO, delta if dLSE is None else dLSE, dLSE is not None, delta)
+        launch(self.delta_kernel, (cdiv(S_q, BLOCK_M), H, B), self.threads, 0,
+               (O, dO, delta if dLSE is None else dLSE, dLSE is not None, delta), stream)
         if not deterministic:
             _zero(dQ, stream)
-        self.kv_kernel[(cdiv(S_k, BLOCK_N), H_kv, B), self.threads, stream](
-            Q, K, V, dO, LSE, delta, dQ, dK, dV, causal, float32(scale), not deterministic)
+        launch(self.kv_kernel, (cdiv(S_k, BLOCK_N), H_kv, B), self.threads, 0,
+               (Q, K, V, dO, LSE, delta, dQ, dK, dV, causal, float32(scale), not deterministic), stream)
         if deterministic:
-            self.dq_kernel[(cdiv(S_q, BLOCK_M), H, B), self.threads, stream](
-                Q, K, V, dO, LSE, delta, dQ, causal, float32(scale))
+            launch(self.dq_kernel, (cdiv(S_q, BLOCK_M), H, B), self.threads, 0,
+                   (Q, K, V, dO, LSE, delta, dQ, causal, float32(scale)), stream)
 
 
 def _zero(array, stream) -> None:
     """Fill a float32 device array with zeros (the simulator has no memset)."""
     flat = array.reshape(array.size)
-    _zero_kernel[cdiv(flat.size, 256), 256, stream](flat)
+    launch(_zero_kernel, cdiv(flat.size, 256), 256, 0, (flat,), stream)
 
 
 @cuda.jit

@@ -1,8 +1,8 @@
 # Exercise 10: Split keys: one decode step across many blocks, merged by the log-sum-exp
 #
 # This is the finished phase 10 kernel with 2 marked regions emptied:
-#   10-a: count this block as finished: thread 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value) and leaves that value in done_s[0]; after a barrier every thread reads it as `done`
 #   10-b: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
+#   10-a: count this block as finished: thread 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value) and leaves that value in done_s[0]; after a barrier every thread reads it as `done`
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
 # Change nothing else: solving only adds lines. The lesson is lessons/10_split_keys.ipynb.
 #
@@ -107,7 +107,7 @@ def split_count(blocks: int, key_tiles: int, slots: int, min_tiles: int = MIN_TI
 
 def make_splits(block_n: int, smem_bytes: int, fan: int, warps: int):
     """The kernel's `split_keys`: (q shape, k shape, causal) -> its grid and workspace (Splits);
-    `fan`: the blocks' partials per merge (its counters); `warps`: ranges (partials) per block."""
+    `fan`: the blocks' partials per merge (its counters); `warps`: ranges per block."""
 
     def splits_of(q_shape, k_shape, causal, splits=None) -> Splits:
         B, H, S_q, D = q_shape
@@ -118,8 +118,8 @@ def make_splits(block_n: int, smem_bytes: int, fan: int, warps: int):
             min_tiles = SIM_MIN_TILES_PER_SPLIT if simulator_enabled() else MIN_TILES_PER_SPLIT
             splits = split_count(blocks, cdiv(S_k, block_n), sm_count() * blocks_per_sm(smem_bytes), min_tiles,
                                  warps)
-        ranges = splits * warps  # a partial per warp
-        return Splits((splits, row_tiles * H_kv, B), (ranges, B * H * S_q, D), (ranges, B * H * S_q),
+        # a partial per block in the workspace (a block merges its warps' in shared memory)
+        return Splits((splits, row_tiles * H_kv, B), (splits, B * H * S_q, D), (splits, B * H * S_q),
                       blocks * merge_counters(splits, fan))
 
     return splits_of
@@ -153,7 +153,8 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
     PAGED = paged
     STAGES = L["STAGES"]
     WARPS = block_warps() if warps is None else warps
-    WARP_BYTES = L["SMEM_BYTES"]  # one warp's Q tile and stages of K and V
+    WARP_BYTES = L["SMEM_BYTES"]  # one warp's Q tile and stages of K and V; then its partial
+    WARP_FLOATS = WARP_BYTES // 4
     THREADS = 32 * WARPS
     mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
@@ -175,6 +176,9 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
     PAIRS = HEAD_DIM // 2  # output columns are written two at a time (one packed 32-bit word)
     FAN_IN = fan_in()  # the blocks' partials per merge (the simulator's are fewer)
     TEAM = max(FAN_IN, WARPS)  # the most members a team has (level 0's are the block's warps)
+    LSE_AT = BLOCK_M * HEAD_DIM  # in a warp's shared memory, after the loop: o (BLOCK_M, D), then lse
+    WEIGHT_AT = WARP_FLOATS - TEAM * BLOCK_M  # the merge's weights: at the end of warp 0's memory
+    assert LSE_AT + BLOCK_M <= WEIGHT_AT, "a warp's shared memory holds its partial and the weights"
 
     @cuda.jit(device=True, inline=True)
     def mma_into(c, j, a, kk, b0, b1):
@@ -204,21 +208,56 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
     pv_steps = unrolled(pv_step, NO // 2)
 
     @cuda.jit(device=True, inline=True)
-    def merge_members(O_PART, weight, slot0, stride, members, row, r, col):
-        """sum_i w_i o_i over a team's members, at columns col and col + 1 of tile row r (the row
-        `row` of the workspace): neighbouring lanes read neighbouring words of each member."""
-        x = float32(0.0)
-        y = float32(0.0)
-        for i in range(members):
-            w = weight[i * BLOCK_M + r]
-            x += w * O_PART[slot0 + i * stride, row, col]
-            y += w * O_PART[slot0 + i * stride, row, col + 1]
-        return x, y
+    def merge_member(i, args):
+        """Member i of a team, times its weight, into sums: columns col and col + 1 of tile row r. A
+        member past `last` reads the last one's slot again and adds nothing (a select, not 0 times
+        the value: an inf of v stays inf, not NaN)."""
+        sums, O_PART, weight, slot0, stride, last, row, r, col = args
+        slot = slot0 + min(i, last) * stride
+        w = weight[i * BLOCK_M + r]
+        xi = w * O_PART[slot, row, col]
+        yi = w * O_PART[slot, row, col + 1]
+        sums[0] += xi if i <= last else float32(0.0)
+        sums[1] += yi if i <= last else float32(0.0)
+
+    chain = unrolled(merge_member, FAN_IN)
+
+    @cuda.jit(device=True, inline=True)
+    def merge_members(O_PART, weight, slot0, stride, last, row, r, col):
+        """sum_i w_i o_i over a team's members 0 .. last, at columns col and col + 1 of tile row r
+        (the row `row` of the workspace): FAN_IN steps with no loop (`unrolled`), so that every
+        member's loads go out at once. (As a loop, NVVM unrolls it by four at most: the long decode
+        step took 73.4 us against 69.0, docs/tuning/10_trace/four_warps/run3.)"""
+        sums = cuda.local.array(2, float32)  # registers: constant indices
+        sums[0] = float32(0.0)
+        sums[1] = float32(0.0)
+        chain(0, (sums, O_PART, weight, slot0, stride, last, row, r, col))
+        return sums[0], sums[1]
+
+    @cuda.jit(device=True, inline=True)
+    def merge_weights(lse_i):
+        """(lse, w) of a row: lane i holds member i's lse_i (-inf past the team's members); lse =
+        log2(sum_i 2^lse_i), and this lane's weight w = 2^(lse_i - lse)."""
+        lse = float32(-math.inf)  # the log of an empty sum: no member saw a key of this row
+        w = float32(0.0)
+        # >>> exercise 10-b: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
+        # <<< exercise
+        return lse, w
+
+    @cuda.jit(device=True, inline=True)
+    def put_lse(LSE, LSE_PART, lse, r, last_level, slot, out_row, b, h0, seq_q, row0):
+        """A merged row's log-sum-exp: the output's (natural log) at the last level, if asked for,
+        else the slot's in the workspace."""
+        if not last_level:
+            LSE_PART[slot, out_row + r] = lse
+        elif LSE.shape[2] != 0:
+            hg, qi = packed_row(row0 + r, seq_q)
+            LSE[b, h0 + hg, qi] = lse * LN2
 
     @cuda.jit(device=True, inline=True)
     def put_merged(O, O_PART, x, y, r, col, last_level, slot, out_row, b, h0, seq_q, row0):
         """Merged columns col, col + 1 of tile row r: to the output at the last level (packed), else
-        in place of the team's first member (this lane read its value already)."""
+        in the team's slot (this thread read the values it replaces already)."""
         if last_level:
             hg, qi = packed_row(row0 + r, seq_q)
             if PAGED:
@@ -345,6 +384,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
     def attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE):
         """The whole of one block's work (the kernels below only name their arguments)."""
         smem_h = cuda.shared.array(0, uint32, alignment=128)
+        smem_f = cuda.shared.array(0, float32)  # the same memory, as floats: the merge's
         tid = cuda.threadIdx.x
         warp = tid // 32  # each warp runs phase 07's loop over a range of keys of its own
         lane = tid % 32
@@ -501,84 +541,93 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         p_a = row0 + g
         p_b = row0 + g + 8
 
-        # -- a partial result: o_s = acc / l_i and lse_s = m_i + log2(l_i), in the workspace
+        # -- a partial result, o_s = acc / l_i and lse_s = m_i + log2(l_i), in the warp's own
+        # shared memory (its stages are done with; the block's other warps may still be in their loops)
+        mine = warp * WARP_FLOATS  # the warp's partial: o (BLOCK_M, D) row by row, then lse (BLOCK_M)
         for j in range(NO):
             col = j * MMA_N + 2 * t
-            if p_a < rows:
-                O_PART[split, first_row + p_a, col] = acc[j, 0] * inv_a
-                O_PART[split, first_row + p_a, col + 1] = acc[j, 1] * inv_a
-            if p_b < rows:
-                O_PART[split, first_row + p_b, col] = acc[j, 2] * inv_b
-                O_PART[split, first_row + p_b, col + 1] = acc[j, 3] * inv_b
+            smem_f[mine + g * HEAD_DIM + col] = acc[j, 0] * inv_a
+            smem_f[mine + g * HEAD_DIM + col + 1] = acc[j, 1] * inv_a
+            smem_f[mine + (g + 8) * HEAD_DIM + col] = acc[j, 2] * inv_b
+            smem_f[mine + (g + 8) * HEAD_DIM + col + 1] = acc[j, 3] * inv_b
         if t == 0:
-            if p_a < rows:
-                LSE_PART[split, first_row + p_a] = float32(-math.inf) if l_a == float32(0.0) else m_a + math.log2(l_a)
-            if p_b < rows:
-                LSE_PART[split, first_row + p_b] = float32(-math.inf) if l_b == float32(0.0) else m_b + math.log2(l_b)
+            smem_f[mine + LSE_AT + g] = float32(-math.inf) if l_a == float32(0.0) else m_a + math.log2(l_a)
+            smem_f[mine + LSE_AT + g + 8] = float32(-math.inf) if l_b == float32(0.0) else m_b + math.log2(l_b)
 
-        # -- merge, as a tree. Level 0 is the block: once every warp has written its partial (a
-        # barrier: it orders the block's writes to global memory too), the block merges its WARPS
-        # partials into its first warp's slot. Then the blocks' partials are gathered in teams of
-        # FAN_IN: the last block of a team to finish merges the team's partials into the team's
-        # first slot (a partial of its own, with its own log-sum-exp), then the teams are gathered
-        # in teams of FAN_IN in turn, and so on, until one team is left: its last block writes the
-        # output. The merge is associative, so merging merges gives the same result, and the teams
-        # of a level merge in parallel, each on its own SM.
-        weight = cuda.shared.array(0, float32)  # (FAN_IN, BLOCK_M): K and V are done with
+        # -- merge, as a tree. Level 0 is the block: once every warp has its partial in shared
+        # memory (a barrier), the block merges them into its own partial, in the workspace. Then
+        # the blocks' partials are gathered in teams of FAN_IN: the last block of a team to finish
+        # merges the team's partials into the team's first slot (a partial of its own, with its
+        # own log-sum-exp), then the teams are gathered in teams of FAN_IN in turn, and so on,
+        # until one team is left: its last block writes the output. The merge is associative, so
+        # merging merges gives the same result, and the teams of a level merge in parallel, each
+        # on its own SM.
+        weight = smem_f[WEIGHT_AT:WEIGHT_AT + TEAM * BLOCK_M]  # (TEAM, BLOCK_M), past warp 0's partial
         done_s = cuda.shared.array(1, int32)  # arrive's count, for the whole block
-        per_tile = COUNTERS.shape[0] // (cuda.gridDim.y * cuda.gridDim.z)  # merge_counters(blocks' splits)
-        counters = ((b * H_kv + h_kv) * row_tiles + tile) * per_tile  # this row tile's first counter
         n_rows = min(BLOCK_M, rows - row0)
         out_row = first_row + row0
-        node = split  # this warp's partial among this level's partials
-        count = n_splits  # partials at this level
+        slot = cuda.blockIdx.x  # the block's partial in the workspace
+        last_level = cuda.gridDim.x == 1  # one block: its merge is the output
+        cuda.syncthreads()  # every warp's partial is written
+        # each row's lse = log2(sum_w 2^lse_w) over the warps, lane w holding warp w's, and each
+        # warp's weight 2^(lse_w - lse), into shared memory: row r by warp r % WARPS
+        for r in range(warp, n_rows, WARPS):
+            lse, w = merge_weights(smem_f[lane * WARP_FLOATS + LSE_AT + r] if lane < WARPS else float32(-math.inf))
+            if lane < WARPS:
+                weight[lane * BLOCK_M + r] = w
+            if lane == 0:
+                put_lse(LSE, LSE_PART, lse, r, last_level, slot, out_row, b, h_kv * group, seq_q, row0)
+        cuda.syncthreads()
+        # o = sum_w w_w o_w, two columns per thread
+        for idx in range(tid, n_rows * PAIRS, THREADS):
+            r, col = idx // PAIRS, 2 * (idx % PAIRS)
+            x = float32(0.0)
+            y = float32(0.0)
+            for i in range(WARPS):
+                w = weight[i * BLOCK_M + r]
+                x += w * smem_f[i * WARP_FLOATS + r * HEAD_DIM + col]
+                y += w * smem_f[i * WARP_FLOATS + r * HEAD_DIM + col + 1]
+            put_merged(O, O_PART, x, y, r, col, last_level, slot, out_row, b, h_kv * group, seq_q, row0)
+        if last_level:
+            return
+
+        # -- the levels across blocks, in teams of FAN_IN blocks' partials
+        per_tile = COUNTERS.shape[0] // (cuda.gridDim.y * cuda.gridDim.z)  # merge_counters(blocks)
+        counters = ((b * H_kv + h_kv) * row_tiles + tile) * per_tile  # this row tile's first counter
+        node = slot  # this block's partial among this level's partials
+        count = cuda.gridDim.x  # partials at this level
         stride = 1  # slots of O_PART from one partial of this level to the next
-        fan = WARPS  # partials per team: level 0's teams are the blocks
-        in_block = True
         while True:
-            team = node // fan
-            first = team * fan  # the team's first partial: where its merge goes
-            members = min(fan, count - first)
-            last_level = count <= fan  # one team: its merge is the output
-            if in_block:
-                cuda.syncthreads()  # every warp's partial is written
-            elif not arrive(COUNTERS, counters + team, members, tid, done_s):
+            team = node // FAN_IN
+            first = team * FAN_IN  # the team's first partial: where its merge goes
+            members = min(FAN_IN, count - first)
+            last_level = count <= FAN_IN  # one team: its merge is the output
+            if not arrive(COUNTERS, counters + team, members, tid, done_s):
                 return  # another block of the team merges it
-            # each row's lse = log2(sum_i 2^lse_i) over the team's members, lane i holding member i,
-            # and each member's weight 2^(lse_i - lse), into shared memory: row r by warp r % WARPS
+            # each row's lse and the members' weights, as above: lane i holds member i's lse_i
             for r in range(warp, n_rows, WARPS):
                 row = out_row + r
-                lse_i = LSE_PART[(first + lane) * stride, row] if lane < members else float32(-math.inf)
-                lse = float32(-math.inf)  # the log of an empty sum: no member saw a key of this row
-                w = float32(0.0)
-                # >>> exercise 10-b: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
-                # <<< exercise
-                if lane < TEAM:
+                lse, w = merge_weights(LSE_PART[(first + lane) * stride, row] if lane < members
+                                       else float32(-math.inf))
+                if lane < FAN_IN:
                     weight[lane * BLOCK_M + r] = w
-                if lane == 0:
-                    if not last_level:
-                        LSE_PART[first * stride, row] = lse  # every lane has read it: overwritten in place
-                    elif LSE.shape[2] != 0:
-                        hg, qi = packed_row(row0 + r, seq_q)
-                        LSE[b, h_kv * group + hg, qi] = lse * LN2
+                if lane == 0:  # every lane has read the team's first lse: overwritten in place
+                    put_lse(LSE, LSE_PART, lse, r, last_level, first * stride, out_row, b, h_kv * group, seq_q, row0)
             cuda.syncthreads()
-            # o = sum_i w_i o_i, two columns per thread (neighbours read neighbouring words)
+            # o = sum_i w_i o_i, two columns per thread, the members' loads all in flight (merge_members)
             for idx in range(tid, n_rows * PAIRS, THREADS):
                 r, col = idx // PAIRS, 2 * (idx % PAIRS)
-                x, y = merge_members(O_PART, weight, first * stride, stride, members, out_row + r, r, col)
+                x, y = merge_members(O_PART, weight, first * stride, stride, members - 1, out_row + r, r, col)
                 put_merged(O, O_PART, x, y, r, col, last_level, first * stride, out_row, b, h_kv * group, seq_q, row0)
             if last_level:
                 return
             # the next level: this level's teams are its partials (the barrier in `arrive` keeps the
             # next level's weights from being written before every thread has read these)
-            teams = (count + fan - 1) // fan
-            if not in_block:
-                counters += teams  # past this level's counters
+            teams = (count + FAN_IN - 1) // FAN_IN
+            counters += teams  # past this level's counters
             node = team
             count = teams
-            stride *= fan
-            fan = FAN_IN
-            in_block = False
+            stride *= FAN_IN
 
     @cuda.jit
     def split_keys_attention(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS):

@@ -17,17 +17,26 @@ rep('''        wait_pending()  # the first group, Q's rows with the first tile, 
 ''')
 rep('''        # -- the rows' sums over the quad''','''        t_2 = glt()
         # -- the rows' sums over the quad''')
-rep('''        node = split  # this warp's partial among this level's partials
-''','''        node = split  # this warp's partial among this level's partials
-        if lane == 0:
+rep('''        # -- merge, as a tree. Level 0 is the block''','''        if lane == 0:
             TRACE[blk, 0] = t_0
             TRACE[blk, 1] = t_1
             TRACE[blk, 2] = t_2
             TRACE[blk, 3] = glt()
         level = 0
-''')
-rep('''            elif not arrive(COUNTERS, counters + team, members, tid, done_s):
-                return  # another block of the team merges it''','''            elif not arrive(COUNTERS, counters + team, members, tid, done_s):
+        # -- merge, as a tree. Level 0 is the block''')
+rep('''        if last_level:
+            return
+
+        # -- the levels across blocks''','''        if last_level:
+            if lane == 0:
+                TRACE[blk, 4] = glt()
+                TRACE[blk, 5] = 100
+            return
+        level = 1
+
+        # -- the levels across blocks''')
+rep('''            if not arrive(COUNTERS, counters + team, members, tid, done_s):
+                return  # another block of the team merges it''','''            if not arrive(COUNTERS, counters + team, members, tid, done_s):
                 if lane == 0:
                     TRACE[blk, 4] = glt()
                     TRACE[blk, 5] = level

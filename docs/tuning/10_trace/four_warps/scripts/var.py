@@ -24,6 +24,7 @@ if mod == "old":
     import p10_old as p10
 else:
     from flashcore_numba.phases import p10_split_keys as p10
+    p10.MERGE_UNROLLED = os.environ.get("UNROLL", "1") == "1"
 from flashcore_numba.phases.p07_mma_sync import layout
 t0 = time.time()
 D = int(os.environ.get("D", "128"))
