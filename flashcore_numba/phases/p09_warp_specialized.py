@@ -120,8 +120,8 @@ Measured effect (written by `flashcore report` from the committed record; do not
     (0.92x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase
     09). 09-turns: 445 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x
     09-overlap, SLOWER than 09-overlap). 09-ws: 441 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
-    causal 341 TFLOPS (1.03x 09-turns). At B=8 H=32 S_q=1 S_k=2048 D=128 fp16: 09 2.50 TFLOPS (1.08x
-    phase 07). At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 09 0.64 TFLOPS (2.40x phase 07). At B=16 H=16
+    causal 341 TFLOPS (1.03x 09-turns). At B=8 H=32 S_q=1 S_k=2048 D=128 fp16: 09 2.51 TFLOPS (1.08x
+    phase 07). At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 09 0.64 TFLOPS (2.38x phase 07). At B=16 H=16
     S=2048 D=128 fp16: 09 659 TFLOPS (1.73x phase 08), causal 556 TFLOPS (1.73x phase 08);
     09-overlap 625 TFLOPS (0.95x phase 09, SLOWER than phase 09), causal 500 TFLOPS (0.90x phase 09,
     SLOWER than phase 09); 09-turns 560 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap), causal
@@ -141,7 +141,7 @@ Measured effect (written by `flashcore report` from the committed record; do not
     SLOWER than phase 09), causal 373 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 417
     TFLOPS (0.84x 09-overlap, SLOWER than 09-overlap), causal 326 TFLOPS (0.87x 09-overlap, SLOWER
     than 09-overlap); 09-ws 461 TFLOPS (1.11x 09-turns), causal 358 TFLOPS (1.10x 09-turns). At B=1
-    H=32 H_kv=8 S_q=1 S_k=8192 D=128 fp16: 09 1.46 TFLOPS (2.63x phase 07). At B=1 H=32 H_kv=8 S_q=1
+    H=32 H_kv=8 S_q=1 S_k=8192 D=128 fp16: 09 1.45 TFLOPS (2.61x phase 07). At B=1 H=32 H_kv=8 S_q=1
     S_k=32768 D=128 fp16: 09 1.55 TFLOPS (2.68x phase 07)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
