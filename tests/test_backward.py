@@ -8,6 +8,8 @@ import pytest
 
 from flashcore_numba.reference import random_qkv, reference_attention, reference_gradients, reference_lse
 
+NO_TORCH = "torch is not installed (pip install -e '.[torch]')"  # the GPU tests need it
+
 CASES = [
     pytest.param((1, 2, 20, 64), 20, 2, True, id="causal, a partial tile"),
     pytest.param((2, 2, 7, 64), 23, 2, False, id="S_q < S_k"),
@@ -109,7 +111,7 @@ def test_autograd_matches_torch_on_gpu(shape, seq_k, heads_kv, causal, dtype):
     same-dtype autograd errs by (plus 1e-3), against torch's float64 autograd; fully masked rows
     (causal with S_q > S_k) included: there the output is 0 where SDPA's masked softmax is NaN, so
     those rows' gradients are compared with the float64 reference's where it is finite."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     from flashcore_numba import attention
 
     q, k, v = (torch.tensor(x, device="cuda").to(getattr(torch, dtype)).requires_grad_()
@@ -131,7 +133,7 @@ def test_autograd_matches_torch_on_gpu(shape, seq_k, heads_kv, causal, dtype):
 def test_deterministic_gradients_are_bit_identical_on_gpu():
     """deterministic=True: the same gradients bit for bit on every run (dQ summed in one order);
     and close to the default's (atomics)."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     from flashcore_numba import attention
 
     q, k, v = (torch.randn(2, 4, 257, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
@@ -152,7 +154,7 @@ def test_deterministic_gradients_are_bit_identical_on_gpu():
 def test_training_step_matches_sdpa_on_gpu():
     """One training step of a small attention module (projections, attention, loss, backward, an
     optimizer step) with attention() and with SDPA: the same loss and close weights after it."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     from flashcore_numba import attention
 
     class Block(torch.nn.Module):
@@ -185,7 +187,7 @@ def test_training_step_matches_sdpa_on_gpu():
 def test_torch_compile_with_backward_on_gpu():
     """torch.compile(fullgraph=True) of a function that calls attention() on tensors that need
     grad, then backward(): no graph break (fullgraph) and the eager gradients."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     from flashcore_numba import attention
 
     q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
