@@ -49,7 +49,7 @@
 # the team's size − 1) knows every other member has written and fenced its partial. It merges
 # them into the team's first slot and sets the counter back to 0 for the next call. Teams of
 # teams would merge the same way (merging merges is still the same merge, step 4); on an H100 the
-# decode shapes here need one team per head: 16 blocks of 4 warps.
+# decode shapes here need one team per row tile: at most 16 blocks of 4 warps.
 #
 # **6. A group's query heads share one tile.** With grouped-query attention, the H / H_kv query
 # heads of a group read the same K/V head. Their rows lie one after another in memory, so the kernel
