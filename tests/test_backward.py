@@ -1,4 +1,4 @@
-"""The backward pass (phases/p11_backward.py, #41's first step): dQ, dK and dV against the float64
+"""The backward pass (phases/p11_backward.py, its first version): dQ, dK and dV against the float64
 reference's gradients, in the simulator on tiny shapes; on a GPU, through attention()'s autograd
 against torch's own autograd in float64, deterministic gradients, torch.compile and one training
 step beside SDPA's."""

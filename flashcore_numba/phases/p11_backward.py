@@ -3,7 +3,7 @@
 Not yet on the ladder: this module holds the backward's algorithm in plain CUDA-core
 arithmetic, so that training works and every later version has a correct one to be checked
 against. The tensor-core version (phase 07's mma.sync machinery), its lesson, exercise and
-records are the next steps of #41; until then phases/__init__ does not list it.
+records are the next steps; until then phases/__init__ does not list it.
 
 The algorithm (FlashAttention-2's backward)
     The forward saved only the output O and each row's log-sum-exp L_i (natural log). Given dO,
