@@ -342,9 +342,10 @@ def _train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
     backward() runs the backward kernels (phases/p11_backward.py) through flashcore::attention_train."""
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
-    torch = _TORCH or _import_torch()
-    resolved = None if torch.compiler.is_compiling() else _resolve(q, k, v, causal, scale, phase, False)[0]
-    if resolved is not None and not supports_lse(resolved):
+    # which kernel runs decides it (the operands are validated in the op, as every call's are): "best"
+    # runs a phase that writes the LSE, unless the GPU is too old for phase 07
+    resolved = _best_for_this_gpu() if isinstance(phase, str) and phase == "best" else get_phase(phase)
+    if not supports_lse(resolved):
         raise ValueError(f"q: requires grad, but phase {resolved.ID} has no backward pass (the backward "
                          f"recomputes the softmax from the forward's log-sum-exp, which phases 07 on write); "
                          f"pick phase='best' or 07 on, or call it under torch.no_grad()")

@@ -176,12 +176,9 @@ def test_requires_grad_on_a_phase_without_backward_is_refused_by_name(monkeypatc
     """Grad enabled and an input that requires grad: the backward needs the forward's log-sum-exp,
     which phases 07 on write; an earlier phase is refused, said plainly. Without grad (or under
     no_grad) any phase is accepted."""
-    import types
-
     from flashcore_numba import api
 
     monkeypatch.setattr(api, "_grad_enabled", lambda: True)
-    monkeypatch.setattr(api, "_TORCH", types.SimpleNamespace(compiler=types.SimpleNamespace(is_compiling=lambda: False)))
     ops = [_TorchLike(requires_grad=r) for r in (True, False, False)]
     with pytest.raises(ValueError, match=r"^q: requires grad, but phase 03 has no backward pass.*07 on"):
         api.attention(*ops, phase="03")

@@ -143,6 +143,14 @@ def build(HEAD_DIM: int) -> Backward:
             dSs[i, j] = ds
 
     @cuda.jit(device=True, inline=True)
+    def load_row_stats(lse2, delta, LSE, DELTA, b, h, m0, seq_q, tid):
+        """The tile's rows' log-sum-exps (in base 2) and Δ; a row past seq_q sees nothing (−inf)."""
+        if tid < BLOCK_M:
+            inside = m0 + tid < seq_q
+            lse2[tid] = LSE[b, h, m0 + tid] * float32(LOG2E) if inside else float32(-math.inf)
+            delta[tid] = DELTA[b, h, m0 + tid] if inside else float32(0.0)
+
+    @cuda.jit(device=True, inline=True)
     def load_rows(dst, X, b, h, r0, rows, tid):
         """Rows r0 .. r0 + len(dst) − 1 of head h into shared memory, zeros past `rows`."""
         for e in range(tid, dst.shape[0] * D, NT):
@@ -180,10 +188,7 @@ def build(HEAD_DIM: int) -> Backward:
                 cuda.syncthreads()  # the previous tile's P and dS are used up
                 load_rows(Qs, Q, b, h, m0, seq_q, tid)
                 load_rows(dOs, dO, b, h, m0, seq_q, tid)
-                if tid < BLOCK_M:
-                    inside = m0 + tid < seq_q
-                    lse2[tid] = LSE[b, h, m0 + tid] * float32(LOG2E) if inside else float32(-math.inf)
-                    delta[tid] = DELTA[b, h, m0 + tid] if inside else float32(0.0)
+                load_row_stats(lse2, delta, LSE, DELTA, b, h, m0, seq_q, tid)
                 cuda.syncthreads()
                 probabilities(Qs, Ks, Ps, lse2, m0, n0, seq_q, seq_k, causal, qk_scale, tid)
                 score_grads(dOs, Vs, Ps, dSs, delta, tid)
@@ -228,10 +233,7 @@ def build(HEAD_DIM: int) -> Backward:
             dq[e] = float32(0.0)
         load_rows(Qs, Q, b, h, m0, seq_q, tid)
         load_rows(dOs, dO, b, h, m0, seq_q, tid)
-        if tid < BLOCK_M:
-            inside = m0 + tid < seq_q
-            lse2[tid] = LSE[b, h, m0 + tid] * float32(LOG2E) if inside else float32(-math.inf)
-            delta[tid] = DELTA[b, h, m0 + tid] if inside else float32(0.0)
+        load_row_stats(lse2, delta, LSE, DELTA, b, h, m0, seq_q, tid)
         k_end = key_end(min(m0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)  # the block's last row sees most
         for n0 in range(0, k_end, BLOCK_N):
             cuda.syncthreads()  # the previous tile's K and dS are used up

@@ -135,9 +135,9 @@ def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
 
 
 def smem_size(L, warps: int) -> int:
-    """Dynamic shared memory per block: each warp's Q tile and stages of K and V, which the merge
-    then reuses for its weights (FAN_IN x BLOCK_M floats)."""
-    return max(warps * L["SMEM_BYTES"], max(FAN_IN, warps) * BLOCK_M * 4)
+    """Dynamic shared memory per block: each warp's Q tile and stages of K and V, which then hold
+    the warp's partial (and, in warp 0's, the merge's weights: build_kernel checks they fit)."""
+    return warps * L["SMEM_BYTES"]
 
 
 def gpu_layout(HEAD_DIM: int) -> dict:
