@@ -19,13 +19,21 @@ CASES = [
 ]
 
 
-def gradients_close(got, ref, names=("dq", "dk", "dv")):
-    """float32 arithmetic on the same inputs: within 2e-5 of each gradient's largest value."""
-    for name, g, r in zip(names, got, ref):
+def gradients_close(got, ref, yardstick, names=("dq", "dk", "dv")):
+    """float32 arithmetic on the same inputs: within 2e-5 of each gradient's largest value, plus
+    twice what the same formulas in float32 err by (`yardstick`): where the softmax is nearly one-hot,
+    dS = P (dP - Δ) cancels, and float32 loses digits there whoever computes it."""
+    for name, g, r, y in zip(names, got, ref, yardstick):
         assert g.shape == r.shape, (name, g.shape, r.shape)
         assert np.isfinite(g).all(), f"{name}: {np.count_nonzero(~np.isfinite(g))} non-finite values"
         err, size = float(np.abs(g - r).max()), float(np.abs(r).max())
-        assert err <= 2e-5 * size + 1e-6, f"{name}: max error {err:.2e} against values up to {size:.2e}"
+        allowed = 2e-5 * size + 1e-6 + 2 * float(np.abs(y - r).max())
+        assert err <= allowed, f"{name}: max error {err:.2e} against values up to {size:.2e} (allowed {allowed:.2e})"
+
+
+def both_references(q, k, v, do, **kw):
+    """(float64 gradients, the float32 yardstick's)."""
+    return reference_gradients(q, k, v, do, **kw), reference_gradients(q, k, v, do, dtype=np.float32, **kw)
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomics", "deterministic"])
@@ -41,7 +49,7 @@ def test_backward_matches_the_reference_gradients(shape, seq_k, heads_kv, causal
     o = reference_attention(q, k, v, causal=causal, scale=0.3)
     lse = reference_lse(q, k, causal=causal, scale=0.3)
     got = p11_backward.backward(q, k, v, o, do, lse, causal=causal, scale=0.3, deterministic=deterministic)
-    gradients_close(got, reference_gradients(q, k, v, do, causal=causal, scale=0.3))
+    gradients_close(got, *both_references(q, k, v, do, causal=causal, scale=0.3))
 
 
 def test_backward_takes_the_gradient_of_the_lse():
@@ -55,7 +63,7 @@ def test_backward_takes_the_gradient_of_the_lse():
     dlse = rng.standard_normal(q.shape[:3]).astype(np.float32)
     o, lse = reference_attention(q, k, v, causal=True), reference_lse(q, k, causal=True)
     got = p11_backward.backward(q, k, v, o, do, lse, causal=True, dlse=dlse)
-    gradients_close(got, reference_gradients(q, k, v, do, causal=True, dlse=dlse))
+    gradients_close(got, *both_references(q, k, v, do, causal=True, dlse=dlse))
     without = reference_gradients(q, k, v, do, causal=True)
     assert np.abs(got[0] - without[0]).max() > 1e-3
 
@@ -224,6 +232,6 @@ def test_random_backward_problems_in_the_simulator():
         o = reference_attention(q, k, v, causal=causal, scale=scale)
         lse = reference_lse(q, k, causal=causal, scale=scale)
         got = p11_backward.backward(q, k, v, o, do, lse, causal=causal, scale=scale, deterministic=deterministic)
-        gradients_close(got, reference_gradients(q, k, v, do, causal=causal, scale=scale))
+        gradients_close(got, *both_references(q, k, v, do, causal=causal, scale=scale))
 
     check()
