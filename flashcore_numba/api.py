@@ -342,19 +342,28 @@ def _train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
     backward() runs the backward kernels (phases/p11_backward.py) through flashcore::attention_train."""
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
-    # which kernel runs decides it (the operands are validated in the op, as every call's are): "best"
-    # runs a phase that writes the LSE, unless the GPU is too old for phase 07
-    resolved = _best_for_this_gpu() if isinstance(phase, str) and phase == "best" else get_phase(phase)
-    if not supports_lse(resolved):
-        raise ValueError(f"q: requires grad, but phase {resolved.ID} has no backward pass (the backward "
-                         f"recomputes the softmax from the forward's log-sum-exp, which phases 07 on write); "
-                         f"pick phase='best' or 07 on, or call it under torch.no_grad()")
+    import torch
+
+    if not torch.compiler.is_compiling():  # (numba's device queries cannot be traced: the op checks again)
+        _require_backward(phase)
     out, lse = _train_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase), bool(deterministic))
     return (out, lse) if return_lse else out
 
 
+def _require_backward(phase) -> None:
+    """A call that needs gradients must run a phase that writes the log-sum-exp: "best" does, unless
+    the GPU is too old for phase 07. Checked before the call, and inside flashcore::attention_train,
+    which runs eagerly even under torch.compile (numba's device queries cannot be traced)."""
+    resolved = _best_for_this_gpu() if phase == "best" else get_phase(phase)
+    if not supports_lse(resolved):
+        raise ValueError(f"q: requires grad, but phase {resolved.ID} has no backward pass (the backward "
+                         f"recomputes the softmax from the forward's log-sum-exp, which phases 07 on write); "
+                         f"pick phase='best' or 07 on, or call it under torch.no_grad()")
+
+
 def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
-    """(dq, dk, dv) of q's dtype from the backward kernels, on float32 copies of the operands."""
+    """(dq, dk, dv) of q's dtype from the backward kernels (phases/p11_backward.py): dk and dv are
+    written in q's dtype, dq is summed in float32 and converted here."""
     import torch
     from numba import cuda
 
@@ -362,15 +371,18 @@ def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
 
     D = q.shape[-1]
     scale = default_scale(D) if scale is None else float(scale)
-    operands = [x.detach().float().contiguous() for x in (q, k, v, out, dout)]
+    operands = [x.detach().to(q.dtype).contiguous() for x in (q, k, v, out, dout)]
     lse = lse.detach().float().contiguous()
-    dq, dk, dv = (torch.empty(x.shape, dtype=torch.float32, device=x.device) for x in (q, k, v))
+    dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    dk, dv = torch.empty_like(operands[1]), torch.empty_like(operands[2])
     with cuda.gpus[q.device.index or 0]:
         stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
-        arrays = [cuda.as_cuda_array(x) for x in (*operands, lse, dq, dk, dv)]
+        arrays = [torch_to_kernel(x) for x in operands] + [cuda.as_cuda_array(lse), cuda.as_cuda_array(dq)]
+        arrays += [torch_to_kernel(x) for x in (dk, dv)]
         extra = None if dlse is None else cuda.as_cuda_array(dlse.detach().float().contiguous())
-        p11_backward.build(D).run(*arrays, bool(causal), scale, bool(deterministic), stream=stream, dLSE=extra)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        p11_backward.build(D, str(q.dtype).replace("torch.", "")).run(*arrays, bool(causal), scale,
+                                                                        bool(deterministic), stream=stream, dLSE=extra)
+    return dq.to(q.dtype), dk, dv
 
 
 def _train_op():
@@ -384,6 +396,7 @@ def _train_op():
 
         @torch.library.custom_op("flashcore::attention_train", mutates_args=(), schema=f"{args} -> (Tensor, Tensor)")
         def train_op(q, k, v, causal, scale, phase, deterministic):
+            _require_backward(phase)
             with torch.no_grad():
                 return _torch_call(q.detach(), k.detach(), v.detach(), causal, scale, phase, True)
 

@@ -83,15 +83,22 @@ def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = 
 
 
 def reference_gradients(q, k, v, do, *, causal: bool = False, scale: float | None = None, dlse=None,
-                        dtype=np.float64):
+                        dtype=np.float64, lowp: str | None = None):
     """float64 (dq, dk, dv) of attention's output against its gradient `do`, NumPy arrays: with
     P = softmax(scale · q kᵀ) (masked) and o = P v, dv = Pᵀ do, dS = P ∘ (do vᵀ − rowsum(do ∘ o)),
     dq = scale · dS k, dk = scale · dSᵀ q; dk and dv of a K/V head summed over its group's query
     heads. A row that sees no key has P = 0: it adds nothing. `dlse`, the gradient of the rows'
     log-sum-exps (B, H, S_q), if they were used too: d lse_i / d s_ij = P_ij, added to dS.
-    `dtype`: np.float32 computes the same in float32, the yardstick of a float32 backward's error."""
+    The yardstick of a backward's error, the same formulas computed the way a tensor-core backward
+    computes them: `dtype` np.float32 for float32 arithmetic, and `lowp` ("float16" or "bfloat16")
+    for the 16-bit values it works from: o rounded to it (the forward stored it so), P and dS rounded
+    to it before their products (the tensor cores take 16-bit operands), dk and dv at the end."""
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     q, k, v, do = (np.asarray(x, dtype=dtype) for x in (q, k, v, do))
+
+    def rounded(x):
+        return x if lowp is None else round_to(x, lowp).astype(dtype)
+
     B, H, Sq, _ = q.shape
     mask = visible_mask(Sq, k.shape[2], causal)
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
@@ -100,13 +107,13 @@ def reference_gradients(q, k, v, do, *, causal: bool = False, scale: float | Non
         p = _softmax_rows(q[b, h] @ k[b, hk].T * scale, mask)
         dp = do[b, h] @ v[b, hk].T
         # Δ = rowsum(dp ∘ p) = rowsum(do ∘ o), the second as FlashAttention computes it (from the output)
-        ds = p * (dp - np.sum(do[b, h] * (p @ v[b, hk]), axis=1, keepdims=True))
+        ds = p * (dp - np.sum(do[b, h] * rounded(p @ v[b, hk]), axis=1, keepdims=True))
         if dlse is not None:
             ds += p * np.asarray(dlse, dtype=dtype)[b, h][:, None]
-        dv[b, hk] += p.T @ do[b, h]
-        dq[b, h] = scale * ds @ k[b, hk]
-        dk[b, hk] += scale * ds.T @ q[b, h]
-    return dq, dk, dv
+        dv[b, hk] += rounded(p).T @ do[b, h]
+        dq[b, h] = scale * rounded(ds) @ k[b, hk]
+        dk[b, hk] += scale * rounded(ds).T @ q[b, h]
+    return dq, rounded(dk), rounded(dv)
 
 
 def reference_lse(q, k, *, causal: bool = False, scale: float | None = None) -> np.ndarray:

@@ -470,6 +470,17 @@ def expected_pack(kind, lo, hi):
     return np.array([(bits(h) << 16) | bits(x) for x, h in zip(lo, hi)], np.uint32)
 
 
+def unpack_kernel(kind: str, route: str):
+    unpack = ptx.function("mma_sync.ptx", f"flashcore_unpack_{kind}x2", route)
+
+    @cuda.jit
+    def unpack_pairs(packed, lo, hi):
+        i = cuda.threadIdx.x
+        lo[i], hi[i] = unpack(packed[i])
+
+    return unpack_pairs
+
+
 def exp2_kernel(route: str):
     exp2 = ptx.function("exp2.ptx", "flashcore_exp2", route)
 
@@ -582,6 +593,25 @@ def test_pack_rounds_to_nearest_even(kind):
     for route in (("link", "inline") if _on_gpu() else ("inline",)):
         got, lo, hi = run_pack(kind, route)
         assert np.array_equal(got, expected_pack(kind, lo, hi)), f"{route} route"
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_unpack_is_exact_and_undoes_pack(kind):
+    """Random bit patterns (NaN and inf included) come back as the fp32 values NumPy reads from the
+    same 16 bits, lower half first; packing them again gives the same bits (NaNs aside)."""
+    from flashcore_numba.reference import bf16_to_float
+
+    bits = np.random.default_rng().integers(0, 1 << 16, size=(64, 2), dtype=np.uint16)
+    bits[0] = (0x7C00, 0xFC00) if kind == "f16" else (0x7F80, 0xFF80)  # +inf, -inf
+    halves = bits.view(np.float16).astype(np.float32) if kind == "f16" else bf16_to_float(bits)
+    packed = (bits[:, 1].astype(np.uint32) << 16) | bits[:, 0]
+    for route in (("link", "inline") if _on_gpu() else ("inline",)):
+        lo, hi = (cuda.to_device(np.full(64, 7.0, np.float32)) for _ in range(2))
+        unpack_kernel(kind, route)[1, 64](cuda.to_device(packed), lo, hi)
+        got = np.stack([lo.copy_to_host(), hi.copy_to_host()], axis=1)
+        assert np.array_equal(got, halves, equal_nan=True), f"{route} route"
+        finite = ~np.isnan(got).any(axis=1)
+        assert np.array_equal(expected_pack(kind, got[finite, 0], got[finite, 1]), packed[finite]), f"{route} route"
 
 
 def test_exp2_flushes_subnormals_and_is_within_its_error():

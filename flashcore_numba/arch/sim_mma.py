@@ -113,6 +113,20 @@ def pack_bf16x2(lo, hi):
     return _pack(bf16_bits(lo), bf16_bits(hi))
 
 
+@emulation("flashcore_unpack_f16x2")
+def unpack_f16x2(packed):
+    """One .b32 of two fp16 -> (lo, hi) as float32, exactly."""
+    lo, hi = _halves(packed, "f16")
+    return np.float32(lo), np.float32(hi)
+
+
+@emulation("flashcore_unpack_bf16x2")
+def unpack_bf16x2(packed):
+    """One .b32 of two bf16 -> (lo, hi) as float32, exactly."""
+    lo, hi = _halves(packed, "bf16")
+    return np.float32(lo), np.float32(hi)
+
+
 # -- ldmatrix ----------------------------------------------------------------------------------
 
 
