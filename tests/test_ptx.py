@@ -64,6 +64,14 @@ def test_registers_named_like_the_compilers_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("path", PTX_FILES, ids=lambda p: p.name)
+def test_every_ptx_file_is_ascii(path):
+    """ptxas refuses a non-ASCII character anywhere, comments included ("Unexpected non-ASCII
+    character"), though some nvJitLink releases let it pass: the link route would fail on those."""
+    bad = [n for n, line in enumerate(path.read_text().splitlines(), 1) if not line.isascii()]
+    assert not bad, f"{path.name}: non-ASCII characters on lines {bad}"
+
+
+@pytest.mark.parametrize("path", PTX_FILES, ids=lambda p: p.name)
 def test_every_ptx_file_documents_its_abi(path):
     """Each file says its ABI and its fragment layout, and each function has a comment above it."""
     text = path.read_text()
