@@ -153,6 +153,10 @@ def _build_parser() -> Parser:
                        help="packed sequences (attention_varlen): N of random lengths LO..HI, H and D from "
                             "--shape, beside a dense batch of as many tokens and SDPA on the padded batch; "
                             "the record goes to docs/bench/varlen/")
+    bench.add_argument("--backward", action="store_true",
+                       help="the backward pass (phase 11, attention()'s autograd) on --shape beside SDPA's flash "
+                            "and cuDNN backward, and one training step each; the record goes to "
+                            "docs/bench/backward/")
     bench.add_argument("--kvcache", type=lambda t: _positive_ints(t, 3), default=None, metavar="B,LO,HI",
                        help="a decode step against a KV cache (attention_kvcache): B sequences of random lengths "
                             "LO..HI, one query row each, H and D from --shape, H_kv from --kv-heads; contiguous "
@@ -549,6 +553,8 @@ def cmd_bench(args) -> int:
     problem = bench.Problem.from_shape(shape, dtype=dtype, causal=args.causal, kv_heads=args.kv_heads)
     if args.seq_k is not None:
         problem = dataclasses.replace(problem, S_k=args.seq_k)
+    if args.backward:
+        return _bench_backward(args, bench, records, problem)
     if args.varlen:
         return _bench_varlen(args, bench, records, dtype, shape)
     if args.kvcache:
@@ -600,6 +606,38 @@ def cmd_bench(args) -> int:
                   soft_wrap=True)
     results = [r for p in record.get("sweep", [record]) for r in p["results"]]
     wrong = [r for r in results if r["kind"] == "phase" and r["available"] and not r["correct"]]
+    return 1 if wrong else 0
+
+
+def _bench_backward(args, bench, records, problem) -> int:
+    """`flashcore bench --backward` (measure/backward.py)."""
+    from .measure import backward
+
+    if args.sweep or args.sweep_s or args.phases or args.varlen or args.kvcache:
+        raise CLIError("--backward: one problem, the backward's own rows; drop --sweep, --phases, --varlen and "
+                       "--kvcache")
+    device = bench.open_device()
+    if device.kind != "torch":
+        raise CLIError(f"--backward: needs torch with CUDA: {device.no_peers_reason}")
+    peers = list(backward.BACKWARD_PEERS) if args.peers is None else args.peers
+    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats)
+    console = _console()
+    with _progress(console) as progress:
+        task = progress.add_task("bench", total=4 + 2 * len(peers))
+
+        def step(label):
+            progress.update(task, description=label, advance=1)
+
+        record = backward.run_backward_benchmark(problem, peer_names=peers, timing=timing, device=device,
+                                                 command=["flashcore", *args.argv], progress=step)
+    gpu = record["provenance"]["gpu_name"]
+    wide = console if console.is_terminal else _console(width=132)
+    wide.print(_results_table(record["results"], f"{gpu}: backward, {problem.describe()}", resources=False))
+    console.print(_text(record["flops_rule"]), soft_wrap=True)
+    path = args.out or backward.record_path(gpu, problem)
+    records.write_record(record, path)
+    console.print(f"Record written to {path}; `flashcore report` regenerates the README.", soft_wrap=True)
+    wrong = [r for r in record["results"] if r["kind"] == "phase" and r["available"] and not r["correct"]]
     return 1 if wrong else 0
 
 

@@ -251,3 +251,58 @@ def test_random_backward_problems_in_the_simulator():
         gradients_close(got, *both_references(q, k, v, do, dtype, causal=causal, scale=scale))
 
     check()
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark record (measure/backward.py) and its README table
+# ---------------------------------------------------------------------------------------------
+def test_backward_record_table_sets_each_row_beside_sdpa_flash(tmp_path):
+    """A record as `flashcore bench --backward` writes it (rows built here, not measured): valid by
+    the schema, and the README table puts every backward row beside SDPA flash's backward and every
+    step row beside its step, says why a row has no figure, and names the FLOP rule."""
+    from flashcore_numba.measure import backward, bench, records, report
+
+    problem = bench.Problem.from_shape((2, 2, 256, 64), causal=True)
+    flops = int(backward.BACKWARD_FLOPS * problem.flops)
+    rows = []
+    for name, kind, ms in (("11", "phase", 2.0), ("11-deterministic", "phase", 2.5), ("sdpa_flash", "peer", 1.0),
+                           ("11-step", "phase", 3.0), ("sdpa_flash-step", "peer", 1.5)):
+        r = records.Result(name, kind, f"title of {name}", correct=True, message="ok", max_err=1e-4, allowed_err=1e-3)
+        bench.set_timing(r, [ms] * 3, int(flops * (1.4 if "step" in name else 1.0)), None)
+        rows.append(r)
+    rows.append(records.Result("sdpa_cudnn", "peer", "cuDNN", correct=False, message="max error 1 > allowed 0.1",
+                               max_err=1.0, allowed_err=0.1))
+    record = records.build_record(problem=problem, results=rows, provenance={"gpu_name": "Test GPU", "git_commit": None},
+                                  timing=bench.Timing(), ceiling=None, oracle={"reference": "t", "yardstick": "t"},
+                                  command=["flashcore", "bench", "--backward"], seed=1)
+    record["flops"], record["flops_rule"] = flops, "backward: 2.5 x the forward's FLOPs"
+    assert records.validate_record(record) == []
+    path = records.write_record(record, tmp_path / "backward" / "r.json")
+    assert backward.record_path("Test GPU", problem).name == "test-gpu_backward_b2h2s256d64_fp16_causal.json"
+    lines = report.backward_table(records.load_records(path.parent), tmp_path)
+    text = "\n".join(lines)
+    assert "| 11: title of 11 | 2.000 |" in text and "| 0.50× |" in text  # half SDPA flash's speed
+    step = next(line for line in lines if "| 11-step:" in line)
+    assert "| 3.000 |" in step and step.endswith("| 0.50× |"), step  # beside SDPA flash's step
+    assert "FAILED the gate: max error 1 > allowed 0.1" in text
+    assert "2.5 x the forward's FLOPs" in text and "backward/r.json" in text
+
+
+@pytest.mark.gpu
+def test_backward_benchmark_writes_a_valid_record(tmp_path):
+    """`flashcore bench --backward` on a small problem: phase 11 both ways, SDPA's backward and one
+    training step each, every row gated before it is timed; a record of the schema."""
+    pytest.importorskip("torch", reason=NO_TORCH)
+    import json
+
+    from flashcore_numba.cli import main
+    from flashcore_numba.measure import records
+
+    out = tmp_path / "backward" / "r.json"
+    assert main(["bench", "--backward", "--shape", "1,4,256,64", "--causal", "--repeats", "20",
+                 "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert records.validate_record(record) == []
+    names = [r["name"] for r in record["results"]]
+    assert names[:2] == ["11", "11-deterministic"] and "11-step" in names and "sdpa_flash" in names
+    assert all(r["correct"] for r in record["results"] if r["kind"] == "phase"), record["results"]

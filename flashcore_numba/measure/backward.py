@@ -1,0 +1,169 @@
+"""`flashcore bench --backward`: the backward pass (phases/p11_backward.py) beside SDPA's.
+
+One problem (--shape, --causal, --dtype, --kv-heads), in one run. Every candidate is first checked
+by the oracle of the gradient tests: dq, dk and dv of batch 0 against torch's autograd on float64
+copies (SDPA's math backend), each within twice what the same autograd in the inputs' dtype errs
+by, plus bench's atol (reference.check_close). Then timed, kernel time, L2 flushed before each:
+
+- `11`: the backward as attention()'s autograd runs it (flashcore::attention_backward's body: Δ, dQ
+  zeroed, kv_kernel with dQ by atomics, dQ converted to the inputs' dtype), from the forward's O and
+  log-sum-exp; `11-deterministic`: the same with dq_kernel's second pass instead of the atomics;
+- `sdpa_flash`, `sdpa_cudnn`: torch's autograd.grad through SDPA's flash and cuDNN backends, the
+  forward's graph kept (retain_graph), so only their backward is timed;
+- `11-step`, `sdpa_flash-step`, `sdpa_cudnn-step`: one training step of attention alone, forward
+  and backward (the gradients taken by autograd.grad, so no .grad accumulates between launches).
+
+FLOPs are counted as FlashAttention counts them: the backward does five matrix products where the
+forward does two, 2.5 x the forward's (bench.attention_flops), and a step 3.5 x. The record has
+bench.py's schema, written under docs/bench/backward/; `flashcore report` puts its table in the
+README.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ..reference import check_close
+from .bench import PEERS, Problem, Timing, _raised, open_device, set_timing
+from .records import Result, build_record, default_records_dir, gpu_slug, nvidia_smi, provenance, unavailable
+
+BACKWARD_PEERS = ("sdpa_flash", "sdpa_cudnn")
+BACKWARD_FLOPS = 2.5  # x the forward's: five products of the same size where the forward has two
+STEP_FLOPS = 1 + BACKWARD_FLOPS
+
+
+def record_path(gpu_name: str, problem: Problem):
+    return default_records_dir() / "backward" / f"{gpu_slug(gpu_name)}_backward_{problem.tag}.json"
+
+
+def _gradient_oracle(device, q, k, v, do, problem: Problem):
+    """Batch 0's float64 gradients (torch autograd through SDPA's math backend on float64 copies)
+    and the yardstick's (the same in the inputs' dtype), each a list of three host arrays."""
+    one = Problem(1, problem.H, problem.S_q, problem.S_k, problem.D, problem.dtype, problem.causal, problem.H_kv)
+
+    def grads(q, k, v, do):
+        q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        out = device.sdpa("MATH", q, k, v, one)
+        return [g.double().cpu().numpy() for g in device.torch.autograd.grad(out, (q, k, v), do)]
+
+    first = [x[:1] for x in (q, k, v, do)]
+    ref = grads(*(x.double() for x in first))
+    lowp = grads(*first)
+    device.release()
+    return ref, lowp
+
+
+def _gate(result: Result, got, ref, lowp) -> None:
+    """check_close on each of batch 0's dq, dk, dv; the result is correct when all three are."""
+    messages, worst = [], None
+    result.correct = True
+    for name, g, r, lo in zip(("dq", "dk", "dv"), got, ref, lowp):
+        g = g[:1].double().cpu().numpy()
+        verdict = check_close(g, r, lo)
+        result.correct = result.correct and bool(verdict.ok)
+        messages.append(f"{name}: {verdict.message}")
+        if worst is None or verdict.max_err - verdict.allowed > worst[0] - worst[1]:
+            worst = (verdict.max_err, verdict.allowed)
+    result.message = "; ".join(messages)
+    result.max_err, result.allowed_err = worst
+
+
+def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timing=Timing(), seed: int | None = None,
+                           device=None, command=None, progress=None) -> dict:
+    """The whole protocol on one problem (see the module docstring), returned as a record."""
+    from ..api import _backward, attention
+
+    device = device or open_device()
+    if device.kind != "torch":
+        raise RuntimeError(f"the backward benchmark needs torch with CUDA: {getattr(device, 'no_peers_reason', '')}")
+    torch = device.torch
+    step = progress or (lambda label: None)
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % 2**32)
+    clock_start = nvidia_smi().get("sm_clock_mhz")
+    step("inputs and reference gradients")
+    _, (q, k, v) = device.inputs(problem, seed)
+    do = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=torch.Generator(q.device).manual_seed(seed))
+    ref, lowp = _gradient_oracle(device, q, k, v, do, problem)
+    backward_flops = int(BACKWARD_FLOPS * problem.flops)
+    step_flops = int(STEP_FLOPS * problem.flops)
+    with torch.no_grad():
+        out, lse = attention(q, k, v, causal=problem.causal, return_lse=True)
+    results = []
+    for deterministic in (False, True):
+        name = "11-deterministic" if deterministic else "11"
+        step(f"phase {name}")
+        how = "dQ by a second pass over the keys, bit-identical" if deterministic else "dQ by float32 atomics"
+        result = Result(name, "phase", f"The backward on mma.sync ({how})")
+
+        def launch(deterministic=deterministic):
+            return _backward(q, k, v, out, lse, do, None, problem.causal, None, deterministic)
+
+        try:
+            _gate(result, launch(), ref, lowp)
+            if result.correct:
+                set_timing(result, device.time_ms(launch, timing), backward_flops, None)
+        except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
+            result.correct, result.message = False, f"raised {_raised(e)}"
+        results.append(result)
+        device.release()
+    for name in peer_names:
+        step(name)
+        backend, title = PEERS[name]
+        title = f"{title}, backward"
+        leaves = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
+        try:
+            peer_out = device.sdpa(backend, *leaves, problem)
+
+            def launch(peer_out=peer_out, leaves=leaves):
+                return torch.autograd.grad(peer_out, leaves, do, retain_graph=True)
+
+            result = Result(name, "peer", title)
+            _gate(result, launch(), ref, lowp)
+            if result.correct:
+                set_timing(result, device.time_ms(launch, timing), backward_flops, None)
+        except Exception as e:  # noqa: BLE001 - a backend that cannot run says why
+            results.append(unavailable(name, "peer", title, _raised(e)))
+            continue
+        results.append(result)
+        del peer_out, leaves
+        device.release()
+    # one training step of attention alone: forward and backward
+    leaves = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
+    steps = {"11-step": ("phase", "attention() forward and backward, one training step",
+                         lambda: attention(*leaves, causal=problem.causal))}
+    for name in peer_names:
+        backend, title = PEERS[name]
+        steps[f"{name}-step"] = ("peer", f"{title}, forward and backward",
+                                 lambda backend=backend: device.sdpa(backend, *leaves, problem))
+    for name, (kind, title, forward) in steps.items():
+        step(name)
+        result = Result(name, kind, title)
+
+        def launch(forward=forward):
+            return torch.autograd.grad(forward(), leaves, do)
+
+        try:
+            _gate(result, launch(), ref, lowp)
+            if result.correct:
+                set_timing(result, device.time_ms(launch, timing), step_flops, None)
+        except Exception as e:  # noqa: BLE001
+            if kind == "peer":
+                results.append(unavailable(name, "peer", title, _raised(e)))
+                continue
+            result.correct, result.message = False, f"raised {_raised(e)}"
+        results.append(result)
+        device.release()
+    oracle = {"reference": "torch autograd through SDPA's math backend on float64 copies, batch 0",
+              "yardstick": f"the same autograd in {problem.dtype}",
+              "rule": "max|grad - ref| <= 2 * max|yardstick - ref| + atol, for each of dq, dk, dv"}
+    record = build_record(problem=problem, results=results, provenance=provenance(device, sm_clock_start=clock_start),
+                          timing=timing, ceiling=None, oracle=oracle,
+                          command=command if command is not None else ["flashcore", *sys.argv[1:]], seed=seed)
+    record["flops"] = backward_flops
+    record["config"]["pass"] = "backward"
+    record["flops_rule"] = (f"backward: {BACKWARD_FLOPS} x the forward's FLOPs ({problem.flops}), as FlashAttention "
+                            f"counts them; the -step rows: {STEP_FLOPS} x")
+    return record
