@@ -286,6 +286,9 @@ def test_backward_record_table_sets_each_row_beside_sdpa_flash(tmp_path):
     assert "| 3.000 |" in step and step.endswith("| 0.50× |"), step  # beside SDPA flash's step
     assert "FAILED the gate: max error 1 > allowed 0.1" in text
     assert "2.5 x the forward's FLOPs" in text and "backward/r.json" in text
+    block = " ".join(line.strip() for line in report.backward_measured_lines(records.load_records(path.parent)))
+    assert "11 " in block and "(0.50x SDPA flash)" in block and "r.json" in block, block
+    assert report.backward_measured_lines([]) == ["    not measured yet"]
 
 
 @pytest.mark.gpu

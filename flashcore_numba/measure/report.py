@@ -673,6 +673,34 @@ def measured_lines(phase_id: str, nc, c, others=()) -> list[str]:
                          break_on_hyphens=False)
 
 
+def backward_measured_lines(records) -> list[str]:
+    """Phase 11's "Measured effect" block, from the backward records (docs/bench/backward/): per
+    problem, the backward's TFLOPS with atomics and deterministic, and its share of SDPA flash's."""
+    if not records:
+        return [DOCSTRING_INDENT + NOT_MEASURED]
+    parts, files = [], []
+    for record in sorted(records, key=lambda r: (r["config"]["D"], r["config"]["causal"], r["config"]["dtype"])):
+        timed = {r["name"]: r for r in record["results"] if r.get("tflops")}
+        flash = timed.get("sdpa_flash")
+        figures = []
+        for name in ("11", "11-deterministic", "11-step"):
+            r = timed.get(name)
+            if r is None:
+                figures.append(f"{name} not timed")
+                continue
+            peer = timed.get("sdpa_flash-step" if name.endswith("-step") else "sdpa_flash")
+            figures.append(f"{name} {format_tflops(r['tflops'])} TFLOPS"
+                           + (f" ({r['tflops'] / peer['tflops']:.2f}x SDPA flash)" if peer else ""))
+        parts.append(f"{_describe(record['config'])}, {record['created'][:10]}: " + ", ".join(figures)
+                     + ("" if flash else " (no SDPA flash backward in this run)"))
+        files.append(Path(record["_path"]).name)
+    text = f"{records[0]['provenance']['gpu_name']}, {records[0]['flops_rule']}. " + "; ".join(parts)
+    text += f" ({', '.join(files)})."
+    text = text.replace("\\", "/").replace(3 * '"', 3 * "'")
+    return textwrap.wrap(text, width=100, initial_indent=DOCSTRING_INDENT, subsequent_indent=DOCSTRING_INDENT,
+                         break_on_hyphens=False)
+
+
 def replace_between(text: str, begin: str, end: str, new_lines: list[str], where: str) -> str:
     """Replace the lines strictly between the line holding `begin` and the one holding `end`."""
     lines = text.split("\n")
@@ -945,7 +973,8 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
         if MEASURED_BEGIN not in text:
             summary.append(f"{path}: no {MEASURED_BEGIN} block, left alone")
             continue
-        lines = measured_lines(phase_id, nc, c, other_ladders(records, nc or c))
+        lines = (backward_measured_lines(backward) if phase_id == "11" else
+                 measured_lines(phase_id, nc, c, other_ladders(records, nc or c)))
         new = replace_between(text, MEASURED_BEGIN, MEASURED_END, lines, str(path))
         if new != text:
             path.write_text(new)

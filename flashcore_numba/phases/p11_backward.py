@@ -32,6 +32,18 @@ The algorithm (FlashAttention-2's backward)
     Q, K, V, O and dO are fp16 (or bf16) as the forward had them; P and dS go to the tensor cores
     rounded to that type (as in the forward's P · V), every sum is float32. dK and dV are written
     in the input's type, dQ as float32 (the atomics' sums), converted by the caller.
+
+What changed from its first version
+    The first version (commit 8bf549e) ran the same algorithm on the CUDA cores in float32, a
+    thread per element of each product. Here the products run on mma.sync as in phase 07, with
+    fp16/bf16 inputs; not yet tuned: at D = 128 kv_kernel uses 255 registers and spills about
+    200 bytes per thread (ptxas).
+
+Measured effect (written by `flashcore report` from the backward records, docs/bench/backward/;
+do not edit by hand)
+    [measured:begin]
+    not measured yet
+    [measured:end]
 """
 
 from __future__ import annotations
