@@ -11,13 +11,16 @@ from flashcore_numba.reference import (bf16_bits, bf16_to_float, random_qkv, ref
 
 NO_TORCH = "torch is not installed (pip install -e '.[torch]')"  # the GPU tests need it
 
-CASES = [
-    pytest.param((1, 2, 20, 64), 20, 2, True, id="causal, a partial tile"),
-    pytest.param((2, 2, 7, 64), 23, 2, False, id="S_q < S_k"),
-    pytest.param((1, 4, 5, 64), 9, 2, True, id="GQA 2, causal, S_q < S_k"),
-    pytest.param((1, 2, 26, 64), 11, 1, True, id="MQA, causal, rows without keys"),
-    pytest.param((1, 2, 18, 128), 17, 2, False, id="D=128"),
-    pytest.param((1, 2, 33, 64), 40, 1, True, id="bf16, MQA, causal"),
+CASES = [  # (the property test below draws both dQ modes on random problems too)
+    pytest.param((1, 2, 20, 64), 20, 2, True, False, id="causal, a partial tile"),
+    pytest.param((1, 2, 20, 64), 20, 2, True, True, id="causal, a partial tile, deterministic"),
+    pytest.param((2, 2, 7, 64), 23, 2, False, False, id="S_q < S_k"),
+    pytest.param((1, 4, 5, 64), 9, 2, True, False, id="GQA 2, causal, S_q < S_k"),
+    pytest.param((1, 4, 5, 64), 9, 2, True, True, id="GQA 2, causal, S_q < S_k, deterministic"),
+    pytest.param((1, 2, 26, 64), 11, 1, True, False, id="MQA, causal, rows without keys"),
+    pytest.param((1, 2, 18, 128), 17, 2, False, False, id="D=128"),
+    pytest.param((1, 2, 18, 128), 17, 2, False, True, id="D=128, deterministic"),
+    pytest.param((1, 2, 33, 64), 40, 1, True, False, id="bf16, MQA, causal"),
 ]
 
 
@@ -54,8 +57,7 @@ def both_references(q, k, v, do, dtype="float16", **kw):
             reference_gradients(q, k, v, do, dtype=np.float32, lowp=dtype, **kw))
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["atomics", "deterministic"])
-@pytest.mark.parametrize("shape, seq_k, heads_kv, causal", CASES)
+@pytest.mark.parametrize("shape, seq_k, heads_kv, causal, deterministic", CASES)
 def test_backward_matches_the_reference_gradients(shape, seq_k, heads_kv, causal, deterministic, request):
     """dQ (by atomics, or by its own pass over the keys), dK and dV summed over each group, from the
     forward's output and log-sum-exp, with the causal mask of the forward (rows that see no key
