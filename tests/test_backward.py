@@ -85,6 +85,17 @@ def test_backward_takes_the_gradient_of_the_lse():
     assert np.abs(got[0] - without[0]).max() > 1e-3
 
 
+@pytest.mark.parametrize("seq_q, seq_k", [(0, 9), (7, 0)])
+def test_backward_of_an_empty_sequence_is_zero(seq_q, seq_k):
+    """No query rows (dK = dV = 0) or no keys (dQ = 0, nothing to recompute): zeros, never the
+    poison the outputs start with."""
+    q, k, v = random_qkv((1, 2, seq_q, 64), seq_k, heads_kv=1, dtype=np.float32)
+    o, lse = np.zeros(q.shape), np.full(q.shape[:3], -np.inf)
+    got = run_backward(q, k, v, o, np.ones(q.shape), lse)
+    for g, x in zip(got, (q, k, v)):
+        assert g.shape == x.shape and not np.any(g), g
+
+
 def test_backward_refuses_other_head_dims():
     from flashcore_numba.phases import p11_backward
 

@@ -22,9 +22,9 @@ The algorithm (FlashAttention-2's backward)
       so dK and dV stay in registers for the whole loop, summed over the group's query heads
       (grouped-query attention needs no atomics for them), and are written once at the end.
     - dQ needs a sum over key blocks, which other blocks own. By default (atomics) each warp
-      writes its dSᵀ to shared memory, and after a barrier takes 16 query rows of dS K
-      (A: dS by ldmatrix.trans of dSᵀ; B: K by ldmatrix.trans) and adds them to a float32 dQ in
-      global memory by atomic additions.
+      writes its dSᵀ to shared memory, and after a barrier the warps share the tile's dQ = dS K,
+      each 16 query rows by a group of columns (A: dS by ldmatrix.trans of dSᵀ; B: K by
+      ldmatrix.trans), and add it to a float32 dQ in global memory by atomic additions.
     - `dq_kernel` (deterministic=True): atomics add in whatever order the blocks arrive, so the
       float32 sums of dQ can differ in their last bits run to run. This kernel owns BLOCK_M query
       rows instead and walks every key tile in order, recomputing S, P, dP and dS a second time:
@@ -74,6 +74,7 @@ MIN_CC = (8, 0)
 KV_WARPS, KV_BLOCK_M = 8, 64
 DQ_WARPS, DQ_BLOCK_N = 4, 64
 SIM = dict(kv_warps=2, kv_block_m=16, dq_warps=2, dq_block_n=32)  # the simulator: fewer Python threads
+DELTA_ROWS = 4  # delta_kernel: rows per block, a warp each
 
 
 def layout(HEAD_DIM: int, warps: int, stream_rows: int) -> dict:
@@ -148,9 +149,6 @@ class Backward:
                    (Q, K, V, dO, LSE, delta, dQ, causal, float32(scale)), stream, ("11-dq", *key))
 
 
-DELTA_ROWS = 4  # delta_kernel: rows per block, a warp each
-
-
 def _zero(array, stream) -> None:
     """Fill a 32-bit device array with zeros (the simulator has no memset)."""
     flat = array.reshape(array.size)
@@ -179,7 +177,7 @@ def build(HEAD_DIM: int, dtype: str = "float16") -> Backward:
 
 
 class _Pieces:
-    """What both kernels of a layout use: the PTX functions, the warp's products and row stats."""
+    """What both kernels of a layout use: the PTX functions and the warp's products."""
 
     def __init__(self, L: dict, dtype: str):
         self.mma = mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
@@ -238,6 +236,7 @@ class _Pieces:
 
 @cuda.jit(device=True, inline=True)
 def zero(c, n):
+    """Accumulators c[0 .. n-1] (four each) to 0."""
     for j in range(n):
         for e in range(4):
             c[j, e] = float32(0.0)
@@ -259,6 +258,7 @@ def tile_count(n_rows, rows_per_tile):
 
 
 def build_delta_kernel(HEAD_DIM: int, dtype: str):
+    """delta_kernel: Δ_i from O and dO, read as 32-bit pairs of 16-bit values."""
     unpack = ptx.function("mma_sync.ptx", f"flashcore_unpack_{PTX_TYPE[dtype]}x2", "inline")
     HALF_D = HEAD_DIM // 2  # 32-bit words of a row: two elements per load
 
