@@ -342,8 +342,7 @@ def _train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
     backward() runs the backward kernels (phases/p11_backward.py) through flashcore::attention_train."""
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
-    import torch
-
+    torch = _TORCH or _import_torch()
     if not torch.compiler.is_compiling():  # (numba's device queries cannot be traced: the op checks again)
         _require_backward(phase)
     out, lse = _train_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase), bool(deterministic))

@@ -180,10 +180,10 @@ class _Pieces:
     """What both kernels of a layout use: the PTX functions and the warp's products."""
 
     def __init__(self, L: dict, dtype: str):
-        self.mma = mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
+        mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
         self.pack = pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
         self.exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")
-        self.ldsm = ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
+        ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
         self.ldsm_t = ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
         self.commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
         self.wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
