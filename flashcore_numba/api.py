@@ -374,13 +374,15 @@ def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
     lse = lse.detach().float().contiguous()
     dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(operands[1]), torch.empty_like(operands[2])
+    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)  # torch's, not Numba's: see run()
     with cuda.gpus[q.device.index or 0]:
         stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
         arrays = [torch_to_kernel(x) for x in operands] + [cuda.as_cuda_array(lse), cuda.as_cuda_array(dq)]
         arrays += [torch_to_kernel(x) for x in (dk, dv)]
         extra = None if dlse is None else cuda.as_cuda_array(dlse.detach().float().contiguous())
         p11_backward.build(D, str(q.dtype).replace("torch.", "")).run(*arrays, bool(causal), scale,
-                                                                        bool(deterministic), stream=stream, dLSE=extra)
+                                                                        bool(deterministic), stream=stream, dLSE=extra,
+                                                                        delta=cuda.as_cuda_array(delta))
     return dq.to(q.dtype), dk, dv
 
 

@@ -121,11 +121,13 @@ class Backward:
     dq_kernel: object
 
     def run(self, Q, K, V, O, dO, LSE, dQ, dK, dV, causal: bool, scale: float, deterministic: bool = False,
-            stream=0, dLSE=None):
+            stream=0, dLSE=None, delta=None):
         """dQ (float32), dK and dV (the inputs' type) from (B, H, S, D) device arrays Q, K, V, the
         forward's O and LSE (B, H, S_q, natural log) and dO, all 16-bit (bf16 as int16 bits) but
         LSE; dLSE, if the LSE was used too, its gradient (B, H, S_q) float32: d LSE_i / d s_ij =
-        P_ij, so it joins dS as P ∘ dLSE."""
+        P_ij, so it joins dS as P ∘ dLSE. delta: a (B, H, S_q) float32 scratch array for Δ, or None
+        to allocate one here. attention() passes one of torch's: an array Numba allocates is freed
+        later by cuMemFree, which waits for the whole GPU, so a call would stall the host."""
         B, H, S_q, D = Q.shape
         H_kv, S_k = K.shape[1], K.shape[2]
         if S_q == 0 or S_k == 0:  # nothing to recompute: every gradient is 0
@@ -134,7 +136,8 @@ class Backward:
                     _zero(x.view(np.uint32) if x.dtype.itemsize == 2 else x, stream)
             return
         key = (D, self.dtype)  # each kernel's entry in the disk cache (arch/cache.py): "11-kv", D, dtype
-        delta = cuda.device_array((B, H, S_q), np.float32, stream=stream)
+        if delta is None:
+            delta = cuda.device_array((B, H, S_q), np.float32, stream=stream)
         launch(self.delta_kernel, (cdiv(S_q, DELTA_ROWS), H, B), 32 * DELTA_ROWS, 0,
                (O.view(np.uint32), dO.view(np.uint32), delta if dLSE is None else dLSE, dLSE is not None, delta),
                stream, ("11-delta", *key))
