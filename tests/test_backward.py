@@ -288,7 +288,8 @@ def test_backward_record_table_sets_each_row_beside_sdpa_flash(tmp_path):
     record = records.build_record(problem=problem, results=rows, provenance={"gpu_name": "Test GPU", "git_commit": None},
                                   timing=bench.Timing(), ceiling=None, oracle={"reference": "t", "yardstick": "t"},
                                   command=["flashcore", "bench", "--backward"], seed=1)
-    record["flops"], record["flops_rule"] = flops, "backward: 2.5 x the forward's FLOPs"
+    record["flops"], record["flops_rule"] = flops, backward.FLOPS_RULE
+    record["config"]["pass"] = "backward"  # as run_backward_benchmark marks it
     assert records.validate_record(record) == []
     path = records.write_record(record, tmp_path / "backward" / "r.json")
     assert backward.record_path("Test GPU", problem).name == "test-gpu_backward_b2h2s256d64_fp16_causal.json"
@@ -298,7 +299,7 @@ def test_backward_record_table_sets_each_row_beside_sdpa_flash(tmp_path):
     step = next(line for line in lines if "| 11-step:" in line)
     assert "| 3.000 |" in step and step.endswith("| 0.50× |"), step  # beside SDPA flash's step
     assert "FAILED the gate: max error 1 > allowed 0.1" in text
-    assert "2.5 x the forward's FLOPs" in text and "backward/r.json" in text
+    assert "count 2.5 x the forward's FLOPs" in text and "backward/r.json" in text
     block = " ".join(line.strip() for line in report.backward_measured_lines(records.load_records(path.parent)))
     assert "11 " in block and "(0.50x SDPA flash)" in block and "r.json" in block, block
     assert report.backward_measured_lines([]) == ["    not measured yet"]

@@ -32,6 +32,8 @@ from .records import Result, build_record, default_records_dir, gpu_slug, nvidia
 BACKWARD_PEERS = ("sdpa_flash", "sdpa_cudnn")
 BACKWARD_FLOPS = 2.5  # x the forward's: five products of the same size where the forward has two
 STEP_FLOPS = 1 + BACKWARD_FLOPS
+FLOPS_RULE = (f"the backward rows count {BACKWARD_FLOPS} x the forward's FLOPs, the -step rows (forward and backward) "
+              f"{STEP_FLOPS} x, as FlashAttention's benchmark counts them")
 
 
 def record_path(gpu_name: str, problem: Problem):
@@ -164,6 +166,5 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
                           command=command if command is not None else ["flashcore", *sys.argv[1:]], seed=seed)
     record["flops"] = backward_flops
     record["config"]["pass"] = "backward"
-    record["flops_rule"] = (f"backward: {BACKWARD_FLOPS} x the forward's FLOPs ({problem.flops}), as FlashAttention "
-                            f"counts them; the -step rows: {STEP_FLOPS} x")
+    record["flops_rule"] = FLOPS_RULE
     return record

@@ -35,6 +35,7 @@ from .bench import (
     format_tflops,
     ladder_speedups,
 )
+from .backward import FLOPS_RULE
 from .records import RecordError, default_records_dir, load_records, repo_root
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -147,8 +148,10 @@ def measured_phase(phase_id: str, records=None) -> dict | None:
 # Text
 # ---------------------------------------------------------------------------------------------
 def _describe(config) -> str:
-    """'B=16 H=16 S=2048 D=64 fp16': the problem of a record, causal or not."""
-    return Problem(**dict(config, causal=False)).describe()
+    """'B=16 H=16 S=2048 D=64 fp16': the problem of a record, causal or not (other config keys, such
+    as a backward record's "pass", are not the problem's)."""
+    fields = {name: config[name] for name in Problem.__dataclass_fields__ if name in config}
+    return Problem(**dict(fields, causal=False)).describe()
 
 
 def _mode(record) -> str:
@@ -261,7 +264,7 @@ def backward_table(records, readme_dir) -> list[str]:
     first = records[0]
     lines = ["", "#### The backward pass (phase 11, attention()'s autograd)", "",
              f"Measured on the {first['provenance']['gpu_name']}: kernel time, L2 flushed before each launch; "
-             f"TFLOPS counted as FlashAttention counts them, {first['flops_rule']}. Every row passed the gradient "
+             f"TFLOPS: {FLOPS_RULE}. Every row passed the gradient "
              f"oracle (batch 0 against torch's float64 autograd) before it was timed.", "",
              "| Problem | Kernel | ms | TFLOPS | beside SDPA flash |", "|---|---|---:|---:|---|"]
     for record in sorted(records, key=lambda r: (r["config"]["D"], r["config"]["causal"], r["config"]["dtype"])):
@@ -691,10 +694,10 @@ def backward_measured_lines(records) -> list[str]:
             peer = timed.get("sdpa_flash-step" if name.endswith("-step") else "sdpa_flash")
             figures.append(f"{name} {format_tflops(r['tflops'])} TFLOPS"
                            + (f" ({r['tflops'] / peer['tflops']:.2f}x SDPA flash)" if peer else ""))
-        parts.append(f"{_describe(record['config'])}, {record['created'][:10]}: " + ", ".join(figures)
+        parts.append(f"{_describe(record['config'])} {_mode(record)}, {record['created'][:10]}: " + ", ".join(figures)
                      + ("" if flash else " (no SDPA flash backward in this run)"))
         files.append(Path(record["_path"]).name)
-    text = f"{records[0]['provenance']['gpu_name']}, {records[0]['flops_rule']}. " + "; ".join(parts)
+    text = f"{records[0]['provenance']['gpu_name']}; {FLOPS_RULE}. " + "; ".join(parts)
     text += f" ({', '.join(files)})."
     text = text.replace("\\", "/").replace(3 * '"', 3 * "'")
     return textwrap.wrap(text, width=100, initial_indent=DOCSTRING_INDENT, subsequent_indent=DOCSTRING_INDENT,
