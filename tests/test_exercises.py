@@ -33,9 +33,9 @@ from pathlib import Path
 
 import pytest
 
-from flashcore_numba import PHASES
 from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.course import exercises, grade
+from flashcore_numba.phases import LESSONS
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 900
@@ -73,23 +73,23 @@ def _all_checks() -> list:
     """Every graded check of every phase, as pytest params (a list: pytest 9 deprecates generators)."""
     return [pytest.param(phase.ID, check.name, marks=[pytest.mark.gpu] if check.gpu_only else [],
                          id=f"{phase.ID}-{check.name}")
-            for phase in PHASES.values() for check in grade.checks_for(phase)]
+            for phase in LESSONS.values() for check in grade.checks_for(phase)]
 
 
 # ---------------------------------------------------------------------------------------------
 # The stubs
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("phase_id", list(PHASES))
+@pytest.mark.parametrize("phase_id", list(LESSONS))
 def test_every_phase_has_regions_and_a_stub(phase_id):
-    phase = PHASES[phase_id]
+    phase = LESSONS[phase_id]
     assert exercises.phase_regions(phase), f"phase {phase_id} has no `# >>> exercise` region"
     path = exercises.stub_path(phase)
     assert path.is_file(), f"{path} is missing: run python -m flashcore_numba.course.exercises --write"
 
 
-@pytest.mark.parametrize("phase_id", list(PHASES))
+@pytest.mark.parametrize("phase_id", list(LESSONS))
 def test_stub_is_in_sync_with_its_phase(phase_id):
-    phase = PHASES[phase_id]
+    phase = LESSONS[phase_id]
     path = exercises.stub_path(phase)
     committed = path.read_text(encoding="utf-8") if path.exists() else ""
     assert committed == exercises.stub_source(phase), (
@@ -98,19 +98,19 @@ def test_stub_is_in_sync_with_its_phase(phase_id):
         f"solving the exercise in place, this failure is expected)")
 
 
-@pytest.mark.parametrize("phase_id", list(PHASES))
+@pytest.mark.parametrize("phase_id", list(LESSONS))
 def test_solving_only_adds_lines(phase_id):
     """The stub's lines are a subsequence of the solved file's: a student never deletes a line."""
-    phase = PHASES[phase_id]
+    phase = LESSONS[phase_id]
     solved = iter(exercises.solution_source(phase).splitlines())
     for number, line in enumerate(exercises.stub_source(phase).splitlines(), 1):
         assert any(line == other for other in solved), f"stub line {number} is not in the solution: {line!r}"
 
 
-@pytest.mark.parametrize("phase_id", list(PHASES))
+@pytest.mark.parametrize("phase_id", list(LESSONS))
 def test_every_region_changes_the_program(phase_id):
     """Emptying any one region changes the code (its AST), not merely comments or blank lines."""
-    phase = PHASES[phase_id]
+    phase = LESSONS[phase_id]
     source = exercises.exercise_source(phase)
     full = ast.dump(ast.parse(source))
     for region in exercises.phase_regions(phase):
@@ -118,9 +118,9 @@ def test_every_region_changes_the_program(phase_id):
         assert ast.dump(ast.parse(emptied)) != full, f"region {region.label} holds no code"
 
 
-@pytest.mark.parametrize("phase_id", list(PHASES))
+@pytest.mark.parametrize("phase_id", list(LESSONS))
 def test_stub_imports_absolutely_and_loads(phase_id, tmp_path):
-    phase = PHASES[phase_id]
+    phase = LESSONS[phase_id]
     stub = exercises.stub_source(phase)
     assert not [line for line in stub.splitlines() if line.lstrip().startswith("from .")]
     path = tmp_path / exercises.stub_name(phase)
@@ -217,7 +217,7 @@ class GraderRuns:
             self.futures[job] = self.pool.submit(self._run, *job)
 
     def _command(self, pid: str, variant: str):
-        phase = PHASES[pid]
+        phase = LESSONS[pid]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         out = self.workdir / f"{pid}_{variant}.json"
@@ -243,10 +243,10 @@ class GraderRuns:
         run grades only the checks the selected tests read (see _wanted_checks)."""
         names = None
         if variant != "solution" and (pid in STUB_RIGHT_BY_DESIGN or pid in WRONG_ANSWER):
-            names = [c.name for c in grade.checks_for(PHASES[pid]) if _stub_proof(pid, c.name) == (pid, variant)]
+            names = [c.name for c in grade.checks_for(LESSONS[pid]) if _stub_proof(pid, c.name) == (pid, variant)]
         wanted = self.checks.get(pid)
         if wanted is not None:
-            every = names if names is not None else [c.name for c in grade.checks_for(PHASES[pid])]
+            every = names if names is not None else [c.name for c in grade.checks_for(LESSONS[pid])]
             names = [name for name in every if name in wanted]
         return names
 
@@ -307,7 +307,7 @@ def _wanted_checks(items) -> dict:
         if "runs" not in getattr(item, "fixturenames", ()):
             continue
         params = getattr(getattr(item, "callspec", None), "params", {})
-        pids = [params["phase_id"]] if "phase_id" in params else list(PHASES)
+        pids = [params["phase_id"]] if "phase_id" in params else list(LESSONS)
         name = params.get("check_name")
         if name is None:
             checks.update(dict.fromkeys(pids))
@@ -385,8 +385,11 @@ STUB_REGION_SAYS = {
     "09-b": "diagnosis: only S = 1 passes",
     "10-a": "diagnosis: only S = 1 passes: with one key there is one block",
     "10-b": "diagnosis: all zeros: every member's weight is still 0",
+    "11-a": "diagnosis: dV is right, so P is; dK and dQ are not",
+    "11-b": "dq: all zeros: nothing is added to dQ",
+    "11-c": "diagnosis: every gradient is wrong, so P is",
 }
-REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in PHASES.values()
+REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in LESSONS.values()
            for r in exercises.phase_regions(phase)]
 
 
@@ -407,7 +410,7 @@ def test_region_check_fails_on_the_stub_with_its_diagnosis(phase_id, label, runs
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase_id", list(PHASES))
+@pytest.mark.parametrize("phase_id", list(LESSONS))
 def test_timing_checks_are_skipped_in_the_simulator_with_the_reason(phase_id, runs):
     if not simulator_enabled():
         pytest.skip("runs in the simulator only (here the timing checks run)")
@@ -486,7 +489,7 @@ def test_large_logits_reach_the_target_score():
 
 
 def test_seeds_are_drawn_at_run_time_unless_given():
-    path = exercises.stub_path(PHASES["01"])
+    path = exercises.stub_path(LESSONS["01"])
     assert len({grade.start("01", path).seed for _ in range(3)}) > 1
     assert grade.start("01", path, seed=42).seed == 42
 
@@ -525,11 +528,11 @@ def test_speed_check_gates_on_correctness_then_compares_medians(monkeypatch, tmp
     monkeypatch.setattr(grade, "TIMING_SHAPE", (1, 1, 5, 64))  # tiny: the kernel runs in the simulator
     monkeypatch.setattr(grade, "time_against", lambda student, baseline, q, k, v: (mine_ms, 1.0))
     check = grade.speed_check(None, at_least=0.8, points=1)
-    solved = grade.start("01", PHASES["01"].__file__, seed=3, on_gpu=True)
+    solved = grade.start("01", LESSONS["01"].__file__, seed=3, on_gpu=True)
     result = solved.run(check)
     assert result.status == verdict and "needs at least 0.80x" in result.detail, result.detail
     stub = tmp_path / "01_naive.py"
-    stub.write_text(exercises.stub_source(PHASES["01"]), encoding="utf-8")
+    stub.write_text(exercises.stub_source(LESSONS["01"]), encoding="utf-8")
     wrong = grade.start("01", stub, seed=3, on_gpu=True).run(check)
     assert wrong.status == "fail" and wrong.detail.startswith("not timed: wrong"), wrong.detail
 
@@ -538,7 +541,7 @@ def test_speed_check_gates_on_correctness_then_compares_medians(monkeypatch, tmp
 def test_tensor_core_stubs_point_to_their_long_docstring(phase_id):
     """A phase whose docstring is its full account (07-09) gives its stub a short one: the title,
     then where the account and the lesson are. The phase keeps the long one."""
-    phase = PHASES[phase_id]
+    phase = LESSONS[phase_id]
     doc = ast.get_docstring(ast.parse(exercises.stub_source(phase).split("\n", 1)[1]))
     full = ast.get_docstring(ast.parse(exercises.phase_source(phase)))
     assert len(doc.splitlines()) <= 6 < exercises.LONG_DOCSTRING < len(full.splitlines())
@@ -556,7 +559,7 @@ def test_a_gpu_session_grades_only_the_checks_its_tests_read(tmp_path):
     def item(name, **params):
         return SimpleNamespace(name=name, fixturenames=["runs"], callspec=SimpleNamespace(params=params))
 
-    speed = [c.name for c in grade.checks_for(PHASES["07"]) if c.gpu_only]
+    speed = [c.name for c in grade.checks_for(LESSONS["07"]) if c.gpu_only]
     items = [item("test_check_fails_on_stub", phase_id="07", check_name=speed[0]),
              item("test_check_passes_on_solution", phase_id="07", check_name=speed[0]),
              item("test_timing_checks_are_skipped", phase_id="05"),
@@ -570,5 +573,5 @@ def test_a_gpu_session_grades_only_the_checks_its_tests_read(tmp_path):
     assert runs._checks_of("03", "stub") is None  # a phase no test restricts
     runs.checks = {}  # the simulator: as before, a stub right by design grades only what it must fail
     for pid in STUB_RIGHT_BY_DESIGN:
-        assert runs._checks_of(pid, "stub") == [c.name for c in grade.checks_for(PHASES[pid])
+        assert runs._checks_of(pid, "stub") == [c.name for c in grade.checks_for(LESSONS[pid])
                                                 if _stub_proof(pid, c.name) == (pid, "stub")]

@@ -217,6 +217,7 @@ def _accept_alignment(shared_array):
 
 
 _POLL_PAUSE_S = 0.002  # between two rounds of the block loop (see _run_block)
+_UNWIND_S = 30.0  # how long a failed block's other threads get to stop
 
 
 def _run_block(self, grid_point, *args):
@@ -245,6 +246,15 @@ def _run_block(self, grid_point, *args):
                     other.abort = True
                     other.syncthreads_blocked = False
                     other.syncthreads_event.set()
+                for state in getattr(self, "_flashcore_warps", {}).values():
+                    state.barrier.abort()  # lanes waiting for the dead one at a warp collective
+                # Wait for them to unwind: the last thread to leave a module's kernel or device function
+                # gives the module its real `cuda` back, which the simulator swaps for a fake while
+                # threads run it. A thread left waiting would keep the fake there for the rest of
+                # the process (the host code of the same module, a phase's own launch helper, breaks).
+                deadline = time.monotonic() + _UNWIND_S
+                for other in threads:
+                    other.join(max(0.0, deadline - time.monotonic()))
                 raise thread.exception[0].with_traceback(thread.exception[1])
         if all(thread.syncthreads_blocked for thread in running):
             for thread in running:  # every running thread is at the barrier: let them all pass

@@ -24,7 +24,7 @@ Stubs are never edited by hand. After changing a phase:
     python -m flashcore_numba.course.exercises           # which stubs are out of date? (exit 1 if any)
     python -m flashcore_numba.course.exercises --write   # regenerate them all
 
-Everything is driven by `flashcore_numba.phases.PHASES` (and lesson 00's puzzles,
+Everything is driven by `flashcore_numba.phases.LESSONS` (and lesson 00's puzzles,
 course/puzzles.py): a new phase with marked regions gets its stub with no new code here.
 """
 
@@ -304,23 +304,24 @@ PUZZLES_ID = "00"
 def exercise_module(phase) -> ModuleType:
     """The module an exercise id names: a phase (by id, name or module), or lesson 00's puzzles
     ("00", "0", "numba_cuda" or the module)."""
-    from ..phases import get_phase
+    from ..phases import get_lesson
     from . import puzzles
 
     if phase is puzzles or (isinstance(phase, str) and phase.strip() in (PUZZLES_ID, "0", puzzles.NAME)):
         return puzzles
     try:
-        return get_phase(phase)
+        return get_lesson(phase)
     except ValueError as e:
         raise ValueError(f"{e}; or {PUZZLES_ID} (lesson 00's puzzles)") from None
 
 
 def exercise_modules() -> list[ModuleType]:
-    """Every module with an exercise: lesson 00's puzzles (course/puzzles.py), then the phases."""
-    from ..phases import PHASES
+    """Every module with an exercise: lesson 00's puzzles (course/puzzles.py), then the phases of
+    the course (phases.LESSONS: the ladder, then phase 11)."""
+    from ..phases import LESSONS
     from . import puzzles
 
-    return [puzzles, *PHASES.values()]
+    return [puzzles, *LESSONS.values()]
 
 
 def out_of_date(directory: Path = EXERCISES_DIR) -> list[Path]:

@@ -60,7 +60,7 @@ import numpy as np
 
 from ..arch.sim import kernel_target, rerun_in_simulator, simulator_enabled
 from ..measure.records import repo_root
-from ..phases import PHASES
+from ..phases import LESSONS, PHASES
 from ..phases.common import LOG2E
 from ..reference import (
     ATOL,
@@ -594,6 +594,10 @@ def checks_for(phase) -> list[Check]:
             from .puzzle_checks import checks
 
             _CHECKS[phase.ID] = checks()
+        elif getattr(phase, "BACKWARD", False):  # phase 11: graded by its gradients
+            from .grade_backward import checks
+
+            _CHECKS[phase.ID] = checks(phase)
         else:
             _CHECKS[phase.ID] = region_checks(phase) + correctness_checks(phase) + point_checks(phase)
     return _CHECKS[phase.ID]
@@ -730,7 +734,7 @@ def to_json(g: Grading) -> dict:
 # Command line
 # ---------------------------------------------------------------------------------------------
 def _parser() -> Parser:
-    ids = ", ".join([PUZZLES_ID, *PHASES])
+    ids = ", ".join([PUZZLES_ID, *LESSONS])
     parser = Parser(prog="flashcore grade", description="Grade an exercise: points and a reason per check.")
     parser.add_argument("phase", metavar="NN", help=f"the phase of the exercise ({ids})")
     parser.add_argument("path", nargs="?", type=Path,

@@ -303,6 +303,63 @@ HINTS: dict[str, RegionHints] = {
                             "is 1 however lse is summed; with several, the weights are wrong: they are "
                             "2^(lse_i - lse) with lse = log2 of the sum of the 2^lse_i, and they add up to 1"},
     ),
+    "11-a": RegionHints(
+        idea="Δ_i = Σ_j P_ij dP_ij is what dS = P ∘ (dP − Δ) subtracts, and it equals Σ_d dO_id O_id: a dot "
+             "product of two rows the forward and the loss already gave, no P needed. One warp takes one row: "
+             "each lane adds up the products of its own words of the row (a 32-bit word holds two 16-bit "
+             "values), then the 32 lanes' partial sums are added by shuffles, so that every lane ends with "
+             "the whole sum.",
+        helpers="O[b, h, i, w] and dO[b, h, i, w]: word w (0 .. HALF_D − 1) of row i, two values; "
+                "unpack(word) -> (x0, x1) as float32; cuda.shfl_xor_sync(FULL_MASK, x, width): x of the lane "
+                "whose number differs from this one's in the bit `width`. total starts at 0.",
+        pseudo="for w in lane, lane + 32, ... < HALF_D:\n"
+               "    o0, o1 = <unpack word w of O's row>;  d0, d1 = <the same of dO>\n"
+               "    total += o0 * d0 + o1 * d1\n"
+               "for width in 16, 8, 4, 2, 1:\n"
+               "    total += <total of the lane `width` away>",
+        diagnoses={"wrong:dq+dk": "dV is right, so P is; dK and dQ are not: they come from dS = P ∘ (dP − Δ), "
+                                  "and Δ is this region's: is every word of the row summed, by every lane, "
+                                  "and then over all 32 lanes?"},
+    ),
+    "11-b": RegionHints(
+        idea="Other blocks own the other keys, and each adds its share of dQ = scale · dS K for the same "
+             "query rows: the shares must be summed in global memory, where blocks run in any order. An "
+             "atomic addition reads, adds and writes in one step that no other block can split. Each lane "
+             "holds four values of the 16 x 8 accumulator tile c[n]: rows row_a and row_a + 8, columns col "
+             "and col + 1; a row past the end of the sequence does not exist and must not be written.",
+        helpers="cuda.atomic.add(array, index_tuple, value); dQ is float32 (B, H, S_q, D); c[n, 0..3]: rows "
+                "row_a, row_a, row_a + 8, row_a + 8 and columns col, col + 1, col, col + 1; seq_q: the rows "
+                "that exist; scale: the softmax scale (dQ = scale · dS K).",
+        pseudo="if row_a < seq_q:\n"
+               "    <atomically add c[n, 0] * scale to dQ[b, h, row_a, col]; c[n, 1] * scale to col + 1>\n"
+               "if row_a + 8 < seq_q:\n"
+               "    <the same with c[n, 2], c[n, 3] at row_a + 8>",
+        diagnoses={"zeros": "all zeros: nothing is added to dQ (it is set to 0 before the kernel): add each "
+                            "lane's four values with cuda.atomic.add",
+                   "wrong:dq": "dK and dV are right, so dS is; dQ is not: are all four values of the lane added, "
+                               "at their rows and columns, times scale, and only for rows that exist?"},
+    ),
+    "11-c": RegionHints(
+        idea="The forward saved each row's log-sum-exp L_i instead of P: P_ij = exp(scale · s_ij − L_i), "
+             "exactly the forward's probabilities, no max or sum to recompute. In base 2, as the kernels "
+             "compute: p = 2^(s · qk_scale − L_i · log2 e), and lse2_s holds L_i · log2 e for the tile's rows. "
+             "A key the row does not see (past its causal diagonal, or past the end of the keys) has p = 0. "
+             "It replaces the score in s (the products after the region read Pᵀ there); then dSᵀ = Pᵀ ∘ "
+             "(dPᵀ − Δ_i) replaces dPᵀ in dp.",
+        helpers="s[j, e]: the score of key key_a + 8 (e // 2) and query row m0 + col; exp2(x) = 2^x; "
+                "cuda.fma(a, b, c) = a * b + c; lse2_s[stage, col] and delta_s[stage, col]: the row's L_i · "
+                "log2 e and Δ_i; masked: whether this tile crosses the diagonal or the end of the keys; "
+                "key_end(row, seq_q, seq_k, causal): the first key the row does not see.",
+        pseudo="p = exp2(s[j, e] * qk_scale - lse2_s[stage, col])\n"
+               "if masked and <this lane's key> >= key_end(<this row>, ...):\n"
+               "    p = 0\n"
+               "s[j, e] = p\n"
+               "dp[j, e] = p * (dp[j, e] - <the row's Δ>)",
+        diagnoses={"wrong:dq+dk+dv": "every gradient is wrong, so P is (dV = Pᵀ dO needs nothing else): is s[j, e] "
+                                     "replaced by p = 2^(s · qk_scale − L_i log2 e), 0 for keys the row does "
+                                     "not see?",
+                   "wrong:dq+dk": "dV is right, so P is; dK and dQ are not: dS = P ∘ (dP − Δ) is wrong"},
+    ),
 }
 
 

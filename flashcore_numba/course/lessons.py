@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from ..arch.sim import simulator_enabled
-from ..phases import PHASES, get_phase
+from ..phases import LESSONS, get_lesson
 from ..usage import Parser, usage_error
 from .notebooks import display_path, lesson_path, lesson_stem, lessons_dir, previous_phase
 
@@ -137,7 +137,7 @@ lesson.exercise()
 
 def new_lesson(phase, directory: Path | None = None) -> Path:
     """Write NN_<name>.py for a phase from the template (into lessons/ by default); never overwrites."""
-    phase = get_phase(phase)
+    phase = get_lesson(phase)
     path = (lessons_dir() if directory is None else Path(directory)) / f"{lesson_stem(phase)}.py"
     if path.exists():
         raise FileExistsError(f"phase: {display_path(path)} exists already")
@@ -218,7 +218,7 @@ def check(directory: Path | None = None) -> list[str]:
 
     directory = lessons_dir() if directory is None else Path(directory)
     problems = []
-    for phase in PHASES.values():
+    for phase in LESSONS.values():
         for suffix in (".py", ".ipynb"):
             path = directory / f"{lesson_stem(phase)}{suffix}"
             if not path.exists():

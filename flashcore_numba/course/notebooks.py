@@ -31,7 +31,7 @@ import numpy as np
 from ..arch.sim import simulator_enabled
 from ..measure.bench import REFERENCE_SHAPE  # the shape every timing in the course uses
 from ..measure.records import repo_root
-from ..phases import PHASES, VARIANTS, get_phase
+from ..phases import LESSONS, PHASES, VARIANTS, get_lesson, get_phase
 from ..reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
 from .exercises import exercise_module, find_regions, phase_source
 
@@ -62,10 +62,10 @@ def exercise_path(phase) -> Path:
 
 
 def previous_phase(phase):
-    """The phase before `phase` on the ladder, or None for the first."""
-    ids = sorted(PHASES)
-    i = ids.index(get_phase(phase).ID)
-    return PHASES[ids[i - 1]] if i > 0 else None
+    """The phase before `phase` in the course (the ladder, then phase 11), or None for the first."""
+    ids = sorted(LESSONS)
+    i = ids.index(get_lesson(phase).ID)
+    return LESSONS[ids[i - 1]] if i > 0 else None
 
 
 # =============================================================================================
@@ -567,6 +567,46 @@ def draw_split_keys(n_splits: int = 4, n_tiles: int = 12):
     plt.show()
 
 
+def draw_backward_loops(n_rows: int = 8, n_keys: int = 8):
+    """Phase 11's two ways through the (query tile x key block) grid of S: kv_kernel, a block per
+    column of key blocks, walks down the query tiles (dK, dV summed in its registers; each tile's
+    share of dQ added by atomics); dq_kernel, a block per row of query tiles, walks across the key
+    blocks (dQ summed in its registers: the deterministic pass)."""
+    plt = _plt()
+    _, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    for ax, by_keys in zip(axes, (True, False)):
+        for i in range(n_rows):
+            for j in range(n_keys):
+                mine = (j == 2) if by_keys else (i == 5)
+                ax.add_patch(plt.Rectangle((j, n_rows - 1 - i), 0.92, 0.92, color="#4c72b0" if mine else "#dddddd",
+                                           alpha=0.85 if mine else 0.6))
+        if by_keys:
+            ax.annotate("", xy=(2.46, -0.4), xytext=(2.46, n_rows + 0.2), arrowprops=dict(arrowstyle="->", lw=1.6))
+            ax.text(2.46, n_rows + 0.45, "one block: its keys' K, V stay in shared memory", ha="center", fontsize=8)
+            for i in range(n_rows):
+                ax.annotate("", xy=(-0.35, n_rows - 0.54 - i), xytext=(1.9, n_rows - 0.54 - i),
+                            arrowprops=dict(arrowstyle="->", color="#c44e52", lw=0.8))
+            ax.text(-0.45, n_rows / 2, "dQ += scale · dS K\n(float32 atomics:\nevery key block\nadds to every\nquery row)",
+                    ha="right", va="center", fontsize=8, color="#c44e52")
+            ax.text(n_keys / 2, -1.0, "dV += Pᵀ dO and dK += scale · dSᵀ Q stay in registers", ha="center", fontsize=9)
+            ax.set_title("kv_kernel: a block per key block, query tiles stream past", fontsize=10)
+        else:
+            ax.annotate("", xy=(n_keys + 0.2, 2.46), xytext=(-0.2, 2.46), arrowprops=dict(arrowstyle="->", lw=1.6))
+            ax.text(n_keys / 2, 3.25, "one block: its query rows' Q, dO stay in shared memory", ha="center", fontsize=8)
+            ax.text(n_keys / 2, -1.0, "dQ summed in registers, key blocks in order: bit-identical every run",
+                    ha="center", fontsize=9)
+            ax.set_title("dq_kernel (deterministic=True): a block per query tile, key blocks stream past", fontsize=10)
+        ax.text(n_keys / 2, n_rows + 1.1, "key blocks →", ha="center", fontsize=8)
+        ax.text(-0.3 if not by_keys else n_keys + 0.3, n_rows / 2, "query\ntiles\n↓", ha="right" if not by_keys else "left",
+                va="center", fontsize=8)
+        ax.set_xlim(-3.2 if by_keys else -1.2, n_keys + 1.2)
+        ax.set_ylim(-1.5, n_rows + 1.5)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    plt.tight_layout()
+    plt.show()
+
+
 def draw_mma_fragments():
     """The three operands of `mma.sync.m16n8k16`: which lane holds each element, in which register."""
     plt = _plt()
@@ -620,7 +660,7 @@ class Lesson:
     """One phase's notebook: every cell after the prose is one method call."""
 
     def __init__(self, phase, head_dim: int = 64):
-        self.phase = get_phase(phase)
+        self.phase = get_lesson(phase)
         self.previous = previous_phase(self.phase)
         # other builds of the same kernel ("06-inline"): timed and compiled beside the phase
         self.variants = [v for v in VARIANTS.values() if v.phase is self.phase]
@@ -629,8 +669,20 @@ class Lesson:
         self._reports = None
         self._timed = None  # (record, where it comes from) of the timing cell
 
+    @property
+    def backward(self) -> bool:
+        """Phase 11: three kernels of its own, graded and timed by its gradients."""
+        return getattr(self.phase, "BACKWARD", False)
+
+    @property
+    def main_id(self) -> str:
+        """The kernel whose PTX and SASS the lesson shows: the phase's, or phase 11's kv_kernel."""
+        return "11-kv" if self.backward else self.phase.ID
+
     def _ids(self) -> list[str]:
         """The kernels this lesson compares: the previous phase, this one, and its variants."""
+        if self.backward:
+            return ["11-kv", "11-dq", "11-delta"]
         base = PHASES.get(getattr(self.phase, "BUILDS_ON", ""))  # phase 10: built on 07, after 09
         return [p.ID for p in (self.previous, base, self.phase, *self.variants) if p is not None]
 
@@ -639,7 +691,7 @@ class Lesson:
         compares the variants' code itself (phase 06's two PTX routes, `call_cost`). In the
         simulator the variants of phase 09 are left out: each takes a minute or two of a laptop
         core to compile, and the lesson's tables make their point with 08 against 09."""
-        if self.on_gpu or self.phase.ID == "06":
+        if self.on_gpu or self.phase.ID == "06" or self.backward:
             return self._ids()
         # a phase built on an earlier one than its predecessor (phase 10 on 07's mma.sync) compares
         # its machine code with that one
@@ -714,6 +766,8 @@ class Lesson:
 
     def check(self, problems=None) -> None:
         """Run the kernel on fresh random inputs (output poisoned with NaN first) against the reference."""
+        if self.backward:
+            return self.check_gradients(problems)
         from numba import cuda
 
         from ..phases.common import LOG2E
@@ -737,9 +791,39 @@ class Lesson:
             raise AssertionError("; ".join(f"{r['shape']} causal={r['causal']}: {r['why']}" for r in failed))
         print(f"allowed = 2 × (error of plain fp16 attention) + {ATOL:g}: FlashAttention's test oracle")
 
+    def check_gradients(self, problems=None) -> None:
+        """Phase 11: dQ, dK and dV of fresh random problems (poisoned with NaN first) against the float64
+        reference's gradients, by the grader's rule (course/grade_backward.py)."""
+        from .grade_backward import GradientCase, gradient_runs, launch, make_inputs, verdicts
+
+        if problems is None:
+            problems = ([(20, 38, 64, False, 2, 1), (20, 38, 64, True, 2, 1)] if not self.on_gpu else
+                        [(300, 300, d, c, 4, 2) for d in self.phase.HEAD_DIMS for c in (False, True)]
+                        + [(1000, 700, 128, True, 8, 1)])
+        rows, failed = [], []
+        for seq_q, seq_k, D, causal, heads, heads_kv in problems:
+            case = GradientCase(seq_q, seq_k, D, causal=causal, heads=heads, heads_kv=heads_kv)
+            x = make_inputs(case, None)
+            runs = gradient_runs(case, x, launch(self.phase, case, x))
+            for (name, r), verdict in zip(runs.items(), verdicts(runs)):
+                err = float(np.max(np.abs(r.out - r.expected))) if np.isfinite(r.out).all() else float("inf")
+                rows.append({"problem": f"S_q={seq_q} S_k={seq_k} D={D} H={heads}/{heads_kv}",
+                             "causal": causal, "grad": name, "max_err": err, "allowed": r.allowed,
+                             "result": "pass" if r.ok else "FAIL"})
+                if not r.ok:
+                    failed.append(f"{case} {verdict}")
+        print(table(rows, [("problem", "problem (H = query/K/V heads)"), ("causal", "causal"), ("grad", "gradient"),
+                           ("max_err", "max |grad-ref|"), ("allowed", "allowed"), ("result", "result")]))
+        if failed:
+            raise AssertionError("; ".join(failed))
+        print("allowed = 2 × (error of the same formulas in fp16/float32, as the kernels compute them) + 1e-3 of "
+              "the gradient's largest value")
+
     # -- timing ----------------------------------------------------------------------------
     def timing(self, directory=None) -> dict | None:
         """This phase, the previous one and torch SDPA: measured live on a GPU, else the committed record."""
+        if self.backward:
+            return self.timing_backward(directory)
         ids = self._ids()
         problem = getattr(self.phase, "LESSON_PROBLEM", None)  # a phase of other shapes: phase 10, decoding
         if self.on_gpu:
@@ -771,6 +855,43 @@ class Lesson:
             print(f"\nphase {self.phase.ID} runs at {ratio:.2f}× the throughput of phase {self.previous.ID}")
         return {"rows": rows, "label": label}
 
+    def timing_backward(self, directory=None) -> dict | None:
+        """Phase 11 beside SDPA's backward at the reference shape: measured live on a GPU (flashcore
+        bench --backward's protocol), else the committed record (docs/bench/backward/)."""
+        from ..measure import backward
+        from ..measure.bench import Problem
+        from ..measure.records import load_records
+
+        problem = Problem.from_shape(REFERENCE_SHAPE, causal=False)
+        if self.on_gpu:
+            record = backward.run_backward_benchmark(problem, command=["(a lesson's timing cell)"])
+            label = f"Measured live on {record['provenance']['gpu_name']} on {record['created'][:10]}"
+        else:
+            folder = Path(directory) if directory else records_dir() / "backward"
+            found = [r for r in load_records(folder) if r["config"].get("D") == problem.D
+                     and not r["config"].get("causal")] if folder.is_dir() else []
+            if not found:
+                print(f"No backward record in {display_path(folder)} yet: on a GPU machine `flashcore bench "
+                      "--backward` writes one, and this cell then shows its numbers.")
+                return None
+            record = max(found, key=lambda r: r["created"])
+            label = (f"Not measured here (no GPU): measured on {record['provenance']['gpu_name']} on "
+                     f"{record['created'][:10]}, read from {display_path(record.get('_path'))}")
+        rows = []
+        for r in record["results"]:
+            note = "" if r.get("tflops") else (r.get("reason") or r.get("message") or "not timed")
+            rows.append({"name": r["name"], "phase": "11" if r["kind"] == "phase" else None,
+                         "peer": r["kind"] == "peer", "median_ms": r.get("median_ms"), "tflops": r.get("tflops"),
+                         "note": note})
+        print(label)
+        print(_describe_shape(record["config"]) + "; " + record.get("flops_rule", backward.FLOPS_RULE))
+        print(table(rows, [("name", "kernel"), ("median_ms", "median ms"), ("tflops", "TFLOPS"), ("note", "")]))
+        timed = {r["name"]: r for r in rows if r["tflops"]}
+        if "11" in timed and "sdpa_flash" in timed:
+            print(f"\nthe backward runs at {timed['11']['tflops'] / timed['sdpa_flash']['tflops']:.2f}× the "
+                  "throughput of SDPA's flash backend")
+        return {"rows": rows, "label": label}
+
     def plot_timing(self, timing: dict | None) -> None:
         """Bars of the timing rows on a log scale: the peers are orders of magnitude ahead at first."""
         rows = [r for r in (timing or {}).get("rows", []) if r.get("tflops")]
@@ -778,7 +899,7 @@ class Lesson:
             print("nothing to plot")
             return
         plt = _plt()
-        colors = ["#4c72b0" if r["phase"] == self.phase.ID else "#dd8452" if r["peer"] else "#8c8c8c"
+        colors = ["#4c72b0" if r["phase"] == self.phase.ID and not r["name"].endswith("-step") else "#dd8452" if r["peer"] else "#8c8c8c"
                   for r in rows]
         _, ax = plt.subplots(figsize=(8, max(2.4, 0.8 + 0.45 * len(rows))))
         values = [r["tflops"] for r in rows]
@@ -845,23 +966,23 @@ class Lesson:
         from ..measure.machine_code import ptx_excerpt
 
         self._counts("ptx", patterns, "PTX")
-        ptx = self.reports()[self.phase.ID]["ptx"]
+        ptx = self.reports()[self.main_id]["ptx"]
         header = [line.strip() for line in ptx.splitlines() if line.startswith((".version", ".target"))]
-        print(f"\nPTX of phase {self.phase.ID} ({', '.join(header)}), first occurrence of each:")
+        print(f"\nPTX of {self.main_id} ({', '.join(header)}), first occurrence of each:")
         print(ptx_excerpt(ptx, patterns, max_lines, context))
 
     def sass(self, patterns, max_lines: int = 16, context: int = 1) -> None:
         """The same for SASS, the GPU's own instructions, when a disassembler (nvdisasm) is installed."""
         from ..measure.machine_code import ptx_excerpt
 
-        text = self.reports()[self.phase.ID].get("sass")
+        text = self.reports()[self.main_id].get("sass")
         if not text:
             print("No SASS here: it needs nvdisasm or cuobjdump (a CUDA toolkit, or "
                   "`pip install nvidia-cuda-nvdisasm`).\nThe PTX above is what the assembler starts from; "
                   "it unrolls loops further and allocates registers.")
             return
         self._counts("sass", patterns, "SASS")
-        print(f"\nSASS of phase {self.phase.ID}, first occurrence of each:")
+        print(f"\nSASS of {self.main_id}, first occurrence of each:")
         print(ptx_excerpt(text, patterns, max_lines, context))
 
     def call_cost(self) -> None:

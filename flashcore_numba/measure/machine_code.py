@@ -51,13 +51,32 @@ REPORT_KEYS = ("registers", "spill_store_bytes", "spill_load_bytes", "stack_fram
 # ---------------------------------------------------------------------------------------------
 # Compile and assemble
 # ---------------------------------------------------------------------------------------------
+BACKWARD_KERNELS = ("11-kv", "11-dq", "11-delta")  # phase 11's kernels (no forward kernel: phases.LESSONS)
+
+
+def kernel_config(kernel_id: str, head_dim: int, dtype: str = "float16"):
+    """What compiles a kernel id: a forward kernel's KernelConfig ("07", "06-inline"), or one of phase
+    11's backward kernels ("11-kv", "11-dq", "11-delta": p11_backward.kernel_views)."""
+    from ..phases import build, get_phase
+
+    if kernel_id in BACKWARD_KERNELS:
+        from ..phases import p11_backward
+
+        return p11_backward.kernel_views(head_dim, dtype)[kernel_id]
+    return build(get_phase(kernel_id), head_dim, dtype)
+
+
+def _kernel_id(kernel_id) -> str:
+    from ..phases import get_phase
+
+    return kernel_id if kernel_id in BACKWARD_KERNELS else get_phase(kernel_id).ID
+
+
 def compile_phase_ptx(phase_id: str, head_dim: int, dtype: str = "float16") -> str:
     """PTX of a phase's kernel specialized to `head_dim` and `dtype`, for sm_90a."""
     from numba import cuda
 
-    from ..phases import build, get_phase
-
-    config = build(get_phase(phase_id), head_dim, dtype)
+    config = kernel_config(phase_id, head_dim, dtype)
     ptx, _ = cuda.compile_ptx(config.kernel.py_func, signature(config, dtype), cc=CC,
                               launch_bounds=config.launch_bounds)
     return ptx
@@ -67,9 +86,7 @@ def compile_phase_ltoir(phase_id: str, head_dim: int, dtype: str = "float16") ->
     """The kernel as NVVM's LTO-IR: what numba-cuda hands nvJitLink when it loads a kernel."""
     from numba import cuda
 
-    from ..phases import build, get_phase
-
-    config = build(get_phase(phase_id), head_dim, dtype)
+    config = kernel_config(phase_id, head_dim, dtype)
     ltoir, _ = cuda.compile(config.kernel.py_func, signature(config, dtype), cc=CC, device=False, abi="numba",
                             output="ltoir", launch_bounds=config.launch_bounds)
     return ltoir
@@ -303,16 +320,21 @@ def disassemble(cubin: bytes) -> str | None:
 # The report
 # ---------------------------------------------------------------------------------------------
 def _report_here(phase_id: str, head_dim: int, sass: bool, dtype: str = "float16") -> dict:
-    from ..phases import build, get_phase
-
-    phase = get_phase(phase_id)
-    config = build(phase, head_dim, dtype)
-    ptx = compile_phase_ptx(phase.ID, head_dim, dtype)
+    kernel_id = _kernel_id(phase_id)
+    config = kernel_config(kernel_id, head_dim, dtype)
+    ptx = compile_phase_ptx(kernel_id, head_dim, dtype)
     # a kernel compiled for launch bounds may trade registers between warpgroups (setmaxnreg), which
     # only the LTO route keeps (see assemble)
-    code = compile_phase_ltoir(phase.ID, head_dim, dtype) if config.launch_bounds else ptx
+    code = compile_phase_ltoir(kernel_id, head_dim, dtype) if config.launch_bounds else ptx
     log, cubin = assemble(code, linked=config.ptx_files)
-    report = {"phase": phase.ID, "name": phase.NAME, "head_dim": head_dim, "dtype": dtype, "arch": ARCH}
+    if kernel_id in BACKWARD_KERNELS:
+        name = config.kernel.py_func.__name__
+    else:
+        from ..phases import get_phase
+
+        name = get_phase(kernel_id).NAME
+    report = {"phase": kernel_id, "name": name,
+              "head_dim": head_dim, "dtype": dtype, "arch": ARCH}
     report.update(parse_resource_usage(log))
     # the link route: which ptx/ files were linked, and the stack frame of each function called
     report["linked_ptx"] = [Path(f).name for f in config.ptx_files]
@@ -386,9 +408,7 @@ def _reports(phase_ids: tuple, head_dim: int, sass: bool, dtype: str) -> dict:
 
 def kernel_reports(phase_ids, head_dim: int, *, sass: bool = False, dtype: str = "float16") -> dict[str, dict]:
     """`kernel_report` of several phases at once (one subprocess in the simulator)."""
-    from ..phases import get_phase
-
-    ids = tuple(get_phase(p).ID for p in phase_ids)
+    ids = tuple(_kernel_id(p) for p in phase_ids)
     reports = _reports(ids, int(head_dim), bool(sass), dtype)
     return {p: dict(reports[p]) for p in ids}
 

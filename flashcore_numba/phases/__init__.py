@@ -75,6 +75,14 @@ VARIANTS: dict[str, Variant] = {
 # Every kernel, in ladder order: each phase followed by its variants ("06", "06-inline").
 KERNELS: dict = {k.ID: k for k in sorted([*PHASES.values(), *VARIANTS.values()], key=lambda k: k.ID)}
 
+# Phases of the course that are no rung of the forward ladder: phase 11 (the backward pass) has a
+# lesson and an exercise, but no kernel(Q, K, V, O, causal, qk_scale) to benchmark beside the
+# others or to pick with attention(phase=...): attention()'s autograd runs it.
+_COURSE_ONLY = ("p11_backward",)
+# Every phase with a lesson and an exercise, in course order.
+LESSONS: dict[str, ModuleType] = {**PHASES, **{m.ID: m for m in (importlib.import_module(f"{__name__}.{name}")
+                                                              for name in _COURSE_ONLY)}}
+
 
 def _best() -> str:
     """The newest phase of the ladder for every shape, built the fastest way it has (its FASTEST
@@ -141,6 +149,26 @@ def supports_gqa(phase: ModuleType) -> bool:
 def supports_lse(phase: ModuleType) -> bool:
     """Whether the phase's kernels can write each row's log-sum-exp (`return_lse`; 07 on)."""
     return getattr(phase, "LSE", False)
+
+
+def get_lesson(phase):
+    """Look a phase of the course up (LESSONS: the ladder, then phase 11) by id ("11", 11), name
+    ("backward") or module; a kernel's variant ("06-inline") gives its phase."""
+    if isinstance(phase, ModuleType) and getattr(phase, "ID", None) in LESSONS:
+        return phase
+    if isinstance(phase, int) and not isinstance(phase, bool):
+        phase = f"{phase:02d}"
+    if isinstance(phase, str):
+        key = f"{int(phase):02d}" if phase.strip().isdigit() else phase.strip()
+        for module in LESSONS.values():
+            if key in (module.ID, module.NAME, module.__name__.rsplit(".", 1)[-1]):
+                return module
+    try:
+        kernel = get_phase(phase)
+    except ValueError:
+        known = ", ".join(f"{m.ID} ({m.NAME})" for m in LESSONS.values())
+        raise ValueError(f"phase: unknown phase {phase!r}; the course's phases are {known}") from None
+    return getattr(kernel, "phase", kernel)
 
 
 def get_phase(phase):

@@ -1,7 +1,8 @@
 """Phase 11 — the backward pass: dQ, dK and dV on mma.sync, recomputed from the log-sum-exp.
 
-Not yet on the ladder (phases/__init__ does not list it): its lesson, exercise and records come
-next. Training works through it today: attention()'s autograd calls `Backward.run`.
+A phase of the course (phases.LESSONS: lesson 11, exercise 11) but no rung of the forward ladder:
+it has no kernel(Q, K, V, O, causal, qk_scale) to benchmark beside the others. attention()'s
+autograd calls `Backward.run`; `flashcore bench --backward` times it beside SDPA's backward.
 
 The algorithm (FlashAttention-2's backward)
     The forward saved only the output O and each row's log-sum-exp L_i (natural log). Given dO,
@@ -78,6 +79,7 @@ TITLE = "The backward pass: dQ, dK and dV recomputed from the log-sum-exp"
 HEAD_DIMS = (64, 128)
 DTYPES = ("float16", "bfloat16")
 MIN_CC = (8, 0)
+BACKWARD = True  # its exercise is graded by its gradients (course/grade_backward.py), not by an output
 
 # Each warp owns 16 rows of what its block keeps: kv_kernel keeps KV_WARPS x 16 keys (BLOCK_N) and
 # streams query tiles of KV_BLOCK_M rows past them; dq_kernel keeps DQ_WARPS x 16 query rows
@@ -191,6 +193,38 @@ def build(HEAD_DIM: int, dtype: str = "float16") -> Backward:
                     build_dq_kernel(dq, dtype))
 
 
+@dataclass(frozen=True)
+class CompiledView:
+    """One backward kernel as measure/machine_code.py compiles it for a report (as a forward phase's
+    KernelConfig): the kernel, its signature, threads and dynamic shared memory per block."""
+
+    kernel: object
+    types: str
+    n_threads: int
+    smem_bytes: int
+    ptx_files: tuple = ()
+    launch_bounds: tuple | None = None
+
+    def signature(self, dtype: str = "float16") -> str:
+        return self.types
+
+
+def kernel_views(HEAD_DIM: int, dtype: str = "float16") -> dict[str, CompiledView]:
+    """"11-kv", "11-dq" and "11-delta" of `build(HEAD_DIM, dtype)`, typed as Backward.run launches them."""
+    bw = build(HEAD_DIM, dtype)
+    e = ELEMENT[dtype]
+    four, three = f"{e}[:,:,:,::1]", "float32[:,:,::1]"
+    inputs = f"{four}, {four}, {four}, {four}, {three}, {three}, float32[:,:,:,::1]"
+    return {
+        "11-kv": CompiledView(bw.kv_kernel, f"void({inputs}, uint32[:,:,:,::1], uint32[:,:,:,::1], boolean, float32, "
+                                            f"boolean)", bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
+        "11-dq": CompiledView(bw.dq_kernel, f"void({inputs}, boolean, float32)", bw.dq["N_THREADS"],
+                              bw.dq["SMEM_BYTES"]),
+        "11-delta": CompiledView(bw.delta_kernel, f"void(uint32[:,:,:,::1], uint32[:,:,:,::1], {three}, boolean, "
+                                                  f"{three})", 32 * DELTA_ROWS, 0),
+    }
+
+
 class _Pieces:
     """What both kernels of a layout use: the PTX functions and the warp's products."""
 
@@ -287,12 +321,14 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
         i = cuda.blockIdx.x * DELTA_ROWS + cuda.threadIdx.x // 32
         if i < O.shape[2]:
             total = float32(0.0)
+            # >>> exercise 11-a: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
             for w in range(lane, HALF_D, 32):
                 o0, o1 = unpack(O[b, h, i, w])
                 d0, d1 = unpack(dO[b, h, i, w])
                 total += o0 * d0 + o1 * d1
             for width in (16, 8, 4, 2, 1):
                 total += cuda.shfl_xor_sync(FULL_MASK, total, width)
+            # <<< exercise
             if lane == 0:
                 DELTA[b, h, i] = total - DLSE[b, h, i] if use_dlse else total
 
@@ -325,12 +361,14 @@ def build_kv_kernel(L: dict, dtype: str):
             mma_into(c, 1, ds_frag[kk, 0], ds_frag[kk, 1], ds_frag[kk, 2], ds_frag[kk, 3], b2, b3)
         for n in range(2):
             col = col0 + jj * 16 + n * 8 + 2 * t
+            # >>> exercise 11-b: add this lane's four dQ values (times scale) to dQ in global memory by atomics, rows that exist only
             if row_a < seq_q:
                 cuda.atomic.add(dQ, (b, h, row_a, col), c[n, 0] * scale)
                 cuda.atomic.add(dQ, (b, h, row_a, col + 1), c[n, 1] * scale)
             if row_a + 8 < seq_q:
                 cuda.atomic.add(dQ, (b, h, row_a + 8, col), c[n, 2] * scale)
                 cuda.atomic.add(dQ, (b, h, row_a + 8, col + 1), c[n, 3] * scale)
+            # <<< exercise
 
     dq_steps = unrolled(dq_columns, DQ_CHUNKS)
 
@@ -420,11 +458,13 @@ def build_kv_kernel(L: dict, dtype: str):
             for j in range(NT):
                 for e in range(4):
                     col = j * 8 + 2 * t + e % 2
+                    # >>> exercise 11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
                     p = exp2(cuda.fma(s[j, e], qk_scale, -lse2_s[stage, col]))
                     if masked and key_a + 8 * (e // 2) >= key_end(m0 + col, seq_q, seq_k, causal):
                         p = float32(0.0)
                     s[j, e] = p
                     dp[j, e] = p * (dp[j, e] - delta_s[stage, col])
+                    # <<< exercise
 
             # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments, dO and Q by ldmatrix.trans
             as_a_fragments(p_frag, s)

@@ -1,0 +1,188 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Phase 11 — The backward pass: dQ, dK and dV recomputed from the log-sum-exp
+#
+# *Previous: [10 split_keys](10_split_keys.ipynb), though this phase builds on
+# [07 mma.sync](07_mma_sync.ipynb). Hardware background: [docs/hardware.md](../docs/hardware.md).
+# Course map: [README](README.md).*
+#
+# ## The idea
+#
+# Phases 01-10 compute attention's output. Training a model also needs its
+# [backward pass](../docs/glossary.md#backward-pass): given dO, how much the loss changes with each
+# element of the output, the gradients dQ, dK and dV of the loss with respect to the inputs. With
+# P = softmax(scale · Q Kᵀ) and O = P V, the chain rule gives five products of the forward's size:
+#
+#     dV = Pᵀ dO          dP = dO Vᵀ          dS = P ∘ (dP − Δ)
+#     dQ = scale · dS K   dK = scale · dSᵀ Q   where Δ_i = Σ_j P_ij dP_ij
+#
+# (∘ multiplies element by element; the row sums Δ come from the softmax: each row of P sums to 1.)
+#
+# **1. P is recomputed, not stored.** The forward never wrote the S_q × S_k matrix P: that is the
+# whole point of FlashAttention. The backward needs P again, and recomputing it is cheap because the
+# forward saved one number per row, its [log-sum-exp](../docs/glossary.md#log-sum-exp)
+# L_i = log Σ_j exp(scale · s_ij). Then P_ij = exp(scale · s_ij − L_i) exactly: no running max, no
+# sum, no second pass. The kernels compute it in base 2, as the forward does:
+# p = 2^(s · qk_scale − L_i · log2 e).
+#
+# **2. Δ needs no P either.** Δ_i = Σ_j P_ij dP_ij = Σ_j P_ij (dO_i · v_j) = dO_i · O_i: a dot product
+# of two rows the forward and the loss already gave. A small first kernel computes it, one
+# [warp](../docs/glossary.md#warp) per row (exercise 11-a).
+#
+# **3. Two gradients sum over queries, one over keys.** dK and dV of a key sum over every query row
+# that sees it; dQ of a query row sums over every key. A kernel has to pick which sum stays inside a
+# [block](../docs/glossary.md#block):
+# - `kv_kernel` gives each block 128 keys (and their values), kept in
+#   [shared memory](../docs/glossary.md#shared-memory), while tiles of 64 query rows stream past in two
+#   stages, exactly as K and V stream past Q in phase 07. Each warp owns 16 keys and computes its
+#   products transposed (keys as rows): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ on the tensor cores, then Pᵀ and dSᵀ
+#   element by element (exercise 11-c), then dV += Pᵀ dO and dK += dSᵀ Q, which stay in
+#   [registers](../docs/glossary.md#register) for the whole loop and are written once. With
+#   grouped-query attention the group's query heads stream past one after another, so dK and dV are
+#   summed over the group for free.
+# - dQ then needs the sum over the key blocks, which other blocks own. Each block adds its share,
+#   dQ += scale · dS K, to a float32 dQ in global memory by [atomic](../docs/glossary.md#atomic)
+#   additions (exercise 11-b): the hardware makes each read-add-write indivisible.
+#
+# **4. Atomics are not [deterministic](../docs/glossary.md#deterministic).** Blocks finish in
+# whatever order the GPU runs them, and float32 addition is not associative: the last bits of dQ can
+# change from run to run. `attention(..., deterministic=True)` swaps the atomics for `dq_kernel`: a
+# block per query tile that walks the key blocks in order, recomputing S, P, dP and dS a second time
+# and keeping dQ in registers. Two more products for bit-identical gradients, against the atomics
+# they save: the timing cell below shows what each costs.
+#
+# P and dS go to the tensor cores rounded to fp16 (or bf16), as the forward's P · V does; every sum
+# is float32. `attention()` calls all of this through torch's autograd: `out.backward()` or
+# `loss.backward()` on a tensor that requires grad.
+
+# %%
+# Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the
+# driver shows one, else in Numba's CUDA simulator on the CPU. Set NUMBA_ENABLE_CUDASIM to choose.
+import os
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if os.path.exists("/dev/nvidiactl") else "1"
+
+# %%
+from flashcore_numba.course import notebooks
+from flashcore_numba.phases import p11_backward as phase
+
+lesson = notebooks.Lesson("11")
+lesson.intro()
+
+# %%
+lesson.changelog()
+
+# %% [markdown]
+# ## The formulas, checked in NumPy
+#
+# Before any kernel: the five products above, in float64 on one small head, against the gradient
+# measured numerically (nudge one element of Q, K or V by ε and see how the loss Σ O ∘ dO moves).
+# P comes from the log-sum-exp alone, and Δ from O and dO alone, as the kernels compute them.
+
+# %%
+import numpy as np
+
+rng = np.random.default_rng(0)
+q, k, v, do = (rng.standard_normal((6, 8)) for _ in range(4))
+scale = 8 ** -0.5
+
+
+def forward(q, k, v):
+    s = scale * q @ k.T
+    lse = np.log(np.exp(s - s.max(1, keepdims=True)).sum(1)) + s.max(1)  # what the forward saves
+    return np.exp(s - lse[:, None]) @ v, lse
+
+
+o, lse = forward(q, k, v)
+p = np.exp(scale * q @ k.T - lse[:, None])  # recomputed from the log-sum-exp
+delta = (do * o).sum(1)  # Δ_i = dO_i · O_i
+ds = p * (do @ v.T - delta[:, None])
+grads = {"dq": scale * ds @ k, "dk": scale * ds.T @ q, "dv": p.T @ do}
+
+eps = 1e-6
+for name, x in (("dq", q), ("dk", k), ("dv", v)):
+    numeric = np.zeros_like(x)
+    for i in np.ndindex(*x.shape):
+        nudged = [a.copy() for a in (q, k, v)]
+        nudged[("dq", "dk", "dv").index(name)][i] += eps
+        numeric[i] = ((forward(*nudged)[0] - o) * do).sum() / eps
+    print(f"{name}: largest difference from the numerical gradient {np.abs(grads[name] - numeric).max():.1e}")
+
+# %% [markdown]
+# ## The two loops
+#
+# S has a tile for every (query tile, key block) pair. `kv_kernel` runs down a column of them per
+# block; `dq_kernel` (the deterministic pass) along a row.
+
+# %%
+notebooks.draw_backward_loops()
+
+# %% [markdown]
+# ## The kernels
+#
+# Straight from the package: what runs is what you read. First Δ, a warp per row:
+
+# %%
+lesson.show_source(phase.build_delta_kernel)
+
+# %% [markdown]
+# Then `kv_kernel`: the block's keys and values in shared memory, query tiles streaming past, Pᵀ
+# and dSᵀ recomputed per tile, dV and dK in registers, dQ by atomics.
+
+# %%
+lesson.show_source(phase.build_kv_kernel)
+
+# %% [markdown]
+# ## Is it correct?
+#
+# Fresh random inputs, dQ, dK and dV poisoned with NaN first, each compared with the float64
+# reference's gradients (two query heads sharing one K/V head, so dK and dV are summed over the group).
+
+# %%
+lesson.check()
+
+# %% [markdown]
+# ## How fast is it?
+#
+# Beside torch SDPA's backward at the reference shape. The backward rows count 2.5× the forward's
+# FLOPs (five products where the forward has two), the `-step` rows a whole training step of
+# attention, forward and backward, 3.5×: FlashAttention's benchmark counts them so. This first
+# version is well behind SDPA's flash backend (the cell says by how much): the atomics, the register
+# pressure of keeping dK and dV in registers (at D = 128 it spills) and no tuning yet.
+
+# %%
+timings = lesson.timing()
+
+# %%
+lesson.plot_timing(timings)
+
+# %% [markdown]
+# ## What changed in the machine code
+#
+# The three kernels, compiled for the H100: `kv_kernel` holds dK and dV (16 keys × D per warp, in
+# float32) in registers for its whole loop, besides the tiles of Sᵀ and dPᵀ.
+
+# %%
+lesson.machine_code()
+
+# %%
+lesson.ptx(["mma.sync", "ldmatrix", "cp.async", "red.global.add.f32", "atom.global.add.f32", "ex2.approx"])
+
+# %%
+lesson.sass(["HMMA", "LDSM", "LDGSTS", "RED", "MUFU.EX2", "STL", "LDL"])
+
+# %% [markdown]
+# ## Exercise
+
+# %%
+lesson.exercise()

@@ -1,0 +1,571 @@
+# Exercise 11: The backward pass: dQ, dK and dV recomputed from the log-sum-exp
+#
+# This is the finished phase 11 kernel with 3 marked regions emptied:
+#   11-a: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
+#   11-b: add this lane's four dQ values (times scale) to dQ in global memory by atomics, rows that exist only
+#   11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
+# Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
+# Change nothing else: solving only adds lines. The lesson is lessons/11_backward.ipynb.
+#
+# Grade it (hidden random inputs and adversarial shapes; points and reasons per check):
+#     flashcore grade 11                         this file
+#     flashcore grade 11 path/to/copy.py         a copy of it
+#     pytest lessons/exercises --grade 11        the same checks, as pytest tests
+# Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
+# Stuck? `flashcore grade 11 --hint` gives a hint per region (--hint 2, 3: more);
+# the solution is flashcore_numba/phases/p11_backward.py.
+#
+# Generated from that file by `python -m flashcore_numba.course.exercises --write`:
+# improve the phase, not this copy.
+"""Phase 11 — the backward pass: dQ, dK and dV on mma.sync, recomputed from the log-sum-exp.
+
+The whole account of this phase (what it changes, why the hardware rewards it, what each
+change bought) is the docstring of flashcore_numba/phases/p11_backward.py; the lesson is
+lessons/11_backward.ipynb.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, int32, uint32, uint64
+
+from flashcore_numba.arch import operands, ptx
+from flashcore_numba.arch.sim import simulator_enabled
+from flashcore_numba.phases.common import ELEMENT, FULL_MASK, LOG2E, PTX_TYPE, cdiv, key_end, launch
+from flashcore_numba.phases.p07_mma_sync import MMA_K, MMA_N, PAD, make_copy_tile, unrolled
+
+ID = "11"
+NAME = "backward"
+TITLE = "The backward pass: dQ, dK and dV recomputed from the log-sum-exp"
+HEAD_DIMS = (64, 128)
+DTYPES = ("float16", "bfloat16")
+MIN_CC = (8, 0)
+BACKWARD = True  # its exercise is graded by its gradients (course/grade_backward.py), not by an output
+
+# Each warp owns 16 rows of what its block keeps: kv_kernel keeps KV_WARPS x 16 keys (BLOCK_N) and
+# streams query tiles of KV_BLOCK_M rows past them; dq_kernel keeps DQ_WARPS x 16 query rows
+# (BLOCK_M) and streams key tiles of DQ_BLOCK_N. In kv_kernel the warps then share one query tile's
+# dQ = dS K, (KV_BLOCK_M / 16) row groups x (the rest) column groups.
+KV_WARPS, KV_BLOCK_M = 8, 64
+DQ_WARPS, DQ_BLOCK_N = 4, 64
+SIM = dict(kv_warps=2, kv_block_m=16, dq_warps=2, dq_block_n=32)  # the simulator: fewer Python threads
+DELTA_ROWS = 4  # delta_kernel: rows per block, a warp each
+
+
+def layout(HEAD_DIM: int, warps: int, stream_rows: int) -> dict:
+    """Every derived constant of a kernel whose block keeps OWN_ROWS = 16 x warps rows of two tiles
+    (A, B: K and V in kv_kernel, Q and dO in dq_kernel) while tiles of STREAM_ROWS rows stream past
+    in two stages (Q and dO; K and V). Shared memory holds 16-bit rows of STRIDE elements, then dSᵀ
+    (OWN_ROWS rows of STREAM_ROWS, kv_kernel's dQ); offsets are in bytes."""
+    own = 16 * warps
+    L = dict(HEAD_DIM=HEAD_DIM, WARPS=warps, N_THREADS=32 * warps, OWN_ROWS=own, STREAM_ROWS=stream_rows)
+    L["STRIDE"] = HEAD_DIM + PAD  # elements per shared-memory row (PAD: see phase 07)
+    L["ROW_BYTES"] = row = L["STRIDE"] * 2
+    L["OWN_A"], L["OWN_B"] = 0, own * row
+    L["STREAM_A"] = 2 * own * row  # stage s: tile A at STREAM_A + s * STAGE_BYTES, B at STREAM_B + ...
+    L["STREAM_B"] = L["STREAM_A"] + stream_rows * row
+    L["STAGE_BYTES"] = 2 * stream_rows * row
+    L["DS_OFF"] = L["STREAM_A"] + 2 * L["STAGE_BYTES"]
+    L["DS_ROW_BYTES"] = (stream_rows + PAD) * 2
+    L["SMEM_BYTES"] = L["DS_OFF"] + own * L["DS_ROW_BYTES"]
+    L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row (make_copy_tile)
+    L["ROWS_PER_PASS"] = L["N_THREADS"] // L["CHUNKS"]
+    assert own % L["ROWS_PER_PASS"] == 0 and stream_rows % L["ROWS_PER_PASS"] == 0
+    L["NT"] = stream_rows // MMA_N  # n-tiles of a warp's Sᵀ (or S): 8 streamed rows each
+    L["KS"] = stream_rows // MMA_K  # k-steps over the streamed rows (dV, dK; dq_kernel's dQ)
+    L["KO"] = own // MMA_K  # k-steps over the own rows (kv_kernel's dQ = dS K)
+    L["KD"] = HEAD_DIM // MMA_K  # k-steps over the head dim
+    L["ND"] = HEAD_DIM // MMA_N  # n-tiles of a gradient's row block (8 columns each)
+    L["ROW_GROUPS"] = stream_rows // 16  # kv_kernel's dQ: warps by 16 query rows ...
+    L["COL_GROUPS"] = warps // L["ROW_GROUPS"]  # ... and by HEAD_DIM / COL_GROUPS columns
+    assert warps % L["ROW_GROUPS"] == 0 and HEAD_DIM % (16 * L["COL_GROUPS"]) == 0
+    L["DQ_CHUNKS"] = HEAD_DIM // L["COL_GROUPS"] // 16  # a warp's 16-column chunks of dQ
+    return L
+
+
+@dataclass(frozen=True)
+class Backward:
+    """The three kernels of one head dim and dtype, and how to launch them (`run`)."""
+
+    head_dim: int
+    dtype: str
+    kv: dict  # kv_kernel's layout
+    dq: dict  # dq_kernel's
+    delta_kernel: object
+    kv_kernel: object
+    dq_kernel: object
+
+    def run(self, Q, K, V, O, dO, LSE, dQ, dK, dV, causal: bool, scale: float, deterministic: bool = False,
+            stream=0, dLSE=None, delta=None):
+        """dQ (float32), dK and dV (the inputs' type) from (B, H, S, D) device arrays Q, K, V, the
+        forward's O and LSE (B, H, S_q, natural log) and dO, all 16-bit (bf16 as int16 bits) but
+        LSE; dLSE, if the LSE was used too, its gradient (B, H, S_q) float32: d LSE_i / d s_ij =
+        P_ij, so it joins dS as P ∘ dLSE. delta: a (B, H, S_q) float32 scratch array for Δ, or None
+        to allocate one here. attention() passes one of torch's: an array Numba allocates is freed
+        later by cuMemFree, which waits for the whole GPU, so a call would stall the host."""
+        B, H, S_q, D = Q.shape
+        H_kv, S_k = K.shape[1], K.shape[2]
+        if S_q == 0 or S_k == 0:  # nothing to recompute: every gradient is 0
+            for x in (dQ, dK, dV):
+                if x.size:
+                    _zero(x.view(np.uint32) if x.dtype.itemsize == 2 else x, stream)
+            return
+        key = (D, self.dtype)  # each kernel's entry in the disk cache (arch/cache.py): "11-kv", D, dtype
+        if delta is None:
+            delta = cuda.device_array((B, H, S_q), np.float32, stream=stream)
+        launch(self.delta_kernel, (cdiv(S_q, DELTA_ROWS), H, B), 32 * DELTA_ROWS, 0,
+               (O.view(np.uint32), dO.view(np.uint32), delta if dLSE is None else dLSE, dLSE is not None, delta),
+               stream, ("11-delta", *key))
+        if not deterministic:
+            _zero(dQ, stream)
+        kv, dq = self.kv, self.dq
+        launch(self.kv_kernel, (cdiv(S_k, kv["OWN_ROWS"]), H_kv, B), kv["N_THREADS"], kv["SMEM_BYTES"],
+               (Q, K, V, dO, LSE, delta, dQ, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale),
+                not deterministic), stream, ("11-kv", *key))
+        if deterministic:
+            launch(self.dq_kernel, (cdiv(S_q, dq["OWN_ROWS"]), H, B), dq["N_THREADS"], dq["SMEM_BYTES"],
+                   (Q, K, V, dO, LSE, delta, dQ, causal, float32(scale)), stream, ("11-dq", *key))
+
+
+def _zero(array, stream) -> None:
+    """Fill a 32-bit device array with zeros (the simulator has no memset)."""
+    flat = array.reshape(array.size)
+    launch(_zero_kernel, cdiv(flat.size, 256), 256, 0, (flat,), stream)
+
+
+@cuda.jit
+def _zero_kernel(X):
+    i = cuda.grid(1)
+    if i < X.shape[0]:
+        X[i] = 0
+
+
+@lru_cache(maxsize=None)
+def build(HEAD_DIM: int, dtype: str = "float16") -> Backward:
+    """The backward kernels for head dim HEAD_DIM (64 or 128) and `dtype` ("float16", "bfloat16")."""
+    if HEAD_DIM not in HEAD_DIMS:
+        raise ValueError(f"head dim: the backward is built for {HEAD_DIMS}, not {HEAD_DIM}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
+    sim = simulator_enabled()
+    kv = layout(HEAD_DIM, SIM["kv_warps"] if sim else KV_WARPS, SIM["kv_block_m"] if sim else KV_BLOCK_M)
+    dq = layout(HEAD_DIM, SIM["dq_warps"] if sim else DQ_WARPS, SIM["dq_block_n"] if sim else DQ_BLOCK_N)
+    return Backward(HEAD_DIM, dtype, kv, dq, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel(kv, dtype),
+                    build_dq_kernel(dq, dtype))
+
+
+@dataclass(frozen=True)
+class CompiledView:
+    """One backward kernel as measure/machine_code.py compiles it for a report (as a forward phase's
+    KernelConfig): the kernel, its signature, threads and dynamic shared memory per block."""
+
+    kernel: object
+    types: str
+    n_threads: int
+    smem_bytes: int
+    ptx_files: tuple = ()
+    launch_bounds: tuple | None = None
+
+    def signature(self, dtype: str = "float16") -> str:
+        return self.types
+
+
+def kernel_views(HEAD_DIM: int, dtype: str = "float16") -> dict[str, CompiledView]:
+    """"11-kv", "11-dq" and "11-delta" of `build(HEAD_DIM, dtype)`, typed as Backward.run launches them."""
+    bw = build(HEAD_DIM, dtype)
+    e = ELEMENT[dtype]
+    four, three = f"{e}[:,:,:,::1]", "float32[:,:,::1]"
+    inputs = f"{four}, {four}, {four}, {four}, {three}, {three}, float32[:,:,:,::1]"
+    return {
+        "11-kv": CompiledView(bw.kv_kernel, f"void({inputs}, uint32[:,:,:,::1], uint32[:,:,:,::1], boolean, float32, "
+                                            f"boolean)", bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
+        "11-dq": CompiledView(bw.dq_kernel, f"void({inputs}, boolean, float32)", bw.dq["N_THREADS"],
+                              bw.dq["SMEM_BYTES"]),
+        "11-delta": CompiledView(bw.delta_kernel, f"void(uint32[:,:,:,::1], uint32[:,:,:,::1], {three}, boolean, "
+                                                  f"{three})", 32 * DELTA_ROWS, 0),
+    }
+
+
+class _Pieces:
+    """What both kernels of a layout use: the PTX functions and the warp's products."""
+
+    def __init__(self, L: dict, dtype: str):
+        mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
+        self.pack = pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
+        self.exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")
+        ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
+        self.ldsm_t = ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
+        self.commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
+        self.wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
+        self.copy_tile = make_copy_tile(L)
+        NT, KS, ROW_BYTES = L["NT"], L["KS"], L["ROW_BYTES"]
+
+        @cuda.jit(device=True, inline=True)
+        def mma_into(c, j, a0, a1, a2, a3, b0, b1):
+            """c[j] += a · b: one m16n8k16 product into n-tile j of the warp's accumulators."""
+            c[j, 0], c[j, 1], c[j, 2], c[j, 3] = mma(a0, a1, a2, a3, b0, b1, c[j, 0], c[j, 1], c[j, 2], c[j, 3])
+
+        @cuda.jit(device=True, inline=True)
+        def abt_step(kk, args):
+            """k-step kk (16 of the head dim) of c = a · bᵀ, both row-major tiles in shared memory:
+            the warp's 16 own rows of a (ldmatrix, as phase 07 reads Q) against the NT n-tiles of 8
+            streamed rows of b (ldmatrix, as phase 07 reads K). kv_kernel: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ;
+            dq_kernel: S = Q Kᵀ, dP = dO Vᵀ."""
+            c, a_rows, b_rows = args
+            a0, a1, a2, a3 = ldsm(a_rows + kk * 32)
+            for jj in range(NT // 2):
+                b0, b1, b2, b3 = ldsm(b_rows + jj * 16 * ROW_BYTES + kk * 32)
+                mma_into(c, 2 * jj, a0, a1, a2, a3, b0, b1)
+                mma_into(c, 2 * jj + 1, a0, a1, a2, a3, b2, b3)
+
+        @cuda.jit(device=True, inline=True)
+        def ab_step(jj, args):
+            """Columns 16 jj .. 16 jj + 15 of c += a · b: a in registers as A fragments (KS k-steps of
+            16 streamed rows), b a streamed row-major tile read by ldmatrix.trans (as phase 07 reads V).
+            kv_kernel: dV += Pᵀ dO, dK += dSᵀ Q; dq_kernel: dQ += dS K."""
+            c, a, b_rows = args
+            for kk in range(KS):
+                b0, b1, b2, b3 = ldsm_t(b_rows + kk * 16 * ROW_BYTES + jj * 32)
+                mma_into(c, 2 * jj, a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b0, b1)
+                mma_into(c, 2 * jj + 1, a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b2, b3)
+
+        @cuda.jit(device=True, inline=True)
+        def as_a_fragments(frag, c):
+            """The accumulators of n-tiles 2kk and 2kk + 1 (rows g, g + 8; columns 2t, 2t + 1) are
+            k-step kk's A fragment, rounded to 16 bits: phase 07's repacking of P."""
+            for kk in range(KS):
+                frag[kk, 0] = pack(c[2 * kk, 0], c[2 * kk, 1])
+                frag[kk, 1] = pack(c[2 * kk, 2], c[2 * kk, 3])
+                frag[kk, 2] = pack(c[2 * kk + 1, 0], c[2 * kk + 1, 1])
+                frag[kk, 3] = pack(c[2 * kk + 1, 2], c[2 * kk + 1, 3])
+
+        self.mma_into, self.as_a_fragments = mma_into, as_a_fragments
+        self.abt_steps = unrolled(abt_step, L["KD"])
+        self.ab_steps = unrolled(ab_step, L["ND"] // 2)
+
+
+@cuda.jit(device=True, inline=True)
+def zero(c, n):
+    """Accumulators c[0 .. n-1] (four each) to 0."""
+    for j in range(n):
+        for e in range(4):
+            c[j, e] = float32(0.0)
+
+
+@cuda.jit(device=True, inline=True)
+def row_stats(LSE, DELTA, b, h, row, seq_q):
+    """A query row's log-sum-exp in base 2 and its Δ. A row that saw no key (L = −inf) or lies past
+    seq_q gets +inf: every p = 2^(s · qk_scale − inf) of it is 0."""
+    if row < seq_q and LSE[b, h, row] != -math.inf:
+        return LSE[b, h, row] * float32(LOG2E), DELTA[b, h, row]
+    return float32(math.inf), float32(0.0)
+
+
+@cuda.jit(device=True, inline=True)
+def tile_count(n_rows, rows_per_tile):
+    """⌈n_rows / rows_per_tile⌉, 0 when n_rows <= 0."""
+    return (n_rows + rows_per_tile - 1) // rows_per_tile if n_rows > 0 else 0
+
+
+def build_delta_kernel(HEAD_DIM: int, dtype: str):
+    """delta_kernel: Δ_i from O and dO, read as 32-bit pairs of 16-bit values."""
+    unpack = ptx.function("mma_sync.ptx", f"flashcore_unpack_{PTX_TYPE[dtype]}x2", "inline")
+    HALF_D = HEAD_DIM // 2  # 32-bit words of a row: two elements per load
+
+    @cuda.jit
+    def delta_kernel(O, dO, DLSE, use_dlse, DELTA):
+        """Δ_i = Σ_d dO_id · O_id for DELTA_ROWS rows of one head, a warp per row (two elements per
+        32-bit load, summed over the warp by shuffles); minus dLSE_i where the LSE has a gradient
+        (dS = P ∘ (dP − Δ + dLSE))."""
+        b, h = cuda.blockIdx.z, cuda.blockIdx.y
+        lane = cuda.threadIdx.x % 32
+        i = cuda.blockIdx.x * DELTA_ROWS + cuda.threadIdx.x // 32
+        if i < O.shape[2]:
+            total = float32(0.0)
+            # >>> exercise 11-a: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
+            # <<< exercise
+            if lane == 0:
+                DELTA[b, h, i] = total - DLSE[b, h, i] if use_dlse else total
+
+    return delta_kernel
+
+
+def build_kv_kernel(L: dict, dtype: str):
+    """kv_kernel for layout L: dK and dV of BLOCK_N keys, and (atomics) their share of dQ."""
+    f = _Pieces(L, dtype)
+    mma_into, pack, exp2, ldsm_t, copy_tile = f.mma_into, f.pack, f.exp2, f.ldsm_t, f.copy_tile
+    commit, wait_all, abt_steps, ab_steps, as_a_fragments = f.commit, f.wait_all, f.abt_steps, f.ab_steps, f.as_a_fragments
+    shared_address, global_address = operands.shared_address, operands.global_address
+    D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["STREAM_ROWS"]
+    ROW_BYTES, DS_ROW_BYTES, DS_OFF = L["ROW_BYTES"], L["DS_ROW_BYTES"], L["DS_OFF"]
+    OWN_A, OWN_B, STREAM_A, STREAM_B, STAGE = L["OWN_A"], L["OWN_B"], L["STREAM_A"], L["STREAM_B"], L["STAGE_BYTES"]
+    NT, KS, KO, ND = L["NT"], L["KS"], L["KO"], L["ND"]
+    ROW_GROUPS, DQ_CHUNKS = L["ROW_GROUPS"], L["DQ_CHUNKS"]
+    GLOBAL_ROW = D * 2  # bytes from a row of a head to the next in a (B, H, S, D) array
+
+    @cuda.jit(device=True, inline=True)
+    def dq_columns(jj, args):
+        """(atomics) Columns col0 + 16 jj .. + 15 of dQ += scale · dS K for the warp's 16 query rows,
+        added to dQ in global memory: four float32 atomics per lane and n-tile."""
+        dQ, b, h, row_a, col0, seq_q, t, ds_frag, k_rows, scale = args
+        c = cuda.local.array((2, 4), float32)
+        zero(c, 2)
+        for kk in range(KO):
+            b0, b1, b2, b3 = ldsm_t(k_rows + kk * 16 * ROW_BYTES + jj * 32)
+            mma_into(c, 0, ds_frag[kk, 0], ds_frag[kk, 1], ds_frag[kk, 2], ds_frag[kk, 3], b0, b1)
+            mma_into(c, 1, ds_frag[kk, 0], ds_frag[kk, 1], ds_frag[kk, 2], ds_frag[kk, 3], b2, b3)
+        for n in range(2):
+            col = col0 + jj * 16 + n * 8 + 2 * t
+            # >>> exercise 11-b: add this lane's four dQ values (times scale) to dQ in global memory by atomics, rows that exist only
+            # <<< exercise
+
+    dq_steps = unrolled(dq_columns, DQ_CHUNKS)
+
+    @cuda.jit(device=True, inline=True)
+    def fetch_queries(smem, lse2_s, delta_s, stage, Q, dO, LSE, DELTA, b, h, m0, tid):
+        """Start copying rows m0 .. m0 + BLOCK_M − 1 of query head h, of Q and of dO, into `stage`;
+        their log-sum-exps and Δ by plain loads (read after the barrier that ends the tile)."""
+        seq_q = Q.shape[2]
+        head_q = uint64(((b * Q.shape[1] + h) * seq_q) * GLOBAL_ROW)
+        copy_tile(smem, STREAM_A + stage * STAGE, global_address(Q), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
+        copy_tile(smem, STREAM_B + stage * STAGE, global_address(dO), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
+        if tid < BLOCK_M:
+            lse2_s[stage, tid], delta_s[stage, tid] = row_stats(LSE, DELTA, b, h, m0 + tid, seq_q)
+
+    @cuda.jit
+    def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, atomic_dq):
+        """dK and dV of BLOCK_N keys of one K/V head, over every query row of its group that sees
+        them; with atomic_dq, each query tile's dS K is added to dQ too. dK and dV: uint32 pairs."""
+        smem_h = cuda.shared.array(0, uint32, alignment=128)
+        smem = shared_address(smem_h)
+        lse2_s = cuda.shared.array((2, BLOCK_M), float32)  # per stage: the query rows' L_i · log2 e
+        delta_s = cuda.shared.array((2, BLOCK_M), float32)  # and their Δ_i
+        b, h_kv, n0 = cuda.blockIdx.z, cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_N
+        tid = cuda.threadIdx.x
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4  # rows g, g + 8 and columns 2t, 2t + 1 of every accumulator tile
+        H, seq_q, seq_k = Q.shape[1], Q.shape[2], K.shape[2]
+        group = H // K.shape[1]
+        qk_scale = scale * float32(LOG2E)
+
+        # -- the block's keys and values stay in shared memory; query tiles stream past. The first
+        # query row that sees key n0 (causal: row i sees keys up to i + seq_k - seq_q)
+        head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * GLOBAL_ROW)
+        copy_tile(smem, OWN_A, global_address(K), head_kv, n0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
+        copy_tile(smem, OWN_B, global_address(V), head_kv, n0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
+        first = max(0, n0 - (seq_k - seq_q)) if causal else 0
+        m_first = first - first % BLOCK_M
+        tiles_per_head = tile_count(seq_q - m_first, BLOCK_M)
+        n_tiles = group * tiles_per_head  # (query head, query tile) pairs, the heads of the group in turn
+        if n_tiles > 0:
+            fetch_queries(smem, lse2_s, delta_s, 0, Q, dO, LSE, DELTA, b, h_kv * group, m_first, tid)
+        commit()
+        wait_all()
+        cuda.syncthreads()
+
+        s = cuda.local.array((NT, 4), float32)  # Sᵀ, then Pᵀ: the warp's 16 keys x BLOCK_M query rows
+        dp = cuda.local.array((NT, 4), float32)  # dPᵀ, then dSᵀ
+        p_frag = cuda.local.array((KS, 4), uint32)
+        ds_frag = cuda.local.array((KS, 4), uint32)
+        dk = cuda.local.array((ND, 4), float32)  # the warp's 16 keys x D
+        dv = cuda.local.array((ND, 4), float32)
+        zero(dk, ND)
+        zero(dv, ND)
+        key_a = n0 + warp * 16 + g  # this lane's keys (rows of Sᵀ): key_a and key_a + 8
+        # ldmatrix lane addresses (phase 07): A rows of a 16-row block; B rows of two n-tiles; B of
+        # two n-tiles transposed
+        a_lane = (lane % 16) * ROW_BYTES + (lane // 16) * 16
+        b_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
+        bt_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
+        k_warp = smem + OWN_A + warp * 16 * ROW_BYTES + a_lane
+        v_warp = smem + OWN_B + warp * 16 * ROW_BYTES + a_lane
+        # dQ of a query tile: this warp's 16 rows (row group) and DQ_CHUNKS x 16 columns (column group)
+        dq_rows, dq_cols = (warp % ROW_GROUPS) * 16, (warp // ROW_GROUPS) * DQ_CHUNKS * 16
+
+        for it in range(n_tiles):
+            stage = it % 2
+            h = h_kv * group + it // tiles_per_head
+            m0 = m_first + (it % tiles_per_head) * BLOCK_M
+            if it + 1 < n_tiles:  # -- the next query tile flies into the other stage meanwhile
+                fetch_queries(smem, lse2_s, delta_s, 1 - stage, Q, dO, LSE, DELTA, b,
+                              h_kv * group + (it + 1) // tiles_per_head,
+                              m_first + ((it + 1) % tiles_per_head) * BLOCK_M, tid)
+                commit()
+            q_tile = smem + STREAM_A + stage * STAGE
+            do_tile = smem + STREAM_B + stage * STAGE
+
+            # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, the warp's 16 keys against the tile's BLOCK_M rows
+            zero(s, NT)
+            zero(dp, NT)
+            abt_steps(0, (s, k_warp, q_tile + b_lane))
+            abt_steps(0, (dp, v_warp, do_tile + b_lane))
+
+            # -- Pᵀ = 2^(s · qk_scale − L_i log2 e) and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i): column 2t (+1) of n-tile
+            # j is query row m0 + 8 j + 2t (+1); a key the row does not see gets p = 0 (masked only in a
+            # tile that crosses the diagonal or the end of the keys)
+            masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
+            for j in range(NT):
+                for e in range(4):
+                    col = j * 8 + 2 * t + e % 2
+                    # >>> exercise 11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
+                    # <<< exercise
+
+            # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments, dO and Q by ldmatrix.trans
+            as_a_fragments(p_frag, s)
+            as_a_fragments(ds_frag, dp)
+            ab_steps(0, (dv, p_frag, do_tile + bt_lane))
+            ab_steps(0, (dk, ds_frag, q_tile + bt_lane))
+
+            if atomic_dq:
+                # -- dSᵀ to shared memory (its A fragments are already its 16-bit pairs: rows g and
+                # g + 8, columns 16 kk + 2t and 16 kk + 8 + 2t), then dQ = dS K by row and column
+                # groups of the warps: dS by ldmatrix.trans of dSᵀ, K by ldmatrix.trans
+                ds_row = (DS_OFF + (warp * 16 + g) * DS_ROW_BYTES) // 4 + t  # 32-bit words
+                for kk in range(KS):
+                    smem_h[ds_row + kk * 8] = ds_frag[kk, 0]
+                    smem_h[ds_row + 8 * DS_ROW_BYTES // 4 + kk * 8] = ds_frag[kk, 1]
+                    smem_h[ds_row + kk * 8 + 4] = ds_frag[kk, 2]
+                    smem_h[ds_row + 8 * DS_ROW_BYTES // 4 + kk * 8 + 4] = ds_frag[kk, 3]
+                cuda.syncthreads()
+                ds_lane = ((lane // 16) * 8 + lane % 8) * DS_ROW_BYTES + (dq_rows + ((lane // 8) % 2) * 8) * 2
+                dsq_frag = cuda.local.array((KO, 4), uint32)
+                for kk in range(KO):  # dS's A fragments: rows = the warp's 16 query rows, k = the keys
+                    a0, a1, a2, a3 = ldsm_t(smem + DS_OFF + ds_lane + kk * 16 * DS_ROW_BYTES)
+                    dsq_frag[kk, 0], dsq_frag[kk, 1], dsq_frag[kk, 2], dsq_frag[kk, 3] = a0, a1, a2, a3
+                dq_steps(0, (dQ, b, h, m0 + dq_rows + g, dq_cols, seq_q, t, dsq_frag,
+                             smem + OWN_A + bt_lane + dq_cols * 2, scale))
+
+            # -- the next tile has landed (this thread's copies), and every warp is done with this one
+            wait_all()
+            cuda.syncthreads()
+
+        # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type, two columns per 32-bit store
+        for j in range(ND):
+            if key_a < seq_k:
+                dK[b, h_kv, key_a, j * 4 + t] = pack(dk[j, 0] * scale, dk[j, 1] * scale)
+                dV[b, h_kv, key_a, j * 4 + t] = pack(dv[j, 0], dv[j, 1])
+            if key_a + 8 < seq_k:
+                dK[b, h_kv, key_a + 8, j * 4 + t] = pack(dk[j, 2] * scale, dk[j, 3] * scale)
+                dV[b, h_kv, key_a + 8, j * 4 + t] = pack(dv[j, 2], dv[j, 3])
+
+    return kv_kernel
+
+
+def build_dq_kernel(L: dict, dtype: str):
+    """dq_kernel for layout L (deterministic=True): dQ of BLOCK_M query rows, the keys in order."""
+    f = _Pieces(L, dtype)
+    exp2, copy_tile, commit, wait_all = f.exp2, f.copy_tile, f.commit, f.wait_all
+    abt_steps, ab_steps, as_a_fragments = f.abt_steps, f.ab_steps, f.as_a_fragments
+    shared_address, global_address = operands.shared_address, operands.global_address
+    D, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["OWN_ROWS"], L["STREAM_ROWS"]
+    ROW_BYTES, OWN_A, OWN_B = L["ROW_BYTES"], L["OWN_A"], L["OWN_B"]
+    STREAM_A, STREAM_B, STAGE = L["STREAM_A"], L["STREAM_B"], L["STAGE_BYTES"]
+    NT, KS, ND = L["NT"], L["KS"], L["ND"]
+    GLOBAL_ROW = D * 2
+
+    @cuda.jit
+    def dq_kernel(Q, K, V, dO, LSE, DELTA, dQ, causal, scale):
+        """(deterministic) dQ of BLOCK_M rows of one query head, over every key tile in order: each
+        warp its own 16 rows, S = Q Kᵀ, P, dP = dO Vᵀ and dS recomputed, dQ += dS K in registers."""
+        smem_h = cuda.shared.array(0, uint32, alignment=128)
+        smem = shared_address(smem_h)
+        b, h, m0 = cuda.blockIdx.z, cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_M
+        tid = cuda.threadIdx.x
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        seq_q, seq_k = Q.shape[2], K.shape[2]
+        h_kv = h // (Q.shape[1] // K.shape[1])
+        qk_scale = scale * float32(LOG2E)
+        head_q = uint64(((b * Q.shape[1] + h) * seq_q) * GLOBAL_ROW)
+        head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * GLOBAL_ROW)
+        # -- the block's query rows and their dO stay; key tiles stream past in two stages
+        copy_tile(smem, OWN_A, global_address(Q), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
+        copy_tile(smem, OWN_B, global_address(dO), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
+        block_k_end = key_end(min(m0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)  # its last row sees most
+        if block_k_end > 0:
+            copy_tile(smem, STREAM_A, global_address(K), head_kv, 0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
+            copy_tile(smem, STREAM_B, global_address(V), head_kv, 0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
+        commit()
+        row_a = m0 + warp * 16 + g  # this lane's rows: row_a and row_a + 8
+        lse2_a, delta_a = row_stats(LSE, DELTA, b, h, row_a, seq_q)
+        lse2_b, delta_b = row_stats(LSE, DELTA, b, h, row_a + 8, seq_q)
+        wait_all()
+        cuda.syncthreads()
+
+        s = cuda.local.array((NT, 4), float32)  # S, then P: the warp's 16 rows x BLOCK_N keys
+        dp = cuda.local.array((NT, 4), float32)  # dP, then dS
+        ds_frag = cuda.local.array((KS, 4), uint32)
+        dq = cuda.local.array((ND, 4), float32)
+        zero(dq, ND)
+        a_lane = (lane % 16) * ROW_BYTES + (lane // 16) * 16
+        b_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
+        bt_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
+        q_warp = smem + OWN_A + warp * 16 * ROW_BYTES + a_lane
+        do_warp = smem + OWN_B + warp * 16 * ROW_BYTES + a_lane
+        k_end_a = key_end(row_a, seq_q, seq_k, causal)
+        k_end_b = key_end(row_a + 8, seq_q, seq_k, causal)
+        stage = 0
+        for n0 in range(int32(0), block_k_end, int32(BLOCK_N)):
+            next_n = n0 + int32(BLOCK_N)
+            if next_n < block_k_end:
+                copy_tile(smem, STREAM_A + (1 - stage) * STAGE, global_address(K), head_kv, next_n, BLOCK_N, seq_k,
+                          tid, GLOBAL_ROW)
+                copy_tile(smem, STREAM_B + (1 - stage) * STAGE, global_address(V), head_kv, next_n, BLOCK_N, seq_k,
+                          tid, GLOBAL_ROW)
+                commit()
+            k_tile = smem + STREAM_A + stage * STAGE
+            v_tile = smem + STREAM_B + stage * STAGE
+            zero(s, NT)
+            zero(dp, NT)
+            abt_steps(0, (s, q_warp, k_tile + b_lane))
+            abt_steps(0, (dp, do_warp, v_tile + b_lane))
+            masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
+            for j in range(NT):
+                for e in range(4):
+                    col = n0 + j * 8 + 2 * t + e % 2
+                    p = exp2(cuda.fma(s[j, e], qk_scale, -(lse2_a if e < 2 else lse2_b)))
+                    if masked and col >= (k_end_a if e < 2 else k_end_b):
+                        p = float32(0.0)
+                    dp[j, e] = p * (dp[j, e] - (delta_a if e < 2 else delta_b))
+            as_a_fragments(ds_frag, dp)
+            ab_steps(0, (dq, ds_frag, k_tile + bt_lane))
+            wait_all()
+            cuda.syncthreads()
+            stage = 1 - stage
+
+        for j in range(ND):
+            col = j * 8 + 2 * t
+            if row_a < seq_q:
+                dQ[b, h, row_a, col] = dq[j, 0] * scale
+                dQ[b, h, row_a, col + 1] = dq[j, 1] * scale
+            if row_a + 8 < seq_q:
+                dQ[b, h, row_a + 8, col] = dq[j, 2] * scale
+                dQ[b, h, row_a + 8, col + 1] = dq[j, 3] * scale
+
+    return dq_kernel
+
+
+def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
+             deterministic: bool = False, dlse=None, dtype: str = "float16"):
+    """(dq as float32, dk, dv as 16-bit) NumPy arrays from NumPy arrays of the kernels' element type
+    (float16, or bf16 as its int16 bits): q (B, H, S_q, D), k and v (B, H_kv, S_k, D), the forward's
+    output o and the gradient of the output do; lse (B, H, S_q, natural log) and dlse float32. What
+    the tests and the simulator use; attention()'s autograd calls Backward.run on torch tensors."""
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)  # attention's default
+    element = np.dtype(ELEMENT[dtype])
+    for name, x in zip(("q", "k", "v", "o", "do"), (q, k, v, o, do)):
+        if x.dtype != element:
+            raise TypeError(f"{name}: expected {element} for {dtype}, got {x.dtype}")
+    arrays = [cuda.to_device(np.ascontiguousarray(x)) for x in (q, k, v, o, do)]
+    arrays.append(cuda.to_device(np.ascontiguousarray(lse, dtype=np.float32)))
+    dq = cuda.to_device(np.full(q.shape, np.nan, np.float32))  # poisoned: every element must be written
+    nan_16 = np.float16(np.nan) if dtype == "float16" else np.int16(0x7FC0)  # (bf16's NaN bits)
+    dk, dv = (cuda.to_device(np.full(x.shape, nan_16, element)) for x in (k, v))
+    build(D, dtype).run(*arrays, dq, dk, dv, causal, scale, deterministic,
+                        dLSE=None if dlse is None else cuda.to_device(np.ascontiguousarray(dlse, dtype=np.float32)))
+    return dq.copy_to_host(), dk.copy_to_host(), dv.copy_to_host()
