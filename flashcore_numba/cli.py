@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from .arch.sim import kernel_target, rerun_in_simulator
-from .phases import KERNELS, PHASES, get_phase
+from .phases import KERNELS, LESSONS, PHASES, get_phase
 from .usage import Parser, usage_error
 
 MIN_REPEATS = 20  # the protocol: median of at least 20 timed runs
@@ -259,15 +259,17 @@ def cmd_run(args) -> int:
 
 
 def _run_simulator(args) -> int:
-    from .measure import bench
+    from .measure import backward, bench
 
     console = _console()
     shape = args.shape or SIM_SHAPE
     modes = (True,) if args.causal else (False, True)
     device = bench.NumbaDevice()
     verdicts = {}  # (phase id, causal) -> Result
+    # the ladder, then the phases of the course that are no forward kernel (11, checked by its gradients)
+    course = {**PHASES, **{pid: m for pid, m in LESSONS.items() if getattr(m, "BACKWARD", False)}}
     with _progress(console) as progress:
-        task = progress.add_task("simulator", total=len(PHASES) * len(modes))
+        task = progress.add_task("simulator", total=len(course) * len(modes))
         for causal in modes:
             problem = bench.Problem.from_shape(shape, causal=causal)
             host_qkv, qkv = device.inputs(problem, seed=None)
@@ -276,8 +278,12 @@ def _run_simulator(args) -> int:
                 progress.update(task, description=f"phase {phase.ID} {'causal' if causal else 'non-causal'}")
                 verdicts[phase.ID, causal], _ = bench.check_phase(phase, device, qkv, problem, ref, lowp)
                 progress.advance(task)
+            # phase 11, the backward: its gradients of the same problem (fresh inputs of that shape)
+            progress.update(task, description=f"phase 11 {'causal' if causal else 'non-causal'}")
+            verdicts["11", causal] = backward.check_backward(problem)
+            progress.advance(task)
 
-    console.print(_simulator_table(verdicts, shape, modes))
+    console.print(_simulator_table(verdicts, shape, modes, course))
     failed = [key for key, r in verdicts.items() if r.available and not r.correct]
     skipped = [key for key, r in verdicts.items() if not r.available]
     for pid, causal in skipped + failed:  # what does not fit a cell, under the table
@@ -290,14 +296,14 @@ def _run_simulator(args) -> int:
     elif skipped:
         console.print(f"Every phase that ran is correct in the simulator; {len(skipped)} checks skipped.")
     else:
-        console.print(f"All {len(PHASES)} phases correct in the simulator "
+        console.print(f"All {len(course)} phases correct in the simulator "
                       f"({', '.join('causal' if c else 'non-causal' for c in modes)}).")
     console.print(SIM_DISCLAIMER, soft_wrap=True)
     console.print(NEXT_STEP, soft_wrap=True, markup=False, highlight=False)
     return 1 if failed else 0
 
 
-def _simulator_table(verdicts, shape, modes):
+def _simulator_table(verdicts, shape, modes, course):
     """The simulator's verdicts, a row per phase and a column per mode (`verdicts[phase id, causal]`
     are Results), in the look of the GPU table; a cell too narrow wraps between words, never cutting
     a number."""
@@ -311,7 +317,7 @@ def _simulator_table(verdicts, shape, modes):
     table.add_column("phase", no_wrap=True)
     for causal in modes:
         table.add_column("causal" if causal else "non-causal", overflow="fold")
-    for phase in PHASES.values():
+    for phase in course.values():
         table.add_row(f"{phase.ID} {phase.NAME}", *(_verdict_cell(verdicts[phase.ID, c]) for c in modes))
     # the title above the table, not in it: a table one mode wide would wrap it
     title = f"Phase ladder in the CUDA simulator: B={B} H={H} S={S} D={D} fp16"

@@ -20,6 +20,7 @@ import pytest
 from numba import cuda, int32
 
 from flashcore_numba import PHASES
+from flashcore_numba.phases import LESSONS
 from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.cli import main
 from flashcore_numba.measure import bench, records, report
@@ -697,7 +698,7 @@ def test_bandwidth_figures_of_a_decode_step():
 
 def _fake_verdicts(modes):
     verdicts = {}
-    for i, pid in enumerate(PHASES):
+    for i, pid in enumerate(LESSONS):
         for causal in modes:
             verdicts[pid, causal] = records.Result(pid, "phase", f"Phase {pid}", correct=True, message="ok",
                                                    max_err=(i + 1) * 1.23e-4, allowed_err=2e-3)
@@ -713,11 +714,11 @@ def test_simulator_table_at_80_columns(modes):
     from flashcore_numba import cli
 
     verdicts = _fake_verdicts(modes)
-    lines = _rendered(cli._simulator_table(verdicts, cli.SIM_SHAPE, modes), 80)
+    lines = _rendered(cli._simulator_table(verdicts, cli.SIM_SHAPE, modes, LESSONS), 80)
     text = "\n".join(lines)
     assert "…" not in text and max(map(len, lines)) <= 80, text
     assert lines[0] == "Phase ladder in the CUDA simulator: B=1 H=1 S=48 D=64 fp16", text
-    for i, (pid, phase) in enumerate(PHASES.items()):
+    for i, (pid, phase) in enumerate(LESSONS.items()):
         row = [line for line in lines if line.startswith(f"{pid} {phase.NAME} ")]
         assert len(row) == 1, text  # one line per phase
         cells = [_rendered(cli._verdict_cell(verdicts[pid, causal]), 80)[0] for causal in modes]
@@ -775,11 +776,11 @@ def test_run_without_gpu(flashcore_run):
     assert done.returncode == 0, out + done.stderr
     if not has_gpu:
         assert "No CUDA GPU found" in out
-    for phase_id in PHASES:
+    for phase_id in LESSONS:  # the ladder, and 11 (the backward) by its gradients
         row = next(line for line in out.splitlines() if re.match(rf"\W*{phase_id}\b", line))
         assert row.count("correct (err") == 2, row  # non-causal and causal
     assert "INCORRECT" not in out
-    assert f"All {len(PHASES)} phases correct in the simulator" in out
+    assert f"All {len(LESSONS)} phases correct in the simulator" in out
     assert "timings mean nothing" in out
 
 

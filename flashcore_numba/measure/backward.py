@@ -72,6 +72,39 @@ def _gate(result: Result, got, ref, lowp) -> None:
     result.max_err, result.allowed_err = worst
 
 
+def check_backward(problem: Problem, seed: int | None = None) -> Result:
+    """Phase 11 on `problem` from NumPy arrays (what `flashcore run` checks in the simulator, where
+    nothing is timed): dq, dk and dv of fresh fp16 inputs against the float64 reference's gradients,
+    each within twice the yardstick's error (the same formulas as the kernels compute them) plus
+    gradient_atol. The Result's max_err and allowed_err are the worst gradient's."""
+    from ..phases import p11_backward
+    from ..reference import gradient_atol, random_qkv, reference_attention, reference_gradients, reference_lse
+
+    result = Result("11", "phase", p11_backward.TITLE)
+    if problem.D not in p11_backward.HEAD_DIMS or problem.dtype != "float16":
+        result.available = False
+        result.reason = f"the backward is checked here at D in {p11_backward.HEAD_DIMS}, fp16"
+        return result
+    shape = (problem.B, problem.H, problem.S_q, problem.D)
+    q, k, v = random_qkv(shape, problem.S_k, heads_kv=problem.H_kv, seed=seed)
+    do = np.random.default_rng(seed).standard_normal(shape).astype(np.float16)
+    o = reference_attention(q, k, v, causal=problem.causal).astype(np.float16)
+    lse = reference_lse(q, k, causal=problem.causal).astype(np.float32)
+    try:
+        got = p11_backward.backward(q, k, v, o, do, lse, causal=problem.causal)
+    except Exception as e:  # noqa: BLE001 - recorded in the result
+        result.correct, result.message = False, f"raised {_raised(e)}"
+        return result
+    ref = reference_gradients(q, k, v, do, causal=problem.causal)
+    yardstick = reference_gradients(q, k, v, do, causal=problem.causal, dtype=np.float32, lowp="float16")
+    verdicts = [check_close(np.asarray(g, np.float64), r, y, atol=gradient_atol(r)) for g, r, y in zip(got, ref, yardstick)]
+    result.correct = all(v.ok for v in verdicts)
+    result.message = "; ".join(f"{name}: {v.message}" for name, v in zip(("dq", "dk", "dv"), verdicts))
+    worst = max(verdicts, key=lambda v: v.max_err - v.allowed)
+    result.max_err, result.allowed_err = worst.max_err, worst.allowed
+    return result
+
+
 def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timing=Timing(), seed: int | None = None,
                            device=None, command=None, progress=None) -> dict:
     """The whole protocol on one problem (see the module docstring), returned as a record."""
