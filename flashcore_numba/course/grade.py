@@ -39,16 +39,11 @@ Exit status 0 only on full marks (of the checks this machine can run).
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import itertools
 import json
 import math
 import os
-import re
 import statistics
 import sys
-import tempfile
 import time
 import zlib
 from collections.abc import Callable
@@ -77,8 +72,14 @@ from .checks import Case, Check, Outcome, Result
 from .diagnose import CaseRun, describe_exception, diagnose, excerpt, picture
 from .exercises import PUZZLES_ID, exercise_module
 from .hints import hints_for
-
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # flashcore_numba/
+from .student import (
+    RegionNotLoaded,
+    gpu_timing_lock,
+    load_module,
+    load_region,
+    poisoned_local_arrays,
+    region_lines,
+)
 
 UNTILED_KEYS = 16  # a phase that walks the keys one at a time (01) is graded as if its key tile were 16
 LARGE_LOGITS = 30.0  # the largest |score| of the large-logits check
@@ -158,40 +159,6 @@ def launch(module: ModuleType, q, k, v, causal: bool) -> np.ndarray:
         module.build(D).launch(dq, dk, dv, dout, causal, default_scale(D) * LOG2E)
         cuda.synchronize()
     return dout.copy_to_host()
-
-
-# A local array's poison, per kind of element: NaN for floats, and for unsigned words the bits of
-# fp16 NaNs (0x7E00 per 16-bit half), since they carry packed fp16 pairs (mma fragments)
-NAN_HALVES = 0x7E007E007E007E00
-
-
-@contextlib.contextmanager
-def poisoned_local_arrays():
-    """In the simulator, cuda.local.array comes filled with NaN (floats), fp16 NaN bits (unsigned
-    words) or zeros (signed), rather than NumPy's leftovers: an unset register gives the same
-    wrong answer on every run, so the diagnosis is the same on every run. Nothing on a GPU."""
-    if not simulator_enabled():
-        yield
-        return
-    from numba.cuda.simulator import kernelapi
-    from numba.np import numpy_support
-
-    def array(self, shape, dtype, alignment=None):
-        if not isinstance(dtype, np.dtype) and not isinstance(dtype, type):
-            dtype = numpy_support.as_dtype(dtype)
-        dtype = np.dtype(dtype)
-        if dtype.kind == "f":
-            return np.full(shape, np.nan, dtype)
-        if dtype.kind == "u":
-            return np.full(shape, NAN_HALVES & ((1 << (8 * dtype.itemsize)) - 1), dtype)
-        return np.zeros(shape, dtype)
-
-    original = kernelapi.FakeCUDALocal.array
-    kernelapi.FakeCUDALocal.array = array
-    try:
-        yield
-    finally:
-        kernelapi.FakeCUDALocal.array = original
 
 
 def judge(out: np.ndarray, q, k, v, causal: bool) -> Outcome:
@@ -280,45 +247,6 @@ def region_cases(phase: ModuleType, label: str) -> tuple[Case, ...]:
     return Case(BM + rows if label in TWO_ROW_BLOCKS else rows, seq_k, D), Case(1, 1, phase.HEAD_DIMS[0])
 
 
-_REGION_DIR: list[Path] = []
-
-
-def _region_dir() -> Path:
-    """Where the spliced kernels are written (one folder per process, removed at exit)."""
-    if not _REGION_DIR:
-        import atexit
-        import shutil
-
-        folder = Path(tempfile.mkdtemp(prefix="flashcore_regions_"))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        _REGION_DIR.append(folder)
-    return _REGION_DIR[0]
-
-
-class RegionNotLoaded(Exception):
-    """The spliced file of a region check does not load; the message says why, at the student's line."""
-
-
-def load_region(g: Grading, label: str) -> tuple[ModuleType, Path, exercises.Spliced]:
-    """(module, its file, the splice) of the solution with region `label`'s lines from the student's file."""
-    student = g.path.read_text(encoding="utf-8")
-    try:
-        spliced = exercises.splice_region(exercises.solution_source(g.phase), student, label)
-    except exercises.ExerciseFormatError as e:
-        raise RegionNotLoaded(str(e)) from None
-    name = re.sub(r"\W", "_", label)
-    path = _region_dir() / f"{g.phase.ID}_{g.phase.NAME}_region_{name}_{next(_loaded)}.py"
-    path.write_text(spliced.source, encoding="utf-8")
-    try:
-        return load_module(path), path, spliced
-    except SyntaxError as e:
-        line = spliced.lines.get(e.lineno)
-        where = f"{g.path.name} line {line}" if line else f"region {label}"
-        raise RegionNotLoaded(f"{where}: SyntaxError: {e.msg}") from None
-    except Exception as e:  # noqa: BLE001 - the region's code fails as the module loads
-        raise RegionNotLoaded(f"region {label}: {describe_exception(e, path, spliced.lines, g.path)}") from None
-
-
 def run_region(g: Grading, check: Check) -> Outcome:
     """The cases of a region check, in order, on past a failure (so that the diagnosis sees the
     pattern); the last, S = 1, only once another has failed."""
@@ -354,12 +282,6 @@ def run_region(g: Grading, check: Check) -> Outcome:
         lines.append(f"passed: {'; '.join(passed)}")
     explanation = explain(runs, hints_for(check.region).diagnoses)
     return Outcome("fail", "\n".join(lines + ([explanation] if explanation else [])))
-
-
-def region_lines(spliced: exercises.Spliced) -> list[str]:
-    """The student's lines of a spliced source."""
-    lines = spliced.source.splitlines()
-    return [lines[i - 1] for i in sorted(spliced.lines)]
 
 
 def region_checks(phase: ModuleType) -> list[Check]:
@@ -554,16 +476,6 @@ def time_against(student: ModuleType, baseline: ModuleType, q, k, v) -> tuple[fl
     return statistics.median(mine), statistics.median(theirs)
 
 
-def gpu_timing_lock():
-    """One grader at a time times kernels on this machine: two timing at once would each measure
-    the other's load. Graders still compile side by side (the test suite runs one per core); only
-    the timed launches wait. A lock file in the temporary folder (arch/cache.py's `locked`: where
-    the platform has no flock, no lock: run one grader at a time there)."""
-    from ..arch.cache import locked
-
-    return locked(Path(tempfile.gettempdir()) / "flashcore-numba-timing.lock")
-
-
 # The point of each phase beyond correctness; a phase not listed (and every new one) must be
 # at least NOT_SLOWER times as fast as its reference solution.
 # "Beats" means by a margin timing noise cannot supply (an unchanged kernel measures 1.00x
@@ -606,38 +518,10 @@ def checks_for(phase) -> list[Check]:
 # ---------------------------------------------------------------------------------------------
 # Loading the student's file
 # ---------------------------------------------------------------------------------------------
-_loaded = itertools.count()
-
-
 def default_path(phase: ModuleType) -> Path:
     """lessons/exercises/NN_<name>.py: under the current directory, else in this source checkout."""
     relative = Path("lessons", "exercises", f"{phase.ID}_{phase.NAME}.py")
     return relative if relative.exists() else repo_root() / relative
-
-
-def load_module(path: Path) -> ModuleType:
-    """Import a file as a fresh module of its own (a unique name, so nothing is shared or cached).
-
-    A file inside this package (a phase module, the reference solution) is loaded as a
-    sibling of its package so that its relative imports resolve.
-    """
-    path = Path(path).resolve()
-    stem = re.sub(r"\W", "_", path.stem)
-    name = f"_flashcore_graded_{stem}_{next(_loaded)}"
-    try:
-        package = ".".join(("flashcore_numba",) + path.parent.relative_to(PACKAGE_DIR).parts)
-        name = f"{package}.{name}"
-    except ValueError:
-        pass
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and numba look modules up by name
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
 
 
 def describe_load_error(e: BaseException, path: Path) -> str:

@@ -43,6 +43,7 @@ from ..reference import (
 from .checks import Check, Outcome
 from .diagnose import CaseRun, diagnose, excerpt, picture
 from .hints import hints_for
+from .student import RegionNotLoaded, gpu_timing_lock, load_region, poisoned_local_arrays, region_lines
 
 NAMES = ("dq", "dk", "dv")
 # What the set of wrong gradients says (dV = Pᵀ dO needs P; dK = scale · dSᵀ Q and dQ = scale · dS K
@@ -103,8 +104,6 @@ def make_inputs(case: GradientCase, seed) -> dict:
 
 def launch(module: ModuleType, case: GradientCase, x: dict) -> tuple[np.ndarray, ...]:
     """(dq, dk, dv) as float64 from the module's backward() (local arrays poisoned in the simulator)."""
-    from .grade import poisoned_local_arrays
-
     with poisoned_local_arrays():
         grads = module.backward(x["q"], x["k"], x["v"], x["o"], x["do"], x["lse"], causal=case.causal,
                                 deterministic=case.deterministic)
@@ -186,8 +185,6 @@ def run_cases(g, check: Check) -> Outcome:
 def run_region(g, check: Check) -> Outcome:
     """The region's cases in the solution's file with only that region from the student's, on past a
     failure so that the diagnosis sees every case."""
-    from .grade import RegionNotLoaded, load_region, region_lines
-
     try:
         module, path, spliced = load_region(g, check.region)
     except RegionNotLoaded as e:
@@ -299,7 +296,6 @@ def time_against(student: ModuleType, baseline: ModuleType, x: dict) -> tuple[fl
     from numba import cuda
 
     from ..measure.bench import NumbaDevice, Timing
-    from .grade import gpu_timing_lock
 
     device = NumbaDevice()
     q = x["q"]
