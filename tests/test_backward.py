@@ -3,6 +3,8 @@ gradients, in the simulator on tiny shapes; on a GPU, through attention()'s auto
 against torch's own autograd in float64, deterministic gradients, torch.compile and one training
 step beside SDPA's."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -100,6 +102,23 @@ def test_backward_of_an_empty_sequence_is_zero(seq_q, seq_k):
     got = run_backward(q, k, v, o, np.ones(q.shape), lse)
     for g, x in zip(got, (q, k, v)):
         assert g.shape == x.shape and not np.any(g), g
+
+
+def test_backward_kernels_compiled_for_the_h100():
+    """sm_90a machine code, no GPU needed (measure/machine_code.py, as lesson 11 shows it): at D = 64
+    no kernel spills or keeps a stack frame (kv_kernel keeps a warp's dK and dV, 16 keys x 64, in
+    registers for its whole loop); kv_kernel adds dQ by atomics, the deterministic dq_kernel has none;
+    both multiply on mma.sync."""
+    from flashcore_numba.measure.machine_code import kernel_reports
+
+    reports = kernel_reports(["11-kv", "11-dq", "11-delta"], 64)
+    for kernel_id, r in reports.items():
+        assert (r["spill_store_bytes"], r["spill_load_bytes"], r["stack_frame_bytes"]) == (0, 0, 0), (
+            f"{kernel_id}: {r['registers']} registers, {r['spill_store_bytes']} B spilled, "
+            f"{r['stack_frame_bytes']} B stack")
+    atomics = re.compile(r"^\s*(atom|red)\.global", re.M)
+    assert atomics.search(reports["11-kv"]["ptx"]) and not atomics.search(reports["11-dq"]["ptx"])
+    assert all("mma.sync.aligned.m16n8k16" in reports[k]["ptx"] for k in ("11-kv", "11-dq"))
 
 
 def test_backward_refuses_other_head_dims():
