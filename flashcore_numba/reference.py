@@ -116,6 +116,15 @@ def reference_gradients(q, k, v, do, *, causal: bool = False, scale: float | Non
     return dq, rounded(dk), rounded(dv)
 
 
+def gradient_oracle(q, k, v, do, *, lowp: str = "float16", **kw):
+    """(float64 gradients, the yardstick's) of the same problem: the yardstick is the same formulas
+    computed as a tensor-core backward computes them (float32 sums of `lowp` P and dS,
+    reference_gradients(lowp=...)). A gradient passes check_close(grad, ref, yardstick,
+    atol=gradient_atol(ref)). `kw`: causal, scale, dlse."""
+    return (reference_gradients(q, k, v, do, **kw),
+            reference_gradients(q, k, v, do, dtype=np.float32, lowp=lowp, **kw))
+
+
 def gradient_atol(ref) -> float:
     """The absolute term of the gradients' oracle (check_close(grad, ref, yardstick, atol=...)): 1e-3
     of the gradient's largest value, plus 1e-6. Where the softmax is nearly one-hot, dS = P ∘ (dP − Δ)
@@ -340,6 +349,14 @@ def check_close(out, ref, lowp, *, atol: float = ATOL) -> Verdict:
     return Verdict(False, max_err, allowed, lowp_err, 0,
                    f"max error {max_err:.2e} > allowed {allowed:.2e} at index {list(map(int, worst))}: "
                    f"got {out[worst]:.5f}, expected {ref[worst]:.5f}")
+
+
+def scaled_to_logits(q, k, logits: float):
+    """(q, k) scaled alike so that the largest |score| of batch 0, head 0 (default scale) is about
+    `logits`: inputs whose softmax is nearly one-hot."""
+    scores = np.abs(q[0, 0] @ k[0, 0].T) * default_scale(q.shape[-1])
+    factor = math.sqrt(logits / max(float(scores.max()), 1e-6))
+    return q * factor, k * factor
 
 
 def random_qkv(shape_q, seq_k=None, *, seed=None, dtype=np.float16, scale=1.0, heads_kv=None):

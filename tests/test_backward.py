@@ -13,6 +13,7 @@ from flashcore_numba.reference import (
     bf16_to_float,
     check_close,
     gradient_atol,
+    gradient_oracle,
     random_qkv,
     reference_attention,
     reference_gradients,
@@ -61,8 +62,7 @@ def run_backward(q, k, v, o, do, lse, dtype="float16", **kw):
 
 def both_references(q, k, v, do, dtype="float16", **kw):
     """(float64 gradients, the yardstick's: float32 with 16-bit P and dS)."""
-    return (reference_gradients(q, k, v, do, **kw),
-            reference_gradients(q, k, v, do, dtype=np.float32, lowp=dtype, **kw))
+    return gradient_oracle(q, k, v, do, lowp=dtype, **kw)
 
 
 @pytest.mark.parametrize("shape, seq_k, heads_kv, causal, deterministic", CASES)

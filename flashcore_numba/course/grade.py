@@ -64,6 +64,7 @@ from ..reference import (
     lowp_attention,
     random_qkv,
     reference_attention,
+    scaled_to_logits,
     visible_mask,
 )
 from ..usage import Parser, usage_error
@@ -137,9 +138,7 @@ def make_inputs(case: Case, seed):
     """Random fp16 (q, k, v); with `logits`, q and k are scaled so that max |score| ≈ logits."""
     q, k, v = random_qkv((1, 1, case.seq_q, case.head_dim), case.seq_k, seed=seed, dtype=np.float64)
     if case.logits:
-        scores = np.abs(q[0, 0] @ k[0, 0].T) * default_scale(case.head_dim)
-        factor = math.sqrt(case.logits / max(float(scores.max()), 1e-6))
-        q, k = q * factor, k * factor
+        q, k = scaled_to_logits(q, k, case.logits)
     return tuple(x.astype(np.float16) for x in (q, k, v))
 
 

@@ -35,10 +35,11 @@ from ..reference import (
     check_close,
     default_scale,
     gradient_atol,
+    gradient_oracle,
     random_qkv,
     reference_attention,
-    reference_gradients,
     reference_lse,
+    scaled_to_logits,
 )
 from .checks import Check, Outcome
 from .diagnose import CaseRun, diagnose, excerpt, picture
@@ -92,9 +93,7 @@ def make_inputs(case: GradientCase, seed) -> dict:
     shape = (1, case.heads, case.seq_q, case.head_dim)
     q, k, v = random_qkv(shape, case.seq_k, heads_kv=case.heads_kv, seed=seed, dtype=np.float64)
     if case.logits:
-        scores = np.abs(q[0, 0] @ k[0, 0].T) * default_scale(case.head_dim)
-        factor = math.sqrt(case.logits / max(float(scores.max()), 1e-6))
-        q, k = q * factor, k * factor
+        q, k = scaled_to_logits(q, k, case.logits)
     q, k, v = (x.astype(np.float16) for x in (q, k, v))
     do = np.random.default_rng(seed).standard_normal(shape).astype(np.float16)
     o = reference_attention(q, k, v, causal=case.causal).astype(np.float16)
@@ -112,9 +111,7 @@ def launch(module: ModuleType, case: GradientCase, x: dict) -> tuple[np.ndarray,
 
 def gradient_runs(case: GradientCase, x: dict, got, error: str = "") -> dict[str, CaseRun]:
     """Each gradient's CaseRun (diagnose.py's view of one output against the oracle)."""
-    args = (x["q"], x["k"], x["v"], x["do"])
-    ref = reference_gradients(*args, causal=case.causal)
-    yardstick = reference_gradients(*args, causal=case.causal, dtype=np.float32, lowp="float16")
+    ref, yardstick = gradient_oracle(x["q"], x["k"], x["v"], x["do"], causal=case.causal)
     runs = {}
     for i, name in enumerate(NAMES):
         allowed = 2.0 * float(np.max(np.abs(yardstick[i] - ref[i]))) + gradient_atol(ref[i])

@@ -78,7 +78,7 @@ def check_backward(problem: Problem, seed: int | None = None) -> Result:
     each within twice the yardstick's error (the same formulas as the kernels compute them) plus
     gradient_atol. The Result's max_err and allowed_err are the worst gradient's."""
     from ..phases import p11_backward
-    from ..reference import gradient_atol, random_qkv, reference_attention, reference_gradients, reference_lse
+    from ..reference import gradient_atol, gradient_oracle, random_qkv, reference_attention, reference_lse
 
     result = Result("11", "phase", p11_backward.TITLE)
     if problem.D not in p11_backward.HEAD_DIMS or problem.dtype != "float16":
@@ -95,8 +95,7 @@ def check_backward(problem: Problem, seed: int | None = None) -> Result:
     except Exception as e:  # noqa: BLE001 - recorded in the result
         result.correct, result.message = False, f"raised {_raised(e)}"
         return result
-    ref = reference_gradients(q, k, v, do, causal=problem.causal)
-    yardstick = reference_gradients(q, k, v, do, causal=problem.causal, dtype=np.float32, lowp="float16")
+    ref, yardstick = gradient_oracle(q, k, v, do, causal=problem.causal)
     verdicts = [check_close(np.asarray(g, np.float64), r, y, atol=gradient_atol(r)) for g, r, y in zip(got, ref, yardstick)]
     result.correct = all(v.ok for v in verdicts)
     result.message = "; ".join(f"{name}: {v.message}" for name, v in zip(("dq", "dk", "dv"), verdicts))
