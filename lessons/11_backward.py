@@ -51,7 +51,10 @@
 #   summed over the group for free.
 # - dQ then needs the sum over the key blocks, which other blocks own. Each block adds its share,
 #   dQ += scale · dS K, to a float32 dQ in global memory by [atomic](../docs/glossary.md#atomic)
-#   additions (exercise 11-b): the hardware makes each read-add-write indivisible.
+#   additions (exercise 11-b): the hardware makes each read-add-write indivisible. Numba's
+#   `cuda.atomic.add` returns the old value, so each addition waits for an answer from memory that
+#   nobody reads; PTX's `red` (ptx/red.ptx) adds without one, and on an H100 `red.global.add.v2.f32`
+#   adds a lane's two neighbouring columns at once. Half the requests, none waited for.
 #
 # **4. Atomics are not [deterministic](../docs/glossary.md#deterministic).** Blocks finish in
 # whatever order the GPU runs them, and float32 addition is not associative: the last bits of dQ can
@@ -156,9 +159,12 @@ lesson.check()
 #
 # Beside torch SDPA's backward at the reference shape. The backward rows count 2.5× the forward's
 # FLOPs (five products where the forward has two), the `-step` rows a whole training step of
-# attention, forward and backward, 3.5×: FlashAttention's benchmark counts them so. This first
-# version is well behind SDPA's flash backend (the cell says by how much): the atomics, the register
-# pressure of keeping dK and dV in registers (at D = 128 it spills) and no tuning yet.
+# attention, forward and backward, 3.5×: FlashAttention's benchmark counts them so. It is still
+# behind SDPA's flash backend (the cell says by how much). What it costs, as the profiler tells
+# (docs/tuning/11_ab.txt): with dK and dV in registers a thread needs all 255 of them, so an SM runs
+# one block of 8 warps, 2 per scheduler, and most cycles no warp is ready to issue; every
+# instruction that is not an mma.sync is paid in full. The last changes (the docstring lists them)
+# removed more than a quarter of kv_kernel's instructions.
 
 # %%
 timings = lesson.timing()

@@ -3,6 +3,7 @@ tails; write one log per tool under docs/sanitizer/ and fail on any error.
 
     python tools/sanitize.py                         # every kernel, every tool
     python tools/sanitize.py --kernels 06,07 --tools racecheck
+    python tools/sanitize.py --backward --out docs/sanitizer/11   # phase 11's backward kernels
 
 `--report-api-errors no`: cuda-bindings probes the driver with calls that fail by design
 (cuGetProcAddress of entry points this driver lacks); those are not errors of the kernels.
@@ -59,11 +60,38 @@ def child(kernel_ids) -> int:
     return 1 if failed else 0
 
 
+# The backward (--backward): (B, H, H_kv, S_q, S_k, D, causal), fp16, each with dQ by reductions and by
+# the deterministic second pass: tails, S_q != S_k both ways (rows that see no key), GQA, one query
+# tile of kv_kernel crossing the group's next head. The last runs sm_80's dQ reductions (one float
+# per instruction) on this GPU too.
+BACKWARD_SHAPES = ((1, 2, 2, 77, 50, 64, True), (1, 2, 1, 130, 130, 128, False), (2, 4, 2, 33, 65, 64, True),
+                   (1, 1, 1, 200, 70, 128, True), (1, 2, 1, 150, 150, 64, False))
+
+
+def child_backward() -> int:
+    from flashcore_numba.measure.backward import check_backward
+    from flashcore_numba.measure.bench import Problem
+
+    failed = 0
+    cases = [(shape, det, None) for shape in BACKWARD_SHAPES for det in (False, True)]
+    cases.append((BACKWARD_SHAPES[0], False, (8, 0)))
+    for (B, H, H_kv, Sq, Sk, D, causal), det, cc in cases:
+        problem = Problem(B, H, Sq, Sk, D, causal=causal, H_kv=H_kv)
+        result = check_backward(problem, seed=0, deterministic=det, cc=cc)
+        failed += not result.correct
+        how = "deterministic" if det else "reductions" + (f", built for sm_{cc[0]}{cc[1]}" if cc else "")
+        print(f"backward B={B} H={H} H_kv={H_kv} S_q={Sq} S_k={Sk} D={D} causal={causal} ({how}): "
+              f"{'ok' if result.correct else 'WRONG'} ({result.message})", flush=True)
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", help="comma-separated kernel ids (default: every kernel, variants too)")
     parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated sanitizer tools")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "sanitizer", help="folder for the logs")
+    parser.add_argument("--backward", action="store_true",
+                        help="phase 11's backward kernels instead (BACKWARD_SHAPES; --out docs/sanitizer/11)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -75,7 +103,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--kernels: unknown {', '.join(unknown)}; known: {', '.join(KERNELS)}")
     if args.child:
-        return child(ids)
+        return child_backward() if args.backward else child(ids)
     sanitizer = shutil.which("compute-sanitizer")
     if sanitizer is None:
         parser.error("compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
@@ -86,7 +114,7 @@ def main(argv=None) -> int:
     worst = 0
     for tool in args.tools.split(","):
         cmd = [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "99",
-               sys.executable, __file__, "--child", "--kernels", ",".join(ids)]
+               sys.executable, __file__, "--child", *(["--backward"] if args.backward else ["--kernels", ",".join(ids)])]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         log = args.out / f"{tool}.log"
         shown = ["compute-sanitizer", *cmd[1:7], "python", "tools/sanitize.py", *cmd[9:]]

@@ -324,18 +324,22 @@ HINTS: dict[str, RegionHints] = {
     "11-b": RegionHints(
         idea="Other blocks own the other keys, and each adds its share of dQ = scale · dS K for the same "
              "query rows: the shares must be summed in global memory, where blocks run in any order. An "
-             "atomic addition reads, adds and writes in one step that no other block can split. Each lane "
-             "holds four values of the 16 x 8 accumulator tile c[n]: rows row_a and row_a + 8, columns col "
-             "and col + 1; a row past the end of the sequence does not exist and must not be written.",
-        helpers="cuda.atomic.add(array, index_tuple, value); dQ is float32 (B, H, S_q, D); c[n, 0..3]: rows "
-                "row_a, row_a, row_a + 8, row_a + 8 and columns col, col + 1, col, col + 1; seq_q: the rows "
-                "that exist; scale: the softmax scale (dQ = scale · dS K).",
+             "atomic addition reads, adds and writes in one step that no other block can split; a reduction "
+             "(PTX `red`) is one whose old value nobody reads back. Each lane holds four values of the 16 x 8 "
+             "accumulator tile c[n]: rows row_a and row_a + 8, columns col and col + 1, side by side in "
+             "memory, so one red_pair adds two of them; a row past the end of the sequence does not exist "
+             "and must not be written.",
+        helpers="red_pair(address, x0, x1): adds x0 to the float32 at `address` and x1 to the one after it; "
+                "at: the address of dQ[b, h, row_a, col] (dQ is float32 (B, H, S_q, D)), and row_a + 8 is "
+                "8 * DQ_ROW bytes further; c[n, 0..3]: rows row_a, row_a, row_a + 8, row_a + 8 and columns "
+                "col, col + 1, col, col + 1; seq_q: the rows that exist; scale: the softmax scale (dQ = "
+                "scale · dS K).",
         pseudo="if row_a < seq_q:\n"
-               "    <atomically add c[n, 0] * scale to dQ[b, h, row_a, col]; c[n, 1] * scale to col + 1>\n"
+               "    <add c[n, 0] * scale and c[n, 1] * scale at `at`>\n"
                "if row_a + 8 < seq_q:\n"
-               "    <the same with c[n, 2], c[n, 3] at row_a + 8>",
+               "    <the same with c[n, 2], c[n, 3], 8 rows further>",
         diagnoses={"zeros": "all zeros: nothing is added to dQ (it is set to 0 before the kernel): add each "
-                            "lane's four values with cuda.atomic.add",
+                            "lane's four values with red_pair",
                    "wrong:dq": "dK and dV are right, so dS is; dQ is not: are all four values of the lane added, "
                                "at their rows and columns, times scale, and only for rows that exist?"},
     ),
@@ -346,12 +350,14 @@ HINTS: dict[str, RegionHints] = {
              "A key the row does not see (past its causal diagonal, or past the end of the keys) has p = 0. "
              "It replaces the score in s (the products after the region read Pᵀ there); then dSᵀ = Pᵀ ∘ "
              "(dPᵀ − Δ_i) replaces dPᵀ in dp.",
-        helpers="s[j, e]: the score of key key_a + 8 (e // 2) and query row m0 + col; exp2(x) = 2^x; "
-                "cuda.fma(a, b, c) = a * b + c; lse2_s[stage, col] and delta_s[stage, col]: the row's L_i · "
-                "log2 e and Δ_i; masked: whether this tile crosses the diagonal or the end of the keys; "
-                "key_end(row, seq_q, seq_k, causal): the first key the row does not see.",
-        pseudo="p = exp2(s[j, e] * qk_scale - lse2_s[stage, col])\n"
-               "if masked and <this lane's key> >= key_end(<this row>, ...):\n"
+        helpers="s[j, e]: the score of key key_a + 8 (e // 2) and query row row_t + col; exp2(x) = 2^x; "
+                "cuda.fma(a, b, c) = a * b + c; lse2_s[stats + uint32(col)] and delta_s[stats + uint32(col)]: "
+                "the row's L_i · log2 e and Δ_i; limit_a and limit_b: the first query row that sees key key_a "
+                "and key key_a + 8 (a row below its key's limit does not see it; in a tile without a mask the "
+                "limits are below every row). Write the row as row_t + int32(col) and the index with "
+                "uint32(col): 32-bit arithmetic, as the lines around it.",
+        pseudo="p = exp2(s[j, e] * qk_scale - <the row's L_i log2 e>)\n"
+               "if <the row> < <the limit of this element's key>:\n"
                "    p = 0\n"
                "s[j, e] = p\n"
                "dp[j, e] = p * (dp[j, e] - <the row's Δ>)",

@@ -72,11 +72,13 @@ def _gate(result: Result, got, ref, lowp) -> None:
     result.max_err, result.allowed_err = worst
 
 
-def check_backward(problem: Problem, seed: int | None = None) -> Result:
+def check_backward(problem: Problem, seed: int | None = None, *, deterministic: bool = False,
+                   cc: tuple | None = None) -> Result:
     """Phase 11 on `problem` from NumPy arrays (what `flashcore run` checks in the simulator, where
     nothing is timed): dq, dk and dv of fresh fp16 inputs against the float64 reference's gradients,
     each within twice the yardstick's error (the same formulas as the kernels compute them) plus
-    gradient_atol. The Result's max_err and allowed_err are the worst gradient's."""
+    gradient_atol. The Result's max_err and allowed_err are the worst gradient's. deterministic: dQ by
+    the second pass; cc: build the kernels for this compute capability (p11_backward.build)."""
     from ..phases import p11_backward
     from ..reference import gradient_atol, gradient_oracle, random_qkv, reference_attention, reference_lse
 
@@ -91,7 +93,7 @@ def check_backward(problem: Problem, seed: int | None = None) -> Result:
     o = reference_attention(q, k, v, causal=problem.causal).astype(np.float16)
     lse = reference_lse(q, k, causal=problem.causal).astype(np.float32)
     try:
-        got = p11_backward.backward(q, k, v, o, do, lse, causal=problem.causal)
+        got = p11_backward.backward(q, k, v, o, do, lse, causal=problem.causal, deterministic=deterministic, cc=cc)
     except Exception as e:  # noqa: BLE001 - recorded in the result
         result.correct, result.message = False, f"raised {_raised(e)}"
         return result

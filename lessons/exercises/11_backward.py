@@ -2,7 +2,7 @@
 #
 # This is the finished phase 11 kernel with 3 marked regions emptied:
 #   11-a: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
-#   11-b: add this lane's four dQ values (times scale) to dQ in global memory by atomics, rows that exist only
+#   11-b: add this lane's four dQ values (times scale) to dQ in global memory by reductions, rows that exist only
 #   11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
 # Change nothing else: solving only adds lines. The lesson is lessons/11_backward.ipynb.
@@ -93,6 +93,7 @@ class Backward:
 
     head_dim: int
     dtype: str
+    wide_red: bool  # kv_kernel adds a pair of dQ columns per instruction (sm_90 on: build's cc)
     kv: dict  # kv_kernel's layout
     dq: dict  # dq_kernel's
     delta_kernel: object
@@ -125,7 +126,7 @@ class Backward:
         kv, dq = self.kv, self.dq
         launch(self.kv_kernel, (cdiv(S_k, kv["OWN_ROWS"]), H_kv, B), kv["N_THREADS"], kv["SMEM_BYTES"],
                (Q, K, V, dO, LSE, delta, dQ, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale),
-                not deterministic), stream, ("11-kv", *key))
+                not deterministic), stream, ("11-kv", *key, "red.v2" if self.wide_red else "red"))
         if deterministic:
             launch(self.dq_kernel, (cdiv(S_q, dq["OWN_ROWS"]), H, B), dq["N_THREADS"], dq["SMEM_BYTES"],
                    (Q, K, V, dO, LSE, delta, dQ, causal, float32(scale)), stream, ("11-dq", *key))
@@ -144,9 +145,17 @@ def _zero_kernel(X):
         X[i] = 0
 
 
+def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Backward:
+    """The backward kernels for head dim HEAD_DIM (64 or 128) and `dtype` ("float16", "bfloat16"), for
+    compute capability `cc` (default: the current GPU's; the simulator's is taken as 9.0): from 9.0 on,
+    kv_kernel adds two dQ columns per instruction (`red_pair`)."""
+    if cc is None:
+        cc = (9, 0) if simulator_enabled() else tuple(cuda.get_current_device().compute_capability)
+    return _build(HEAD_DIM, dtype, tuple(cc)[:2] >= (9, 0))
+
+
 @lru_cache(maxsize=None)
-def build(HEAD_DIM: int, dtype: str = "float16") -> Backward:
-    """The backward kernels for head dim HEAD_DIM (64 or 128) and `dtype` ("float16", "bfloat16")."""
+def _build(HEAD_DIM: int, dtype: str, wide_red: bool) -> Backward:
     if HEAD_DIM not in HEAD_DIMS:
         raise ValueError(f"head dim: the backward is built for {HEAD_DIMS}, not {HEAD_DIM}")
     if dtype not in DTYPES:
@@ -154,7 +163,7 @@ def build(HEAD_DIM: int, dtype: str = "float16") -> Backward:
     sim = simulator_enabled()
     kv = layout(HEAD_DIM, SIM["kv_warps"] if sim else KV_WARPS, SIM["kv_block_m"] if sim else KV_BLOCK_M)
     dq = layout(HEAD_DIM, SIM["dq_warps"] if sim else DQ_WARPS, SIM["dq_block_n"] if sim else DQ_BLOCK_N)
-    return Backward(HEAD_DIM, dtype, kv, dq, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel(kv, dtype),
+    return Backward(HEAD_DIM, dtype, wide_red, kv, dq, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel(kv, dtype, wide_red),
                     build_dq_kernel(dq, dtype))
 
 
@@ -176,7 +185,7 @@ class CompiledView:
 
 def kernel_views(HEAD_DIM: int, dtype: str = "float16") -> dict[str, CompiledView]:
     """"11-kv", "11-dq" and "11-delta" of `build(HEAD_DIM, dtype)`, typed as Backward.run launches them."""
-    bw = build(HEAD_DIM, dtype)
+    bw = build(HEAD_DIM, dtype, cc=(9, 0))  # the H100's, as measure/machine_code.py compiles
     e = ELEMENT[dtype]
     four, three = f"{e}[:,:,:,::1]", "float32[:,:,::1]"
     inputs = f"{four}, {four}, {four}, {four}, {three}, {three}, float32[:,:,:,::1]"
@@ -266,6 +275,18 @@ def row_stats(LSE, DELTA, b, h, row, seq_q):
 
 
 @cuda.jit(device=True, inline=True)
+def first_row(key, seq_q, seq_k, causal):
+    """The first query row that sees `key`, as a 32-bit limit: row i sees key j exactly when
+    j < key_end(i, ...), that is when j < seq_k and (causal) i >= j - (seq_k - seq_q). A key past
+    the end of the keys is seen by no row (a limit above every row), one without a mask by all."""
+    if key >= seq_k:
+        return int32(1 << 30)
+    if causal:
+        return int32(key - (seq_k - seq_q))
+    return int32(-(1 << 30))
+
+
+@cuda.jit(device=True, inline=True)
 def tile_count(n_rows, rows_per_tile):
     """⌈n_rows / rows_per_tile⌉, 0 when n_rows <= 0."""
     return (n_rows + rows_per_tile - 1) // rows_per_tile if n_rows > 0 else 0
@@ -294,8 +315,9 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
     return delta_kernel
 
 
-def build_kv_kernel(L: dict, dtype: str):
-    """kv_kernel for layout L: dK and dV of BLOCK_N keys, and (atomics) their share of dQ."""
+def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True):
+    """kv_kernel for layout L: dK and dV of BLOCK_N keys, and (atomics) their share of dQ; wide_red
+    (sm_90 and newer): a lane's two adjacent dQ columns in one reduction (ptx/red.ptx)."""
     f = _Pieces(L, dtype)
     mma_into, pack, exp2, ldsm_t, copy_tile = f.mma_into, f.pack, f.exp2, f.ldsm_t, f.copy_tile
     commit, wait_all, abt_steps, ab_steps, as_a_fragments = f.commit, f.wait_all, f.abt_steps, f.ab_steps, f.as_a_fragments
@@ -306,12 +328,26 @@ def build_kv_kernel(L: dict, dtype: str):
     NT, KS, KO, ND = L["NT"], L["KS"], L["KO"], L["ND"]
     ROW_GROUPS, DQ_CHUNKS = L["ROW_GROUPS"], L["DQ_CHUNKS"]
     GLOBAL_ROW = D * 2  # bytes from a row of a head to the next in a (B, H, S, D) array
+    DQ_ROW = D * 4  # bytes from a row of dQ (float32) to the next
+    STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
+    red = ptx.function("red.ptx", "flashcore_red_add_f32", "inline")
+    red_v2 = ptx.function("red.ptx", "flashcore_red_add_v2_f32", "inline")
+    WIDE = wide_red
+
+    @cuda.jit(device=True, inline=True)
+    def red_pair(address, x0, x1):
+        """x0 and x1 added to the float32 pair at `address` (8-byte aligned), nothing read back."""
+        if WIDE:
+            red_v2(address, x0, x1)
+        else:
+            red(address, x0)
+            red(address + uint64(4), x1)
 
     @cuda.jit(device=True, inline=True)
     def dq_columns(jj, args):
         """(atomics) Columns col0 + 16 jj .. + 15 of dQ += scale · dS K for the warp's 16 query rows,
-        added to dQ in global memory: four float32 atomics per lane and n-tile."""
-        dQ, b, h, row_a, col0, seq_q, t, ds_frag, k_rows, scale = args
+        added to dQ in global memory: two pairs of float32 reductions per lane and n-tile."""
+        dq_head, row_a, col0, seq_q, t, ds_frag, k_rows, scale = args
         c = cuda.local.array((2, 4), float32)
         zero(c, 2)
         for kk in range(KO):
@@ -320,21 +356,19 @@ def build_kv_kernel(L: dict, dtype: str):
             mma_into(c, 1, ds_frag[kk, 0], ds_frag[kk, 1], ds_frag[kk, 2], ds_frag[kk, 3], b2, b3)
         for n in range(2):
             col = col0 + jj * 16 + n * 8 + 2 * t
-            # >>> exercise 11-b: add this lane's four dQ values (times scale) to dQ in global memory by atomics, rows that exist only
+            at = dq_head + uint64(row_a * DQ_ROW + col * 4)  # dQ[b, h, row_a, col]
+            # >>> exercise 11-b: add this lane's four dQ values (times scale) to dQ in global memory by reductions, rows that exist only
             # <<< exercise
 
     dq_steps = unrolled(dq_columns, DQ_CHUNKS)
 
     @cuda.jit(device=True, inline=True)
-    def fetch_queries(smem, lse2_s, delta_s, stage, Q, dO, LSE, DELTA, b, h, m0, tid):
-        """Start copying rows m0 .. m0 + BLOCK_M − 1 of query head h, of Q and of dO, into `stage`;
-        their log-sum-exps and Δ by plain loads (read after the barrier that ends the tile)."""
+    def fetch_queries(smem, stage, Q, dO, b, h, m0, tid):
+        """Start copying rows m0 .. m0 + BLOCK_M − 1 of query head h, of Q and of dO, into `stage`."""
         seq_q = Q.shape[2]
         head_q = uint64(((b * Q.shape[1] + h) * seq_q) * GLOBAL_ROW)
         copy_tile(smem, STREAM_A + stage * STAGE, global_address(Q), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
         copy_tile(smem, STREAM_B + stage * STAGE, global_address(dO), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
-        if tid < BLOCK_M:
-            lse2_s[stage, tid], delta_s[stage, tid] = row_stats(LSE, DELTA, b, h, m0 + tid, seq_q)
 
     @cuda.jit
     def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, atomic_dq):
@@ -342,8 +376,8 @@ def build_kv_kernel(L: dict, dtype: str):
         them; with atomic_dq, each query tile's dS K is added to dQ too. dK and dV: uint32 pairs."""
         smem_h = cuda.shared.array(0, uint32, alignment=128)
         smem = shared_address(smem_h)
-        lse2_s = cuda.shared.array((2, BLOCK_M), float32)  # per stage: the query rows' L_i · log2 e
-        delta_s = cuda.shared.array((2, BLOCK_M), float32)  # and their Δ_i
+        lse2_s = cuda.shared.array(STATS, float32)  # stage s, row r at s * BLOCK_M + r: L_i · log2 e
+        delta_s = cuda.shared.array(STATS, float32)  # and Δ_i
         b, h_kv, n0 = cuda.blockIdx.z, cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_N
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
@@ -351,6 +385,7 @@ def build_kv_kernel(L: dict, dtype: str):
         H, seq_q, seq_k = Q.shape[1], Q.shape[2], K.shape[2]
         group = H // K.shape[1]
         qk_scale = scale * float32(LOG2E)
+        dq_address = global_address(dQ)
 
         # -- the block's keys and values stay in shared memory; query tiles stream past. The first
         # query row that sees key n0 (causal: row i sees keys up to i + seq_k - seq_q)
@@ -361,8 +396,11 @@ def build_kv_kernel(L: dict, dtype: str):
         m_first = first - first % BLOCK_M
         tiles_per_head = tile_count(seq_q - m_first, BLOCK_M)
         n_tiles = group * tiles_per_head  # (query head, query tile) pairs, the heads of the group in turn
+        h, m0 = h_kv * group, m_first  # the tile in flight: query head h, rows m0 ..
         if n_tiles > 0:
-            fetch_queries(smem, lse2_s, delta_s, 0, Q, dO, LSE, DELTA, b, h_kv * group, m_first, tid)
+            fetch_queries(smem, 0, Q, dO, b, h, m0, tid)
+            if tid < BLOCK_M:
+                lse2_s[tid], delta_s[tid] = row_stats(LSE, DELTA, b, h, m0 + tid, seq_q)
         commit()
         wait_all()
         cuda.syncthreads()
@@ -375,7 +413,9 @@ def build_kv_kernel(L: dict, dtype: str):
         dv = cuda.local.array((ND, 4), float32)
         zero(dk, ND)
         zero(dv, ND)
-        key_a = n0 + warp * 16 + g  # this lane's keys (rows of Sᵀ): key_a and key_a + 8
+        key_a = n0 + warp * 16 + g  # this lane's keys (rows of Sᵀ): key_a and key_a + 8 ...
+        first_a = first_row(key_a, seq_q, seq_k, causal)  # ... and the first query row that sees each
+        first_b = first_row(key_a + 8, seq_q, seq_k, causal)
         # ldmatrix lane addresses (phase 07): A rows of a 16-row block; B rows of two n-tiles; B of
         # two n-tiles transposed
         a_lane = (lane % 16) * ROW_BYTES + (lane // 16) * 16
@@ -388,13 +428,17 @@ def build_kv_kernel(L: dict, dtype: str):
 
         for it in range(n_tiles):
             stage = it % 2
-            h = h_kv * group + it // tiles_per_head
-            m0 = m_first + (it % tiles_per_head) * BLOCK_M
-            if it + 1 < n_tiles:  # -- the next query tile flies into the other stage meanwhile
-                fetch_queries(smem, lse2_s, delta_s, 1 - stage, Q, dO, LSE, DELTA, b,
-                              h_kv * group + (it + 1) // tiles_per_head,
-                              m_first + ((it + 1) % tiles_per_head) * BLOCK_M, tid)
+            # -- the next query tile flies into the other stage meanwhile: the next rows of this
+            # head, or the first of the group's next head. Its L_i and Δ_i are loaded into registers
+            # now and stored at the end of this tile: a load here that fed shared memory at once
+            # would stall the warp for the whole trip to global memory
+            h_next, m_next = (h, m0 + BLOCK_M) if m0 + BLOCK_M < seq_q else (h + 1, m_first)
+            lse2_next, delta_next = float32(0.0), float32(0.0)
+            if it + 1 < n_tiles:
+                fetch_queries(smem, 1 - stage, Q, dO, b, h_next, m_next, tid)
                 commit()
+                if tid < BLOCK_M:
+                    lse2_next, delta_next = row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
             q_tile = smem + STREAM_A + stage * STAGE
             do_tile = smem + STREAM_B + stage * STAGE
 
@@ -405,12 +449,18 @@ def build_kv_kernel(L: dict, dtype: str):
             abt_steps(0, (dp, v_warp, do_tile + b_lane))
 
             # -- Pᵀ = 2^(s · qk_scale − L_i log2 e) and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i): column 2t (+1) of n-tile
-            # j is query row m0 + 8 j + 2t (+1); a key the row does not see gets p = 0 (masked only in a
-            # tile that crosses the diagonal or the end of the keys)
+            # j is query row m0 + 8 j + 2t (+1), whose stats lie at stats + 8 j (+1); a row before
+            # its key's first row does not see the key: p = 0. Only a tile that crosses the
+            # diagonal or the end of the keys is masked; the others compare against a limit no row
+            # is below. All in 32 bits, the row offsets constants: this runs 4 NT times a tile
             masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
+            limit_a = first_a if masked else int32(-(1 << 30))
+            limit_b = first_b if masked else int32(-(1 << 30))
+            row_t = int32(m0 + 2 * t)  # this lane's first column's row
+            stats = uint32(stage * BLOCK_M + 2 * t)
             for j in range(NT):
                 for e in range(4):
-                    col = j * 8 + 2 * t + e % 2
+                    col = j * 8 + e % 2  # this element's column, from the lane's first
                     # >>> exercise 11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
                     # <<< exercise
 
@@ -436,12 +486,16 @@ def build_kv_kernel(L: dict, dtype: str):
                 for kk in range(KO):  # dS's A fragments: rows = the warp's 16 query rows, k = the keys
                     a0, a1, a2, a3 = ldsm_t(smem + DS_OFF + ds_lane + kk * 16 * DS_ROW_BYTES)
                     dsq_frag[kk, 0], dsq_frag[kk, 1], dsq_frag[kk, 2], dsq_frag[kk, 3] = a0, a1, a2, a3
-                dq_steps(0, (dQ, b, h, m0 + dq_rows + g, dq_cols, seq_q, t, dsq_frag,
+                dq_head = dq_address + uint64(((b * H + h) * seq_q) * DQ_ROW)
+                dq_steps(0, (dq_head, m0 + dq_rows + g, dq_cols, seq_q, t, dsq_frag,
                              smem + OWN_A + bt_lane + dq_cols * 2, scale))
 
             # -- the next tile has landed (this thread's copies), and every warp is done with this one
+            if it + 1 < n_tiles and tid < BLOCK_M:
+                lse2_s[(1 - stage) * BLOCK_M + tid], delta_s[(1 - stage) * BLOCK_M + tid] = lse2_next, delta_next
             wait_all()
             cuda.syncthreads()
+            h, m0 = h_next, m_next
 
         # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type, two columns per 32-bit store
         for j in range(ND):
@@ -550,11 +604,12 @@ def build_dq_kernel(L: dict, dtype: str):
 
 
 def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
-             deterministic: bool = False, dlse=None, dtype: str = "float16"):
+             deterministic: bool = False, dlse=None, dtype: str = "float16", cc: tuple | None = None):
     """(dq as float32, dk, dv as 16-bit) NumPy arrays from NumPy arrays of the kernels' element type
     (float16, or bf16 as its int16 bits): q (B, H, S_q, D), k and v (B, H_kv, S_k, D), the forward's
     output o and the gradient of the output do; lse (B, H, S_q, natural log) and dlse float32. What
-    the tests and the simulator use; attention()'s autograd calls Backward.run on torch tensors."""
+    the tests and the simulator use; attention()'s autograd calls Backward.run on torch tensors. cc:
+    the compute capability to build for (build(); e.g. (8, 0) runs sm_80's dQ reductions on a newer GPU)."""
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)  # attention's default
     element = np.dtype(ELEMENT[dtype])
@@ -566,6 +621,6 @@ def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None =
     dq = cuda.to_device(np.full(q.shape, np.nan, np.float32))  # poisoned: every element must be written
     nan_16 = np.float16(np.nan) if dtype == "float16" else np.int16(0x7FC0)  # (bf16's NaN bits)
     dk, dv = (cuda.to_device(np.full(x.shape, nan_16, element)) for x in (k, v))
-    build(D, dtype).run(*arrays, dq, dk, dv, causal, scale, deterministic,
+    build(D, dtype, cc).run(*arrays, dq, dk, dv, causal, scale, deterministic,
                         dLSE=None if dlse is None else cuda.to_device(np.ascontiguousarray(dlse, dtype=np.float32)))
     return dq.copy_to_host(), dk.copy_to_host(), dv.copy_to_host()
