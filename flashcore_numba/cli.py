@@ -626,7 +626,8 @@ def _bench_backward(args, bench, records, problem) -> int:
     if device.kind != "torch":
         raise CLIError(f"--backward: needs torch with CUDA: {device.no_peers_reason}")
     peers = list(backward.BACKWARD_PEERS) if args.peers is None else args.peers
-    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats)
+    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats, calls=args.calls or 0,
+                          cap_seconds=args.cap_seconds)
     console = _console()
     with _progress(console) as progress:
         task = progress.add_task("bench", total=4 + 2 * len(peers))

@@ -307,6 +307,8 @@ def test_backward_record_table_sets_each_row_beside_sdpa_flash(tmp_path):
                            ("11-step", "phase", 3.0), ("sdpa_flash-step", "peer", 1.5)):
         r = records.Result(name, kind, f"title of {name}", correct=True, message="ok", max_err=1e-4, allowed_err=1e-3)
         bench.set_timing(r, [ms] * 3, int(flops * (1.4 if "step" in name else 1.0)), None)
+        if name == "11-step":  # --calls: the step back to back
+            r.call = bench.distribution([3.1, 3.2, 3.3])
         rows.append(r)
     rows.append(records.Result("sdpa_cudnn", "peer", "cuDNN", correct=False, message="max error 1 > allowed 0.1",
                                max_err=1.0, allowed_err=0.1))
@@ -322,7 +324,8 @@ def test_backward_record_table_sets_each_row_beside_sdpa_flash(tmp_path):
     text = "\n".join(lines)
     assert "| 11: title of 11 | 2.000 |" in text and "| 0.50× |" in text  # half SDPA flash's speed
     step = next(line for line in lines if "| 11-step:" in line)
-    assert "| 3.000 |" in step and step.endswith("| 0.50× |"), step  # beside SDPA flash's step
+    assert "| 3.000 |" in step and step.endswith("| 0.50× | 3.200 (3.298) |"), step  # beside SDPA flash's step
+    assert next(line for line in lines if "| 11: " in line).endswith("| — |")  # no call time recorded
     assert "FAILED the gate: max error 1 > allowed 0.1" in text
     assert "count 2.5 x the forward's FLOPs" in text and "backward/r.json" in text
     block = " ".join(line.strip() for line in report.backward_measured_lines(records.load_records(path.parent)))

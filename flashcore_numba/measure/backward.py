@@ -13,6 +13,10 @@ by, plus bench's atol (reference.check_close). Then timed, kernel time, L2 flush
 - `11-step`, `sdpa_flash-step`, `sdpa_cudnn-step`: one training step of attention alone, forward
   and backward (the gradients taken by autograd.grad, so no .grad accumulates between launches).
 
+With --calls N each row also gets its *call time*: the same launch back to back, as a training loop
+calls it, host time included where the GPU waits for it (bench.call_times; the `-step` rows are what
+a loop's forward and loss.backward() cost).
+
 FLOPs are counted as FlashAttention counts them: the backward does five matrix products where the
 forward does two, 2.5 x the forward's (bench.attention_flops), and a step 3.5 x. The record has
 bench.py's schema, written under docs/bench/backward/; `flashcore report` puts its table in the
@@ -26,7 +30,7 @@ import sys
 import numpy as np
 
 from ..reference import check_close
-from .bench import PEERS, Problem, Timing, _raised, open_device, set_timing
+from .bench import PEERS, Problem, Timing, _raised, call_times, capped, open_device, set_timing
 from .records import Result, build_record, default_records_dir, gpu_slug, nvidia_smi, provenance, unavailable
 
 BACKWARD_PEERS = ("sdpa_flash", "sdpa_cudnn")
@@ -127,6 +131,14 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
     step_flops = int(STEP_FLOPS * problem.flops)
     with torch.no_grad():
         out, lse = attention(q, k, v, causal=problem.causal, return_lse=True)
+
+    def timed(result, launch, flops):
+        """The device time of `launch` (behind the GPU kept busy); with timing.calls also the call
+        time, `launch` back to back as a training loop calls it (measure/bench.call_times)."""
+        set_timing(result, device.time_ms(launch, timing), flops, None)
+        if timing.calls:
+            result.call = call_times(device, launch, capped(timing.calls, result.median_ms, timing.cap_seconds))
+
     results = []
     for deterministic in (False, True):
         name = "11-deterministic" if deterministic else "11"
@@ -140,7 +152,7 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
         try:
             _gate(result, launch(), ref, lowp)
             if result.correct:
-                set_timing(result, device.time_ms(launch, timing), backward_flops, None)
+                timed(result, launch, backward_flops)
         except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
             result.correct, result.message = False, f"raised {_raised(e)}"
         results.append(result)
@@ -159,7 +171,7 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
             result = Result(name, "peer", title)
             _gate(result, launch(), ref, lowp)
             if result.correct:
-                set_timing(result, device.time_ms(launch, timing), backward_flops, None)
+                timed(result, launch, backward_flops)
         except Exception as e:  # noqa: BLE001 - a backend that cannot run says why
             results.append(unavailable(name, "peer", title, _raised(e)))
             continue
@@ -184,7 +196,7 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
         try:
             _gate(result, launch(), ref, lowp)
             if result.correct:
-                set_timing(result, device.time_ms(launch, timing), step_flops, None)
+                timed(result, launch, step_flops)
         except Exception as e:  # noqa: BLE001
             if kind == "peer":
                 results.append(unavailable(name, "peer", title, _raised(e)))
