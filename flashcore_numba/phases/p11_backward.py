@@ -58,13 +58,13 @@ do not edit by hand)
     [measured:begin]
     NVIDIA H100 80GB HBM3; the backward rows count 2.5 x the forward's FLOPs, the -step rows
     (forward and backward) 3.5 x, as FlashAttention's benchmark counts them. B=16 H=16 S=2048 D=64
-    fp16 non-causal, 2026-11-28: 11 136 TFLOPS (0.55x SDPA flash), 11-deterministic 140 TFLOPS
-    (0.57x SDPA flash), 11-step 172 TFLOPS (0.66x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal,
-    2026-11-28: 11 118 TFLOPS (0.60x SDPA flash), 11-deterministic 121 TFLOPS (0.62x SDPA flash),
-    11-step 147 TFLOPS (0.69x SDPA flash); B=16 H=16 S=2048 D=128 fp16 non-causal, 2026-11-28: 11
-    157 TFLOPS (0.60x SDPA flash), 11-deterministic 162 TFLOPS (0.61x SDPA flash), 11-step 199
-    TFLOPS (0.69x SDPA flash); B=16 H=16 S=2048 D=128 fp16 causal, 2026-11-28: 11 135 TFLOPS (0.61x
-    SDPA flash), 11-deterministic 142 TFLOPS (0.64x SDPA flash), 11-step 171 TFLOPS (0.71x SDPA
+    fp16 non-causal, 2026-11-28: 11 214 TFLOPS (0.86x SDPA flash), 11-deterministic 193 TFLOPS
+    (0.78x SDPA flash), 11-step 256 TFLOPS (0.98x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal,
+    2026-11-28: 11 179 TFLOPS (0.91x SDPA flash), 11-deterministic 163 TFLOPS (0.83x SDPA flash),
+    11-step 210 TFLOPS (0.99x SDPA flash); B=16 H=16 S=2048 D=128 fp16 non-causal, 2026-11-28: 11
+    232 TFLOPS (0.87x SDPA flash), 11-deterministic 190 TFLOPS (0.71x SDPA flash), 11-step 284
+    TFLOPS (0.99x SDPA flash); B=16 H=16 S=2048 D=128 fp16 causal, 2026-11-28: 11 196 TFLOPS (0.88x
+    SDPA flash), 11-deterministic 166 TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA
     flash) (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16.json,
