@@ -195,10 +195,12 @@ def _zero_kernel(X):
 
 def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Backward:
     """The backward kernels for head dim HEAD_DIM (64 or 128) and `dtype` ("float16", "bfloat16"), for
-    compute capability `cc` (default: the current GPU's; the simulator's is taken as 9.0): from 9.0 on,
-    kv_kernel adds two dQ columns per instruction (`red_pair`)."""
+    compute capability `cc` (default: the current GPU's; in the simulator, or with no GPU, where
+    nothing launches, the H100's 9.0): from 9.0 on, kv_kernel adds two dQ columns per instruction
+    (`red_pair`)."""
     if cc is None:
-        cc = (9, 0) if simulator_enabled() else tuple(cuda.get_current_device().compute_capability)
+        on_gpu = not simulator_enabled() and cuda.is_available()
+        cc = tuple(cuda.get_current_device().compute_capability) if on_gpu else (9, 0)
     return _build(HEAD_DIM, dtype, tuple(cc)[:2] >= (9, 0))
 
 
