@@ -642,6 +642,58 @@ def test_st_global_v4_stores_four_words_in_order():
         assert np.array_equal(got, expected), f"{route} route, seed {seed}"
 
 
+def red_kernel(route: str):
+    red = ptx.function("red.ptx", "flashcore_red_add_f32", route)
+    red_v2 = ptx.function("red.ptx", "flashcore_red_add_v2_f32", route)
+
+    @cuda.jit
+    def add_up(values, pair, shift, out):
+        # every lane adds its value to float `lane % 4` of out (many lanes on one address), and
+        # with `pair` its value and twice it to floats 4 + 2 (lane % 2) and the one after, `shift`
+        # bytes further on
+        lane = cuda.threadIdx.x
+        base = operands.global_address(out)
+        if pair:
+            red_v2(base + uint64(16 + 8 * (lane % 2) + shift), values[lane], values[lane] * float32(2.0))
+        else:
+            red(base + uint64(4 * (lane % 4)), values[lane])
+
+    return add_up
+
+
+def run_red(route, pair, shift=0):
+    values = np.arange(1, 33, dtype=np.float32)  # sums exact in float32, whatever the order
+    out = cuda.to_device(np.full(10, 0.5, np.float32))
+    red_kernel(route)[1, 32](cuda.to_device(values), pair, np.uint32(shift), out)
+    expected = np.full(10, 0.5, np.float32)
+    if pair:
+        for lane in range(32):
+            expected[4 + 2 * (lane % 2)] += values[lane]
+            expected[5 + 2 * (lane % 2)] += 2 * values[lane]
+    else:
+        for lane in range(32):
+            expected[lane % 4] += values[lane]
+    return out.copy_to_host(), expected
+
+
+def test_red_adds_every_lanes_value():
+    """flashcore_red_add_f32: 32 lanes on four addresses, every addition kept; flashcore_red_add_v2_f32
+    (sm_90 and on): x0 at the address, x1 four bytes on; nothing else touched."""
+    routes = ("link", "inline") if _on_gpu() else ("inline",)
+    for route in routes:
+        for pair in (False, True):
+            if pair and _on_gpu() and cuda.get_current_device().compute_capability < (9, 0):
+                continue
+            got, expected = run_red(route, pair)
+            assert np.array_equal(got, expected), (route, pair, got, expected)
+
+
+@pytest.mark.skipif(_on_gpu(), reason="on the GPU a misaligned vector reduction faults and spoils the context")
+def test_red_v2_refuses_a_misaligned_address_in_the_simulator():
+    with pytest.raises(Exception, match=r"8-byte aligned address, got byte offset \d+"):
+        run_red("inline", True, shift=4)
+
+
 @pytest.mark.skipif(_on_gpu(), reason="on the GPU a misaligned vector store faults and spoils the context")
 def test_st_global_v4_refuses_a_misaligned_address_in_the_simulator():
     """The hardware faults on a store whose address is not a multiple of 16; the emulation raises, so a
