@@ -25,7 +25,7 @@ from flashcore_numba.arch.sim import simulator_enabled
 # `compiler` need the real one, which a CPU machine has (NVVM and nvJitLink from pip): in a simulator
 # session they run in a child pytest without it (a background job, see conftest.py), and
 # test_compiler_tests_pass_without_the_simulator reads its result.
-COMPILER_TESTS = 3
+COMPILER_TESTS = 4
 NO_TORCH = "torch is not installed (pip install -e '.[torch]')"  # the tests that need it skip
 
 
@@ -191,6 +191,22 @@ def test_cache_folder_from_the_environment(monkeypatch, tmp_path):
         assert cache.cache_dir() == tmp_path / "flashcore-numba"
     monkeypatch.setenv("FLASHCORE_CACHE", "0")
     assert cache.cache_dir() is None
+
+
+@needs_compiler
+def test_backward_built_for_sm80_adds_one_float_per_reduction():
+    """sm_80 has no vector red: phase 11's kv_kernel built for compute capability 8.0 adds dQ one
+    float per instruction (ptx/red.ptx's flashcore_red_add_f32), and its PTX assembles for sm_80
+    (tests/test_backward.py checks the sm_90a build's pairs)."""
+    from numba import cuda
+
+    from flashcore_numba.measure.machine_code import assemble
+    from flashcore_numba.phases import p11_backward
+
+    view = p11_backward.kernel_views(64)["11-kv"]
+    ptx, _ = cuda.compile_ptx(p11_backward.build(64, cc=(8, 0)).kv_kernel.py_func, view.types, cc=(8, 0))
+    assert "red.global.add.f32" in ptx and ".v2.f32" not in ptx and "atom.global" not in ptx
+    assemble(ptx, arch="sm_80")
 
 
 @needs_compiler

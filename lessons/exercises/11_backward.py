@@ -54,6 +54,7 @@ KV_WARPS, KV_BLOCK_M = 8, 64
 DQ_WARPS, DQ_BLOCK_N = 4, 64
 SIM = dict(kv_warps=2, kv_block_m=16, dq_warps=2, dq_block_n=32)  # the simulator: fewer Python threads
 DELTA_ROWS = 4  # delta_kernel: rows per block, a warp each
+NO_ROW = 1 << 30  # kv_kernel's mask limits: a row index above (and, negated, below) every real row
 
 
 def layout(HEAD_DIM: int, warps: int, stream_rows: int) -> dict:
@@ -282,10 +283,10 @@ def first_row(key, seq_q, seq_k, causal):
     j < key_end(i, ...), that is when j < seq_k and (causal) i >= j - (seq_k - seq_q). A key past
     the end of the keys is seen by no row (a limit above every row), one without a mask by all."""
     if key >= seq_k:
-        return int32(1 << 30)
+        return int32(NO_ROW)
     if causal:
         return int32(key - (seq_k - seq_q))
-    return int32(-(1 << 30))
+    return int32(-NO_ROW)
 
 
 @cuda.jit(device=True, inline=True)
@@ -456,8 +457,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True):
             # diagonal or the end of the keys is masked; the others compare against a limit no row
             # is below. All in 32 bits, the row offsets constants: this runs 4 NT times a tile
             masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
-            limit_a = first_a if masked else int32(-(1 << 30))
-            limit_b = first_b if masked else int32(-(1 << 30))
+            limit_a = first_a if masked else int32(-NO_ROW)
+            limit_b = first_b if masked else int32(-NO_ROW)
             row_t = int32(m0 + 2 * t)  # this lane's first column's row
             stats = uint32(stage * BLOCK_M + 2 * t)
             for j in range(NT):
