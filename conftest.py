@@ -15,9 +15,29 @@ fixture named in BACKGROUND_FIXTURES) run last, so that the jobs have had the wh
 finish. The jobs run at a lower priority (nice 10) than the tests of this process.
 """
 
+import ast
+import functools
 import os
+import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+if sys.version_info < (3, 13):
+    # On CPython 3.11 and 3.12 the counter that ast.parse uses to check its own recursion is one per
+    # interpreter, not one per thread: two threads parsing at once (a test here, and jupytext or
+    # the grader's stub generation in a background job) can make either raise "SystemError: AST
+    # constructor recursion depth mismatch" (CPython issue 106905). One parse at a time: ast.parse
+    # is called by its module-level name, by pytest's assertion rewriting and by ast.literal_eval,
+    # so replacing it here covers them all.
+    _parse, _parse_lock = ast.parse, threading.Lock()
+
+    @functools.wraps(_parse)
+    def _one_parse_at_a_time(*args, **kwargs):
+        with _parse_lock:
+            return _parse(*args, **kwargs)
+
+    ast.parse = _one_parse_at_a_time
 
 if os.environ.get("FLASHCORE_GPU", "0") in ("", "0"):
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")

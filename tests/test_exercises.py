@@ -27,6 +27,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -548,6 +550,35 @@ def test_tensor_core_stubs_point_to_their_long_docstring(phase_id):
     assert doc.splitlines()[0] == full.splitlines()[0]
     assert phase.__file__.endswith(doc.split("docstring of ")[1].split(";")[0].split("/")[-1])
     assert exercises.lesson_name(phase) in doc and exercises.lesson_name(phase) in exercises.stub_source(phase)[:2000]
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="ast.parse is safe in threads from CPython 3.13")
+def test_background_jobs_parse_one_at_a_time():
+    """The grader runs build their stubs (ast.parse) in background threads while tests here parse
+    too; on CPython 3.11-3.12 two parses at once can raise SystemError (conftest.py serialises them).
+    A parse that has started holds every other thread's parse back until it ends."""
+    inside, overlaps = [], []
+    started = threading.Event()
+
+    def parse(_source, *args, **kwargs):
+        if inside:
+            overlaps.append(1)
+        inside.append(1)
+        started.set()
+        time.sleep(0.05)  # a long parse, so that a second thread has every chance to enter
+        inside.pop()
+
+    original = ast.parse.__wrapped__
+    try:
+        ast.parse.__globals__["_parse"] = parse  # the function the session's wrapper calls
+        threads = [threading.Thread(target=ast.parse, args=("x",)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        ast.parse.__globals__["_parse"] = original
+    assert started.is_set() and not overlaps
 
 
 def test_a_gpu_session_grades_only_the_checks_its_tests_read(tmp_path):
