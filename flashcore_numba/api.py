@@ -380,9 +380,12 @@ def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
         arrays = [torch_to_kernel(x) for x in operands] + [cuda.as_cuda_array(lse), cuda.as_cuda_array(dq)]
         arrays += [torch_to_kernel(x) for x in (dk, dv)]
         extra = None if dlse is None else cuda.as_cuda_array(dlse.detach().float().contiguous())
-        p11_backward.build(D, str(q.dtype).replace("torch.", "")).run(*arrays, bool(causal), scale,
-                                                                        bool(deterministic), stream=stream, dLSE=extra,
-                                                                        delta=cuda.as_cuda_array(delta))
+        bw = p11_backward.build(D, str(q.dtype).replace("torch.", ""))
+        # deterministic=True with fewer (batch, K/V head) pairs than SMs: dQ summed in parts, in torch's memory
+        parts = bw.dq_parts(q.shape[0], k.shape[1], k.shape[2], bool(deterministic))
+        sums = torch.empty((parts, *q.shape), dtype=torch.float32, device=q.device) if parts > 1 else None
+        bw.run(*arrays, bool(causal), scale, bool(deterministic), stream=stream, dLSE=extra,
+               delta=cuda.as_cuda_array(delta), dq_sums=None if sums is None else cuda.as_cuda_array(sums), parts=parts)
     return dq.to(q.dtype), dk, dv
 
 

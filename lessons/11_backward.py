@@ -58,10 +58,14 @@
 #
 # **4. Atomics are not [deterministic](../docs/glossary.md#deterministic).** Blocks finish in
 # whatever order the GPU runs them, and float32 addition is not associative: the last bits of dQ can
-# change from run to run. `attention(..., deterministic=True)` swaps the atomics for `dq_kernel`: a
-# block per query tile that walks the key blocks in order, recomputing S, P, dP and dS a second time
-# and keeping dQ in registers. Two more products for bit-identical gradients, against the atomics
-# they save: the timing cell below shows what each costs.
+# change from run to run. `attention(..., deterministic=True)` keeps the same kernel and changes who
+# adds: instead of a block per key block, one block per (batch, K/V head) takes its key blocks in
+# turn. Each element of dQ is then added to by one thread alone, and one thread's additions to one
+# address happen in its program order, so the sum comes out the same bit for bit on every run.
+# Nothing is computed twice; what it costs is fewer blocks in flight (one per head instead of one
+# per key block), so when there are fewer heads than SMs the key blocks are dealt out to a few
+# blocks, each adding into its own copy of dQ, and the copies are summed in order at the end. The
+# timing cell below shows what it costs.
 #
 # P and dS go to the tensor cores rounded to fp16 (or bf16), as the forward's P · V does; every sum
 # is float32. `attention()` calls all of this through torch's autograd: `out.backward()` or
@@ -125,7 +129,8 @@ for name, x in (("dq", q), ("dk", k), ("dv", v)):
 # ## The two loops
 #
 # S has a tile for every (query tile, key block) pair. `kv_kernel` runs down a column of them per
-# block; `dq_kernel` (the deterministic pass) along a row.
+# block. By default every column is a block of its own, all adding to dQ at once; with
+# `deterministic=True` one block takes the columns one after another.
 
 # %%
 notebooks.draw_backward_loops()

@@ -3,8 +3,6 @@ gradients, in the simulator on tiny shapes; on a GPU, through attention()'s auto
 against torch's own autograd in float64, deterministic gradients, torch.compile and one training
 step beside SDPA's."""
 
-import re
-
 import numpy as np
 import pytest
 
@@ -67,7 +65,7 @@ def both_references(q, k, v, do, dtype="float16", **kw):
 
 @pytest.mark.parametrize("shape, seq_k, heads_kv, causal, deterministic", CASES)
 def test_backward_matches_the_reference_gradients(shape, seq_k, heads_kv, causal, deterministic, request):
-    """dQ (by atomics, or by its own pass over the keys), dK and dV summed over each group, from the
+    """dQ (by atomics, or deterministic: key blocks in turn), dK and dV summed over each group, from the
     forward's output and log-sum-exp, with the causal mask of the forward (rows that see no key
     give nothing), S_q != S_k and a scale that is not 1/sqrt(D)."""
     dtype = "bfloat16" if "bf16" in request.node.callspec.id else "float16"
@@ -77,6 +75,36 @@ def test_backward_matches_the_reference_gradients(shape, seq_k, heads_kv, causal
     lse = reference_lse(q, k, causal=causal, scale=0.3)
     got = run_backward(q, k, v, o, do, lse, dtype, causal=causal, scale=0.3, deterministic=deterministic)
     gradients_close(got, *both_references(q, k, v, do, dtype, causal=causal, scale=0.3))
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_deterministic_dq_in_parts(parts):
+    """deterministic=True: one block per part of dQ takes its key blocks in turn; with three parts
+    the key blocks are dealt out to three blocks, each adding into its own float32 copy of dQ, and
+    the copies are summed in order. Right either way, and the same bits on a second run."""
+    q, k, v = (round_to(x, "float16") for x in random_qkv((1, 2, 21, 64), 100, heads_kv=1, dtype=np.float32))
+    do = round_to(np.random.default_rng().standard_normal(q.shape), "float16")
+    o, lse = reference_attention(q, k, v, causal=True), reference_lse(q, k, causal=True)
+    got = run_backward(q, k, v, o, do, lse, causal=True, deterministic=True, parts=parts)
+    gradients_close(got, *both_references(q, k, v, do, causal=True))
+    again = run_backward(q, k, v, o, do, lse, causal=True, deterministic=True, parts=parts)
+    assert all(np.array_equal(a, b) for a, b in zip(got, again))
+
+
+def test_dq_parts_fill_the_gpu_within_a_bound():
+    """One part (no copies of dQ) where the (batch, K/V head) pairs fill the SMs; fewer pairs share
+    out their key blocks, up to MAX_DQ_PARTS copies and never more parts than key blocks; atomics
+    always have one."""
+    from flashcore_numba.phases import p11_backward
+
+    bw = p11_backward.build(64)
+    n = bw.kv["OWN_ROWS"]  # keys per block
+    assert bw.dq_parts(16, 16, 2048, False, sm_count=132) == 1
+    assert bw.dq_parts(16, 16, 2048, True, sm_count=132) == 1  # 256 blocks for 132 SMs
+    assert bw.dq_parts(1, 16, 64 * n, True, sm_count=132) == 132 // 16 == 8
+    assert bw.dq_parts(1, 1, 64 * n, True, sm_count=132) == p11_backward.MAX_DQ_PARTS
+    assert bw.dq_parts(1, 1, 2 * n, True, sm_count=132) == 2
+    assert bw.dq_parts(4, 16, 64 * n, True, sm_count=132) == 2
 
 
 def test_backward_takes_the_gradient_of_the_lse():
@@ -107,20 +135,22 @@ def test_backward_of_an_empty_sequence_is_zero(seq_q, seq_k):
 def test_backward_kernels_compiled_for_the_h100():
     """sm_90a machine code, no GPU needed (measure/machine_code.py, as lesson 11 shows it): at D = 64
     no kernel spills or keeps a stack frame (kv_kernel keeps a warp's dK and dV, 16 keys x 64, in
-    registers for its whole loop); kv_kernel adds dQ by atomics, the deterministic dq_kernel has none;
-    both multiply on mma.sync."""
+    registers for its whole loop, in both builds); kv_kernel adds dQ by reductions that read nothing
+    back, two columns at a time (ptx/red.ptx), and multiplies on mma.sync; only the serial build
+    (deterministic=True) loops over key blocks."""
     from flashcore_numba.measure.machine_code import kernel_reports
 
-    reports = kernel_reports(["11-kv", "11-dq", "11-delta"], 64)
+    reports = kernel_reports(["11-kv", "11-kv-serial", "11-delta", "11-sum"], 64)
     for kernel_id, r in reports.items():
         assert (r["spill_store_bytes"], r["spill_load_bytes"], r["stack_frame_bytes"]) == (0, 0, 0), (
             f"{kernel_id}: {r['registers']} registers, {r['spill_store_bytes']} B spilled, "
             f"{r['stack_frame_bytes']} B stack")
-    atomics = re.compile(r"^\s*(atom|red)\.global", re.M)
-    assert atomics.search(reports["11-kv"]["ptx"]) and not atomics.search(reports["11-dq"]["ptx"])
-    # dQ by reductions that read nothing back, two columns at a time (ptx/red.ptx); no atom.global
-    assert "red.global.add.v2.f32" in reports["11-kv"]["ptx"] and "atom.global" not in reports["11-kv"]["ptx"]
-    assert all("mma.sync.aligned.m16n8k16" in reports[k]["ptx"] for k in ("11-kv", "11-dq"))
+    for kernel_id in ("11-kv", "11-kv-serial"):
+        ptx = reports[kernel_id]["ptx"]
+        assert "red.global.add.v2.f32" in ptx and "atom.global" not in ptx, kernel_id
+        assert "mma.sync.aligned.m16n8k16" in ptx, kernel_id
+    # the serial build reads its number of blocks (the key blocks' stride); the default has no loop
+    assert "%nctaid.x" in reports["11-kv-serial"]["ptx"] and "%nctaid.x" not in reports["11-kv"]["ptx"]
 
 
 def test_backward_refuses_other_head_dims():

@@ -60,8 +60,8 @@ def child(kernel_ids) -> int:
     return 1 if failed else 0
 
 
-# The backward (--backward): (B, H, H_kv, S_q, S_k, D, causal), fp16, each with dQ by reductions and by
-# the deterministic second pass: tails, S_q != S_k both ways (rows that see no key), GQA, one query
+# The backward (--backward): (B, H, H_kv, S_q, S_k, D, causal), fp16, each with dQ by reductions and
+# deterministic (the serial build; with more than one part where there are fewer heads than SMs): tails, S_q != S_k both ways (rows that see no key), GQA, one query
 # tile of kv_kernel crossing the group's next head. The last runs sm_80's dQ reductions (one float
 # per instruction) on this GPU too.
 BACKWARD_SHAPES = ((1, 2, 2, 77, 50, 64, True), (1, 2, 1, 130, 130, 128, False), (2, 4, 2, 33, 65, 64, True),

@@ -229,7 +229,7 @@ def correctness_checks(phase: ModuleType) -> list[Check]:
         s_one          S_q = S_k = 1
         large_logits   scores up to ±30: the softmax nearly one-hot, P from the log-sum-exp exact
         head_dims      D = 128
-        deterministic  dQ by its own pass over the keys (dq_kernel), causal
+        deterministic  dQ summed by a block per part, its key blocks in turn (the serial build), causal
     """
     D = phase.HEAD_DIMS[0]
     BM, BN = tiles(phase, D)
@@ -251,7 +251,7 @@ def correctness_checks(phase: ModuleType) -> list[Check]:
     for d in phase.HEAD_DIMS[1:]:
         bm, bn = tiles(phase, d)
         checks.append(check("head_dims", f"head dim {d}", GradientCase(min(bm, bn) // 3 + 1, bn + 6, d)))
-    checks.append(check("deterministic", "deterministic dQ (a second pass over the keys), causal",
+    checks.append(check("deterministic", "deterministic dQ (each block's key blocks in turn), causal",
                         GradientCase(BM + 4, BN + 6, D, causal=True, deterministic=True)))
     return checks
 

@@ -568,18 +568,19 @@ def draw_split_keys(n_splits: int = 4, n_tiles: int = 12):
 
 
 def draw_backward_loops(n_rows: int = 8, n_keys: int = 8):
-    """Phase 11's two ways through the (query tile x key block) grid of S: kv_kernel, a block per
-    column of key blocks, walks down the query tiles (dK, dV summed in its registers; each tile's
-    share of dQ added by atomics); dq_kernel, a block per row of query tiles, walks across the key
-    blocks (dQ summed in its registers: the deterministic pass)."""
+    """Phase 11's two ways through the (query tile x key block) grid of S, both kv_kernel's: by
+    default a block per column of key blocks walks down the query tiles (dK, dV summed in its
+    registers; each tile's share of dQ added by atomics, every block to the same rows at once);
+    with deterministic=True one block takes the columns in turn, so the additions to each element
+    of dQ come one after another, in the same order every run."""
     plt = _plt()
     _, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     for ax, by_keys in zip(axes, (True, False)):
         for i in range(n_rows):
             for j in range(n_keys):
-                mine = (j == 2) if by_keys else (i == 5)
+                mine = (j == 2) if by_keys else True
                 ax.add_patch(plt.Rectangle((j, n_rows - 1 - i), 0.92, 0.92, color="#4c72b0" if mine else "#dddddd",
-                                           alpha=0.85 if mine else 0.6))
+                                           alpha=0.85 if by_keys else (0.25 + 0.6 * (n_keys - j) / n_keys)))
         if by_keys:
             ax.annotate("", xy=(2.46, -0.4), xytext=(2.46, n_rows + 0.2), arrowprops=dict(arrowstyle="->", lw=1.6))
             ax.text(2.46, n_rows + 0.45, "one block: its keys' K, V stay in shared memory", ha="center", fontsize=8)
@@ -591,11 +592,12 @@ def draw_backward_loops(n_rows: int = 8, n_keys: int = 8):
             ax.text(n_keys / 2, -1.0, "dV += Pᵀ dO and dK += scale · dSᵀ Q stay in registers", ha="center", fontsize=9)
             ax.set_title("kv_kernel: a block per key block, query tiles stream past", fontsize=10)
         else:
-            ax.annotate("", xy=(n_keys + 0.2, 2.46), xytext=(-0.2, 2.46), arrowprops=dict(arrowstyle="->", lw=1.6))
-            ax.text(n_keys / 2, 3.25, "one block: its query rows' Q, dO stay in shared memory", ha="center", fontsize=8)
-            ax.text(n_keys / 2, -1.0, "dQ summed in registers, key blocks in order: bit-identical every run",
-                    ha="center", fontsize=9)
-            ax.set_title("dq_kernel (deterministic=True): a block per query tile, key blocks stream past", fontsize=10)
+            for j in range(n_keys):
+                ax.text(j + 0.46, n_rows - 0.54, str(j + 1), ha="center", va="center", fontsize=8, color="white")
+            ax.annotate("", xy=(n_keys + 0.2, -0.35), xytext=(-0.2, -0.35), arrowprops=dict(arrowstyle="->", lw=1.6))
+            ax.text(n_keys / 2, -1.0, "one block takes the key blocks in turn (1, 2, 3, ...): each element of dQ\n"
+                    "is added to by one thread, in the same order every run: bit-identical", ha="center", fontsize=9)
+            ax.set_title("kv_kernel, deterministic=True: a block per (batch, K/V head), key blocks in turn", fontsize=10)
         ax.text(n_keys / 2, n_rows + 1.1, "key blocks →", ha="center", fontsize=8)
         ax.text(-0.3 if not by_keys else n_keys + 0.3, n_rows / 2, "query\ntiles\n↓", ha="right" if not by_keys else "left",
                 va="center", fontsize=8)
@@ -682,7 +684,7 @@ class Lesson:
     def _ids(self) -> list[str]:
         """The kernels this lesson compares: the previous phase, this one, and its variants."""
         if self.backward:
-            return ["11-kv", "11-dq", "11-delta"]
+            return ["11-kv", "11-delta"]
         base = PHASES.get(getattr(self.phase, "BUILDS_ON", ""))  # phase 10: built on 07, after 09
         return [p.ID for p in (self.previous, base, self.phase, *self.variants) if p is not None]
 

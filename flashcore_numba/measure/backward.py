@@ -7,7 +7,8 @@ by, plus bench's atol (reference.check_close). Then timed, kernel time, L2 flush
 
 - `11`: the backward as attention()'s autograd runs it (flashcore::attention_backward's body: Δ, dQ
   zeroed, kv_kernel with dQ by atomics, dQ converted to the inputs' dtype), from the forward's O and
-  log-sum-exp; `11-deterministic`: the same with dq_kernel's second pass instead of the atomics;
+  log-sum-exp; `11-deterministic`: the same with deterministic=True (kv_kernel's serial build: a
+  block per part of dQ takes its key blocks in turn, so each addition to dQ comes in one order);
 - `sdpa_flash`, `sdpa_cudnn`: torch's autograd.grad through SDPA's flash and cuDNN backends, the
   forward's graph kept (retain_graph), so only their backward is timed;
 - `11-step`, `sdpa_flash-step`, `sdpa_cudnn-step`: one training step of attention alone, forward
@@ -82,7 +83,7 @@ def check_backward(problem: Problem, seed: int | None = None, *, deterministic: 
     nothing is timed): dq, dk and dv of fresh fp16 inputs against the float64 reference's gradients,
     each within twice the yardstick's error (the same formulas as the kernels compute them) plus
     gradient_atol. The Result's max_err and allowed_err are the worst gradient's. deterministic: dQ by
-    the second pass; cc: build the kernels for this compute capability (p11_backward.build)."""
+    the serial build; cc: build the kernels for this compute capability (p11_backward.build)."""
     from ..phases import p11_backward
     from ..reference import gradient_atol, gradient_oracle, random_qkv, reference_attention, reference_lse
 
@@ -143,7 +144,7 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
     for deterministic in (False, True):
         name = "11-deterministic" if deterministic else "11"
         step(f"phase {name}")
-        how = "dQ by a second pass over the keys, bit-identical" if deterministic else "dQ by float32 atomics"
+        how = "dQ summed key block after key block, bit-identical" if deterministic else "dQ by float32 atomics"
         result = Result(name, "phase", f"The backward on mma.sync ({how})")
 
         def launch(deterministic=deterministic):

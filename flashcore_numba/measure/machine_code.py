@@ -51,12 +51,12 @@ REPORT_KEYS = ("registers", "spill_store_bytes", "spill_load_bytes", "stack_fram
 # ---------------------------------------------------------------------------------------------
 # Compile and assemble
 # ---------------------------------------------------------------------------------------------
-BACKWARD_KERNELS = ("11-kv", "11-dq", "11-delta")  # phase 11's kernels (no forward kernel: phases.LESSONS)
+BACKWARD_KERNELS = ("11-kv", "11-kv-serial", "11-delta", "11-sum")  # phase 11's kernels (no forward kernel: phases.LESSONS)
 
 
 def kernel_config(kernel_id: str, head_dim: int, dtype: str = "float16"):
     """What compiles a kernel id: a forward kernel's KernelConfig ("07", "06-inline"), or one of phase
-    11's backward kernels ("11-kv", "11-dq", "11-delta": p11_backward.kernel_views)."""
+    11's backward kernels ("11-kv", "11-kv-serial", "11-delta", "11-sum": p11_backward.kernel_views)."""
     from ..phases import build, get_phase
 
     if kernel_id in BACKWARD_KERNELS:

@@ -47,20 +47,21 @@ MIN_CC = (8, 0)
 BACKWARD = True  # its exercise is graded by its gradients (course/grade_backward.py), not by an output
 
 # Each warp owns 16 rows of what its block keeps: kv_kernel keeps KV_WARPS x 16 keys (BLOCK_N) and
-# streams query tiles of KV_BLOCK_M rows past them; dq_kernel keeps DQ_WARPS x 16 query rows
-# (BLOCK_M) and streams key tiles of DQ_BLOCK_N. In kv_kernel the warps then share one query tile's
+# streams query tiles of KV_BLOCK_M rows past them. The warps then share one query tile's
 # dQ = dS K, (KV_BLOCK_M / 16) row groups x (the rest) column groups.
 KV_WARPS, KV_BLOCK_M = 8, 64
-DQ_WARPS, DQ_BLOCK_N = 4, 64
-SIM = dict(kv_warps=2, kv_block_m=16, dq_warps=2, dq_block_n=32)  # the simulator: fewer Python threads
+SIM = dict(kv_warps=2, kv_block_m=16)  # the simulator: fewer Python threads
 DELTA_ROWS = 4  # delta_kernel: rows per block, a warp each
+# deterministic=True: a block per part of dQ, each part a float32 copy of dQ (see run): at most this
+# many, so that the copies stay a few times dQ's size
+MAX_DQ_PARTS = 8
+SIM_SM_COUNT = 4  # the simulator's stand-in for the GPU's SM count (dq_parts)
 NO_ROW = 1 << 30  # kv_kernel's mask limits: a row index above (and, negated, below) every real row
 
 
 def layout(HEAD_DIM: int, warps: int, stream_rows: int) -> dict:
-    """Every derived constant of a kernel whose block keeps OWN_ROWS = 16 x warps rows of two tiles
-    (A, B: K and V in kv_kernel, Q and dO in dq_kernel) while tiles of STREAM_ROWS rows stream past
-    in two stages (Q and dO; K and V). Shared memory holds 16-bit rows of STRIDE elements, then dSᵀ
+    """Every derived constant of kv_kernel, whose block keeps OWN_ROWS = 16 x warps rows of two tiles
+    (A, B: K and V) while tiles of STREAM_ROWS rows stream past in two stages (Q and dO). Shared memory holds 16-bit rows of STRIDE elements, then dSᵀ
     (OWN_ROWS rows of STREAM_ROWS, kv_kernel's dQ); offsets are in bytes."""
     own = 16 * warps
     L = dict(HEAD_DIM=HEAD_DIM, WARPS=warps, N_THREADS=32 * warps, OWN_ROWS=own, STREAM_ROWS=stream_rows)
@@ -77,7 +78,7 @@ def layout(HEAD_DIM: int, warps: int, stream_rows: int) -> dict:
     L["ROWS_PER_PASS"] = L["N_THREADS"] // L["CHUNKS"]
     assert own % L["ROWS_PER_PASS"] == 0 and stream_rows % L["ROWS_PER_PASS"] == 0
     L["NT"] = stream_rows // MMA_N  # n-tiles of a warp's Sᵀ (or S): 8 streamed rows each
-    L["KS"] = stream_rows // MMA_K  # k-steps over the streamed rows (dV, dK; dq_kernel's dQ)
+    L["KS"] = stream_rows // MMA_K  # k-steps over the streamed rows (dV, dK)
     L["KO"] = own // MMA_K  # k-steps over the own rows (kv_kernel's dQ = dS K)
     L["KD"] = HEAD_DIM // MMA_K  # k-steps over the head dim
     L["ND"] = HEAD_DIM // MMA_N  # n-tiles of a gradient's row block (8 columns each)
@@ -90,25 +91,42 @@ def layout(HEAD_DIM: int, warps: int, stream_rows: int) -> dict:
 
 @dataclass(frozen=True)
 class Backward:
-    """The three kernels of one head dim and dtype, and how to launch them (`run`)."""
+    """The kernels of one head dim and dtype, and how to launch them (`run`)."""
 
     head_dim: int
     dtype: str
     wide_red: bool  # kv_kernel adds a pair of dQ columns per instruction (sm_90 on: build's cc)
     kv: dict  # kv_kernel's layout
-    dq: dict  # dq_kernel's
     delta_kernel: object
-    kv_kernel: object
-    dq_kernel: object
+    kv_kernel: object  # a block per key block, dQ by atomics
+    kv_kernel_serial: object  # deterministic=True: a block per part of dQ, its key blocks in turn
+
+    def dq_parts(self, B: int, H_kv: int, S_k: int, deterministic: bool, sm_count: int | None = None) -> int:
+        """How many float32 copies of dQ kv_kernel adds into (`run`): 1 with atomics. With
+        deterministic=True a block walks all the key blocks of its part in order; one part per
+        (batch, K/V head) leaves SMs idle when there are fewer of those than SMs, so the key
+        blocks are then dealt out to up to MAX_DQ_PARTS parts, summed in order at the end."""
+        if not deterministic:
+            return 1
+        if sm_count is None:
+            sm_count = SIM_SM_COUNT if simulator_enabled() else cuda.get_current_device().MULTIPROCESSOR_COUNT
+        key_blocks = cdiv(S_k, self.kv["OWN_ROWS"])
+        return max(1, min(key_blocks, MAX_DQ_PARTS, sm_count // max(1, B * H_kv)))
 
     def run(self, Q, K, V, O, dO, LSE, dQ, dK, dV, causal: bool, scale: float, deterministic: bool = False,
-            stream=0, dLSE=None, delta=None):
+            stream=0, dLSE=None, delta=None, dq_sums=None, parts: int | None = None):
         """dQ (float32), dK and dV (the inputs' type) from (B, H, S, D) device arrays Q, K, V, the
         forward's O and LSE (B, H, S_q, natural log) and dO, all 16-bit (bf16 as int16 bits) but
         LSE; dLSE, if the LSE was used too, its gradient (B, H, S_q) float32: d LSE_i / d s_ij =
         P_ij, so it joins dS as P ∘ dLSE. delta: a (B, H, S_q) float32 scratch array for Δ, or None
         to allocate one here. attention() passes one of torch's: an array Numba allocates is freed
-        later by cuMemFree, which waits for the whole GPU, so a call would stall the host."""
+        later by cuMemFree, which waits for the whole GPU, so a call would stall the host.
+
+        dQ is summed over the key blocks. With atomics (the default) kv_kernel has a block per key
+        block, and all of them add into dQ. With deterministic=True it has a block per part of
+        dQ (parts, default `dq_parts`) and each block adds its key blocks in order; dq_sums: a
+        (parts, B, H, S_q, D) float32 scratch array where there is more than one part (None:
+        allocated here), whose parts are then summed in order into dQ."""
         B, H, S_q, D = Q.shape
         H_kv, S_k = K.shape[1], K.shape[2]
         if S_q == 0 or S_k == 0:  # nothing to recompute: every gradient is 0
@@ -122,15 +140,25 @@ class Backward:
         launch(self.delta_kernel, (cdiv(S_q, DELTA_ROWS), H, B), 32 * DELTA_ROWS, 0,
                (O.view(np.uint32), dO.view(np.uint32), delta if dLSE is None else dLSE, dLSE is not None, delta),
                stream, ("11-delta", *key))
-        if not deterministic:
-            _zero(dQ, stream)
-        kv, dq = self.kv, self.dq
-        launch(self.kv_kernel, (cdiv(S_k, kv["OWN_ROWS"]), H_kv, B), kv["N_THREADS"], kv["SMEM_BYTES"],
-               (Q, K, V, dO, LSE, delta, dQ, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale),
-                not deterministic), stream, ("11-kv", *key, "red.v2" if self.wide_red else "red"))
-        if deterministic:
-            launch(self.dq_kernel, (cdiv(S_q, dq["OWN_ROWS"]), H, B), dq["N_THREADS"], dq["SMEM_BYTES"],
-                   (Q, K, V, dO, LSE, delta, dQ, causal, float32(scale)), stream, ("11-dq", *key))
+        kv = self.kv
+        key_blocks = cdiv(S_k, kv["OWN_ROWS"])
+        if parts is None or not deterministic:
+            parts = self.dq_parts(B, H_kv, S_k, deterministic)
+        if parts == 1:
+            sums = dQ.reshape((1, *dQ.shape))
+        else:
+            sums = dq_sums if dq_sums is not None else cuda.device_array((parts, *dQ.shape), np.float32, stream=stream)
+            if tuple(sums.shape) != (parts, *dQ.shape):
+                raise ValueError(f"dq_sums: expected shape {(parts, *dQ.shape)}, got {tuple(sums.shape)}")
+        _zero(sums, stream)
+        kernel, name = (self.kv_kernel_serial, "11-kv-serial") if deterministic else (self.kv_kernel, "11-kv")
+        launch(kernel, (parts if deterministic else key_blocks, H_kv, B), kv["N_THREADS"], kv["SMEM_BYTES"],
+               (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale)),
+               stream, (name, *key, "red.v2" if self.wide_red else "red"))
+        if parts > 1:
+            flat = dQ.reshape(dQ.size)
+            launch(_sum_parts_kernel, cdiv(flat.size, 256), 256, 0, (sums.reshape((parts, flat.size)), flat), stream,
+                   ("11-sum",))
 
 
 def _zero(array, stream) -> None:
@@ -144,6 +172,17 @@ def _zero_kernel(X):
     i = cuda.grid(1)
     if i < X.shape[0]:
         X[i] = 0
+
+
+@cuda.jit
+def _sum_parts_kernel(PARTS, OUT):
+    """OUT[i] = PARTS[0, i] + PARTS[1, i] + ..., always in that order (deterministic=True)."""
+    i = cuda.grid(1)
+    if i < OUT.shape[0]:
+        total = PARTS[0, i]
+        for p in range(1, PARTS.shape[0]):
+            total += PARTS[p, i]
+        OUT[i] = total
 
 
 def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Backward:
@@ -165,9 +204,8 @@ def _build(HEAD_DIM: int, dtype: str, wide_red: bool) -> Backward:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
     sim = simulator_enabled()
     kv = layout(HEAD_DIM, SIM["kv_warps"] if sim else KV_WARPS, SIM["kv_block_m"] if sim else KV_BLOCK_M)
-    dq = layout(HEAD_DIM, SIM["dq_warps"] if sim else DQ_WARPS, SIM["dq_block_n"] if sim else DQ_BLOCK_N)
-    return Backward(HEAD_DIM, dtype, wide_red, kv, dq, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel(kv, dtype, wide_red),
-                    build_dq_kernel(dq, dtype))
+    return Backward(HEAD_DIM, dtype, wide_red, kv, build_delta_kernel(HEAD_DIM, dtype),
+                    build_kv_kernel(kv, dtype, wide_red), build_kv_kernel(kv, dtype, wide_red, serial=True))
 
 
 @dataclass(frozen=True)
@@ -187,23 +225,24 @@ class CompiledView:
 
 
 def kernel_views(HEAD_DIM: int, dtype: str = "float16") -> dict[str, CompiledView]:
-    """"11-kv", "11-dq" and "11-delta" of `build(HEAD_DIM, dtype)`, typed as Backward.run launches them."""
+    """"11-kv", "11-kv-serial", "11-delta" and "11-sum" of `build(HEAD_DIM, dtype)`, typed as Backward.run
+    launches them."""
     bw = build(HEAD_DIM, dtype, cc=(9, 0))  # the H100's, as measure/machine_code.py compiles
     e = ELEMENT[dtype]
     four, three = f"{e}[:,:,:,::1]", "float32[:,:,::1]"
-    inputs = f"{four}, {four}, {four}, {four}, {three}, {three}, float32[:,:,:,::1]"
+    inputs = f"{four}, {four}, {four}, {four}, {three}, {three}, float32[:,:,:,:,::1]"
+    kv = f"void({inputs}, uint32[:,:,:,::1], uint32[:,:,:,::1], boolean, float32)"
     return {
-        "11-kv": CompiledView(bw.kv_kernel, f"void({inputs}, uint32[:,:,:,::1], uint32[:,:,:,::1], boolean, float32, "
-                                            f"boolean)", bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
-        "11-dq": CompiledView(bw.dq_kernel, f"void({inputs}, boolean, float32)", bw.dq["N_THREADS"],
-                              bw.dq["SMEM_BYTES"]),
+        "11-kv": CompiledView(bw.kv_kernel, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
+        "11-kv-serial": CompiledView(bw.kv_kernel_serial, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
         "11-delta": CompiledView(bw.delta_kernel, f"void(uint32[:,:,:,::1], uint32[:,:,:,::1], {three}, boolean, "
                                                   f"{three})", 32 * DELTA_ROWS, 0),
+        "11-sum": CompiledView(_sum_parts_kernel, "void(float32[:,::1], float32[::1])", 256, 0),
     }
 
 
 class _Pieces:
-    """What both kernels of a layout use: the PTX functions and the warp's products."""
+    """What kv_kernel uses of a layout: the PTX functions and the warp's products."""
 
     def __init__(self, L: dict, dtype: str):
         mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
@@ -225,8 +264,7 @@ class _Pieces:
         def abt_step(kk, args):
             """k-step kk (16 of the head dim) of c = a · bᵀ, both row-major tiles in shared memory:
             the warp's 16 own rows of a (ldmatrix, as phase 07 reads Q) against the NT n-tiles of 8
-            streamed rows of b (ldmatrix, as phase 07 reads K). kv_kernel: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ;
-            dq_kernel: S = Q Kᵀ, dP = dO Vᵀ."""
+            streamed rows of b (ldmatrix, as phase 07 reads K): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ."""
             c, a_rows, b_rows = args
             a0, a1, a2, a3 = ldsm(a_rows + kk * 32)
             for jj in range(NT // 2):
@@ -238,7 +276,7 @@ class _Pieces:
         def ab_step(jj, args):
             """Columns 16 jj .. 16 jj + 15 of c += a · b: a in registers as A fragments (KS k-steps of
             16 streamed rows), b a streamed row-major tile read by ldmatrix.trans (as phase 07 reads V).
-            kv_kernel: dV += Pᵀ dO, dK += dSᵀ Q; dq_kernel: dQ += dS K."""
+            dV += Pᵀ dO and dK += dSᵀ Q."""
             c, a, b_rows = args
             for kk in range(KS):
                 b0, b1, b2, b3 = ldsm_t(b_rows + kk * 16 * ROW_BYTES + jj * 32)
@@ -318,9 +356,12 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
     return delta_kernel
 
 
-def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True):
-    """kv_kernel for layout L: dK and dV of BLOCK_N keys, and (atomics) their share of dQ; wide_red
-    (sm_90 and newer): a lane's two adjacent dQ columns in one reduction (ptx/red.ptx)."""
+def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = False):
+    """kv_kernel for layout L: dK and dV of BLOCK_N keys, and their share of dQ; wide_red (sm_90 and
+    newer): a lane's two adjacent dQ columns in one reduction (ptx/red.ptx). serial: the build for
+    deterministic=True, whose blocks loop over key blocks; the default build has a block per key
+    block and no loop (a loop around the whole kernel costs registers where there are none to
+    spare: at D = 64 it spills 20 bytes a thread)."""
     f = _Pieces(L, dtype)
     mma_into, pack, exp2, ldsm_t, copy_tile = f.mma_into, f.pack, f.exp2, f.ldsm_t, f.copy_tile
     commit, wait_all, abt_steps, ab_steps, as_a_fragments = f.commit, f.wait_all, f.abt_steps, f.ab_steps, f.as_a_fragments
@@ -335,7 +376,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True):
     STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
     red = ptx.function("red.ptx", "flashcore_red_add_f32", "inline")
     red_v2 = ptx.function("red.ptx", "flashcore_red_add_v2_f32", "inline")
-    WIDE = wide_red
+    WIDE, SERIAL = wide_red, serial
 
     @cuda.jit(device=True, inline=True)
     def red_pair(address, x0, x1):
@@ -374,51 +415,40 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True):
         copy_tile(smem, STREAM_B + stage * STAGE, global_address(dO), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
 
     @cuda.jit
-    def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, atomic_dq):
-        """dK and dV of BLOCK_N keys of one K/V head, over every query row of its group that sees
-        them; with atomic_dq, each query tile's dS K is added to dQ too. dK and dV: uint32 pairs."""
+    def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale):
+        """dK and dV of blocks of BLOCK_N keys of one K/V head, over every query row of its group
+        that sees them, and each query tile's dS K added to dQ. dK and dV: uint32 pairs; dQ:
+        (parts, B, H, S_q, D) float32: one part with atomics, a part per block (blockIdx.x) in the
+        serial build.
+
+        Block x takes key blocks x, x + gridDim.x, x + 2 gridDim.x, ... in turn. With atomics
+        (Backward.run) the grid has a block per key block and there is one part: every key block
+        of a head adds to the same dQ, in whatever order the blocks get there. deterministic=True
+        launches a block per part instead: each element of a part is then added to by one thread
+        alone, key block after key block, and one thread's additions to one address take effect
+        in its program order (PTX's memory model: coherence order follows program order), so the
+        float32 sums come out the same bit for bit on every run."""
         smem_h = cuda.shared.array(0, uint32, alignment=128)
         smem = shared_address(smem_h)
         lse2_s = cuda.shared.array(STATS, float32)  # stage s, row r at s * BLOCK_M + r: L_i · log2 e
         delta_s = cuda.shared.array(STATS, float32)  # and Δ_i
-        b, h_kv, n0 = cuda.blockIdx.z, cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_N
+        b, h_kv = cuda.blockIdx.z, cuda.blockIdx.y
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
         g, t = lane // 4, lane % 4  # rows g, g + 8 and columns 2t, 2t + 1 of every accumulator tile
         H, seq_q, seq_k = Q.shape[1], Q.shape[2], K.shape[2]
         group = H // K.shape[1]
         qk_scale = scale * float32(LOG2E)
-        dq_address = global_address(dQ)
-
-        # -- the block's keys and values stay in shared memory; query tiles stream past. The first
-        # query row that sees key n0 (causal: row i sees keys up to i + seq_k - seq_q)
-        head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * GLOBAL_ROW)
-        copy_tile(smem, OWN_A, global_address(K), head_kv, n0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
-        copy_tile(smem, OWN_B, global_address(V), head_kv, n0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
-        first = max(0, n0 - (seq_k - seq_q)) if causal else 0
-        m_first = first - first % BLOCK_M
-        tiles_per_head = tile_count(seq_q - m_first, BLOCK_M)
-        n_tiles = group * tiles_per_head  # (query head, query tile) pairs, the heads of the group in turn
-        h, m0 = h_kv * group, m_first  # the tile in flight: query head h, rows m0 ..
-        if n_tiles > 0:
-            fetch_queries(smem, 0, Q, dO, b, h, m0, tid)
-            if tid < BLOCK_M:
-                lse2_s[tid], delta_s[tid] = row_stats(LSE, DELTA, b, h, m0 + tid, seq_q)
-        commit()
-        wait_all()
-        cuda.syncthreads()
-
+        dq_address = global_address(dQ)  # part 0, the only one with atomics; deterministic: part blockIdx.x
+        if SERIAL:
+            dq_address += uint64(cuda.blockIdx.x) * uint64(dQ.strides[0])
         s = cuda.local.array((NT, 4), float32)  # Sᵀ, then Pᵀ: the warp's 16 keys x BLOCK_M query rows
         dp = cuda.local.array((NT, 4), float32)  # dPᵀ, then dSᵀ
         p_frag = cuda.local.array((KS, 4), uint32)
         ds_frag = cuda.local.array((KS, 4), uint32)
+        dsq_frag = cuda.local.array((KO, 4), uint32)
         dk = cuda.local.array((ND, 4), float32)  # the warp's 16 keys x D
         dv = cuda.local.array((ND, 4), float32)
-        zero(dk, ND)
-        zero(dv, ND)
-        key_a = n0 + warp * 16 + g  # this lane's keys (rows of Sᵀ): key_a and key_a + 8 ...
-        first_a = first_row(key_a, seq_q, seq_k, causal)  # ... and the first query row that sees each
-        first_b = first_row(key_a + 8, seq_q, seq_k, causal)
         # ldmatrix lane addresses (phase 07): A rows of a 16-row block; B rows of two n-tiles; B of
         # two n-tiles transposed
         a_lane = (lane % 16) * ROW_BYTES + (lane // 16) * 16
@@ -429,51 +459,80 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True):
         # dQ of a query tile: this warp's 16 rows (row group) and DQ_CHUNKS x 16 columns (column group)
         dq_rows, dq_cols = (warp % ROW_GROUPS) * 16, (warp // ROW_GROUPS) * DQ_CHUNKS * 16
 
-        for it in range(n_tiles):
-            stage = it % 2
-            # -- the next query tile flies into the other stage meanwhile: the next rows of this
-            # head, or the first of the group's next head. Its L_i and Δ_i are loaded into registers
-            # now and stored at the end of this tile: a load here that fed shared memory at once
-            # would stall the warp for the whole trip to global memory
-            h_next, m_next = (h, m0 + BLOCK_M) if m0 + BLOCK_M < seq_q else (h + 1, m_first)
-            lse2_next, delta_next = float32(0.0), float32(0.0)
-            if it + 1 < n_tiles:
-                fetch_queries(smem, 1 - stage, Q, dO, b, h_next, m_next, tid)
-                commit()
+        if SERIAL:  # deterministic=True: this block's key blocks, one after another
+            first, end, step = cuda.blockIdx.x, tile_count(seq_k, BLOCK_N), cuda.gridDim.x
+        else:  # a block per key block: one trip (the compiler leaves no loop)
+            first, end, step = cuda.blockIdx.x, cuda.blockIdx.x + 1, 1
+        for key_block in range(first, end, step):
+            n0 = key_block * BLOCK_N
+            # -- the block's keys and values stay in shared memory; query tiles stream past. The first
+            # query row that sees key n0 (causal: row i sees keys up to i + seq_k - seq_q)
+            head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * GLOBAL_ROW)
+            copy_tile(smem, OWN_A, global_address(K), head_kv, n0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
+            copy_tile(smem, OWN_B, global_address(V), head_kv, n0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
+            first = max(0, n0 - (seq_k - seq_q)) if causal else 0
+            m_first = first - first % BLOCK_M
+            tiles_per_head = tile_count(seq_q - m_first, BLOCK_M)
+            n_tiles = group * tiles_per_head  # (query head, query tile) pairs, the heads of the group in turn
+            h, m0 = h_kv * group, m_first  # the tile in flight: query head h, rows m0 ..
+            if n_tiles > 0:
+                fetch_queries(smem, 0, Q, dO, b, h, m0, tid)
                 if tid < BLOCK_M:
-                    lse2_next, delta_next = row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
-            q_tile = smem + STREAM_A + stage * STAGE
-            do_tile = smem + STREAM_B + stage * STAGE
+                    lse2_s[tid], delta_s[tid] = row_stats(LSE, DELTA, b, h, m0 + tid, seq_q)
+            commit()
+            wait_all()
+            cuda.syncthreads()
 
-            # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, the warp's 16 keys against the tile's BLOCK_M rows
-            zero(s, NT)
-            zero(dp, NT)
-            abt_steps(0, (s, k_warp, q_tile + b_lane))
-            abt_steps(0, (dp, v_warp, do_tile + b_lane))
+            zero(dk, ND)
+            zero(dv, ND)
+            key_a = n0 + warp * 16 + g  # this lane's keys (rows of Sᵀ): key_a and key_a + 8 ...
+            first_a = first_row(key_a, seq_q, seq_k, causal)  # ... and the first query row that sees each
+            first_b = first_row(key_a + 8, seq_q, seq_k, causal)
 
-            # -- Pᵀ = 2^(s · qk_scale − L_i log2 e) and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i): column 2t (+1) of n-tile
-            # j is query row m0 + 8 j + 2t (+1), whose stats lie at stats + 8 j (+1); a row before
-            # its key's first row does not see the key: p = 0. Only a tile that crosses the
-            # diagonal or the end of the keys is masked; the others compare against a limit no row
-            # is below. All in 32 bits, the row offsets constants: this runs 4 NT times a tile
-            masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
-            limit_a = first_a if masked else int32(-NO_ROW)
-            limit_b = first_b if masked else int32(-NO_ROW)
-            row_t = int32(m0 + 2 * t)  # this lane's first column's row
-            stats = uint32(stage * BLOCK_M + 2 * t)
-            for j in range(NT):
-                for e in range(4):
-                    col = j * 8 + e % 2  # this element's column, from the lane's first
-                    # >>> exercise 11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
-                    # <<< exercise
+            for it in range(n_tiles):
+                stage = it % 2
+                # -- the next query tile flies into the other stage meanwhile: the next rows of this
+                # head, or the first of the group's next head. Its L_i and Δ_i are loaded into registers
+                # now and stored at the end of this tile: a load here that fed shared memory at once
+                # would stall the warp for the whole trip to global memory
+                h_next, m_next = (h, m0 + BLOCK_M) if m0 + BLOCK_M < seq_q else (h + 1, m_first)
+                lse2_next, delta_next = float32(0.0), float32(0.0)
+                if it + 1 < n_tiles:
+                    fetch_queries(smem, 1 - stage, Q, dO, b, h_next, m_next, tid)
+                    commit()
+                    if tid < BLOCK_M:
+                        lse2_next, delta_next = row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
+                q_tile = smem + STREAM_A + stage * STAGE
+                do_tile = smem + STREAM_B + stage * STAGE
 
-            # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments, dO and Q by ldmatrix.trans
-            as_a_fragments(p_frag, s)
-            as_a_fragments(ds_frag, dp)
-            ab_steps(0, (dv, p_frag, do_tile + bt_lane))
-            ab_steps(0, (dk, ds_frag, q_tile + bt_lane))
+                # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, the warp's 16 keys against the tile's BLOCK_M rows
+                zero(s, NT)
+                zero(dp, NT)
+                abt_steps(0, (s, k_warp, q_tile + b_lane))
+                abt_steps(0, (dp, v_warp, do_tile + b_lane))
 
-            if atomic_dq:
+                # -- Pᵀ = 2^(s · qk_scale − L_i log2 e) and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i): column 2t (+1) of n-tile
+                # j is query row m0 + 8 j + 2t (+1), whose stats lie at stats + 8 j (+1); a row before
+                # its key's first row does not see the key: p = 0. Only a tile that crosses the
+                # diagonal or the end of the keys is masked; the others compare against a limit no row
+                # is below. All in 32 bits, the row offsets constants: this runs 4 NT times a tile
+                masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
+                limit_a = first_a if masked else int32(-NO_ROW)
+                limit_b = first_b if masked else int32(-NO_ROW)
+                row_t = int32(m0 + 2 * t)  # this lane's first column's row
+                stats = uint32(stage * BLOCK_M + 2 * t)
+                for j in range(NT):
+                    for e in range(4):
+                        col = j * 8 + e % 2  # this element's column, from the lane's first
+                        # >>> exercise 11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
+                        # <<< exercise
+
+                # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments, dO and Q by ldmatrix.trans
+                as_a_fragments(p_frag, s)
+                as_a_fragments(ds_frag, dp)
+                ab_steps(0, (dv, p_frag, do_tile + bt_lane))
+                ab_steps(0, (dk, ds_frag, q_tile + bt_lane))
+
                 # -- dSᵀ to shared memory (its A fragments are already its 16-bit pairs: rows g and
                 # g + 8, columns 16 kk + 2t and 16 kk + 8 + 2t), then dQ = dS K by row and column
                 # groups of the warps: dS by ldmatrix.trans of dSᵀ, K by ldmatrix.trans
@@ -485,7 +544,6 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True):
                     smem_h[ds_row + 8 * DS_ROW_BYTES // 4 + kk * 8 + 4] = ds_frag[kk, 3]
                 cuda.syncthreads()
                 ds_lane = ((lane // 16) * 8 + lane % 8) * DS_ROW_BYTES + (dq_rows + ((lane // 8) % 2) * 8) * 2
-                dsq_frag = cuda.local.array((KO, 4), uint32)
                 for kk in range(KO):  # dS's A fragments: rows = the warp's 16 query rows, k = the keys
                     a0, a1, a2, a3 = ldsm_t(smem + DS_OFF + ds_lane + kk * 16 * DS_ROW_BYTES)
                     dsq_frag[kk, 0], dsq_frag[kk, 1], dsq_frag[kk, 2], dsq_frag[kk, 3] = a0, a1, a2, a3
@@ -493,126 +551,34 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True):
                 dq_steps(0, (dq_head, m0 + dq_rows + g, dq_cols, seq_q, t, dsq_frag,
                              smem + OWN_A + bt_lane + dq_cols * 2, scale))
 
-            # -- the next tile has landed (this thread's copies), and every warp is done with this one
-            if it + 1 < n_tiles and tid < BLOCK_M:
-                lse2_s[(1 - stage) * BLOCK_M + tid], delta_s[(1 - stage) * BLOCK_M + tid] = lse2_next, delta_next
-            wait_all()
-            cuda.syncthreads()
-            h, m0 = h_next, m_next
+                # -- the next tile has landed (this thread's copies), and every warp is done with this one
+                if it + 1 < n_tiles and tid < BLOCK_M:
+                    lse2_s[(1 - stage) * BLOCK_M + tid], delta_s[(1 - stage) * BLOCK_M + tid] = lse2_next, delta_next
+                wait_all()
+                cuda.syncthreads()
+                h, m0 = h_next, m_next
 
-        # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type, two columns per 32-bit store
-        for j in range(ND):
-            if key_a < seq_k:
-                dK[b, h_kv, key_a, j * 4 + t] = pack(dk[j, 0] * scale, dk[j, 1] * scale)
-                dV[b, h_kv, key_a, j * 4 + t] = pack(dv[j, 0], dv[j, 1])
-            if key_a + 8 < seq_k:
-                dK[b, h_kv, key_a + 8, j * 4 + t] = pack(dk[j, 2] * scale, dk[j, 3] * scale)
-                dV[b, h_kv, key_a + 8, j * 4 + t] = pack(dv[j, 2], dv[j, 3])
+            # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type, two columns per 32-bit store
+            for j in range(ND):
+                if key_a < seq_k:
+                    dK[b, h_kv, key_a, j * 4 + t] = pack(dk[j, 0] * scale, dk[j, 1] * scale)
+                    dV[b, h_kv, key_a, j * 4 + t] = pack(dv[j, 0], dv[j, 1])
+                if key_a + 8 < seq_k:
+                    dK[b, h_kv, key_a + 8, j * 4 + t] = pack(dk[j, 2] * scale, dk[j, 3] * scale)
+                    dV[b, h_kv, key_a + 8, j * 4 + t] = pack(dv[j, 2], dv[j, 3])
 
     return kv_kernel
 
 
-def build_dq_kernel(L: dict, dtype: str):
-    """dq_kernel for layout L (deterministic=True): dQ of BLOCK_M query rows, the keys in order."""
-    f = _Pieces(L, dtype)
-    exp2, copy_tile, commit, wait_all = f.exp2, f.copy_tile, f.commit, f.wait_all
-    abt_steps, ab_steps, as_a_fragments = f.abt_steps, f.ab_steps, f.as_a_fragments
-    shared_address, global_address = operands.shared_address, operands.global_address
-    D, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["OWN_ROWS"], L["STREAM_ROWS"]
-    ROW_BYTES, OWN_A, OWN_B = L["ROW_BYTES"], L["OWN_A"], L["OWN_B"]
-    STREAM_A, STREAM_B, STAGE = L["STREAM_A"], L["STREAM_B"], L["STAGE_BYTES"]
-    NT, KS, ND = L["NT"], L["KS"], L["ND"]
-    GLOBAL_ROW = D * 2
-
-    @cuda.jit
-    def dq_kernel(Q, K, V, dO, LSE, DELTA, dQ, causal, scale):
-        """(deterministic) dQ of BLOCK_M rows of one query head, over every key tile in order: each
-        warp its own 16 rows, S = Q Kᵀ, P, dP = dO Vᵀ and dS recomputed, dQ += dS K in registers."""
-        smem_h = cuda.shared.array(0, uint32, alignment=128)
-        smem = shared_address(smem_h)
-        b, h, m0 = cuda.blockIdx.z, cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_M
-        tid = cuda.threadIdx.x
-        warp, lane = tid // 32, tid % 32
-        g, t = lane // 4, lane % 4
-        seq_q, seq_k = Q.shape[2], K.shape[2]
-        h_kv = h // (Q.shape[1] // K.shape[1])
-        qk_scale = scale * float32(LOG2E)
-        head_q = uint64(((b * Q.shape[1] + h) * seq_q) * GLOBAL_ROW)
-        head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * GLOBAL_ROW)
-        # -- the block's query rows and their dO stay; key tiles stream past in two stages
-        copy_tile(smem, OWN_A, global_address(Q), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
-        copy_tile(smem, OWN_B, global_address(dO), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
-        block_k_end = key_end(min(m0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)  # its last row sees most
-        if block_k_end > 0:
-            copy_tile(smem, STREAM_A, global_address(K), head_kv, 0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
-            copy_tile(smem, STREAM_B, global_address(V), head_kv, 0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
-        commit()
-        row_a = m0 + warp * 16 + g  # this lane's rows: row_a and row_a + 8
-        lse2_a, delta_a = row_stats(LSE, DELTA, b, h, row_a, seq_q)
-        lse2_b, delta_b = row_stats(LSE, DELTA, b, h, row_a + 8, seq_q)
-        wait_all()
-        cuda.syncthreads()
-
-        s = cuda.local.array((NT, 4), float32)  # S, then P: the warp's 16 rows x BLOCK_N keys
-        dp = cuda.local.array((NT, 4), float32)  # dP, then dS
-        ds_frag = cuda.local.array((KS, 4), uint32)
-        dq = cuda.local.array((ND, 4), float32)
-        zero(dq, ND)
-        a_lane = (lane % 16) * ROW_BYTES + (lane // 16) * 16
-        b_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
-        bt_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
-        q_warp = smem + OWN_A + warp * 16 * ROW_BYTES + a_lane
-        do_warp = smem + OWN_B + warp * 16 * ROW_BYTES + a_lane
-        k_end_a = key_end(row_a, seq_q, seq_k, causal)
-        k_end_b = key_end(row_a + 8, seq_q, seq_k, causal)
-        stage = 0
-        for n0 in range(int32(0), block_k_end, int32(BLOCK_N)):
-            next_n = n0 + int32(BLOCK_N)
-            if next_n < block_k_end:
-                copy_tile(smem, STREAM_A + (1 - stage) * STAGE, global_address(K), head_kv, next_n, BLOCK_N, seq_k,
-                          tid, GLOBAL_ROW)
-                copy_tile(smem, STREAM_B + (1 - stage) * STAGE, global_address(V), head_kv, next_n, BLOCK_N, seq_k,
-                          tid, GLOBAL_ROW)
-                commit()
-            k_tile = smem + STREAM_A + stage * STAGE
-            v_tile = smem + STREAM_B + stage * STAGE
-            zero(s, NT)
-            zero(dp, NT)
-            abt_steps(0, (s, q_warp, k_tile + b_lane))
-            abt_steps(0, (dp, do_warp, v_tile + b_lane))
-            masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
-            for j in range(NT):
-                for e in range(4):
-                    col = n0 + j * 8 + 2 * t + e % 2
-                    p = exp2(cuda.fma(s[j, e], qk_scale, -(lse2_a if e < 2 else lse2_b)))
-                    if masked and col >= (k_end_a if e < 2 else k_end_b):
-                        p = float32(0.0)
-                    dp[j, e] = p * (dp[j, e] - (delta_a if e < 2 else delta_b))
-            as_a_fragments(ds_frag, dp)
-            ab_steps(0, (dq, ds_frag, k_tile + bt_lane))
-            wait_all()
-            cuda.syncthreads()
-            stage = 1 - stage
-
-        for j in range(ND):
-            col = j * 8 + 2 * t
-            if row_a < seq_q:
-                dQ[b, h, row_a, col] = dq[j, 0] * scale
-                dQ[b, h, row_a, col + 1] = dq[j, 1] * scale
-            if row_a + 8 < seq_q:
-                dQ[b, h, row_a + 8, col] = dq[j, 2] * scale
-                dQ[b, h, row_a + 8, col + 1] = dq[j, 3] * scale
-
-    return dq_kernel
-
-
 def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
-             deterministic: bool = False, dlse=None, dtype: str = "float16", cc: tuple | None = None):
+             deterministic: bool = False, dlse=None, dtype: str = "float16", cc: tuple | None = None,
+             parts: int | None = None):
     """(dq as float32, dk, dv as 16-bit) NumPy arrays from NumPy arrays of the kernels' element type
     (float16, or bf16 as its int16 bits): q (B, H, S_q, D), k and v (B, H_kv, S_k, D), the forward's
     output o and the gradient of the output do; lse (B, H, S_q, natural log) and dlse float32. What
     the tests and the simulator use; attention()'s autograd calls Backward.run on torch tensors. cc:
-    the compute capability to build for (build(); e.g. (8, 0) runs sm_80's dQ reductions on a newer GPU)."""
+    the compute capability to build for (build(); e.g. (8, 0) runs sm_80's dQ reductions on a newer GPU).
+    parts: with deterministic=True, how many parts dQ is summed in (Backward.run; default dq_parts())."""
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)  # attention's default
     element = np.dtype(ELEMENT[dtype])
@@ -624,6 +590,6 @@ def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None =
     dq = cuda.to_device(np.full(q.shape, np.nan, np.float32))  # poisoned: every element must be written
     nan_16 = np.float16(np.nan) if dtype == "float16" else np.int16(0x7FC0)  # (bf16's NaN bits)
     dk, dv = (cuda.to_device(np.full(x.shape, nan_16, element)) for x in (k, v))
-    build(D, dtype, cc).run(*arrays, dq, dk, dv, causal, scale, deterministic,
-                        dLSE=None if dlse is None else cuda.to_device(np.ascontiguousarray(dlse, dtype=np.float32)))
+    build(D, dtype, cc).run(*arrays, dq, dk, dv, causal, scale, deterministic, parts=parts,
+                            dLSE=None if dlse is None else cuda.to_device(np.ascontiguousarray(dlse, dtype=np.float32)))
     return dq.copy_to_host(), dk.copy_to_host(), dv.copy_to_host()
