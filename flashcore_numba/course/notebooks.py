@@ -594,7 +594,8 @@ def draw_backward_loops(n_rows: int = 8, n_keys: int = 8):
         else:
             for j in range(n_keys):
                 ax.text(j + 0.46, n_rows - 0.54, str(j + 1), ha="center", va="center", fontsize=8, color="white")
-            ax.annotate("", xy=(n_keys + 0.2, -0.35), xytext=(-0.2, -0.35), arrowprops=dict(arrowstyle="->", lw=1.6))
+            ax.annotate("", xy=(n_keys + 0.2, n_rows + 0.45), xytext=(-0.2, n_rows + 0.45),
+                        arrowprops=dict(arrowstyle="->", lw=1.6))
             ax.text(n_keys / 2, -1.0, "one block takes the key blocks in turn (1, 2, 3, ...): each element of dQ\n"
                     "is added to by one thread, in the same order every run: bit-identical", ha="center", fontsize=9)
             ax.set_title("kv_kernel, deterministic=True: a block per (batch, K/V head), key blocks in turn", fontsize=10)
