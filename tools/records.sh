@@ -5,6 +5,8 @@
 #   tools/records.sh reference   the ten reference shapes (D 64 and 128, fp16 and bf16, causal and
 #                                not, grouped queries), every kernel and peer, with the tail and the call
 #   tools/records.sh latency     what a call costs at small shapes (phase 09 beside SDPA flash and cuDNN)
+#   tools/records.sh backward    phase 11's backward at the reference shape (D 64 and 128, causal and
+#                                not) beside SDPA's flash and cuDNN backward, with the call
 #
 # then `flashcore report`. FC names the command (default `python3 -m flashcore_numba`). On a machine
 # that received the working tree without its history, pass the commit it holds:
@@ -39,6 +41,14 @@ latency() {
   done
   run bench --shape 1,16,1,128 --seq-k 4096 --phases 09 --peers flash,cudnn "${TAIL[@]}"
   run bench --shape 8,32,1,128 --seq-k 2048 --phases 09 --peers flash,cudnn "${TAIL[@]}"
+}
+
+backward() {
+  for D in 64 128; do
+    for causal in "" --causal; do
+      run bench --backward --shape "16,16,2048,$D" $causal --calls 1000 --cap-seconds 1
+    done
+  done
 }
 
 for step in "$@"; do "$step"; done
