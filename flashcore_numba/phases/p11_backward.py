@@ -63,9 +63,10 @@ What changed from its first version
       B=16 H=16 S=2048: deterministic=True costs +6 % / +4 % over the default at D = 64 (non-causal
       / causal; it cost +12 % / +9 %) and +17 % / +15 % at D = 128 (+25 % / +31 %), where the
       serial build spills 272 bytes a thread against the default build's 136. At B=1 H=16
-      S=4096 (8 parts, whose zeroing and sum move 17 times dQ's bytes) it is 4-12 % slower than
-      the old second kernel. The default build is the same kernel as before without the switch
-      (no loop): within 1 % at D = 64 and 3-4 % faster at D = 128 at the reference shape.
+      S=4096, D = 128 (8 parts, whose zeroing and sum move 17 times dQ's bytes) it is 6 % slower
+      than the old second kernel (at D = 64 that run timed the host, not the kernels). The
+      default build is the same kernel as before without the switch (no loop): within 1 % at
+      D = 64 and 3-4 % faster at D = 128 at the reference shape.
 
 Measured effect (written by `flashcore report` from the backward records, docs/bench/backward/;
 do not edit by hand)
