@@ -226,8 +226,9 @@ def test_autograd_matches_torch_on_gpu(shape, seq_k, heads_kv, causal, dtype):
 
 @pytest.mark.gpu
 def test_deterministic_gradients_are_bit_identical_on_gpu():
-    """deterministic=True: the same gradients bit for bit on every run (dQ summed in one order);
-    and close to the default's (atomics)."""
+    """deterministic=True: the same gradients bit for bit on every run (dQ summed in one order;
+    8 (batch, K/V head) pairs and 3 key blocks: dQ in 3 parts, in torch's memory); and close to
+    the default's (atomics)."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     from flashcore_numba import attention
 

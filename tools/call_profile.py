@@ -4,7 +4,8 @@ Run on a GPU with torch: `python3 tools/call_profile.py`. Each line is the host'
 of that part (see `us`: batches of calls queued while the GPU sleeps, so only the host is timed):
 attention() itself through phase 09's and phase 07's plans, the plan's own launch, the driver
 launch alone, and each piece a call pays for (the output's allocation, the current stream, the
-plan's key), beside torch SDPA. docs/tuning/call_path.txt holds its runs (runs 1 and 2 timed 5000
+plan's key), beside torch SDPA; and the backward as attention()'s autograd calls it, beside SDPA
+flash's. docs/tuning/call_path.txt holds its runs (runs 1 and 2 timed 5000
 calls back to back, where a line near the kernel's 10 us could be the GPU's pace).
 """
 
@@ -12,6 +13,7 @@ import statistics
 import time
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashcore_numba import api, attention
 from flashcore_numba.arch import launch as drv
@@ -41,6 +43,10 @@ attention(q, k, v); attention(q, k, v, phase="07")
 plan09 = next(p for key, p in api._PLANS.items() if key[0] == "best")
 plan07 = next(p for key, p in api._PLANS.items() if key[0] == "07")
 out = torch.empty_like(q)
+out9, lse9 = attention(q, k, v, return_lse=True)
+leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    sdpa_out = torch.nn.functional.scaled_dot_product_attention(*leaves)
 s = torch.cuda.current_stream().cuda_stream
 rows = {
  "attention() 09": lambda: attention(q, k, v),
@@ -58,6 +64,10 @@ rows = {
  "3x data_ptr": lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr()),
  "q.device.index": lambda: q.device.index,
  "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+ # the backward (phase 11) as attention()'s autograd calls it: no plan yet, Numba's own launches
+ "backward (api._backward)": lambda: api._backward(q, k, v, out9, lse9, out9, None, False, None, False),
+ "backward, deterministic": lambda: api._backward(q, k, v, out9, lse9, out9, None, False, None, True),
+ "sdpa flash backward": lambda: torch.autograd.grad(sdpa_out, leaves, out9, retain_graph=True),
 }
 for name, fn in rows.items():
     print(f"{name:45s} {us(fn):7.2f} us", flush=True)
