@@ -227,6 +227,7 @@ def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int, rows_per_kv_h
 # ---------------------------------------------------------------------------------------------
 _PLANS: dict = {}  # the key of a call (see _torch_call) -> its runtime.Plan, oldest first
 PLANS_KEPT = 512  # a plan is a few KB; the compiled kernels themselves are shared by all plans
+_BACKWARD_PLANS: dict = {}  # the backward's plans (runtime/backward.py), by problem
 _OP = None
 _OP_LSE = None
 _OP_TRAIN = None
@@ -362,30 +363,39 @@ def _require_backward(phase) -> None:
 
 def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
     """(dq, dk, dv) of q's dtype from the backward kernels (phases/p11_backward.py): dk and dv are
-    written in q's dtype, dq is summed in float32 and converted here."""
-    import torch
-    from numba import cuda
-
-    from .phases import p11_backward
-
+    written in q's dtype, dq is summed in float32 and converted here. The launches go through the
+    problem's BackwardPlan (runtime/backward.py), made on its first backward: no Numba dispatch per
+    call, every buffer from torch's caching allocator."""
+    torch = _TORCH or _import_torch()
     D = q.shape[-1]
     scale = default_scale(D) if scale is None else float(scale)
     operands = [x.detach().to(q.dtype).contiguous() for x in (q, k, v, out, dout)]
     lse = lse.detach().float().contiguous()
     dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(operands[1]), torch.empty_like(operands[2])
-    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)  # torch's, not Numba's: see run()
-    with cuda.gpus[q.device.index or 0]:
-        stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
-        arrays = [torch_to_kernel(x) for x in operands] + [cuda.as_cuda_array(lse), cuda.as_cuda_array(dq)]
-        arrays += [torch_to_kernel(x) for x in (dk, dv)]
-        extra = None if dlse is None else cuda.as_cuda_array(dlse.detach().float().contiguous())
-        bw = p11_backward.build(D, str(q.dtype).replace("torch.", ""))
-        # deterministic=True with fewer (batch, K/V head) pairs than SMs: dQ summed in parts, in torch's memory
-        parts = bw.dq_parts(q.shape[0], k.shape[1], k.shape[2], bool(deterministic))
-        sums = torch.empty((parts, *q.shape), dtype=torch.float32, device=q.device) if parts > 1 else None
-        bw.run(*arrays, bool(causal), scale, bool(deterministic), stream=stream, dLSE=extra,
-               delta=cuda.as_cuda_array(delta), dq_sums=None if sums is None else cuda.as_cuda_array(sums), parts=parts)
+    if q.shape[2] == 0 or k.shape[2] == 0:  # nothing to recompute: every gradient is 0
+        return dq.zero_().to(q.dtype), dk.zero_(), dv.zero_()
+    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    device = q.device.index or 0
+    key = (D, q.dtype, tuple(q.shape), tuple(k.shape), bool(causal), scale, bool(deterministic), dlse is not None,
+           device)
+    plan = _BACKWARD_PLANS.get(key)
+    if plan is None:
+        from .runtime import BackwardPlan
+
+        plan = BackwardPlan(D, str(q.dtype).replace("torch.", ""), tuple(q.shape), tuple(k.shape), bool(causal), scale,
+                            bool(deterministic), dlse is not None, device)
+        while len(_BACKWARD_PLANS) >= PLANS_KEPT:  # forget the oldest
+            del _BACKWARD_PLANS[next(iter(_BACKWARD_PLANS))]
+        _BACKWARD_PLANS[key] = plan
+    # deterministic=True with fewer (batch, K/V head) pairs than SMs: dQ summed in parts, in torch's memory
+    sums = torch.empty((plan.parts, *q.shape), dtype=torch.float32, device=q.device) if plan.parts > 1 else None
+    extra = None if dlse is None else dlse.detach().float().contiguous()
+    if device == torch.cuda.current_device():
+        plan(*operands, lse, dq, dk, dv, delta, _current_stream(device), dq_sums=sums, dlse=extra)
+    else:  # the launches go to the current context: make it the tensors' device's
+        with torch.cuda.device(device):
+            plan(*operands, lse, dq, dk, dv, delta, _current_stream(device), dq_sums=sums, dlse=extra)
     return dq.to(q.dtype), dk, dv
 
 

@@ -25,7 +25,7 @@ from flashcore_numba.arch.sim import simulator_enabled
 # `compiler` need the real one, which a CPU machine has (NVVM and nvJitLink from pip): in a simulator
 # session they run in a child pytest without it (a background job, see conftest.py), and
 # test_compiler_tests_pass_without_the_simulator reads its result.
-COMPILER_TESTS = 4
+COMPILER_TESTS = 5
 NO_TORCH = "torch is not installed (pip install -e '.[torch]')"  # the tests that need it skip
 
 
@@ -110,6 +110,75 @@ def test_arg_slots_are_numbas_parameters():
     assert len(ours) == len(numba) == len(slots.sizes) == 4 * 13 + 11 + 1 + 1 + 9 + 7
     for i, (a, b, size) in enumerate(zip(ours, numba, slots.sizes, strict=True)):
         assert a[:size] == b[:size], f"parameter {i}: ours {a[:size].hex()}, numba's {b[:size].hex()}"
+
+
+BACKWARD_PLAN_CASES = [  # (q shape, k shape, causal, deterministic, parts, with dlse, D's dtype)
+    ((2, 4, 77, 64), (2, 2, 130, 64), True, False, 1, False, "float16"),
+    ((1, 2, 300, 128), (1, 1, 333, 128), False, True, 1, True, "bfloat16"),
+    ((1, 2, 300, 64), (1, 1, 333, 64), True, True, 3, False, "float16"),
+]
+
+
+@needs_compiler
+def test_backward_plan_launches_what_backward_run_launches():
+    """runtime/backward.py's plan packs, for every launch, the bytes Numba packs for Backward.run's
+    launch of the same buffers: the same kernel, grid, block, shared memory and disk-cache entry, and
+    every parameter, pointers included, so each buffer lands where run() puts it; run()'s zeroing
+    kernel and the plan's memset cover the same words. No GPU: run() is recorded, not launched."""
+    from numba.cuda import types
+    from numba.cuda.core import sigutils
+
+    from flashcore_numba.phases import p11_backward
+    from flashcore_numba.runtime.backward import backward_launches
+
+    for q_shape, k_shape, causal, deterministic, parts, with_dlse, dtype in BACKWARD_PLAN_CASES:
+        bw = p11_backward.build(q_shape[3], dtype, cc=(9, 0))
+        views = p11_backward.kernel_views(q_shape[3], dtype, cc=(9, 0))
+        e = np.float16 if dtype == "float16" else np.int16
+        stats = np.zeros(q_shape[:3], np.float32)
+        buffers = {"q": np.zeros(q_shape, e), "k": np.zeros(k_shape, e), "v": np.zeros(k_shape, e),
+                   "out": np.zeros(q_shape, e), "dout": np.zeros(q_shape, e), "lse": stats, "dlse": stats.copy(),
+                   "delta": stats.copy(), "dq": np.zeros(q_shape, np.float32), "dk": np.zeros(k_shape, e),
+                   "dv": np.zeros(k_shape, e), "sums": np.zeros((parts, *q_shape), np.float32)}
+        if parts == 1:
+            buffers["sums"] = buffers["dq"]
+        recorded = []
+
+        def record(kernel, grid, block, smem, args, stream=0, cache_key=()):
+            recorded.append((kernel, tuple(grid) if isinstance(grid, tuple) else (grid, 1, 1), block, smem, args,
+                             cache_key))
+
+        b = buffers
+        mp = pytest.MonkeyPatch()
+        mp.setattr(p11_backward, "launch", record)
+        try:
+            bw.run(b["q"], b["k"], b["v"], b["out"], b["dout"], b["lse"], b["dq"], b["dk"], b["dv"], causal, 0.3,
+                   deterministic, dLSE=b["dlse"] if with_dlse else None, delta=b["delta"],
+                   dq_sums=b["sums"] if parts > 1 else None, parts=parts)
+        finally:
+            mp.undo()
+        zeroing, launched = recorded[1], [recorded[0], *recorded[2:]]  # Δ, dQ zeroed, kv_kernel, the sum
+        assert zeroing[0] is p11_backward._zero_kernel
+        flat = zeroing[4][0]
+        assert flat.ctypes.data == b["sums"].ctypes.data and flat.size == parts * int(np.prod(q_shape))
+        plan = backward_launches(bw, q_shape, k_shape, causal, 0.3, deterministic, parts, with_dlse)
+        assert [launch.kernel_id for launch in plan] == ["11-delta", "11-kv-serial" if deterministic else "11-kv",
+                                                         *(["11-sum"] if parts > 1 else [])]
+        assert len(plan) == len(launched)
+        for launch, (kernel, grid, block, smem, args, cache_key) in zip(plan, launched, strict=True):
+            view = views[launch.kernel_id]
+            assert kernel is view.kernel and cache_key == bw.cache_id(launch.kernel_id), launch.kernel_id
+            assert (launch.grid + (1, 1))[:3] == grid and (launch.block, launch.smem) == (block, smem), launch.kernel_id
+            slots = ArgSlots(launch.args)
+            arrays = [i for i, a in enumerate(launch.args) if isinstance(a, ArrayArg)]
+            for i, name in zip(arrays, launch.tensors, strict=True):
+                slots.set_pointer(i, buffers[name].ctypes.data)
+            argtypes, _ = sigutils.normalize_signature(view.types)
+            numba = numba_packed(argtypes, [np.float32(a) if t == types.float32 else a for t, a in zip(argtypes, args)])
+            ours = [int(x).to_bytes(8, "little") for x in slots.values()]
+            assert len(ours) == len(numba) == len(slots.sizes), launch.kernel_id
+            for i, (x, y, size) in enumerate(zip(ours, numba, slots.sizes, strict=True)):
+                assert x[:size] == y[:size], f"{launch.kernel_id} parameter {i}: ours {x[:size].hex()}, numba's {y[:size].hex()}"
 
 
 def _phase01():
@@ -286,3 +355,45 @@ def test_a_call_finds_its_plan_by_its_key(monkeypatch):
     monkeypatch.setattr(api, "PLANS_KEPT", 2)
     api.attention(q, k, v, scale=0.5)
     assert len(api._PLANS) == 2 and made[-1][2] == 0.5
+
+
+def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
+    """attention()'s backward (api._backward) makes a problem's BackwardPlan once and finds it again;
+    another flag is another plan; the plan gets every buffer in the inputs' dtype and contiguous, and
+    a (parts, *q.shape) float32 buffer where it sums dQ in parts; an empty sequence gives zeros with
+    no plan. CPU tensors and a stand-in plan (no GPU here): what is tested is the call, not the launch."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba import api, runtime
+
+    made, calls = [], []
+
+    class StandInPlan:
+        def __init__(self, head_dim, dtype, q_shape, k_shape, causal, scale, deterministic, with_dlse, device):
+            made.append((head_dim, dtype, q_shape, k_shape, causal, scale, deterministic, with_dlse, device))
+            self.parts = 3 if deterministic else 1
+
+        def __call__(self, q, k, v, out, dout, lse, dq, dk, dv, delta, stream, dq_sums=None, dlse=None):
+            calls.append((q.dtype, dout.is_contiguous(), lse.dtype, None if dq_sums is None else tuple(dq_sums.shape),
+                          dlse is not None))
+            dq.fill_(1.0)
+            dk.fill_(2.0)
+            dv.fill_(3.0)
+
+    monkeypatch.setattr(runtime, "BackwardPlan", StandInPlan)
+    monkeypatch.setattr(api, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(api, "_BACKWARD_PLANS", {})
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    k = v = torch.zeros(1, 1, 9, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 8)
+    dout = torch.zeros(1, 2, 64, 8, dtype=torch.float32).transpose(2, 3)  # another dtype, not contiguous
+    for _ in range(2):
+        dq, dk, dv = api._backward(q, k, v, q, lse, dout, None, True, None, False)
+    assert len(made) == 1 and made[0] == (64, "float16", (1, 2, 8, 64), (1, 1, 9, 64), True, 0.125, False, False, 0)
+    assert calls[-1] == (torch.float16, True, torch.float32, None, False)
+    assert dq.dtype == torch.float16 and bool((dq == 1).all() and (dk == 2).all() and (dv == 3).all())
+    api._backward(q, k, v, q, lse, dout, lse, True, None, True)  # deterministic, with the LSE's gradient
+    assert len(made) == 2 and calls[-1] == (torch.float16, True, torch.float32, (3, 1, 2, 8, 64), True)
+    empty = torch.zeros(1, 1, 0, 64, dtype=torch.float16)
+    dq, dk, dv = api._backward(q, empty, empty, q, lse, dout, None, False, None, False)
+    assert len(made) == 2 and not dq.any() and dk.shape == empty.shape

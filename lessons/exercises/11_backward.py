@@ -56,6 +56,7 @@ DELTA_ROWS = 4  # delta_kernel: rows per block, a warp each
 # many, so that the copies stay a few times dQ's size
 MAX_DQ_PARTS = 8
 SIM_SM_COUNT = 4  # the simulator's stand-in for the GPU's SM count (dq_parts)
+SUM_THREADS = 256  # the parts' sum: threads per block, an element each
 NO_ROW = 1 << 30  # kv_kernel's mask limits: a row index above (and, negated, below) every real row
 
 
@@ -101,6 +102,15 @@ class Backward:
     kv_kernel: object  # a block per key block, dQ by atomics
     kv_kernel_serial: object  # deterministic=True: a block per part of dQ, its key blocks in turn
 
+    def cache_id(self, kernel_id: str) -> tuple:
+        """A kernel's entry in the disk cache (arch/cache.py): "11-delta", "11-kv", "11-kv-serial" or
+        "11-sum", its head dim and dtype, and for kv_kernel which reductions it adds dQ by."""
+        if kernel_id == "11-sum":  # float32 sums: the same kernel for every head dim and dtype
+            return (kernel_id,)
+        if kernel_id.startswith("11-kv"):
+            return (kernel_id, self.head_dim, self.dtype, "red.v2" if self.wide_red else "red")
+        return (kernel_id, self.head_dim, self.dtype)
+
     def dq_parts(self, B: int, H_kv: int, S_k: int, deterministic: bool, sm_count: int | None = None) -> int:
         """How many float32 copies of dQ kv_kernel adds into (`run`): 1 with atomics. With
         deterministic=True a block walks all the key blocks of its part in order; one part per
@@ -134,12 +144,11 @@ class Backward:
                 if x.size:
                     _zero(x.view(np.uint32) if x.dtype.itemsize == 2 else x, stream)
             return
-        key = (D, self.dtype)  # each kernel's entry in the disk cache (arch/cache.py): "11-kv", D, dtype
         if delta is None:
             delta = cuda.device_array((B, H, S_q), np.float32, stream=stream)
         launch(self.delta_kernel, (cdiv(S_q, DELTA_ROWS), H, B), 32 * DELTA_ROWS, 0,
                (O.view(np.uint32), dO.view(np.uint32), delta if dLSE is None else dLSE, dLSE is not None, delta),
-               stream, ("11-delta", *key))
+               stream, self.cache_id("11-delta"))
         kv = self.kv
         key_blocks = cdiv(S_k, kv["OWN_ROWS"])
         if parts is None or not deterministic:
@@ -154,11 +163,11 @@ class Backward:
         kernel, name = (self.kv_kernel_serial, "11-kv-serial") if deterministic else (self.kv_kernel, "11-kv")
         launch(kernel, (parts if deterministic else key_blocks, H_kv, B), kv["N_THREADS"], kv["SMEM_BYTES"],
                (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale)),
-               stream, (name, *key, "red.v2" if self.wide_red else "red"))
+               stream, self.cache_id(name))
         if parts > 1:
             flat = dQ.reshape(dQ.size)
-            launch(_sum_parts_kernel, cdiv(flat.size, 256), 256, 0, (sums.reshape((parts, flat.size)), flat), stream,
-                   ("11-sum",))
+            launch(_sum_parts_kernel, cdiv(flat.size, SUM_THREADS), SUM_THREADS, 0,
+                   (sums.reshape((parts, flat.size)), flat), stream, self.cache_id("11-sum"))
 
 
 def _zero(array, stream) -> None:
@@ -224,10 +233,10 @@ class CompiledView:
         return self.types
 
 
-def kernel_views(HEAD_DIM: int, dtype: str = "float16") -> dict[str, CompiledView]:
-    """"11-kv", "11-kv-serial", "11-delta" and "11-sum" of `build(HEAD_DIM, dtype)`, typed as Backward.run
-    launches them."""
-    bw = build(HEAD_DIM, dtype, cc=(9, 0))  # the H100's, as measure/machine_code.py compiles
+def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> dict[str, CompiledView]:
+    """"11-kv", "11-kv-serial", "11-delta" and "11-sum" of `build(HEAD_DIM, dtype, cc)`, typed as
+    Backward.run launches them (by default the H100's, as measure/machine_code.py compiles)."""
+    bw = build(HEAD_DIM, dtype, cc=cc)
     e = ELEMENT[dtype]
     four, three = f"{e}[:,:,:,::1]", "float32[:,:,::1]"
     inputs = f"{four}, {four}, {four}, {four}, {three}, {three}, float32[:,:,:,:,::1]"
@@ -237,7 +246,7 @@ def kernel_views(HEAD_DIM: int, dtype: str = "float16") -> dict[str, CompiledVie
         "11-kv-serial": CompiledView(bw.kv_kernel_serial, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
         "11-delta": CompiledView(bw.delta_kernel, f"void(uint32[:,:,:,::1], uint32[:,:,:,::1], {three}, boolean, "
                                                   f"{three})", 32 * DELTA_ROWS, 0),
-        "11-sum": CompiledView(_sum_parts_kernel, "void(float32[:,::1], float32[::1])", 256, 0),
+        "11-sum": CompiledView(_sum_parts_kernel, "void(float32[:,::1], float32[::1])", SUM_THREADS, 0),
     }
 
 

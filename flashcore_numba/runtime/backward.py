@@ -1,0 +1,129 @@
+"""The backward's plan: what attention()'s autograd launches for one problem, settled once.
+
+`Backward.run` (phases/p11_backward.py) launches its kernels through Numba, which types and wraps
+every argument on every launch: hundreds of microseconds of host time per backward, on top of
+the conversions of seven torch tensors to Numba arrays. A plan does, for the backward, what
+runtime/plan.py does for the forward: the kernels' cubins loaded once (from the disk cache), their
+grids and parameters packed once, and a call that writes the data pointers and launches through
+the driver on torch's current stream:
+
+    plan = BackwardPlan(64, "float16", q.shape, k.shape, causal=True, scale=0.125,
+                        deterministic=False, with_dlse=False, device_index=0)
+    plan(q, k, v, out, dout, lse, dq, dk, dv, delta, stream)   # + dq_sums (parts > 1), dlse
+
+The launches are exactly Backward.run's (tests/test_runtime.py packs both and compares the bytes):
+Δ (delta_kernel), dQ zeroed (a driver memset instead of a zeroing kernel), kv_kernel (or its
+serial build), and with deterministic parts their sum. Nothing synchronizes with the host or
+allocates: the caller passes every buffer, from torch's caching allocator.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from ..arch import launch as driver
+from ..arch.cache import cached_cubin
+from ..arch.launch import ArgSlots, ArrayArg, ScalarArg
+from .plan import _loaded
+
+
+@dataclass
+class Launch:
+    """One kernel launch of the plan: which kernel (its id in p11_backward.kernel_views), where,
+    and its parameters; `tensors` names the buffer behind each array argument, in order."""
+
+    kernel_id: str
+    grid: tuple
+    block: int
+    smem: int
+    args: list
+    tensors: tuple
+    slots: ArgSlots | None = None
+    kernel: object = None
+
+
+def backward_launches(bw, q_shape, k_shape, causal: bool, scale: float, deterministic: bool, parts: int,
+                      with_dlse: bool) -> list[Launch]:
+    """The kernel launches of `bw.run` (a p11_backward.Backward) for this problem, without arrays:
+    their grids and argument layouts, and which buffer each array argument is ("q", "k", "v", "out",
+    "dout", "lse", "dlse", "delta", "dq", "dk", "dv", "sums": the parts of dQ, or dq itself)."""
+    from ..phases import p11_backward as p11
+    from ..phases.common import cdiv
+
+    B, H, S_q, D = q_shape
+    H_kv, S_k = k_shape[1], k_shape[2]
+    kv = bw.kv
+    words = (B, H, S_q, D // 2)  # O and dO as uint32 pairs of 16-bit values
+    stats = (B, H, S_q)
+    delta = Launch("11-delta", (cdiv(S_q, p11.DELTA_ROWS), H, B), 32 * p11.DELTA_ROWS, 0,
+                   [ArrayArg(words, 4), ArrayArg(words, 4), ArrayArg(stats, 4), ScalarArg("bool", with_dlse),
+                    ArrayArg(stats, 4)],
+                   ("out", "dout", "dlse" if with_dlse else "delta", "delta"))
+    key_blocks = cdiv(S_k, kv["OWN_ROWS"])
+    kv_words = (B, H_kv, S_k, D // 2)  # dK and dV as uint32 pairs
+    main = Launch("11-kv-serial" if deterministic else "11-kv", (parts if deterministic else key_blocks, H_kv, B),
+                  kv["N_THREADS"], kv["SMEM_BYTES"],
+                  [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(k_shape), 2), ArrayArg(tuple(k_shape), 2),
+                   ArrayArg(tuple(q_shape), 2), ArrayArg(stats, 4), ArrayArg(stats, 4),
+                   ArrayArg((parts, *q_shape), 4), ArrayArg(kv_words, 4), ArrayArg(kv_words, 4),
+                   ScalarArg("bool", causal), ScalarArg("float32", scale)],
+                  ("q", "k", "v", "dout", "lse", "delta", "sums", "dk", "dv"))
+    launches = [delta, main]
+    if parts > 1:
+        n = B * H * S_q * D
+        launches.append(Launch("11-sum", (cdiv(n, p11.SUM_THREADS), 1, 1), p11.SUM_THREADS, 0,
+                               [ArrayArg((parts, n), 4), ArrayArg((n,), 4)], ("sums", "dq")))
+    return launches
+
+
+class BackwardPlan:
+    """One backward problem's launches, settled; `plan(...)` runs them on those tensors."""
+
+    def __init__(self, head_dim: int, dtype: str, q_shape, k_shape, causal: bool, scale: float,
+                 deterministic: bool, with_dlse: bool, device_index: int):
+        from numba import cuda
+        from numba.cuda.core import sigutils
+
+        from ..phases import p11_backward
+
+        with cuda.gpus[device_index]:
+            cc = tuple(cuda.get_current_device().compute_capability)
+            bw = p11_backward.build(head_dim, dtype, cc)
+            self.parts = bw.dq_parts(q_shape[0], k_shape[1], k_shape[2], deterministic)
+        views = p11_backward.kernel_views(head_dim, dtype, cc)
+        self.launches = backward_launches(bw, q_shape, k_shape, causal, scale, deterministic, self.parts, with_dlse)
+        for launch in self.launches:
+            view = views[launch.kernel_id]
+            argtypes, _ = sigutils.normalize_signature(view.types)
+            cached = cached_cubin(view.kernel, argtypes, bw.cache_id(launch.kernel_id), cc)
+            launch.kernel = _loaded(cached, device_index, launch.smem)
+            launch.slots = ArgSlots(launch.args)
+            launch.slots.check(cached.cubin, cached.entry)
+        B, H, S_q, D = q_shape
+        self.zeroed = self.parts * B * H * S_q * D  # 32-bit words of the sums dQ is added into
+        self.device_index = device_index
+        self._lock = threading.Lock()
+
+    def __call__(self, q, k, v, out, dout, lse, dq, dk, dv, delta, stream: int, dq_sums=None, dlse=None) -> None:
+        """The backward on contiguous tensors of the plan's shapes (q, k, v, out, dout in the inputs'
+        dtype; lse, delta, dq float32; dq_sums (parts, *q.shape) float32 where parts > 1)."""
+        sums = dq if self.parts == 1 else dq_sums
+        pointers = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "out": out.data_ptr(),
+                    "dout": dout.data_ptr(), "lse": lse.data_ptr(), "delta": delta.data_ptr(), "dq": dq.data_ptr(),
+                    "dk": dk.data_ptr(), "dv": dv.data_ptr(), "sums": sums.data_ptr(),
+                    "dlse": None if dlse is None else dlse.data_ptr()}
+        with self._lock:  # the slots are this plan's: one call packs them at a time
+            delta_launch, main = self.launches[0], self.launches[1]
+            self._launch(delta_launch, pointers, stream)
+            driver.memset32(pointers["sums"], 0, self.zeroed, stream)  # the reductions add into zeros
+            self._launch(main, pointers, stream)
+            if self.parts > 1:
+                self._launch(self.launches[2], pointers, stream)
+
+    @staticmethod
+    def _launch(launch: Launch, pointers: dict, stream: int) -> None:
+        arrays = [i for i, a in enumerate(launch.args) if isinstance(a, ArrayArg)]
+        for i, name in zip(arrays, launch.tensors, strict=True):
+            launch.slots.set_pointer(i, pointers[name])
+        driver.launch(launch.kernel, launch.grid, launch.block, launch.smem, stream, launch.slots)
