@@ -109,6 +109,8 @@ class BackwardPlan:
         """The backward on contiguous tensors of the plan's shapes (q, k, v, out, dout in the inputs'
         dtype; lse, delta, dq float32; dq_sums (parts, *q.shape) float32 where parts > 1)."""
         sums = dq if self.parts == 1 else dq_sums
+        if sums is None:
+            raise ValueError(f"dq_sums: this plan sums dQ in {self.parts} parts and needs their float32 buffer")
         pointers = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "out": out.data_ptr(),
                     "dout": dout.data_ptr(), "lse": lse.data_ptr(), "delta": delta.data_ptr(), "dq": dq.data_ptr(),
                     "dk": dk.data_ptr(), "dv": dv.data_ptr(), "sums": sums.data_ptr(),
