@@ -162,23 +162,22 @@ def test_backward_plan_launches_what_backward_run_launches():
         flat = zeroing[4][0]
         assert flat.ctypes.data == b["sums"].ctypes.data and flat.size == parts * int(np.prod(q_shape))
         plan = backward_launches(bw, q_shape, k_shape, causal, 0.3, deterministic, parts, with_dlse)
-        assert [launch.kernel_id for launch in plan] == ["11-delta", "11-kv-serial" if deterministic else "11-kv",
+        assert [planned.kernel_id for planned in plan] == ["11-delta", "11-kv-serial" if deterministic else "11-kv",
                                                          *(["11-sum"] if parts > 1 else [])]
         assert len(plan) == len(launched)
-        for launch, (kernel, grid, block, smem, args, cache_key) in zip(plan, launched, strict=True):
-            view = views[launch.kernel_id]
-            assert kernel is view.kernel and cache_key == bw.cache_id(launch.kernel_id), launch.kernel_id
-            assert (launch.grid + (1, 1))[:3] == grid and (launch.block, launch.smem) == (block, smem), launch.kernel_id
-            slots = ArgSlots(launch.args)
-            arrays = [i for i, a in enumerate(launch.args) if isinstance(a, ArrayArg)]
-            for i, name in zip(arrays, launch.tensors, strict=True):
+        for planned, (kernel, grid, block, smem, args, cache_key) in zip(plan, launched, strict=True):
+            view = views[planned.kernel_id]
+            assert kernel is view.kernel and cache_key == bw.cache_id(planned.kernel_id), planned.kernel_id
+            assert (planned.grid + (1, 1))[:3] == grid and (planned.block, planned.smem) == (block, smem), planned.kernel_id
+            slots = ArgSlots(planned.args)
+            for i, name in planned.pointers():
                 slots.set_pointer(i, buffers[name].ctypes.data)
             argtypes, _ = sigutils.normalize_signature(view.types)
             numba = numba_packed(argtypes, [np.float32(a) if t == types.float32 else a for t, a in zip(argtypes, args)])
             ours = [int(x).to_bytes(8, "little") for x in slots.values()]
-            assert len(ours) == len(numba) == len(slots.sizes), launch.kernel_id
+            assert len(ours) == len(numba) == len(slots.sizes), planned.kernel_id
             for i, (x, y, size) in enumerate(zip(ours, numba, slots.sizes, strict=True)):
-                assert x[:size] == y[:size], f"{launch.kernel_id} parameter {i}: ours {x[:size].hex()}, numba's {y[:size].hex()}"
+                assert x[:size] == y[:size], f"{planned.kernel_id} parameter {i}: ours {x[:size].hex()}, numba's {y[:size].hex()}"
 
 
 def _phase01():

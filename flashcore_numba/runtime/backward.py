@@ -42,6 +42,11 @@ class Launch:
     slots: ArgSlots | None = None
     kernel: object = None
 
+    def pointers(self):
+        """(argument number, buffer name) of each array argument: what a call writes."""
+        return [(i, name) for i, name in zip((i for i, a in enumerate(self.args) if isinstance(a, ArrayArg)),
+                                            self.tensors, strict=True)]
+
 
 def backward_launches(bw, q_shape, k_shape, causal: bool, scale: float, deterministic: bool, parts: int,
                       with_dlse: bool) -> list[Launch]:
@@ -100,6 +105,7 @@ class BackwardPlan:
             launch.kernel = _loaded(cached, device_index, launch.smem)
             launch.slots = ArgSlots(launch.args)
             launch.slots.check(cached.cubin, cached.entry)
+        self._pointers = [launch.pointers() for launch in self.launches]  # worked out once, not per call
         B, H, S_q, D = q_shape
         self.zeroed = self.parts * B * H * S_q * D  # 32-bit words of the sums dQ is added into
         self.device_index = device_index
@@ -116,16 +122,13 @@ class BackwardPlan:
                     "dk": dk.data_ptr(), "dv": dv.data_ptr(), "sums": sums.data_ptr(),
                     "dlse": None if dlse is None else dlse.data_ptr()}
         with self._lock:  # the slots are this plan's: one call packs them at a time
-            delta_launch, main = self.launches[0], self.launches[1]
-            self._launch(delta_launch, pointers, stream)
+            self._launch(0, pointers, stream)  # Δ
             driver.memset32(pointers["sums"], 0, self.zeroed, stream)  # the reductions add into zeros
-            self._launch(main, pointers, stream)
-            if self.parts > 1:
-                self._launch(self.launches[2], pointers, stream)
+            for n in range(1, len(self.launches)):  # kv_kernel, and with parts their sum
+                self._launch(n, pointers, stream)
 
-    @staticmethod
-    def _launch(launch: Launch, pointers: dict, stream: int) -> None:
-        arrays = [i for i, a in enumerate(launch.args) if isinstance(a, ArrayArg)]
-        for i, name in zip(arrays, launch.tensors, strict=True):
+    def _launch(self, n: int, pointers: dict, stream: int) -> None:
+        launch = self.launches[n]
+        for i, name in self._pointers[n]:
             launch.slots.set_pointer(i, pointers[name])
         driver.launch(launch.kernel, launch.grid, launch.block, launch.smem, stream, launch.slots)
