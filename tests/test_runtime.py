@@ -235,6 +235,32 @@ def test_cache_stores_loads_and_rebuilds_a_bad_entry(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no temporary file left behind
 
 
+def test_a_copy_of_a_phase_never_loads_the_phase_s_cubin(tmp_path, monkeypatch):
+    """An exercise being solved declares the same cache identity as its phase (phase 11's
+    Backward.cache_id is in the stub too), but the key hashes the package's source, not the
+    copy's: were it cached, the stub would load the solution's kernel and pass every GPU check."""
+    from flashcore_numba.course.student import load_module
+    from flashcore_numba.phases import p11_backward
+
+    monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FLASHCORE_CACHE", raising=False)
+    stub = load_module(Path(__file__).resolve().parents[1] / "lessons" / "exercises" / "11_backward.py")
+    assert cache.is_ours(p11_backward._sum_parts_kernel) and cache.is_ours(p11_backward.build(64).kv_kernel)
+    assert not cache.is_ours(stub._sum_parts_kernel) and not cache.is_ours(stub.build(64).kv_kernel)
+
+    monkeypatch.setattr(cache, "toolchain", lambda: {"numba-cuda": "0.30.4", "nvvm": "2.0", "nvjitlink": "13.5"})
+    compiled = []
+    monkeypatch.setattr(launch, "build_cubin", lambda d, a, cc: compiled.append(d) or (b"cubin of %d" % len(compiled), "e"))
+    identity = p11_backward.build(64).cache_id("11-sum")
+    assert stub.build(64).cache_id("11-sum") == identity
+    ours = cache.cached_cubin(p11_backward._sum_parts_kernel, ("f32",), identity, (9, 0))
+    assert ours.built and len(list(tmp_path.glob("*.cubin"))) == 1
+    theirs = cache.cached_cubin(stub._sum_parts_kernel, ("f32",), identity, (9, 0))
+    assert theirs.built and theirs.cubin != ours.cubin and compiled == [p11_backward._sum_parts_kernel, stub._sum_parts_kernel]
+    assert len(list(tmp_path.glob("*.cubin"))) == 1  # the copy's kernel is not stored either
+    assert not cache.cached_cubin(p11_backward._sum_parts_kernel, ("f32",), identity, (9, 0)).built
+
+
 def test_cache_key_names_everything_that_changes_the_code(monkeypatch):
     monkeypatch.setattr(cache, "toolchain", lambda: {"numba-cuda": "0.30.4", "nvvm": "2.0", "nvjitlink": "13.5"})
     base = cache.key_fields(("09", 64, "float16"), ("f16[:,::1]",), (9, 0))

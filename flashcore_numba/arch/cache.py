@@ -13,7 +13,10 @@ head dim, dtype, argument types), the compute capability, the source of the kern
 file of phases/ and arch/ and every file of ptx/), and the toolchain (numba-cuda, numba, NVVM and
 nvJitLink versions). An entry whose header does not name its key, whose cubin does not match its
 checksum, or that cannot be read at all (stale, truncated, written by another version) is
-rebuilt and replaced, never loaded. Files are written whole (a temporary file, then a rename), so a
+rebuilt and replaced, never loaded. Only the package's own kernels are cached: the key names the
+package's source, not a copy's, so a kernel defined in any other file (an exercise being solved,
+lessons/exercises/) compiles in every process, never loads the package's cubin under the same
+identity (`is_ours`). Files are written whole (a temporary file, then a rename), so a
 process killed mid-write leaves no half entry under the final name.
 
 Where: $FLASHCORE_CACHE_DIR, else the platform's cache folder (~/.cache/flashcore-numba on
@@ -168,15 +171,28 @@ def locked(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def is_ours(dispatcher) -> bool:
+    """Whether `dispatcher`'s kernel is written in the files source_fingerprint hashes (phases/ and
+    arch/ of this package). A student's copy of a phase declares the same cache identity as the
+    phase, so without this test it would load the solution's cubin."""
+    package = Path(__file__).resolve().parents[1]
+    try:
+        where = Path(dispatcher.py_func.__code__.co_filename).resolve()
+    except (AttributeError, OSError):
+        return False
+    return where.parent in (package / "phases", package / "arch")
+
+
 def cached_cubin(dispatcher, argtypes, identity: tuple, cc) -> CachedKernel:
     """The cubin of `dispatcher` (a kernel whose identity, its id, head dim and dtype, is `identity`)
     compiled for `argtypes` (Numba types) on a GPU of compute capability `cc`: from the cache when it
-    holds a valid entry, else compiled (Numba's own compile, arch.launch.build_cubin) and stored."""
+    holds a valid entry, else compiled (Numba's own compile, arch.launch.build_cubin) and stored. A
+    kernel that is not the package's own (`is_ours`) is compiled every time, never cached."""
     from .launch import build_cubin
 
     fields = key_fields(identity, argtypes, cc)
     key = key_of(fields)
-    folder = cache_dir()
+    folder = cache_dir() if is_ours(dispatcher) else None
     path = folder / f"{key}.cubin" if folder is not None else None
     found = read_entry(path, key) if path is not None else None
     if found is not None:
