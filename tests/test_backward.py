@@ -364,6 +364,15 @@ def test_backward_record_table_sets_each_row_beside_sdpa_flash(tmp_path):
     block = " ".join(line.strip() for line in report.backward_measured_lines(records.load_records(path.parent)))
     assert "11 " in block and "(0.50x SDPA flash)" in block and "r.json" in block, block
     assert report.backward_measured_lines([]) == ["    not measured yet"]
+    # records of two GPUs: a table each, the GPU measured last first, never one GPU's name over both
+    other = dict(record, created="2999-01-01T00:00:00", provenance={"gpu_name": "Newer GPU", "git_commit": None})
+    records.write_record(other, tmp_path / "backward" / "s.json")
+    lines = report.backward_table(records.load_records(path.parent), tmp_path)
+    headers = [line for line in lines if line.startswith("Measured on the ")]
+    assert [h.split(":")[0] for h in headers] == ["Measured on the Newer GPU", "Measured on the Test GPU"]
+    assert sum(line.startswith("Records: ") for line in lines) == 2
+    block = " ".join(line.strip() for line in report.backward_measured_lines(records.load_records(path.parent)))
+    assert "Newer GPU, " in block and "Test GPU, " in block, block
 
 
 @pytest.mark.gpu

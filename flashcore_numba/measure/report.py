@@ -256,14 +256,23 @@ def readme_table(nc, c, readme_dir: Path, plots: list[Path], others=(), latency=
 
 
 def backward_table(records, readme_dir) -> list[str]:
-    """The backward records (docs/bench/backward/, measure/backward.py), one table for all: per
+    """The backward records (docs/bench/backward/, measure/backward.py), a table per GPU: per
     problem, phase 11's backward (atomics and deterministic) and SDPA's flash and cuDNN backward,
     then one training step (forward and backward) of each; TFLOPS as FlashAttention counts them."""
     if not records:
         return []
-    first = records[0]
-    lines = ["", "#### The backward pass (phase 11, attention()'s autograd)", "",
-             f"Measured on the {first['provenance']['gpu_name']}: kernel time, L2 flushed before each launch; "
+    lines = ["", "#### The backward pass (phase 11, attention()'s autograd)"]
+    newest = {}
+    for r in records:  # the GPU measured most recently first: its records measured the newest code
+        gpu = r["provenance"]["gpu_name"]
+        newest[gpu] = max(newest.get(gpu, ""), r["created"])
+    for gpu in sorted(newest, key=lambda g: newest[g], reverse=True):
+        lines += _backward_gpu_table([r for r in records if r["provenance"]["gpu_name"] == gpu], gpu, readme_dir)
+    return lines
+
+
+def _backward_gpu_table(records, gpu, readme_dir) -> list[str]:
+    lines = ["", f"Measured on the {gpu}: kernel time, L2 flushed before each launch; "
              f"TFLOPS: {FLOPS_RULE}. Every row passed the gradient "
              f"oracle (batch 0 against torch's float64 autograd) before it was timed. Call: the same "
              f"launch back to back as a training loop runs it, median (p99), where the record has it.", "",
@@ -686,7 +695,8 @@ def backward_measured_lines(records) -> list[str]:
     if not records:
         return [DOCSTRING_INDENT + NOT_MEASURED]
     parts, files = [], []
-    for record in sorted(records, key=lambda r: (r["config"]["D"], r["config"]["causal"], r["config"]["dtype"])):
+    for record in sorted(records, key=lambda r: (r["provenance"]["gpu_name"], r["config"]["D"], r["config"]["causal"],
+                                                 r["config"]["dtype"])):
         timed = {r["name"]: r for r in record["results"] if r.get("tflops")}
         flash = timed.get("sdpa_flash")
         figures = []
@@ -698,10 +708,11 @@ def backward_measured_lines(records) -> list[str]:
             peer = timed.get("sdpa_flash-step" if name.endswith("-step") else "sdpa_flash")
             figures.append(f"{name} {format_tflops(r['tflops'])} TFLOPS"
                            + (f" ({r['tflops'] / peer['tflops']:.2f}x SDPA flash)" if peer else ""))
-        parts.append(f"{_describe(record['config'])} {_mode(record)}, {record['created'][:10]}: " + ", ".join(figures)
+        parts.append(f"{record['provenance']['gpu_name']}, {_describe(record['config'])} {_mode(record)}, "
+                     f"{record['created'][:10]}{_code_of(record)}: " + ", ".join(figures)
                      + ("" if flash else " (no SDPA flash backward in this run)"))
         files.append(Path(record["_path"]).name)
-    text = f"{records[0]['provenance']['gpu_name']}; {FLOPS_RULE}. " + "; ".join(parts)
+    text = f"{FLOPS_RULE[0].upper()}{FLOPS_RULE[1:]}. " + "; ".join(parts)
     text += f" ({', '.join(files)})."
     text = text.replace("\\", "/").replace(3 * '"', 3 * "'")
     return textwrap.wrap(text, width=100, initial_indent=DOCSTRING_INDENT, subsequent_indent=DOCSTRING_INDENT,

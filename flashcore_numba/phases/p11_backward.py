@@ -71,19 +71,34 @@ What changed from its first version
 Measured effect (written by `flashcore report` from the backward records, docs/bench/backward/;
 do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3; the backward rows count 2.5 x the forward's FLOPs, the -step rows
-    (forward and backward) 3.5 x, as FlashAttention's benchmark counts them. B=16 H=16 S=2048 D=64
-    fp16 non-causal, 2026-11-28: 11 214 TFLOPS (0.86x SDPA flash), 11-deterministic 193 TFLOPS
-    (0.78x SDPA flash), 11-step 256 TFLOPS (0.98x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal,
-    2026-11-28: 11 179 TFLOPS (0.91x SDPA flash), 11-deterministic 163 TFLOPS (0.83x SDPA flash),
-    11-step 210 TFLOPS (0.99x SDPA flash); B=16 H=16 S=2048 D=128 fp16 non-causal, 2026-11-28: 11
-    232 TFLOPS (0.87x SDPA flash), 11-deterministic 190 TFLOPS (0.71x SDPA flash), 11-step 284
-    TFLOPS (0.99x SDPA flash); B=16 H=16 S=2048 D=128 fp16 causal, 2026-11-28: 11 196 TFLOPS (0.88x
-    SDPA flash), 11-deterministic 166 TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA
-    flash) (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16.json,
+    The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
+    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, B=16 H=16 S=2048 D=64 fp16
+    non-causal, 2026-11-28, code at commit `5f09487`: 11 214 TFLOPS (0.86x SDPA flash),
+    11-deterministic 193 TFLOPS (0.78x SDPA flash), 11-step 256 TFLOPS (0.98x SDPA flash); NVIDIA
+    H100 80GB HBM3, B=16 H=16 S=2048 D=64 fp16 causal, 2026-11-28, code at commit `5f09487`: 11 179
+    TFLOPS (0.91x SDPA flash), 11-deterministic 163 TFLOPS (0.83x SDPA flash), 11-step 210 TFLOPS
+    (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048 D=128 fp16 non-causal, 2026-11-28,
+    code at commit `5f09487`: 11 232 TFLOPS (0.87x SDPA flash), 11-deterministic 190 TFLOPS (0.71x
+    SDPA flash), 11-step 284 TFLOPS (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048
+    D=128 fp16 causal, 2026-11-28, code at commit `5f09487`: 11 196 TFLOPS (0.88x SDPA flash),
+    11-deterministic 166 TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA flash); NVIDIA
+    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-28, code at commit `db46c9b`: 11 217 TFLOPS
+    (0.87x SDPA flash), 11-deterministic 203 TFLOPS (0.82x SDPA flash), 11-step 258 TFLOPS (0.99x
+    SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-11-28, code at commit
+    `db46c9b`: 11 184 TFLOPS (0.93x SDPA flash), 11-deterministic 174 TFLOPS (0.88x SDPA flash),
+    11-step 215 TFLOPS (1.01x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
+    2026-11-28, code at commit `db46c9b`: 11 240 TFLOPS (0.89x SDPA flash), 11-deterministic 207
+    TFLOPS (0.77x SDPA flash), 11-step 293 TFLOPS (1.01x SDPA flash); NVIDIA H200, B=16 H=16 S=2048
+    D=128 fp16 causal, 2026-11-28, code at commit `db46c9b`: 11 207 TFLOPS (0.91x SDPA flash),
+    11-deterministic 181 TFLOPS (0.80x SDPA flash), 11-step 250 TFLOPS (1.02x SDPA flash)
+    (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16.json,
-    nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16_causal.json).
+    nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16_causal.json,
+    nvidia-h200_backward_b16h16s2048d64_fp16.json,
+    nvidia-h200_backward_b16h16s2048d64_fp16_causal.json,
+    nvidia-h200_backward_b16h16s2048d128_fp16.json,
+    nvidia-h200_backward_b16h16s2048d128_fp16_causal.json).
     [measured:end]
 """
 
