@@ -112,6 +112,33 @@ def test_arg_slots_are_numbas_parameters():
         assert a[:size] == b[:size], f"parameter {i}: ours {a[:size].hex()}, numba's {b[:size].hex()}"
 
 
+def test_launcher_passes_the_launch_s_values_as_c_values(monkeypatch):
+    """Launcher's arguments reach the C function as cuLaunchKernel declares them (a pointer, seven
+    unsigned ints, the stream, the parameter buffer, NULL): a C callback with that signature stands
+    in for the driver, called the way the launcher calls the untyped driver function."""
+    u32, ptr = ctypes.c_uint, ctypes.c_void_p
+    seen = []
+
+    def fake(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        seen.append((f, gx, gy, gz, bx, by, bz, smem, stream, params, extra))
+        return 0
+
+    callback = ctypes.CFUNCTYPE(ctypes.c_int, ptr, u32, u32, u32, u32, u32, u32, u32, ptr, ptr, ptr)(fake)
+    untyped = ctypes.cast(callback, ctypes.CFUNCTYPE(ctypes.c_int))  # no argument types, as the driver's
+    monkeypatch.setattr(launch, "_launch_untyped", lambda: untyped)
+    kernel = launch.Kernel(library=None, handle=None, address=0x7F00_0000_1000, entry="k")
+    slots = ArgSlots([ArrayArg((2, 3), 4), ScalarArg("bool", True)])
+    launcher = launch.Launcher(kernel, (132, 16, 2), 256, 100_000, slots)
+    launcher(0x5555_0000_0040)
+    launcher(0)  # the legacy default stream
+    assert seen == [(0x7F00_0000_1000, 132, 16, 2, 256, 1, 1, 100_000, 0x5555_0000_0040, slots.params, None),
+                    (0x7F00_0000_1000, 132, 16, 2, 256, 1, 1, 100_000, None, slots.params, None)]
+    failing = ctypes.CFUNCTYPE(ctypes.c_int, ptr, u32, u32, u32, u32, u32, u32, u32, ptr, ptr, ptr)(lambda *a: 1)
+    monkeypatch.setattr(launch, "_launch_untyped", lambda: ctypes.cast(failing, ctypes.CFUNCTYPE(ctypes.c_int)))
+    with pytest.raises(RuntimeError, match=r"cuLaunchKernel\(k\) failed: CUDA_ERROR_INVALID_VALUE"):
+        launcher(0)
+
+
 BACKWARD_PLAN_CASES = [  # (q shape, k shape, causal, deterministic, parts, with dlse, D's dtype)
     ((2, 4, 77, 64), (2, 2, 130, 64), True, False, 1, False, "float16"),
     ((1, 2, 300, 128), (1, 1, 333, 128), False, True, 1, True, "bfloat16"),

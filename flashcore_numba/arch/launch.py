@@ -142,10 +142,10 @@ def set_dynamic_smem(kernel: Kernel, nbytes: int, device_id: int) -> None:
     _check(driver.cuKernelSetAttribute(attr, nbytes, kernel.handle, device_id), "cuKernelSetAttribute")
 
 
-# The launch, made on every call, goes to the driver library through ctypes, which passes the
-# integers as they are; cuda.bindings first wraps each argument in an object of its own. Timed with
-# the GPU asleep (docs/tuning/call_path.txt, run 4) the ctypes launch took 5.8-6.8 us on an H100
-# host; cuda.bindings' 5.5 us was timed on another host (run 1), so the gain is not established.
+# The launch, made on every call, goes to the driver library through ctypes: a plan's Launcher
+# passes C values made once, so ctypes converts nothing but the stream (docs/tuning/call_path.txt,
+# run 7: 0.35-0.8 us less a launch of about 6 us than `launch`, which converts eleven integers by
+# the argument types; cuda.bindings' launch was within the noise of the Launcher's).
 # The memset (a plan's work counter, zeroed once per stream) goes the same way. The rest of the
 # driver API is used through cuda.bindings, where its cost does not matter.
 @lru_cache(maxsize=None)
@@ -161,12 +161,40 @@ def _libcuda():
     return lib
 
 
+@lru_cache(maxsize=None)
+def _launch_untyped():
+    """cuLaunchKernel without argument types, for `Launcher`, whose arguments are all C values
+    already (a function object of its own: `_libcuda()`'s has its types set)."""
+    function = _libcuda()["cuLaunchKernel"]
+    function.restype = ctypes.c_int
+    return function
+
+
 def launch(kernel: Kernel, grid, block: int, smem: int, stream: int, slots: ArgSlots) -> None:
     """cuLaunchKernel on `stream` (a CUstream handle as an int; 0: the legacy default stream)."""
     gx, gy, gz = grid
     err = _libcuda().cuLaunchKernel(kernel.address, gx, gy, gz, block, 1, 1, smem, stream, slots.params, None)
     if err:
         raise RuntimeError(f"cuLaunchKernel({kernel.entry}) failed: {_error_name(err)}")
+
+
+class Launcher:
+    """`launch` of one kernel with one grid, block, shared memory and parameter buffer, those
+    converted to C values once: a call converts only the stream. Values already of the C types
+    pass as they are; converting eleven Python integers by the argument types cost 0.35-0.8 us of
+    a launch (docs/tuning/call_path.txt, run 7)."""
+
+    def __init__(self, kernel: Kernel, grid, block: int, smem: int, slots: ArgSlots):
+        u32 = ctypes.c_uint
+        gx, gy, gz = grid
+        self.kernel, self.slots = kernel, slots  # the buffer `params` points into stays alive
+        self._head = (ctypes.c_void_p(kernel.address), u32(gx), u32(gy), u32(gz), u32(block), u32(1), u32(1), u32(smem))
+        self._params = ctypes.c_void_p(slots.params)
+
+    def __call__(self, stream: int) -> None:
+        err = _launch_untyped()(*self._head, ctypes.c_void_p(stream), self._params, None)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel({self.kernel.entry}) failed: {_error_name(err)}")
 
 
 def memset32(address: int, value: int, count: int, stream: int) -> None:

@@ -87,6 +87,7 @@ class Plan:
                      ArrayArg((self.splits.counters,), 4)]
         self.slots = ArgSlots(args)
         self.slots.check(cached.cubin, cached.entry)
+        self.launch = driver.Launcher(self.kernel, self.grid, self.block, self.smem, self.slots)
         self._maps: OrderedDict = OrderedDict()  # (q, k, v addresses) -> (maps on the device, pinned source, address)
         self._last_qkv, self._last_maps = None, 0  # the last call's addresses and their maps
         self._counters: dict = {}  # stream -> the address of its work counter
@@ -119,7 +120,7 @@ class Plan:
                     workspace = self._workspaces[stream] = self._new_workspace(stream)
                 for i, address in enumerate(workspace):
                     slots.set_pointer(self.workspace_arg + i, address)
-            driver.launch(self.kernel, self.grid, self.block, self.smem, stream, slots)
+            self.launch(stream)
 
     def _new_counter(self, stream: int) -> int:
         """The address of a work counter for launches on `stream`, zeroed in that stream's order
