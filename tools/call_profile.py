@@ -48,6 +48,13 @@ leaves = [x.clone().requires_grad_() for x in (q, k, v)]
 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
     sdpa_out = torch.nn.functional.scaled_dot_product_attention(*leaves)
 s = torch.cuda.current_stream().cuda_stream
+
+
+def flash(*tensors):
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(*tensors)
+
+
 rows = {
  "attention() 09": lambda: attention(q, k, v),
  "attention() 07": lambda: attention(q, k, v, phase="07"),
@@ -65,10 +72,19 @@ rows = {
  "3x data_ptr": lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr()),
  "q.device.index": lambda: q.device.index,
  "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
- # the backward (phase 11) as attention()'s autograd calls it: no plan yet, Numba's own launches
+ # the backward (phase 11) as attention()'s autograd calls it, through its plan (runtime/backward.py)
  "backward (api._backward)": lambda: api._backward(q, k, v, out9, lse9, out9, None, False, None, False),
  "backward, deterministic": lambda: api._backward(q, k, v, out9, lse9, out9, None, False, None, True),
  "sdpa flash backward": lambda: torch.autograd.grad(sdpa_out, leaves, out9, retain_graph=True),
+ # a training step's calls: the forward with grad (flashcore::attention_train and its autograd
+ # node), and forward and backward together
+ "attention() with grad (forward)": lambda: attention(*leaves),
+ "sdpa flash with grad (forward)": lambda: flash(*leaves),
+ "attention() forward + backward": lambda: torch.autograd.grad(attention(*leaves), leaves, out9),
+ "sdpa flash forward + backward": lambda: torch.autograd.grad(flash(*leaves), leaves, out9),
 }
+# rows of several launches each take smaller batches, so that a batch fits the launch queue
+FEWER = {"backward (api._backward)": 100, "backward, deterministic": 100, "sdpa flash backward": 100,
+         "attention() forward + backward": 50, "sdpa flash forward + backward": 50}
 for name, fn in rows.items():
-    print(f"{name:45s} {us(fn):7.2f} us", flush=True)
+    print(f"{name:45s} {us(fn, n=FEWER.get(name, 200)):7.2f} us", flush=True)
