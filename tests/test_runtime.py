@@ -129,6 +129,8 @@ def test_launcher_passes_the_launch_s_values_as_c_values(monkeypatch):
     kernel = launch.Kernel(library=None, handle=None, address=0x7F00_0000_1000, entry="k")
     slots = ArgSlots([ArrayArg((2, 3), 4), ScalarArg("bool", True)])
     launcher = launch.Launcher(kernel, (132, 16, 2), 256, 100_000, slots)
+    # the C types themselves (on little-endian, a 64-bit value read as 32 bits would pass the values)
+    assert [type(x) for x in launcher._head] == [ptr] + [u32] * 7 and type(launcher._params) is ptr
     launcher(0x5555_0000_0040)
     launcher(0)  # the legacy default stream
     assert seen == [(0x7F00_0000_1000, 132, 16, 2, 256, 1, 1, 100_000, 0x5555_0000_0040, slots.params, None),

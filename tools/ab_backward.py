@@ -10,6 +10,9 @@ both modes side by side, a process each), then `time` checks and times:
 A version is `new` (phases/p11_backward.py as it is in this checkout) or a path to a copy of that
 file from another commit (loaded as a module of flashcore_numba.phases, so its relative imports
 work; its Backward.run must take the same arguments as this checkout's, less dq_sums and parts).
+The kernel cache keeps only kernels written in phases/ (arch.cache.is_ours): put the copy there
+(e.g. phases/_ab_old.py, with a cache folder of its own) for `warm` to serve `time`; a copy kept
+elsewhere compiles again in every process.
 `time` checks dQ, dK and dV in both modes against torch's float32 autograd on small odd shapes
 (GQA, S_q != S_k, causal), then takes a lock on /tmp/gpu.lock, so that concurrent processes time
 one at a time, and times Backward.run (Δ, dQ zeroed, kv_kernel, and the parts' sum where there

@@ -4,11 +4,13 @@ Run on a GPU with torch: `python3 tools/call_profile.py`. Each line is the host'
 of that part (see `us`: batches of calls queued while the GPU sleeps, so only the host is timed):
 attention() itself through phase 09's and phase 07's plans, the plan's own launch, the driver
 launch alone, and each piece a call pays for (the output's allocation, the current stream, the
-plan's key), beside torch SDPA; and the backward as attention()'s autograd calls it, beside SDPA
+plan's key), beside torch SDPA; the backward as attention()'s autograd calls it, beside SDPA
+flash's; and a training step's calls (the forward with grad, forward and backward), beside SDPA
 flash's. docs/tuning/call_path.txt holds its runs (runs 1 and 2 timed 5000
 calls back to back, where a line near the kernel's 10 us could be the GPU's pace).
 """
 
+import contextlib
 import statistics
 import time
 
@@ -48,12 +50,7 @@ leaves = [x.clone().requires_grad_() for x in (q, k, v)]
 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
     sdpa_out = torch.nn.functional.scaled_dot_product_attention(*leaves)
 s = torch.cuda.current_stream().cuda_stream
-
-
-def flash(*tensors):
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(*tensors)
-
+flash = torch.nn.functional.scaled_dot_product_attention  # the FLASH rows run inside sdpa_kernel (below)
 
 rows = {
  "attention() 09": lambda: attention(q, k, v),
@@ -83,8 +80,12 @@ rows = {
  "attention() forward + backward": lambda: torch.autograd.grad(attention(*leaves), leaves, out9),
  "sdpa flash forward + backward": lambda: torch.autograd.grad(flash(*leaves), leaves, out9),
 }
+# the rows of SDPA's flash backend run inside one sdpa_kernel context: entering it costs several us
+IN_FLASH = {"sdpa flash with grad (forward)", "sdpa flash forward + backward"}
 # rows of several launches each take smaller batches, so that a batch fits the launch queue
 FEWER = {"backward (api._backward)": 100, "backward, deterministic": 100, "sdpa flash backward": 100,
          "attention() forward + backward": 50, "sdpa flash forward + backward": 50}
 for name, fn in rows.items():
-    print(f"{name:45s} {us(fn, n=FEWER.get(name, 200)):7.2f} us", flush=True)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name in IN_FLASH else contextlib.nullcontext():
+        t = us(fn, n=FEWER.get(name, 200))
+    print(f"{name:45s} {t:7.2f} us", flush=True)

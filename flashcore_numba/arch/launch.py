@@ -144,8 +144,9 @@ def set_dynamic_smem(kernel: Kernel, nbytes: int, device_id: int) -> None:
 
 # The launch, made on every call, goes to the driver library through ctypes: a plan's Launcher
 # passes C values made once, so ctypes converts nothing but the stream (docs/tuning/call_path.txt,
-# run 7: 0.35-0.8 us less a launch of about 6 us than `launch`, which converts eleven integers by
-# the argument types; cuda.bindings' launch was within the noise of the Launcher's).
+# run 7: 0.35-0.8 us less a launch of about 6 us than `launch`, which converts ten integers and
+# None by the argument types; a CUfunction, by ctypes or by cuda.bindings, was faster still in two
+# passes of three and slower in the third: not established).
 # The memset (a plan's work counter, zeroed once per stream) goes the same way. The rest of the
 # driver API is used through cuda.bindings, where its cost does not matter.
 @lru_cache(maxsize=None)
@@ -181,8 +182,8 @@ def launch(kernel: Kernel, grid, block: int, smem: int, stream: int, slots: ArgS
 class Launcher:
     """`launch` of one kernel with one grid, block, shared memory and parameter buffer, those
     converted to C values once: a call converts only the stream. Values already of the C types
-    pass as they are; converting eleven Python integers by the argument types cost 0.35-0.8 us of
-    a launch (docs/tuning/call_path.txt, run 7)."""
+    pass as they are; converting ten Python integers and None by the argument types cost
+    0.35-0.8 us of a launch (docs/tuning/call_path.txt, run 7)."""
 
     def __init__(self, kernel: Kernel, grid, block: int, smem: int, slots: ArgSlots):
         u32 = ctypes.c_uint

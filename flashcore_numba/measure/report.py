@@ -263,7 +263,7 @@ def backward_table(records, readme_dir) -> list[str]:
         return []
     lines = ["", "#### The backward pass (phase 11, attention()'s autograd)"]
     newest = {}
-    for r in records:  # the GPU measured most recently first: its records measured the newest code
+    for r in records:  # the GPU measured most recently first (by the records' dates)
         gpu = r["provenance"]["gpu_name"]
         newest[gpu] = max(newest.get(gpu, ""), r["created"])
     for gpu in sorted(newest, key=lambda g: newest[g], reverse=True):
