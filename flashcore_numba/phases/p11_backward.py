@@ -614,7 +614,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 # j is query row m0 + 8 j + 2t (+1), whose stats lie at stats + 8 j (+1); a row before
                 # its key's first row does not see the key: p = 0. Only a tile that crosses the
                 # diagonal or the end of the keys is masked; the others compare against a limit no row
-                # is below. All in 32 bits, the row offsets constants: this runs 4 NT times a tile
+                # is below. The limits and rows are 32-bit, the row offsets constants: this runs 4 NT
+                # times a tile (Numba widens int32 + int32 to int64, so the compare itself is 64-bit)
                 masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
                 limit_a = first_a if masked else int32(-NO_ROW)
                 limit_b = first_b if masked else int32(-NO_ROW)
