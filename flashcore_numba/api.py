@@ -233,6 +233,15 @@ _OP_LSE = None
 _OP_TRAIN = None
 
 
+def _keep(plans: dict, key, plan):
+    """`plan` kept under `key`, the oldest plan forgotten first when PLANS_KEPT are kept (a model
+    whose lengths change from call to call makes a plan per length)."""
+    while len(plans) >= PLANS_KEPT:
+        del plans[next(iter(plans))]
+    plans[key] = plan
+    return plan
+
+
 def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
@@ -257,10 +266,7 @@ def _torch_call(q, k, v, causal, scale, phase, return_lse=False):
         _resolve(q, k, v, causal, scale, phase, return_lse)
         raise
     if plan is None:
-        plan = _make_plan(q, k, v, causal, scale, phase, return_lse)
-        while len(_PLANS) >= PLANS_KEPT:  # many shapes (lengths that change call to call): forget the oldest
-            del _PLANS[next(iter(_PLANS))]
-        _PLANS[key] = plan
+        plan = _keep(_PLANS, key, _make_plan(q, k, v, causal, scale, phase, return_lse))
     if plan is _NUMBA_LAUNCH:
         return _launch(q, k, v, causal, scale, phase, return_lse)
     out = torch.empty_like(q)  # q is contiguous (the key says so): so is out
@@ -383,11 +389,9 @@ def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
     if plan is None:
         from .runtime import BackwardPlan
 
-        plan = BackwardPlan(D, str(q.dtype).replace("torch.", ""), tuple(q.shape), tuple(k.shape), bool(causal), scale,
-                            bool(deterministic), dlse is not None, device)
-        while len(_BACKWARD_PLANS) >= PLANS_KEPT:  # forget the oldest
-            del _BACKWARD_PLANS[next(iter(_BACKWARD_PLANS))]
-        _BACKWARD_PLANS[key] = plan
+        plan = _keep(_BACKWARD_PLANS, key, BackwardPlan(D, str(q.dtype).replace("torch.", ""), tuple(q.shape),
+                                                        tuple(k.shape), bool(causal), scale, bool(deterministic),
+                                                        dlse is not None, device))
     # deterministic=True with fewer (batch, K/V head) pairs than SMs: dQ summed in parts, in torch's memory
     sums = torch.empty((plan.parts, *q.shape), dtype=torch.float32, device=q.device) if plan.parts > 1 else None
     extra = None if dlse is None else dlse.detach().float().contiguous()

@@ -124,8 +124,8 @@ def test_launcher_passes_the_launch_s_values_as_c_values(monkeypatch):
         return 0
 
     callback = ctypes.CFUNCTYPE(ctypes.c_int, ptr, u32, u32, u32, u32, u32, u32, u32, ptr, ptr, ptr)(fake)
-    untyped = ctypes.cast(callback, ctypes.CFUNCTYPE(ctypes.c_int))  # no argument types, as the driver's
-    monkeypatch.setattr(launch, "_launch_untyped", lambda: untyped)
+    untyped = ctypes.cast(callback, ctypes.CFUNCTYPE(ctypes.c_int))  # no argument types, as _libcuda's
+    monkeypatch.setattr(launch, "_libcuda", lambda: pytypes.SimpleNamespace(cuLaunchKernel=untyped))
     kernel = launch.Kernel(library=None, handle=None, address=0x7F00_0000_1000, entry="k")
     slots = ArgSlots([ArrayArg((2, 3), 4), ScalarArg("bool", True)])
     launcher = launch.Launcher(kernel, (132, 16, 2), 256, 100_000, slots)
@@ -136,7 +136,8 @@ def test_launcher_passes_the_launch_s_values_as_c_values(monkeypatch):
     assert seen == [(0x7F00_0000_1000, 132, 16, 2, 256, 1, 1, 100_000, 0x5555_0000_0040, slots.params, None),
                     (0x7F00_0000_1000, 132, 16, 2, 256, 1, 1, 100_000, None, slots.params, None)]
     failing = ctypes.CFUNCTYPE(ctypes.c_int, ptr, u32, u32, u32, u32, u32, u32, u32, ptr, ptr, ptr)(lambda *a: 1)
-    monkeypatch.setattr(launch, "_launch_untyped", lambda: ctypes.cast(failing, ctypes.CFUNCTYPE(ctypes.c_int)))
+    monkeypatch.setattr(launch, "_libcuda",
+                        lambda: pytypes.SimpleNamespace(cuLaunchKernel=ctypes.cast(failing, ctypes.CFUNCTYPE(ctypes.c_int))))
     with pytest.raises(RuntimeError, match=r"cuLaunchKernel\(k\) failed: CUDA_ERROR_INVALID_VALUE"):
         launcher(0)
 

@@ -18,7 +18,6 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashcore_numba import api, attention
-from flashcore_numba.arch import launch as drv
 
 
 def us(fn, n=200, reps=9):
@@ -57,8 +56,7 @@ rows = {
  "attention() 07": lambda: attention(q, k, v, phase="07"),
  "plan09(q,k,v,out,s)": lambda: plan09(q, k, v, out, s),
  "plan07(q,k,v,out,s)": lambda: plan07(q, k, v, out, s),
- "drv.launch 07 only": lambda: drv.launch(plan07.kernel, plan07.grid, plan07.block, plan07.smem, s, plan07.slots),
- "plan07.launch(s) (its Launcher)": lambda: plan07.launch(s),
+ "plan07.launch(s), the driver launch only": lambda: plan07.launch(s),
  "torch.empty": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
  "torch.cuda.current_stream(dev).cuda_stream": lambda: torch.cuda.current_stream(0).cuda_stream,
  "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0),

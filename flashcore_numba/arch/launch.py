@@ -9,8 +9,9 @@ side of it:
     cubin, entry = build_cubin(dispatcher, argtypes, (9, 0))     # Numba's own compile, no launch
     kernel = load_kernel(cubin, entry)                           # cuLibraryLoadData + cuLibraryGetKernel
     slots = ArgSlots([ArrayArg(q_shape, 2), ..., ScalarArg("bool", True), ...])
+    launcher = Launcher(kernel, grid, block, smem, slots)        # the launch's C values, made once
     slots.set_pointer(0, q.data_ptr()); ...                      # per call: the data pointers only
-    launch(kernel, grid, block, smem, stream, slots)             # cuLaunchKernel
+    launcher(stream)                                             # cuLaunchKernel
 
 Numba's kernel ABI (numba-cuda 0.30, dispatcher `_Kernel._prepare_args`): each argument becomes
 consecutive kernel parameters. An array of N dimensions is 5 + 2N 64-bit parameters: meminfo and
@@ -142,48 +143,28 @@ def set_dynamic_smem(kernel: Kernel, nbytes: int, device_id: int) -> None:
     _check(driver.cuKernelSetAttribute(attr, nbytes, kernel.handle, device_id), "cuKernelSetAttribute")
 
 
-# The launch, made on every call, goes to the driver library through ctypes: a plan's Launcher
-# passes C values made once, so ctypes converts nothing but the stream (docs/tuning/call_path.txt,
-# run 7: 0.35-0.8 us less a launch of about 6 us than `launch`, which converts ten integers and
-# None by the argument types; a CUfunction, by ctypes or by cuda.bindings, was faster still in two
-# passes of three and slower in the third: not established).
-# The memset (a plan's work counter, zeroed once per stream) goes the same way. The rest of the
-# driver API is used through cuda.bindings, where its cost does not matter.
+# The launch, made on every call, goes to the driver library through ctypes. cuLaunchKernel has no
+# argument types set: a Launcher passes C values made once, so ctypes converts nothing but the
+# stream (docs/tuning/call_path.txt, run 7: 0.35-0.8 us less a launch of about 6 us than the same
+# call with ten Python integers and None converted by argument types; a CUfunction, by ctypes or
+# by cuda.bindings, was faster still in two passes of three and slower in the third: not
+# established). The memset (a plan's work counter, zeroed once per stream) goes the same way. The
+# rest of the driver API is used through cuda.bindings, where its cost does not matter.
 @lru_cache(maxsize=None)
 def _libcuda():
     import sys
 
     lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
-    u32, ptr = ctypes.c_uint, ctypes.c_void_p
-    lib.cuLaunchKernel.argtypes = [ptr, u32, u32, u32, u32, u32, u32, u32, ptr, ptr, ptr]
-    lib.cuLaunchKernel.restype = ctypes.c_int
-    lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, u32, ctypes.c_size_t, ptr]
+    lib.cuLaunchKernel.restype = ctypes.c_int  # no argtypes: every argument comes as a C value
+    lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
     lib.cuMemsetD32Async.restype = ctypes.c_int
     return lib
 
 
-@lru_cache(maxsize=None)
-def _launch_untyped():
-    """cuLaunchKernel without argument types, for `Launcher`, whose arguments are all C values
-    already (a function object of its own: `_libcuda()`'s has its types set)."""
-    function = _libcuda()["cuLaunchKernel"]
-    function.restype = ctypes.c_int
-    return function
-
-
-def launch(kernel: Kernel, grid, block: int, smem: int, stream: int, slots: ArgSlots) -> None:
-    """cuLaunchKernel on `stream` (a CUstream handle as an int; 0: the legacy default stream)."""
-    gx, gy, gz = grid
-    err = _libcuda().cuLaunchKernel(kernel.address, gx, gy, gz, block, 1, 1, smem, stream, slots.params, None)
-    if err:
-        raise RuntimeError(f"cuLaunchKernel({kernel.entry}) failed: {_error_name(err)}")
-
-
 class Launcher:
-    """`launch` of one kernel with one grid, block, shared memory and parameter buffer, those
-    converted to C values once: a call converts only the stream. Values already of the C types
-    pass as they are; converting ten Python integers and None by the argument types cost
-    0.35-0.8 us of a launch (docs/tuning/call_path.txt, run 7)."""
+    """cuLaunchKernel of one kernel with one grid, block, shared memory and parameter buffer,
+    those converted to C values once: a call converts only the stream (a CUstream handle as an
+    int; 0: the legacy default stream)."""
 
     def __init__(self, kernel: Kernel, grid, block: int, smem: int, slots: ArgSlots):
         u32 = ctypes.c_uint
@@ -193,7 +174,7 @@ class Launcher:
         self._params = ctypes.c_void_p(slots.params)
 
     def __call__(self, stream: int) -> None:
-        err = _launch_untyped()(*self._head, ctypes.c_void_p(stream), self._params, None)
+        err = _libcuda().cuLaunchKernel(*self._head, ctypes.c_void_p(stream), self._params, None)
         if err:
             raise RuntimeError(f"cuLaunchKernel({self.kernel.entry}) failed: {_error_name(err)}")
 
