@@ -319,9 +319,10 @@ def zero(c, n):
 @cuda.jit(device=True, inline=True)
 def row_stats(LSE, DELTA, b, h, row, seq_q):
     """A query row's log-sum-exp in base 2 and its Δ. A row that saw no key (L = −inf) or lies past
-    seq_q gets +inf: every p = 2^(s · qk_scale − inf) of it is 0."""
-    if row < seq_q and LSE[b, h, row] != -math.inf:
-        return LSE[b, h, row] * float32(LOG2E), DELTA[b, h, row]
+    seq_q gets +inf: every p = 2^(s · qk_scale − inf) of it is 0. (The row is known to be ≥ 0:
+    unsigned, it needs no negative-index check.)"""
+    if row < seq_q and LSE[b, h, uint32(row)] != -math.inf:
+        return LSE[b, h, uint32(row)] * float32(LOG2E), DELTA[b, h, uint32(row)]
     return float32(math.inf), float32(0.0)
 
 
@@ -470,11 +471,13 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         # dQ of a query tile: this warp's 16 rows (row group) and DQ_CHUNKS x 16 columns (column group)
         dq_rows, dq_cols = (warp % ROW_GROUPS) * 16, (warp // ROW_GROUPS) * DQ_CHUNKS * 16
 
-        if SERIAL:  # deterministic=True: this block's key blocks, one after another
-            mine, end, step = cuda.blockIdx.x, tile_count(seq_k, BLOCK_N), cuda.gridDim.x
-        else:  # a block per key block: one trip (the compiler leaves no loop)
-            mine, end, step = cuda.blockIdx.x, cuda.blockIdx.x + 1, 1
-        for key_block in range(mine, end, step):
+        # Block x takes key blocks x, x + gridDim.x, x + 2 gridDim.x, ... The default build has a
+        # block per key block and stops after its first (the break at the end); the serial build
+        # walks its share. A while loop, not range(x, end, gridDim.x): Numba's range with a step
+        # known only at run time keeps its trip count's values in registers across the loop, which
+        # cost the serial build a spill at D = 64 (docs/tuning/11_ab.txt, run 5)
+        key_block = cuda.blockIdx.x
+        while key_block < tile_count(seq_k, BLOCK_N):
             n0 = key_block * BLOCK_N
             # -- the block's keys and values stay in shared memory; query tiles stream past. The first
             # query row that sees key n0 (causal: row i sees keys up to i + seq_k - seq_q)
@@ -527,7 +530,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 # its key's first row does not see the key: p = 0. Only a tile that crosses the
                 # diagonal or the end of the keys is masked; the others compare against a limit no row
                 # is below. The limits and rows are 32-bit, the row offsets constants: this runs 4 NT
-                # times a tile (Numba widens int32 + int32 to int64, so the compare itself is 64-bit)
+                # times a tile, so int32(...) keeps the sum and the compare 32-bit (Numba widens
+                # int32 + int32 to int64: two compares a row instead of one)
                 masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
                 limit_a = first_a if masked else int32(-NO_ROW)
                 limit_b = first_b if masked else int32(-NO_ROW)
@@ -548,12 +552,13 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 # -- dSᵀ to shared memory (its A fragments are already its 16-bit pairs: rows g and
                 # g + 8, columns 16 kk + 2t and 16 kk + 8 + 2t), then dQ = dS K by row and column
                 # groups of the warps: dS by ldmatrix.trans of dSᵀ, K by ldmatrix.trans
-                ds_row = (DS_OFF + (warp * 16 + g) * DS_ROW_BYTES) // 4 + t  # 32-bit words
+                # 32-bit words, indexed unsigned: a signed index gets a negative-index check
+                ds_row = uint32((DS_OFF + (warp * 16 + g) * DS_ROW_BYTES) // 4 + t)
                 for kk in range(KS):
-                    smem_h[ds_row + kk * 8] = ds_frag[kk, 0]
-                    smem_h[ds_row + 8 * DS_ROW_BYTES // 4 + kk * 8] = ds_frag[kk, 1]
-                    smem_h[ds_row + kk * 8 + 4] = ds_frag[kk, 2]
-                    smem_h[ds_row + 8 * DS_ROW_BYTES // 4 + kk * 8 + 4] = ds_frag[kk, 3]
+                    smem_h[ds_row + uint32(kk * 8)] = ds_frag[kk, 0]
+                    smem_h[ds_row + uint32(8 * DS_ROW_BYTES // 4 + kk * 8)] = ds_frag[kk, 1]
+                    smem_h[ds_row + uint32(kk * 8 + 4)] = ds_frag[kk, 2]
+                    smem_h[ds_row + uint32(8 * DS_ROW_BYTES // 4 + kk * 8 + 4)] = ds_frag[kk, 3]
                 cuda.syncthreads()
                 ds_lane = ((lane // 16) * 8 + lane % 8) * DS_ROW_BYTES + (dq_rows + ((lane // 8) % 2) * 8) * 2
                 for kk in range(KO):  # dS's A fragments: rows = the warp's 16 query rows, k = the keys
@@ -565,7 +570,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
 
                 # -- the next tile has landed (this thread's copies), and every warp is done with this one
                 if it + 1 < n_tiles and tid < BLOCK_M:
-                    lse2_s[(1 - stage) * BLOCK_M + tid], delta_s[(1 - stage) * BLOCK_M + tid] = lse2_next, delta_next
+                    at = uint32((1 - stage) * BLOCK_M + tid)
+                    lse2_s[at], delta_s[at] = lse2_next, delta_next
                 wait_all()
                 cuda.syncthreads()
                 h, m0 = h_next, m_next
@@ -578,6 +584,9 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 if key_a + 8 < seq_k:
                     dK[b, h_kv, key_a + 8, j * 4 + t] = pack(dk[j, 2] * scale, dk[j, 3] * scale)
                     dV[b, h_kv, key_a + 8, j * 4 + t] = pack(dv[j, 2], dv[j, 3])
+            if not SERIAL:
+                break  # a block per key block: one trip (the compiler leaves no loop)
+            key_block += cuda.gridDim.x  # deterministic=True: this block's next key block
 
     return kv_kernel
 
