@@ -20,10 +20,10 @@ import pytest
 from numba import cuda, int32
 
 from flashcore_numba import PHASES
-from flashcore_numba.phases import LESSONS
 from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.cli import main
 from flashcore_numba.measure import bench, records, report
+from flashcore_numba.phases import LESSONS
 from flashcore_numba.reference import visible_mask
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -382,6 +382,17 @@ def test_report_launch_times_and_flags(report_tree):
     _generate(report_tree)
     block = report_tree.readme.read_text()
     assert "| 1, 16, 128, 128, 64 fp16 | 01 |" in block and "#### B=1 H=16 S=128" not in block
+    # another GPU's call times: a table of its own, the GPU measured last first, each under its name
+    other = dict(small, created="2999-01-01T00:00:00+00:00", provenance=dict(small["provenance"], gpu_name="Newer GPU"))
+    (report_tree.records / "small_p01_newer.json").write_text(json.dumps(other))
+    _generate(report_tree)
+    block = report_tree.readme.read_text()
+    block = block[block.index("#### What a call costs"):]
+    titles = [line for line in block.splitlines() if line.startswith("On the ")]
+    assert len(titles) == 2 and titles[0].startswith("On the Newer GPU (2999-01-01; ")
+    assert titles[1].startswith(f"On the {small['provenance']['gpu_name']} (")
+    newer = block[block.index(titles[0]):block.index(titles[1])]
+    assert "| 1, 16, 128, 128, 64 fp16 | 01 |" in newer and "| 16, 16, 2048, 2048, 64 fp16 |" not in newer
 
 
 def test_report_marks_sweep_points_whose_launches_spread(report_tree, monkeypatch):

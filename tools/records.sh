@@ -4,13 +4,14 @@
 #   tools/records.sh compile     every kernel into the kernel cache, one process per core
 #   tools/records.sh reference   the ten reference shapes (D 64 and 128, fp16 and bf16, causal and
 #                                not, grouped queries), every kernel and peer, with the tail and the call
-#   tools/records.sh latency     what a call costs at small shapes (phase 09 beside SDPA flash and cuDNN)
+#   tools/records.sh latency     what a call costs at small shapes (phase 09, and 10 at decode steps, beside SDPA flash and cuDNN)
 #   tools/records.sh backward    phase 11's backward at the reference shape (D 64 and 128, causal and
 #                                not) beside SDPA's flash and cuDNN backward, with the call
 #
 # then `flashcore report`. FC names the command (default `python3 -m flashcore_numba`). On a machine
-# that received the working tree without its history, pass the commit it holds:
-# FLASHCORE_GIT_COMMIT=$(git rev-parse HEAD) FLASHCORE_GIT_DIRTY=0 (the records' provenance).
+# that received the working tree without its history (or with an older copy of .git, whose HEAD is
+# not the tree's), pass the commit the tree holds, as the machine that sent it names it:
+# FLASHCORE_GIT_COMMIT=<that commit> FLASHCORE_GIT_DIRTY=0 (the records' provenance).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FC=${FC:-"python3 -m flashcore_numba"}
@@ -39,8 +40,9 @@ latency() {
   for shape in 1,16,128,64 1,16,512,64 4,16,1024,128; do
     run bench --shape "$shape" --phases 09 --peers flash,cudnn "${TAIL[@]}"
   done
-  run bench --shape 1,16,1,128 --seq-k 4096 --phases 09 --peers flash,cudnn "${TAIL[@]}"
-  run bench --shape 8,32,1,128 --seq-k 2048 --phases 09 --peers flash,cudnn "${TAIL[@]}"
+  # decode steps: phase 10 (split keys) is the one attention() picks there; 09 beside it
+  run bench --shape 1,16,1,128 --seq-k 4096 --phases 09,10 --peers flash,cudnn "${TAIL[@]}"
+  run bench --shape 8,32,1,128 --seq-k 2048 --phases 09,10 --peers flash,cudnn "${TAIL[@]}"
 }
 
 backward() {

@@ -26,6 +26,7 @@ import textwrap
 from pathlib import Path
 
 from .. import phases as phase_registry
+from .backward import FLOPS_RULE
 from .bench import (
     MEAN_OVER_MEDIAN,
     REFERENCE_SHAPE,
@@ -35,7 +36,6 @@ from .bench import (
     format_tflops,
     ladder_speedups,
 )
-from .backward import FLOPS_RULE
 from .records import RecordError, default_records_dir, load_records, repo_root
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -477,7 +477,7 @@ def _us(ms) -> str:
 
 def latency_table(records) -> list[str]:
     """What a call costs: attention() back to back (the newest phase that has call times) against its
-    kernel time and torch SDPA's calls, per problem, in microseconds."""
+    kernel time and torch SDPA's calls, per problem, in microseconds; a table per GPU."""
     if not records:
         return []
     lines = ["", "#### What a call costs", "",
@@ -487,7 +487,21 @@ def latency_table(records) -> list[str]:
              "`attention()` call keeps the host, microseconds (where the kernels outlast the host, the calls "
              "run ahead until the launch queue is full, and from then on this is mostly the wait for room in "
              "it). Op: the same call through `torch.ops.flashcore.attention`, the custom op "
-             "a `torch.compile`d model calls (torch's dispatcher adds its cost).", "",
+             "a `torch.compile`d model calls (torch's dispatcher adds its cost).", ""]
+    newest = {}
+    for r in records:  # a table per GPU, the GPU measured most recently first (by the records' dates)
+        gpu = r["provenance"]["gpu_name"]
+        newest[gpu] = max(newest.get(gpu, ""), r["created"])
+    for gpu in sorted(newest, key=lambda g: newest[g], reverse=True):
+        lines += _latency_gpu_table([r for r in records if r["provenance"]["gpu_name"] == gpu], gpu) + [""]
+    return lines[:-1]
+
+
+def _latency_gpu_table(records, gpu) -> list[str]:
+    dates = sorted({r["created"][:10] for r in records})
+    commits = sorted({(r["provenance"].get("git_commit") or "unknown")[:7] for r in records})
+    lines = [f"On the {gpu} ({', '.join(dates)}; code at commit{'s' if len(commits) > 1 else ''} "
+             f"{', '.join(f'`{c}`' for c in commits)}):", "",
              "| B, H, S_q, S_k, D | kernel | call median / p99 | kernel time | call / kernel | host per call | "
              "op call | SDPA flash call | SDPA cuDNN call |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]

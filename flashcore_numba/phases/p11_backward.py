@@ -90,15 +90,15 @@ do not edit by hand)
     SDPA flash), 11-step 284 TFLOPS (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048
     D=128 fp16 causal, 2026-11-28, code at commit `5f09487`: 11 196 TFLOPS (0.88x SDPA flash),
     11-deterministic 166 TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA flash); NVIDIA
-    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-28, code at commit `db46c9b`: 11 217 TFLOPS
-    (0.87x SDPA flash), 11-deterministic 203 TFLOPS (0.82x SDPA flash), 11-step 258 TFLOPS (0.99x
+    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-28, code at commit `ba8779d`: 11 218 TFLOPS
+    (0.87x SDPA flash), 11-deterministic 206 TFLOPS (0.82x SDPA flash), 11-step 260 TFLOPS (0.99x
     SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-11-28, code at commit
-    `db46c9b`: 11 184 TFLOPS (0.93x SDPA flash), 11-deterministic 174 TFLOPS (0.88x SDPA flash),
+    `ba8779d`: 11 183 TFLOPS (0.92x SDPA flash), 11-deterministic 176 TFLOPS (0.88x SDPA flash),
     11-step 215 TFLOPS (1.01x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
-    2026-11-28, code at commit `db46c9b`: 11 240 TFLOPS (0.89x SDPA flash), 11-deterministic 207
-    TFLOPS (0.77x SDPA flash), 11-step 293 TFLOPS (1.01x SDPA flash); NVIDIA H200, B=16 H=16 S=2048
-    D=128 fp16 causal, 2026-11-28, code at commit `db46c9b`: 11 207 TFLOPS (0.91x SDPA flash),
-    11-deterministic 181 TFLOPS (0.80x SDPA flash), 11-step 250 TFLOPS (1.02x SDPA flash)
+    2026-11-28, code at commit `ba8779d`: 11 250 TFLOPS (0.92x SDPA flash), 11-deterministic 220
+    TFLOPS (0.81x SDPA flash), 11-step 302 TFLOPS (1.04x SDPA flash); NVIDIA H200, B=16 H=16 S=2048
+    D=128 fp16 causal, 2026-11-28, code at commit `ba8779d`: 11 213 TFLOPS (0.94x SDPA flash),
+    11-deterministic 188 TFLOPS (0.83x SDPA flash), 11-step 258 TFLOPS (1.06x SDPA flash)
     (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16.json,
