@@ -303,7 +303,8 @@ def _decode_records():
 
 def test_best_between_09_and_10_agrees_with_the_committed_records():
     """Where "best" runs phase 10, its median was not above phase 09's, and where it keeps 09, 09's
-    was not above 10's (3 % either way: run-to-run noise); the records are the H100's, 132 SMs."""
+    was not above 10's (3 % either way: run-to-run noise); the records are the H100's and the H200's,
+    132 SMs each."""
     from flashcore_numba import api
     from flashcore_numba.phases import PHASES
 
