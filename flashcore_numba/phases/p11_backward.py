@@ -75,6 +75,11 @@ What changed from its first version
       loop at D = 64 from 1000 instructions to 926. On an H200 (docs/tuning/11_ab.txt, run 5),
       B=16 H=16 S=2048: 4-6 % faster at D = 128 in both modes, causal or not; at D = 64 within
       the runs' spread (about 1 %).
+    - the next tile's L_i and Δ_i both loaded when its copy starts and compared with −inf only
+      when they are stored (`load_row_stats`, `row_stats`): the compare had come right after
+      the load, and Δ_i's load after the compare, so each tile waited for two trips to global
+      memory (an ncu profile sampled 3 % of the stalls there). On an H200 (docs/tuning/11_ab.txt,
+      run 6): about 2 % faster at D = 128, the same at D = 64.
 
 Measured effect (written by `flashcore report` from the backward records, docs/bench/backward/;
 do not edit by hand)
@@ -403,12 +408,21 @@ def zero(c, n):
 
 
 @cuda.jit(device=True, inline=True)
-def row_stats(LSE, DELTA, b, h, row, seq_q):
-    """A query row's log-sum-exp in base 2 and its Δ. A row that saw no key (L = −inf) or lies past
-    seq_q gets +inf: every p = 2^(s · qk_scale − inf) of it is 0. (The row is known to be ≥ 0:
-    unsigned, it needs no negative-index check.)"""
-    if row < seq_q and LSE[b, h, uint32(row)] != -math.inf:
-        return LSE[b, h, uint32(row)] * float32(LOG2E), DELTA[b, h, uint32(row)]
+def load_row_stats(LSE, DELTA, b, h, row, seq_q):
+    """A query row's saved L_i (natural log) and Δ_i as they are, −inf for a row past seq_q: two
+    loads that nothing waits for until `row_stats` (the row is known to be ≥ 0: unsigned, it needs
+    no negative-index check)."""
+    if row < seq_q:
+        return LSE[b, h, uint32(row)], DELTA[b, h, uint32(row)]
+    return float32(-math.inf), float32(0.0)
+
+
+@cuda.jit(device=True, inline=True)
+def row_stats(lse, delta):
+    """L_i in base 2 and Δ_i, as the tile's elementwise step reads them. A row that saw no key
+    (L = −inf) or lies past seq_q gets +inf: every p = 2^(s · qk_scale − inf) of it is 0."""
+    if lse != -math.inf:
+        return lse * float32(LOG2E), delta
     return float32(math.inf), float32(0.0)
 
 
@@ -588,7 +602,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
             if n_tiles > 0:
                 fetch_queries(smem, 0, Q, dO, b, h, m0, tid)
                 if tid < BLOCK_M:
-                    lse2_s[tid], delta_s[tid] = row_stats(LSE, DELTA, b, h, m0 + tid, seq_q)
+                    lse_0, delta_0 = load_row_stats(LSE, DELTA, b, h, m0 + tid, seq_q)
+                    lse2_s[tid], delta_s[tid] = row_stats(lse_0, delta_0)
             commit()
             wait_all()
             cuda.syncthreads()
@@ -603,15 +618,15 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 stage = it % 2
                 # -- the next query tile flies into the other stage meanwhile: the next rows of this
                 # head, or the first of the group's next head. Its L_i and Δ_i are loaded into registers
-                # now and stored at the end of this tile: a load here that fed shared memory at once
-                # would stall the warp for the whole trip to global memory
+                # now and looked at only at the end of this tile: a load here that fed shared memory,
+                # or a compare, at once would stall the warp for the whole trip to global memory
                 h_next, m_next = (h, m0 + BLOCK_M) if m0 + BLOCK_M < seq_q else (h + 1, m_first)
-                lse2_next, delta_next = float32(0.0), float32(0.0)
+                lse_next, delta_next = float32(0.0), float32(0.0)
                 if it + 1 < n_tiles:
                     fetch_queries(smem, 1 - stage, Q, dO, b, h_next, m_next, tid)
                     commit()
                     if tid < BLOCK_M:
-                        lse2_next, delta_next = row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
+                        lse_next, delta_next = load_row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
                 q_tile = smem + STREAM_A + stage * STAGE
                 do_tile = smem + STREAM_B + stage * STAGE
 
@@ -672,7 +687,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 # -- the next tile has landed (this thread's copies), and every warp is done with this one
                 if it + 1 < n_tiles and tid < BLOCK_M:
                     at = uint32((1 - stage) * BLOCK_M + tid)
-                    lse2_s[at], delta_s[at] = lse2_next, delta_next
+                    lse2_s[at], delta_s[at] = row_stats(lse_next, delta_next)
                 wait_all()
                 cuda.syncthreads()
                 h, m0 = h_next, m_next
