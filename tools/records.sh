@@ -4,7 +4,8 @@
 #   tools/records.sh compile     every kernel into the kernel cache, one process per core
 #   tools/records.sh reference   the ten reference shapes (D 64 and 128, fp16 and bf16, causal and
 #                                not, grouped queries), every kernel and peer, with the tail and the call
-#   tools/records.sh latency     what a call costs at small shapes (phase 09, and 10 at decode steps, beside SDPA flash and cuDNN)
+#   tools/records.sh latency     what a call costs at small shapes (phase 09, and 10 at the decode
+#                                steps) beside SDPA flash and cuDNN
 #   tools/records.sh backward    phase 11's backward at the reference shape (D 64 and 128, causal and
 #                                not) beside SDPA's flash and cuDNN backward, with the call
 #
@@ -40,7 +41,8 @@ latency() {
   for shape in 1,16,128,64 1,16,512,64 4,16,1024,128; do
     run bench --shape "$shape" --phases 09 --peers flash,cudnn "${TAIL[@]}"
   done
-  # decode steps: phase 10 (split keys) is the one attention() picks there; 09 beside it
+  # decode steps, phases 09 and 10 side by side: attention() runs 10 (split keys) at the first,
+  # whose 16 K/V heads leave most SMs idle, and 09 at the second (256 K/V heads: api.best_for_shape)
   run bench --shape 1,16,1,128 --seq-k 4096 --phases 09,10 --peers flash,cudnn "${TAIL[@]}"
   run bench --shape 8,32,1,128 --seq-k 2048 --phases 09,10 --peers flash,cudnn "${TAIL[@]}"
 }

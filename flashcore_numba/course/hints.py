@@ -355,8 +355,9 @@ HINTS: dict[str, RegionHints] = {
                 "the row's L_i · log2 e and Δ_i; limit_a and limit_b: the first query row that sees key key_a "
                 "and key key_a + 8 (a row below its key's limit does not see it; in a tile without a mask the "
                 "limits are below every row). Compare int32(row_t + col) with the limit and index with "
-                "uint32(col): 32-bit arithmetic, as the lines around it (Numba widens int32 + int32 to "
-                "int64, and checks a signed index for being negative).",
+                "uint32(col): 32-bit arithmetic, as the lines around it (col, from range, is an int64, "
+                "so row_t + col would be an int64 compare; and a signed index gets extra code that adds "
+                "the array's length to a negative index, NumPy's wraparound).",
         pseudo="p = exp2(s[j, e] * qk_scale - <the row's L_i log2 e>)\n"
                "if <the row> < <the limit of this element's key>:\n"
                "    p = 0\n"

@@ -499,7 +499,8 @@ def latency_table(records) -> list[str]:
 
 def _latency_gpu_table(records, gpu) -> list[str]:
     dates = sorted({r["created"][:10] for r in records})
-    commits = sorted({(r["provenance"].get("git_commit") or "unknown")[:7] for r in records})
+    commits = list(dict.fromkeys((r["provenance"].get("git_commit") or "unknown")[:7]  # oldest record first
+                                 for r in sorted(records, key=lambda r: r["created"])))
     lines = [f"On the {gpu} ({', '.join(dates)}; code at commit{'s' if len(commits) > 1 else ''} "
              f"{', '.join(f'`{c}`' for c in commits)}):", "",
              "| B, H, S_q, S_k, D | kernel | call median / p99 | kernel time | call / kernel | host per call | "
@@ -511,8 +512,8 @@ def _latency_gpu_table(records, gpu) -> list[str]:
         if not ours:
             continue
         phases = [x for x in ours if "-" not in x["name"]] or ours  # a phase before its variants
-        # the fastest kernel of the run: the one attention()'s "best" runs (where a run has phases 09
-        # and 10, tests/test_api.py holds api.best_for_shape to the faster of them)
+        # the fastest kernel of the run, which is what attention()'s "best" runs where a run has phases
+        # 09 and 10 (tests/test_api.py holds api.best_for_shape to within 3 % of the faster of them)
         r = min(phases, key=lambda x: x["median_ms"])
         call = r["call"]
         peers = {x["name"]: x for x in record["results"] if x["kind"] == "peer" and x.get("call")}
