@@ -255,6 +255,17 @@ def readme_table(nc, c, readme_dir: Path, plots: list[Path], others=(), latency=
     return "\n".join(lines)
 
 
+def _by_gpu(records) -> list[tuple[str, list[dict]]]:
+    """(GPU name, its records) for each GPU of `records`, the GPU measured most recently first (by
+    the records' dates): a table per GPU, since one GPU's figures say nothing of another's."""
+    newest = {}
+    for r in records:
+        gpu = r["provenance"]["gpu_name"]
+        newest[gpu] = max(newest.get(gpu, ""), r["created"])
+    return [(gpu, [r for r in records if r["provenance"]["gpu_name"] == gpu])
+            for gpu in sorted(newest, key=lambda g: newest[g], reverse=True)]
+
+
 def backward_table(records, readme_dir) -> list[str]:
     """The backward records (docs/bench/backward/, measure/backward.py), a table per GPU: per
     problem, phase 11's backward (atomics and deterministic) and SDPA's flash and cuDNN backward,
@@ -262,12 +273,8 @@ def backward_table(records, readme_dir) -> list[str]:
     if not records:
         return []
     lines = ["", "#### The backward pass (phase 11, attention()'s autograd)"]
-    newest = {}
-    for r in records:  # the GPU measured most recently first (by the records' dates)
-        gpu = r["provenance"]["gpu_name"]
-        newest[gpu] = max(newest.get(gpu, ""), r["created"])
-    for gpu in sorted(newest, key=lambda g: newest[g], reverse=True):
-        lines += _backward_gpu_table([r for r in records if r["provenance"]["gpu_name"] == gpu], gpu, readme_dir)
+    for gpu, own in _by_gpu(records):
+        lines += _backward_gpu_table(own, gpu, readme_dir)
     return lines
 
 
@@ -488,12 +495,8 @@ def latency_table(records) -> list[str]:
              "run ahead until the launch queue is full, and from then on this is mostly the wait for room in "
              "it). Op: the same call through `torch.ops.flashcore.attention`, the custom op "
              "a `torch.compile`d model calls (torch's dispatcher adds its cost).", ""]
-    newest = {}
-    for r in records:  # a table per GPU, the GPU measured most recently first (by the records' dates)
-        gpu = r["provenance"]["gpu_name"]
-        newest[gpu] = max(newest.get(gpu, ""), r["created"])
-    for gpu in sorted(newest, key=lambda g: newest[g], reverse=True):
-        lines += _latency_gpu_table([r for r in records if r["provenance"]["gpu_name"] == gpu], gpu) + [""]
+    for gpu, own in _by_gpu(records):  # a table per GPU
+        lines += _latency_gpu_table(own, gpu) + [""]
     return lines[:-1]
 
 
