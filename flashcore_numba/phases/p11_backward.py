@@ -81,6 +81,13 @@ What changed from its first version
       memory (an ncu profile sampled 3 % of the stalls there). On an H200 (docs/tuning/11_ab.txt,
       run 6): about 2 % faster at D = 128, the same at D = 64; the default build's spill at
       D = 128 from 32 to 40 bytes.
+    - dK's and dV's stores after the query-tile loop indexed unsigned (`uint32(j * 4 + t)`): the
+      serial build had kept their negative-index checks across the loop. ptxas (sm_90a): spills
+      at D = 128 from 40 to 24 bytes (default build) and from 176 to 168 (serial). On an H200
+      (docs/tuning/11_ab.txt, run 7): deterministic=True 4-5 % faster at D = 128 and 1-4 % at
+      D = 64, so it costs +7 % / +7 % over the default at D = 128 and +1 % / +3 % at D = 64
+      (non-causal / causal); the default build 1-2 % faster at D = 128 and 1-2 % slower at
+      D = 64, where its loop is the same length and only its registers differ.
 
 Measured effect (written by `flashcore report` from the backward records, docs/bench/backward/;
 do not edit by hand)
@@ -479,8 +486,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     newer): a lane's two adjacent dQ columns in one reduction (ptx/red.ptx). serial: the build for
     deterministic=True, whose blocks loop over key blocks; the default build has a block per key
     block and no loop (the loop costs instructions and registers where there are none to spare:
-    ptxas, sm_90a, 2496 instructions against 2456 at D = 64, and at D = 128 176 bytes spilled
-    per thread against 40)."""
+    ptxas, sm_90a, 2384 instructions against 2352 at D = 64, and at D = 128 168 bytes spilled
+    per thread against 24)."""
     f = _Pieces(L, dtype)
     mma_into, pack, exp2, ldsm_t, copy_tile = f.mma_into, f.pack, f.exp2, f.ldsm_t, f.copy_tile
     commit, wait_all, abt_steps, ab_steps, as_a_fragments = f.commit, f.wait_all, f.abt_steps, f.ab_steps, f.as_a_fragments
@@ -694,14 +701,15 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 cuda.syncthreads()
                 h, m0 = h_next, m_next
 
-            # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type, two columns per 32-bit store
+            # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type, two columns per 32-bit store (an
+            #    unsigned column: a signed one is checked for < 0, checks the serial build keeps in registers)
             for j in range(ND):
                 if key_a < seq_k:
-                    dK[b, h_kv, key_a, j * 4 + t] = pack(dk[j, 0] * scale, dk[j, 1] * scale)
-                    dV[b, h_kv, key_a, j * 4 + t] = pack(dv[j, 0], dv[j, 1])
+                    dK[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dk[j, 0] * scale, dk[j, 1] * scale)
+                    dV[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dv[j, 0], dv[j, 1])
                 if key_a + 8 < seq_k:
-                    dK[b, h_kv, key_a + 8, j * 4 + t] = pack(dk[j, 2] * scale, dk[j, 3] * scale)
-                    dV[b, h_kv, key_a + 8, j * 4 + t] = pack(dv[j, 2], dv[j, 3])
+                    dK[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dk[j, 2] * scale, dk[j, 3] * scale)
+                    dV[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dv[j, 2], dv[j, 3])
             if not SERIAL:
                 break  # a block per key block: one trip (the compiler leaves no loop)
             key_block += cuda.gridDim.x  # deterministic=True: this block's next key block
