@@ -35,6 +35,11 @@ class Pointer:
 
     __radd__ = __add__
 
+    def __xor__(self, nbytes):
+        """The offset's bits flipped (a swizzled address): the simulator's arrays start at offset 0,
+        as a GPU's shared memory tiles start on an alignment at least that large."""
+        return Pointer(self.array, self.offset ^ int(nbytes))
+
     def __sub__(self, other):
         """A pointer `other` bytes back, or the distance in bytes to another pointer (into the same
         memory, through any view of it: each simulated thread has its own view of shared memory)."""

@@ -63,16 +63,27 @@ NO_ROW = 1 << 30  # kv_kernel's mask limits: a row index above (and, negated, be
 def layout(HEAD_DIM: int, warps: int, stream_rows: int) -> dict:
     """Every derived constant of kv_kernel, whose block keeps OWN_ROWS = 16 x warps rows of two
     tiles (A, B: K and V) while tiles of STREAM_ROWS rows stream past in two stages (Q and dO).
-    Shared memory holds 16-bit rows of STRIDE elements, then dSᵀ (OWN_ROWS rows of STREAM_ROWS,
-    kv_kernel's dQ); offsets are in bytes."""
+    Shared memory holds the own tiles' 16-bit rows of STRIDE elements (padded, as phase 07's),
+    the streamed tiles' rows of HEAD_DIM elements (swizzled: chunk c of row r at chunk c ^ (r % 8),
+    make_copy_tile), then dSᵀ (OWN_ROWS rows of STREAM_ROWS, padded; kv_kernel's dQ); offsets are
+    in bytes."""
     own = 16 * warps
     L = dict(HEAD_DIM=HEAD_DIM, WARPS=warps, N_THREADS=32 * warps, OWN_ROWS=own, STREAM_ROWS=stream_rows)
-    L["STRIDE"] = HEAD_DIM + PAD  # elements per shared-memory row (PAD: see phase 07)
+    # The streamed tiles are copied every query tile, and padded rows (144 bytes at D = 64) cost
+    # cp.async 24 L2 sectors and 10.5 shared-memory wavefronts a warp where 16 and 4 do: a row
+    # that straddles 128-byte lines of shared memory is split (docs/tuning/11_layout/). So their
+    # rows are D elements, swizzled. The own tiles are copied once a key block and read from the
+    # same addresses every query tile: padded, each k-step is a constant offset from one register;
+    # swizzled, each k-step's address is an XOR, which the compiler hoists out of the loop into
+    # registers of their own (swizzling them too ran up to 5 % slower at D = 128: 11_ab.txt run 8)
+    L["STRIDE"] = HEAD_DIM + PAD  # elements per own row (PAD: see phase 07)
     L["ROW_BYTES"] = row = L["STRIDE"] * 2
+    L["STREAM_ROW_BYTES"] = srow = HEAD_DIM * 2
     L["OWN_A"], L["OWN_B"] = 0, own * row
     L["STREAM_A"] = 2 * own * row  # stage s: tile A at STREAM_A + s * STAGE_BYTES, B at STREAM_B + ...
-    L["STREAM_B"] = L["STREAM_A"] + stream_rows * row
-    L["STAGE_BYTES"] = 2 * stream_rows * row
+    L["STREAM_B"] = L["STREAM_A"] + stream_rows * srow
+    L["STAGE_BYTES"] = 2 * stream_rows * srow
+    assert L["STREAM_A"] % 256 == 0 and L["STAGE_BYTES"] % 256 == 0  # the swizzle's XORs: kv_kernel
     L["DS_OFF"] = L["STREAM_A"] + 2 * L["STAGE_BYTES"]
     L["DS_ROW_BYTES"] = (stream_rows + PAD) * 2
     L["SMEM_BYTES"] = L["DS_OFF"] + own * L["DS_ROW_BYTES"]
@@ -262,8 +273,9 @@ class _Pieces:
         self.ldsm_t = ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
         self.commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
         self.wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
-        self.copy_tile = make_copy_tile(L)
-        NT, KS, ROW_BYTES = L["NT"], L["KS"], L["ROW_BYTES"]
+        self.copy_tile = make_copy_tile(L)  # the own tiles, padded
+        self.copy_stream = make_copy_tile(dict(L, STRIDE=L["HEAD_DIM"], SWIZZLE=True))  # streamed, swizzled
+        NT, KS, SROW = L["NT"], L["KS"], L["STREAM_ROW_BYTES"]
 
         @cuda.jit(device=True, inline=True)
         def mma_into(c, j, a0, a1, a2, a3, b0, b1):
@@ -277,8 +289,8 @@ class _Pieces:
             streamed rows of b (ldmatrix, as phase 07 reads K): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ."""
             c, a_rows, b_rows = args
             a0, a1, a2, a3 = ldsm(a_rows + kk * 32)
-            for jj in range(NT // 2):
-                b0, b1, b2, b3 = ldsm(b_rows + jj * 16 * ROW_BYTES + kk * 32)
+            for jj in range(NT // 2):  # b swizzled, 16 kk columns on: see kv_kernel's lane addresses
+                b0, b1, b2, b3 = ldsm((b_rows ^ uint32(kk * 32)) + jj * 16 * SROW)
                 mma_into(c, 2 * jj, a0, a1, a2, a3, b0, b1)
                 mma_into(c, 2 * jj + 1, a0, a1, a2, a3, b2, b3)
 
@@ -289,7 +301,7 @@ class _Pieces:
             dV += Pᵀ dO and dK += dSᵀ Q."""
             c, a, b_rows = args
             for kk in range(KS):
-                b0, b1, b2, b3 = ldsm_t(b_rows + kk * 16 * ROW_BYTES + jj * 32)
+                b0, b1, b2, b3 = ldsm_t((b_rows ^ uint32(jj * 32)) + kk * 16 * SROW)
                 mma_into(c, 2 * jj, a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b0, b1)
                 mma_into(c, 2 * jj + 1, a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b2, b3)
 
@@ -384,11 +396,11 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     ptxas, sm_90a, 2384 instructions against 2352 at D = 64, and at D = 128 168 bytes spilled
     per thread against 24)."""
     f = _Pieces(L, dtype)
-    mma_into, pack, exp2, ldsm_t, copy_tile = f.mma_into, f.pack, f.exp2, f.ldsm_t, f.copy_tile
+    mma_into, pack, exp2, ldsm_t, copy_tile, copy_stream = f.mma_into, f.pack, f.exp2, f.ldsm_t, f.copy_tile, f.copy_stream
     commit, wait_all, abt_steps, ab_steps, as_a_fragments = f.commit, f.wait_all, f.abt_steps, f.ab_steps, f.as_a_fragments
     shared_address, global_address = operands.shared_address, operands.global_address
     D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["STREAM_ROWS"]
-    ROW_BYTES, DS_ROW_BYTES, DS_OFF = L["ROW_BYTES"], L["DS_ROW_BYTES"], L["DS_OFF"]
+    ROW_BYTES, SROW, DS_ROW_BYTES, DS_OFF = L["ROW_BYTES"], L["STREAM_ROW_BYTES"], L["DS_ROW_BYTES"], L["DS_OFF"]
     OWN_A, OWN_B, STREAM_A, STREAM_B, STAGE = L["OWN_A"], L["OWN_B"], L["STREAM_A"], L["STREAM_B"], L["STAGE_BYTES"]
     NT, KS, KO, ND = L["NT"], L["KS"], L["KO"], L["ND"]
     ROW_GROUPS, DQ_CHUNKS = L["ROW_GROUPS"], L["DQ_CHUNKS"]
@@ -432,8 +444,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         """Start copying rows m0 .. m0 + BLOCK_M − 1 of query head h, of Q and of dO, into `stage`."""
         seq_q = Q.shape[2]
         head_q = uint64(((b * Q.shape[1] + h) * seq_q) * GLOBAL_ROW)
-        copy_tile(smem, STREAM_A + stage * STAGE, global_address(Q), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
-        copy_tile(smem, STREAM_B + stage * STAGE, global_address(dO), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
+        copy_stream(smem, STREAM_A + stage * STAGE, global_address(Q), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
+        copy_stream(smem, STREAM_B + stage * STAGE, global_address(dO), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
 
     @cuda.jit
     def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale):
@@ -449,7 +461,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         alone, key block after key block, and one thread's additions to one address take effect
         in its program order (PTX's memory model: coherence order follows program order), so the
         float32 sums come out the same bit for bit on every run."""
-        smem_h = cuda.shared.array(0, uint32, alignment=128)
+        smem_h = cuda.shared.array(0, uint32, alignment=256)  # rows 256-byte aligned (the lane addresses)
         smem = shared_address(smem_h)
         lse2_s = cuda.shared.array(STATS, float32)  # stage s, row r at s * BLOCK_M + r: L_i · log2 e
         delta_s = cuda.shared.array(STATS, float32)  # and Δ_i
@@ -470,11 +482,17 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         dsq_frag = cuda.local.array((KO, 4), uint32)
         dk = cuda.local.array((ND, 4), float32)  # the warp's 16 keys x D
         dv = cuda.local.array((ND, 4), float32)
-        # ldmatrix lane addresses (phase 07): A rows of a 16-row block; B rows of two n-tiles; B of
-        # two n-tiles transposed
+        # ldmatrix lane addresses (phase 07): A rows of a 16-row block (own tiles); B rows of two
+        # n-tiles and B of two n-tiles transposed, in the streamed tiles and (bt_own) the own ones.
+        # In the streamed tiles' swizzled rows each lane names a row, whose row % 8 is lane % 8, and
+        # its 16-byte chunk c, 0 or 1, which lies at chunk c ^ (lane % 8). Chunk c + 2 kk (16 kk
+        # columns on) then lies at the lane's address XOR 32 kk (c + 2 kk never carries out of c's
+        # bit, and rows start 256-byte aligned), as abt_step and ab_step read them
+        sw = lane % 8
         a_lane = (lane % 16) * ROW_BYTES + (lane // 16) * 16
-        b_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
-        bt_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
+        b_lane = ((lane // 16) * 8 + lane % 8) * SROW + (((lane // 8) % 2) ^ sw) * 16
+        bt_lane = (((lane // 8) % 2) * 8 + lane % 8) * SROW + ((lane // 16) ^ sw) * 16
+        bt_own = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
         k_warp = smem + OWN_A + warp * 16 * ROW_BYTES + a_lane
         v_warp = smem + OWN_B + warp * 16 * ROW_BYTES + a_lane
         # dQ of a query tile: this warp's 16 rows (row group) and DQ_CHUNKS x 16 columns (column group)
@@ -577,7 +595,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                     dsq_frag[kk, 0], dsq_frag[kk, 1], dsq_frag[kk, 2], dsq_frag[kk, 3] = a0, a1, a2, a3
                 dq_head = dq_address + uint64(((b * H + h) * seq_q) * DQ_ROW)
                 dq_steps(0, (dq_head, m0 + dq_rows + g, dq_cols, seq_q, t, dsq_frag,
-                             smem + OWN_A + bt_lane + dq_cols * 2, scale))
+                             smem + OWN_A + bt_own + dq_cols * 2, scale))
 
                 # -- the next tile has landed (this thread's copies), and every warp is done with this one
                 if it + 1 < n_tiles and tid < BLOCK_M:
