@@ -43,7 +43,10 @@
 # [block](../docs/glossary.md#block):
 # - `kv_kernel` gives each block 128 keys (and their values), kept in
 #   [shared memory](../docs/glossary.md#shared-memory), while tiles of 64 query rows stream past in two
-#   stages, exactly as K and V stream past Q in phase 07. Each warp owns 16 keys and computes its
+#   stages, exactly as K and V stream past Q in phase 07 (one difference: the streamed rows are not
+#   padded but [swizzled](../docs/glossary.md#swizzle), chunk c of row r stored at chunk c ^ (r % 8),
+#   because cp.async splits a padded row that straddles 128-byte lines of shared memory: 24 L2
+#   sectors a warp where 16 do, docs/tuning/11_layout/). Each warp owns 16 keys and computes its
 #   products transposed (keys as rows): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ on the tensor cores, then Pᵀ and dSᵀ
 #   element by element (exercise 11-c), then dV += Pᵀ dO and dK += dSᵀ Q, which stay in
 #   [registers](../docs/glossary.md#register) for the whole loop and are written once. With

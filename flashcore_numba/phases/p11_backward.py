@@ -110,15 +110,15 @@ do not edit by hand)
     SDPA flash), 11-step 284 TFLOPS (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048
     D=128 fp16 causal, 2026-11-28, code at commit `5f09487`: 11 196 TFLOPS (0.88x SDPA flash),
     11-deterministic 166 TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA flash); NVIDIA
-    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-28, code at commit `49fae06`: 11 214 TFLOPS
-    (0.86x SDPA flash), 11-deterministic 210 TFLOPS (0.85x SDPA flash), 11-step 256 TFLOPS (0.98x
+    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-28, code at commit `33fc4ce`: 11 223 TFLOPS
+    (0.90x SDPA flash), 11-deterministic 215 TFLOPS (0.86x SDPA flash), 11-step 264 TFLOPS (1.01x
     SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-11-28, code at commit
-    `49fae06`: 11 182 TFLOPS (0.91x SDPA flash), 11-deterministic 179 TFLOPS (0.90x SDPA flash),
-    11-step 213 TFLOPS (1.00x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
-    2026-11-28, code at commit `49fae06`: 11 250 TFLOPS (0.93x SDPA flash), 11-deterministic 238
-    TFLOPS (0.88x SDPA flash), 11-step 304 TFLOPS (1.05x SDPA flash); NVIDIA H200, B=16 H=16 S=2048
-    D=128 fp16 causal, 2026-11-28, code at commit `49fae06`: 11 214 TFLOPS (0.95x SDPA flash),
-    11-deterministic 199 TFLOPS (0.88x SDPA flash), 11-step 257 TFLOPS (1.05x SDPA flash)
+    `33fc4ce`: 11 188 TFLOPS (0.95x SDPA flash), 11-deterministic 183 TFLOPS (0.92x SDPA flash),
+    11-step 220 TFLOPS (1.03x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
+    2026-11-28, code at commit `33fc4ce`: 11 252 TFLOPS (0.94x SDPA flash), 11-deterministic 235
+    TFLOPS (0.87x SDPA flash), 11-step 306 TFLOPS (1.06x SDPA flash); NVIDIA H200, B=16 H=16 S=2048
+    D=128 fp16 causal, 2026-11-28, code at commit `33fc4ce`: 11 215 TFLOPS (0.95x SDPA flash),
+    11-deterministic 199 TFLOPS (0.88x SDPA flash), 11-step 259 TFLOPS (1.06x SDPA flash)
     (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16.json,
