@@ -36,8 +36,9 @@ class Pointer:
     __radd__ = __add__
 
     def __xor__(self, nbytes):
-        """The offset's bits flipped (a swizzled address): the simulator's arrays start at offset 0,
-        as a GPU's shared memory tiles start on an alignment at least that large."""
+        """The offset's bits flipped (a swizzled address). XOR of the offset is XOR of the address
+        on a GPU because the tiles a kernel swizzles start at multiples of their rows' length
+        (phase 11's layout asserts it), and the array here starts at offset 0."""
         return Pointer(self.array, self.offset ^ int(nbytes))
 
     def __sub__(self, other):

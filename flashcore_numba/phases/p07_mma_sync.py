@@ -180,9 +180,10 @@ def make_copy_tile(L):
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
     CHUNKS, STRIDE, ROWS_PER_PASS = L["CHUNKS"], L["STRIDE"], L["ROWS_PER_PASS"]
     SWIZZLE = L.get("SWIZZLE", False)
-    # swizzled, a pass ROWS_PER_PASS rows on moves r % 8 by ROWS_PER_PASS % 8: 0 on a GPU; 4 in the
-    # simulator's small blocks at D = 128, where (r + 4) % 8 == (r % 8) ^ 4 flips bit 6 of the address
-    assert not SWIZZLE or ROWS_PER_PASS % 4 == 0
+    # swizzled, a pass ROWS_PER_PASS rows on moves r % 8 by ROWS_PER_PASS % 8: 0 in phase 11's
+    # 8-warp blocks; 4 in the simulator's small blocks at D = 128, where (r + 4) % 8 == (r % 8) ^ 4
+    # flips bit 6 of the address (rows of at least 128 bytes, each at a multiple of its length)
+    assert not SWIZZLE or (ROWS_PER_PASS % 4 == 0 and STRIDE == CHUNKS * 8)  # unpadded rows
     FLIP = 64 if SWIZZLE and ROWS_PER_PASS % 8 else 0
     ROW_BYTES = STRIDE * 2  # a row in shared memory; in global memory a row is CHUNKS * 16 bytes, the
     # next one row_stride bytes on

@@ -94,7 +94,8 @@ What changed from its first version
       docs/tuning/11_layout/). K and V, the block's own tiles, stay padded: swizzled too, their
       loop-invariant addresses became hoisted registers and D = 128 ran up to 5 % slower. On an
       H200 (docs/tuning/11_ab.txt, runs 8 and 9): 2-3 % faster at D = 64 in both modes, 1-1.5 %
-      at D = 128 (default build), the deterministic build at D = 128 the same.
+      at D = 128 (default build), the deterministic build at D = 128 the same; spills at D = 128
+      from 24 to 28 bytes (default build) and 168 to 140 (serial).
 
 Measured effect (written by `flashcore report` from the backward records, docs/bench/backward/;
 do not edit by hand)
@@ -189,7 +190,8 @@ def layout(HEAD_DIM: int, warps: int, stream_rows: int) -> dict:
     L["STREAM_A"] = 2 * own * row  # stage s: tile A at STREAM_A + s * STAGE_BYTES, B at STREAM_B + ...
     L["STREAM_B"] = L["STREAM_A"] + stream_rows * srow
     L["STAGE_BYTES"] = 2 * stream_rows * srow
-    assert L["STREAM_A"] % 256 == 0 and L["STAGE_BYTES"] % 256 == 0  # the swizzle's XORs: kv_kernel
+    # kv_kernel's ldmatrix addresses XOR their chunk: each streamed tile starts a multiple of 256 bytes on
+    assert L["STREAM_A"] % 256 == 0 and L["STAGE_BYTES"] % 256 == 0 and stream_rows * srow % 256 == 0
     L["DS_OFF"] = L["STREAM_A"] + 2 * L["STAGE_BYTES"]
     L["DS_ROW_BYTES"] = (stream_rows + PAD) * 2
     L["SMEM_BYTES"] = L["DS_OFF"] + own * L["DS_ROW_BYTES"]
@@ -395,7 +397,7 @@ class _Pieces:
             streamed rows of b (ldmatrix, as phase 07 reads K): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ."""
             c, a_rows, b_rows = args
             a0, a1, a2, a3 = ldsm(a_rows + kk * 32)
-            for jj in range(NT // 2):  # b swizzled, 16 kk columns on: see kv_kernel's lane addresses
+            for jj in range(NT // 2):  # b swizzled, 16 kk columns on: XOR (kv_kernel's lane addresses)
                 b0, b1, b2, b3 = ldsm((b_rows ^ uint32(kk * 32)) + jj * 16 * SROW)
                 mma_into(c, 2 * jj, a0, a1, a2, a3, b0, b1)
                 mma_into(c, 2 * jj + 1, a0, a1, a2, a3, b2, b3)
@@ -505,8 +507,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     newer): a lane's two adjacent dQ columns in one reduction (ptx/red.ptx). serial: the build for
     deterministic=True, whose blocks loop over key blocks; the default build has a block per key
     block and no loop (the loop costs instructions and registers where there are none to spare:
-    ptxas, sm_90a, 2384 instructions against 2352 at D = 64, and at D = 128 168 bytes spilled
-    per thread against 24)."""
+    ptxas, sm_90a, 2400 instructions against 2392 at D = 64, and at D = 128 140 bytes spilled
+    per thread against 28)."""
     f = _Pieces(L, dtype)
     mma_into, pack, exp2, ldsm_t, copy_tile, copy_stream = f.mma_into, f.pack, f.exp2, f.ldsm_t, f.copy_tile, f.copy_stream
     commit, wait_all, abt_steps, ab_steps, as_a_fragments = f.commit, f.wait_all, f.abt_steps, f.ab_steps, f.as_a_fragments
@@ -577,7 +579,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         alone, key block after key block, and one thread's additions to one address take effect
         in its program order (PTX's memory model: coherence order follows program order), so the
         float32 sums come out the same bit for bit on every run."""
-        smem_h = cuda.shared.array(0, uint32, alignment=256)  # rows 256-byte aligned (the lane addresses)
+        smem_h = cuda.shared.array(0, uint32, alignment=256)  # streamed tiles 256-byte aligned (the lane addresses)
         smem = shared_address(smem_h)
         lse2_s = cuda.shared.array(STATS, float32)  # stage s, row r at s * BLOCK_M + r: L_i · log2 e
         delta_s = cuda.shared.array(STATS, float32)  # and Δ_i
@@ -601,9 +603,10 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         # ldmatrix lane addresses (phase 07): A rows of a 16-row block (own tiles); B rows of two
         # n-tiles and B of two n-tiles transposed, in the streamed tiles and (bt_own) the own ones.
         # In the streamed tiles' swizzled rows each lane names a row, whose row % 8 is lane % 8, and
-        # its 16-byte chunk c, 0 or 1, which lies at chunk c ^ (lane % 8). Chunk c + 2 kk (16 kk
-        # columns on) then lies at the lane's address XOR 32 kk (c + 2 kk never carries out of c's
-        # bit, and rows start 256-byte aligned), as abt_step and ab_step read them
+        # its 16-byte chunk c, 0 or 1, which lies at chunk c ^ (lane % 8). Chunk c + 2 k (16 k
+        # columns on: abt_step's kk, ab_step's jj) then lies at the lane's address XOR 32 k: c + 2 k
+        # never carries out of c's bit, and each streamed tile starts 256-byte aligned, so every row
+        # starts at a multiple of its own length and XOR 32 k (less than a row) changes only its chunk
         sw = lane % 8
         a_lane = (lane % 16) * ROW_BYTES + (lane // 16) * 16
         b_lane = ((lane // 16) * 8 + lane % 8) * SROW + (((lane // 8) % 2) ^ sw) * 16
