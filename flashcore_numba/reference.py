@@ -125,15 +125,38 @@ def gradient_oracle(q, k, v, do, *, lowp: str = "float16", **kw):
             reference_gradients(q, k, v, do, dtype=np.float32, lowp=lowp, **kw))
 
 
-def gradient_atol(ref) -> float:
+def gradient_atol(ref, rounding: float = 0.0) -> float:
     """The absolute term of the gradients' oracle (check_close(grad, ref, yardstick, atol=...)): 1e-3
-    of the gradient's largest value, plus 1e-5. Where the softmax is nearly one-hot, dS = P ∘ (dP − Δ)
-    cancels, and rounding loses digits there whoever computes it, so a fixed ATOL does not fit
-    gradients whose size varies with the problem. Where it is exactly one-hot (every row sees one
-    key), dS and the reference's dq are exactly 0, while a float32 dP − Δ keeps a rounding residue
-    (about 1e-7 of dP, which is near √D for unit inputs) that dS K carries into dq: a few 1e-6
-    (1.07e-6 at S_q = 13, S_k = 1, causal: tests/test_backward.py), hence the 1e-5."""
-    return 1e-3 * (float(np.max(np.abs(ref))) if np.size(ref) else 0.0) + 1e-5
+    of the gradient's largest value, plus 1e-6, plus `rounding` (gradient_rounding: what float32
+    leaves where dS cancels). Where the softmax is nearly one-hot, dS = P ∘ (dP − Δ) cancels, and
+    rounding loses digits there whoever computes it, so a fixed ATOL does not fit gradients whose
+    size varies with the problem."""
+    return 1e-3 * (float(np.max(np.abs(ref))) if np.size(ref) else 0.0) + 1e-6 + rounding
+
+
+def gradient_rounding(q, k, v, do, *, causal: bool = False, scale: float | None = None) -> tuple:
+    """(dq, dk, dv) bounds of what float32's rounding of dP − Δ leaves in the gradients where dS
+    cancels. dP_ij and Δ_i are two float32 sums of D products each, in different orders, so their
+    difference is good to about one unit of float32's last place of T_ij = Σ_d |dO_id| (|V_jd| +
+    max|V|) (2^-23 T_ij here: |O_id| <= max|V|, O being a mix of V's rows), and dS_ij = P_ij (dP_ij − Δ_i)
+    carries P_ij times that. Where a row's softmax is one-hot (a row that sees one key: S_k = 1) dS is
+    exactly 0 and so is the reference's dq, while a backward's dq keeps the residue
+    (tests/test_backward.py found 1.07e-6 at S_q = 13, S_k = 1, D = 64, scale 0.3). dq_i = scale
+    Σ_j dS_ij k_j and dk_j = scale Σ_i dS_ij q_i then carry at most scale · Σ_j P_ij 2^-23 T_ij max|k|
+    and scale · Σ_i P_ij 2^-23 T_ij max|q| (over a K/V head's query rows); dv has no dS."""
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, do))
+    B, H, Sq, _ = q.shape
+    mask = visible_mask(Sq, k.shape[2], causal)
+    dq_bound, dk_rows = 0.0, np.zeros(k.shape[:3])
+    for b, h in np.ndindex(B, H):
+        hk = kv_head(h, H, k.shape[1])
+        p = _softmax_rows(q[b, h] @ k[b, hk].T * scale, mask)
+        terms = np.abs(do[b, h]) @ np.abs(v[b, hk]).T + np.sum(np.abs(do[b, h]), axis=1, keepdims=True) * np.max(np.abs(v[b, hk]))
+        residue = 2.0 ** -23 * scale * p * terms  # (S_q, S_k): what dS_ij may carry
+        dq_bound = max(dq_bound, float(np.max(residue.sum(axis=1))) * float(np.max(np.abs(k[b, hk]))))
+        dk_rows[b, hk] += residue.sum(axis=0) * float(np.max(np.abs(q[b, h])))
+    return dq_bound, float(np.max(dk_rows)), 0.0
 
 
 def reference_lse(q, k, *, causal: bool = False, scale: float | None = None) -> np.ndarray:
