@@ -152,7 +152,8 @@ def gradient_rounding(q, k, v, do, *, causal: bool = False, scale: float | None 
     for b, h in np.ndindex(B, H):
         hk = kv_head(h, H, k.shape[1])
         p = _softmax_rows(q[b, h] @ k[b, hk].T * scale, mask)
-        terms = np.abs(do[b, h]) @ np.abs(v[b, hk]).T + np.sum(np.abs(do[b, h]), axis=1, keepdims=True) * np.max(np.abs(v[b, hk]))
+        do_abs, v_abs = np.abs(do[b, h]), np.abs(v[b, hk])
+        terms = do_abs @ v_abs.T + np.sum(do_abs, axis=1, keepdims=True) * np.max(v_abs)  # T_ij
         residue = 2.0 ** -23 * scale * p * terms  # (S_q, S_k): what dS_ij may carry
         dq_bound = max(dq_bound, float(np.max(residue.sum(axis=1))) * float(np.max(np.abs(k[b, hk]))))
         dk_rows[b, hk] += residue.sum(axis=0) * float(np.max(np.abs(q[b, h])))

@@ -510,7 +510,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     ptxas, sm_90a, 2400 instructions against 2392 at D = 64, and at D = 128 140 bytes spilled
     per thread against 28)."""
     f = _Pieces(L, dtype)
-    mma_into, pack, exp2, ldsm_t, copy_tile, copy_stream = f.mma_into, f.pack, f.exp2, f.ldsm_t, f.copy_tile, f.copy_stream
+    mma_into, pack, exp2, ldsm_t = f.mma_into, f.pack, f.exp2, f.ldsm_t
+    copy_tile, copy_stream = f.copy_tile, f.copy_stream  # the own tiles (padded), the streamed ones (swizzled)
     commit, wait_all, abt_steps, ab_steps, as_a_fragments = f.commit, f.wait_all, f.abt_steps, f.ab_steps, f.as_a_fragments
     shared_address, global_address = operands.shared_address, operands.global_address
     D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["STREAM_ROWS"]
