@@ -112,34 +112,40 @@ def test_arg_slots_are_numbas_parameters():
         assert a[:size] == b[:size], f"parameter {i}: ours {a[:size].hex()}, numba's {b[:size].hex()}"
 
 
-def test_launcher_passes_the_launch_s_values_as_c_values(monkeypatch):
-    """Launcher's arguments reach the C function as cuLaunchKernel declares them (a pointer, seven
-    unsigned ints, the stream, the parameter buffer, NULL): a C callback with that signature stands
-    in for the driver, called the way the launcher calls the untyped driver function."""
-    u32, ptr = ctypes.c_uint, ctypes.c_void_p
+def test_launcher_launches_the_kernel_s_function_with_the_values_settled_once(monkeypatch):
+    """Launcher calls cuda.bindings' cuLaunchKernel with the kernel's CUfunction, the grid, the block,
+    the shared memory, the stream as given, the parameter buffer's address and no extra: a fake
+    driver stands in and records the call. A failed launch raises with the driver's error name,
+    and a kernel without a CUfunction (function_of never called) is refused when the launcher is made."""
+    import enum
+
     seen = []
 
-    def fake(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        seen.append((f, gx, gy, gz, bx, by, bz, smem, stream, params, extra))
-        return 0
+    class CUresult(enum.IntEnum):  # as cuda.bindings' own: CUDA_SUCCESS is 0, so falsy
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_INVALID_VALUE = 1
 
-    callback = ctypes.CFUNCTYPE(ctypes.c_int, ptr, u32, u32, u32, u32, u32, u32, u32, ptr, ptr, ptr)(fake)
-    untyped = ctypes.cast(callback, ctypes.CFUNCTYPE(ctypes.c_int))  # no argument types, as _libcuda's
-    monkeypatch.setattr(launch, "_libcuda", lambda: pytypes.SimpleNamespace(cuLaunchKernel=untyped))
-    kernel = launch.Kernel(library=None, handle=None, address=0x7F00_0000_1000, entry="k")
+    result = [CUresult.CUDA_SUCCESS]
+
+    def fake(*args):
+        seen.append(args)
+        return (result[0],)
+
+    monkeypatch.setattr(launch, "_driver", lambda: pytypes.SimpleNamespace(cuLaunchKernel=fake, CUresult=CUresult))
+    function = object()  # a CUfunction is an opaque handle
+    kernel = launch.Kernel(library=None, handle=None, entry="k", function=function)
     slots = ArgSlots([ArrayArg((2, 3), 4), ScalarArg("bool", True)])
     launcher = launch.Launcher(kernel, (132, 16, 2), 256, 100_000, slots)
-    # the C types themselves (on little-endian, a 64-bit value read as 32 bits would pass the values)
-    assert [type(x) for x in launcher._head] == [ptr] + [u32] * 7 and type(launcher._params) is ptr
     launcher(0x5555_0000_0040)
     launcher(0)  # the legacy default stream
-    assert seen == [(0x7F00_0000_1000, 132, 16, 2, 256, 1, 1, 100_000, 0x5555_0000_0040, slots.params, None),
-                    (0x7F00_0000_1000, 132, 16, 2, 256, 1, 1, 100_000, None, slots.params, None)]
-    failing = ctypes.CFUNCTYPE(ctypes.c_int, ptr, u32, u32, u32, u32, u32, u32, u32, ptr, ptr, ptr)(lambda *a: 1)
-    monkeypatch.setattr(launch, "_libcuda",
-                        lambda: pytypes.SimpleNamespace(cuLaunchKernel=ctypes.cast(failing, ctypes.CFUNCTYPE(ctypes.c_int))))
+    assert seen == [(function, 132, 16, 2, 256, 1, 1, 100_000, 0x5555_0000_0040, slots.params, 0),
+                    (function, 132, 16, 2, 256, 1, 1, 100_000, 0, slots.params, 0)]
+    assert all(type(x) is int for x in seen[0][1:])  # plain integers: cuda.bindings converts nothing else
+    result[0] = CUresult.CUDA_ERROR_INVALID_VALUE
     with pytest.raises(RuntimeError, match=r"cuLaunchKernel\(k\) failed: CUDA_ERROR_INVALID_VALUE"):
         launcher(0)
+    with pytest.raises(ValueError, match=r"kernel k: no CUfunction"):
+        launch.Launcher(launch.Kernel(library=None, handle=None, entry="k"), (1, 1, 1), 32, 0, slots)
 
 
 BACKWARD_PLAN_CASES = [  # (q shape, k shape, causal, deterministic, parts, with dlse, D's dtype)

@@ -8,8 +8,10 @@ side of it:
 
     cubin, entry = build_cubin(dispatcher, argtypes, (9, 0))     # Numba's own compile, no launch
     kernel = load_kernel(cubin, entry)                           # cuLibraryLoadData + cuLibraryGetKernel
+    with cuda.gpus[0]:
+        kernel.function = function_of(kernel)                    # its CUfunction in the device's context
     slots = ArgSlots([ArrayArg(q_shape, 2), ..., ScalarArg("bool", True), ...])
-    launcher = Launcher(kernel, grid, block, smem, slots)        # the launch's C values, made once
+    launcher = Launcher(kernel, grid, block, smem, slots)        # the launch's values, made once
     slots.set_pointer(0, q.data_ptr()); ...                      # per call: the data pointers only
     launcher(stream)                                             # cuLaunchKernel
 
@@ -120,20 +122,28 @@ def _check(result, what: str):
 
 @dataclass
 class Kernel:
-    """A kernel loaded from a cubin: its CUkernel (launched in the current context), the same as an
-    integer for ctypes, and the CUlibrary that must stay loaded while it is used."""
+    """A kernel loaded from a cubin: its CUkernel (the same in every context), the CUlibrary that must
+    stay loaded while it is used, and `function`, its CUfunction in the context it is launched in
+    (`function_of`, set by whoever knows that context: runtime/plan.py's `_loaded`)."""
 
     library: object
     handle: object
-    address: int
     entry: str
+    function: object = None
 
 
 def load_kernel(cubin: bytes, entry: str) -> Kernel:
     driver = _driver()
     library = _check(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), "cuLibraryLoadData")
     handle = _check(driver.cuLibraryGetKernel(library, entry.encode()), f"cuLibraryGetKernel({entry})")
-    return Kernel(library, handle, int(handle), entry)
+    return Kernel(library, handle, entry)
+
+
+def function_of(kernel: Kernel):
+    """The kernel's CUfunction in the current context. A launch of it costs the host about 1 us less
+    than a launch of the CUkernel, which the driver resolves to the current context's function on
+    every call (docs/tuning/call_path.txt, run 8)."""
+    return _check(_driver().cuKernelGetFunction(kernel.handle), f"cuKernelGetFunction({kernel.entry})")
 
 
 def set_dynamic_smem(kernel: Kernel, nbytes: int, device_id: int) -> None:
@@ -143,39 +153,39 @@ def set_dynamic_smem(kernel: Kernel, nbytes: int, device_id: int) -> None:
     _check(driver.cuKernelSetAttribute(attr, nbytes, kernel.handle, device_id), "cuKernelSetAttribute")
 
 
-# The launch, made on every call, goes to the driver library through ctypes. cuLaunchKernel has no
-# argument types set: a Launcher passes C values made once, so ctypes converts nothing but the
-# stream (docs/tuning/call_path.txt, run 7: 0.35-0.8 us less a launch of about 6 us than the same
-# call with ten Python integers and None converted by argument types; a CUfunction, by ctypes or
-# by cuda.bindings, was faster still in two passes of three and slower in the third: not
-# established). The memset (a plan's work counter, zeroed once per stream) goes the same way. The
-# rest of the driver API is used through cuda.bindings, where its cost does not matter.
+# The launch, made on every call, goes to the driver through cuda.bindings' cuLaunchKernel with the
+# kernel's CUfunction, the parameter buffer's address as an integer and the stream as torch gives it
+# (an integer): docs/tuning/call_path.txt, run 8, measured it against ctypes' call of the same
+# function and of the CUkernel in seven alternating rounds (4.6, 5.6 and 7.7 us medians). The memset
+# (a plan's work counter, zeroed once per stream) goes through ctypes.
 @lru_cache(maxsize=None)
 def _libcuda():
     import sys
 
     lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
-    lib.cuLaunchKernel.restype = ctypes.c_int  # no argtypes: every argument comes as a C value
     lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
     lib.cuMemsetD32Async.restype = ctypes.c_int
     return lib
 
 
 class Launcher:
-    """cuLaunchKernel of one kernel with one grid, block, shared memory and parameter buffer,
-    those converted to C values once: a call converts only the stream (a CUstream handle as an
-    int; 0: the legacy default stream)."""
+    """cuLaunchKernel of one kernel's CUfunction with one grid, block, shared memory and parameter
+    buffer, all settled once: a call passes only the stream (a CUstream handle as an int; 0: the
+    legacy default stream)."""
 
     def __init__(self, kernel: Kernel, grid, block: int, smem: int, slots: ArgSlots):
-        u32 = ctypes.c_uint
+        if kernel.function is None:
+            raise ValueError(f"kernel {kernel.entry}: no CUfunction (set kernel.function = function_of(kernel) "
+                             f"in the context it is launched in)")
         gx, gy, gz = grid
         self.kernel, self.slots = kernel, slots  # the buffer `params` points into stays alive
-        self._head = (ctypes.c_void_p(kernel.address), u32(gx), u32(gy), u32(gz), u32(block), u32(1), u32(1), u32(smem))
-        self._params = ctypes.c_void_p(slots.params)
+        self._dims = (int(gx), int(gy), int(gz), int(block), 1, 1, int(smem))
+        self._launch = _driver().cuLaunchKernel
 
     def __call__(self, stream: int) -> None:
-        err = _libcuda().cuLaunchKernel(*self._head, ctypes.c_void_p(stream), self._params, None)
-        if err:
+        gx, gy, gz, bx, by, bz, smem = self._dims
+        (err,) = self._launch(self.kernel.function, gx, gy, gz, bx, by, bz, smem, stream, self.slots.params, 0)
+        if err:  # CUDA_SUCCESS is 0
             raise RuntimeError(f"cuLaunchKernel({self.kernel.entry}) failed: {_error_name(err)}")
 
 
@@ -186,8 +196,8 @@ def memset32(address: int, value: int, count: int, stream: int) -> None:
         raise RuntimeError(f"cuMemsetD32Async failed: {_error_name(err)}")
 
 
-def _error_name(code: int) -> str:
-    return _driver().CUresult(code).name
+def _error_name(code) -> str:
+    return _driver().CUresult(int(code)).name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,9 +39,13 @@ MAPS_KEPT = 16  # tensor maps kept per plan, by (q, k, v) addresses
 def _loaded(cached, device_index: int, smem_bytes: int):
     kernel = _LOADED.get((cached.key, device_index))
     if kernel is None:
+        from numba import cuda
+
         kernel = driver.load_kernel(cached.cubin, cached.entry)
         if smem_bytes > STATIC_SMEM_LIMIT:  # the driver refuses more unless the limit is raised
             driver.set_dynamic_smem(kernel, smem_bytes, device_index)
+        with cuda.gpus[device_index]:  # the device's primary context: Numba's and torch's
+            kernel.function = driver.function_of(kernel)
         _LOADED[(cached.key, device_index)] = kernel
     return kernel
 
