@@ -350,21 +350,37 @@ def _train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     torch = _TORCH or _import_torch()
-    if not torch.compiler.is_compiling():  # (numba's device queries cannot be traced: the op checks again)
-        _require_backward(phase)
-    out, lse = _train_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase), bool(deterministic))
+    if torch.compiler.is_compiling():  # torch.compile traces the op (which checks the phase when it runs)
+        out, lse = _train_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase),
+                               bool(deterministic))
+    else:
+        _require_backward(phase, q.device)
+        out, lse = _train_function().apply(q, k, v, causal, scale, phase, bool(deterministic))
     return (out, lse) if return_lse else out
 
 
-def _require_backward(phase) -> None:
+_BACKWARD_CHECKED: set = set()  # (phase, q's device) where _require_backward has passed
+
+
+def _require_backward(phase, device=None) -> None:
     """A call that needs gradients must run a phase that writes the log-sum-exp: "best" does, unless
     the GPU is too old for phase 07. Checked before the call, and inside flashcore::attention_train,
-    which runs eagerly even under torch.compile (numba's device queries cannot be traced)."""
+    which runs eagerly even under torch.compile (numba's device queries cannot be traced). With the
+    tensors' device given, a phase that passed for it once is not asked about again (the question
+    costs about 9 us of Numba's device queries, docs/tuning/call_path.txt run 11). Where a phase
+    without the LSE slipped through, the forward's validation (return_lse) still refuses it."""
+    key = (phase, device) if isinstance(phase, (str, int)) and device is not None else None
+    if key in _BACKWARD_CHECKED:
+        return
     resolved = _best_for_this_gpu() if phase == "best" else get_phase(phase)
     if not supports_lse(resolved):
         raise ValueError(f"q: requires grad, but phase {resolved.ID} has no backward pass (the backward "
                          f"recomputes the softmax from the forward's log-sum-exp, which phases 07 on write); "
                          f"pick phase='best' or 07 on, or call it under torch.no_grad()")
+    if key is not None:
+        _BACKWARD_CHECKED.add(key)
+
+
 
 
 def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
@@ -403,9 +419,45 @@ def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
     return dq.to(q.dtype), dk, dv
 
 
+_FUNCTION = None
+
+
+def _train_function():
+    """attention()'s autograd in eager mode: a torch.autograd.Function around the forward and the
+    backward that flashcore::attention_train and flashcore::attention_backward run under
+    torch.compile. Eagerly, torch's custom-op machinery cost the host about 140 us of a forward with
+    grad and 600 us of a forward and backward at B=1 H=16 S=128 D=64, where the launches take 12 and
+    55 (docs/tuning/call_path.txt run 11). A gradient that does not reach the loss comes as None (no
+    materialized zeros): an unused lse costs the backward nothing."""
+    global _FUNCTION
+    if _FUNCTION is None:
+        import torch
+
+        class AttentionFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, causal, scale, phase, deterministic):
+                out, lse = _torch_call(q, k, v, causal, scale, phase, True)  # grad is off in here
+                ctx.save_for_backward(q, k, v, out, lse)
+                ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+                ctx.set_materialize_grads(False)
+                return out, lse
+
+            @staticmethod
+            def backward(ctx, dout, dlse):
+                if dout is None and dlse is None:
+                    return (None,) * 7
+                q, k, v, out, lse = ctx.saved_tensors
+                dout = torch.zeros_like(out) if dout is None else dout.contiguous()  # only the lse was used
+                grads = _backward(q, k, v, out, lse, dout, dlse, ctx.causal, ctx.scale, ctx.deterministic)
+                return (*grads, None, None, None, None)
+
+        _FUNCTION = AttentionFunction
+    return _FUNCTION
+
+
 def _train_op():
     """flashcore::attention_train, with its backward registered (flashcore::attention_backward):
-    what a call that needs gradients runs, eagerly and under torch.compile."""
+    what a call that needs gradients runs under torch.compile (eagerly, `_train_function`)."""
     global _OP_TRAIN
     if _OP_TRAIN is None:
         import torch

@@ -187,6 +187,65 @@ def test_requires_grad_on_a_phase_without_backward_is_refused_by_name(monkeypatc
     assert api._describe("k", _TorchLike(requires_grad=True)).kind == "torch"
 
 
+def test_eager_gradients_go_through_one_forward_and_one_backward(monkeypatch):
+    """Eagerly (not under torch.compile), attention() on tensors that need grad runs its forward once
+    (with the LSE, grad off inside) and backward() runs the backward once, with the arguments of the
+    call; an output that does not reach the loss sends no gradient (dlse None where only the output is
+    used, dout zeros where only the LSE is). The launches are stood in for: no GPU here."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+    from flashcore_numba import api
+
+    calls = []
+
+    def forward(q, k, v, causal, scale, phase, return_lse=False):
+        calls.append(("forward", causal, scale, phase, return_lse, torch.is_grad_enabled()))
+        return q * 2, q.float().sum(-1)
+
+    def backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
+        calls.append(("backward", dout.clone(), None if dlse is None else dlse.clone(), causal, scale,
+                      deterministic))
+        return torch.full_like(q, 1.0), torch.full_like(k, 2.0), torch.full_like(v, 3.0)
+
+    monkeypatch.setattr(api, "_torch_call", forward)
+    monkeypatch.setattr(api, "_backward", backward)
+    monkeypatch.setattr(api, "_require_backward", lambda phase, device=None: calls.append(("check", phase)))
+    q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float16, requires_grad=True) for _ in range(3))
+    out = api.attention(q, k, v, causal=True, scale=0.5, phase="07", deterministic=True)
+    assert out.grad_fn is not None and torch.equal(out, q.detach() * 2)
+    out.float().sum().backward()
+    assert [c[0] for c in calls] == ["check", "forward", "backward"]
+    assert calls[1] == ("forward", True, 0.5, "07", True, False)
+    _, dout, dlse, causal, scale, deterministic = calls[2]
+    assert torch.equal(dout, torch.ones_like(q)) and dlse is None
+    assert (causal, scale, deterministic) == (True, 0.5, True)
+    assert all(torch.equal(x.grad, torch.full_like(x, c)) for x, c in zip((q, k, v), (1.0, 2.0, 3.0)))
+
+    calls.clear()
+    out, lse = api.attention(q, k, v, return_lse=True)
+    (3 * lse).sum().backward()
+    _, dout, dlse, causal, scale, deterministic = calls[2]
+    assert torch.equal(dout, torch.zeros_like(q)) and torch.equal(dlse, torch.full(q.shape[:3], 3.0))
+    assert (causal, scale, deterministic) == (False, None, False)
+
+
+def test_the_backward_check_asks_the_gpu_once_per_phase_and_device(monkeypatch):
+    """_require_backward remembers a phase that passed on a device (Numba's device query costs about
+    9 us a call); a phase that fails is asked about, and refused, every time."""
+    from flashcore_numba import api
+
+    asked = []
+    monkeypatch.setattr(api, "_BACKWARD_CHECKED", set())
+    monkeypatch.setattr(api, "_best_for_this_gpu", lambda: asked.append("best") or api.get_phase("07"))
+    for _ in range(3):
+        api._require_backward("best", "cuda:0")
+    api._require_backward("best", "cuda:1")
+    assert asked == ["best", "best"]
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^q: requires grad, but phase 03"):
+            api._require_backward("03", "cuda:0")
+    assert ("03", "cuda:0") not in api._BACKWARD_CHECKED
+
+
 def test_best_falls_back_on_an_older_gpu(monkeypatch):
     """'best' on a GPU below the best phase's compute capability: the newest phase it can run."""
     from types import SimpleNamespace
