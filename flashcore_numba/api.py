@@ -501,12 +501,19 @@ def _train_op():
     return _OP_TRAIN
 
 
+def _register_ops() -> None:
+    _custom_op()
+    _train_op()
+
+
 def register_torch_op() -> None:
-    """Register flashcore::attention as soon as torch is imported: at once when it is, else right
-    after its import (a one-shot import hook), never by importing it here. torch.compile cannot
-    register an op while it traces, so the op must exist before the first compiled call."""
+    """Register the ops (flashcore::attention and its LSE form; flashcore::attention_train and
+    flashcore::attention_backward, what a compiled call that needs gradients runs) as soon as torch
+    is imported: at once when it is, else right after its import (a one-shot import hook), never by
+    importing it here. torch.compile cannot register an op while it traces, so the ops must exist
+    before the first compiled call; eager calls do not register them (they run without them)."""
     if "torch" in sys.modules:
-        _custom_op()
+        _register_ops()
         return
 
     class AfterTorchImport(importlib.abc.MetaPathFinder):
@@ -521,7 +528,7 @@ def register_torch_op() -> None:
                 def exec_and_register(module):
                     exec_module(module)
                     try:
-                        _custom_op()
+                        _register_ops()
                     except Exception as e:  # noqa: BLE001 - never break the import of torch
                         warnings.warn(f"flashcore_numba: torch.compile will not see attention() as one op "
                                       f"({type(e).__name__}: {e})", stacklevel=2)

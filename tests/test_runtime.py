@@ -458,3 +458,30 @@ def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
     empty = torch.zeros(1, 1, 0, 64, dtype=torch.float16)
     dq, dk, dv = api._backward(q, empty, empty, q, lse, dout, None, False, None, False)
     assert len(made) == 2 and not dq.any() and dk.shape == empty.shape
+
+
+def test_torch_compile_traces_a_call_that_needs_gradients_as_the_training_op():
+    """In a new process whose eager calls never ran the ops: torch.compile(fullgraph=True) of a
+    function that calls attention() on tensors that require grad traces flashcore::attention_train
+    (registered when torch was imported: an op cannot be registered while torch.compile traces). No
+    GPU: the captured graph is inspected, not run; tests/test_backward.py runs it on a GPU."""
+    pytest.importorskip("torch", reason=NO_TORCH)
+    script = (
+        "import torch, flashcore_numba\n"
+        "from flashcore_numba import attention\n"
+        "graphs = []\n"
+        "def capture(gm, example_inputs):\n"
+        "    graphs.append(gm)\n"
+        "    return gm.forward\n"
+        "q, k, v = (torch.randn(1, 2, 16, 64, requires_grad=True) for _ in range(3))\n"
+        "try:\n"
+        "    torch.compile(lambda q, k, v: attention(q, k, v, causal=True) * 2, fullgraph=True,\n"
+        "                  backend=capture)(q, k, v)\n"
+        "except Exception:\n"
+        "    pass  # running the captured graph needs a GPU; the trace is what is checked\n"
+        "print(sorted({str(n.target) for g in graphs for n in g.graph.nodes if n.op == 'call_function'}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "flashcore.attention_train.default" in done.stdout, done.stdout + done.stderr[-2000:]
