@@ -133,6 +133,14 @@ lesson.check()
 # On a GPU this cell measures the kernel and torch's `scaled_dot_product_attention` on the course's
 # reference shape (B=16, H=16, S=2048, D=64, fp16). On a CPU it shows the committed GPU record and
 # says where it came from.
+#
+# Every lesson times the same thing: the **kernel** alone, each launch on an idle GPU with the L2
+# cache flushed before it, so that no Python and no earlier launch enters the figure. That is what
+# each phase changes. A user who calls `attention()` pays a little more: before the kernel starts,
+# the host validates the call, finds the problem's plan (made on its first call), allocates the
+# output and launches. At small shapes that host time is a large part of a call; at this shape the
+# GPU's work hides it. The README's table "What a call costs" has those figures from the benchmark
+# records, and [the guide](../docs/guide.md#what-a-call-costs-beside-its-kernel) says what a call adds and why.
 
 # %%
 timings = lesson.timing()
