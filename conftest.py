@@ -47,10 +47,10 @@ import pytest  # noqa: E402
 from flashcore_numba.arch.sim import simulator_enabled  # noqa: E402
 
 # the fixtures that read background jobs: the grader runs (test_exercises), the executed lessons
-# (test_lessons), `flashcore run` (test_harness), the sm_90a compile reports (test_machine_code, test_ptx),
-# the kernel cache and launch ABI against the real compiler (test_runtime)
-BACKGROUND_FIXTURES = {"runs", "executed", "flashcore_run", "compiler_run",
-                       "reports", "phase06_reports", "phase07_report", "phase08_report", "phase09_report"}
+# (test_lessons), `flashcore run` (test_harness), the sm_90a compile reports (test_machine_code, test_ptx,
+# test_backward), the kernel cache and launch ABI against the real compiler (test_runtime)
+BACKGROUND_FIXTURES = {"runs", "executed", "flashcore_run", "compiler_run", "reports", "phase06_reports",
+                       "phase07_report", "phase08_report", "phase09_report", "backward_reports"}
 BACKGROUND = pytest.StashKey[tuple]()
 
 

@@ -393,18 +393,27 @@ def split_config(D, splits, dtype="float16"):
     return dataclasses.replace(config, split_keys=partial(config.split_keys, splits=splits))
 
 
-@pytest.mark.parametrize("splits", [2, 3, 5])
-@pytest.mark.parametrize("case", [
-    pytest.param(dict(shape=(2, 4, 1, 64), seq_k=100, heads_kv=2, causal=False), id="decode, GQA 2"),
-    pytest.param(dict(shape=(1, 8, 3, 64), seq_k=90, heads_kv=2, causal=True), id="3 drafted rows, GQA 4, causal"),
-    pytest.param(dict(shape=(1, 2, 20, 64), seq_k=70, heads_kv=2, causal=True), id="20 rows: two row tiles"),
-    pytest.param(dict(shape=(1, 1, 24, 64), seq_k=10, heads_kv=1, causal=True), id="rows without keys"),
+# Each case with one split count, not all three: the tree's shape depends on the count alone (in
+# the simulator's teams of two, 2 splits merge over one level; 3 over two, a team of one carried up;
+# 5 over three, teams carried and some warps' ranges empty), each case's subject on the rows and
+# their keys. 5 splits, the deepest, go to the case with several (batch, K/V head) pairs' counters
+# and to rows that see no key. The other counts at such shapes: 2 splits of packed, causal, drafted
+# rows in test_phase10_pipeline_of_other_stage_counts; 3 of two row tiles in
+# test_phase10_merge_keeps_infinities_of_v[3], and of a group of 4 in
+# test_phase10_leaves_its_counters_at_zero.
+@pytest.mark.parametrize("case, splits", [
+    pytest.param(dict(shape=(2, 4, 1, 64), seq_k=100, heads_kv=2, causal=False), 5, id="decode, GQA 2-5"),
+    pytest.param(dict(shape=(1, 8, 3, 64), seq_k=90, heads_kv=2, causal=True), 3,
+                 id="3 drafted rows, GQA 4, causal-3"),
+    pytest.param(dict(shape=(1, 2, 20, 64), seq_k=70, heads_kv=2, causal=True), 2,
+                 id="20 rows: two row tiles-2"),
+    pytest.param(dict(shape=(1, 1, 24, 64), seq_k=10, heads_kv=1, causal=True), 5, id="rows without keys-5"),
 ])
 def test_phase10_splits_merge_to_the_reference(case, splits):
     """The partial outputs of every split, merged by the last block through their log-sum-exps,
     give the output and the LSE of the whole: on poisoned memory, with grouped query heads packed
     as rows (the causal mask per row's own position), several row tiles, and rows that see no key
-    in any split (output 0, LSE -inf)."""
+    in any split (output 0, LSE -inf); over one, two and three levels of merges."""
     from numba import cuda
 
     from flashcore_numba.phases.common import LOG2E
@@ -438,13 +447,14 @@ def test_phase10_merge_counters_count_every_team_of_the_tree():
 
 
 def test_phase10_merges_over_several_levels():
-    """37 blocks (of two warps, merged first) in the simulator's teams of two: six levels of merges
-    across blocks (19, 10, 5, 3, 2 and 1 teams), a team of one at the end of a level carried up."""
-    from flashcore_numba.phases.p10_split_keys import SIM_FAN_IN
+    """9 blocks (of two warps, merged first) in the simulator's teams of two: four levels of merges
+    across blocks (5, 3, 2 and 1 teams), a team of one at the end of each of the first three carried
+    up (test_phase10_merge_counters_count_every_team_of_the_tree counts the counters of deeper trees)."""
+    from flashcore_numba.phases.p10_split_keys import SIM_FAN_IN, merge_counters
 
-    assert SIM_FAN_IN == 2
-    q, k, v = random_qkv((1, 2, 1, 64), 37 * 2 * 16, seed=None, heads_kv=1)  # a tile per warp
-    out = run_phase("10", q, k, v, False, split_config(64, 37))
+    assert SIM_FAN_IN == 2 and merge_counters(9, SIM_FAN_IN) == 5 + 3 + 2 + 1
+    q, k, v = random_qkv((1, 2, 1, 64), 9 * 2 * 16, seed=None, heads_kv=1)  # a tile per warp
+    out = run_phase("10", q, k, v, False, split_config(64, 9))
     verdict = check_close(out, reference_attention(q, k, v), lowp_attention(q, k, v))
     assert verdict.ok, verdict.message
 

@@ -149,9 +149,11 @@ def test_scores_that_rise_along_the_keys(kernel_id, rise):
     max may trail, as phase 07's does by up to 8 in log2 units, then never rescales after the first
     tile) or by far more than that in every tile (it must rescale each time). One launch each (the
     gentle rise without a mask, the steep one with the causal mask, bottom-right aligned, so each
-    row sees at least 131 keys): two launches per kernel, the suite's budget."""
+    row sees at least 135 keys): two launches per kernel, the suite's budget. 16 query rows: one
+    row tile of phase 10 (its 16-row tiles: 20 rows took it twice the blocks); the rise is along
+    the keys, and every phase's other blocks of rows are test_phase_matches_reference's."""
     rng = np.random.default_rng()
-    s_q, s_k, D = 20, 150, 64
+    s_q, s_k, D = 16, 150, 64
     q = (rng.standard_normal((1, 1, s_q, D)) * 0.1).astype(np.float16)
     k = (rng.standard_normal((1, 1, s_k, D)) * 0.1).astype(np.float16)
     v = rng.standard_normal((1, 1, s_k, D)).astype(np.float16)
