@@ -381,8 +381,6 @@ def _require_backward(phase, device=None) -> None:
         _BACKWARD_CHECKED.add(key)
 
 
-
-
 def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
     """(dq, dk, dv) of q's dtype from the backward kernels (phases/p11_backward.py): dk and dv are
     written in q's dtype, dq is summed in float32 and converted here. The launches go through the

@@ -131,7 +131,8 @@ def test_launcher_launches_the_kernel_s_function_with_the_values_settled_once(mo
         seen.append(args)
         return (result[0],)
 
-    monkeypatch.setattr(launch, "_driver", lambda: pytypes.SimpleNamespace(cuLaunchKernel=fake, CUresult=CUresult))
+    driver = pytypes.SimpleNamespace(cuLaunchKernel=fake, CUresult=CUresult)
+    monkeypatch.setattr(launch, "_driver", lambda: driver)
     function = object()  # a CUfunction is an opaque handle
     kernel = launch.Kernel(library=None, handle=None, entry="k", function=function)
     slots = ArgSlots([ArrayArg((2, 3), 4), ScalarArg("bool", True)])

@@ -175,16 +175,15 @@ class Launcher:
 
     def __init__(self, kernel: Kernel, grid, block: int, smem: int, slots: ArgSlots):
         if kernel.function is None:
-            raise ValueError(f"kernel {kernel.entry}: no CUfunction (set kernel.function = function_of(kernel) "
-                             f"in the context it is launched in)")
+            raise ValueError(f"kernel {kernel.entry}: no CUfunction (set kernel.function = "
+                             f"function_of(kernel) in the context it is launched in)")
         gx, gy, gz = grid
         self.kernel, self.slots = kernel, slots  # the buffer `params` points into stays alive
         self._dims = (int(gx), int(gy), int(gz), int(block), 1, 1, int(smem))
         self._launch = _driver().cuLaunchKernel
 
     def __call__(self, stream: int) -> None:
-        gx, gy, gz, bx, by, bz, smem = self._dims
-        (err,) = self._launch(self.kernel.function, gx, gy, gz, bx, by, bz, smem, stream, self.slots.params, 0)
+        (err,) = self._launch(self.kernel.function, *self._dims, stream, self.slots.params, 0)
         if err:  # CUDA_SUCCESS is 0
             raise RuntimeError(f"cuLaunchKernel({self.kernel.entry}) failed: {_error_name(err)}")
 
