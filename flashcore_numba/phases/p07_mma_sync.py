@@ -180,20 +180,23 @@ def make_copy_tile(L):
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
     CHUNKS, STRIDE, ROWS_PER_PASS = L["CHUNKS"], L["STRIDE"], L["ROWS_PER_PASS"]
     SWIZZLE = L.get("SWIZZLE", False)
-    # swizzled, a pass ROWS_PER_PASS rows on moves r % 8 by ROWS_PER_PASS % 8: 0 in phase 11's
-    # 8-warp blocks; 4 in the simulator's small blocks at D = 128, where (r + 4) % 8 == (r % 8) ^ 4
-    # flips bit 6 of the address (rows of at least 128 bytes, each at a multiple of its length)
-    assert not SWIZZLE or (ROWS_PER_PASS % 4 == 0 and STRIDE == CHUNKS * 8)  # unpadded rows
-    FLIP = 64 if SWIZZLE and ROWS_PER_PASS % 8 else 0
+    # swizzled, a pass ROWS_PER_PASS rows on moves r % 8 by (i * ROWS_PER_PASS) % 8: 0 in phase 11's
+    # 8-warp blocks; in smaller ones (phase 10's one-warp copies, the simulator's blocks) r is less
+    # than ROWS_PER_PASS, a power of two, so (r + i * ROWS_PER_PASS) % 8 == (r % 8) ^ that, which
+    # flips bits 4-6 of the row's offset: rows of at least 128 bytes, `offset` a multiple of a row
+    assert not SWIZZLE or (STRIDE == CHUNKS * 8 and CHUNKS >= 8  # unpadded rows, 128 bytes or more
+                           and ROWS_PER_PASS & (ROWS_PER_PASS - 1) == 0)
+    FLIP = SWIZZLE and ROWS_PER_PASS % 8 != 0
     ROW_BYTES = STRIDE * 2  # a row in shared memory; in global memory a row is CHUNKS * 16 bytes, the
     # next one row_stride bytes on
 
     @cuda.jit(device=True, inline=True)
-    def pass_dst(dst, i):
-        """Where this thread's copy of pass i goes: ROWS_PER_PASS rows on from dst, i times."""
+    def pass_dst(smem, rel, i):
+        """Where this thread's copy of pass i goes: ROWS_PER_PASS rows on from smem + rel, i times
+        (rel: the offset of pass 0's copy)."""
         if FLIP:
-            return (dst + i * ROWS_PER_PASS * ROW_BYTES) ^ ((i % 2) * FLIP)
-        return dst + i * ROWS_PER_PASS * ROW_BYTES
+            return smem + ((rel + i * ROWS_PER_PASS * ROW_BYTES) ^ (((i * ROWS_PER_PASS) % 8) * 16))
+        return smem + rel + i * ROWS_PER_PASS * ROW_BYTES
 
     @cuda.jit(device=True, inline=True)
     def copy_tile(smem, offset, src_base, head_bytes, row0, n_rows, seq_len, tid, row_stride):
@@ -207,17 +210,17 @@ def make_copy_tile(L):
         """
         r, chunk = tid // CHUNKS, tid % CHUNKS
         src = src_base + head_bytes + uint64(chunk * 16)
-        dst = smem + offset + r * ROW_BYTES + ((chunk ^ (r % 8)) if SWIZZLE else chunk) * 16
+        rel = offset + r * ROW_BYTES + ((chunk ^ (r % 8)) if SWIZZLE else chunk) * 16
         if row0 + n_rows <= seq_len:
             src += uint64(row0 + r) * uint64(row_stride)
             for i in range(n_rows // ROWS_PER_PASS):
-                copy16(pass_dst(dst, i), src + uint64(i * ROWS_PER_PASS * row_stride), uint32(16))
+                copy16(pass_dst(smem, rel, i), src + uint64(i * ROWS_PER_PASS * row_stride), uint32(16))
         else:
             for i in range(n_rows // ROWS_PER_PASS):
                 row = row0 + r + i * ROWS_PER_PASS
                 n_bytes = uint32(16) if row < seq_len else uint32(0)
                 row_src = src + uint64(min(row, seq_len - 1)) * uint64(row_stride)
-                copy16(pass_dst(dst, i), row_src, n_bytes)
+                copy16(pass_dst(smem, rel, i), row_src, n_bytes)
 
     return copy_tile
 

@@ -43,6 +43,14 @@ What changed from phase 07
       across the GPU, by 128 threads: at B=1 H=32 H_kv=8 S_k=32768 one level of 16 blocks.
     - **Three stages of K and V.** Two tiles are in flight while the warp works on a third
       (cp.async.wait_group 1).
+    - **Rows swizzled, not padded.** Phase 07 pads each row of shared memory by 8 elements so
+      that ldmatrix's eight rows fall in different banks. Phase 10 lays rows of D elements and
+      moves chunk c of row r to chunk c ^ (r % 8) instead (as phase 11 streams Q and dO): the
+      same freedom from bank conflicts, and every row starts on a 128-byte line, so a warp's
+      copy of two rows is the 16 sectors it reads, not split across lines. Phase 07 hides that
+      cost behind its tensor cores; a decode step does little else than copy. On an H200, the
+      same call (docs/tuning/10_swizzle/): 4-6 % faster at each of seven decode shapes (B=1
+      H=32 H_kv=8 S_k=32768 D=128 54.1 -> 51.7 us; B=8 H=32 S_k=2048 85.2 -> 80.2 us).
     How many splits: as many blocks as the GPU holds in one wave (its SMs times the blocks one
     SM holds: one), never part of a second wave, each warp's range at least MIN_TILES_PER_SPLIT
     tiles, at most MAX_SPLITS ranges; one block per row tile where those already fill the GPU
@@ -88,7 +96,7 @@ from ..arch import operands, ptx
 from ..arch.sim import simulator_enabled
 from .common import (FULL_MASK, LN2, PTX_TYPE, KernelConfig, Splits, blocks_per_sm, cdiv, key_end, sm_count,
                      softmax_rescale)
-from .p07_mma_sync import MMA_K, MMA_M, MMA_N, layout, make_copy_tile, unrolled
+from .p07_mma_sync import MMA_M, MMA_N, layout, make_copy_tile, unrolled
 
 ID = "10"
 NAME = "split_keys"
@@ -180,9 +188,19 @@ def make_splits(block_n: int, smem_bytes: int, fan: int, warps: int):
 
 
 def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
-    """Phase 07's layout for one warp of 16 rows, with `stages` stages of K and V (2 to 4)."""
+    """Phase 07's layout for one warp of 16 rows, with `stages` stages of K and V (2 to 4), and its
+    rows swizzled instead of padded: D elements a row, chunk c of row r at chunk c ^ (r % 8).
+
+    A padded row (D + 8 elements) straddles 128-byte lines of shared memory, and a warp's
+    cp.async of two such rows was split into more requests than the 512 bytes need (phase 11
+    counted 24 L2 sectors where 16 do, docs/tuning/11_layout/). In phase 07 that cost hides
+    behind the tensor cores; phase 10 does little but copy, and swizzled rows made it 4-6 %
+    faster at every decode shape (docs/tuning/10_swizzle/)."""
     assert 2 <= stages <= 4, "cp.async.wait_group takes its count as an immediate: ptx/cp_async.ptx has 0 to 2"
     L = layout(HEAD_DIM, block_m=BLOCK_M, warps=1, block_n=block_n)
+    row = HEAD_DIM * 2
+    L.update(SWIZZLE=True, STRIDE=HEAD_DIM, K_OFF=BLOCK_M * row, V_OFF=(BLOCK_M + block_n) * row,
+             STAGE_BYTES=2 * block_n * row)
     L["STAGES"] = stages
     L["SMEM_BYTES"] = L["K_OFF"] + stages * L["STAGE_BYTES"]
     return L
@@ -227,6 +245,9 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
     STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
     ROW_BYTES = STRIDE * 2
+    # swizzled rows (split_layout): every tile of a warp's memory starts at a multiple of a row, so
+    # that an XOR of an offset's bits within a row moves it within the same row
+    assert K_OFF % ROW_BYTES == 0 and STAGE_BYTES % ROW_BYTES == 0 and WARP_BYTES % ROW_BYTES == 0
     PAIRS = HEAD_DIM // 2  # output columns are written two at a time (one packed 32-bit word)
     FAN_IN = fan_in()  # the blocks' partials per merge (the simulator's are fewer)
     TEAM = max(FAN_IN, WARPS)  # the most members a team has (level 0's are the block's warps)
@@ -241,20 +262,29 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
                                                  c[j, 0], c[j, 1], c[j, 2], c[j, 3])
 
     @cuda.jit(device=True, inline=True)
+    def at(smem, rel, step):
+        """The lane's ldmatrix address `step` 16-column steps on from smem + rel (rel: its address
+        at step 0, from the start of the warp's memory). Unswizzled that would be 32 bytes on;
+        in a swizzled row it is the same row's chunk XOR 2 step: rel's chunk is c ^ (row % 8)
+        with c 0 or 1, and c + 2 step == c ^ 2 step (no carry). (As an XOR of rel, not of the
+        address: the warp's memory need not start at a multiple of a row.)"""
+        return smem + (rel ^ uint32(step * 32))
+
+    @cuda.jit(device=True, inline=True)
     def qk_step(kk, args):
         """k-step kk of s = q · kᵀ: NT n-tiles of 8 keys, two per ldmatrix (as phase 07)."""
-        s, q_frag, k_tile = args
+        s, q_frag, smem, k_rel = args
         for jj in range(NT // 2):
-            b0, b1, b2, b3 = ldsm(k_tile + jj * 16 * ROW_BYTES + kk * 32)
+            b0, b1, b2, b3 = ldsm(at(smem, k_rel + jj * 16 * ROW_BYTES, kk))
             mma_into(s, 2 * jj, q_frag, kk, b0, b1)
             mma_into(s, 2 * jj + 1, q_frag, kk, b2, b3)
 
     @cuda.jit(device=True, inline=True)
     def pv_step(jj, args):
         """Output columns 16 jj .. 16 jj + 15 of acc += p · v (as phase 07)."""
-        acc, p_frag, v_tile = args
+        acc, p_frag, smem, v_rel = args
         for kk in range(KP):
-            b0, b1, b2, b3 = ldsm_t(v_tile + kk * 16 * ROW_BYTES + jj * 32)
+            b0, b1, b2, b3 = ldsm_t(at(smem, v_rel + kk * 16 * ROW_BYTES, jj))
             mma_into(acc, 2 * jj, p_frag, kk, b0, b1)
             mma_into(acc, 2 * jj + 1, p_frag, kk, b2, b3)
 
@@ -348,6 +378,12 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         return p // seq_q, p % seq_q
 
     @cuda.jit(device=True, inline=True)
+    def row_dst(smem, offset, row, chunk):
+        """Where chunk `chunk` (16 bytes) of row `row` of the tile at smem + offset goes: chunk ^
+        (row % 8) of the row, swizzled (as make_copy_tile puts it)."""
+        return smem + offset + row * ROW_BYTES + (chunk ^ (row % 8)) * 16
+
+    @cuda.jit(device=True, inline=True)
     def copy_q_rows(smem, Q, b, h0, row0, rows, seq_q, lane):
         """(paged) The 16 packed rows from row0 of q (B, S_q, H, D): packed row p is q[b, p % S_q,
         h0 + p // S_q], D contiguous values; a row past `rows` is zero-filled (0 bytes copied)."""
@@ -358,7 +394,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             p = row0 + r + i * ROWS_PER_PASS
             hg, qi = packed_row(min(p, rows - 1), seq_q)
             src = base + uint64(((b * seq_q + qi) * H + h0 + hg) * HEAD_DIM * 2 + chunk * 16)
-            copy16(smem + (r + i * ROWS_PER_PASS) * ROW_BYTES + chunk * 16, src,
+            copy16(row_dst(smem, 0, r + i * ROWS_PER_PASS, chunk), src,
                    uint32(16) if p < rows else uint32(0))
 
     @cuda.jit(device=True, inline=True)
@@ -385,7 +421,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             jj = min(j, seq_k - 1)
             row = p0 * page_size + (jj - first) if jj < boundary else p1 * page_size + (jj - boundary)
             src = base + uint64((row * H_kv + h_kv) * HEAD_DIM * 2 + chunk * 16)
-            copy16(smem + offset + (r + i * ROWS_PER_PASS) * ROW_BYTES + chunk * 16, src,
+            copy16(row_dst(smem, offset, r + i * ROWS_PER_PASS, chunk), src,
                    uint32(16) if j < seq_k else uint32(0))
 
     @cuda.jit(device=True, inline=True)
@@ -401,7 +437,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             jj = min(j, seq_k - 1)
             page = BLOCK_TABLE[b, jj // page_size]
             src = base + uint64(((page * page_size + jj % page_size) * H_kv + h_kv) * HEAD_DIM * 2 + chunk * 16)
-            copy16(smem + offset + (r + i * ROWS_PER_PASS) * ROW_BYTES + chunk * 16, src,
+            copy16(row_dst(smem, offset, r + i * ROWS_PER_PASS, chunk), src,
                    uint32(16) if j < seq_k else uint32(0))
 
     @cuda.jit(device=True, inline=True)
@@ -527,12 +563,16 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
                 smem_h[warp * (WARP_BYTES // 4) + w] ^= uint32(0x80008000)
             cuda.syncwarp()
         scale = max(abs(qk_scale), float32(1e-30))
-        q_lane = smem + (lane % 16) * ROW_BYTES + (lane // 16) * 16
+        # ldmatrix lane addresses (phase 07's): A rows of Q's 16 rows, B rows of two n-tiles of K,
+        # and of V transposed; in swizzled rows a lane's row % 8 is lane % 8 and its chunk c is at
+        # c ^ (lane % 8)
+        sw = lane % 8
+        q_lane = uint32((lane % 16) * ROW_BYTES + ((lane // 16) ^ sw) * 16)
         for kk in range(KQ):  # Q's A fragments stay in registers: 16 rows are one m-tile
-            a0, a1, a2, a3 = ldsm(q_lane + kk * 32)
+            a0, a1, a2, a3 = ldsm(at(smem, q_lane, kk))
             q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = a0, a1, a2, a3
-        k_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
-        v_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
+        k_lane = uint32(((lane // 16) * 8 + lane % 8) * ROW_BYTES + (((lane // 8) % 2) ^ sw) * 16)
+        v_lane = uint32((((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + ((lane // 16) ^ sw) * 16)
 
         # -- phase 07's loop over this split's keys, STAGES - 1 tiles in flight while one is used
         stage = 0
@@ -550,7 +590,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             for j in range(NT):
                 for e in range(4):
                     s[j, e] = float32(0.0)
-            qk_steps(0, (s, q_frag, smem + K_OFF + stage * STAGE_BYTES + k_lane))
+            qk_steps(0, (s, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane))
             if start_n + BLOCK_N > min(k_end_a, k_end_b):  # a key past a row's end: mask it
                 for j in range(NT):
                     col = start_n + j * MMA_N + 2 * t
@@ -592,7 +632,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
                 p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
                 p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
                 p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
-            pv_steps(0, (acc, p_frag, smem + V_OFF + stage * STAGE_BYTES + v_lane))
+            pv_steps(0, (acc, p_frag, smem, uint32(V_OFF + stage * STAGE_BYTES) + v_lane))
             stage = stage + 1 if stage + 1 < STAGES else 0
 
         # -- the rows' sums over the quad: each lane summed a quarter of each row's columns
@@ -602,8 +642,6 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
         inv_a = float32(1.0) / l_a if l_a != float32(0.0) else float32(0.0)  # a row without keys: 0
         inv_b = float32(1.0) / l_b if l_b != float32(0.0) else float32(0.0)
-        p_a = row0 + g
-        p_b = row0 + g + 8
 
         # -- a partial result, o_s = acc / l_i and lse_s = m_i + log2(l_i), in the warp's own
         # shared memory (its stages are done with; the block's other warps may still be in their loops)
