@@ -6,6 +6,9 @@
 #                                not, grouped queries), every kernel and peer, with the tail and the call
 #   tools/records.sh latency     what a call costs at small shapes (phase 09, and 10 at the decode
 #                                steps) beside SDPA flash and cuDNN
+#   tools/records.sh decode      issue 40's decode steps (phases 07, 09, 10 and SDPA, with the copy's
+#                                bandwidth) and attention_kvcache's records (docs/bench/kvcache/)
+#   tools/records.sh latency_decode   latency's two decode steps alone
 #   tools/records.sh backward    phase 11's backward at the reference shape (D 64 and 128, causal and
 #                                not) beside SDPA's flash and cuDNN backward, with the call
 #
@@ -41,8 +44,25 @@ latency() {
   for shape in 1,16,128,64 1,16,512,64 4,16,1024,128; do
     run bench --shape "$shape" --phases 09 --peers flash,cudnn "${TAIL[@]}"
   done
-  # decode steps, phases 09 and 10 side by side: attention() runs 10 (split keys) at the first,
-  # whose 16 K/V heads leave most SMs idle, and 09 at the second (256 K/V heads: api.best_for_shape)
+  latency_decode
+}
+
+decode() {
+  # issue 40's decode steps: one long cache and a shorter one (32 query heads on 8 K/V heads),
+  # phases 07, 09 and 10 beside SDPA with the copy's bandwidth; then attention_kvcache: the long
+  # cache contiguous and paged, 64 ragged caches, and 8 caches of 2048 keys without grouping
+  for S_k in 32768 8192; do
+    run bench --shape 1,32,1,128 --seq-k "$S_k" --kv-heads 8 --phases 07,09,10 --peers flash,cudnn "${TAIL[@]}"
+  done
+  run bench --kvcache 1,32768,32768 --shape 1,32,1,128 --kv-heads 8 --page-sizes 64,256
+  run bench --kvcache 64,1,8192 --shape 1,32,1,128 --kv-heads 8
+  run bench --kvcache 8,2048,2048 --shape 1,32,1,128
+}
+
+latency_decode() {
+  # latency's decode steps, phases 09 and 10 side by side: attention() runs 10 (split keys) at the
+  # first, whose 16 K/V heads leave most SMs idle, and 09 at the second (256 K/V heads:
+  # api.best_for_shape)
   run bench --shape 1,16,1,128 --seq-k 4096 --phases 09,10 --peers flash,cudnn "${TAIL[@]}"
   run bench --shape 8,32,1,128 --seq-k 2048 --phases 09,10 --peers flash,cudnn "${TAIL[@]}"
 }
