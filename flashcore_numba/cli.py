@@ -80,6 +80,26 @@ def parse_phases(text: str) -> list[str]:
     return ids
 
 
+def parse_compile_ids(text: str) -> list[str]:
+    """`flashcore compile --phases`: the ladder's kernel ids (parse_phases) and the extra kernels'
+    ("10-kvcache", "07-varlen", "09-varlen", "11": runtime/precompile.py)."""
+    from .runtime.precompile import EXTRA_KERNELS, kernel_ids
+
+    if text.strip() == "all":
+        return kernel_ids()
+    ids = []
+    for part in text.split(","):
+        if part.strip() in EXTRA_KERNELS:
+            ids.append(part.strip())
+            continue
+        try:
+            ids.append(get_phase(part.strip()).ID)
+        except (ValueError, TypeError) as e:
+            message = str(e).removeprefix("phase: ")
+            raise argparse.ArgumentTypeError(f"{message} (or one of {', '.join(EXTRA_KERNELS)})") from None
+    return ids
+
+
 def parse_dtypes(text: str) -> tuple[str, ...]:
     names = {"fp16": "float16", "bf16": "bfloat16", "float16": "float16", "bfloat16": "bfloat16"}
     parts = [p.strip() for p in text.split(",")]
@@ -167,8 +187,9 @@ def _build_parser() -> Parser:
     bench.set_defaults(handler=cmd_bench)
 
     comp = sub.add_parser("compile", help="compile kernels ahead of time into the kernel cache")
-    comp.add_argument("--phases", type=parse_phases, default=None,
-                      help="comma-separated kernel ids, e.g. 09,09-ws (default: all of them)")
+    comp.add_argument("--phases", type=parse_compile_ids, default=None,
+                      help="comma-separated kernel ids, e.g. 09,09-ws, or 10-kvcache, 07-varlen, 09-varlen and "
+                           "11 (the backward) (default: all of them)")
     comp.add_argument("--head-dims", type=_positive_ints, default=(64, 128), help="e.g. 64,128 (default both)")
     comp.add_argument("--dtypes", type=parse_dtypes, default=("float16", "bfloat16"),
                       help="fp16, bf16 or both, comma-separated (default both)")
@@ -752,7 +773,7 @@ def cmd_compile(args) -> int:
         from numba import cuda
 
         cc = tuple(cuda.get_current_device().compute_capability)[:2]
-    items = precompile.kernels_to_compile(args.phases or list(KERNELS), args.head_dims, args.dtypes)
+    items = precompile.kernels_to_compile(args.phases or precompile.kernel_ids(), args.head_dims, args.dtypes)
     if not items:
         raise CLIError("no kernel matches --phases, --head-dims and --dtypes")
     jobs = min(args.jobs or os.cpu_count() or 1, len(items))

@@ -470,6 +470,45 @@ def test_a_corrupted_cache_entry_is_rebuilt(fresh_cache):
     assert final["ok"] and final["built"] == 0 and final["loaded"] == 1  # written again, whole
 
 
+def test_compile_fills_the_cache_for_every_entry_point(tmp_path):
+    """After `flashcore compile` of the forward, attention_kvcache's, attention_varlen's and the
+    backward's kernels into an empty cache, a new process that calls each of them (a training step
+    included) compiles nothing: every kernel it launches is loaded from the cache."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch", reason=NO_TORCH)
+    env = {**os.environ, "FLASHCORE_CACHE_DIR": str(tmp_path)}
+    compiled = subprocess.run([sys.executable, "-m", "flashcore_numba", "compile", "--phases",
+                               "07,09,10,10-kvcache,07-varlen,11", "--head-dims", "64", "--dtypes", "fp16"],
+                              capture_output=True, text=True, timeout=900, env=env)
+    assert compiled.returncode == 0, compiled.stdout[-3000:] + compiled.stderr[-3000:]
+    script = (
+        "import json, torch\n"
+        "from flashcore_numba import attention, attention_kvcache, attention_varlen\n"
+        "from flashcore_numba.arch import cache\n"
+        "f16 = dict(device='cuda', dtype=torch.float16)\n"
+        "q, k, v = (torch.randn(1, 4, 256, 64, **f16, requires_grad=True) for _ in range(3))\n"
+        "attention(q, k, v, causal=True).sum().backward()\n"
+        "attention(q.detach()[:, :, :1], k.detach(), v.detach())\n"
+        "pages = torch.randn(4, 64, 2, 64, **f16)\n"
+        "attention_kvcache(torch.randn(2, 1, 4, 64, **f16), pages, pages,\n"
+        "                  torch.tensor([100, 7], dtype=torch.int32, device='cuda'),\n"
+        "                  torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device='cuda'))\n"
+        "packed = torch.randn(300, 4, 64, **f16)\n"
+        "offsets = torch.tensor([0, 100, 300], dtype=torch.int32, device='cuda')\n"
+        "attention_varlen(packed, packed[:, :2].contiguous(), packed[:, :2].contiguous(), offsets, offsets,\n"
+        "                 200, 200, phase='07')\n"
+        "torch.cuda.synchronize()\n"
+        "print(json.dumps(cache.stats))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
+    assert stats["built"] == 0 and stats["rejected"] == 0 and stats["loaded"] >= 5, stats
+
+
 def test_trace_build_on_gpu():
     """Phase 09's trace build (docs/tuning/09_stalls.txt): right output, and its records say the
     kernel ran on the GPU's clock for no longer than the events around the launch measured."""

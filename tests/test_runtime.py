@@ -217,6 +217,52 @@ def test_backward_plan_launches_what_backward_run_launches():
                 assert x[:size] == y[:size], f"{planned.kernel_id} parameter {i}: ours {x[:size].hex()}, numba's {y[:size].hex()}"
 
 
+def test_compile_caches_what_every_entry_point_launches(monkeypatch):
+    """`flashcore compile` fills the cache for attention_kvcache, attention_varlen (07 and 09) and
+    the backward too: what each launches (recorded in the simulator, not run) is the kernel,
+    argument types and cache identity that compiling its id stores (runtime/precompile.py), so a
+    new process loads it; the backward's plan looks up kernels that compiling "11" stores."""
+    import numba
+    from numba.cuda.core import sigutils
+
+    from flashcore_numba import inference
+    from flashcore_numba.phases import p11_backward
+    from flashcore_numba.runtime import precompile
+    from flashcore_numba.runtime.backward import backward_launches
+
+    items = precompile.kernels_to_compile(precompile.kernel_ids(), (64, 128), ("float16", "bfloat16"))
+    for extra in ("10-kvcache", "07-varlen", "09-varlen", "11"):
+        assert {(extra, 64, "float16"), (extra, 128, "bfloat16")} <= set(items), extra
+    recorded = []
+    monkeypatch.setattr(inference, "launch_kernel", lambda kernel, grid, block, smem, args, stream=0,
+                        cache_key=(): recorded.append((kernel, args, cache_key)))
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 1, 4, 64)).astype(np.float16)
+    pages = rng.standard_normal((4, 16, 2, 64)).astype(np.float16)
+    inference.attention_kvcache(q, pages, pages, np.array([20, 5], np.int32), np.array([[0, 1], [2, 3]], np.int32))
+    packed = rng.standard_normal((30, 4, 64)).astype(np.float16)
+    offsets = np.array([0, 10, 30], np.int32)
+    for phase in ("07", "09"):
+        inference.attention_varlen(packed, packed[:, :2].copy(), packed[:, :2].copy(), offsets, offsets, 20, 20,
+                                   phase=phase)
+    assert [key[0] for _, _, key in recorded] == ["10-kvcache", "07-varlen", "09-varlen"]
+    for kernel, args, key in recorded:
+        ((compiled, signature, identity),) = precompile.kernels_of(*key, (9, 0))
+        argtypes, _ = sigutils.normalize_signature(signature)
+        launched = tuple(numba.typeof(getattr(a, "_ary", a)) for a in args)  # the simulator's arrays wrap NumPy's
+        assert compiled is kernel and identity == key and launched == tuple(argtypes), key
+    for dtype in ("float16", "bfloat16"):
+        bw = p11_backward.build(64, dtype, cc=(9, 0))
+        stored = {identity: (kernel, signature) for kernel, signature, identity in
+                  precompile.kernels_of("11", 64, dtype, (9, 0))}
+        views = p11_backward.kernel_views(64, dtype, cc=(9, 0))
+        for deterministic, parts in ((False, 1), (True, 4)):
+            for planned in backward_launches(bw, (1, 4, 100, 64), (1, 2, 100, 64), True, 0.1, deterministic, parts,
+                                             False):
+                view = views[planned.kernel_id]
+                assert stored[bw.cache_id(planned.kernel_id)] == (view.kernel, view.types), planned.kernel_id
+
+
 def _phase01():
     """Phase 01 at D=64 as the registry builds it (its cache key), and its argument types."""
     from numba.cuda.core import sigutils

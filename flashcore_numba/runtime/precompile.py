@@ -4,37 +4,107 @@ Each kernel compiles on one core, in a process of its own, so a machine with man
 cache for every phase, head dim and dtype in the time of the slowest few:
 
     flashcore compile --phases 09,09-ws --head-dims 64,128 --dtypes fp16,bf16 --jobs 16
+
+Besides the ladder's kernels (the ids of `flashcore bench --phases`), it compiles what the other
+entry points launch: "10-kvcache" (attention_kvcache), "07-varlen" and "09-varlen"
+(attention_varlen) and "11" (the backward of attention()'s autograd), each cached under the key
+its own launch looks up, so that none of them compiles in a new process either.
 """
 
 from __future__ import annotations
 
 
+def _kvcache_kernels(head_dim: int, dtype: str, cc) -> list:
+    """attention_kvcache's kernel: phase 10 built paged (inference._config)."""
+    from ..inference import _config
+
+    config = _config(head_dim, dtype)
+    return [(config.kernel, config.signature(dtype), config.cache_key)]
+
+
+def _varlen_kernels(phase_id: str):
+    """attention_varlen's kernel on phase `phase_id` (inference._varlen_config)."""
+
+    def kernels(head_dim: int, dtype: str, cc) -> list:
+        from ..inference import _varlen_config
+
+        config = _varlen_config(phase_id, head_dim, dtype)
+        return [(config.kernel, config.signature(dtype), config.cache_key)]
+
+    return kernels
+
+
+def _backward_kernels(head_dim: int, dtype: str, cc) -> list:
+    """The backward's kernels, as runtime/backward.py's plan loads them: every kernel view of phase
+    11 under its cache id (11-sum is one kernel for every head dim and dtype: compiled once)."""
+    from ..phases import p11_backward as p11
+
+    bw = p11.build(head_dim, dtype, cc)
+    return [(view.kernel, view.types, bw.cache_id(kernel_id))
+            for kernel_id, view in p11.kernel_views(head_dim, dtype, cc).items()]
+
+
+# The kernels no rung of the ladder names, which the other entry points launch: id -> (the phase
+# whose head dims and dtypes it has, a function (head dim, dtype, cc) -> [(kernel, its signature,
+# its cache identity)], each as that entry point keys it in the disk cache (arch/cache.py)
+EXTRA_KERNELS = {
+    "10-kvcache": ("10", _kvcache_kernels),
+    "07-varlen": ("07", _varlen_kernels("07")),
+    "09-varlen": ("09", _varlen_kernels("09")),
+    "11": ("11", _backward_kernels),
+}
+
+
+def kernel_ids() -> list[str]:
+    """Every id `flashcore compile` takes: the ladder's kernels (phases.KERNELS), then EXTRA_KERNELS."""
+    from ..phases import KERNELS
+
+    return [*KERNELS, *EXTRA_KERNELS]
+
+
 def kernels_to_compile(kernel_ids, head_dims, dtypes) -> list[tuple[str, int, str]]:
     """(kernel id, head dim, dtype) of every requested kernel that exists (a phase builds only the
-    head dims and dtypes it lists)."""
+    head dims and dtypes it lists; an id of EXTRA_KERNELS, those of its phase)."""
+    from ..phases import LESSONS, get_phase
     from ..phases import dtypes as phase_dtypes
-    from ..phases import get_phase
 
     items = []
     for kernel_id in kernel_ids:
-        kernel = get_phase(kernel_id)
+        if kernel_id in EXTRA_KERNELS:
+            kernel = LESSONS[EXTRA_KERNELS[kernel_id][0]]
+        else:
+            kernel = get_phase(kernel_id)
+            kernel_id = kernel.ID
         for head_dim in head_dims:
             for dtype in dtypes:
                 if head_dim in kernel.HEAD_DIMS and dtype in phase_dtypes(kernel):
-                    items.append((kernel.ID, int(head_dim), dtype))
+                    items.append((kernel_id, int(head_dim), dtype))
     return items
 
 
-def compile_one(kernel_id: str, head_dim: int, dtype: str, cc) -> bool:
-    """Make sure the cache holds this kernel; True when it had to be compiled (a worker's job)."""
-    from numba.cuda.core import sigutils
-
-    from ..arch.cache import cached_cubin
+def kernels_of(kernel_id: str, head_dim: int, dtype: str, cc) -> list:
+    """[(kernel, signature, cache identity)] that compiling `kernel_id` at this head dim and dtype
+    puts in the cache: a ladder kernel's one (phases.build), or an EXTRA_KERNELS entry's."""
+    if kernel_id in EXTRA_KERNELS:
+        return EXTRA_KERNELS[kernel_id][1](head_dim, dtype, tuple(cc))
     from ..phases import build, get_phase
 
     config = build(get_phase(kernel_id), head_dim, dtype)
-    argtypes, _ = sigutils.normalize_signature(config.signature(dtype))
-    return cached_cubin(config.kernel, argtypes, config.cache_key, tuple(cc)).built
+    return [(config.kernel, config.signature(dtype), config.cache_key)]
+
+
+def compile_one(kernel_id: str, head_dim: int, dtype: str, cc) -> bool:
+    """Make sure the cache holds this kernel (or an extra id's kernels); True when one had to be
+    compiled (a worker's job)."""
+    from numba.cuda.core import sigutils
+
+    from ..arch.cache import cached_cubin
+
+    built = False
+    for kernel, signature, identity in kernels_of(kernel_id, head_dim, dtype, cc):
+        argtypes, _ = sigutils.normalize_signature(signature)
+        built |= cached_cubin(kernel, argtypes, identity, tuple(cc)).built
+    return built
 
 
 def compile_all(items, cc, jobs: int = 1, done=None) -> list[tuple[tuple, bool | str]]:
