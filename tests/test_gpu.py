@@ -492,7 +492,7 @@ def test_compile_fills_the_cache_for_every_entry_point(tmp_path):
         "f16 = dict(device='cuda', dtype=torch.float16)\n"
         "q, k, v = (torch.randn(1, 4, 256, 64, **f16, requires_grad=True) for _ in range(3))\n"
         "attention(q, k, v, causal=True).sum().backward()\n"
-        "attention(q.detach()[:, :, :1], k.detach(), v.detach())\n"
+        "attention(q.detach()[:, :, :1].contiguous(), k.detach(), v.detach())\n"
         "pages = torch.randn(4, 64, 2, 64, **f16)\n"
         "attention_kvcache(torch.randn(2, 1, 4, 64, **f16), pages, pages,\n"
         "                  torch.tensor([100, 7], dtype=torch.int32, device='cuda'),\n"
