@@ -140,6 +140,16 @@ lesson.show_source(phase.split_count, phase.make_splits)
 # %% [markdown]
 # The kernel itself: phase 07's loop on each warp's 16 packed rows and range of keys (three
 # stages of K and V, two tiles in flight), then the partials, the count and the merge.
+#
+# One thing in it is laid out differently from phase 07: the rows of shared memory. Phase 07 pads
+# each row by 8 elements so that the eight rows one `ldmatrix` reads start in different banks
+# (lesson 04's trick). Phase 10 keeps rows of exactly D elements and
+# [swizzles](../docs/glossary.md#swizzle) them instead: the 16-byte chunk c of row r is stored at
+# chunk c XOR (r mod 8). The eight rows still land in eight different banks, and every row now
+# starts on a 128-byte line, so a warp's `cp.async` of two rows is exactly the 16 sectors it reads
+# rather than a copy split across lines. Phase 07 hides that cost behind its tensor cores; a decode
+# step does little besides copying, and the swizzled rows made it 4-6 % faster at every decode
+# shape measured (`at` in the source below, `split_layout` in the module; docs/tuning/10_swizzle/).
 
 # %%
 lesson.show_source(phase.build_kernel)
