@@ -46,21 +46,14 @@ import numpy as np
 
 from .api import _best_for_this_gpu, _describe, _is_torch, torch_to_kernel
 from .arch import tma
+from .phases import build_kvcache, build_varlen
 from .phases import p07_mma_sync as p07
-from .phases import p09_warp_specialized as p09
 from .phases import p10_split_keys as p10
 from .phases.common import LOG2E, cdiv, no_lse, split_workspace
 from .phases.common import launch as launch_kernel  # (the launchers below name their closures `launch`)
 from .reference import default_scale
 
 PAGE_MULTIPLE = 16
-
-
-def _config(head_dim: int, dtype: str):
-    import dataclasses
-
-    config = p10.build(head_dim, dtype, paged=True)
-    return dataclasses.replace(config, cache_key=("10-kvcache", int(head_dim), dtype))
 
 
 def _host_ints(x) -> np.ndarray:
@@ -198,7 +191,7 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
     checked or allocated again (what the benchmark times)."""
     B, S_q, H, D, H_kv, _, capacity, paged, qd = _validate(
         q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse)
-    config = _config(D, qd.dtype)
+    config = build_kvcache(D, qd.dtype)
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
     # the grid and the workspace as for a dense problem whose keys are the cache's capacity
     plan = config.split_keys((B, H, S_q, D), (B, H_kv, capacity, D), causal)
@@ -299,16 +292,6 @@ def _varlen_phase(phase) -> str:
     return phase
 
 
-def _varlen_config(phase_id: str, head_dim: int, dtype: str):
-    import dataclasses
-
-    if phase_id == "09":
-        config = p09.build(head_dim, None, dtype, varlen=True)
-    else:
-        config = p07.build(head_dim, dtype, varlen=True)
-    return dataclasses.replace(config, cache_key=(f"{phase_id}-varlen", int(head_dim), dtype))
-
-
 def _check_offsets(name: str, offsets, total: int, max_seqlen: int, max_name: str) -> None:
     """cu_seqlens (host values): 0 first, never decreasing, `total` last, no length above max_seqlen."""
     if offsets[0] != 0:
@@ -380,7 +363,7 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     phase_id = _varlen_phase(phase)
     B, total_q, H, D, qd = _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                             causal, scale, return_lse)
-    config = _varlen_config(phase_id, D, qd.dtype)
+    config = build_varlen(phase_id, D, qd.dtype)
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
     max_seqlen_q = int(max_seqlen_q)
     launches = B > 0 and total_q > 0 and max_seqlen_q > 0

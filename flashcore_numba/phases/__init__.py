@@ -122,6 +122,23 @@ def build(phase, head_dim: int, dtype: str = "float16"):
 _KEYED: dict = {}  # a phase's config -> the same config with its cache key
 
 
+def build_kvcache(head_dim: int, dtype: str = "float16") -> KernelConfig:
+    """attention_kvcache's kernel (flashcore_numba.inference): phase 10 built `paged`, kept in the
+    disk cache as ("10-kvcache", head dim, dtype)."""
+    config = PHASES["10"].build(head_dim, dtype, paged=True)
+    return dataclasses.replace(config, cache_key=("10-kvcache", int(head_dim), dtype))
+
+
+def build_varlen(phase_id: str, head_dim: int, dtype: str = "float16") -> KernelConfig:
+    """attention_varlen's kernel on phase 07 or 09 (flashcore_numba.inference), built `varlen`,
+    kept in the disk cache as ("<phase>-varlen", head dim, dtype)."""
+    if phase_id == "09":
+        config = PHASES["09"].build(head_dim, None, dtype, varlen=True)
+    else:
+        config = PHASES["07"].build(head_dim, dtype, varlen=True)
+    return dataclasses.replace(config, cache_key=(f"{phase_id}-varlen", int(head_dim), dtype))
+
+
 def min_cc(phase: ModuleType) -> tuple[int, int]:
     return getattr(phase, "MIN_CC", DEFAULT_MIN_CC)
 

@@ -15,20 +15,20 @@ from __future__ import annotations
 
 
 def _kvcache_kernels(head_dim: int, dtype: str, cc) -> list:
-    """attention_kvcache's kernel: phase 10 built paged (inference._config)."""
-    from ..inference import _config
+    """attention_kvcache's kernel (phases.build_kvcache)."""
+    from ..phases import build_kvcache
 
-    config = _config(head_dim, dtype)
+    config = build_kvcache(head_dim, dtype)
     return [(config.kernel, config.signature(dtype), config.cache_key)]
 
 
 def _varlen_kernels(phase_id: str):
-    """attention_varlen's kernel on phase `phase_id` (inference._varlen_config)."""
+    """attention_varlen's kernel on phase `phase_id` (phases.build_varlen)."""
 
     def kernels(head_dim: int, dtype: str, cc) -> list:
-        from ..inference import _varlen_config
+        from ..phases import build_varlen
 
-        config = _varlen_config(phase_id, head_dim, dtype)
+        config = build_varlen(phase_id, head_dim, dtype)
         return [(config.kernel, config.signature(dtype), config.cache_key)]
 
     return kernels
