@@ -174,16 +174,17 @@ def layout(HEAD_DIM, block_m, block_n, warps):
 def make_copy_tile(L):
     """Global -> shared by cp.async, 16 bytes per copy, consecutive threads on consecutive chunks.
 
-    With L["SWIZZLE"] (phase 11: rows of exactly D elements, no padding) chunk c of row r lands at
+    With L["SWIZZLE"] (phases 10 and 11: rows of exactly D elements, no padding) chunk c of row r lands at
     chunk c ^ (r % 8) of its row instead of chunk c, which keeps ldmatrix free of bank conflicts
     without padding."""
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
     CHUNKS, STRIDE, ROWS_PER_PASS = L["CHUNKS"], L["STRIDE"], L["ROWS_PER_PASS"]
     SWIZZLE = L.get("SWIZZLE", False)
-    # swizzled, a pass ROWS_PER_PASS rows on moves r % 8 by (i * ROWS_PER_PASS) % 8: 0 in phase 11's
-    # 8-warp blocks; in smaller ones (phase 10's one-warp copies, the simulator's blocks) r is less
-    # than ROWS_PER_PASS, a power of two, so (r + i * ROWS_PER_PASS) % 8 == (r % 8) ^ that, which
-    # flips bits 4-6 of the row's offset: rows of at least 128 bytes, `offset` a multiple of a row
+    # swizzled, a pass ROWS_PER_PASS rows on moves r % 8 by (i * ROWS_PER_PASS) % 8: 0 where
+    # ROWS_PER_PASS is a multiple of 8 (phase 11's 8-warp blocks); else (phase 10's one-warp copies,
+    # the simulator's blocks) that is a flip: r is less than ROWS_PER_PASS, a power of two, so
+    # (r + i * ROWS_PER_PASS) % 8 == (r % 8) ^ ((i * ROWS_PER_PASS) % 8), which flips bits 4-6 of
+    # the row's offset (rows of at least 128 bytes, `offset` a multiple of a row)
     assert not SWIZZLE or (STRIDE == CHUNKS * 8 and CHUNKS >= 8  # unpadded rows, 128 bytes or more
                            and ROWS_PER_PASS & (ROWS_PER_PASS - 1) == 0)
     FLIP = SWIZZLE and ROWS_PER_PASS % 8 != 0

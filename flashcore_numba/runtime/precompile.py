@@ -36,7 +36,8 @@ def _varlen_kernels(phase_id: str):
 
 def _backward_kernels(head_dim: int, dtype: str, cc) -> list:
     """The backward's kernels, as runtime/backward.py's plan loads them: every kernel view of phase
-    11 under its cache id (11-sum is one kernel for every head dim and dtype: compiled once)."""
+    11 under its cache id, one after another in one job. (11-sum, one kernel for every head dim
+    and dtype, is in every job: jobs that run at once may each compile it; the cache keeps one.)"""
     from ..phases import p11_backward as p11
 
     bw = p11.build(head_dim, dtype, cc)

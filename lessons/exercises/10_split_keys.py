@@ -54,9 +54,10 @@ BUILDS_ON = "07"  # its tile loop is phase 07's: the lesson compares their machi
 LESSON_PROBLEM = dict(B=1, H=32, S_q=1, S_k=8192, D=128, H_kv=8)
 
 BLOCK_M = MMA_M  # one m-tile of packed rows per block: one warp
-TILES = {64: dict(block_n=64, stages=3), 128: dict(block_n=32, stages=3)}  # 3 stages of K and V: 58 and 57 KB
+# a warp's Q and 3 stages of K and V: 50 and 52 KB
+TILES = {64: dict(block_n=64, stages=3), 128: dict(block_n=32, stages=3)}
 SIM_TILES = {64: dict(block_n=16, stages=3), 128: dict(block_n=16, stages=3)}  # the simulator: short tiles
-WARPS = 4  # warps per block, each on its own range of keys: one block fills an SM's shared memory
+WARPS = 4  # warps per block, each on its own range of keys: one block an SM (its shared memory)
 SIM_WARPS = 2  # the simulator: two, so that its blocks merge their warps too
 MIN_TILES_PER_SPLIT = 4  # a warp's range at least: its fixed costs (Q's load, the first tile's wait)
 SIM_MIN_TILES_PER_SPLIT = 1  # the simulator: any problem of two tiles or more splits (and merges)
@@ -130,7 +131,7 @@ def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
     rows swizzled instead of padded: D elements a row, chunk c of row r at chunk c ^ (r % 8).
 
     A padded row (D + 8 elements) straddles 128-byte lines of shared memory, and a warp's
-    cp.async of two such rows was split into more requests than the 512 bytes need (phase 11
+    cp.async of 512 bytes of such rows was split into more requests than those bytes need (phase 11
     counted 24 L2 sectors where 16 do, docs/tuning/11_layout/). In phase 07 that cost hides
     behind the tensor cores; phase 10 does little but copy, and swizzled rows made it 4-6 %
     faster at every decode shape (docs/tuning/10_swizzle/)."""
@@ -182,10 +183,12 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
     ROW = HEAD_DIM * 2  # bytes from a row of q, K or V to the next (copy_tile)
     STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
-    ROW_BYTES = STRIDE * 2
-    # swizzled rows (split_layout): every tile of a warp's memory starts at a multiple of a row, so
-    # that an XOR of an offset's bits within a row moves it within the same row
-    assert K_OFF % ROW_BYTES == 0 and STAGE_BYTES % ROW_BYTES == 0 and WARP_BYTES % ROW_BYTES == 0
+    ROW_BYTES = STRIDE * 2  # a row in shared memory: the same as ROW, the rows being unpadded (split_layout)
+    # swizzled rows: every tile of a warp's memory starts at a multiple of a row, so that an XOR of
+    # an offset's bits within a row (`at`) moves it within the same row; and each warp's memory
+    # starts on a 128-byte line, so that the eight rows ldmatrix reads fall in eight banks
+    assert K_OFF % ROW_BYTES == 0 and V_OFF % ROW_BYTES == 0 and STAGE_BYTES % ROW_BYTES == 0
+    assert WARP_BYTES % 128 == 0
     PAIRS = HEAD_DIM // 2  # output columns are written two at a time (one packed 32-bit word)
     FAN_IN = fan_in()  # the blocks' partials per merge (the simulator's are fewer)
     TEAM = max(FAN_IN, WARPS)  # the most members a team has (level 0's are the block's warps)
