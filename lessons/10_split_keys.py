@@ -147,10 +147,10 @@ lesson.show_source(phase.split_count, phase.make_splits)
 # [swizzles](../docs/glossary.md#swizzle) them instead: the 16-byte chunk c of row r is stored at
 # chunk c XOR (r mod 8). The eight rows still land in eight different banks, and every row now
 # starts on a 128-byte line, so a warp's `cp.async` of 512 bytes (two rows at D = 128, four at
-# D = 64) is exactly the 16 sectors it reads rather than a copy split across lines. Phase 07
-# hides that cost behind its tensor cores; a decode step does little besides copying, and the
-# swizzled rows made it 4-6 % faster at every decode shape measured (`at` in the source below,
-# `split_layout` in the module; docs/tuning/10_swizzle/).
+# D = 64) is exactly the 16 sectors it reads rather than a copy split across lines. In phase 07 a
+# tile's copy is a small part of its work beside the tensor cores' products; a decode step does
+# little besides copying, and the swizzled rows made it 4-6 % faster at every decode shape
+# measured (`at` in the source below, `split_layout` in the module; docs/tuning/10_swizzle/).
 
 # %%
 lesson.show_source(phase.build_kernel)

@@ -49,10 +49,11 @@ What changed from phase 07
       moves chunk c of row r to chunk c ^ (r % 8) instead (as phase 11 streams Q and dO): the
       same freedom from bank conflicts, and every row starts on a 128-byte line, so a warp's
       copy of 512 bytes (two rows at D = 128, four at D = 64) is the 16 sectors it reads, not
-      split across lines. Phase 07 hides that
-      cost behind its tensor cores; a decode step does little else than copy. On an H200, the
-      same call (docs/tuning/10_swizzle/): 4-6 % faster at each of seven decode shapes (B=1
-      H=32 H_kv=8 S_k=32768 D=128 54.1 -> 51.7 us; B=8 H=32 S_k=2048 85.2 -> 80.2 us).
+      split across lines. In phase 07 each tile's copy is a small part of its work beside the
+      tensor cores' products (phase 07 has not been timed with swizzled rows); a decode step does
+      little else than copy. On an H200, the same call (docs/tuning/10_swizzle/): 4-6 % faster
+      at each of seven decode shapes (B=1 H=32 H_kv=8 S_k=32768 D=128 54.1 -> 51.7 us; B=8 H=32
+      S_k=2048 85.2 -> 80.2 us).
     How many splits: as many blocks as the GPU holds in one wave (its SMs times the blocks one
     SM holds: one), never part of a second wave, each warp's range at least MIN_TILES_PER_SPLIT
     tiles, at most MAX_SPLITS ranges; one block per row tile where those already fill the GPU
@@ -196,9 +197,8 @@ def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
 
     A padded row (D + 8 elements) straddles 128-byte lines of shared memory, and a warp's
     cp.async of 512 bytes of such rows was split into more requests than those bytes need (phase 11
-    counted 24 L2 sectors where 16 do, docs/tuning/11_layout/). In phase 07 that cost hides
-    behind the tensor cores; phase 10 does little but copy, and swizzled rows made it 4-6 %
-    faster at every decode shape (docs/tuning/10_swizzle/)."""
+    counted 24 L2 sectors where 16 do, docs/tuning/11_layout/). Phase 10 does little but copy,
+    and swizzled rows made it 4-6 % faster at every decode shape (docs/tuning/10_swizzle/)."""
     assert 2 <= stages <= 4, "cp.async.wait_group takes its count as an immediate: ptx/cp_async.ptx has 0 to 2"
     L = layout(HEAD_DIM, block_m=BLOCK_M, warps=1, block_n=block_n)
     row = HEAD_DIM * 2

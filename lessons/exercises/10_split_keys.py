@@ -132,9 +132,8 @@ def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
 
     A padded row (D + 8 elements) straddles 128-byte lines of shared memory, and a warp's
     cp.async of 512 bytes of such rows was split into more requests than those bytes need (phase 11
-    counted 24 L2 sectors where 16 do, docs/tuning/11_layout/). In phase 07 that cost hides
-    behind the tensor cores; phase 10 does little but copy, and swizzled rows made it 4-6 %
-    faster at every decode shape (docs/tuning/10_swizzle/)."""
+    counted 24 L2 sectors where 16 do, docs/tuning/11_layout/). Phase 10 does little but copy,
+    and swizzled rows made it 4-6 % faster at every decode shape (docs/tuning/10_swizzle/)."""
     assert 2 <= stages <= 4, "cp.async.wait_group takes its count as an immediate: ptx/cp_async.ptx has 0 to 2"
     L = layout(HEAD_DIM, block_m=BLOCK_M, warps=1, block_n=block_n)
     row = HEAD_DIM * 2
