@@ -88,15 +88,11 @@ def parse_compile_ids(text: str) -> list[str]:
     if text.strip() == "all":
         return kernel_ids()
     ids = []
-    for part in text.split(","):
-        if part.strip() in EXTRA_KERNELS:
-            ids.append(part.strip())
-            continue
+    for part in (p.strip() for p in text.split(",")):
         try:
-            ids.append(get_phase(part.strip()).ID)
-        except (ValueError, TypeError) as e:
-            message = str(e).removeprefix("phase: ")
-            raise argparse.ArgumentTypeError(f"{message} (or one of {', '.join(EXTRA_KERNELS)})") from None
+            ids += [part] if part in EXTRA_KERNELS else parse_phases(part)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e} (or one of {', '.join(EXTRA_KERNELS)})") from None
     return ids
 
 

@@ -12,6 +12,7 @@ phases 01-05 support.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from types import ModuleType
 
@@ -122,16 +123,19 @@ def build(phase, head_dim: int, dtype: str = "float16"):
 _KEYED: dict = {}  # a phase's config -> the same config with its cache key
 
 
+@functools.lru_cache(maxsize=None)
 def build_kvcache(head_dim: int, dtype: str = "float16") -> KernelConfig:
     """attention_kvcache's kernel (flashcore_numba.inference): phase 10 built `paged`, kept in the
-    disk cache as ("10-kvcache", head dim, dtype)."""
+    disk cache as ("10-kvcache", head dim, dtype). One config per kernel, made once: every call
+    asks for it."""
     config = PHASES["10"].build(head_dim, dtype, paged=True)
     return dataclasses.replace(config, cache_key=("10-kvcache", int(head_dim), dtype))
 
 
+@functools.lru_cache(maxsize=None)
 def build_varlen(phase_id: str, head_dim: int, dtype: str = "float16") -> KernelConfig:
     """attention_varlen's kernel on phase 07 or 09 (flashcore_numba.inference), built `varlen`,
-    kept in the disk cache as ("<phase>-varlen", head dim, dtype)."""
+    kept in the disk cache as ("<phase>-varlen", head dim, dtype); made once, as build_kvcache."""
     if phase_id == "09":
         config = PHASES["09"].build(head_dim, None, dtype, varlen=True)
     else:

@@ -14,12 +14,16 @@ its own launch looks up, so that none of them compiles in a new process either.
 from __future__ import annotations
 
 
+def _of_config(config, dtype: str) -> list:
+    """A config's one kernel, as its launch keys it in the cache (phases.build and its kin)."""
+    return [(config.kernel, config.signature(dtype), config.cache_key)]
+
+
 def _kvcache_kernels(head_dim: int, dtype: str, cc) -> list:
     """attention_kvcache's kernel (phases.build_kvcache)."""
     from ..phases import build_kvcache
 
-    config = build_kvcache(head_dim, dtype)
-    return [(config.kernel, config.signature(dtype), config.cache_key)]
+    return _of_config(build_kvcache(head_dim, dtype), dtype)
 
 
 def _varlen_kernels(phase_id: str):
@@ -28,8 +32,7 @@ def _varlen_kernels(phase_id: str):
     def kernels(head_dim: int, dtype: str, cc) -> list:
         from ..phases import build_varlen
 
-        config = build_varlen(phase_id, head_dim, dtype)
-        return [(config.kernel, config.signature(dtype), config.cache_key)]
+        return _of_config(build_varlen(phase_id, head_dim, dtype), dtype)
 
     return kernels
 
@@ -90,8 +93,7 @@ def kernels_of(kernel_id: str, head_dim: int, dtype: str, cc) -> list:
         return EXTRA_KERNELS[kernel_id][1](head_dim, dtype, tuple(cc))
     from ..phases import build, get_phase
 
-    config = build(get_phase(kernel_id), head_dim, dtype)
-    return [(config.kernel, config.signature(dtype), config.cache_key)]
+    return _of_config(build(get_phase(kernel_id), head_dim, dtype), dtype)
 
 
 def compile_one(kernel_id: str, head_dim: int, dtype: str, cc) -> bool:
