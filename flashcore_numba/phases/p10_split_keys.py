@@ -651,6 +651,8 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         # -- a partial result, o_s = acc / l_i and lse_s = m_i + log2(l_i), in the warp's own
         # shared memory (its stages are done with; the block's other warps may still be in their loops)
         mine = warp * WARP_FLOATS  # the warp's partial: o (BLOCK_M, D) row by row, then lse (BLOCK_M)
+        cuda.syncwarp()  # every lane's ldmatrix reads of the last stage are done before any lane
+        # overwrites them (the shuffles since order registers, not shared memory: racecheck)
         for j in range(NO):
             col = j * MMA_N + 2 * t
             smem_f[mine + g * HEAD_DIM + col] = acc[j, 0] * inv_a
