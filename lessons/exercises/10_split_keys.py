@@ -576,6 +576,10 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         # -- a partial result, o_s = acc / l_i and lse_s = m_i + log2(l_i), in the warp's own
         # shared memory (its stages are done with; the block's other warps may still be in their loops)
         mine = warp * WARP_FLOATS  # the warp's partial: o (BLOCK_M, D) row by row, then lse (BLOCK_M)
+        # every lane done reading the warp's memory (Q's rows, the last stage) before any lane
+        # overwrites it: a split with no keys has no syncwarp in its loop between Q's ldmatrix and
+        # these stores (racecheck found it, docs/sanitizer/inference/; shuffles order no memory)
+        cuda.syncwarp()
         for j in range(NO):
             col = j * MMA_N + 2 * t
             smem_f[mine + g * HEAD_DIM + col] = acc[j, 0] * inv_a
