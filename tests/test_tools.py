@@ -15,6 +15,32 @@ def test_sanitize_names_an_unknown_kernel():
     assert done.returncode == 2 and "--kernels: unknown 99" in done.stderr, done.stderr
 
 
+def test_sanitize_says_what_each_mode_runs():
+    """--backward and --inference run kernels of their own (not --kernels'), and each mode compiles
+    into the cache what its children launch, so that no child compiles under the sanitizer."""
+    import importlib.util
+
+    for argv, says in ((["--inference", "--kernels", "07"], "--kernels: names forward kernels"),
+                       (["--inference", "--backward"], "not allowed with argument")):
+        done = subprocess.run([sys.executable, str(ROOT / "tools" / "sanitize.py"), *argv],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+    spec = importlib.util.spec_from_file_location("sanitize", ROOT / "tools" / "sanitize.py")
+    sanitize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sanitize)
+    from types import SimpleNamespace
+
+    from flashcore_numba.runtime.precompile import kernel_ids
+
+    def ids(**mode):
+        return sanitize.kernels_to_prepare(SimpleNamespace(**{"backward": False, "inference": False, **mode}),
+                                           ["07", "10"])
+
+    assert ids() == ["07", "10"] and ids(backward=True) == ["11"]
+    assert ids(inference=True) == ["10-kvcache", "07-varlen", "09-varlen"]
+    assert set(ids(inference=True)) <= set(kernel_ids())
+
+
 def test_long_context_oracle_on_sampled_rows():
     """The row-sampled reference of the long-context record equals the full reference on those rows."""
     import numpy as np

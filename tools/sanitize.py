@@ -4,11 +4,18 @@ tails; write one log per tool under docs/sanitizer/ and fail on any error.
     python tools/sanitize.py                         # every kernel, every tool
     python tools/sanitize.py --kernels 06,07 --tools racecheck
     python tools/sanitize.py --backward --out docs/sanitizer/11   # phase 11's backward kernels
+    python tools/sanitize.py --inference --out docs/sanitizer/inference   # varlen, kvcache
 
 `--report-api-errors no`: cuda-bindings probes the driver with calls that fail by design
 (cuGetProcAddress of entry points this driver lacks); those are not errors of the kernels.
 Each tool runs one child process (`--child`) that launches every kernel on every shape and checks
-its output against the float64 reference, so a log also says that the kernels ran and were right.
+its output against the float64 reference, so a log also says that the kernels ran and were right
+(--inference: tools/sanitize_inference.py, whose outputs the GPU tests check).
+
+Before the tools run, the kernels the children launch are compiled into the kernel cache (all
+cores at once, as `flashcore compile`), and the children load them from there: a kernel compiled
+inside a child runs its compiler under the sanitizer, minutes where loading takes a second. With
+the cache off (FLASHCORE_CACHE=0) the children compile.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ def child(kernel_ids) -> int:
     from numba import cuda
 
     from flashcore_numba import check_close, lowp_attention, reference_attention
-    from flashcore_numba.phases import KERNELS
+    from flashcore_numba.phases import KERNELS, build
     from flashcore_numba.phases.common import LOG2E
     from flashcore_numba.reference import default_scale, random_qkv
 
@@ -49,7 +56,7 @@ def child(kernel_ids) -> int:
                 continue
             q, k, v = random_qkv((B, H, Sq, D), Sk, seed=0)
             out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
-            kernel.build(D).launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal,
+            build(kernel, D).launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal,
                                    default_scale(D) * LOG2E)
             cuda.synchronize()
             verdict = check_close(out.copy_to_host(), reference_attention(q, k, v, causal=causal),
@@ -85,19 +92,57 @@ def child_backward() -> int:
     return 1 if failed else 0
 
 
+INFERENCE_KERNELS = ("10-kvcache", "07-varlen", "09-varlen")  # what tools/sanitize_inference.py launches
+
+
+def kernels_to_prepare(args, ids) -> list[str]:
+    """The `flashcore compile` ids of what the children launch (runtime/precompile.py)."""
+    if args.backward:
+        return ["11"]
+    if args.inference:
+        return list(INFERENCE_KERNELS)
+    return list(ids)
+
+
+def prepare(kernel_ids) -> None:
+    """Compile the children's kernels into the kernel cache first (see the docstring)."""
+    from numba import cuda
+
+    from flashcore_numba.arch.cache import cache_dir
+    from flashcore_numba.runtime import precompile
+
+    if cache_dir() is None:
+        print("the kernel cache is off (FLASHCORE_CACHE=0): the children compile under the sanitizer",
+              flush=True)
+        return
+    cc = tuple(cuda.get_current_device().compute_capability)[:2]
+    items = precompile.kernels_to_compile(kernel_ids, (64, 128), ("float16",))
+    results = precompile.compile_all(items, cc, jobs=min(os.cpu_count() or 1, len(items)))
+    failed = [f"{item}: {r}" for item, r in results if isinstance(r, str)]
+    print(f"kernel cache: {sum(r is True for _, r in results)} compiled, "
+          f"{sum(r is False for _, r in results)} there already" + (f"; failed: {failed}" if failed else ""),
+          flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", help="comma-separated kernel ids (default: every kernel, variants too)")
     parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated sanitizer tools")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "sanitizer", help="folder for the logs")
-    parser.add_argument("--backward", action="store_true",
-                        help="phase 11's backward kernels instead (BACKWARD_SHAPES; --out docs/sanitizer/11)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--backward", action="store_true",
+                       help="phase 11's backward kernels instead (BACKWARD_SHAPES; --out docs/sanitizer/11)")
+    which.add_argument("--inference", action="store_true",
+                       help="attention_varlen's and attention_kvcache's kernels instead "
+                            "(tools/sanitize_inference.py; --out docs/sanitizer/inference)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from flashcore_numba.measure.records import git_state
     from flashcore_numba.phases import KERNELS
 
+    if args.kernels and (args.backward or args.inference):
+        parser.error("--kernels: names forward kernels; --backward and --inference run kernels of their own")
     ids = args.kernels.split(",") if args.kernels else list(KERNELS)
     unknown = [k for k in ids if k not in KERNELS]
     if unknown:
@@ -108,16 +153,24 @@ def main(argv=None) -> int:
     if sanitizer is None:
         parser.error("compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
     args.out.mkdir(parents=True, exist_ok=True)
+    prepare(kernels_to_prepare(args, ids))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     env.pop("NUMBA_ENABLE_CUDASIM", None)
-    env["FLASHCORE_SMS"] = "2"  # phase 09's persistent grid: two blocks, each taking several query blocks
+    if not args.inference:  # (the inference cases split keys as on the whole GPU: warps with no keys too)
+        env["FLASHCORE_SMS"] = "2"  # phase 09's persistent grid: two blocks, each taking several query blocks
     worst = 0
     for tool in args.tools.split(","):
-        cmd = [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "99",
-               sys.executable, __file__, "--child", *(["--backward"] if args.backward else ["--kernels", ",".join(ids)])]
+        head = [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "99",
+                sys.executable]
+        if args.inference:
+            script, rest = ROOT / "tools" / "sanitize_inference.py", []
+        else:
+            which = ["--backward"] if args.backward else ["--kernels", ",".join(ids)]
+            script, rest = Path(__file__), ["--child", *which]
+        cmd = [*head, str(script), *rest]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         log = args.out / f"{tool}.log"
-        shown = ["compute-sanitizer", *cmd[1:7], "python", "tools/sanitize.py", *cmd[9:]]
+        shown = ["compute-sanitizer", *head[1:7], "python", f"tools/{script.name}", *rest]
         log.write_text(f"$ {' '.join(shown)}\n"
                        f"code at commit {git_state()['git_commit']}\n"
                        f"{done.stdout}{done.stderr}exit status {done.returncode}\n")

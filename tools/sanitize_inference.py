@@ -1,7 +1,7 @@
-"""The launches of attention_varlen and attention_kvcache that docs/sanitizer/inference/ ran under
-compute-sanitizer:
+"""The launches of attention_varlen and attention_kvcache that docs/sanitizer/inference/ runs under
+compute-sanitizer, each tool in turn, after compiling their kernels into the kernel cache:
 
-    compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitize_inference.py
+    python3 tools/sanitize.py --inference --out docs/sanitizer/inference
 
 attention_varlen, phases 07 and 09, causal and not, at small packings chosen for their edges: an empty
 sequence, rows without keys, a sequence of one row, one of two query blocks, the last sequence ending
