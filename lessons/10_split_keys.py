@@ -42,12 +42,13 @@
 # again, applied to whole ranges instead of single tiles, and like it, the order does not matter.
 #
 # **5. The block merges its warps, then the last block merges the blocks, as a tree.** No second
-# kernel. Every warp leaves its partials in its own shared memory, over its Q tile and stages. Its
-# lanes must all be done reading those before any lane writes there: a `cuda.syncwarp()` (the
-# [barrier](../docs/glossary.md#barrier) of one warp) stands in between. A [shuffle](../docs/glossary.md#warp-shuffle) would not do: it exchanges
-# registers and promises nothing about shared memory. (A warp whose range has no keys runs no loop,
-# so nothing else stood there; compute-sanitizer's racecheck found it, `docs/sanitizer/`.) After
-# a barrier the block merges its four into one, a partial of its own with its own log-sum-exp, in a small float32 workspace.
+# kernel. Every warp leaves its partials in its own shared memory, over its Q tile and the start of
+# its first stage. Its lanes must all be done reading those before any lane writes there: a
+# `cuda.syncwarp()` (the [barrier](../docs/glossary.md#barrier) of one warp) stands in between. The loop's own syncwarp comes
+# before each tile's reads, not after the last tile's, and a warp with no keys runs no loop at all.
+# A [shuffle](../docs/glossary.md#warp-shuffle) would not do: it waits for the lanes but orders no memory. (Compute-sanitizer's
+# racecheck found the missing syncwarp: `docs/sanitizer/`.) After a barrier the block merges its
+# four into one, a partial of its own with its own log-sum-exp, in a small float32 workspace.
 # Then the block makes it visible to the whole GPU (a [memory fence](../docs/glossary.md#memory-fence), `cuda.threadfence()`) and
 # adds 1 to a counter with an [atomic](../docs/glossary.md#atomic) addition. The blocks count in teams of 16: the block of a team that gets back 15 (or
 # the team's size − 1) knows every other member has written and fenced its partial. It merges

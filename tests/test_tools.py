@@ -21,7 +21,8 @@ def test_sanitize_says_what_each_mode_runs():
     import importlib.util
 
     for argv, says in ((["--inference", "--kernels", "07"], "--kernels: names forward kernels"),
-                       (["--inference", "--backward"], "not allowed with argument")):
+                       (["--inference", "--backward"], "not allowed with argument"),
+                       (["--inference", "--child"], "--child: runs the forward kernels")):
         done = subprocess.run([sys.executable, str(ROOT / "tools" / "sanitize.py"), *argv],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and says in done.stderr, done.stderr
@@ -39,6 +40,11 @@ def test_sanitize_says_what_each_mode_runs():
     assert ids() == ["07", "10"] and ids(backward=True) == ["11"]
     assert ids(inference=True) == ["10-kvcache", "07-varlen", "09-varlen"]
     assert set(ids(inference=True)) <= set(kernel_ids())
+    # a log is clean only when its summary has nothing in it: racecheck's warnings are hazards too
+    assert sanitize.is_clean("========= ERROR SUMMARY: 0 errors")
+    assert sanitize.is_clean("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)")
+    assert not sanitize.is_clean("========= RACECHECK SUMMARY: 60 hazards displayed (0 errors, 60 warnings)")
+    assert not sanitize.is_clean("========= ERROR SUMMARY: 10 errors")
 
 
 def test_long_context_oracle_on_sampled_rows():

@@ -15,7 +15,8 @@ its output against the float64 reference, so a log also says that the kernels ra
 Before the tools run, the kernels the children launch are compiled into the kernel cache (all
 cores at once, as `flashcore compile`), and the children load them from there: a kernel compiled
 inside a child runs its compiler under the sanitizer, minutes where loading takes a second. With
-the cache off (FLASHCORE_CACHE=0) the children compile.
+the cache off (FLASHCORE_CACHE=0) the children compile, and --backward's last case, kv_kernel built
+for sm_80 (its dQ by scalar `red`), compiles in each child.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def child(kernel_ids) -> int:
             q, k, v = random_qkv((B, H, Sq, D), Sk, seed=0)
             out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
             build(kernel, D).launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal,
-                                   default_scale(D) * LOG2E)
+                                    default_scale(D) * LOG2E)
             cuda.synchronize()
             verdict = check_close(out.copy_to_host(), reference_attention(q, k, v, causal=causal),
                                   lowp_attention(q, k, v, causal=causal))
@@ -92,6 +93,12 @@ def child_backward() -> int:
     return 1 if failed else 0
 
 
+def is_clean(text: str) -> bool:
+    """A sanitizer's summary with nothing in it: memcheck's and synccheck's "ERROR SUMMARY: 0 errors",
+    racecheck's "0 hazards displayed (0 errors, 0 warnings)" (its warnings are hazards too)."""
+    return "ERROR SUMMARY: 0 errors" in text or "RACECHECK SUMMARY: 0 hazards displayed" in text
+
+
 INFERENCE_KERNELS = ("10-kvcache", "07-varlen", "09-varlen")  # what tools/sanitize_inference.py launches
 
 
@@ -106,10 +113,16 @@ def kernels_to_prepare(args, ids) -> list[str]:
 
 def prepare(kernel_ids) -> None:
     """Compile the children's kernels into the kernel cache first (see the docstring)."""
-    from numba import cuda
-
     from flashcore_numba.arch.cache import cache_dir
+    from flashcore_numba.arch.sim import kernel_target
     from flashcore_numba.runtime import precompile
+
+    target = kernel_target()
+    if target != "gpu":
+        why = "the CUDA simulator is on" if target == "simulator" else "no CUDA GPU"
+        print(f"no kernels compiled ahead ({why} in this process): the children compile theirs", flush=True)
+        return
+    from numba import cuda
 
     if cache_dir() is None:
         print("the kernel cache is off (FLASHCORE_CACHE=0): the children compile under the sanitizer",
@@ -141,6 +154,9 @@ def main(argv=None) -> int:
     from flashcore_numba.measure.records import git_state
     from flashcore_numba.phases import KERNELS
 
+    if args.child and args.inference:
+        parser.error("--child: runs the forward kernels or, with --backward, phase 11's; "
+                     "--inference runs tools/sanitize_inference.py")
     if args.kernels and (args.backward or args.inference):
         parser.error("--kernels: names forward kernels; --backward and --inference run kernels of their own")
     ids = args.kernels.split(",") if args.kernels else list(KERNELS)
@@ -165,8 +181,8 @@ def main(argv=None) -> int:
         if args.inference:
             script, rest = ROOT / "tools" / "sanitize_inference.py", []
         else:
-            which = ["--backward"] if args.backward else ["--kernels", ",".join(ids)]
-            script, rest = Path(__file__), ["--child", *which]
+            mode = ["--backward"] if args.backward else ["--kernels", ",".join(ids)]
+            script, rest = Path(__file__), ["--child", *mode]
         cmd = [*head, str(script), *rest]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         log = args.out / f"{tool}.log"
@@ -174,8 +190,7 @@ def main(argv=None) -> int:
         log.write_text(f"$ {' '.join(shown)}\n"
                        f"code at commit {git_state()['git_commit']}\n"
                        f"{done.stdout}{done.stderr}exit status {done.returncode}\n")
-        text = done.stdout + done.stderr  # racecheck sums up as "0 hazards displayed (0 errors, 0 warnings)"
-        clean = done.returncode == 0 and ("ERROR SUMMARY: 0 errors" in text or "hazards displayed (0 errors" in text)
+        clean = done.returncode == 0 and is_clean(done.stdout + done.stderr)
         print(f"{tool}: {'clean' if clean else 'ERRORS (or wrong output)'}, {log}", flush=True)
         worst = max(worst, 0 if clean else 1)
     return worst

@@ -576,9 +576,11 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         # -- a partial result, o_s = acc / l_i and lse_s = m_i + log2(l_i), in the warp's own
         # shared memory (its stages are done with; the block's other warps may still be in their loops)
         mine = warp * WARP_FLOATS  # the warp's partial: o (BLOCK_M, D) row by row, then lse (BLOCK_M)
-        # every lane done reading the warp's memory (Q's rows, the last stage) before any lane
-        # overwrites it: a split with no keys has no syncwarp in its loop between Q's ldmatrix and
-        # these stores (racecheck found it, docs/sanitizer/inference/; shuffles order no memory)
+        # every lane done reading the warp's memory before any lane overwrites it. The partial
+        # covers Q's tile and stage 0's first rows of K (16 and a part); the loop's syncwarp comes
+        # before each tile's reads, none after the last, so a last tile in stage 0 (and Q, in a
+        # warp with no keys, no loop) was read with nothing between those reads and these stores
+        # but shuffles, which order no memory (racecheck found it: docs/sanitizer/README.md)
         cuda.syncwarp()
         for j in range(NO):
             col = j * MMA_N + 2 * t
