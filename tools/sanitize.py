@@ -12,11 +12,11 @@ Each tool runs one child process (`--child`) that launches every kernel on every
 its output against the float64 reference, so a log also says that the kernels ran and were right
 (--inference: tools/sanitize_inference.py, whose outputs the GPU tests check).
 
-Before the tools run, the kernels the children launch are compiled into the kernel cache (all
-cores at once, as `flashcore compile`), and the children load them from there: a kernel compiled
-inside a child runs its compiler under the sanitizer, minutes where loading takes a second. With
-the cache off (FLASHCORE_CACHE=0) the children compile, and --backward's last case, kv_kernel built
-for sm_80 (its dQ by scalar `red`), compiles in each child.
+Before the tools run, `flashcore compile` puts the kernels the children launch in the kernel
+cache (all cores at once), and the children load them from there: a kernel compiled inside a
+child runs its compiler under the sanitizer, minutes where loading takes a second. With the cache
+off (FLASHCORE_CACHE=0) the children compile, and --backward's last case, kv_kernel built for
+sm_80 (its dQ by scalar `red`), compiles in each child.
 """
 
 from __future__ import annotations
@@ -111,30 +111,16 @@ def kernels_to_prepare(args, ids) -> list[str]:
     return list(ids)
 
 
-def prepare(kernel_ids) -> None:
-    """Compile the children's kernels into the kernel cache first (see the docstring)."""
-    from flashcore_numba.arch.cache import cache_dir
-    from flashcore_numba.arch.sim import kernel_target
-    from flashcore_numba.runtime import precompile
-
-    target = kernel_target()
-    if target != "gpu":
-        why = "the CUDA simulator is on" if target == "simulator" else "no CUDA GPU"
-        print(f"no kernels compiled ahead ({why} in this process): the children compile theirs", flush=True)
-        return
-    from numba import cuda
-
-    if cache_dir() is None:
-        print("the kernel cache is off (FLASHCORE_CACHE=0): the children compile under the sanitizer",
-              flush=True)
-        return
-    cc = tuple(cuda.get_current_device().compute_capability)[:2]
-    items = precompile.kernels_to_compile(kernel_ids, (64, 128), ("float16",))
-    results = precompile.compile_all(items, cc, jobs=min(os.cpu_count() or 1, len(items)))
-    failed = [f"{item}: {r}" for item, r in results if isinstance(r, str)]
-    print(f"kernel cache: {sum(r is True for _, r in results)} compiled, "
-          f"{sum(r is False for _, r in results)} there already" + (f"; failed: {failed}" if failed else ""),
-          flush=True)
+def prepare(kernel_ids, env) -> None:
+    """Compile the children's kernels into the kernel cache first (see the docstring), by `flashcore
+    compile` in the children's environment; where it cannot (no GPU, the cache off) it says why and
+    the children compile theirs."""
+    cmd = [sys.executable, "-m", "flashcore_numba", "compile", "--phases", ",".join(kernel_ids),
+           "--head-dims", "64,128", "--dtypes", "fp16"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    said = (done.stdout + done.stderr).strip().splitlines()
+    print(f"kernel cache: {said[-1] if said else ''}" + ("" if done.returncode == 0 else
+          " (not compiled ahead: the children compile under the sanitizer)"), flush=True)
 
 
 def main(argv=None) -> int:
@@ -169,9 +155,9 @@ def main(argv=None) -> int:
     if sanitizer is None:
         parser.error("compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
     args.out.mkdir(parents=True, exist_ok=True)
-    prepare(kernels_to_prepare(args, ids))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     env.pop("NUMBA_ENABLE_CUDASIM", None)
+    prepare(kernels_to_prepare(args, ids), env)
     if not args.inference:  # (the inference cases split keys as on the whole GPU: warps with no keys too)
         env["FLASHCORE_SMS"] = "2"  # phase 09's persistent grid: two blocks, each taking several query blocks
     worst = 0
