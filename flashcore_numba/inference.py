@@ -202,7 +202,7 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
 
         out = _torch_out(q, out)
         lse = torch.empty((B, H, S_q), dtype=torch.float32, device=q.device) if return_lse else None
-        table = block_table if paged else torch.arange(B, dtype=torch.int32, device=q.device)[:, None]
+        table = block_table if paged else torch.arange(B, dtype=torch.int32, device=q.device).reshape(B, 1)
         device_index = q.device.index or 0
         with cuda.gpus[device_index]:
             arrays = [torch_to_kernel(t) for t in (q, k_cache, v_cache, out)]
@@ -220,7 +220,9 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
         raise ValueError("out: only with torch tensors")
     host = qd.kind == "numpy"
     dev = (lambda x: cuda.to_device(np.ascontiguousarray(x))) if host else (lambda x: x)
-    table = block_table if paged else np.arange(B, dtype=np.int32)[:, None]
+    # (B, 1), made by reshape: arange(B)[:, None] has a zero stride that Numba's device array calls
+    # non-contiguous, a kernel of its own argument types that the disk cache does not hold
+    table = block_table if paged else np.arange(B, dtype=np.int32).reshape(B, 1)
     arrays = [dev(x) for x in (q, k_cache, v_cache)]
     out = cuda.device_array(qd.shape, dtype=np.dtype(qd.dtype))
     lse = cuda.device_array((B, H, S_q), dtype=np.float32) if return_lse else None

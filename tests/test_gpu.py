@@ -7,7 +7,6 @@ checked too.
 """
 
 import functools
-
 import json
 
 import numpy as np
@@ -221,7 +220,7 @@ def test_output_off_a_16_byte_boundary_is_refused(phase):
     q, k, v = random_qkv((1, 2, 64, 64))
     dq, dk, dv = (cuda.to_device(x) for x in (q, k, v))
     buf = cuda.to_device(np.full(q.size + 8, np.nan, dtype=np.float16))
-    config = KERNELS[phase].build(64)
+    config = build(KERNELS[phase], 64)
     with pytest.raises(ValueError, match="o: this kernel writes the output in 16-byte stores"):
         config.launch(dq, dk, dv, buf[1:1 + q.size].reshape(q.shape), False, LOG2E / 8.0)
     out = buf[8:8 + q.size].reshape(q.shape)  # 16 bytes in: aligned
@@ -416,7 +415,7 @@ def test_return_lse_in_a_cuda_graph_and_under_torch_compile():
     torch.testing.assert_close(torch.compile(step, fullgraph=True)(q, k, v), step(q, k, v), rtol=1e-5, atol=1e-3)
 
 
-def _first_call_in_a_new_process(env) -> dict:
+def _first_call_in_a_new_process(env, phase: str = "best") -> dict:
     import json
     import os
     import subprocess
@@ -430,7 +429,7 @@ def _first_call_in_a_new_process(env) -> dict:
         "t1 = time.perf_counter()\n"
         "q, k, v = (torch.randn(1, 4, 256, 64, device='cuda', dtype=torch.float16) for _ in range(3))\n"
         "torch.cuda.synchronize(); t2 = time.perf_counter()\n"
-        "out = attention(q, k, v, causal=True)\n"
+        f"out = attention(q, k, v, causal=True, phase={phase!r})\n"
         "torch.cuda.synchronize(); t3 = time.perf_counter()\n"
         "ok = check_close(out.double().cpu().numpy(), reference_attention(q, k, v, causal=True),\n"
         "                 lowp_attention(q.cpu().numpy(), k.cpu().numpy(), v.cpu().numpy(), causal=True)).ok\n"
@@ -442,51 +441,61 @@ def _first_call_in_a_new_process(env) -> dict:
 
 
 @pytest.fixture(scope="module")
-def fresh_cache(tmp_path_factory):
-    """A kernel cache of this module's own, empty at first."""
-    return tmp_path_factory.mktemp("kernel_cache")
+def compiled_cache(tmp_path_factory):
+    """An empty kernel cache filled by `flashcore compile` with the kernels of every entry point at
+    D = 64, fp16 (the forward's best, attention_kvcache's, attention_varlen's, the backward's): the
+    one compile of these tests (the cores compile side by side), read by the tests below."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("kernel_cache")
+    compiled = subprocess.run([sys.executable, "-m", "flashcore_numba", "compile", "--phases",
+                               "07,09,10,10-kvcache,07-varlen,11", "--head-dims", "64", "--dtypes", "fp16"],
+                              capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "FLASHCORE_CACHE_DIR": str(folder)})
+    assert compiled.returncode == 0, compiled.stdout[-3000:] + compiled.stderr[-3000:]
+    return folder
 
 
-def test_a_warm_cache_first_call_does_not_compile(fresh_cache):
-    """A new process whose cache holds the kernel loads it: nothing compiles (the first process,
-    with an empty cache, compiled it once)."""
-    cold = _first_call_in_a_new_process({"FLASHCORE_CACHE_DIR": str(fresh_cache)})
-    warm = _first_call_in_a_new_process({"FLASHCORE_CACHE_DIR": str(fresh_cache)})
-    assert cold["ok"] and cold["built"] == 1
-    assert warm["ok"] and warm["built"] == 0 and warm["loaded"] == 1 and warm["rejected"] == 0
-    print(f"first call: cold {cold['first_call_s']:.2f} s, warm {warm['first_call_s']:.2f} s "
-          f"(import {warm['import_s']:.2f} s)")
+def test_a_warm_cache_first_call_does_not_compile(compiled_cache):
+    """A new process whose cache holds the kernel (`flashcore compile` put it there) loads it:
+    nothing compiles."""
+    warm = _first_call_in_a_new_process({"FLASHCORE_CACHE_DIR": str(compiled_cache)})
+    assert warm["ok"] and warm["built"] == 0 and warm["loaded"] == 1 and warm["rejected"] == 0, warm
+    print(f"first call with a warm cache: {warm['first_call_s']:.2f} s (import {warm['import_s']:.2f} s)")
 
 
-def test_a_corrupted_cache_entry_is_rebuilt(fresh_cache):
-    if not list(fresh_cache.glob("*.cubin")):
-        _first_call_in_a_new_process({"FLASHCORE_CACHE_DIR": str(fresh_cache)})
-    (entry,) = fresh_cache.glob("*.cubin")
+def test_a_corrupted_cache_entry_is_rebuilt(tmp_path):
+    """The first process compiles and writes the entry; cut short, it is rejected and compiled again,
+    and the next process loads it whole. Phase 01's kernel: it compiles in seconds, and what is
+    tested is the cache's, the same for every kernel."""
+    env = {"FLASHCORE_CACHE_DIR": str(tmp_path)}
+    cold = _first_call_in_a_new_process(env, "01")
+    assert cold["ok"] and cold["built"] == 1 and cold["loaded"] == 0, cold
+    (entry,) = tmp_path.glob("*.cubin")
     data = entry.read_bytes()
     entry.write_bytes(data[:len(data) // 2])  # a write cut short
-    again = _first_call_in_a_new_process({"FLASHCORE_CACHE_DIR": str(fresh_cache)})
-    assert again["ok"] and again["rejected"] == 1 and again["built"] == 1
-    final = _first_call_in_a_new_process({"FLASHCORE_CACHE_DIR": str(fresh_cache)})
-    assert final["ok"] and final["built"] == 0 and final["loaded"] == 1  # written again, whole
+    again = _first_call_in_a_new_process(env, "01")
+    assert again["ok"] and again["rejected"] == 1 and again["built"] == 1, again
+    final = _first_call_in_a_new_process(env, "01")
+    assert final["ok"] and final["built"] == 0 and final["loaded"] == 1, final  # written again, whole
 
 
-def test_compile_fills_the_cache_for_every_entry_point(tmp_path):
+def test_compile_fills_the_cache_for_every_entry_point(compiled_cache):
     """After `flashcore compile` of the forward, attention_kvcache's, attention_varlen's and the
     backward's kernels into an empty cache, a new process that calls each of them (a training step
-    included) compiles nothing: every kernel it launches is loaded from the cache."""
+    included; attention_kvcache on torch tensors, paged, and on NumPy arrays, contiguous) compiles
+    nothing: every kernel it launches is loaded from the cache."""
     import json
     import os
     import subprocess
     import sys
 
     pytest.importorskip("torch", reason=NO_TORCH)
-    env = {**os.environ, "FLASHCORE_CACHE_DIR": str(tmp_path)}
-    compiled = subprocess.run([sys.executable, "-m", "flashcore_numba", "compile", "--phases",
-                               "07,09,10,10-kvcache,07-varlen,11", "--head-dims", "64", "--dtypes", "fp16"],
-                              capture_output=True, text=True, timeout=900, env=env)
-    assert compiled.returncode == 0, compiled.stdout[-3000:] + compiled.stderr[-3000:]
+    env = {**os.environ, "FLASHCORE_CACHE_DIR": str(compiled_cache)}
     script = (
-        "import json, torch\n"
+        "import json, numpy as np, torch\n"
         "from flashcore_numba import attention, attention_kvcache, attention_varlen\n"
         "from flashcore_numba.arch import cache\n"
         "f16 = dict(device='cuda', dtype=torch.float16)\n"
@@ -497,6 +506,8 @@ def test_compile_fills_the_cache_for_every_entry_point(tmp_path):
         "attention_kvcache(torch.randn(2, 1, 4, 64, **f16), pages, pages,\n"
         "                  torch.tensor([100, 7], dtype=torch.int32, device='cuda'),\n"
         "                  torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device='cuda'))\n"
+        "kv = np.ones((3, 50, 2, 64), np.float16)\n"
+        "attention_kvcache(np.ones((3, 1, 4, 64), np.float16), kv, kv, np.array([50, 1, 0], np.int32))\n"
         "packed = torch.randn(300, 4, 64, **f16)\n"
         "offsets = torch.tensor([0, 100, 300], dtype=torch.int32, device='cuda')\n"
         "attention_varlen(packed, packed[:, :2].contiguous(), packed[:, :2].contiguous(), offsets, offsets,\n"

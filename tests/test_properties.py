@@ -19,7 +19,7 @@ import pytest
 
 from flashcore_numba import check_close, lowp_attention, reference_attention
 from flashcore_numba.arch.sim import simulator_enabled
-from flashcore_numba.phases import KERNELS, PHASES
+from flashcore_numba.phases import KERNELS, PHASES, build
 from flashcore_numba.phases.common import LOG2E
 from flashcore_numba.reference import default_scale, random_qkv, reference_lse
 
@@ -36,7 +36,7 @@ def run_with_lse(kernel_id, q, k, v, causal, scale=None):
     D = q.shape[-1]
     scale = default_scale(D) if scale is None else scale
     out = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
-    config = KERNELS[kernel_id].build(D)
+    config = build(KERNELS[kernel_id], D)  # keyed: on a GPU the kernel loads from the disk cache
     lse = cuda.to_device(np.full(q.shape[:3], np.nan, dtype=np.float32)) if config.lse else None
     config.launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal, scale * LOG2E, lse=lse)
     return out.copy_to_host(), (None if lse is None else lse.copy_to_host())

@@ -231,7 +231,7 @@ def test_compile_caches_what_every_entry_point_launches(monkeypatch):
     from flashcore_numba.runtime.backward import backward_launches
 
     items = precompile.kernels_to_compile(precompile.kernel_ids(), (64, 128), ("float16", "bfloat16"))
-    for extra in ("10-kvcache", "07-varlen", "09-varlen", "11"):
+    for extra in ("10-kvcache", "07-varlen", "09-varlen", "11", "09-trace"):
         assert {(extra, 64, "float16"), (extra, 128, "bfloat16")} <= set(items), extra
     recorded = []
     monkeypatch.setattr(inference, "launch_kernel", lambda kernel, grid, block, smem, args, stream=0,
@@ -532,3 +532,18 @@ def test_torch_compile_traces_a_call_that_needs_gradients_as_the_training_op():
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "flashcore.attention_train.default" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+def test_the_grader_keys_the_package_s_kernels_and_only_those():
+    """A speed check's baseline, and a solution graded from the package's own file, load from the
+    disk cache (their configs carry the phase's cache key); a student's copy compiles in its grader."""
+    from flashcore_numba.course.grade import keyed_build
+    from flashcore_numba.course.student import load_module
+    from flashcore_numba.phases import PHASES
+
+    root = Path(__file__).resolve().parents[1]
+    assert keyed_build(PHASES["07"], 64).cache_key == ("07", 64, "float16")
+    solution = load_module(root / "flashcore_numba" / "phases" / "p03_warp_shuffle.py")
+    assert keyed_build(solution, 64).cache_key == ("03", 64, "float16")
+    stub = load_module(root / "lessons" / "exercises" / "03_warp_shuffle.py")
+    assert keyed_build(stub, 64).cache_key == ()

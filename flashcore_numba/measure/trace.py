@@ -27,10 +27,11 @@ ROLES = ("producer", "consumer 0", "consumer 1", "consumer 2")
 
 
 def trace_config(head_dim: int, dtype: str = "float16", variant: str | None = None):
-    """Phase 09 (or a variant: "ws", "turns", "overlap") built with the trace."""
-    from ..phases import p09_warp_specialized as p09
+    """Phase 09 (or a variant: "ws", "turns", "overlap") built with the trace (phases.build_trace:
+    its kernel is kept in the disk cache, and `flashcore compile` builds the default one ahead)."""
+    from ..phases import build_trace
 
-    return p09.build_kernel(p09.layout(head_dim), dtype, dataclasses.replace(p09.BUILDS[variant], trace=True))
+    return build_trace(head_dim, dtype, variant)
 
 
 def roles_of(config) -> int:
@@ -54,7 +55,8 @@ def launch_with_trace(config, trace, q, k, v, o, causal: bool, qk_scale: float, 
     from ..phases.common import launch
 
     args = (*config.arguments(q, k, v, o, causal, qk_scale, stream)[:-1], trace)
-    launch(config.kernel, config.grid(q.shape, causal), config.n_threads, config.smem_bytes, args, stream)
+    launch(config.kernel, config.grid(q.shape, causal), config.n_threads, config.smem_bytes, args, stream,
+           config.cache_key)
 
 
 def records_of(trace, config) -> np.ndarray:

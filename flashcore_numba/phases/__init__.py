@@ -133,6 +133,18 @@ def build_kvcache(head_dim: int, dtype: str = "float16") -> KernelConfig:
 
 
 @functools.lru_cache(maxsize=None)
+def build_trace(head_dim: int, dtype: str = "float16", variant: str | None = None) -> KernelConfig:
+    """Phase 09 (or its variant "ws", "turns", "overlap") built with the trace (phases/tracing.py,
+    read by measure/trace.py), kept in the disk cache as ("09-trace" or "09-<variant>-trace", head
+    dim, dtype); made once, as build_kvcache."""
+    p09 = PHASES["09"]
+    traced = dataclasses.replace(p09.BUILDS[variant], trace=True)
+    config = p09.build_kernel(p09.layout(head_dim), dtype, traced)
+    name = "09" + (f"-{variant}" if variant else "") + "-trace"
+    return dataclasses.replace(config, cache_key=(name, int(head_dim), dtype))
+
+
+@functools.lru_cache(maxsize=None)
 def build_varlen(phase_id: str, head_dim: int, dtype: str = "float16") -> KernelConfig:
     """attention_varlen's kernel on phase 07 or 09 (flashcore_numba.inference), built `varlen`,
     kept in the disk cache as ("<phase>-varlen", head dim, dtype); made once, as build_kvcache."""

@@ -7,7 +7,8 @@ cache for every phase, head dim and dtype in the time of the slowest few:
 
 Besides the ladder's kernels (the ids of `flashcore bench --phases`), it compiles what the other
 entry points launch: "10-kvcache" (attention_kvcache), "07-varlen" and "09-varlen"
-(attention_varlen) and "11" (the backward of attention()'s autograd), each cached under the key
+(attention_varlen), "11" (the backward of attention()'s autograd) and "09-trace" (phase 09's
+trace build, measure/trace.py: the GPU suite launches it), each cached under the key
 its own launch looks up, so that none of them compiles in a new process either.
 """
 
@@ -37,6 +38,13 @@ def _varlen_kernels(phase_id: str):
     return kernels
 
 
+def _trace_kernels(head_dim: int, dtype: str, cc) -> list:
+    """Phase 09's trace build (phases.build_trace; measure/trace.py and tools/stalls.py launch it)."""
+    from ..phases import build_trace
+
+    return _of_config(build_trace(head_dim, dtype), dtype)
+
+
 def _backward_kernels(head_dim: int, dtype: str, cc) -> list:
     """The backward's kernels, as runtime/backward.py's plan loads them: every kernel view of phase
     11 under its cache id, one after another in one job. (11-sum, one kernel for every head dim
@@ -56,6 +64,7 @@ EXTRA_KERNELS = {
     "07-varlen": ("07", _varlen_kernels("07")),
     "09-varlen": ("09", _varlen_kernels("09")),
     "11": ("11", _backward_kernels),
+    "09-trace": ("09", _trace_kernels),
 }
 
 
