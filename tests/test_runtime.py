@@ -218,11 +218,12 @@ def test_backward_plan_launches_what_backward_run_launches():
 
 
 def test_compile_caches_what_every_entry_point_launches(monkeypatch):
-    """`flashcore compile` fills the cache for attention_kvcache, attention_varlen (07 and 09) and
-    the backward too: what each launches (recorded in the simulator, not run) is the kernel,
+    """`flashcore compile` fills the cache for attention_kvcache (paged and contiguous),
+    attention_varlen (07 and 09), phase 09's trace build and the backward too: what each launches (recorded in the simulator, not run) is the kernel,
     argument types and cache identity that compiling its id stores (runtime/precompile.py), so a
     new process loads it; the backward's plan looks up kernels that compiling "11" stores."""
     import numba
+    from numba import cuda
     from numba.cuda.core import sigutils
 
     from flashcore_numba import inference
@@ -240,17 +241,38 @@ def test_compile_caches_what_every_entry_point_launches(monkeypatch):
     q = rng.standard_normal((2, 1, 4, 64)).astype(np.float16)
     pages = rng.standard_normal((4, 16, 2, 64)).astype(np.float16)
     inference.attention_kvcache(q, pages, pages, np.array([20, 5], np.int32), np.array([[0, 1], [2, 3]], np.int32))
+    inference.attention_kvcache(q, pages[:2], pages[:2], np.array([16, 0], np.int32))  # contiguous
     packed = rng.standard_normal((30, 4, 64)).astype(np.float16)
     offsets = np.array([0, 10, 30], np.int32)
     for phase in ("07", "09"):
         inference.attention_varlen(packed, packed[:, :2].copy(), packed[:, :2].copy(), offsets, offsets, 20, 20,
                                    phase=phase)
-    assert [key[0] for _, _, key in recorded] == ["10-kvcache", "07-varlen", "09-varlen"]
+    from flashcore_numba.measure import trace
+    from flashcore_numba.phases import common
+
+    monkeypatch.setattr(common, "launch", lambda kernel, grid, block, smem, args, stream=0,
+                        cache_key=(): recorded.append((kernel, args, cache_key)))
+    config = trace.trace_config(64)
+    qkv = [cuda.to_device(x) for x in (q.transpose(0, 2, 1, 3).copy(),) * 3]
+    trace.launch_with_trace(config, trace.trace_array(config, qkv[0].shape, True), *qkv,
+                            cuda.to_device(np.zeros(qkv[0].shape, np.float16)), True, 0.1)
+    assert [key[0] for _, _, key in recorded] == ["10-kvcache", "10-kvcache", "07-varlen", "09-varlen", "09-trace"]
+
+    def device_type(a):
+        """The Numba type of an argument as a GPU launch types it: the simulator's arrays wrap NumPy's,
+        whose flags call a dimension of size 1 and stride 0 contiguous; a device array calls any zero
+        stride a broadcast, not contiguous (numba-cuda's dummyarray._compute_layout)."""
+        a = getattr(a, "_ary", a)
+        t = numba.typeof(a)
+        if isinstance(a, np.ndarray) and a.ndim and a.size and 0 in a.strides:
+            t = t.copy(layout="A")
+        return t
+
     for kernel, args, key in recorded:
         ((compiled, signature, identity),) = precompile.kernels_of(*key, (9, 0))
         argtypes, _ = sigutils.normalize_signature(signature)
-        launched = tuple(numba.typeof(getattr(a, "_ary", a)) for a in args)  # the simulator's arrays wrap NumPy's
-        assert compiled is kernel and identity == key and launched == tuple(argtypes), key
+        launched = tuple(device_type(a) for a in args)
+        assert compiled is kernel and identity == key and launched == tuple(argtypes), (key, launched)
     for dtype in ("float16", "bfloat16"):
         bw = p11_backward.build(64, dtype, cc=(9, 0))
         stored = {identity: (kernel, signature) for kernel, signature, identity in

@@ -42,7 +42,7 @@ def _trace_kernels(head_dim: int, dtype: str, cc) -> list:
     """Phase 09's trace build (phases.build_trace; measure/trace.py and tools/stalls.py launch it)."""
     from ..phases import build_trace
 
-    return _of_config(build_trace(head_dim, dtype), dtype)
+    return _of_config(build_trace(head_dim, dtype, None), dtype)  # as measure.trace.trace_config calls it
 
 
 def _backward_kernels(head_dim: int, dtype: str, cc) -> list:
