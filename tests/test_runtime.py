@@ -219,7 +219,8 @@ def test_backward_plan_launches_what_backward_run_launches():
 
 def test_compile_caches_what_every_entry_point_launches(monkeypatch):
     """`flashcore compile` fills the cache for attention_kvcache (paged and contiguous),
-    attention_varlen (07 and 09), phase 09's trace build and the backward too: what each launches (recorded in the simulator, not run) is the kernel,
+    attention_varlen (07 and 09), phase 09's trace build and the backward too: what each launches
+    (recorded in the simulator, not run) is the kernel,
     argument types and cache identity that compiling its id stores (runtime/precompile.py), so a
     new process loads it; the backward's plan looks up kernels that compiling "11" stores."""
     import numba
@@ -256,7 +257,8 @@ def test_compile_caches_what_every_entry_point_launches(monkeypatch):
     qkv = [cuda.to_device(x) for x in (q.transpose(0, 2, 1, 3).copy(),) * 3]
     trace.launch_with_trace(config, trace.trace_array(config, qkv[0].shape, True), *qkv,
                             cuda.to_device(np.zeros(qkv[0].shape, np.float16)), True, 0.1)
-    assert [key[0] for _, _, key in recorded] == ["10-kvcache", "10-kvcache", "07-varlen", "09-varlen", "09-trace"]
+    launched_ids = [key[0] for _, _, key in recorded]
+    assert launched_ids == ["10-kvcache", "10-kvcache", "07-varlen", "09-varlen", "09-trace"]
 
     def device_type(a):
         """The Numba type of an argument as a GPU launch types it: the simulator's arrays wrap NumPy's,
