@@ -220,9 +220,8 @@ def test_backward_plan_launches_what_backward_run_launches():
 def test_compile_caches_what_every_entry_point_launches(monkeypatch):
     """`flashcore compile` fills the cache for attention_kvcache (paged and contiguous),
     attention_varlen (07 and 09), phase 09's trace build and the backward too: what each launches
-    (recorded in the simulator, not run) is the kernel,
-    argument types and cache identity that compiling its id stores (runtime/precompile.py), so a
-    new process loads it; the backward's plan looks up kernels that compiling "11" stores."""
+    (recorded in the simulator, not run) is the kernel, argument types and cache identity that
+    compiling its id stores (runtime/precompile.py), so a new process loads it; the backward's plan looks up kernels that compiling "11" stores."""
     import numba
     from numba import cuda
     from numba.cuda.core import sigutils
