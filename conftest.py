@@ -5,7 +5,7 @@ simulator (NUMBA_ENABLE_CUDASIM=1), which must be chosen before numba.cuda is im
 Tests marked `gpu` need a real GPU and skip, with the reason, in the simulator. On a GPU
 machine: `FLASHCORE_GPU=1 python -m pytest -m gpu`.
 
-Background jobs (simulator sessions only). The longest work of the suite runs in child processes:
+Background jobs. The longest work of the suite runs in child processes:
 the exercise grader, the lesson notebooks, `flashcore run`, the kernels compiled for sm_90a. The
 simulator is bound to one core by the GIL, so while this process runs the other tests a second
 core sits idle. A test module may define `start_background(items, pool)`: it is called once the
@@ -13,6 +13,12 @@ session's tests are known, submits its child processes to one shared pool (a wor
 and returns what its fixture hands to its tests. The tests that read such jobs (they use a
 fixture named in BACKGROUND_FIXTURES) run last, so that the jobs have had the whole session to
 finish. The jobs run at a lower priority (nice 10) than the tests of this process.
+
+In a GPU session only the modules that say BACKGROUND_ON_GPU start theirs (test_exercises: the
+graders, whose GPU work is timing kernels). They take turns with this process's tests: each GPU
+test holds the graders' timing lock (course.student.gpu_timing_lock) while it runs, so that no
+grader times a kernel while a test's kernels share the GPU, and the graders' compiling, most of
+their time, overlaps the rest of the suite.
 """
 
 import ast
@@ -55,8 +61,8 @@ BACKGROUND = pytest.StashKey[tuple]()
 
 
 def pytest_collection_modifyitems(config, items):
-    if simulator_enabled():  # the tests waiting for background jobs last (a stable sort keeps the order)
-        items.sort(key=lambda item: bool(BACKGROUND_FIXTURES & set(getattr(item, "fixturenames", ()))))
+    # the tests waiting for background jobs last (a stable sort keeps the order)
+    items.sort(key=lambda item: bool(BACKGROUND_FIXTURES & set(getattr(item, "fixturenames", ()))))
     if not simulator_enabled():
         from numba import cuda
 
@@ -72,13 +78,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Start every module's background jobs (see the module docstring); simulator sessions only:
-    on a GPU the timing checks must not share the GPU with other processes."""
-    if not simulator_enabled() or not session.items or session.config.option.collectonly:
+    """Start every module's background jobs (see the module docstring); in a GPU session, those of
+    the modules that say BACKGROUND_ON_GPU."""
+    if not session.items or session.config.option.collectonly:
         return
     pool = TimedPool(max_workers=os.cpu_count() or 1, initializer=_lower_priority)
     started = {}
     modules = dict.fromkeys(getattr(item, "module", None) for item in session.items)
+    if not simulator_enabled():
+        modules = [m for m in modules if getattr(m, "BACKGROUND_ON_GPU", False)]
     # the pool runs jobs in the order they come: a module whose jobs are the longest (the lessons)
     # says so with BACKGROUND_FIRST, so that its jobs start at once and the short ones fill in around them
     for module in sorted(modules, key=lambda m: not getattr(m, "BACKGROUND_FIRST", False)):
@@ -133,9 +141,28 @@ def _lower_priority():
 
 @pytest.fixture(scope="module")
 def background(request):
-    """What the requesting module's start_background returned, or None (not started: a GPU session)."""
+    """What the requesting module's start_background returned, or None (not started: none of its
+    tests selected, or a GPU session and the module does not say BACKGROUND_ON_GPU)."""
     _, started = request.config.stash.get(BACKGROUND, (None, {}))
     return started.get(request.module.__name__)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_turns_with_the_graders(request):
+    """A GPU test, while graders run beside the session, holds their timing lock (see the module
+    docstring). Not the tests that wait for the graders' results: they would wait for a grader
+    that waits for them."""
+    _, started = request.config.stash.get(BACKGROUND, (None, {}))
+    graders_beside = not simulator_enabled() and any(started.values())
+    waits_for_them = (BACKGROUND_FIXTURES & set(request.fixturenames)
+                      or getattr(request.module, "BACKGROUND_ON_GPU", False))
+    if not graders_beside or request.node.get_closest_marker("gpu") is None or waits_for_them:
+        yield
+        return
+    from flashcore_numba.course.student import gpu_timing_lock
+
+    with gpu_timing_lock():
+        yield
 
 
 def pytest_sessionfinish(session):

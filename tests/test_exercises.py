@@ -13,8 +13,9 @@ Two kinds of test:
   `gpu` and run with FLASHCORE_GPU=1 on a GPU machine.
 
 The grader runs as a subprocess per (phase, stub or solution), exactly as a student runs it;
-in the simulator they start as soon as the session's tests are known, in the shared pool of
-background jobs (the root conftest.py), one per core. Each subprocess writes its results as
+they start as soon as the session's tests are known, in the shared pool of background jobs (the
+root conftest.py), one per core; on a GPU too, where their timed launches take turns with the
+session's other GPU tests. Each subprocess writes its results as
 JSON, which the per-check tests read.
 """
 
@@ -194,9 +195,10 @@ class Run:
 
 
 class GraderRuns:
-    """Grader subprocesses, started together (in the simulator, once the session's tests are known;
-    on a GPU, when the first test needs one, in a pool of their own), waited for per test. On a GPU
-    they compile side by side and take turns timing (grade.gpu_timing_lock)."""
+    """Grader subprocesses, started together once the session's tests are known (conftest.py; when
+    the first test needs one, in a pool of their own, where the session started none), waited for
+    per test. On a GPU they compile side by side and take turns timing (grade.gpu_timing_lock),
+    with each other and with the session's other GPU tests."""
 
     def __init__(self, workdir: Path, phase_ids, pool: ThreadPoolExecutor | None = None, checks=None):
         self.workdir = workdir
@@ -320,10 +322,19 @@ def _wanted_checks(items) -> dict:
     return checks
 
 
+# On a GPU too, the graders start with the session (conftest.py): most of their time is compiling
+# the students' kernels, which overlaps the other tests; their timed launches take turns with them.
+BACKGROUND_ON_GPU = True
+
+
 def start_background(items, pool):
-    """The grader runs, started in the session's pool of background jobs (see conftest.py)."""
+    """The grader runs, started in the session's pool of background jobs (see conftest.py); on a
+    GPU, each grading only the checks the selected tests read (_wanted_checks)."""
     wanted = _wanted(items)
-    return GraderRuns(Path(tempfile.mkdtemp(prefix="graded")), wanted, pool) if wanted else None
+    checks = None if simulator_enabled() else _wanted_checks(items)
+    if not wanted:
+        return None
+    return GraderRuns(Path(tempfile.mkdtemp(prefix="graded")), wanted, pool, checks=checks)
 
 
 @pytest.fixture(scope="module")

@@ -279,3 +279,22 @@ def test_graders_take_turns_timing_on_the_gpu():
     with open(path, "a") as other:  # released: free again
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(other, fcntl.LOCK_UN)
+
+
+def test_the_timing_lock_is_re_entrant_within_a_process():
+    """A GPU test session holds the lock around each test while graders run beside it
+    (conftest.py); a test that grades in-process takes it again and must not wait for itself. The
+    lock is held until the outer block ends."""
+    fcntl = pytest.importorskip("fcntl")
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / "flashcore-numba-timing.lock"
+    with grade.gpu_timing_lock():
+        with grade.gpu_timing_lock():
+            pass
+        with open(path, "a") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(path, "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(other, fcntl.LOCK_UN)
