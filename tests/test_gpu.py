@@ -187,11 +187,22 @@ BF16_KERNELS = [kid for kid, kernel in KERNELS.items() if "bfloat16" in getattr(
 def test_bf16_through_torch(phase, shape, seq_k, causal):
     """bf16 torch tensors in, bf16 out; the yardstick is torch's math SDPA in bf16."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
+    q, k, v, ref, lowp = bf16_case(shape, seq_k, causal)
+    out = attention(q, k, v, causal=causal, phase=phase)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    verdict = check_close(out.double().cpu().numpy(), ref, lowp)
+    assert verdict.ok, f"phase {phase} bf16: {verdict.message}"
+
+
+@functools.lru_cache(maxsize=1)  # the tests of one shape run one after another, each phase in turn
+def bf16_case(shape, seq_k, causal):
+    """bf16 inputs and the two reference results of test_bf16_through_torch's case, made once for
+    all its phases (at the reference shape they cost seconds: float64 on the GPU, copied back)."""
+    import torch
+
     B, H, S, D = shape
     q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(B, H, seq_k or S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    out = attention(q, k, v, causal=causal, phase=phase)
-    assert out.dtype == torch.bfloat16 and out.shape == q.shape
     ref = reference_attention(q, k, v, causal=causal)
     mask = None
     if causal and (seq_k or S) != S:
@@ -200,8 +211,7 @@ def test_bf16_through_torch(phase, shape, seq_k, causal):
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         lowp = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=causal and mask is None, attn_mask=mask).double().cpu().numpy()
-    verdict = check_close(out.double().cpu().numpy(), ref, lowp)
-    assert verdict.ok, f"phase {phase} bf16: {verdict.message}"
+    return q, k, v, ref, lowp
 
 
 def test_bf16_refused_by_fp16_phases_by_name():
