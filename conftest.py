@@ -118,7 +118,52 @@ class TimedPool(ThreadPoolExecutor):
         return super().submit(timed)
 
 
+NUMBA_COMPILES: list[tuple[str, float]] = []  # GPU sessions: (kernel, seconds) of each Numba compiled here
+
+
+def pytest_configure(config):
+    if not simulator_enabled():
+        from numba.cuda.dispatcher import CUDADispatcher
+
+        watch_compiles(CUDADispatcher)
+
+
+def watch_compiles(dispatcher_class, compiles=NUMBA_COMPILES):
+    """Note in `compiles` each kernel that Numba's dispatcher compiles in this process: one launched
+    without its cache key (or a student's), which no `flashcore compile` can spare the suite."""
+    from numba.cuda.core import sigutils
+
+    original = dispatcher_class.compile
+
+    @functools.wraps(original)
+    def compile(self, sig):
+        try:  # only watching: whatever goes wrong here must not change what compile does
+            fresh = not self.specialized and sigutils.normalize_signature(sig)[0] not in self.overloads
+        except Exception:  # noqa: BLE001
+            fresh = False
+        started = time.perf_counter()
+        try:
+            return original(self, sig)
+        finally:
+            if fresh:
+                name = f"{self.py_func.__qualname__} ({os.path.relpath(self.py_func.__code__.co_filename)})"
+                compiles.append((name, time.perf_counter() - started))
+
+    dispatcher_class.compile = compile
+
+
 def pytest_terminal_summary(terminalreporter):
+    if not simulator_enabled():  # what this process compiled although the kernel cache could have held it
+        from flashcore_numba.arch.cache import cache_dir, stats
+
+        terminalreporter.section("kernels compiled by this process")
+        terminalreporter.write_line(
+            f"kernel cache: {stats['loaded']} loaded from {cache_dir()}, {stats['built']} compiled, "
+            f"{stats['rejected']} entries rejected (`flashcore compile` fills it ahead)")
+        terminalreporter.write_line(f"Numba, without the cache: {len(NUMBA_COMPILES)} kernels in "
+                                    f"{sum(s for _, s in NUMBA_COMPILES):.0f} s")
+        for name, seconds in sorted(NUMBA_COMPILES, key=lambda c: -c[1])[:10]:
+            terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
     pool, _ = terminalreporter.config.stash.get(BACKGROUND, (None, {}))
     if not getattr(pool, "times", None):
         return

@@ -570,3 +570,32 @@ def test_the_grader_keys_the_package_s_kernels_and_only_those():
     assert keyed_build(solution, 64).cache_key == ("03", 64, "float16")
     stub = load_module(root / "lessons" / "exercises" / "03_warp_shuffle.py")
     assert keyed_build(stub, 64).cache_key == ()
+
+
+def test_a_gpu_session_notes_each_kernel_numba_compiles():
+    """conftest.watch_compiles (GPU sessions): a kernel compiled for new argument types is noted
+    once, with its name and file; one Numba already holds is not; compile's result is untouched."""
+    from numba import types
+
+    import conftest
+
+    def attention_kernel(x):
+        pass
+
+    class Dispatcher:  # what watch_compiles reads of numba-cuda's CUDADispatcher
+        specialized = False
+        py_func = attention_kernel
+
+        def __init__(self):
+            self.overloads = {}
+
+        def compile(self, sig):
+            self.overloads[tuple(sig)] = "kernel"
+            return "kernel"
+
+    noted = []
+    conftest.watch_compiles(Dispatcher, noted)
+    d, sig = Dispatcher(), (types.float32[::1],)
+    assert d.compile(sig) == "kernel" and d.compile(sig) == "kernel"
+    assert len(noted) == 1 and noted[0][0].startswith("test_a_gpu_session_notes_each_kernel_numba_compiles.")
+    assert "tests/test_runtime.py" in noted[0][0]
