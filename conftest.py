@@ -153,7 +153,7 @@ def watch_compiles(dispatcher_class, compiles=NUMBA_COMPILES):
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not simulator_enabled() and not terminalreporter.config.option.collectonly:  # what this process compiled
+    if not simulator_enabled() and not terminalreporter.config.option.collectonly:  # what it compiled
         from flashcore_numba.arch.cache import cache_dir, stats
 
         terminalreporter.section("kernels compiled by this process")
