@@ -85,8 +85,11 @@ def pytest_collection_finish(session):
     pool = TimedPool(max_workers=os.cpu_count() or 1, initializer=_lower_priority)
     started = {}
     modules = dict.fromkeys(getattr(item, "module", None) for item in session.items)
-    if not simulator_enabled():
-        modules = [m for m in modules if getattr(m, "BACKGROUND_ON_GPU", False)]
+    if not simulator_enabled():  # a GPU session: without a GPU its GPU tests skip, and no grader starts
+        from numba import cuda
+
+        on_gpu = cuda.is_available()
+        modules = [m for m in modules if on_gpu and getattr(m, "BACKGROUND_ON_GPU", False)]
     # the pool runs jobs in the order they come: a module whose jobs are the longest (the lessons)
     # says so with BACKGROUND_FIRST, so that its jobs start at once and the short ones fill in around them
     for module in sorted(modules, key=lambda m: not getattr(m, "BACKGROUND_FIRST", False)):
@@ -146,8 +149,11 @@ def watch_compiles(dispatcher_class, compiles=NUMBA_COMPILES):
             return original(self, sig)
         finally:
             if fresh:
-                name = f"{self.py_func.__qualname__} ({os.path.relpath(self.py_func.__code__.co_filename)})"
-                compiles.append((name, time.perf_counter() - started))
+                try:
+                    where = os.path.relpath(self.py_func.__code__.co_filename)
+                    compiles.append((f"{self.py_func.__qualname__} ({where})", time.perf_counter() - started))
+                except Exception:  # noqa: BLE001 - only watching
+                    pass
 
     dispatcher_class.compile = compile
 
@@ -192,16 +198,16 @@ def background(request):
     return started.get(request.module.__name__)
 
 
-@pytest.fixture(autouse=True)
-def _gpu_turns_with_the_graders(request):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
     """A GPU test, while graders run beside the session, holds their timing lock (see the module
-    docstring). Not the tests that wait for the graders' results: they would wait for a grader
-    that waits for them."""
-    _, started = request.config.stash.get(BACKGROUND, (None, {}))
+    docstring) through its setup, call and teardown (a module's fixture may launch kernels too). Not
+    the tests that wait for the graders' results: they would wait for a grader that waits for them."""
+    _, started = item.config.stash.get(BACKGROUND, (None, {}))
     graders_beside = not simulator_enabled() and any(started.values())
-    waits_for_them = (BACKGROUND_FIXTURES & set(request.fixturenames)
-                      or getattr(request.module, "BACKGROUND_ON_GPU", False))
-    if not graders_beside or request.node.get_closest_marker("gpu") is None or waits_for_them:
+    waits_for_them = (BACKGROUND_FIXTURES & set(getattr(item, "fixturenames", ()))
+                      or getattr(getattr(item, "module", None), "BACKGROUND_ON_GPU", False))
+    if not graders_beside or item.get_closest_marker("gpu") is None or waits_for_them:
         yield
         return
     from flashcore_numba.course.student import gpu_timing_lock

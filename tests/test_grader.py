@@ -298,3 +298,58 @@ def test_the_timing_lock_is_re_entrant_within_a_process():
     with open(path, "a") as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(other, fcntl.LOCK_UN)
+    # re-entrant per thread, not per process: another thread of the same process waits its turn
+    import threading
+
+    taken = threading.Event()
+
+    def other_thread():
+        with grade.gpu_timing_lock():
+            taken.set()
+
+    with grade.gpu_timing_lock():
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        assert not taken.wait(0.3)
+    thread.join(10)
+    assert taken.is_set()
+
+
+def test_a_gpu_test_holds_the_timing_lock_while_graders_run_beside_the_session(monkeypatch):
+    """conftest.pytest_runtest_protocol: in a GPU session with graders started, a GPU test runs (setup,
+    call, teardown) holding the graders' timing lock; a test that waits for the graders, or any test
+    while none run, does not take it."""
+    fcntl = pytest.importorskip("fcntl")
+    import tempfile
+    from types import SimpleNamespace
+
+    import conftest
+
+    path = Path(tempfile.gettempdir()) / "flashcore-numba-timing.lock"
+
+    def held() -> bool:
+        with open(path, "a") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(other, fcntl.LOCK_UN)
+            return False
+
+    def runs_holding(graders, fixturenames=(), gpu=True) -> bool:
+        item = SimpleNamespace(config=SimpleNamespace(stash={conftest.BACKGROUND: (None, graders)}),
+                               fixturenames=list(fixturenames), module=SimpleNamespace(),
+                               get_closest_marker=lambda name: object() if gpu and name == "gpu" else None)
+        protocol = conftest.pytest_runtest_protocol(item, None)
+        next(protocol)
+        during = held()
+        with pytest.raises(StopIteration):
+            protocol.send(None)
+        assert not held()
+        return during
+
+    monkeypatch.setattr(conftest, "simulator_enabled", lambda: False)
+    assert runs_holding({"tests.test_exercises": object()})
+    assert not runs_holding({"tests.test_exercises": object()}, fixturenames=["runs"])
+    assert not runs_holding({"tests.test_exercises": object()}, gpu=False)
+    assert not runs_holding({"tests.test_exercises": None})

@@ -559,7 +559,8 @@ def test_torch_compile_traces_a_call_that_needs_gradients_as_the_training_op():
 
 def test_the_grader_keys_the_package_s_kernels_and_only_those():
     """A speed check's baseline, and a solution graded from the package's own file, load from the
-    disk cache (their configs carry the phase's cache key); a student's copy compiles in its grader."""
+    disk cache (their configs carry the phase's cache key); a student's module compiles in its
+    grader, even where its kernel is a package function."""
     from flashcore_numba.course.grade import keyed_build
     from flashcore_numba.course.student import load_module
     from flashcore_numba.phases import PHASES
@@ -570,6 +571,10 @@ def test_the_grader_keys_the_package_s_kernels_and_only_those():
     assert keyed_build(solution, 64).cache_key == ("03", 64, "float16")
     stub = load_module(root / "lessons" / "exercises" / "03_warp_shuffle.py")
     assert keyed_build(stub, 64).cache_key == ()
+    # exercise 04 builds phase 03's kernel (a package function) with the student's own padding: it
+    # must never load (or write) phase 04's cubin
+    stub04 = load_module(root / "lessons" / "exercises" / "04_padding.py")
+    assert cache.is_ours(stub04.build(64).kernel) and keyed_build(stub04, 64).cache_key == ()
 
 
 def test_a_gpu_session_notes_each_kernel_numba_compiles():

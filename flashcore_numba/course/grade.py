@@ -160,16 +160,23 @@ def launch(module: ModuleType, q, k, v, causal: bool) -> np.ndarray:
     return dout.copy_to_host()
 
 
+PHASES_DIR = Path(__file__).resolve().parents[1] / "phases"  # the package's phase modules
+
+
 def keyed_build(module: ModuleType, D: int):
-    """`module.build(D)`, named as its phase's kernel (phases.build) when the kernel is the package's
-    own (arch/cache.is_ours: the baseline of a speed check, or a solution graded from the package's
-    file): it loads from the disk cache instead of compiling in every grader. A student's kernel,
-    written elsewhere, compiles as before."""
+    """`module.build(D)`, named as its phase's kernel (phases.build) when the module is the package's
+    own phase, imported or loaded from its file in phases/ (a speed check's baseline, or a solution
+    graded from the package's file): its kernel loads from the disk cache instead of compiling in
+    every grader. A student's module compiles as before, even where its kernel is a package function
+    built with the student's own parameters (exercise 04 builds phase 03's kernel with its own
+    padding): the key names the phase's build, not the function."""
     from ..arch.cache import is_ours
     from ..phases.common import KernelConfig
 
     config = module.build(D)
-    if isinstance(config, KernelConfig) and not config.cache_key and is_ours(config.kernel):
+    where = getattr(module, "__file__", None)
+    package_phase = where is not None and Path(where).resolve().parent == PHASES_DIR
+    if isinstance(config, KernelConfig) and not config.cache_key and package_phase and is_ours(config.kernel):
         config = replace(config, cache_key=(module.ID, int(D), "float16"))
     return config
 

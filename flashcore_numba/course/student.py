@@ -10,6 +10,7 @@ import itertools
 import re
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -129,7 +130,7 @@ def poisoned_local_arrays():
         kernelapi.FakeCUDALocal.array = original
 
 
-_timing_lock_depth = 0  # this process's nesting of gpu_timing_lock: an inner one holds nothing more
+_timing_lock = threading.local()  # this thread's nesting of gpu_timing_lock: an inner one holds nothing more
 
 
 @contextlib.contextmanager
@@ -138,21 +139,21 @@ def gpu_timing_lock():
     the other's load. Graders still compile side by side (the test suite runs one per core); only
     the timed launches wait. A lock file in the temporary folder (arch/cache.py's `locked`: where
     the platform has no flock, no lock: run one grader at a time there). Re-entrant within a
-    process: a GPU test session holds it around each test while graders run beside it
-    (conftest.py), and a test that grades in-process takes it again."""
-    global _timing_lock_depth
+    thread: a GPU test session holds it around each test while graders run beside it
+    (conftest.py), and a test that grades in-process takes it again. Another thread waits."""
     from ..arch.cache import locked
 
-    if _timing_lock_depth:
-        _timing_lock_depth += 1
+    depth = getattr(_timing_lock, "depth", 0)
+    if depth:
+        _timing_lock.depth = depth + 1
         try:
             yield
         finally:
-            _timing_lock_depth -= 1
+            _timing_lock.depth -= 1
         return
     with locked(Path(tempfile.gettempdir()) / "flashcore-numba-timing.lock"):
-        _timing_lock_depth += 1
+        _timing_lock.depth = 1
         try:
             yield
         finally:
-            _timing_lock_depth -= 1
+            _timing_lock.depth = 0

@@ -18,8 +18,6 @@ and which barrier waited. tools/stalls.py runs it against many launches
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 KINDS = ("full", "empty", "q_full", "q_empty", "bar.sync")  # the kinds of wait, in record order
