@@ -89,10 +89,7 @@ def reference_shape_case(causal):
     """Inputs and the two reference results at the benchmark shape (computed once, on the GPU)."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     q, k, v = (torch.randn(16, 16, 2048, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-    ref = reference_attention(q, k, v, causal=causal)
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        lowp = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal).double().cpu().numpy()
-    return q, k, v, ref, lowp
+    return (q, k, v, *_torch_oracle(q, k, v, causal))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
@@ -203,15 +200,7 @@ def bf16_case(shape, seq_k, causal):
     B, H, S, D = shape
     q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(B, H, seq_k or S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    ref = reference_attention(q, k, v, causal=causal)
-    mask = None
-    if causal and (seq_k or S) != S:
-        from torch.nn.attention.bias import causal_lower_right
-        mask = causal_lower_right(S, seq_k)
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        lowp = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=causal and mask is None, attn_mask=mask).double().cpu().numpy()
-    return q, k, v, ref, lowp
+    return (q, k, v, *_torch_oracle(q, k, v, causal))
 
 
 def test_bf16_refused_by_fp16_phases_by_name():
@@ -251,19 +240,26 @@ def _torch_qkv(shape, seq_k=None, dtype="float16", heads_kv=None):
     return q, k, v
 
 
-def _check_torch(out, q, k, v, causal, what=""):
-    torch = pytest.importorskip("torch", reason=NO_TORCH)
+def _torch_oracle(q, k, v, causal):
+    """(the float64 reference, torch's math SDPA in q's dtype as NumPy float64) of torch tensors on the
+    GPU: grouped K/V heads spelled out per query head, the causal mask aligned to the last key."""
+    import torch
+
     H, H_kv = q.shape[1], k.shape[1]
-    k_rep, v_rep = (x.repeat_interleave(H // H_kv, dim=1) for x in (k, v))
-    ref = reference_attention(q, k_rep, v_rep, causal=causal)
+    k, v = (x.repeat_interleave(H // H_kv, dim=1) for x in (k, v)) if H != H_kv else (k, v)
+    ref = reference_attention(q, k, v, causal=causal)
     mask = None
     if causal and k.shape[2] != q.shape[2]:
         from torch.nn.attention.bias import causal_lower_right
         mask = causal_lower_right(q.shape[2], k.shape[2])
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         lowp = torch.nn.functional.scaled_dot_product_attention(
-            q, k_rep, v_rep, is_causal=causal and mask is None, attn_mask=mask).double().cpu().numpy()
-    verdict = check_close(out.double().cpu().numpy(), ref, lowp)
+            q, k, v, is_causal=causal and mask is None, attn_mask=mask).double().cpu().numpy()
+    return ref, lowp
+
+
+def _check_torch(out, q, k, v, causal, what=""):
+    verdict = check_close(out.double().cpu().numpy(), *_torch_oracle(q, k, v, causal))
     assert verdict.ok, f"{what}: {verdict.message}"
 
 

@@ -47,7 +47,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -55,7 +55,7 @@ import numpy as np
 
 from ..arch.sim import kernel_target, rerun_in_simulator, simulator_enabled
 from ..measure.records import repo_root
-from ..phases import LESSONS, PHASES
+from ..phases import LESSONS, PHASES, build
 from ..phases.common import LOG2E
 from ..reference import (
     ATOL,
@@ -164,21 +164,15 @@ PHASES_DIR = Path(__file__).resolve().parents[1] / "phases"  # the package's pha
 
 
 def keyed_build(module: ModuleType, D: int):
-    """`module.build(D)`, named as its phase's kernel (phases.build) when the module is the package's
-    own phase, imported or loaded from its file in phases/ (a speed check's baseline, or a solution
-    graded from the package's file): its kernel loads from the disk cache instead of compiling in
-    every grader. A student's module compiles as before, even where its kernel is a package function
-    built with the student's own parameters (exercise 04 builds phase 03's kernel with its own
-    padding): the key names the phase's build, not the function."""
-    from ..arch.cache import is_ours
-    from ..phases.common import KernelConfig
-
-    config = module.build(D)
+    """`module.build(D)`; for the package's own phase, imported or loaded from its file in phases/ (a
+    speed check's baseline, or a solution graded from the package's file), as phases.build makes it,
+    with its cache key, so that its kernel loads from the disk cache instead of compiling in every
+    grader. A student's module compiles as before, even where its kernel is a package function built
+    with the student's own parameters (exercise 04 builds phase 03's kernel with its own padding)."""
     where = getattr(module, "__file__", None)
-    package_phase = where is not None and Path(where).resolve().parent == PHASES_DIR
-    if isinstance(config, KernelConfig) and not config.cache_key and package_phase and is_ours(config.kernel):
-        config = replace(config, cache_key=(module.ID, int(D), "float16"))
-    return config
+    if where is not None and Path(where).resolve().parent == PHASES_DIR:
+        return build(module, D)
+    return module.build(D)
 
 
 def judge(out: np.ndarray, q, k, v, causal: bool) -> Outcome:
