@@ -300,7 +300,8 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = Fals
         return np.asarray(x.float().cpu() if hasattr(x, "cpu") and x.is_floating_point() else
                           x.cpu() if hasattr(x, "cpu") else x, dtype=dtype)
 
-    q, k, v = (host(x) for x in (q, k, v))
+    if not type(q).__module__.startswith("torch"):  # torch tensors stay where they are (the GPU)
+        q, k, v = (host(x) for x in (q, k, v))
     cu_q, cu_k = (host(c, np.int64) for c in (cu_seqlens_q, cu_seqlens_k))
     total_q, H, D = q.shape
     out, lse = np.zeros((total_q, H, D)), np.full((H, total_q), -np.inf)
@@ -309,7 +310,8 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = Fals
         rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
         if cu_q[b + 1] == cu_q[b] or cu_k[b + 1] == cu_k[b]:
             continue  # no row, or rows that see no key: zeros
-        qb, kb, vb = (x[None].transpose(0, 2, 1, 3) for x in (q[rows], k[keys], v[keys]))  # (1, heads, S, D)
+        qb, kb, vb = (x[None].permute(0, 2, 1, 3) if hasattr(x, "permute") else x[None].transpose(0, 2, 1, 3)
+                      for x in (q[rows], k[keys], v[keys]))  # (1, heads, S, D)
         out[rows] = reference_attention(qb, kb, vb, causal=causal, scale=scale)[0].transpose(1, 0, 2)
         lse[:, rows] = reference_lse(qb, kb, causal=causal, scale=scale)[0]
         if lowp_dtype is not None:
@@ -326,7 +328,7 @@ def lowp_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     """
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     if type(q).__module__.startswith("torch"):
-        q, k, v = (x.float().cpu().numpy() for x in (q, k, v))
+        return _lowp_torch(q, k, v, causal, scale, dtype)
     q, k, v = (np.asarray(x, dtype=np.float32) for x in (q, k, v))
     B, H, Sq, _ = q.shape
     mask = visible_mask(Sq, k.shape[2], causal)
@@ -339,6 +341,35 @@ def lowp_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             out[b, h] = round_to(p @ v[b, hk], dtype)
     return out
 
+
+
+def _lowp_torch(q, k, v, causal, scale, dtype):
+    """lowp_attention of torch tensors, with torch in float32 on their own device (fast on a GPU):
+    the same three roundings (torch rounds to fp16 and bf16 to nearest even, as round_to does), a
+    float32 product without TF32 (torch's default; set here, as a user may have changed it)."""
+    import torch
+
+    low = torch.bfloat16 if str(dtype) == "bfloat16" else torch.float16
+    B, H, Sq, _ = q.shape
+    mask = torch.from_numpy(visible_mask(Sq, k.shape[2], causal)).to(q.device)
+    if k.shape[1] != H:  # grouped-query attention: each K/V head serves H / H_kv query heads
+        k, v = (x.repeat_interleave(H // k.shape[1], dim=1) for x in (k, v))
+    out = torch.empty((B, H, Sq, v.shape[-1]), dtype=torch.float64, device=q.device)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for b in range(B):
+            s = (torch.matmul(q[b].float(), k[b].float().transpose(-1, -2)) * np.float32(scale)).to(low).float()
+            s = s.masked_fill(~mask, float("-inf"))
+            m = s.amax(dim=-1, keepdim=True)
+            m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # as in _softmax_rows
+            p = torch.exp(s - m)
+            denom = p.sum(dim=-1, keepdim=True)
+            p = torch.where(denom != 0, p / denom, torch.zeros_like(p)).to(low).float()
+            out[b] = torch.matmul(p, v[b].float()).to(low).double()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return out.cpu().numpy()
 
 @dataclass(frozen=True)
 class Verdict:

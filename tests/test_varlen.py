@@ -181,6 +181,28 @@ def test_the_readme_table_of_a_packed_sequence_record(tmp_path):
     assert "code at commit `abcdef0`" in text and "(varlen/r.json)" in text
 
 
+@pytest.mark.parametrize("lowp_dtype", [np.float16, "bfloat16"], ids=["fp16", "bf16"])
+def test_the_oracle_on_torch_tensors_is_the_numpy_oracle(lowp_dtype):
+    """reference_varlen of torch tensors computes where they are (the GPU tests' oracle, on the GPU),
+    through reference_attention's and lowp_attention's torch routes: here on torch's CPU build, the
+    same output and LSE as on NumPy arrays, and the same fp16 or bf16 yardstick up to a rounding
+    step of its dtype (float32 sums in another order may round a value the other way)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+    q, k, v, cu_q, cu_k, _, _ = packed([0, 1, 37, 70], [5, 3, 0, 90], H=4, H_kv=2)
+    for causal in (False, True):
+        want = reference_varlen(q, k, v, cu_q, cu_k, causal=causal, scale=0.2, lowp_dtype=lowp_dtype)
+        got = reference_varlen(*(torch.from_numpy(x) for x in (q, k, v, cu_q, cu_k)), causal=causal, scale=0.2,
+                               lowp_dtype=lowp_dtype)
+        np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(np.isneginf(got[1]), np.isneginf(want[1]))
+        seen = ~np.isneginf(want[1])
+        np.testing.assert_allclose(got[1][seen], want[1][seen], rtol=0, atol=1e-12)
+        step = (2.0 ** -7 if lowp_dtype == "bfloat16" else 2.0 ** -10) * np.maximum(1.0, 2 * np.abs(want[2]))
+        assert np.all(np.abs(got[2] - want[2]) <= step), np.max(np.abs(got[2] - want[2]))  # a step at most
+        assert np.mean(got[2] == want[2]) > 0.95  # nearly every value rounded the same way
+        assert np.max(np.abs(want[2] - want[0])) > 0  # the yardstick is not the reference itself
+
+
 def test_varlen_bench_arguments_are_checked():
     from flashcore_numba.cli import main
 
