@@ -308,8 +308,10 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
 
     @cuda.jit(device=True, inline=True)
     def packed_row(p, seq_q):
-        """(query head within the group, query row) of packed row p."""
-        return p // seq_q, p % seq_q
+        """(query head within the group, query row) of packed row p (divided in 32 bits: a 64-bit
+        division is a called routine of many instructions)."""
+        hg = int32(uint32(p) // uint32(seq_q))
+        return hg, p - hg * seq_q
 
     @cuda.jit(device=True, inline=True)
     def row_dst(smem, offset, row, chunk):
@@ -425,11 +427,11 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             H, H_kv, seq_q, seq_k = Q.shape[2], K.shape[2], Q.shape[1], SEQLENS[cuda.blockIdx.z]
         else:
             H, H_kv, seq_q, seq_k = Q.shape[1], K.shape[1], Q.shape[2], K.shape[2]
-        group = H // H_kv  # query heads per K/V head
+        group = int32(uint32(H) // uint32(H_kv))  # query heads per K/V head
         rows = group * seq_q  # the packed rows of one K/V head
         row_tiles = (rows + BLOCK_M - 1) // BLOCK_M
-        tile = cuda.blockIdx.y // H_kv
-        h_kv = cuda.blockIdx.y % H_kv
+        tile = int32(uint32(cuda.blockIdx.y) // uint32(H_kv))
+        h_kv = int32(uint32(cuda.blockIdx.y) % uint32(H_kv))
         b = cuda.blockIdx.z
         g = lane // 4  # this lane's packed rows: row0 + g and row0 + g + 8 (as phase 07's rows)
         t = lane % 4  # and its columns 2t, 2t + 1 of every 8-column tile
@@ -442,9 +444,10 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         # -- the keys this block's rows see (the one whose query row is last sees the most), and
         # this split's share of them, whole tiles
         last = min(row0 + BLOCK_M, rows) - 1
-        q_last = seq_q - 1 if row0 // seq_q != last // seq_q else last % seq_q
+        q_last = seq_q - 1 if uint32(row0) // uint32(seq_q) != uint32(last) // uint32(seq_q) else \
+            int32(uint32(last) % uint32(seq_q))
         block_k_end = int32(key_end(q_last, seq_q, seq_k, causal))
-        tiles_per_split = (block_k_end + BLOCK_N * n_splits - 1) // (BLOCK_N * n_splits)
+        tiles_per_split = int32(uint32(block_k_end + BLOCK_N * n_splits - 1) // uint32(BLOCK_N * n_splits))
         k_start = int32(split * tiles_per_split * BLOCK_N)
         k_stop = min(block_k_end, k_start + int32(tiles_per_split * BLOCK_N))
         _, q_a = packed_row(min(row0 + g, rows - 1), seq_q)
@@ -630,7 +633,8 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             return
 
         # -- the levels across blocks, in teams of FAN_IN blocks' partials
-        per_tile = COUNTERS.shape[0] // (cuda.gridDim.y * cuda.gridDim.z)  # merge_counters(blocks)
+        # merge_counters(blocks) a row tile (a division in 32 bits, as where the block starts)
+        per_tile = int32(uint32(COUNTERS.shape[0]) // uint32(cuda.gridDim.y * cuda.gridDim.z))
         counters = ((b * H_kv + h_kv) * row_tiles + tile) * per_tile  # this row tile's first counter
         node = slot  # this block's partial among this level's partials
         count = cuda.gridDim.x  # partials at this level
