@@ -57,13 +57,15 @@ What changed from phase 07
     - **Divisions by run-time values in 32 bits.** Where a block starts (its K/V head and row
       tile from blockIdx.y, the group size, the split's share of the keys, each row's query
       head and row), every divisor is a shape or a grid size known only at run time, and Numba
-      types shapes as int64: a 64-bit division, which the GPU does in a called routine of many
-      instructions. Every block does them before its first copy. Divided as uint32 (the values
-      are never negative and far below 2^32) and the quotients taken back as int32: ptxas
-      (sm_90a, D = 128) 430 instructions before the first cp.async instead of 622, 2 calls
-      instead of 15 (those left: the float reciprocal's slow path), 207 registers instead of
-      232. On an H200 the outputs of attention_kvcache were bit-identical to before (one cache
-      of 32768 keys, 64 ragged caches); its time is not yet measured (docs/tuning/10_read_ceiling/).
+      types shapes as int64. A 64-bit division compiles to a test of the operands' high words,
+      an inline 32-bit division when they are zero and a call to a division routine when not:
+      a branch and both paths for each, every block, before its first copy. Divided as uint32
+      (the values are never negative and far below 2^32) and the quotients taken back as int32:
+      ptxas (sm_90a, D = 128) lays out 430 instructions ahead of the first cp.async instead of
+      622, 2 call sites instead of 15 (those left: the float reciprocal's slow path), and uses
+      207 registers instead of 232. On an H200 the outputs of attention_kvcache were
+      bit-identical to before (one cache of 32768 keys, 64 ragged caches); its time is not yet
+      measured (docs/tuning/10_read_ceiling/).
     How many splits: as many blocks as the GPU holds in one wave (its SMs times the blocks one
     SM holds: one), never part of a second wave, each warp's range at least MIN_TILES_PER_SPLIT
     tiles, at most MAX_SPLITS ranges; one block per row tile where those already fill the GPU
@@ -390,7 +392,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
     @cuda.jit(device=True, inline=True)
     def packed_row(p, seq_q):
         """(query head within the group, query row) of packed row p (divided in 32 bits: a 64-bit
-        division is a called routine of many instructions)."""
+        division is a test, a 32-bit path and a call to a routine)."""
         hg = int32(uint32(p) // uint32(seq_q))
         return hg, p - hg * seq_q
 

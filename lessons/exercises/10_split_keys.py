@@ -309,7 +309,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
     @cuda.jit(device=True, inline=True)
     def packed_row(p, seq_q):
         """(query head within the group, query row) of packed row p (divided in 32 bits: a 64-bit
-        division is a called routine of many instructions)."""
+        division is a test, a 32-bit path and a call to a routine)."""
         hg = int32(uint32(p) // uint32(seq_q))
         return hg, p - hg * seq_q
 
