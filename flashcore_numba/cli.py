@@ -179,6 +179,14 @@ def _build_parser() -> Parser:
                             "and paged (--page-sizes); the record goes to docs/bench/kvcache/")
     bench.add_argument("--page-sizes", type=_positive_ints, default=(64, 256),
                        help="--kvcache: the paged caches' page sizes, multiples of 16 (default 64,256)")
+    bench.add_argument("--first-call", action="store_true",
+                       help="the first attention() call of new processes with the kernel cache warm (and with "
+                            "--cold, empty): import, first and second call, for each of --phases (default: "
+                            "attention()'s own choice); the record goes to docs/bench/first_call/")
+    bench.add_argument("--processes", type=_positive_int, default=3,
+                       help="--first-call: new processes per phase and cache (default 3)")
+    bench.add_argument("--cold", action="store_true",
+                       help="--first-call: also with an empty kernel cache in each process (each compiles)")
     bench.add_argument("--out", type=Path, help="record file (default docs/bench/<gpu>_<shape>.json)")
     bench.set_defaults(handler=cmd_bench)
 
@@ -561,6 +569,8 @@ def cmd_bench(args) -> int:
         raise CLIError(f"--cap-seconds: expected a positive number of seconds, got {args.cap_seconds}")
     if args.seq_k is not None and (args.sweep or args.sweep_s):
         raise CLIError("--seq-k: a sweep keeps S_q = S_k; drop one of the two")
+    if args.cold and not args.first_call:
+        raise CLIError("--cold: an empty kernel cache for the first call of new processes; only with --first-call")
     target = kernel_target()
     if target != "gpu":
         why = ("the CUDA simulator is on (NUMBA_ENABLE_CUDASIM)" if target == "simulator"
@@ -576,6 +586,8 @@ def cmd_bench(args) -> int:
     problem = bench.Problem.from_shape(shape, dtype=dtype, causal=args.causal, kv_heads=args.kv_heads)
     if args.seq_k is not None:
         problem = dataclasses.replace(problem, S_k=args.seq_k)
+    if args.first_call:
+        return _bench_first_call(args, bench, dtype, shape)
     if args.backward:
         return _bench_backward(args, bench, records, problem)
     if args.varlen:
@@ -746,6 +758,38 @@ def _bench_kvcache(args, bench, records, dtype, shape) -> int:
     records.write_record(record, path)
     console.print(f"Record written to {path}; `flashcore report` regenerates the README.", soft_wrap=True)
     return 1 if any(r["available"] and not r["correct"] for r in record["results"]) else 0
+
+
+def _bench_first_call(args, bench, dtype, shape) -> int:
+    """`flashcore bench --first-call` (measure/first_call.py)."""
+    from .measure import first_call
+
+    if args.seq_k is not None or args.sweep or args.sweep_s or args.varlen or args.kvcache or args.backward:
+        raise CLIError("--first-call: attention() on one problem of --shape; drop --seq-k, --sweep, --varlen, "
+                       "--kvcache and --backward")
+    device = bench.open_device()
+    if device.kind != "torch":
+        raise CLIError(f"--first-call: needs torch with CUDA: {device.no_peers_reason}")
+    phases = args.phases or [None]
+    console = _console()
+    with _progress(console) as progress:
+        task = progress.add_task("bench", total=len(phases) * (1 + args.processes * (2 if args.cold else 1)))
+
+        def step(label):
+            progress.update(task, description=label, advance=1)
+
+        record = first_call.run_first_call_benchmark(shape, phases=phases, causal=args.causal, dtype=dtype,
+                                                     kv_heads=args.kv_heads, processes=args.processes,
+                                                     cold=args.cold, device=device,
+                                                     command=["flashcore", *args.argv], progress=step)
+    for r in record["results"]:
+        console.print(f"{r['phase'] or 'attention()'}, {r['cache']} cache: first call {r['first_call_s']:.3f} s "
+                      f"(import {r['import_s']:.2f} s, second call {1e3 * r['second_call_s']:.2f} ms), median of "
+                      f"{len(r['runs'])} new processes{'' if r['ok'] else '; WRONG OUTPUT'}", soft_wrap=True)
+    path = args.out or first_call.record_path(record["provenance"]["gpu_name"], record["config"])
+    first_call.write(record, path)
+    console.print(f"Record written to {path}; `flashcore report` regenerates the README.", soft_wrap=True)
+    return 0 if all(r["ok"] for r in record["results"]) else 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -610,6 +610,24 @@ def test_varlen_benchmark_writes_a_valid_record(tmp_path):
     assert any("the TFLOPS of 09 on the dense batch" in line for line in lines), lines
 
 
+def test_first_call_benchmark_writes_a_valid_record(tmp_path):
+    """`flashcore bench --first-call`: new processes, the first of which fills the kernel cache, so
+    that the measured one loads the kernel and compiles nothing; a valid record with its times."""
+    pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba.cli import main
+    from flashcore_numba.measure import first_call
+
+    out = tmp_path / "first_call" / "r.json"
+    assert main(["bench", "--first-call", "--shape", "1,4,128,64", "--phases", "09", "--processes", "1",
+                 "--out", str(out)]) == 0
+    (record,) = first_call.load(out.parent)
+    (r,) = record["results"]
+    assert r["ok"] and r["cache"] == "warm" and r["phase"] == "09"
+    (run,) = r["runs"]
+    assert run["built"] == 0 and run["loaded"] >= 1 and run["rejected"] == 0, run
+    assert 0 < r["second_call_s"] < r["first_call_s"], r
+
+
 @pytest.mark.parametrize("which", ["varlen 09", "varlen 07", "kvcache paged 64", "kvcache contiguous"])
 def test_inference_calls_in_a_cuda_graph(which):
     """attention_varlen and attention_kvcache captured in a CUDA graph (after a warm-up, as torch asks)

@@ -506,6 +506,8 @@ def test_report_without_records(report_tree, tmp_path):
     (["bench", "--cap-seconds", "0"], "--cap-seconds"),
     (["bench", "--seq-k", "0"], "--seq-k"),
     (["bench", "--seq-k", "100", "--sweep"], "--seq-k"),
+    (["bench", "--cold"], "--cold"),
+    (["bench", "--first-call", "--processes", "0"], "--processes"),
     (["compile", "--cc", "nine"], "--cc"),
     (["compile", "--dtypes", "fp8"], "--dtypes"),
     (["compile", "--head-dims", "0"], "--head-dims"),
@@ -870,3 +872,61 @@ def test_simulator_block_loop_keeps_barriers_and_reports_errors():
     assert out.tolist() == [(i + 1) % 64 + 1 for i in range(64)]
     with pytest.raises(ValueError, match="lane failed"):
         shift_left[1, 64](out, 5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The first call of a new process (measure/first_call.py)
+# ---------------------------------------------------------------------------------------------
+def test_first_call_benchmark_runs_new_processes_and_writes_a_record(tmp_path):
+    """`run_first_call_benchmark` in the simulator (phase 01, a tiny problem): a process that fills
+    the cache, then the measured ones, each a new Python process that checks its output; the record
+    validates, round-trips through `load`, and `flashcore report`'s table gives its medians.
+    Timings here mean nothing (the simulator); on a GPU `flashcore bench --first-call` writes them."""
+    from flashcore_numba.measure import first_call, report
+
+    record = first_call.run_first_call_benchmark((1, 2, 24, 64), phases=["01"], causal=True, processes=2,
+                                                 command=["test"])
+    assert first_call.validate(record) == []
+    (r,) = record["results"]
+    assert r["phase"] == "01" and r["cache"] == "warm" and r["ok"] and len(r["runs"]) == 2
+    assert all(run["ok"] and run["first_call_s"] > 0 and run["import_s"] > 0 for run in r["runs"])
+    assert r["first_call_s"] == sorted(run["first_call_s"] for run in r["runs"])[0] + \
+        0.5 * abs(r["runs"][0]["first_call_s"] - r["runs"][1]["first_call_s"])  # the median of two
+    path = first_call.write(record, tmp_path / "first_call" / "r.json")
+    (loaded,) = first_call.load(tmp_path / "first_call")
+    assert loaded["_path"] == str(path) and loaded["results"] == record["results"]
+    text = "\n".join(report.first_call_table([loaded], tmp_path))
+    assert "#### The first call of a new process" in text and "| 1, 2, 24, 64 fp16 causal | 01 | warm |" in text
+    assert f"{r['first_call_s']:.2f} s" in text and "Median of 2 processes" in text
+
+
+def test_first_call_records_are_validated(tmp_path):
+    """A record that lost a field, or whose process failed its check, is refused or flagged: the
+    validator names the field; the README says WRONG OUTPUT."""
+    from flashcore_numba.measure import first_call, report
+    from flashcore_numba.measure.records import RecordError
+
+    run = dict(import_s=1.0, first_call_s=0.4, second_call_s=0.001, ok=True, loaded=1, built=0, rejected=0)
+    record = dict(kind=first_call.KIND, schema=first_call.SCHEMA, created="2026-11-29T00:00:00", command=[],
+                  provenance=dict(gpu_name="GPU", git_commit="0" * 40),
+                  config=dict(B=1, H=16, H_kv=16, S=128, D=64, dtype="float16", causal=False, processes=1),
+                  results=[dict(phase=None, cache="warm", runs=[run], ok=True, first_call_s=0.4, import_s=1.0,
+                                second_call_s=0.001)])
+    assert first_call.validate(record) == []
+    bad = json.loads(json.dumps(record))
+    del bad["results"][0]["runs"][0]["first_call_s"]
+    assert any("runs[0].first_call_s" in e for e in first_call.validate(bad))
+    bad = json.loads(json.dumps(record))
+    bad["results"][0]["cache"] = "lukewarm"
+    assert any("results[0].cache" in e for e in first_call.validate(bad))
+    with pytest.raises(ValueError, match="invalid record"):
+        first_call.write(bad, tmp_path / "bad.json")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "x.json").write_text(json.dumps(bad))
+    with pytest.raises(RecordError, match="x.json"):
+        first_call.load(tmp_path / "dir")
+    record["_path"] = str(tmp_path / "r.json")
+    record["results"][0]["ok"] = False
+    text = "\n".join(report.first_call_table([record], tmp_path))
+    row = "| 1, 16, 128, 64 fp16 | attention() chooses | warm | 0.40 s (WRONG OUTPUT) | 1.00 s | 1.00 ms | 1 / 0 |"
+    assert row in text

@@ -9,6 +9,8 @@
 #   tools/records.sh decode      issue 40's decode steps (phases 07, 09, 10 and SDPA, with the copy's
 #                                bandwidth) and attention_kvcache's records (docs/bench/kvcache/)
 #   tools/records.sh latency_decode   latency's two decode steps alone
+#   tools/records.sh first_call  the first attention() call of new processes, the kernel cache warm and
+#                                empty, at the latency table's first shape and the reference shape
 #   tools/records.sh backward    phase 11's backward at the reference shape (D 64 and 128, causal and
 #                                not) beside SDPA's flash and cuDNN backward, with the call
 #
@@ -65,6 +67,12 @@ latency_decode() {
   # api.best_for_shape)
   run bench --shape 1,16,1,128 --seq-k 4096 --phases 09,10 --peers flash,cudnn "${TAIL[@]}"
   run bench --shape 8,32,1,128 --seq-k 2048 --phases 09,10 --peers flash,cudnn "${TAIL[@]}"
+}
+
+first_call() {
+  # a new process's first call: 3 processes a problem with the cache warm, 3 with it empty (each compiles)
+  run bench --first-call --cold --shape 1,16,128,64
+  run bench --first-call --cold --shape 16,16,2048,128 --causal
 }
 
 backward() {

@@ -1,0 +1,234 @@
+"""`flashcore bench --first-call`: what the first attention() call of a new process costs.
+
+A model server, a training job or a notebook starts a new Python process and calls attention().
+Before its kernel runs, that first call loads the kernel from the kernel cache (arch/cache.py),
+where `flashcore compile` or an earlier process put it, or compiles it (tens of seconds). Kernel
+time and call time (bench.py) are measured in a process that has made its first call long
+before; this measures the first call itself, in new processes:
+
+- **warm**: the kernel cache as it is (FLASHCORE_CACHE_DIR or the platform's folder), after one
+  process has called once, so that it holds the kernel (loaded, or compiled and stored);
+- **cold** (with --cold): each process with an empty cache of its own, so that it compiles.
+
+Each process (`python -m flashcore_numba.measure.first_call --child CONFIG`) imports torch and
+flashcore_numba (timed: `import_s`), makes its inputs on the GPU (not timed: any CUDA work pays
+for its context first), calls attention() once and waits for the GPU (`first_call_s`), calls it
+again (`second_call_s`), checks the output against the float64 reference and says what the
+kernel cache did (loaded, compiled, rejected). The record (docs/bench/first_call/) keeps every
+process's figures; `flashcore report` puts their medians in the README.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+KIND = "first_call"
+SCHEMA = 1
+CACHE_MODES = ("warm", "cold")
+_RUN_KEYS = {"import_s": float, "first_call_s": float, "second_call_s": float, "ok": bool, "loaded": int,
+             "built": int, "rejected": int}
+
+
+def record_path(gpu_name: str, config: dict) -> Path:
+    from .bench import DTYPES
+    from .records import default_records_dir, gpu_slug
+
+    short = {v: k for k, v in DTYPES.items()}.get(config["dtype"], config["dtype"])
+    kv = f"kv{config['H_kv']}" if config["H_kv"] != config["H"] else ""
+    name = (f"{gpu_slug(gpu_name)}_first_call_b{config['B']}h{config['H']}{kv}s{config['S']}d{config['D']}_{short}"
+            + ("_causal" if config["causal"] else ""))
+    return default_records_dir() / KIND / f"{name}.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# One new process
+# ---------------------------------------------------------------------------------------------
+def child(config: dict) -> dict:
+    """The figures of one new process's first calls (this runs in that process)."""
+    t0 = time.perf_counter()
+    import numpy as np
+
+    import flashcore_numba
+    from flashcore_numba.arch import cache
+    from flashcore_numba.reference import check_close, lowp_attention, reference_attention
+
+    try:
+        import torch
+
+        on_torch = torch.cuda.is_available()
+    except ImportError:
+        on_torch = False
+    t1 = time.perf_counter()
+    B, H, S, D, H_kv = config["B"], config["H"], config["S"], config["D"], config["H_kv"]
+    if on_torch:
+        dtype = getattr(torch, config["dtype"])
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(B, H, S, D, device="cuda", generator=gen).to(dtype)
+        k, v = (torch.randn(B, H_kv, S, D, device="cuda", generator=gen).to(dtype) for _ in range(2))
+        wait = torch.cuda.synchronize
+        wait()
+    else:  # the simulator (the CPU tests): NumPy arrays, fp16
+        rng = np.random.default_rng(0)
+        q = rng.standard_normal((B, H, S, D)).astype(np.float16)
+        k, v = (rng.standard_normal((B, H_kv, S, D)).astype(np.float16) for _ in range(2))
+
+        def wait():
+            return None
+    phase = config["phase"]
+    t2 = time.perf_counter()
+    out = flashcore_numba.attention(q, k, v, causal=config["causal"], phase=phase)
+    wait()
+    t3 = time.perf_counter()
+    out = flashcore_numba.attention(q, k, v, causal=config["causal"], phase=phase)
+    wait()
+    t4 = time.perf_counter()
+    host = (lambda x: x.float().cpu().numpy()) if on_torch else (lambda x: x)
+    ref = reference_attention(q, k, v, causal=config["causal"])
+    lowp = lowp_attention(q, k, v, causal=config["causal"],
+                          dtype="bfloat16" if config["dtype"] == "bfloat16" else np.float16)
+    ok = bool(check_close(host(out), ref, lowp).ok)
+    return dict(import_s=t1 - t0, first_call_s=t3 - t2, second_call_s=t4 - t3, ok=ok, loaded=cache.stats["loaded"],
+                built=cache.stats["built"], rejected=cache.stats["rejected"])
+
+
+def new_process(config: dict, env: dict | None = None, timeout: float = 900.0) -> dict:
+    """Run `child(config)` in a new Python process (the environment changed by `env`)."""
+    done = subprocess.run([sys.executable, "-m", "flashcore_numba.measure.first_call", "--child", json.dumps(config)],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        raise RuntimeError(f"the new process failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+# ---------------------------------------------------------------------------------------------
+def _median(values) -> float:
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
+
+
+def run_first_call_benchmark(shape, *, phases=(None,), causal=False, dtype="float16", kv_heads=None,
+                             processes: int = 3, cold: bool = False, device=None, command=None,
+                             progress=None) -> dict:
+    """The whole protocol (the module docstring) for each phase of `phases` (None: attention()'s own
+    choice), as a record. shape: (B, H, S, D)."""
+    from .bench import open_device
+    from .records import provenance
+
+    B, H, S, D = shape
+    device = device or open_device()
+    step = progress or (lambda label: None)
+    config = dict(B=B, H=H, H_kv=kv_heads or H, S=S, D=D, dtype=dtype, causal=bool(causal), processes=processes)
+    results = []
+    for phase in phases:
+        name = phase or "attention()'s choice"
+        child_config = dict(config, phase=phase)
+        modes = []
+        step(f"{name}: one process to fill the kernel cache")
+        new_process(child_config)  # the cache as it is then holds the kernel: loaded, or compiled and stored
+        runs = []
+        for i in range(processes):
+            step(f"{name}: warm cache, new process {i + 1} of {processes}")
+            runs.append(new_process(child_config))
+        modes.append(("warm", runs))
+        if cold:
+            runs = []
+            for i in range(processes):
+                step(f"{name}: empty cache, new process {i + 1} of {processes}")
+                with tempfile.TemporaryDirectory(prefix="flashcore-cold-") as empty:
+                    runs.append(new_process(child_config, {"FLASHCORE_CACHE_DIR": empty}))
+            modes.append(("cold", runs))
+        for mode, runs in modes:
+            results.append(dict(phase=phase, cache=mode, runs=runs, ok=all(r["ok"] for r in runs),
+                                first_call_s=_median([r["first_call_s"] for r in runs]),
+                                import_s=_median([r["import_s"] for r in runs]),
+                                second_call_s=_median([r["second_call_s"] for r in runs])))
+    return dict(kind=KIND, schema=SCHEMA, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                command=list(command or []), provenance=provenance(device), config=config, results=results)
+
+
+def validate(record) -> list[str]:
+    """Problems with a first-call record's schema, as messages; an empty list means valid."""
+    if not isinstance(record, dict):
+        return ["record: expected a JSON object"]
+    errors = []
+    for key, typ in (("kind", str), ("schema", int), ("created", str), ("command", list), ("provenance", dict),
+                     ("config", dict), ("results", list)):
+        if not isinstance(record.get(key), typ):
+            errors.append(f"record.{key}: expected {typ.__name__}, got {record.get(key)!r}")
+    if record.get("kind") != KIND or record.get("schema") != SCHEMA:
+        errors.append(f"record: expected kind {KIND!r}, schema {SCHEMA}")
+    for key in ("gpu_name", "git_commit"):
+        if key not in record.get("provenance", {}):
+            errors.append(f"provenance: missing key {key!r}")
+    config = record.get("config", {})
+    for key, typ in (("B", int), ("H", int), ("H_kv", int), ("S", int), ("D", int), ("dtype", str),
+                     ("causal", bool), ("processes", int)):
+        if not isinstance(config.get(key), typ):
+            errors.append(f"config.{key}: expected {typ.__name__}, got {config.get(key)!r}")
+    for i, r in enumerate(record.get("results", []) if isinstance(record.get("results"), list) else []):
+        where = f"results[{i}]"
+        if r.get("cache") not in CACHE_MODES:
+            errors.append(f"{where}.cache: expected one of {CACHE_MODES}, got {r.get('cache')!r}")
+        if not (r.get("phase") is None or isinstance(r.get("phase"), str)):
+            errors.append(f"{where}.phase: expected a phase id or null")
+        for key in ("first_call_s", "import_s", "second_call_s"):
+            if not isinstance(r.get(key), (int, float)) or not math.isfinite(r[key]) or r[key] < 0:
+                errors.append(f"{where}.{key}: expected a time in seconds, got {r.get(key)!r}")
+        runs = r.get("runs")
+        if not isinstance(runs, list) or not runs:
+            errors.append(f"{where}.runs: expected the processes' figures")
+            continue
+        for j, run in enumerate(runs):
+            for key, typ in _RUN_KEYS.items():
+                value = run.get(key) if isinstance(run, dict) else None
+                if not isinstance(value, typ) or (typ is int and isinstance(value, bool)) or \
+                        (typ is float and isinstance(value, bool)):
+                    errors.append(f"{where}.runs[{j}].{key}: expected {typ.__name__}, got {value!r}")
+    return errors
+
+
+def write(record: dict, path) -> Path:
+    errors = validate(record)
+    if errors:  # a bug in this module, not a user error: refuse to write a bad record
+        raise ValueError("refusing to write an invalid record: " + "; ".join(errors[:5]))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def load(directory) -> list[dict]:
+    """Every first-call record in `directory` (none if it does not exist), oldest first, each with
+    its `_path`; a file that is not a valid record raises RecordError naming it."""
+    from .records import RecordError
+
+    records = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise RecordError(f"{path}: not readable as JSON ({e})") from None
+        errors = validate(record)
+        if errors:
+            raise RecordError(f"{path}: not a valid first-call record: {'; '.join(errors[:3])}")
+        record["_path"] = str(path)
+        records.append(record)
+    return sorted(records, key=lambda r: r["created"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        print(json.dumps(child(json.loads(sys.argv[2]))))
+    else:
+        sys.exit("usage: python -m flashcore_numba.measure.first_call --child CONFIG (flashcore bench --first-call "
+                 "runs it)")
