@@ -29,8 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from .records import SCHEMA  # the records' schema version, shared
+
 KIND = "first_call"
-SCHEMA = 1
 CACHE_MODES = ("warm", "cold")
 _RUN_KEYS = {"import_s": float, "first_call_s": float, "second_call_s": float, "ok": bool, "loaded": int,
              "built": int, "rejected": int}
