@@ -56,6 +56,29 @@ def test_kvcache_without_the_causal_mask_and_with_a_scale():
     check(*make_cache(B=2, S_q=4, H=2, H_kv=1, D=64, lengths=[40, 3], page_size=16), causal=False, scale=0.3)
 
 
+@pytest.mark.parametrize("page_size", [16, 48], ids=["pages of 16 (read per key)", "pages of 48 (a tile's pages)"])
+def test_pages_smaller_than_a_tile(page_size, monkeypatch):
+    """The simulator's tiles are 16 keys, so every page size holds a whole tile there, and the
+    kernel's other copy (copy_kv_pages: a page smaller than a tile, the block table read for
+    every key, as on the GPU at 16-key pages) would run only on a GPU. Built here with tiles of
+    32 keys: pages of 16 take that copy, pages of 48 the whole-tile one with a tile across two
+    pages; both against the reference, and bit for bit against the contiguous cache."""
+    import dataclasses
+
+    from flashcore_numba import inference
+    from flashcore_numba.phases import p10_split_keys as p10
+
+    config = p10.build_kernel(p10.split_layout(64, block_n=32, stages=3), "float16", paged=True)
+    config = dataclasses.replace(config, cache_key=())
+    monkeypatch.setattr(inference, "build_kvcache", lambda D, dtype: config)
+    q, k, v, lengths, table = make_cache(B=2, S_q=2, H=4, H_kv=2, D=64, lengths=[75, 20], page_size=page_size)
+    check(q, k, v, lengths, table)
+    capacity = table.shape[1] * page_size
+    dense_k, dense_v = (x[table].reshape(2, capacity, 2, 64) for x in (k, v))
+    paged = attention_kvcache(q, k, v, lengths, table)
+    np.testing.assert_array_equal(paged, attention_kvcache(q, dense_k, dense_v, lengths))
+
+
 def test_paged_equals_contiguous():
     """The same keys in a contiguous cache and scattered over pages give the same output, bit for bit."""
     q, k, v, lengths, table = make_cache(B=2, S_q=1, H=4, H_kv=2, D=64, lengths=[60, 35], page_size=16)

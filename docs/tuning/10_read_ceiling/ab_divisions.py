@@ -1,6 +1,7 @@
-"""Phase 10 before (p10_old.py: HEAD's module) and after (the package's): the prologue's divisions in 32
-bits. Two processes (one per version) compile side by side, then take turns on the GPU, three rounds
-each, alternating (a turn file); each launch after an L2 flush (device time)."""
+"""Phase 10 before (p10_old.py: the module at 1ad01e7) and after (the package's) the prologue's divisions
+in 32 bits, and with paged_copy.diff too (p10_paged.py; VARIANTS=old,new,paged). One process per version:
+they compile side by side, then take turns on the GPU (a turn file), three rounds each; each launch after
+an L2 flush (device time)."""
 import dataclasses, json, os, sys, time
 import numpy as np
 import torch
@@ -14,6 +15,8 @@ name = sys.argv[1]
 OUT = os.environ.get("OUT", "/tmp")
 if name == "old":
     import p10_old as mod
+elif name == "paged":  # make_paged_variant.py: the package's phase 10 with paged_copy.diff
+    import p10_paged as mod
 else:
     from flashcore_numba.phases import p10_split_keys as mod
 t0 = time.time()
@@ -51,7 +54,8 @@ for label, B, lo, hi in (("kvcache B1 32768", 1, 32768, 32768), ("kvcache B64 1.
 print(name, f"built and checked in {time.time() - t0:.0f} s", flush=True)
 device = open_device()
 turn = os.path.join(OUT, "turn")
-order = [("old" if i % 2 == 0 else "new", i) for i in range(6)]
+NAMES = os.environ.get("VARIANTS", "old,new").split(",")  # each process one of them, taking turns
+order = [(NAMES[i % len(NAMES)], i) for i in range(3 * len(NAMES))]
 res = {key: [] for key in fns}
 for who, i in order:
     if who != name:
