@@ -778,15 +778,18 @@ def _bench_first_call(args, bench, dtype, shape) -> int:
         def step(label):
             progress.update(task, description=label, advance=1)
 
-        record = first_call.run_first_call_benchmark(shape, phases=phases, causal=args.causal, dtype=dtype,
-                                                     kv_heads=args.kv_heads, processes=args.processes,
-                                                     cold=args.cold, device=device,
-                                                     command=["flashcore", *args.argv], progress=step)
+        try:
+            record = first_call.run_first_call_benchmark(shape, phases=phases, causal=args.causal, dtype=dtype,
+                                                         kv_heads=args.kv_heads, processes=args.processes,
+                                                         cold=args.cold, device=device,
+                                                         command=["flashcore", *args.argv], progress=step)
+        except RuntimeError as e:
+            raise CLIError(f"--first-call: {e}") from None
     for r in record["results"]:
         console.print(f"{r['phase'] or 'attention()'}, {r['cache']} cache: first call {r['first_call_s']:.3f} s "
                       f"(import {r['import_s']:.2f} s, second call {1e3 * r['second_call_s']:.2f} ms), median of "
                       f"{len(r['runs'])} new processes{'' if r['ok'] else '; WRONG OUTPUT'}", soft_wrap=True)
-    path = args.out or first_call.record_path(record["provenance"]["gpu_name"], record["config"])
+    path = args.out or first_call.record_path(record["provenance"]["gpu_name"], record["config"], phases)
     first_call.write(record, path)
     console.print(f"Record written to {path}; `flashcore report` regenerates the README.", soft_wrap=True)
     return 0 if all(r["ok"] for r in record["results"]) else 1

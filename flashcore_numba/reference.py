@@ -344,9 +344,11 @@ def lowp_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
 
 
 def _lowp_torch(q, k, v, causal, scale, dtype):
-    """lowp_attention of torch tensors, with torch in float32 on their own device (fast on a GPU):
-    the same three roundings (torch rounds to fp16 and bf16 to nearest even, as round_to does), a
-    float32 product without TF32 (torch's default; set here, as a user may have changed it)."""
+    """lowp_attention of torch tensors, with torch on their own device (fast on a GPU): the same
+    three roundings to `dtype` (torch rounds to fp16 and bf16 to nearest even, as round_to does).
+    Each product is taken in float64 and rounded to float32 before it is rounded to `dtype`: the
+    float32 sum NumPy's route makes up to its own last bit, and never TF32's 10-bit one, whatever
+    a user set torch's TF32 flags to (they are left alone)."""
     import torch
 
     low = torch.bfloat16 if str(dtype) == "bfloat16" else torch.float16
@@ -355,20 +357,15 @@ def _lowp_torch(q, k, v, causal, scale, dtype):
     if k.shape[1] != H:  # grouped-query attention: each K/V head serves H / H_kv query heads
         k, v = (x.repeat_interleave(H // k.shape[1], dim=1) for x in (k, v))
     out = torch.empty((B, H, Sq, v.shape[-1]), dtype=torch.float64, device=q.device)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        for b in range(B):
-            s = (torch.matmul(q[b].float(), k[b].float().transpose(-1, -2)) * np.float32(scale)).to(low).float()
-            s = s.masked_fill(~mask, float("-inf"))
-            m = s.amax(dim=-1, keepdim=True)
-            m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # as in _softmax_rows
-            p = torch.exp(s - m)
-            denom = p.sum(dim=-1, keepdim=True)
-            p = torch.where(denom != 0, p / denom, torch.zeros_like(p)).to(low).float()
-            out[b] = torch.matmul(p, v[b].float()).to(low).double()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+    for b in range(B):
+        s = torch.matmul(q[b].double(), k[b].double().transpose(-1, -2)).float() * np.float32(scale)
+        s = s.to(low).float().masked_fill(~mask, float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # as in _softmax_rows
+        p = torch.exp(s - m)
+        denom = p.sum(dim=-1, keepdim=True)
+        p = torch.where(denom != 0, p / denom, torch.zeros_like(p)).to(low)
+        out[b] = torch.matmul(p.double(), v[b].double()).float().to(low).double()
     return out.cpu().numpy()
 
 @dataclass(frozen=True)

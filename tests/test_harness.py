@@ -885,18 +885,19 @@ def test_first_call_benchmark_runs_new_processes_and_writes_a_record(tmp_path):
     from flashcore_numba.measure import first_call, report
 
     record = first_call.run_first_call_benchmark((1, 2, 24, 64), phases=["01"], causal=True, processes=2,
-                                                 command=["test"])
+                                                 cold=True, command=["test"])
     assert first_call.validate(record) == []
-    (r,) = record["results"]
-    assert r["phase"] == "01" and r["cache"] == "warm" and r["ok"] and len(r["runs"]) == 2
-    assert all(run["ok"] and run["first_call_s"] > 0 and run["import_s"] > 0 for run in r["runs"])
-    assert r["first_call_s"] == sorted(run["first_call_s"] for run in r["runs"])[0] + \
-        0.5 * abs(r["runs"][0]["first_call_s"] - r["runs"][1]["first_call_s"])  # the median of two
+    r, cold = record["results"]
+    assert (r["phase"], r["cache"], cold["phase"], cold["cache"]) == ("01", "warm", "01", "cold")
+    assert r["ok"] and cold["ok"] and len(r["runs"]) == len(cold["runs"]) == 2
+    assert all(run["ok"] and run["first_call_s"] > 0 and run["import_s"] > 0 for run in r["runs"] + cold["runs"])
+    assert r["first_call_s"] == pytest.approx(0.5 * sum(run["first_call_s"] for run in r["runs"]))  # a median of 2
     path = first_call.write(record, tmp_path / "first_call" / "r.json")
     (loaded,) = first_call.load(tmp_path / "first_call")
     assert loaded["_path"] == str(path) and loaded["results"] == record["results"]
     text = "\n".join(report.first_call_table([loaded], tmp_path))
     assert "#### The first call of a new process" in text and "| 1, 2, 24, 64 fp16 causal | 01 | warm |" in text
+    assert "| 1, 2, 24, 64 fp16 causal | 01 | cold |" in text
     assert f"{r['first_call_s']:.2f} s" in text and "Median of 2 processes" in text
 
 
@@ -917,6 +918,11 @@ def test_first_call_records_are_validated(tmp_path):
     del bad["results"][0]["runs"][0]["first_call_s"]
     assert any("runs[0].first_call_s" in e for e in first_call.validate(bad))
     bad = json.loads(json.dumps(record))
+    del bad["results"][0]["ok"]
+    assert any("results[0].ok" in e for e in first_call.validate(bad))
+    assert any("results[1]: expected an object" in e
+               for e in first_call.validate(dict(record, results=record["results"] + [7])))
+    bad = json.loads(json.dumps(record))
     bad["results"][0]["cache"] = "lukewarm"
     assert any("results[0].cache" in e for e in first_call.validate(bad))
     with pytest.raises(ValueError, match="invalid record"):
@@ -927,6 +933,18 @@ def test_first_call_records_are_validated(tmp_path):
         first_call.load(tmp_path / "dir")
     record["_path"] = str(tmp_path / "r.json")
     record["results"][0]["ok"] = False
+    record["provenance"]["git_commit"] = None  # not a git checkout: the table says so, and does not fail
     text = "\n".join(report.first_call_table([record], tmp_path))
     row = "| 1, 16, 128, 64 fp16 | attention() chooses | warm | 0.40 s (WRONG OUTPUT) | 1.00 s | 1.00 ms | 1 / 0 |"
     assert row in text
+
+
+def test_first_call_refuses_a_warm_cache_that_compiled(monkeypatch):
+    """A process that compiled with the cache meant to be warm (the cache switched off, or its folder
+    not writable) stops the benchmark with the reason: its figure would not be a warm first call."""
+    from flashcore_numba.measure import first_call
+
+    run = dict(import_s=1.0, first_call_s=20.0, second_call_s=0.001, ok=True, loaded=0, built=1, rejected=0)
+    monkeypatch.setattr(first_call, "new_process", lambda config, env=None: dict(run))
+    with pytest.raises(RuntimeError, match="compiled with the kernel cache warm"):
+        first_call.run_first_call_benchmark((1, 1, 16, 64), phases=["01"], processes=1)

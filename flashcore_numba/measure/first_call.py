@@ -10,12 +10,13 @@ before; this measures the first call itself, in new processes:
   process has called once, so that it holds the kernel (loaded, or compiled and stored);
 - **cold** (with --cold): each process with an empty cache of its own, so that it compiles.
 
-Each process (`python -m flashcore_numba.measure.first_call --child CONFIG`) imports torch and
-flashcore_numba (timed: `import_s`), makes its inputs on the GPU (not timed: any CUDA work pays
-for its context first), calls attention() once and waits for the GPU (`first_call_s`), calls it
-again (`second_call_s`), checks the output against the float64 reference and says what the
-kernel cache did (loaded, compiled, rejected). The record (docs/bench/first_call/) keeps every
-process's figures; `flashcore report` puts their medians in the README.
+Each process imports flashcore_numba and torch (timed from the process's first line: `import_s`),
+makes its inputs on the GPU (not timed: any CUDA work pays for its context first), calls
+attention() once and waits for the GPU (`first_call_s`), calls it again (`second_call_s`), checks
+the output against the float64 reference and says what the kernel cache did (loaded, compiled,
+rejected). A warm cache that made a process compile (the cache switched off, or not writable)
+stops the benchmark: its figures would not be what they say. The record (docs/bench/first_call/)
+keeps every process's figures; `flashcore report` puts their medians in the README.
 """
 
 from __future__ import annotations
@@ -37,23 +38,31 @@ _RUN_KEYS = {"import_s": float, "first_call_s": float, "second_call_s": float, "
              "built": int, "rejected": int}
 
 
-def record_path(gpu_name: str, config: dict) -> Path:
+def record_path(gpu_name: str, config: dict, phases=(None,)) -> Path:
     from .bench import DTYPES
     from .records import default_records_dir, gpu_slug
 
     short = {v: k for k, v in DTYPES.items()}.get(config["dtype"], config["dtype"])
     kv = f"kv{config['H_kv']}" if config["H_kv"] != config["H"] else ""
-    name = (f"{gpu_slug(gpu_name)}_first_call_b{config['B']}h{config['H']}{kv}s{config['S']}d{config['D']}_{short}"
-            + ("_causal" if config["causal"] else ""))
+    shape = f"b{config['B']}h{config['H']}{kv}s{config['S']}d{config['D']}"
+    name = (f"{gpu_slug(gpu_name)}_first_call_{shape}_{short}"
+            + ("_causal" if config["causal"] else "")
+            + ("_p" + "-".join(p or "best" for p in phases) if any(phases) else ""))
     return default_records_dir() / KIND / f"{name}.json"
 
 
 # ---------------------------------------------------------------------------------------------
 # One new process
 # ---------------------------------------------------------------------------------------------
-def child(config: dict) -> dict:
-    """The figures of one new process's first calls (this runs in that process)."""
-    t0 = time.perf_counter()
+# The new process's program: the clock starts before anything of flashcore_numba is imported
+CHILD = ("import time; t0 = time.perf_counter(); import json, sys; "
+         "from flashcore_numba.measure.first_call import child; "
+         "print(json.dumps(child(json.loads(sys.argv[1]), t0)))")
+
+
+def child(config: dict, t0: float) -> dict:
+    """The figures of one new process's first calls (this runs in that process, whose clock
+    started at t0, before its imports)."""
     import numpy as np
 
     import flashcore_numba
@@ -95,16 +104,23 @@ def child(config: dict) -> dict:
     lowp = lowp_attention(q, k, v, causal=config["causal"],
                           dtype="bfloat16" if config["dtype"] == "bfloat16" else np.float16)
     ok = bool(check_close(host(out), ref, lowp).ok)
-    return dict(import_s=t1 - t0, first_call_s=t3 - t2, second_call_s=t4 - t3, ok=ok, loaded=cache.stats["loaded"],
-                built=cache.stats["built"], rejected=cache.stats["rejected"])
+    return dict(import_s=t1 - t0, first_call_s=t3 - t2, second_call_s=t4 - t3, ok=ok,
+                loaded=cache.stats["loaded"], built=cache.stats["built"], rejected=cache.stats["rejected"])
 
 
 def new_process(config: dict, env: dict | None = None, timeout: float = 900.0) -> dict:
-    """Run `child(config)` in a new Python process (the environment changed by `env`)."""
-    done = subprocess.run([sys.executable, "-m", "flashcore_numba.measure.first_call", "--child", json.dumps(config)],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    """Run `child(config)` in a new Python process (the environment changed by `env`), on this
+    process's copy of flashcore_numba (its folder first on the new process's path)."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    try:
+        done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(config)], capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"a new process ran past {timeout:.0f} s") from None
     if done.returncode != 0:
-        raise RuntimeError(f"the new process failed (exit {done.returncode}): {done.stderr[-2000:]}")
+        raise RuntimeError(f"a new process failed (exit {done.returncode}): {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -128,7 +144,8 @@ def run_first_call_benchmark(shape, *, phases=(None,), causal=False, dtype="floa
     B, H, S, D = shape
     device = device or open_device()
     step = progress or (lambda label: None)
-    config = dict(B=B, H=H, H_kv=kv_heads or H, S=S, D=D, dtype=dtype, causal=bool(causal), processes=processes)
+    config = dict(B=B, H=H, H_kv=kv_heads or H, S=S, D=D, dtype=dtype, causal=bool(causal),
+                  processes=processes)
     results = []
     for phase in phases:
         name = phase or "attention()'s choice"
@@ -140,6 +157,10 @@ def run_first_call_benchmark(shape, *, phases=(None,), causal=False, dtype="floa
         for i in range(processes):
             step(f"{name}: warm cache, new process {i + 1} of {processes}")
             runs.append(new_process(child_config))
+        if any(r["built"] for r in runs):
+            raise RuntimeError(f"{name}: a process compiled with the kernel cache warm (is it switched off "
+                               "by FLASHCORE_CACHE=0, or its folder not writable?): that is not a warm first "
+                               "call")
         modes.append(("warm", runs))
         if cold:
             runs = []
@@ -162,8 +183,8 @@ def validate(record) -> list[str]:
     if not isinstance(record, dict):
         return ["record: expected a JSON object"]
     errors = []
-    for key, typ in (("kind", str), ("schema", int), ("created", str), ("command", list), ("provenance", dict),
-                     ("config", dict), ("results", list)):
+    for key, typ in (("kind", str), ("schema", int), ("created", str), ("command", list),
+                     ("provenance", dict), ("config", dict), ("results", list)):
         if not isinstance(record.get(key), typ):
             errors.append(f"record.{key}: expected {typ.__name__}, got {record.get(key)!r}")
     if record.get("kind") != KIND or record.get("schema") != SCHEMA:
@@ -178,6 +199,11 @@ def validate(record) -> list[str]:
             errors.append(f"config.{key}: expected {typ.__name__}, got {config.get(key)!r}")
     for i, r in enumerate(record.get("results", []) if isinstance(record.get("results"), list) else []):
         where = f"results[{i}]"
+        if not isinstance(r, dict):
+            errors.append(f"{where}: expected an object")
+            continue
+        if not isinstance(r.get("ok"), bool):
+            errors.append(f"{where}.ok: expected true or false, got {r.get('ok')!r}")
         if r.get("cache") not in CACHE_MODES:
             errors.append(f"{where}.cache: expected one of {CACHE_MODES}, got {r.get('cache')!r}")
         if not (r.get("phase") is None or isinstance(r.get("phase"), str)):
@@ -225,11 +251,3 @@ def load(directory) -> list[dict]:
         record["_path"] = str(path)
         records.append(record)
     return sorted(records, key=lambda r: r["created"])
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        print(json.dumps(child(json.loads(sys.argv[2]))))
-    else:
-        sys.exit("usage: python -m flashcore_numba.measure.first_call --child CONFIG (flashcore bench --first-call "
-                 "runs it)")

@@ -316,7 +316,7 @@ def first_call_table(records, readme_dir) -> list[str]:
     the median of the record's processes."""
     lines = []
     for gpu, group in _by_gpu(records):
-        commits = sorted({r["provenance"]["git_commit"][:7] for r in group})
+        commits = sorted({(r["provenance"]["git_commit"] or "unknown")[:7] for r in group})
         dates = sorted({r["created"][:10] for r in group})
         n = sorted({r["config"]["processes"] for r in group})
         lines += ["", "#### The first call of a new process", "",
