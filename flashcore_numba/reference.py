@@ -212,13 +212,19 @@ def _reference_torch(q, k, v, causal, scale):
     if v.shape[1] != H:
         v = v.repeat_interleave(H // v.shape[1], dim=1)
     for b, s in _masked_scores_torch(q, k, causal, scale):
-        m = s.amax(dim=-1, keepdim=True)
-        m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # as in _softmax_rows
-        p = torch.exp(s - m)
-        denom = p.sum(dim=-1, keepdim=True)
-        p = torch.where(denom != 0, p / denom, torch.zeros_like(p))
-        out[b] = torch.matmul(p, v[b].double())
+        out[b] = torch.matmul(_softmax_torch(s), v[b].double())
     return out.cpu().numpy()
+
+
+def _softmax_torch(s):
+    """_softmax_rows of masked scores (-inf where masked) in torch, in their own dtype."""
+    import torch
+
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # as in _softmax_rows
+    p = torch.exp(s - m)
+    denom = p.sum(dim=-1, keepdim=True)
+    return torch.where(denom != 0, p / denom, torch.zeros_like(p))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,27 +352,21 @@ def lowp_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
 def _lowp_torch(q, k, v, causal, scale, dtype):
     """lowp_attention of torch tensors, with torch on their own device (fast on a GPU): the same
     three roundings to `dtype` (torch rounds to fp16 and bf16 to nearest even, as round_to does).
-    Each product is taken in float64 and rounded to float32 before it is rounded to `dtype`: the
-    float32 sum NumPy's route makes up to its own last bit, and never TF32's 10-bit one, whatever
-    a user set torch's TF32 flags to (they are left alone)."""
+    Each product is taken in float64 (the reference's scores, _masked_scores_torch) and rounded to
+    float32 before it is rounded to `dtype`: within a last bit of NumPy's float32 sums, and never
+    TF32's 10-bit ones, whatever a user set torch's TF32 flags to (they are left alone)."""
     import torch
 
     low = torch.bfloat16 if str(dtype) == "bfloat16" else torch.float16
     B, H, Sq, _ = q.shape
-    mask = torch.from_numpy(visible_mask(Sq, k.shape[2], causal)).to(q.device)
-    if k.shape[1] != H:  # grouped-query attention: each K/V head serves H / H_kv query heads
-        k, v = (x.repeat_interleave(H // k.shape[1], dim=1) for x in (k, v))
+    if v.shape[1] != H:  # grouped-query attention (_masked_scores_torch does the same for k)
+        v = v.repeat_interleave(H // v.shape[1], dim=1)
     out = torch.empty((B, H, Sq, v.shape[-1]), dtype=torch.float64, device=q.device)
-    for b in range(B):
-        s = torch.matmul(q[b].double(), k[b].double().transpose(-1, -2)).float() * np.float32(scale)
-        s = s.to(low).float().masked_fill(~mask, float("-inf"))
-        m = s.amax(dim=-1, keepdim=True)
-        m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # as in _softmax_rows
-        p = torch.exp(s - m)
-        denom = p.sum(dim=-1, keepdim=True)
-        p = torch.where(denom != 0, p / denom, torch.zeros_like(p)).to(low)
+    for b, s in _masked_scores_torch(q, k, causal, scale):
+        p = _softmax_torch(s.float().to(low).float()).to(low)
         out[b] = torch.matmul(p.double(), v[b].double()).float().to(low).double()
     return out.cpu().numpy()
+
 
 @dataclass(frozen=True)
 class Verdict:

@@ -29,8 +29,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
-from .records import SCHEMA  # the records' schema version, shared
+from .records import SCHEMA, default_records_dir, gpu_slug, load_records, provenance, write_record
 
 KIND = "first_call"
 CACHE_MODES = ("warm", "cold")
@@ -40,7 +41,6 @@ _RUN_KEYS = {"import_s": float, "first_call_s": float, "second_call_s": float, "
 
 def record_path(gpu_name: str, config: dict, phases=(None,)) -> Path:
     from .bench import DTYPES
-    from .records import default_records_dir, gpu_slug
 
     short = {v: k for k, v in DTYPES.items()}.get(config["dtype"], config["dtype"])
     kv = f"kv{config['H_kv']}" if config["H_kv"] != config["H"] else ""
@@ -127,19 +127,12 @@ def new_process(config: dict, env: dict | None = None, timeout: float = 900.0) -
 # ---------------------------------------------------------------------------------------------
 # The benchmark
 # ---------------------------------------------------------------------------------------------
-def _median(values) -> float:
-    values = sorted(values)
-    n = len(values)
-    return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
-
-
 def run_first_call_benchmark(shape, *, phases=(None,), causal=False, dtype="float16", kv_heads=None,
                              processes: int = 3, cold: bool = False, device=None, command=None,
                              progress=None) -> dict:
     """The whole protocol (the module docstring) for each phase of `phases` (None: attention()'s own
     choice), as a record. shape: (B, H, S, D)."""
     from .bench import open_device
-    from .records import provenance
 
     B, H, S, D = shape
     device = device or open_device()
@@ -171,9 +164,9 @@ def run_first_call_benchmark(shape, *, phases=(None,), causal=False, dtype="floa
             modes.append(("cold", runs))
         for mode, runs in modes:
             results.append(dict(phase=phase, cache=mode, runs=runs, ok=all(r["ok"] for r in runs),
-                                first_call_s=_median([r["first_call_s"] for r in runs]),
-                                import_s=_median([r["import_s"] for r in runs]),
-                                second_call_s=_median([r["second_call_s"] for r in runs])))
+                                first_call_s=median([r["first_call_s"] for r in runs]),
+                                import_s=median([r["import_s"] for r in runs]),
+                                second_call_s=median([r["second_call_s"] for r in runs])))
     return dict(kind=KIND, schema=SCHEMA, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 command=list(command or []), provenance=provenance(device), config=config, results=results)
 
@@ -218,36 +211,18 @@ def validate(record) -> list[str]:
         for j, run in enumerate(runs):
             for key, typ in _RUN_KEYS.items():
                 value = run.get(key) if isinstance(run, dict) else None
-                if not isinstance(value, typ) or (typ is int and isinstance(value, bool)) or \
-                        (typ is float and isinstance(value, bool)):
+                if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
                     errors.append(f"{where}.runs[{j}].{key}: expected {typ.__name__}, got {value!r}")
     return errors
 
 
 def write(record: dict, path) -> Path:
-    errors = validate(record)
-    if errors:  # a bug in this module, not a user error: refuse to write a bad record
-        raise ValueError("refusing to write an invalid record: " + "; ".join(errors[:5]))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    return path
+    """The record to `path`, validated first (records.write_record with this kind's validator)."""
+    return write_record(record, path, validate)
 
 
 def load(directory) -> list[dict]:
     """Every first-call record in `directory` (none if it does not exist), oldest first, each with
-    its `_path`; a file that is not a valid record raises RecordError naming it."""
-    from .records import RecordError
-
-    records = []
-    for path in sorted(Path(directory).glob("*.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise RecordError(f"{path}: not readable as JSON ({e})") from None
-        errors = validate(record)
-        if errors:
-            raise RecordError(f"{path}: not a valid first-call record: {'; '.join(errors[:3])}")
-        record["_path"] = str(path)
-        records.append(record)
-    return sorted(records, key=lambda r: r["created"])
+    its `_path`; a file that is not a valid record raises RecordError naming it (records.load_records
+    with this kind's validator)."""
+    return load_records(directory, validate, "first-call record")

@@ -244,13 +244,15 @@ class RecordError(ValueError):
     """A record file that cannot be read or does not follow the schema."""
 
 
-def load_records(directory=None) -> list[dict]:
+def load_records(directory=None, validate=None, what: str = "benchmark record") -> list[dict]:
     """Every record in `directory` (default docs/bench), oldest first.
 
     Each record gets a `_path` key: its file, as a string. A missing directory holds no
     records; a file that is not a valid record raises RecordError naming it: a committed
-    record nobody can read is a bug worth hearing about.
+    record nobody can read is a bug worth hearing about. `validate` (default validate_record)
+    checks another kind of record (measure/first_call.py's), `what` names it in the error.
     """
+    validate = validate or validate_record
     directory = Path(directory) if directory is not None else default_records_dir()
     records = []
     for path in sorted(directory.glob("*.json")):
@@ -258,9 +260,9 @@ def load_records(directory=None) -> list[dict]:
             record = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise RecordError(f"{path}: not readable as JSON ({e})") from None
-        errors = validate_record(record)
+        errors = validate(record)
         if errors:
-            raise RecordError(f"{path}: not a valid benchmark record: {errors[0]}")
+            raise RecordError(f"{path}: not a valid {what}: {errors[0]}")
         record["_path"] = str(path)
         records.append(record)
     return sorted(records, key=lambda r: r["created"])
@@ -283,8 +285,8 @@ def default_record_path(gpu_name: str, problem, *, sweep: bool = False, phase_id
     return default_records_dir() / f"{gpu_slug(gpu_name)}_{kind}{problem.tag}{subset}.json"
 
 
-def write_record(record: dict, path) -> Path:
-    errors = validate_record(record)
+def write_record(record: dict, path, validate=None) -> Path:
+    errors = (validate or validate_record)(record)
     if errors:  # a bug in this module, not a user error: refuse to write a bad record
         raise ValueError("refusing to write an invalid record: " + "; ".join(errors[:5]))
     path = Path(path)
