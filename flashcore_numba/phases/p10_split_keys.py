@@ -64,8 +64,18 @@ What changed from phase 07
       ptxas (sm_90a, D = 128) lays out 430 instructions ahead of the first cp.async instead of
       622, 2 call sites instead of 15 (those left: the float reciprocal's slow path), and uses
       207 registers instead of 232. On an H200 the outputs of attention_kvcache were
-      bit-identical to before (one cache of 32768 keys, 64 ragged caches); its time is not yet
-      measured (docs/tuning/10_read_ceiling/).
+      bit-identical to before (one cache of 32768 keys, 64 ragged caches). Timed on an H200
+      against the module before (docs/tuning/10_read_ceiling/ab_119ffa9_h200.txt, three processes
+      taking turns): attention_kvcache 5 % faster on one cache of 32768 keys (55.8 -> 53.1 us) and
+      2 % on 64 ragged caches of 1..8192 keys (395.4 -> 387.5 us); the dense build 0.4-1.9 %
+      SLOWER at five decode shapes (52.2 -> 52.4 us at B=1 H=32 H_kv=8 S_k=32768; 79.4 -> 80.9
+      at B=8 H=32 S_k=2048), with fewer instructions: not explained, kept for the paged build.
+    - **A paged tile's K and V copied together.** The paged build works out where a key's row
+      lies in the pool once for K and V (the pools share one layout), as a byte offset fixed per
+      page plus the key times the row's bytes: one multiply-add a key where there were two row
+      products and two page lookups. ptxas: the key loop 1719 -> 1002 SASS instructions. Same
+      run: one cache of 32768 keys 53.1 -> 52.3 us, 64 ragged caches 387.5 -> 291.2 us (25 %),
+      outputs bit-identical.
     How many splits: as many blocks as the GPU holds in one wave (its SMs times the blocks one
     SM holds: one), never part of a second wave, each warp's range at least MIN_TILES_PER_SPLIT
     tiles, at most MAX_SPLITS ranges; one block per row tile where those already fill the GPU
@@ -422,42 +432,54 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         two, p0 and p1, p0's keys from first, p1's from boundary. Read a tile ahead of its copy, so
         that the copy never waits for the block table."""
         last = min(key0 + BLOCK_N, seq_k) - 1
-        first_page = key0 // page_size
+        first_page = int32(uint32(key0) // uint32(page_size))  # in 32 bits, as where the block starts
         first = first_page * page_size
-        return int64(BLOCK_TABLE[b, first_page]), int64(BLOCK_TABLE[b, last // page_size]), int64(first), \
+        last_page = int32(uint32(last) // uint32(page_size))
+        return int64(BLOCK_TABLE[b, first_page]), int64(BLOCK_TABLE[b, last_page]), int64(first), \
             int64(first + page_size)
 
     @cuda.jit(device=True, inline=True)
-    def copy_kv_tile(smem, offset, X, h_kv, key0, seq_k, lane, pages):
-        """(paged, pages of at least BLOCK_N keys) copy_kv_pages with the tile's pages known
-        (tile_pages): no division and no read of the block table per key."""
-        page_size, H_kv = X.shape[1], X.shape[2]
+    def copy_kv_tiles(smem, k_off, v_off, K, V, h_kv, key0, seq_k, lane, pages):
+        """(paged, pages of at least BLOCK_N keys) The tile's keys of K and V, its pages known
+        (tile_pages): no division and no read of the block table per key, and where a key's row
+        lies worked out once for K and V. Key jj of page p (whose first key is `first`) is row
+        p * page_size + jj - first of the pool, so its byte offset is at + jj * key_bytes, with
+        `at` fixed for the page: one multiply-add a key."""
+        page_size, H_kv = K.shape[1], K.shape[2]
         p0, p1, first, boundary = pages
-        base = global_address(X)
+        key_bytes = int64(H_kv * HEAD_DIM * 2)  # from a key's row to the next one's in the pool
         r, chunk = lane // CHUNKS, lane % CHUNKS
+        lane_bytes = int64(h_kv * HEAD_DIM * 2 + chunk * 16)  # this lane's 16 bytes of the key's head
+        at0 = (p0 * page_size - first) * key_bytes + lane_bytes
+        at1 = (p1 * page_size - boundary) * key_bytes + lane_bytes
+        kb, vb = global_address(K), global_address(V)
         for i in range(BLOCK_N // ROWS_PER_PASS):
             j = key0 + r + i * ROWS_PER_PASS
             jj = min(j, seq_k - 1)
-            row = p0 * page_size + (jj - first) if jj < boundary else p1 * page_size + (jj - boundary)
-            src = base + uint64((row * H_kv + h_kv) * HEAD_DIM * 2 + chunk * 16)
-            copy16(row_dst(smem, offset, r + i * ROWS_PER_PASS, chunk), src,
-                   uint32(16) if j < seq_k else uint32(0))
+            at = uint64((at0 if jj < boundary else at1) + jj * key_bytes)
+            size = uint32(16) if j < seq_k else uint32(0)
+            copy16(row_dst(smem, k_off, r + i * ROWS_PER_PASS, chunk), kb + at, size)
+            copy16(row_dst(smem, v_off, r + i * ROWS_PER_PASS, chunk), vb + at, size)
 
     @cuda.jit(device=True, inline=True)
-    def copy_kv_pages(smem, offset, X, BLOCK_TABLE, b, h_kv, key0, seq_k, lane):
-        """(paged) Keys key0 .. key0 + BLOCK_N - 1 of a sequence from its pages: key j is row
-        j % page_size of page BLOCK_TABLE[b, j // page_size] of X (num_pages, page_size, H_kv, D),
-        any page size; a key past seq_k is zero-filled."""
-        page_size, H_kv = X.shape[1], X.shape[2]
-        base = global_address(X)
+    def copy_kv_pages(smem, k_off, v_off, K, V, BLOCK_TABLE, b, h_kv, key0, seq_k, lane):
+        """(paged) Keys key0 .. key0 + BLOCK_N - 1 of a sequence from its pages, K and V: key j is row
+        j % page_size of page BLOCK_TABLE[b, j // page_size] of the pool (num_pages, page_size, H_kv,
+        D), any page size; a key past seq_k is zero-filled. Each key's page read once for both."""
+        page_size, H_kv = K.shape[1], K.shape[2]
+        key_bytes = int64(H_kv * HEAD_DIM * 2)
         r, chunk = lane // CHUNKS, lane % CHUNKS
+        lane_bytes = int64(h_kv * HEAD_DIM * 2 + chunk * 16)
+        kb, vb = global_address(K), global_address(V)
         for i in range(BLOCK_N // ROWS_PER_PASS):
             j = key0 + r + i * ROWS_PER_PASS
             jj = min(j, seq_k - 1)
-            page = BLOCK_TABLE[b, jj // page_size]
-            src = base + uint64(((page * page_size + jj % page_size) * H_kv + h_kv) * HEAD_DIM * 2 + chunk * 16)
-            copy16(row_dst(smem, offset, r + i * ROWS_PER_PASS, chunk), src,
-                   uint32(16) if j < seq_k else uint32(0))
+            logical = int32(uint32(jj) // uint32(page_size))  # the key's page in the sequence (32 bits)
+            page = int64(BLOCK_TABLE[b, logical])
+            at = uint64((page * page_size + jj - logical * page_size) * key_bytes + lane_bytes)
+            size = uint32(16) if j < seq_k else uint32(0)
+            copy16(row_dst(smem, k_off, r + i * ROWS_PER_PASS, chunk), kb + at, size)
+            copy16(row_dst(smem, v_off, r + i * ROWS_PER_PASS, chunk), vb + at, size)
 
     @cuda.jit(device=True, inline=True)
     def copy_kv(smem, stage, K, V, head_kv, h_kv, key0, seq_k, lane, BLOCK_TABLE, b, pages, whole_tiles):
@@ -467,11 +489,9 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         v_off = V_OFF + stage * STAGE_BYTES
         if PAGED:
             if whole_tiles:
-                copy_kv_tile(smem, k_off, K, h_kv, key0, seq_k, lane, pages)
-                copy_kv_tile(smem, v_off, V, h_kv, key0, seq_k, lane, pages)
+                copy_kv_tiles(smem, k_off, v_off, K, V, h_kv, key0, seq_k, lane, pages)
             else:
-                copy_kv_pages(smem, k_off, K, BLOCK_TABLE, b, h_kv, key0, seq_k, lane)
-                copy_kv_pages(smem, v_off, V, BLOCK_TABLE, b, h_kv, key0, seq_k, lane)
+                copy_kv_pages(smem, k_off, v_off, K, V, BLOCK_TABLE, b, h_kv, key0, seq_k, lane)
         else:
             copy_tile(smem, k_off, global_address(K), head_kv, key0, BLOCK_N, seq_k, lane, ROW)
             copy_tile(smem, v_off, global_address(V), head_kv, key0, BLOCK_N, seq_k, lane, ROW)
