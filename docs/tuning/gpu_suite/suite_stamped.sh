@@ -11,7 +11,7 @@ for line in sys.stdin:
     sys.stdout.write(f"{time.time()-t0:7.1f} {line}"); sys.stdout.flush()'; }
 s=$(date +%s)
 set -o pipefail
-timeout 555 python3 -m pytest -m gpu -v --durations=30 -p no:cacheprovider 2>&1 | stamp > $OUT/suite.log
+timeout ${T:-555} python3 -m pytest -m gpu -v --durations=30 -p no:cacheprovider 2>&1 | stamp > $OUT/suite.log
 echo "rc=$? suite $(( $(date +%s)-s )) s"
 grep -E "passed|failed|error" $OUT/suite.log | tail -3
 sed -n '/slowest/,$p' $OUT/suite.log | head -70
