@@ -323,7 +323,9 @@ def first_call_table(records, readme_dir) -> list[str]:
                   f"`attention()` in new Python processes on the {gpu} ({', '.join(dates)}; code at commit"
                   f"{'s' * (len(commits) > 1)} {', '.join(f'`{c}`' for c in commits)}): the first call, from "
                   "the call until the GPU has finished it (the kernel loaded from the kernel cache, or "
-                  "compiled); before it, the import of torch and flashcore_numba; after it, the second call. "
+                  "compiled); before it, the import of torch and flashcore_numba and torch.cuda.is_available(), "
+                  "which starts the CUDA driver (the context, made with the inputs, is in neither); after "
+                  "it, the second call. "
                   f"Median of {'/'.join(map(str, n))} processes; a warm cache holds the kernel (`flashcore "
                   "compile` or an earlier process put it there), an empty one makes each process compile.", "",
                   "| B, H, S, D | kernel | kernel cache | first call | import | second call | loaded / compiled |",
