@@ -136,6 +136,8 @@ def test_record_carries_mean_p99_tail_and_call():
     assert timed.mean_ms == 2.0 and timed.p99_ms == pytest.approx(2.97)
     timed.tail = bench.distribution([1.0] * 98 + [1.6, 9.0])
     timed.call = dict(bench.distribution([1.1, 1.2, 1.3]), host_median_us=12.0, host_p99_us=20.0, host_max_us=21.0)
+    timed.launch_loop = dict(bench.distribution([1.0, 1.1, 1.2]), host_median_us=4.0, host_p99_us=5.0,
+                             host_max_us=6.0)
     assert timed.tail["slow"] == 2 and timed.tail["n"] == 100 and timed.tail["max_ms"] == 9.0
     record = records.build_record(problem=problem, results=[timed, wrong, peer], provenance=PROVENANCE,
                                   timing=bench.Timing(tail=100, calls=3), ceiling=None, oracle=ORACLE, command=[],
@@ -144,8 +146,13 @@ def test_record_carries_mean_p99_tail_and_call():
     assert records.validate_record(record) == []
     assert record["results"][0]["tail"]["slow"] == 2 and record["results"][0]["call"]["host_median_us"] == 12.0
     assert "tail" not in record["results"][1] and "call" not in record["results"][2]  # absent where not measured
+    assert record["results"][0]["launch_loop"]["median_ms"] == 1.1
+    assert "launch_loop" not in record["results"][1]
     record["results"][0]["tail"]["p99_ms"] = "fast"
     assert any("tail" in e for e in records.validate_record(record))
+    record["results"][0]["tail"]["p99_ms"] = 1.0
+    record["results"][0]["launch_loop"]["median_ms"] = None
+    assert any("launch_loop" in e for e in records.validate_record(record))
 
 
 class _ScriptedClock:
@@ -361,6 +368,8 @@ def test_report_launch_times_and_flags(report_tree):
     first["mean_ms"] = 1.2 * first["median_ms"]  # a tail in the kernel time
     first["tail"] = bench.distribution([1.0] * 997 + [2.0, 9.0, 9.0])
     first["call"] = dict(bench.distribution([1.5] * 10), host_median_us=30.0, host_p99_us=40.0, host_max_us=41.0)
+    first["launch_loop"] = dict(bench.distribution([1.2] * 10), host_median_us=5.0, host_p99_us=6.0,
+                                host_max_us=7.0)
     path.write_text(json.dumps(record))
     summary = _generate(report_tree)
     block = report_tree.readme.read_text()
@@ -374,7 +383,7 @@ def test_report_launch_times_and_flags(report_tree):
     assert "#### What a call costs" in block
     row = next(line for line in block.splitlines() if line.startswith("| 16, 16, 2048, 2048, 64 fp16 |"))
     assert row.startswith(f"| 16, 16, 2048, 2048, 64 fp16 | 01 | 1500 / 1500 | {first['median_ms'] * 1e3:.0f} |")
-    assert row.endswith("| 30 | — | — | — |")
+    assert row.endswith("| 1.25 | 30 | — | — | — |")  # call / its kernel's launches: 1.5 / 1.2
     # a run of one kernel at a small shape is a row of that table, not a ladder of its own
     small = dict(record, created="2026-11-30T00:00:00+00:00", config=dict(record["config"], B=1, S_q=128, S_k=128),
                  results=[dict(first)])

@@ -19,7 +19,11 @@ The protocol (../shared/DESIGN.md), in the order the code runs it:
    loop runs them there, and how many took more than SLOW times their median.
    With `calls`: the *call time*, `attention()` (or the peer's SDPA call) called back to back
    with garbage collection on, as a user's loop calls it: events between the calls, so the host's
-   time enters wherever the GPU waits for it; with the host's own time per call.
+   time enters wherever the GPU waits for it; with the host's own time per call. For a phase, also
+   its kernel's own launch timed the same way (`launch_loop`): the kernel time is taken in short
+   batches behind a sleep, the calls run without a pause, and a board at its power cap lowers its
+   clock under that load (docs/tuning/call_path.txt), so call / launch_loop is what attention()'s
+   path adds, and call / kernel time what a user sees beside the kernel's figure.
 5. FLOPs = 4·B·H·S_q·S_k·D (two matmuls, 2 FLOPs per multiply-add), halved when causal;
    TFLOPS from the median; and the percentage of the tensor-core ceiling, a large fp16
    matmul measured in the same run on the same card. Bytes = K and V read once: GB/s from
@@ -753,11 +757,12 @@ def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timi
                     else:
                         result.call = call_times(device, _attention_call(result.name, qkv, problem), n)
                         result.call_op = call_times(device, _attention_call(result.name, qkv, problem, op=True), n)
+                        result.launch_loop = call_times(device, launch, n)
             except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
                 result.correct = False
                 result.message = f"passed the gate, then timing raised {_raised(e)}"
                 for key in ("median_ms", "min_ms", "max_ms", "mean_ms", "p99_ms", "tflops", "pct_of_ceiling",
-                            "gb_per_s", "pct_of_bandwidth", "tail", "call", "call_op"):
+                            "gb_per_s", "pct_of_bandwidth", "tail", "call", "call_op", "launch_loop"):
                     setattr(result, key, None)  # an incorrect result carries no speed figure
         results.append(result)
         device.release()

@@ -91,10 +91,13 @@ class Result:
     dynamic_smem_bytes: int | None = None
     local_bytes_per_thread: int | None = None
     # the tail (Timing.tail) and the call time (Timing.calls): `distribution` dicts, when measured;
-    # call_op: the same call through the custom op torch.compile sees, torch.ops.flashcore.attention
+    # call_op: the same call through the custom op torch.compile sees, torch.ops.flashcore.attention;
+    # launch_loop (a phase's, with the call time): its kernel's own launch timed as the call is, back
+    # to back, so that call / launch_loop is what attention() adds under the same load on the board
     tail: dict | None = None
     call: dict | None = None
     call_op: dict | None = None
+    launch_loop: dict | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -104,8 +107,8 @@ class Result:
         if self.kind == "peer":
             for key in ("registers", "static_smem_bytes", "dynamic_smem_bytes", "local_bytes_per_thread"):
                 del d[key]
-        for key in ("gb_per_s", "pct_of_bandwidth", "tail", "call", "call_op"):  # absent, not null, where
-            # not measured (older records lack them)
+        # absent, not null, where not measured (older records lack them)
+        for key in ("gb_per_s", "pct_of_bandwidth", "tail", "call", "call_op", "launch_loop"):
             if d[key] is None:
                 del d[key]
         return d
@@ -222,7 +225,7 @@ def _validate_result(r, where) -> list[str]:
             errors.append(f"{where}.{key}: a correct result must be timed, got {value!r}")
         if not r.get("correct") and value is not None:
             errors.append(f"{where}.{key}: an incorrect result must not carry a speed figure")
-    for key in ("tail", "call", "call_op"):
+    for key in ("tail", "call", "call_op", "launch_loop"):
         if key in r:
             if not r.get("correct") or not isinstance(r[key], dict):
                 errors.append(f"{where}.{key}: expected an object, and only in a correct result")

@@ -533,7 +533,11 @@ def latency_table(records) -> list[str]:
              "`attention()` call keeps the host, microseconds (where the kernels outlast the host, the calls "
              "run ahead until the launch queue is full, and from then on this is mostly the wait for room in "
              "it). Op: the same call through `torch.ops.flashcore.attention`, the custom op "
-             "a `torch.compile`d model calls (torch's dispatcher adds its cost).", ""]
+             "a `torch.compile`d model calls (torch's dispatcher adds its cost). Call / launches: the call "
+             "against the kernel's own launch timed the same way, back to back (— in older records): "
+             "the kernel time is taken in short batches, the calls without a pause, and a board at its "
+             "power cap lowers its clock under that load (docs/guide.md), so this ratio is what the "
+             "call's path adds under the same load, and call / kernel what a user sees.", ""]
     for gpu, own in _by_gpu(records):  # a table per GPU
         lines += _latency_gpu_table(own, gpu) + [""]
     return lines[:-1]
@@ -545,9 +549,9 @@ def _latency_gpu_table(records, gpu) -> list[str]:
                                  for r in sorted(records, key=lambda r: r["created"])))
     lines = [f"On the {gpu} ({', '.join(dates)}; code at commit{'s' if len(commits) > 1 else ''} "
              f"{', '.join(f'`{c}`' for c in commits)}):", "",
-             "| B, H, S_q, S_k, D | kernel | call median / p99 | kernel time | call / kernel | host per call | "
-             "op call | SDPA flash call | SDPA cuDNN call |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| B, H, S_q, S_k, D | kernel | call median / p99 | kernel time | call / kernel | call / launches | "
+             "host per call | op call | SDPA flash call | SDPA cuDNN call |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for record in records:
         c = record["config"]
         ours = [r for r in record["results"] if r["kind"] == "phase" and r.get("call")]
@@ -563,8 +567,9 @@ def _latency_gpu_table(records, gpu) -> list[str]:
 
         shape = f"{c['B']}, {c['H']}{'/' + str(c['H_kv']) if c.get('H_kv') else ''}, {c['S_q']}, {c['S_k']}, {c['D']}"
         shape += f" {SHORT_DTYPE.get(c['dtype'], c['dtype'])}" + (" causal" if c["causal"] else "")
+        loop = f"{call['median_ms'] / r['launch_loop']['median_ms']:.2f}" if r.get("launch_loop") else "—"
         lines.append(f"| {shape} | {r['name']} | {_us(call['median_ms'])} / {_us(call['p99_ms'])} | "
-                     f"{_us(r['median_ms'])} | {call['median_ms'] / r['median_ms']:.2f} | "
+                     f"{_us(r['median_ms'])} | {call['median_ms'] / r['median_ms']:.2f} | {loop} | "
                      f"{call['host_median_us']:.0f} | {_us(r['call_op']['median_ms']) if r.get('call_op') else '—'} | "
                      f"{flash} | {cudnn} |")
     return lines
