@@ -549,8 +549,8 @@ def _latency_gpu_table(records, gpu) -> list[str]:
                                  for r in sorted(records, key=lambda r: r["created"])))
     lines = [f"On the {gpu} ({', '.join(dates)}; code at commit{'s' if len(commits) > 1 else ''} "
              f"{', '.join(f'`{c}`' for c in commits)}):", "",
-             "| B, H, S_q, S_k, D | kernel | call median / p99 | kernel time | call / kernel | call / launches | "
-             "host per call | op call | SDPA flash call | SDPA cuDNN call |",
+             "| B, H, S_q, S_k, D | kernel | call median / p99 | kernel time | call / kernel | "
+             "call / launches | host per call | op call | SDPA flash call | SDPA cuDNN call |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for record in records:
         c = record["config"]
