@@ -153,6 +153,47 @@ def test_record_carries_mean_p99_tail_and_call():
     record["results"][0]["tail"]["p99_ms"] = 1.0
     record["results"][0]["launch_loop"]["median_ms"] = None
     assert any("launch_loop" in e for e in records.validate_record(record))
+    record["results"][0]["launch_loop"]["median_ms"] = 0.0  # the README divides by it
+    assert any("positive median" in e for e in records.validate_record(record))
+    record["results"][0]["launch_loop"]["median_ms"] = 1.1
+    del record["results"][0]["call"]  # a launch loop is the yardstick of a call: not without one
+    assert any("launch_loop: only a phase's" in e for e in records.validate_record(record))
+
+
+def test_paired_call_times_alternate_the_call_and_the_launch():
+    """The call and its kernel's launch loop in alternating runs (call, launch | launch, call | ...),
+    n timed each, after three untimed calls a run: each its own distribution, with the host's time."""
+    order = []
+
+    class Device:
+        clock = 0.0
+
+        def event(self):
+            return SimpleNamespace(at=None)
+
+        def record(self, event):
+            event.at = self.clock
+
+        def elapsed(self, a, b):
+            return b.at - a.at
+
+        def synchronize(self):
+            pass
+
+    device = Device()
+
+    def timed(name, ms):
+        def f():
+            order.append(name)
+            device.clock += ms
+        return f
+
+    call, loop = bench.paired_call_times(device, timed("call", 2.0), timed("launch", 1.5), 10, rounds=4)
+    runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]  # a round's second
+    assert runs == ["call", "launch", "call", "launch", "call"]  # run and the next one's first merge
+    assert order.count("call") == order.count("launch") == 10 + 4 * 3  # n, and 3 untimed a run
+    assert call["n"] == loop["n"] == 10 and call["median_ms"] == 2.0 and loop["median_ms"] == 1.5
+    assert call["host_median_us"] >= 0 and "host_p99_us" in loop
 
 
 class _ScriptedClock:

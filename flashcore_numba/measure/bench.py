@@ -20,10 +20,12 @@ The protocol (../shared/DESIGN.md), in the order the code runs it:
    With `calls`: the *call time*, `attention()` (or the peer's SDPA call) called back to back
    with garbage collection on, as a user's loop calls it: events between the calls, so the host's
    time enters wherever the GPU waits for it; with the host's own time per call. For a phase, also
-   its kernel's own launch timed the same way (`launch_loop`): the kernel time is taken in short
-   batches behind a sleep, the calls run without a pause, and a board at its power cap lowers its
-   clock under that load (docs/tuning/call_path.txt), so call / launch_loop is what attention()'s
-   path adds, and call / kernel time what a user sees beside the kernel's figure.
+   its kernel's own launch timed the same way (`launch_loop`), in runs alternating with the calls'.
+   The kernel time flushes L2 before each launch and runs in short batches behind a sleep; the
+   calls and the launch loop find K and V in L2 where they fit and run without a pause, and a board
+   at its power cap lowers its clock under that load (docs/tuning/call_path.txt). So call /
+   launch_loop is what attention()'s path adds, and call / kernel time what a user sees beside the
+   kernel's figure.
 5. FLOPs = 4·B·H·S_q·S_k·D (two matmuls, 2 FLOPs per multiply-add), halved when causal;
    TFLOPS from the median; and the percentage of the tensor-core ceiling, a large fp16
    matmul measured in the same run on the same card. Bytes = K and V read once: GB/s from
@@ -293,6 +295,27 @@ def call_times(device, call: Callable[[], object], n: int) -> dict:
     """The call time: `call` back to back n times, garbage collection on, as a user's loop runs it,
     with events between the calls (the GPU's time from one call's work to the next, host time
     included wherever the GPU waited for it) and the host's own time per call."""
+    return _call_summary(*_call_samples(device, call, n))
+
+
+def paired_call_times(device, call: Callable[[], object], launch: Callable[[], object], n: int,
+                      rounds: int = 4) -> tuple[dict, dict]:
+    """call_times of `call` and of `launch` (its kernel's own launch), n each, taken in `rounds`
+    alternating runs, so that both meet the board in the same states (a board at its power cap
+    lowers its clock as back-to-back work goes on: measured one after the other, the second would
+    run on a hotter board)."""
+    samples = {call: ([], []), launch: ([], [])}
+    for i in range(rounds):
+        m = n // rounds + (i < n % rounds)
+        for f in (call, launch) if i % 2 == 0 else (launch, call):
+            times, host = _call_samples(device, f, m)
+            samples[f][0].extend(times)
+            samples[f][1].extend(host)
+    return _call_summary(*samples[call]), _call_summary(*samples[launch])
+
+
+def _call_samples(device, call, n: int) -> tuple[list, list]:
+    """(GPU times in ms, host times in us) of n back-to-back calls, after three more unmeasured."""
     for _ in range(3):
         call()
     device.synchronize()
@@ -305,7 +328,11 @@ def call_times(device, call: Callable[[], object], n: int) -> dict:
         host.append((time.perf_counter() - t0) * 1e6)
         device.record(events[i + 1])
     device.synchronize()
-    result = distribution([device.elapsed(events[i], events[i + 1]) for i in range(n)])
+    return [device.elapsed(events[i], events[i + 1]) for i in range(n)], host
+
+
+def _call_summary(times, host) -> dict:
+    result = distribution(times)
     result.update(host_median_us=float(np.median(host)), host_p99_us=float(np.percentile(host, 99)),
                   host_max_us=float(max(host)))
     return result
@@ -755,9 +782,9 @@ def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timi
                     if result.kind == "peer":
                         result.call = call_times(device, launch, n)
                     else:
-                        result.call = call_times(device, _attention_call(result.name, qkv, problem), n)
+                        result.call, result.launch_loop = paired_call_times(
+                            device, _attention_call(result.name, qkv, problem), launch, n)
                         result.call_op = call_times(device, _attention_call(result.name, qkv, problem, op=True), n)
-                        result.launch_loop = call_times(device, launch, n)
             except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
                 result.correct = False
                 result.message = f"passed the gate, then timing raised {_raised(e)}"

@@ -93,7 +93,8 @@ class Result:
     # the tail (Timing.tail) and the call time (Timing.calls): `distribution` dicts, when measured;
     # call_op: the same call through the custom op torch.compile sees, torch.ops.flashcore.attention;
     # launch_loop (a phase's, with the call time): its kernel's own launch timed as the call is, back
-    # to back, so that call / launch_loop is what attention() adds under the same load on the board
+    # to back, in runs alternating with the calls': call / launch_loop is what attention() adds under
+    # the same load on the board (the kernel time also differs by its L2 flush and its short batches)
     tail: dict | None = None
     call: dict | None = None
     call_op: dict | None = None
@@ -231,6 +232,10 @@ def _validate_result(r, where) -> list[str]:
                 errors.append(f"{where}.{key}: expected an object, and only in a correct result")
             elif any(not isinstance(r[key].get(f), _NUMBER) for f in _DISTRIBUTION_KEYS):
                 errors.append(f"{where}.{key}: expected numbers {', '.join(_DISTRIBUTION_KEYS)}")
+            elif r[key]["median_ms"] <= 0:
+                errors.append(f"{where}.{key}: expected a positive median")
+    if "launch_loop" in r and (r.get("kind") != "phase" or "call" not in r):
+        errors.append(f"{where}.launch_loop: only a phase's, beside its call time")
     if r.get("kind") == "phase":
         for key in _PHASE_RESOURCE_KEYS:
             if key not in r:

@@ -324,7 +324,8 @@ def first_call_table(records, readme_dir) -> list[str]:
                   f"{'s' * (len(commits) > 1)} {', '.join(f'`{c}`' for c in commits)}): the first call, from "
                   "the call until the GPU has finished it (the kernel loaded from the kernel cache, or "
                   "compiled); before it, the import of torch and flashcore_numba and torch.cuda.is_available(), "
-                  "which starts the CUDA driver (the context, made with the inputs, is in neither); after "
+                  "which starts the CUDA driver (torch's context, made with the inputs, is in neither; "
+                  "Numba's attach to it is in the first call); after "
                   "it, the second call. "
                   f"Median of {'/'.join(map(str, n))} processes; a warm cache holds the kernel (`flashcore "
                   "compile` or an earlier process put it there), an empty one makes each process compile.", "",
@@ -534,10 +535,11 @@ def latency_table(records) -> list[str]:
              "run ahead until the launch queue is full, and from then on this is mostly the wait for room in "
              "it). Op: the same call through `torch.ops.flashcore.attention`, the custom op "
              "a `torch.compile`d model calls (torch's dispatcher adds its cost). Call / launches: the call "
-             "against the kernel's own launch timed the same way, back to back (— in older records): "
-             "the kernel time is taken in short batches, the calls without a pause, and a board at its "
-             "power cap lowers its clock under that load (docs/guide.md), so this ratio is what the "
-             "call's path adds under the same load, and call / kernel what a user sees.", ""]
+             "against the kernel's own launch timed the same way, back to back, in runs alternating with the "
+             "calls' (— in older records). The kernel time flushes L2 before each launch and runs in short "
+             "batches; the calls run without a pause, with K and V in L2 where they fit, and a board at its "
+             "power cap lowers its clock under that load (docs/guide.md): so this ratio is what the call's "
+             "path adds under the same load, and call / kernel what a user sees.", ""]
     for gpu, own in _by_gpu(records):  # a table per GPU
         lines += _latency_gpu_table(own, gpu) + [""]
     return lines[:-1]
