@@ -304,14 +304,15 @@ def paired_call_times(device, call: Callable[[], object], launch: Callable[[], o
     alternating runs, so that both meet the board in the same states (a board at its power cap
     lowers its clock as back-to-back work goes on: measured one after the other, the second would
     run on a hotter board)."""
-    samples = {call: ([], []), launch: ([], [])}
+    calls, launches = ([], []), ([], [])  # (GPU times, host times) of each
     for i in range(rounds):
         m = n // rounds + (i < n % rounds)
-        for f in (call, launch) if i % 2 == 0 else (launch, call):
-            times, host = _call_samples(device, f, m)
-            samples[f][0].extend(times)
-            samples[f][1].extend(host)
-    return _call_summary(*samples[call]), _call_summary(*samples[launch])
+        runs = ((call, calls), (launch, launches))
+        for f, (times, host) in runs if i % 2 == 0 else runs[::-1]:
+            t, h = _call_samples(device, f, m)
+            times += t
+            host += h
+    return _call_summary(*calls), _call_summary(*launches)
 
 
 def _call_samples(device, call, n: int) -> tuple[list, list]:

@@ -307,10 +307,21 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         return x
 
     @cuda.jit(device=True, inline=True)
+    def div32(a, b):
+        """a // b for values never negative and far below 2^31, divided in 32 bits: Numba types
+        shapes as int64, and a 64-bit division is a test of the high words, a 32-bit path and a
+        call to a division routine (the changelog's "Divisions by run-time values in 32 bits")."""
+        return int32(uint32(a) // uint32(b))
+
+    @cuda.jit(device=True, inline=True)
+    def mod32(a, b):
+        """a % b, as div32 divides."""
+        return int32(uint32(a) % uint32(b))
+
+    @cuda.jit(device=True, inline=True)
     def packed_row(p, seq_q):
-        """(query head within the group, query row) of packed row p (divided in 32 bits: a 64-bit
-        division is a test, a 32-bit path and a call to a routine)."""
-        hg = int32(uint32(p) // uint32(seq_q))
+        """(query head within the group, query row) of packed row p."""
+        hg = div32(p, seq_q)
         return hg, p - hg * seq_q
 
     @cuda.jit(device=True, inline=True)
@@ -339,9 +350,9 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         two, p0 and p1, p0's keys from first, p1's from boundary. Read a tile ahead of its copy, so
         that the copy never waits for the block table."""
         last = min(key0 + BLOCK_N, seq_k) - 1
-        first_page = int32(uint32(key0) // uint32(page_size))  # in 32 bits, as where the block starts
+        first_page = div32(key0, page_size)
         first = first_page * page_size
-        last_page = int32(uint32(last) // uint32(page_size))
+        last_page = div32(last, page_size)
         return int64(BLOCK_TABLE[b, first_page]), int64(BLOCK_TABLE[b, last_page]), int64(first), \
             int64(first + page_size)
 
@@ -381,7 +392,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         for i in range(BLOCK_N // ROWS_PER_PASS):
             j = key0 + r + i * ROWS_PER_PASS
             jj = min(j, seq_k - 1)
-            logical = int32(uint32(jj) // uint32(page_size))  # the key's page in the sequence (32 bits)
+            logical = div32(jj, page_size)  # the key's page in the sequence
             page = int64(BLOCK_TABLE[b, logical])
             at = uint64((page * page_size + jj - logical * page_size) * key_bytes + lane_bytes)
             size = uint32(16) if j < seq_k else uint32(0)
@@ -437,11 +448,11 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             H, H_kv, seq_q, seq_k = Q.shape[2], K.shape[2], Q.shape[1], SEQLENS[cuda.blockIdx.z]
         else:
             H, H_kv, seq_q, seq_k = Q.shape[1], K.shape[1], Q.shape[2], K.shape[2]
-        group = int32(uint32(H) // uint32(H_kv))  # query heads per K/V head
+        group = div32(H, H_kv)  # query heads per K/V head
         rows = group * seq_q  # the packed rows of one K/V head
         row_tiles = (rows + BLOCK_M - 1) // BLOCK_M
-        tile = int32(uint32(cuda.blockIdx.y) // uint32(H_kv))
-        h_kv = int32(uint32(cuda.blockIdx.y) % uint32(H_kv))
+        tile = div32(cuda.blockIdx.y, H_kv)
+        h_kv = mod32(cuda.blockIdx.y, H_kv)
         b = cuda.blockIdx.z
         g = lane // 4  # this lane's packed rows: row0 + g and row0 + g + 8 (as phase 07's rows)
         t = lane % 4  # and its columns 2t, 2t + 1 of every 8-column tile
@@ -455,9 +466,9 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         # this split's share of them, whole tiles
         last = min(row0 + BLOCK_M, rows) - 1
         q_last = seq_q - 1 if uint32(row0) // uint32(seq_q) != uint32(last) // uint32(seq_q) else \
-            int32(uint32(last) % uint32(seq_q))
+            mod32(last, seq_q)  # (the heads compared unsigned: as div32's, ptxas laid out more code)
         block_k_end = int32(key_end(q_last, seq_q, seq_k, causal))
-        tiles_per_split = int32(uint32(block_k_end + BLOCK_N * n_splits - 1) // uint32(BLOCK_N * n_splits))
+        tiles_per_split = div32(block_k_end + BLOCK_N * n_splits - 1, BLOCK_N * n_splits)
         k_start = int32(split * tiles_per_split * BLOCK_N)
         k_stop = min(block_k_end, k_start + int32(tiles_per_split * BLOCK_N))
         _, q_a = packed_row(min(row0 + g, rows - 1), seq_q)
@@ -643,8 +654,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             return
 
         # -- the levels across blocks, in teams of FAN_IN blocks' partials
-        # merge_counters(blocks) a row tile (a division in 32 bits, as where the block starts)
-        per_tile = int32(uint32(COUNTERS.shape[0]) // uint32(cuda.gridDim.y * cuda.gridDim.z))
+        per_tile = div32(COUNTERS.shape[0], cuda.gridDim.y * cuda.gridDim.z)  # merge_counters(blocks)
         counters = ((b * H_kv + h_kv) * row_tiles + tile) * per_tile  # this row tile's first counter
         node = slot  # this block's partial among this level's partials
         count = cuda.gridDim.x  # partials at this level
