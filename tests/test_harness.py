@@ -426,12 +426,16 @@ def test_report_launch_times_and_flags(report_tree):
     assert row.startswith(f"| 16, 16, 2048, 2048, 64 fp16 | 01 | 1500 / 1500 | {first['median_ms'] * 1e3:.0f} |")
     assert row.endswith("| 1.25 | 30 | — | — | — |")  # call / its kernel's launches: 1.5 / 1.2
     # a run of one kernel at a small shape is a row of that table, not a ladder of its own
+    # whose launch loop waited on the host (Numba's launch outlasting the kernel): no ratio, "host"
+    host_bound = dict(first["launch_loop"], host_median_us=0.9e3 * first["launch_loop"]["median_ms"])
     small = dict(record, created="2026-11-30T00:00:00+00:00", config=dict(record["config"], B=1, S_q=128, S_k=128),
-                 results=[dict(first)])
+                 results=[dict(first, launch_loop=host_bound)])
     (report_tree.records / "small_p01.json").write_text(json.dumps(small))
     _generate(report_tree)
     block = report_tree.readme.read_text()
     assert "| 1, 16, 128, 128, 64 fp16 | 01 |" in block and "#### B=1 H=16 S=128" not in block
+    row = next(line for line in block.splitlines() if line.startswith("| 1, 16, 128, 128, 64 fp16 |"))
+    assert row.endswith("| host | 30 | — | — | — |")
     # another GPU's call times: a table of its own, the GPU measured last first, each under its name
     other = dict(small, created="2999-01-01T00:00:00+00:00", provenance=dict(small["provenance"], gpu_name="Newer GPU"))
     (report_tree.records / "small_p01_newer.json").write_text(json.dumps(other))
