@@ -58,6 +58,11 @@
 #   `cuda.atomic.add` returns the old value, so each addition waits for an answer from memory that
 #   nobody reads; PTX's `red` (ptx/red.ptx) adds without one, and on an H100 `red.global.add.v2.f32`
 #   adds a lane's two neighbouring columns at once. Half the requests, none waited for.
+#   The dQ of a tile needs every warp's dSᵀ (each warp has 16 keys of it), so the warps meet at a
+#   [barrier](../docs/glossary.md#barrier) first. Rather than a barrier of its own, each tile's
+#   dSᵀ goes to one of two buffers and its dQ is added during the next tile, behind the barrier
+#   that ends every tile anyway: no warp waits for the slowest one's dSᵀ (3-6 % faster on an
+#   H200, docs/tuning/11_ab.txt, run 11).
 #
 # **4. Atomics are not [deterministic](../docs/glossary.md#deterministic).** Blocks finish in
 # whatever order the GPU runs them, and float32 addition is not associative: the last bits of dQ can

@@ -87,7 +87,8 @@ def layout(HEAD_DIM: int, warps: int, stream_rows: int) -> dict:
     assert L["STREAM_A"] % 256 == 0 and L["STAGE_BYTES"] % 256 == 0 and stream_rows * srow % 256 == 0
     L["DS_OFF"] = L["STREAM_A"] + 2 * L["STAGE_BYTES"]
     L["DS_ROW_BYTES"] = (stream_rows + PAD) * 2
-    L["SMEM_BYTES"] = L["DS_OFF"] + own * L["DS_ROW_BYTES"]
+    L["DS_BYTES"] = own * L["DS_ROW_BYTES"]  # tile it's dSᵀ at DS_OFF + (it % 2) * DS_BYTES
+    L["SMEM_BYTES"] = L["DS_OFF"] + 2 * L["DS_BYTES"]
     L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row (make_copy_tile)
     L["ROWS_PER_PASS"] = L["N_THREADS"] // L["CHUNKS"]
     assert own % L["ROWS_PER_PASS"] == 0 and stream_rows % L["ROWS_PER_PASS"] == 0
@@ -395,7 +396,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     deterministic=True, whose blocks loop over key blocks; the default build has a block per key
     block and no loop (the loop costs instructions and registers where there are none to spare:
     ptxas, sm_90a, 2400 instructions against 2392 at D = 64, and at D = 128 140 bytes spilled
-    per thread against 28)."""
+    per thread against 28, before dQ moved a tile late; 100 against 100 since)."""
     f = _Pieces(L, dtype)
     mma_into, pack, exp2, ldsm_t = f.mma_into, f.pack, f.exp2, f.ldsm_t
     copy_tile, copy_stream = f.copy_tile, f.copy_stream  # the own tiles (padded), the streamed ones (swizzled)
@@ -403,6 +404,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     shared_address, global_address = operands.shared_address, operands.global_address
     D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["STREAM_ROWS"]
     ROW_BYTES, SROW, DS_ROW_BYTES, DS_OFF = L["ROW_BYTES"], L["STREAM_ROW_BYTES"], L["DS_ROW_BYTES"], L["DS_OFF"]
+    DS_BYTES = L["DS_BYTES"]
     OWN_A, OWN_B, STREAM_A, STREAM_B, STAGE = L["OWN_A"], L["OWN_B"], L["STREAM_A"], L["STREAM_B"], L["STAGE_BYTES"]
     NT, KS, KO, ND = L["NT"], L["KS"], L["KO"], L["ND"]
     ROW_GROUPS, DQ_CHUNKS = L["ROW_GROUPS"], L["DQ_CHUNKS"]
@@ -442,6 +444,23 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     dq_steps = unrolled(dq_columns, DQ_CHUNKS)
 
     @cuda.jit(device=True, inline=True)
+    def tile_dq(smem, buffer, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag, bt_own, scale):
+        """dQ += scale · dS K for the query tile whose dSᵀ (every warp's rows) is in dSᵀ buffer
+        `buffer` and whose query head and first row are prev_s[buffer]: this warp's row group and
+        column group of it. dS by ldmatrix.trans of dSᵀ, K by ldmatrix.trans. Everything it needs
+        is read here, none of it kept across the tile in registers."""
+        dq_rows, dq_cols = (warp % ROW_GROUPS) * 16, (warp // ROW_GROUPS) * DQ_CHUNKS * 16
+        ds_lane = ((lane // 16) * 8 + lane % 8) * DS_ROW_BYTES + (dq_rows + ((lane // 8) % 2) * 8) * 2
+        ds_tile = smem + DS_OFF + buffer * DS_BYTES + ds_lane
+        for kk in range(KO):  # dS's A fragments: rows = the warp's 16 query rows, k = the keys
+            a0, a1, a2, a3 = ldsm_t(ds_tile + kk * 16 * DS_ROW_BYTES)
+            dsq_frag[kk, 0], dsq_frag[kk, 1], dsq_frag[kk, 2], dsq_frag[kk, 3] = a0, a1, a2, a3
+        h, m0 = prev_s[buffer, 0], prev_s[buffer, 1]
+        dq_head = dq_address + uint64(((b * H + h) * seq_q) * DQ_ROW)
+        dq_steps(0, (dq_head, m0 + dq_rows + lane // 4, dq_cols, seq_q, t, dsq_frag,
+                     smem + OWN_A + bt_own + dq_cols * 2, scale))
+
+    @cuda.jit(device=True, inline=True)
     def fetch_queries(smem, stage, Q, dO, b, h, m0, tid):
         """Start copying rows m0 .. m0 + BLOCK_M − 1 of query head h, of Q and of dO, into `stage`."""
         seq_q = Q.shape[2]
@@ -467,6 +486,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         smem = shared_address(smem_h)
         lse2_s = cuda.shared.array(STATS, float32)  # stage s, row r at s * BLOCK_M + r: L_i · log2 e
         delta_s = cuda.shared.array(STATS, float32)  # and Δ_i
+        # (query head, first row) of the tile whose dSᵀ is in buffer i
+        prev_s = cuda.shared.array((2, 2), int32)
         b, h_kv = cuda.blockIdx.z, cuda.blockIdx.y
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
@@ -498,8 +519,6 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         bt_own = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
         k_warp = smem + OWN_A + warp * 16 * ROW_BYTES + a_lane
         v_warp = smem + OWN_B + warp * 16 * ROW_BYTES + a_lane
-        # dQ of a query tile: this warp's 16 rows (row group) and DQ_CHUNKS x 16 columns (column group)
-        dq_rows, dq_cols = (warp % ROW_GROUPS) * 16, (warp // ROW_GROUPS) * DQ_CHUNKS * 16
 
         # Block x takes key blocks x, x + gridDim.x, x + 2 gridDim.x, ... The default build has a
         # block per key block and stops after its first (the break at the end); the serial build
@@ -581,24 +600,27 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 ab_steps(0, (dv, p_frag, do_tile + bt_lane))
                 ab_steps(0, (dk, ds_frag, q_tile + bt_lane))
 
-                # -- dSᵀ to shared memory (its A fragments are already its 16-bit pairs: rows g and
-                # g + 8, columns 16 kk + 2t and 16 kk + 8 + 2t), then dQ = dS K by row and column
-                # groups of the warps: dS by ldmatrix.trans of dSᵀ, K by ldmatrix.trans
-                # 32-bit words, indexed unsigned: a signed index gets a negative-index check
-                ds_row = uint32((DS_OFF + (warp * 16 + g) * DS_ROW_BYTES) // 4 + t)
+                # -- dSᵀ to shared memory, buffer `stage`, for dQ = dS K by row and column groups of
+                # the warps at the start of the next tile (tile_dq; the last tile's after the loop):
+                # its A fragments are already its 16-bit pairs (rows g and g + 8, columns 16 kk + 2t
+                # and 16 kk + 8 + 2t). 32-bit words, indexed unsigned: a signed index gets a
+                # negative-index check
+                ds_row = uint32((DS_OFF + stage * DS_BYTES + (warp * 16 + g) * DS_ROW_BYTES) // 4 + t)
                 for kk in range(KS):
                     smem_h[ds_row + uint32(kk * 8)] = ds_frag[kk, 0]
                     smem_h[ds_row + uint32(8 * DS_ROW_BYTES // 4 + kk * 8)] = ds_frag[kk, 1]
                     smem_h[ds_row + uint32(kk * 8 + 4)] = ds_frag[kk, 2]
                     smem_h[ds_row + uint32(8 * DS_ROW_BYTES // 4 + kk * 8 + 4)] = ds_frag[kk, 3]
-                cuda.syncthreads()
-                ds_lane = ((lane // 16) * 8 + lane % 8) * DS_ROW_BYTES + (dq_rows + ((lane // 8) % 2) * 8) * 2
-                for kk in range(KO):  # dS's A fragments: rows = the warp's 16 query rows, k = the keys
-                    a0, a1, a2, a3 = ldsm_t(smem + DS_OFF + ds_lane + kk * 16 * DS_ROW_BYTES)
-                    dsq_frag[kk, 0], dsq_frag[kk, 1], dsq_frag[kk, 2], dsq_frag[kk, 3] = a0, a1, a2, a3
-                dq_head = dq_address + uint64(((b * H + h) * seq_q) * DQ_ROW)
-                dq_steps(0, (dq_head, m0 + dq_rows + g, dq_cols, seq_q, t, dsq_frag,
-                             smem + OWN_A + bt_own + dq_cols * 2, scale))
+                if tid == 0:  # whose dSᵀ it is (a slot per buffer: the tile before's is still being read)
+                    prev_s[stage, 0], prev_s[stage, 1] = h, m0
+
+                # -- dQ of the tile before, whose dSᵀ every warp stored before the barrier that ended
+                # it: added here, one tile late, not behind a barrier between this tile's dSᵀ and its
+                # dQ, where every warp waited for the slowest one's dSᵀ (7 % of kv_kernel's stall
+                # samples, docs/tuning/11_ncu.txt). Its buffer is the other one
+                if it > 0:
+                    tile_dq(smem, 1 - stage, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag, bt_own,
+                            scale)
 
                 # -- the next tile has landed (this thread's copies), and every warp is done with this one
                 if it + 1 < n_tiles and tid < BLOCK_M:
@@ -607,6 +629,11 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 wait_all()
                 cuda.syncthreads()
                 h, m0 = h_next, m_next
+
+            # -- dQ of the last tile (its dSᵀ and prev_s, behind the loop's last barrier)
+            if n_tiles > 0:
+                tile_dq(smem, (n_tiles - 1) % 2, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag,
+                        bt_own, scale)
 
             # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type, two columns per 32-bit store (an
             #    unsigned column: a signed one is checked for < 0, checks the serial build keeps in registers)
@@ -619,6 +646,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                     dV[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dv[j, 2], dv[j, 3])
             if not SERIAL:
                 break  # a block per key block: one trip (the compiler leaves no loop)
+            cuda.syncthreads()  # every warp done with K and the last dSᵀ before the next key block's copies
             key_block += cuda.gridDim.x  # deterministic=True: this block's next key block
 
     return kv_kernel
