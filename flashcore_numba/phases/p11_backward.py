@@ -122,8 +122,8 @@ do not edit by hand)
     SDPA flash), 11-step 284 TFLOPS (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048
     D=128 fp16 causal, 2026-11-28, code at commit `5f09487`: 11 196 TFLOPS (0.88x SDPA flash),
     11-deterministic 166 TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA flash); NVIDIA
-    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-28, code at commit `33fc4ce`: 11 223 TFLOPS
-    (0.90x SDPA flash), 11-deterministic 215 TFLOPS (0.86x SDPA flash), 11-step 264 TFLOPS (1.01x
+    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-29, code at commit `b202f1e`: 11 229 TFLOPS
+    (0.92x SDPA flash), 11-deterministic 224 TFLOPS (0.90x SDPA flash), 11-step 273 TFLOPS (1.04x
     SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-11-28, code at commit
     `33fc4ce`: 11 188 TFLOPS (0.95x SDPA flash), 11-deterministic 183 TFLOPS (0.92x SDPA flash),
     11-step 220 TFLOPS (1.03x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
