@@ -610,6 +610,28 @@ def test_varlen_benchmark_writes_a_valid_record(tmp_path):
     assert any("the TFLOPS of 09 on the dense batch" in line for line in lines), lines
 
 
+def test_call_benchmark_times_the_call_and_the_plans_launch(tmp_path):
+    """`flashcore bench --calls`: attention()'s call back to back and, beside it, the plan's own driver
+    launch timed the same way (`launch_loop`, "plan"): both positive, a valid record, and the launch
+    the lean one (Numba's dispatcher, the lessons' launch, keeps the host 10-20 times longer than a
+    call: with it the call's host time would be a fraction of the loop's)."""
+    pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba.cli import main
+    from flashcore_numba.measure import records
+
+    out = tmp_path / "calls.json"
+    assert main(["bench", "--shape", "1,4,128,64", "--phases", "07", "--peers", "flash", "--repeats", "20",
+                 "--calls", "30", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert records.validate_record(record) == []
+    ours = next(r for r in record["results"] if r["name"] == "07")
+    assert ours["correct"] and ours["launch_loop"]["launch"] == "plan", ours
+    call, loop = ours["call"], ours["launch_loop"]
+    assert call["median_ms"] > 0 and loop["median_ms"] > 0
+    assert call["host_median_us"] > loop["host_median_us"] * 0.5, (call, loop)
+    assert "launch_loop" not in next(r for r in record["results"] if r["name"] == "sdpa_flash")
+
+
 def test_first_call_benchmark_writes_a_valid_record(tmp_path):
     """`flashcore bench --first-call`: new processes, the first of which fills the kernel cache, so
     that the measured one loads the kernel and compiles nothing; a valid record with its times."""

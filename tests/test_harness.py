@@ -137,7 +137,7 @@ def test_record_carries_mean_p99_tail_and_call():
     timed.tail = bench.distribution([1.0] * 98 + [1.6, 9.0])
     timed.call = dict(bench.distribution([1.1, 1.2, 1.3]), host_median_us=12.0, host_p99_us=20.0, host_max_us=21.0)
     timed.launch_loop = dict(bench.distribution([1.0, 1.1, 1.2]), host_median_us=4.0, host_p99_us=5.0,
-                             host_max_us=6.0)
+                             host_max_us=6.0, launch="plan")
     assert timed.tail["slow"] == 2 and timed.tail["n"] == 100 and timed.tail["max_ms"] == 9.0
     record = records.build_record(problem=problem, results=[timed, wrong, peer], provenance=PROVENANCE,
                                   timing=bench.Timing(tail=100, calls=3), ceiling=None, oracle=ORACLE, command=[],
@@ -156,6 +156,10 @@ def test_record_carries_mean_p99_tail_and_call():
     record["results"][0]["launch_loop"]["median_ms"] = 0.0  # the README divides by it
     assert any("positive median" in e for e in records.validate_record(record))
     record["results"][0]["launch_loop"]["median_ms"] = 1.1
+    record["results"][0]["launch_loop"]["launch"] = "numba"  # older records have no key; new ones the plan's
+    assert any("launch_loop.launch" in e for e in records.validate_record(record))
+    del record["results"][0]["launch_loop"]["launch"]
+    assert records.validate_record(record) == []
     del record["results"][0]["call"]  # a launch loop is the yardstick of a call: not without one
     assert any("launch_loop: only a phase's" in e for e in records.validate_record(record))
 
@@ -436,6 +440,13 @@ def test_report_launch_times_and_flags(report_tree):
     assert "| 1, 16, 128, 128, 64 fp16 | 01 |" in block and "#### B=1 H=16 S=128" not in block
     row = next(line for line in block.splitlines() if line.startswith("| 1, 16, 128, 128, 64 fp16 |"))
     assert row.endswith("| host | 30 | — | — | — |")
+    # the plan's launch loop (the driver launch attention() makes) is the board's time whatever its host
+    small["results"][0]["launch_loop"] = dict(host_bound, launch="plan")
+    (report_tree.records / "small_p01.json").write_text(json.dumps(small))
+    _generate(report_tree)
+    row = next(line for line in report_tree.readme.read_text().splitlines()
+               if line.startswith("| 1, 16, 128, 128, 64 fp16 |"))
+    assert row.endswith("| 1.25 | 30 | — | — | — |")
     # another GPU's call times: a table of its own, the GPU measured last first, each under its name
     other = dict(small, created="2999-01-01T00:00:00+00:00", provenance=dict(small["provenance"], gpu_name="Newer GPU"))
     (report_tree.records / "small_p01_newer.json").write_text(json.dumps(other))

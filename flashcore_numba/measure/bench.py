@@ -20,7 +20,8 @@ The protocol (../shared/DESIGN.md), in the order the code runs it:
    With `calls`: the *call time*, `attention()` (or the peer's SDPA call) called back to back
    with garbage collection on, as a user's loop calls it: events between the calls, so the host's
    time enters wherever the GPU waits for it; with the host's own time per call. For a phase, also
-   its kernel's own launch timed the same way (`launch_loop`), in runs alternating with the calls'.
+   its kernel's own launch timed the same way (`launch_loop`: the plan's driver launch that
+   attention() makes, without the call's checks and allocation), in runs alternating with the calls'.
    The kernel time flushes L2 before each launch and runs in short batches behind a sleep; the
    calls and the launch loop find K and V in L2 where they fit and run without a pause, and a board
    at its power cap lowers its clock under that load (docs/tuning/call_path.txt). So call /
@@ -784,7 +785,9 @@ def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timi
                         result.call = call_times(device, launch, n)
                     else:
                         result.call, result.launch_loop = paired_call_times(
-                            device, _attention_call(result.name, qkv, problem), launch, n)
+                            device, _attention_call(result.name, qkv, problem),
+                            _plan_launch(result.name, qkv, problem), n)
+                        result.launch_loop["launch"] = "plan"
                         result.call_op = call_times(device, _attention_call(result.name, qkv, problem, op=True), n)
             except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
                 result.correct = False
@@ -795,6 +798,27 @@ def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timi
         results.append(result)
         device.release()
     return results, oracle, seed
+
+
+def _plan_launch(kernel_id: str, qkv, problem: Problem) -> Callable[[], object]:
+    """The kernel's launch as attention() makes it, less the call around it: the problem's plan
+    (api._make_plan, validated once here) launched by the driver on torch's current stream into one
+    output made beforehand, without the call's plan lookup, checks and allocation. The lessons'
+    launch through Numba's dispatcher would not do as this yardstick: its 0.2-0.4 ms of host time
+    a launch outlasts the small problems' kernels, so back to back it times the host."""
+    import torch
+
+    from ..api import _current_stream, _make_plan
+
+    q, k, v = qkv
+    plan = _make_plan(q, k, v, problem.causal, None, kernel_id)
+    out = torch.empty_like(q)
+    stream = _current_stream(q.device.index or 0)
+
+    def launch():
+        plan(q, k, v, out, stream)
+
+    return launch
 
 
 def _attention_call(kernel_id: str, qkv, problem: Problem, op: bool = False) -> Callable[[], object]:

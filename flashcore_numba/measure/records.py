@@ -94,7 +94,9 @@ class Result:
     # call_op: the same call through the custom op torch.compile sees, torch.ops.flashcore.attention;
     # launch_loop (a phase's, with the call time): its kernel's own launch timed as the call is, back
     # to back, in runs alternating with the calls': call / launch_loop is what attention() adds under
-    # the same load on the board (the kernel time also differs by its L2 flush and its short batches)
+    # the same load on the board (the kernel time also differs by its L2 flush and its short batches).
+    # "launch": "plan" where that launch is the plan's driver launch that attention() makes; older
+    # records (without it) timed the lessons' launch through Numba's dispatcher
     tail: dict | None = None
     call: dict | None = None
     call_op: dict | None = None
@@ -236,6 +238,8 @@ def _validate_result(r, where) -> list[str]:
                 errors.append(f"{where}.{key}: expected a positive median")
     if "launch_loop" in r and (r.get("kind") != "phase" or "call" not in r):
         errors.append(f"{where}.launch_loop: only a phase's, beside its call time")
+    if isinstance(r.get("launch_loop"), dict) and r["launch_loop"].get("launch", "plan") != "plan":
+        errors.append(f"{where}.launch_loop.launch: expected \"plan\" (or absent in older records)")
     if r.get("kind") == "phase":
         for key in _PHASE_RESOURCE_KEYS:
             if key not in r:
