@@ -23,7 +23,8 @@ The algorithm (FlashAttention-2's backward)
       so dK and dV stay in registers for the whole loop, summed over the group's query heads
       (grouped-query attention needs no atomics for them), and are written once at the end.
     - dQ needs a sum over key blocks, which other blocks own. By default (atomics) each warp
-      writes its dSᵀ to shared memory (two buffers, alternating tile by tile), and once the
+      writes its dSᵀ to shared memory (two buffers, alternating tile by tile; one where the GPU
+      lacks the room, `ds_buffers_for`, and the tile's dQ at once after a barrier), and once the
       barrier that ends the tile has passed, the warps share that tile's dQ = dS K during the next
       tile (`tile_dq`), each 16 query rows by a group of columns (A: dS by ldmatrix.trans of dSᵀ;
       B: K by ldmatrix.trans), and add it to a float32 dQ in global memory by atomic additions:
@@ -106,7 +107,10 @@ What changed from its first version
       D = 64 (causal or not) and 2.5 % at D = 128 (causal: within the runs' spread), the
       deterministic build 6 % faster at D = 128 and the same at D = 64; ptxas (sm_90a):
       spills at D = 128 from 40 to 100 bytes (default build) and 120 to 100 (serial), none at
-      D = 64; the waits at the barrier cost more than the spilled bytes.
+      D = 64; the waits at the barrier cost more than the spilled bytes. The second buffer adds
+      18 KB of shared memory a block (104 KB at D = 64, 168 KB at D = 128): more than an A100
+      gives a block at D = 128, or a GeForce RTX card at D = 64. There kv_kernel is built with
+      one buffer and the barrier, as before (`ds_buffers_for`).
 
 Measured effect (written by `flashcore report` from the backward records, docs/bench/backward/;
 do not edit by hand)
@@ -178,15 +182,31 @@ SUM_THREADS = 256  # the parts' sum: threads per block, an element each
 NO_ROW = 1 << 30  # kv_kernel's mask limits: a row index above (and, negated, below) every real row
 
 
-def layout(HEAD_DIM: int, warps: int, stream_rows: int) -> dict:
+# The most shared memory a block can have (the driver's opt-in limit), by compute capability; a GPU
+# not listed is assumed to have the least of them
+SMEM_PER_BLOCK = {(8, 0): 166_912, (8, 7): 166_912, (9, 0): 232_448, (10, 0): 232_448}
+SMEM_PER_BLOCK_LEAST = 101_376  # sm_86, sm_89, sm_120: GeForce RTX and workstation cards
+STATIC_SMEM_BYTES = 2048  # kv_kernel's static shared memory (the rows' stats, prev_s) and then some
+
+
+def ds_buffers_for(HEAD_DIM: int, cc: tuple) -> int:
+    """2 (dQ one tile late, kv_kernel's faster build) where the full-size kernel's shared memory with
+    two dSᵀ buffers fits one block on a GPU of compute capability cc, else 1 (dQ behind a barrier
+    of its own: an A100 at D = 128, a GeForce RTX card at D = 64)."""
+    need = layout(HEAD_DIM, KV_WARPS, KV_BLOCK_M, ds_buffers=2)["SMEM_BYTES"] + STATIC_SMEM_BYTES
+    return 2 if need <= SMEM_PER_BLOCK.get(tuple(cc)[:2], SMEM_PER_BLOCK_LEAST) else 1
+
+
+def layout(HEAD_DIM: int, warps: int, stream_rows: int, ds_buffers: int = 2) -> dict:
     """Every derived constant of kv_kernel, whose block keeps OWN_ROWS = 16 x warps rows of two
     tiles (A, B: K and V) while tiles of STREAM_ROWS rows stream past in two stages (Q and dO).
     Shared memory holds the own tiles' 16-bit rows of STRIDE elements (padded, as phase 07's),
     the streamed tiles' rows of HEAD_DIM elements (swizzled: chunk c of row r at chunk c ^ (r % 8),
-    make_copy_tile), then dSᵀ (OWN_ROWS rows of STREAM_ROWS, padded; kv_kernel's dQ); offsets are
-    in bytes."""
+    make_copy_tile), then `ds_buffers` buffers of dSᵀ (OWN_ROWS rows of STREAM_ROWS, padded;
+    kv_kernel's dQ: two where the GPU has room for them, `ds_buffers_for`); offsets are in bytes."""
     own = 16 * warps
-    L = dict(HEAD_DIM=HEAD_DIM, WARPS=warps, N_THREADS=32 * warps, OWN_ROWS=own, STREAM_ROWS=stream_rows)
+    L = dict(HEAD_DIM=HEAD_DIM, WARPS=warps, N_THREADS=32 * warps, OWN_ROWS=own, STREAM_ROWS=stream_rows,
+             DS_BUFFERS=ds_buffers)
     # The streamed tiles are copied every query tile, and padded rows (144 bytes at D = 64) cost
     # cp.async 24 L2 sectors and 10.5 shared-memory wavefronts a warp where 16 and 4 do: a row
     # that straddles 128-byte lines of shared memory is split (docs/tuning/11_layout/). So their
@@ -205,8 +225,8 @@ def layout(HEAD_DIM: int, warps: int, stream_rows: int) -> dict:
     assert L["STREAM_A"] % 256 == 0 and L["STAGE_BYTES"] % 256 == 0 and stream_rows * srow % 256 == 0
     L["DS_OFF"] = L["STREAM_A"] + 2 * L["STAGE_BYTES"]
     L["DS_ROW_BYTES"] = (stream_rows + PAD) * 2
-    L["DS_BYTES"] = own * L["DS_ROW_BYTES"]  # tile it's dSᵀ at DS_OFF + (it % 2) * DS_BYTES
-    L["SMEM_BYTES"] = L["DS_OFF"] + 2 * L["DS_BYTES"]
+    L["DS_BYTES"] = own * L["DS_ROW_BYTES"]  # tile it's dSᵀ at DS_OFF + (it % ds_buffers) * DS_BYTES
+    L["SMEM_BYTES"] = L["DS_OFF"] + ds_buffers * L["DS_BYTES"]
     L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row (make_copy_tile)
     L["ROWS_PER_PASS"] = L["N_THREADS"] // L["CHUNKS"]
     assert own % L["ROWS_PER_PASS"] == 0 and stream_rows % L["ROWS_PER_PASS"] == 0
@@ -240,7 +260,8 @@ class Backward:
         if kernel_id == "11-sum":  # float32 sums: the same kernel for every head dim and dtype
             return (kernel_id,)
         if kernel_id.startswith("11-kv"):
-            return (kernel_id, self.head_dim, self.dtype, "red.v2" if self.wide_red else "red")
+            return (kernel_id, self.head_dim, self.dtype, "red.v2" if self.wide_red else "red",
+                    f"dS x{self.kv['DS_BUFFERS']}")
         return (kernel_id, self.head_dim, self.dtype)
 
     def dq_parts(self, B: int, H_kv: int, S_k: int, deterministic: bool, sm_count: int | None = None) -> int:
@@ -334,17 +355,22 @@ def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Bac
     if cc is None:
         on_gpu = not simulator_enabled() and cuda.is_available()
         cc = tuple(cuda.get_current_device().compute_capability) if on_gpu else (9, 0)
-    return _build(HEAD_DIM, dtype, tuple(cc)[:2] >= (9, 0))
+    if HEAD_DIM not in HEAD_DIMS:
+        raise ValueError(f"head dim: the backward is built for {HEAD_DIMS}, not {HEAD_DIM}")
+    return _build(HEAD_DIM, dtype, tuple(cc)[:2] >= (9, 0), ds_buffers_for(HEAD_DIM, cc))
 
 
 @lru_cache(maxsize=None)
-def _build(HEAD_DIM: int, dtype: str, wide_red: bool) -> Backward:
+def _build(HEAD_DIM: int, dtype: str, wide_red: bool, ds_buffers: int = 2) -> Backward:
     if HEAD_DIM not in HEAD_DIMS:
         raise ValueError(f"head dim: the backward is built for {HEAD_DIMS}, not {HEAD_DIM}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
     sim = simulator_enabled()
-    kv = layout(HEAD_DIM, SIM["kv_warps"] if sim else KV_WARPS, SIM["kv_block_m"] if sim else KV_BLOCK_M)
+    # the simulator's small blocks take the full-size kernel's number of dSᵀ buffers (so its tests
+    # run the build a GPU of that compute capability gets)
+    kv = layout(HEAD_DIM, SIM["kv_warps"] if sim else KV_WARPS, SIM["kv_block_m"] if sim else KV_BLOCK_M,
+                ds_buffers)
     return Backward(HEAD_DIM, dtype, wide_red, kv, build_delta_kernel(HEAD_DIM, dtype),
                     build_kv_kernel(kv, dtype, wide_red), build_kv_kernel(kv, dtype, wide_red, serial=True))
 
@@ -520,7 +546,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     deterministic=True, whose blocks loop over key blocks; the default build has a block per key
     block and no loop (the loop costs instructions and registers where there are none to spare:
     ptxas, sm_90a, 2400 instructions against 2392 at D = 64, and at D = 128 140 bytes spilled
-    per thread against 28, before dQ moved a tile late; 100 against 100 since)."""
+    per thread against 28 in run 9's measure; with today's nvJitLink 120 against 40 before dQ moved
+    a tile late, 100 against 100 since)."""
     f = _Pieces(L, dtype)
     mma_into, pack, exp2, ldsm_t = f.mma_into, f.pack, f.exp2, f.ldsm_t
     copy_tile, copy_stream = f.copy_tile, f.copy_stream  # the own tiles (padded), the streamed ones (swizzled)
@@ -528,7 +555,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     shared_address, global_address = operands.shared_address, operands.global_address
     D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["STREAM_ROWS"]
     ROW_BYTES, SROW, DS_ROW_BYTES, DS_OFF = L["ROW_BYTES"], L["STREAM_ROW_BYTES"], L["DS_ROW_BYTES"], L["DS_OFF"]
-    DS_BYTES = L["DS_BYTES"]
+    DS_BYTES, DS_BUFFERS = L["DS_BYTES"], L["DS_BUFFERS"]
     OWN_A, OWN_B, STREAM_A, STREAM_B, STAGE = L["OWN_A"], L["OWN_B"], L["STREAM_A"], L["STREAM_B"], L["STAGE_BYTES"]
     NT, KS, KO, ND = L["NT"], L["KS"], L["KO"], L["ND"]
     ROW_GROUPS, DQ_CHUNKS = L["ROW_GROUPS"], L["DQ_CHUNKS"]
@@ -733,27 +760,34 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 ab_steps(0, (dv, p_frag, do_tile + bt_lane))
                 ab_steps(0, (dk, ds_frag, q_tile + bt_lane))
 
-                # -- dSᵀ to shared memory, buffer `stage`, for dQ = dS K by row and column groups of
-                # the warps at the start of the next tile (tile_dq; the last tile's after the loop):
+                # -- dSᵀ to shared memory, buffer `stage` (of two), for dQ = dS K by row and column
+                # groups of the warps during the next tile (tile_dq; the last tile's after the loop):
                 # its A fragments are already its 16-bit pairs (rows g and g + 8, columns 16 kk + 2t
                 # and 16 kk + 8 + 2t). 32-bit words, indexed unsigned: a signed index gets a
                 # negative-index check
-                ds_row = uint32((DS_OFF + stage * DS_BYTES + (warp * 16 + g) * DS_ROW_BYTES) // 4 + t)
+                buffer = stage if DS_BUFFERS == 2 else 0
+                ds_row = uint32((DS_OFF + buffer * DS_BYTES + (warp * 16 + g) * DS_ROW_BYTES) // 4 + t)
                 for kk in range(KS):
                     smem_h[ds_row + uint32(kk * 8)] = ds_frag[kk, 0]
                     smem_h[ds_row + uint32(8 * DS_ROW_BYTES // 4 + kk * 8)] = ds_frag[kk, 1]
                     smem_h[ds_row + uint32(kk * 8 + 4)] = ds_frag[kk, 2]
                     smem_h[ds_row + uint32(8 * DS_ROW_BYTES // 4 + kk * 8 + 4)] = ds_frag[kk, 3]
                 if tid == 0:  # whose dSᵀ it is (a slot per buffer: the tile before's is still being read)
-                    prev_s[stage, 0], prev_s[stage, 1] = h, m0
+                    prev_s[buffer, 0], prev_s[buffer, 1] = h, m0
 
-                # -- dQ of the tile before, whose dSᵀ every warp stored before the barrier that ended
-                # it: added here, one tile late, not behind a barrier between this tile's dSᵀ and its
-                # dQ, where every warp waited for the slowest one's dSᵀ (7 % of kv_kernel's stall
-                # samples, docs/tuning/11_ncu.txt). Its buffer is the other one
-                if it > 0:
-                    tile_dq(smem, 1 - stage, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag, bt_own,
-                            scale)
+                if DS_BUFFERS == 2:
+                    # -- dQ of the tile before, whose dSᵀ every warp stored before the barrier that
+                    # ended it: added here, one tile late, not behind a barrier between this tile's
+                    # dSᵀ and its dQ, where every warp waited for the slowest one's dSᵀ (7 % of
+                    # kv_kernel's stall samples, docs/tuning/11_ncu.txt). Its buffer is the other one
+                    if it > 0:
+                        tile_dq(smem, 1 - stage, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag,
+                                bt_own, scale)
+                else:
+                    # -- one buffer (a GPU without room for two, ds_buffers_for): this tile's dQ, once
+                    # every warp has stored its rows of dSᵀ
+                    cuda.syncthreads()
+                    tile_dq(smem, 0, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag, bt_own, scale)
 
                 # -- the next tile has landed (this thread's copies), and every warp is done with this one
                 if it + 1 < n_tiles and tid < BLOCK_M:
@@ -764,7 +798,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 h, m0 = h_next, m_next
 
             # -- dQ of the last tile (its dSᵀ and prev_s, behind the loop's last barrier)
-            if n_tiles > 0:
+            if DS_BUFFERS == 2 and n_tiles > 0:
                 tile_dq(smem, (n_tiles - 1) % 2, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag,
                         bt_own, scale)
 
@@ -779,7 +813,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                     dV[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dv[j, 2], dv[j, 3])
             if not SERIAL:
                 break  # a block per key block: one trip (the compiler leaves no loop)
-            cuda.syncthreads()  # every warp done with K and the last dSᵀ before the next key block's copies
+            cuda.syncthreads()  # every warp done with K (the last dQ) before the next key block's copies
             key_block += cuda.gridDim.x  # deterministic=True: this block's next key block
 
     return kv_kernel
