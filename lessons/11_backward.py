@@ -62,7 +62,9 @@
 #   [barrier](../docs/glossary.md#barrier) first. Rather than a barrier of its own, each tile's
 #   dSᵀ goes to one of two buffers and its dQ is added during the next tile, behind the barrier
 #   that ends every tile anyway: no warp waits for the slowest one's dSᵀ (3-6 % faster on an
-#   H200, docs/tuning/11_ab.txt, run 11).
+#   H200, docs/tuning/11_ab.txt, run 11). The second buffer costs 18 KB of shared memory a block:
+#   a GPU without that room (an A100 at D = 128) gets one buffer and the barrier back
+#   (`ds_buffers_for`), which is why the kernel has both ways.
 #
 # **4. Atomics are not [deterministic](../docs/glossary.md#deterministic).** Blocks finish in
 # whatever order the GPU runs them, and float32 addition is not associative: the last bits of dQ can

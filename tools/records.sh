@@ -6,6 +6,9 @@
 #                                not, grouped queries), every kernel and peer, with the tail and the call
 #   tools/records.sh latency     what a call costs at small shapes (phase 09, and 10 at the decode
 #                                steps) beside SDPA flash and cuDNN
+#   tools/records.sh reference_calls   what a call costs at the four fp16 reference shapes: phase 09
+#                                alone beside SDPA flash and cuDNN (the _p09 records), in a fraction of
+#                                reference's time
 #   tools/records.sh decode      issue 40's decode steps (phases 07, 09, 10 and SDPA, with the copy's
 #                                bandwidth) and attention_kvcache's records (docs/bench/kvcache/)
 #   tools/records.sh latency_decode   latency's two decode steps alone
@@ -32,6 +35,14 @@ reference() {
       for causal in "" --causal; do
         run bench --dtype "$dtype" --shape "16,16,2048,$D" $causal "${TAIL[@]}"
       done
+    done
+  done
+}
+
+reference_calls() {
+  for D in 64 128; do
+    for causal in "" --causal; do
+      run bench --shape "16,16,2048,$D" $causal --phases 09 --peers flash,cudnn "${TAIL[@]}"
     done
   done
 }
