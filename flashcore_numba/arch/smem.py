@@ -14,6 +14,16 @@ from numba import cuda, types
 
 STATIC_SMEM_LIMIT = 48 * 1024  # bytes a block may use without raising its dynamic limit
 
+# The most shared memory a block can have (the driver's opt-in limit), by compute capability
+_SMEM_PER_BLOCK = {(8, 0): 166_912, (8, 7): 166_912, (9, 0): 232_448, (10, 0): 232_448}
+_SMEM_PER_BLOCK_LEAST = 101_376  # sm_86, sm_89, sm_120: GeForce RTX and workstation cards
+
+
+def smem_per_block(cc: tuple) -> int:
+    """The most shared memory, static and dynamic, one block can have on a GPU of compute capability
+    cc, in bytes; a GPU not listed is assumed to have the least of them."""
+    return _SMEM_PER_BLOCK.get(tuple(cc)[:2], _SMEM_PER_BLOCK_LEAST)
+
 _smem_limit_raised: set = set()
 
 

@@ -35,6 +35,7 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
+from flashcore_numba.arch.smem import smem_per_block
 from flashcore_numba.phases.common import ELEMENT, FULL_MASK, LOG2E, PTX_TYPE, cdiv, key_end, launch
 from flashcore_numba.phases.p07_mma_sync import MMA_K, MMA_N, PAD, make_copy_tile, unrolled
 
@@ -60,10 +61,6 @@ SUM_THREADS = 256  # the parts' sum: threads per block, an element each
 NO_ROW = 1 << 30  # kv_kernel's mask limits: a row index above (and, negated, below) every real row
 
 
-# The most shared memory a block can have (the driver's opt-in limit), by compute capability; a GPU
-# not listed is assumed to have the least of them
-SMEM_PER_BLOCK = {(8, 0): 166_912, (8, 7): 166_912, (9, 0): 232_448, (10, 0): 232_448}
-SMEM_PER_BLOCK_LEAST = 101_376  # sm_86, sm_89, sm_120: GeForce RTX and workstation cards
 STATIC_SMEM_BYTES = 2048  # kv_kernel's static shared memory (the rows' stats, prev_s) and then some
 
 
@@ -72,10 +69,10 @@ def ds_buffers_for(HEAD_DIM: int, cc: tuple) -> int:
     two dSᵀ buffers fits one block on a GPU of compute capability cc, else 1 (dQ behind a barrier
     of its own: an A100 at D = 128, a GeForce RTX card at D = 64)."""
     need = layout(HEAD_DIM, KV_WARPS, KV_BLOCK_M, ds_buffers=2)["SMEM_BYTES"] + STATIC_SMEM_BYTES
-    return 2 if need <= SMEM_PER_BLOCK.get(tuple(cc)[:2], SMEM_PER_BLOCK_LEAST) else 1
+    return 2 if need <= smem_per_block(cc) else 1
 
 
-def layout(HEAD_DIM: int, warps: int, stream_rows: int, ds_buffers: int = 2) -> dict:
+def layout(HEAD_DIM: int, warps: int, stream_rows: int, ds_buffers: int) -> dict:
     """Every derived constant of kv_kernel, whose block keeps OWN_ROWS = 16 x warps rows of two
     tiles (A, B: K and V) while tiles of STREAM_ROWS rows stream past in two stages (Q and dO).
     Shared memory holds the own tiles' 16-bit rows of STRIDE elements (padded, as phase 07's),
@@ -239,9 +236,7 @@ def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Bac
 
 
 @lru_cache(maxsize=None)
-def _build(HEAD_DIM: int, dtype: str, wide_red: bool, ds_buffers: int = 2) -> Backward:
-    if HEAD_DIM not in HEAD_DIMS:
-        raise ValueError(f"head dim: the backward is built for {HEAD_DIMS}, not {HEAD_DIM}")
+def _build(HEAD_DIM: int, dtype: str, wide_red: bool, ds_buffers: int) -> Backward:
     if dtype not in DTYPES:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
     sim = simulator_enabled()
