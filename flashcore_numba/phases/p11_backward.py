@@ -128,13 +128,13 @@ do not edit by hand)
     11-deterministic 166 TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA flash); NVIDIA
     H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-29, code at commit `b202f1e`: 11 229 TFLOPS
     (0.92x SDPA flash), 11-deterministic 224 TFLOPS (0.90x SDPA flash), 11-step 273 TFLOPS (1.04x
-    SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-11-28, code at commit
-    `33fc4ce`: 11 188 TFLOPS (0.95x SDPA flash), 11-deterministic 183 TFLOPS (0.92x SDPA flash),
-    11-step 220 TFLOPS (1.03x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
-    2026-11-28, code at commit `33fc4ce`: 11 252 TFLOPS (0.94x SDPA flash), 11-deterministic 235
-    TFLOPS (0.87x SDPA flash), 11-step 306 TFLOPS (1.06x SDPA flash); NVIDIA H200, B=16 H=16 S=2048
-    D=128 fp16 causal, 2026-11-28, code at commit `33fc4ce`: 11 215 TFLOPS (0.95x SDPA flash),
-    11-deterministic 199 TFLOPS (0.88x SDPA flash), 11-step 259 TFLOPS (1.06x SDPA flash)
+    SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-11-29, code at commit
+    `7887836`: 11 194 TFLOPS (0.98x SDPA flash), 11-deterministic 190 TFLOPS (0.96x SDPA flash),
+    11-step 228 TFLOPS (1.06x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
+    2026-11-29, code at commit `7887836`: 11 253 TFLOPS (0.94x SDPA flash), 11-deterministic 248
+    TFLOPS (0.91x SDPA flash), 11-step 308 TFLOPS (1.06x SDPA flash); NVIDIA H200, B=16 H=16 S=2048
+    D=128 fp16 causal, 2026-11-29, code at commit `7887836`: 11 217 TFLOPS (0.96x SDPA flash),
+    11-deterministic 210 TFLOPS (0.92x SDPA flash), 11-step 262 TFLOPS (1.07x SDPA flash)
     (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16.json,
