@@ -309,10 +309,11 @@ HINTS: dict[str, RegionHints] = {
              "each lane adds up the products of its own words of the row (a 32-bit word holds two 16-bit "
              "values), then the 32 lanes' partial sums are added by shuffles, so that every lane ends with "
              "the whole sum.",
-        helpers="O[b, h, i, w] and dO[b, h, i, w]: word w (0 .. HALF_D − 1) of row i, two values; "
+        helpers="O[b, h, i, w] and dO[b, h, i, w]: word w (0 .. HEAD_DIM / 2 − 1) of row i, two values; "
+                "each lane reads WORDS of them (1 at D = 64, 2 at D = 128): w = lane + 32 j; "
                 "unpack(word) -> (x0, x1) as float32; cuda.shfl_xor_sync(FULL_MASK, x, width): x of the lane "
                 "whose number differs from this one's in the bit `width`. total starts at 0.",
-        pseudo="for w in lane, lane + 32, ... < HALF_D:\n"
+        pseudo="for j in range(WORDS):  w = lane + 32 j\n"
                "    o0, o1 = <unpack word w of O's row>;  d0, d1 = <the same of dO>\n"
                "    total += o0 * d0 + o1 * d1\n"
                "for width in 16, 8, 4, 2, 1:\n"
