@@ -111,6 +111,12 @@ What changed from its first version
       18 KB of shared memory a block (104 KB at D = 64, 168 KB at D = 128): more than an A100
       gives a block at D = 128, or a GeForce RTX card at D = 64. There kv_kernel is built with
       one buffer and the barrier, as before (`ds_buffers_for`).
+    - delta_kernel with unsigned indices and a constant trip count (`range(WORDS)`): its loop
+      `range(lane, HEAD_DIM // 2, 32)` counted its trips by a division, and every index was
+      checked for a negative value. ptxas (sm_90a): 416 instructions to 112 at D = 64. ncu on an
+      H200 (docs/tuning/11_ncu.txt, "Against SDPA flash"), B=4 H=16 S=2048 D = 64: 36.5 us to
+      22.5 us, 30.3 M warp instructions to 12.7 M (SDPA flash's kernel for Δ takes 17.8 us, and
+      zeroes the float32 dQ in the same pass). The D = 64 record: the backward 3.00 ms to 2.93.
 
 Measured effect (written by `flashcore report` from the backward records, docs/bench/backward/;
 do not edit by hand)
@@ -126,8 +132,8 @@ do not edit by hand)
     SDPA flash), 11-step 284 TFLOPS (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048
     D=128 fp16 causal, 2026-11-28, code at commit `5f09487`: 11 196 TFLOPS (0.88x SDPA flash),
     11-deterministic 166 TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA flash); NVIDIA
-    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-29, code at commit `b202f1e`: 11 229 TFLOPS
-    (0.92x SDPA flash), 11-deterministic 224 TFLOPS (0.90x SDPA flash), 11-step 273 TFLOPS (1.04x
+    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-29, code at commit `5f816a9`: 11 235 TFLOPS
+    (0.94x SDPA flash), 11-deterministic 230 TFLOPS (0.92x SDPA flash), 11-step 278 TFLOPS (1.06x
     SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-11-29, code at commit
     `7887836`: 11 194 TFLOPS (0.98x SDPA flash), 11-deterministic 190 TFLOPS (0.96x SDPA flash),
     11-step 228 TFLOPS (1.06x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
