@@ -9,7 +9,8 @@ both modes side by side, a process each), then `time` checks and times:
 
 A version is `new` (phases/p11_backward.py as it is in this checkout) or a path to a copy of that
 file from another commit (loaded as a module of flashcore_numba.phases, so its relative imports
-work; its Backward.run must take the same arguments as this checkout's, less dq_sums and parts).
+work; its Backward.run must take the same arguments as this checkout's, less dq_acc, dq_sums and
+parts: versions before dq_acc (dQ float32, converted here, inside the timing) and after are timed alike).
 The kernel cache keeps only kernels written in phases/ (arch.cache.is_ours): put the copy there
 (e.g. phases/_ab_old.py, with a cache folder of its own) for `warm` to serve `time`; a copy kept
 elsewhere compiles again in every process.
@@ -44,26 +45,33 @@ else:
     p = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = p
     spec.loader.exec_module(p)
-NEW = hasattr(p.Backward, "dq_parts")  # this checkout's version: dQ in parts when deterministic
+NEW = hasattr(p.Backward, "dq_parts")  # dQ in parts when deterministic
+ACC = hasattr(p.Backward, "acc_rows")  # dQ in the inputs' type, from a float32 accumulator of padded rows
 t0 = time.time()
 
 
 def backward(q, k, v, o, lse, do, causal, det, parts=None):
-    dq = torch.empty(q.shape, dtype=torch.float32, device="cuda")
+    dq = torch.empty_like(q) if ACC else torch.empty(q.shape, dtype=torch.float32, device="cuda")
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device="cuda")
     bw = p.build(q.shape[-1], "float16")
     stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-    arrays = [torch_to_kernel(x) for x in (q, k, v, o, do)] + [cuda.as_cuda_array(lse), cuda.as_cuda_array(dq)]
+    arrays = [torch_to_kernel(x) for x in (q, k, v, o, do)]
+    arrays += [cuda.as_cuda_array(lse), torch_to_kernel(dq) if ACC else cuda.as_cuda_array(dq)]
     arrays += [torch_to_kernel(x) for x in (dk, dv)]
     kw = {}
     if NEW:
         n = parts or bw.dq_parts(q.shape[0], k.shape[1], k.shape[2], det)
-        if n > 1:
+        if ACC:
+            B, H, S_q, D = q.shape
+            acc = torch.empty((n, B, H, bw.acc_rows(S_q), D), dtype=torch.float32, device="cuda")
+            kw["dq_acc"] = cuda.as_cuda_array(acc)
+        elif n > 1:
             kw["dq_sums"] = cuda.as_cuda_array(torch.empty((n, *q.shape), dtype=torch.float32, device="cuda"))
         kw["parts"] = n
     bw.run(*arrays, causal, 1 / math.sqrt(q.shape[-1]), det, stream=stream, delta=cuda.as_cuda_array(delta), **kw)
-    return dq, dk, dv
+    # the same work either way: a version whose dQ is float32 has it converted, as attention() does
+    return (dq if ACC else dq.to(torch.float16)), dk, dv
 
 
 def check(B, H, H_kv, S_q, S_k, causal, det, parts=None):
