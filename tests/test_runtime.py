@@ -381,6 +381,44 @@ def test_cache_key_names_everything_that_changes_the_code(monkeypatch):
     assert base["source"] == cache.source_fingerprint() and len(base["source"]) == 64
 
 
+def test_a_kernels_key_hashes_the_modules_that_make_it_not_every_phase(tmp_path, monkeypatch):
+    """An edit to phase 11 compiles phase 11's kernels again, not the forward's: a kernel's source
+    is its phase's module, the file that defines it and what those import (arch/cache.py,
+    kernel_source), never a phase they do not import. Phase 04's kernel is defined in phase 03's
+    builder, and phase 04's constants reach it as arguments: both files count. An id without a
+    phase number counts every file. And cached_cubin keys each kernel by its own source."""
+    from flashcore_numba.arch.ptx import ptx_dir
+    from flashcore_numba.phases import build, get_phase, p11_backward
+
+    def files(kernel_id, kernel):
+        return {p.name if p.suffix == ".ptx" else p.relative_to(cache.PACKAGE).as_posix()
+                for p in cache.kernel_source(kernel_id, kernel.py_func.__code__.co_filename)}
+
+    ptx = {p.name for p in ptx_dir().glob("*.ptx")}
+    backward = files("11-kv", p11_backward.build(64).kv_kernel)
+    assert {"phases/p11_backward.py", "phases/p07_mma_sync.py", "phases/common.py", "phases/__init__.py",
+            "arch/__init__.py", "arch/operands.py", "arch/ptx.py", "arch/sim.py"} | ptx <= backward
+    assert not any(f.startswith(("phases/p08", "phases/p09", "phases/p10")) for f in backward)
+    p04 = build(get_phase("04"), 64).kernel
+    assert p04.py_func.__code__.co_filename.endswith("p03_warp_shuffle.py")
+    assert {"phases/p03_warp_shuffle.py", "phases/p04_padding.py"} <= files("04", p04)
+    assert "phases/p11_backward.py" not in files("09", build(get_phase("09"), 64).kernel)
+    every = files("xx", p04)
+    assert ptx <= every and "phases/p11_backward.py" in every and "phases/p09_warp_specialized.py" in every
+
+    monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FLASHCORE_CACHE", raising=False)
+    monkeypatch.setattr(cache, "toolchain", lambda: {"nvjitlink": "13.5"})
+    monkeypatch.setattr(launch, "build_cubin", lambda d, a, cc: (b"cubin", "e"))
+    kv = p11_backward.build(64).kv_kernel
+    entry = cache.cached_cubin(kv, ("f32",), ("11-kv", 64, "float16"), (9, 0))
+    source = cache.kernel_fingerprint("11-kv", kv.py_func.__code__.co_filename)
+    assert entry.key == cache.key_of(cache.key_fields(("11-kv", 64, "float16"), ("f32",), (9, 0), source))
+    p09 = build(get_phase("09"), 64).kernel
+    assert source != cache.source_fingerprint()
+    assert source != cache.kernel_fingerprint("09", p09.py_func.__code__.co_filename)
+
+
 def test_cache_folder_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("FLASHCORE_CACHE", raising=False)
     monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(tmp_path / "kernels"))

@@ -9,11 +9,14 @@ pickled at all. So the cubin Numba would load is kept here, one file per kernel:
                                 SHA-256), the cubin
 
 The key is a SHA-256 of everything that changes the machine code: the kernel (phase or variant,
-head dim, dtype, argument types), the compute capability, the source of the kernels (every .py
-file of phases/ and arch/ and every file of ptx/), and the toolchain (numba-cuda, numba, NVVM and
-nvJitLink versions). An entry whose header does not name its key, whose cubin does not match its
-checksum, or that cannot be read at all (stale, truncated, written by another version) is
-rebuilt and replaced, never loaded. Only the package's own kernels are cached: the key names the
+head dim, dtype, argument types), the compute capability, the source of the kernel (`kernel_source`:
+its phase's module, the module that defines it, every module of the package those import, and so
+on; phases/__init__.py and arch/__init__.py, which build the variants; every file of ptx/), and the
+toolchain (numba-cuda, numba, NVVM and nvJitLink versions). So an edit to phase 11 compiles
+phase 11's kernels again, not the forward's; an edit to a module every phase imports, all of them.
+An entry whose header does not name its key, whose cubin does not match its checksum, or that
+cannot be read at all (stale, truncated, written by another version) is rebuilt and replaced,
+never loaded. Only the package's own kernels are cached: the key names the
 package's source, not a copy's, so a kernel defined in any other file (an exercise being solved,
 lessons/exercises/) compiles in every process, never loads the package's cubin under the same
 identity (`is_ours`). Files are written whole (a temporary file, then a rename), so a
@@ -32,6 +35,7 @@ and a launch through Numba (phases.common.launch) first gives Numba's dispatcher
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import json
@@ -43,6 +47,7 @@ from functools import lru_cache
 from pathlib import Path
 
 MAGIC = b"flashcore-numba cubin 1\n"
+PACKAGE = Path(__file__).resolve().parents[1]
 stats = {"built": 0, "loaded": 0, "rejected": 0}  # this process's cache events (tests and `flashcore compile`)
 
 
@@ -64,7 +69,8 @@ def cache_dir() -> Path | None:
 
 @lru_cache(maxsize=None)
 def source_fingerprint() -> str:
-    """SHA-256 of the kernels' source: every .py file of phases/ and arch/, every file of ptx/."""
+    """SHA-256 of every kernel's source: every .py file of phases/ and arch/, every file of ptx/ (the
+    machine-code reports' key; a kernel's own cache key hashes its own files, kernel_fingerprint)."""
     from .ptx import ptx_dir
 
     package = Path(__file__).resolve().parents[1]
@@ -72,6 +78,74 @@ def source_fingerprint() -> str:
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def imported_modules(path: Path) -> set[Path]:
+    """The package's own module files that the module `path` imports, relative or absolute, at its
+    top or inside a function: `from .common import x` is common.py, `from ..arch import ptx` is
+    arch/ptx.py (a name that is a module), `from ..phases import build` is phases/__init__.py."""
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)  # [package, ..., module]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = parts[:-node.level] + (node.module.split(".") if node.module else [])
+            elif node.module and node.module.split(".")[0] == PACKAGE.name:
+                base = node.module.split(".")
+            else:
+                continue
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE.name]
+            base = None
+        else:
+            continue
+        for target in ([PACKAGE.parent.joinpath(*base)] if base else []) + [
+                PACKAGE.parent.joinpath(*name.split(".")) for name in names if base is None]:
+            if target.with_suffix(".py").is_file():
+                found.add(target.with_suffix(".py"))
+            elif target.is_dir():
+                subs = [target / f"{name}.py" for name in names] if base else []
+                found.update(sub for sub in subs if sub.is_file())
+                if not subs or not all(sub.is_file() for sub in subs):
+                    found.add(target / "__init__.py")
+    return found
+
+
+@lru_cache(maxsize=None)
+def kernel_source(kernel_id: str, defining_file: str) -> tuple[Path, ...]:
+    """The files whose text makes the kernel `kernel_id` (a cache identity's first field, "07",
+    "06-inline", "11-kv"...) defined in `defining_file`: its phase's module (the id's number) and
+    that file, every package module they import and those import in turn (a package's
+    __init__.py counts as its own text: the phases' registry imports every phase, and following it
+    would make every kernel depend on every phase), phases/__init__.py and arch/__init__.py, and
+    every file of ptx/. An id without a phase number gets every file (source_fingerprint's)."""
+    from .ptx import ptx_dir
+
+    phase = sorted(PACKAGE.glob(f"phases/p{kernel_id[:2]}_*.py")) if kernel_id[:2].isdigit() else []
+    if len(phase) != 1:
+        return tuple(sorted([*PACKAGE.glob("phases/*.py"), *PACKAGE.glob("arch/*.py")]) +
+                     sorted(ptx_dir().glob("*.ptx")))
+    todo, seen = [phase[0], Path(defining_file).resolve()], set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        if path.name != "__init__.py":
+            todo.extend(imported_modules(path))
+    seen.update((PACKAGE / "phases" / "__init__.py", PACKAGE / "arch" / "__init__.py"))
+    return tuple(sorted(seen)) + tuple(sorted(ptx_dir().glob("*.ptx")))
+
+
+@lru_cache(maxsize=None)
+def kernel_fingerprint(kernel_id: str, defining_file: str) -> str:
+    """SHA-256 of the files of kernel_source(kernel_id, defining_file)."""
+    digest = hashlib.sha256()
+    for path in kernel_source(kernel_id, defining_file):
+        name = path.relative_to(PACKAGE).as_posix() if path.is_relative_to(PACKAGE) else f"ptx/{path.name}"
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
@@ -101,11 +175,12 @@ class CachedKernel:
     built: bool  # compiled by this call, not read from the cache
 
 
-def key_fields(identity: tuple, argtypes, cc) -> dict:
+def key_fields(identity: tuple, argtypes, cc, source: str | None = None) -> dict:
     """What the key hashes: the kernel's identity (its id, head dim and dtype: phases.build), its
-    argument types, the compute capability, the kernels' source and the toolchain."""
+    argument types, the compute capability, the kernel's source (kernel_fingerprint; None: every
+    kernel's, source_fingerprint) and the toolchain."""
     return {"kernel": [str(x) for x in identity], "argtypes": str(tuple(argtypes)), "cc": list(map(int, cc[:2])),
-            "source": source_fingerprint(), "toolchain": toolchain()}
+            "source": source or source_fingerprint(), "toolchain": toolchain()}
 
 
 def key_of(fields: dict) -> str:
@@ -172,8 +247,8 @@ def locked(path: Path):
 
 
 def is_ours(dispatcher) -> bool:
-    """Whether `dispatcher`'s kernel is written in the files source_fingerprint hashes (phases/ and
-    arch/ of this package). A student's copy of a phase declares the same cache identity as the
+    """Whether `dispatcher`'s kernel is written in phases/ or arch/ of this package (whose files
+    kernel_fingerprint hashes). A student's copy of a phase declares the same cache identity as the
     phase, so without this test it would load the solution's cubin."""
     package = Path(__file__).resolve().parents[1]
     try:
@@ -190,9 +265,11 @@ def cached_cubin(dispatcher, argtypes, identity: tuple, cc) -> CachedKernel:
     kernel that is not the package's own (`is_ours`) is compiled every time, never cached."""
     from .launch import build_cubin
 
-    fields = key_fields(identity, argtypes, cc)
+    ours = is_ours(dispatcher)
+    source = kernel_fingerprint(str(identity[0]), dispatcher.py_func.__code__.co_filename) if ours else None
+    fields = key_fields(identity, argtypes, cc, source)
     key = key_of(fields)
-    folder = cache_dir() if is_ours(dispatcher) else None
+    folder = cache_dir() if ours else None
     path = folder / f"{key}.cubin" if folder is not None else None
     found = read_entry(path, key) if path is not None else None
     if found is not None:
