@@ -70,14 +70,18 @@ def cache_dir() -> Path | None:
 def source_fingerprint() -> str:
     """SHA-256 of every kernel's source: every .py file of phases/ and arch/, every file of ptx/ (the
     machine-code reports' key; a kernel's own cache key hashes its own files, kernel_fingerprint)."""
-    from .ptx import ptx_dir
-
-    package = Path(__file__).resolve().parents[1]
-    files = sorted([*package.glob("phases/*.py"), *package.glob("arch/*.py")]) + sorted(ptx_dir().glob("*.ptx"))
     digest = hashlib.sha256()
-    for path in files:
+    for path in _every_source_file():
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def _every_source_file() -> tuple[Path, ...]:
+    """Every .py file of phases/ and arch/, then every file of ptx/."""
+    from .ptx import ptx_dir
+
+    return (tuple(sorted([*PACKAGE.glob("phases/*.py"), *PACKAGE.glob("arch/*.py")])) +
+            tuple(sorted(ptx_dir().glob("*.ptx"))))
 
 
 @lru_cache(maxsize=None)
@@ -103,7 +107,7 @@ def _import_statements(text: str):
             statement += " " + next(lines, ")").split("#", 1)[0]
         statement = statement.replace("(", " ").replace(")", " ")
         if words[0] == "import":
-            yield None, None, statement.split(None, 1)[1] if len(statement.split(None, 1)) > 1 else ""
+            yield None, None, statement.split(None, 1)[-1]
             continue
         head, _, names = statement.partition(" import ")
         where = head.split()[1] if len(head.split()) > 1 else ""
@@ -154,8 +158,7 @@ def kernel_source(kernel_id: str, defining_file: str) -> tuple[Path, ...]:
 
     phase = sorted(PACKAGE.glob(f"phases/p{kernel_id[:2]}_*.py")) if kernel_id[:2].isdigit() else []
     if len(phase) != 1:
-        return tuple(sorted([*PACKAGE.glob("phases/*.py"), *PACKAGE.glob("arch/*.py")]) +
-                     sorted(ptx_dir().glob("*.ptx")))
+        return _every_source_file()
     todo, seen = [phase[0], Path(defining_file).resolve()], set()
     while todo:
         path = todo.pop()
@@ -279,12 +282,11 @@ def is_ours(dispatcher) -> bool:
     """Whether `dispatcher`'s kernel is written in phases/ or arch/ of this package (whose files
     kernel_fingerprint hashes). A student's copy of a phase declares the same cache identity as the
     phase, so without this test it would load the solution's cubin."""
-    package = Path(__file__).resolve().parents[1]
     try:
         where = Path(dispatcher.py_func.__code__.co_filename).resolve()
     except (AttributeError, OSError):
         return False
-    return where.parent in (package / "phases", package / "arch")
+    return where.parent in (PACKAGE / "phases", PACKAGE / "arch")
 
 
 def cached_cubin(dispatcher, argtypes, identity: tuple, cc) -> CachedKernel:
