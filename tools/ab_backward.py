@@ -14,6 +14,7 @@ parts: versions before dq_acc (dQ float32, converted here, inside the timing) an
 The kernel cache keeps only kernels written in phases/ (arch.cache.is_ours): put the copy there
 (e.g. phases/_ab_old.py, with a cache folder of its own) for `warm` to serve `time`; a copy kept
 elsewhere compiles again in every process.
+`kernels` prints each kernel's device time (torch.profiler) in one backward at B=16 H=16 S=2048.
 `time` checks dQ, dK and dV in both modes against torch's float32 autograd on small odd shapes
 (GQA, S_q != S_k, causal), then takes a lock on /tmp/gpu.lock, so that concurrent processes time
 one at a time, and times Backward.run (Δ, dQ zeroed, kv_kernel, and the parts' sum where there
@@ -26,6 +27,7 @@ import fcntl
 import importlib.util
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -98,6 +100,31 @@ def check(B, H, H_kv, S_q, S_k, causal, det, parts=None):
 if mode.startswith("warm"):
     errs = check(1, 2, 1, 100, 150, True, mode == "warm-det")
     print(json.dumps(dict(mode=mode, version=version, D=D, errs=errs, s=round(time.time() - t0))), flush=True)
+    sys.exit(0)
+
+if mode == "kernels":  # each kernel's device time (torch.profiler), one backward at B=16 H=16 S=2048
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    q, k, v, do = (torch.randn(16, 16, 2048, D, device="cuda", dtype=torch.float16) for _ in range(4))
+    o, lse = torch.randn_like(q), torch.randn(16, 16, 2048, device="cuda") + 8
+    for causal in (False, True):
+        for det in (False, True):
+            for _ in range(2):
+                backward(q, k, v, o, lse, do, causal, det)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    backward(q, k, v, o, lse, do, causal, det)
+                torch.cuda.synchronize()
+            us = {}
+            for e in prof.events():
+                if e.device_type.name == "CUDA":
+                    name = (re.findall(r"(\w+_kernel)", e.name) or [e.name[:40]])[-1]
+                    us[name] = us.get(name, 0.0) + e.time_range.elapsed_us() / 5
+            key = ("det_" if det else "") + ("causal" if causal else "full")
+            out[key] = {n: round(t, 1) for n, t in us.items()}
+    print(json.dumps(dict(version=version, D=D, us=out)), flush=True)
     sys.exit(0)
 
 errs = {}
