@@ -35,8 +35,8 @@
 # p = 2^(s · qk_scale − L_i · log2 e).
 #
 # **2. Δ needs no P either.** Δ_i = Σ_j P_ij dP_ij = Σ_j P_ij (dO_i · v_j) = dO_i · O_i: a dot product
-# of two rows the forward and the loss already gave. A small first kernel computes it, one
-# [warp](../docs/glossary.md#warp) per row (exercise 11-a).
+# of two rows the forward and the loss already gave. A small first kernel computes it, each
+# [warp](../docs/glossary.md#warp) taking a few rows (exercise 11-a).
 #
 # **3. Two gradients sum over queries, one over keys.** dK and dV of a key sum over every query row
 # that sees it; dQ of a query row sums over every key. A kernel has to pick which sum stays inside a
@@ -148,7 +148,9 @@ notebooks.draw_backward_loops()
 # %% [markdown]
 # ## The kernels
 #
-# Straight from the package: what runs is what you read. First Δ, a warp per row:
+# Straight from the package: what runs is what you read. First Δ, a few rows a warp. A kernel that
+# only reads is as fast as the loads it keeps in flight: a warp with one row of D = 64 has one word of
+# O and one of dO per lane to wait for, so each warp takes 4 rows and issues all their loads first.
 
 # %%
 lesson.show_source(phase.build_delta_kernel)

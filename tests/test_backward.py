@@ -165,6 +165,30 @@ def test_backward_takes_the_gradient_of_the_lse():
     assert np.abs(got[0] - without[0]).max() > 1e-3
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seq_q", [1, 3, 10])
+def test_delta_kernel_rows_of_a_warp(head_dim, seq_q):
+    """delta_kernel: Δ = rowsum(dO ∘ O), minus dLSE where given, for heads whose rows fill a warp's
+    delta_rows_per_warp, leave it partly empty or stop short of a block: every row written once
+    (the output starts as NaN), none past the end (the simulator raises on such a write)."""
+    from numba import cuda
+
+    from flashcore_numba.phases import p11_backward as p11
+
+    rng = np.random.default_rng()
+    o, do = (rng.standard_normal((2, 3, seq_q, head_dim)).astype(np.float16) for _ in range(2))
+    dlse = rng.standard_normal(o.shape[:3]).astype(np.float32)
+    want = (o.astype(np.float64) * do.astype(np.float64)).sum(-1)
+    bw = p11.build(head_dim)
+    words = [np.ascontiguousarray(x).view(np.uint32) for x in (o, do)]
+    for use_dlse in (False, True):
+        delta = np.full(o.shape[:3], np.nan, np.float32)
+        grid = bw.delta_grid(2, 3, seq_q)
+        bw.delta_kernel[grid, 32 * p11.DELTA_WARPS](*words, cuda.to_device(dlse), use_dlse, delta)
+        assert not np.isnan(delta).any()
+        np.testing.assert_allclose(delta, want - dlse if use_dlse else want, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("seq_q, seq_k", [(0, 9), (7, 0)])
 def test_backward_of_an_empty_sequence_is_zero(seq_q, seq_k):
     """No query rows (dK = dV = 0) or no keys (dQ = 0, nothing to recompute): zeros, never the

@@ -305,10 +305,10 @@ HINTS: dict[str, RegionHints] = {
     ),
     "11-a": RegionHints(
         idea="Δ_i = Σ_j P_ij dP_ij is what dS = P ∘ (dP − Δ) subtracts, and it equals Σ_d dO_id O_id: a dot "
-             "product of two rows the forward and the loss already gave, no P needed. One warp takes one row: "
-             "each lane adds up the products of its own words of the row (a 32-bit word holds two 16-bit "
-             "values), then the 32 lanes' partial sums are added by shuffles, so that every lane ends with "
-             "the whole sum.",
+             "product of two rows the forward and the loss already gave, no P needed. A warp takes a few "
+             "rows, one after another (the loop around the region): for row i, each lane adds up the "
+             "products of its own words of the row (a 32-bit word holds two 16-bit values), then the 32 "
+             "lanes' partial sums are added by shuffles, so that every lane ends with the whole sum.",
         helpers="O[b, h, i, w] and dO[b, h, i, w]: word w (0 .. HEAD_DIM / 2 − 1) of row i, two values; "
                 "each lane reads WORDS of them (1 at D = 64, 2 at D = 128): w = lane + 32 j; "
                 "unpack(word) -> (x0, x1) as float32; cuda.shfl_xor_sync(FULL_MASK, x, width): x of the lane "

@@ -117,6 +117,13 @@ What changed from its first version
       H200 (docs/tuning/11_ncu.txt, "Against SDPA flash"), B=4 H=16 S=2048 D = 64: 36.5 us to
       22.5 us, 30.3 M warp instructions to 12.7 M (SDPA flash's kernel for Δ takes 17.8 us, and
       zeroes the float32 dQ in the same pass). The D = 64 record: the backward 3.00 ms to 2.93.
+    - delta_kernel with several rows a warp (`delta_rows_per_warp`: 4 at D = 64, 2 at D = 128),
+      a row past the end read again rather than branched around, and the warp's sums kept by a
+      select, so that each lane has all its loads in flight before it waits for one. With a row
+      a warp, each lane had one or two words of O and dO in flight, and Δ read 1.65 TB/s at
+      D = 64 (81 us at B=16 H=16 S=2048, on an H200; torch.profiler, docs/tuning/11_ab.txt, run
+      12): 40 us now, and 82 -> 64 us at D = 128. (A first try with the store behind `lane == 0`
+      took twice as long: the compiler split the warp's shuffles across that branch.)
 
 Measured effect (written by `flashcore report` from the backward records, docs/bench/backward/;
 do not edit by hand)
@@ -180,7 +187,7 @@ BACKWARD = True  # its exercise is graded by its gradients (course/grade_backwar
 # dQ = dS K, (KV_BLOCK_M / 16) row groups x (the rest) column groups.
 KV_WARPS, KV_BLOCK_M = 8, 64
 SIM = dict(kv_warps=2, kv_block_m=16)  # the simulator: fewer Python threads
-DELTA_ROWS = 4  # delta_kernel: rows per block, a warp each
+DELTA_WARPS = 4  # delta_kernel: warps per block, each taking delta_rows_per_warp rows
 # deterministic=True: a block per part of dQ, each part a float32 copy of dQ (see run): at most this
 # many, so that the copies stay a few times dQ's size
 MAX_DQ_PARTS = 8
@@ -267,6 +274,10 @@ class Backward:
                     f"dS x{self.kv['DS_BUFFERS']}")
         return (kernel_id, self.head_dim, self.dtype)
 
+    def delta_grid(self, B: int, H: int, S_q: int) -> tuple:
+        """delta_kernel's grid: a block per DELTA_WARPS x delta_rows_per_warp rows of a head."""
+        return (cdiv(S_q, DELTA_WARPS * delta_rows_per_warp(self.head_dim)), H, B)
+
     def dq_parts(self, B: int, H_kv: int, S_k: int, deterministic: bool, sm_count: int | None = None) -> int:
         """How many float32 copies of dQ kv_kernel adds into (`run`): 1 with atomics. With
         deterministic=True a block walks all the key blocks of its part in order; one part per
@@ -302,7 +313,7 @@ class Backward:
             return
         if delta is None:
             delta = cuda.device_array((B, H, S_q), np.float32, stream=stream)
-        launch(self.delta_kernel, (cdiv(S_q, DELTA_ROWS), H, B), 32 * DELTA_ROWS, 0,
+        launch(self.delta_kernel, self.delta_grid(B, H, S_q), 32 * DELTA_WARPS, 0,
                (O.view(np.uint32), dO.view(np.uint32), delta if dLSE is None else dLSE, dLSE is not None, delta),
                stream, self.cache_id("11-delta"))
         kv = self.kv
@@ -404,7 +415,7 @@ def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> d
         "11-kv": CompiledView(bw.kv_kernel, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
         "11-kv-serial": CompiledView(bw.kv_kernel_serial, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
         "11-delta": CompiledView(bw.delta_kernel, f"void(uint32[:,:,:,::1], uint32[:,:,:,::1], {three}, boolean, "
-                                                  f"{three})", 32 * DELTA_ROWS, 0),
+                                                  f"{three})", 32 * DELTA_WARPS, 0),
         "11-sum": CompiledView(_sum_parts_kernel, "void(float32[:,::1], float32[::1])", SUM_THREADS, 0),
     }
 
@@ -512,22 +523,38 @@ def tile_count(n_rows, rows_per_tile):
     return (n_rows + rows_per_tile - 1) // rows_per_tile if n_rows > 0 else 0
 
 
+def delta_rows_per_warp(HEAD_DIM: int) -> int:
+    """delta_kernel's rows per warp: enough that each lane has 4 words of O and 4 of dO to load
+    (2 rows at D = 128, 4 at D = 64). Loads in flight are what a kernel that only reads needs:
+    with one row a warp, D = 64 read 1.65 TB/s (docs/tuning/11_ab.txt, run 12)."""
+    return max(1, 256 // HEAD_DIM)
+
+
 def build_delta_kernel(HEAD_DIM: int, dtype: str):
     """delta_kernel: Δ_i from O and dO, read as 32-bit pairs of 16-bit values."""
     unpack = ptx.function("mma_sync.ptx", f"flashcore_unpack_{PTX_TYPE[dtype]}x2", "inline")
     WORDS = HEAD_DIM // 64  # 32-bit words of a row each lane reads (two elements a word)
+    ROWS = delta_rows_per_warp(HEAD_DIM)
 
     @cuda.jit
     def delta_kernel(O, dO, DLSE, use_dlse, DELTA):
-        """Δ_i = Σ_d dO_id · O_id for DELTA_ROWS rows of one head, a warp per row (two elements per
-        32-bit load, summed over the warp by shuffles); minus dLSE_i where the LSE has a gradient
-        (dS = P ∘ (dP − Δ + dLSE))."""
+        """Δ_i = Σ_d dO_id · O_id for ROWS rows a warp, DELTA_WARPS warps a block, all of one head
+        (two elements per 32-bit load, summed over the warp by shuffles); minus dLSE_i where the
+        LSE has a gradient (dS = P ∘ (dP − Δ + dLSE))."""
         # unsigned indices and a constant trip count: no negative-index checks and no division
         # (range(lane, HEAD_DIM // 2, 32) counts its trips by one): a third of the instructions
         b, h = uint32(cuda.blockIdx.z), uint32(cuda.blockIdx.y)
         lane = uint32(cuda.laneid)
-        i = uint32(cuda.blockIdx.x) * DELTA_ROWS + uint32(cuda.threadIdx.x) // 32
-        if i < O.shape[2]:
+        first = (uint32(cuda.blockIdx.x) * DELTA_WARPS + uint32(cuda.threadIdx.x) // 32) * ROWS
+        last = uint32(O.shape[2] - 1)  # run() launches nothing where S_q = 0
+        if first > last:
+            return
+        mine = float32(0.0)  # lane r keeps row first + r's Δ
+        for r in range(ROWS):
+            # a row past the end reads the last one again: no branch around the loads, so the
+            # compiler issues all the warp's loads before the first sum waits for one (2.0x
+            # faster at D = 64, 1.3x at D = 128 than a row per warp)
+            i = min(first + uint32(r), last)
             total = float32(0.0)
             # >>> exercise 11-a: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
             for j in range(WORDS):
@@ -538,8 +565,10 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
             for width in (16, 8, 4, 2, 1):
                 total += cuda.shfl_xor_sync(FULL_MASK, total, width)
             # <<< exercise
-            if lane == 0:
-                DELTA[b, h, i] = total - DLSE[b, h, i] if use_dlse else total
+            mine = total if lane == uint32(r) else mine  # a select, not a branch around shuffles
+        i = first + lane  # lanes 0 .. ROWS - 1 write the warp's rows side by side
+        if lane < ROWS and i <= last:
+            DELTA[b, h, i] = mine - DLSE[b, h, i] if use_dlse else mine
 
     return delta_kernel
 

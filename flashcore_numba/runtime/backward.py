@@ -61,7 +61,7 @@ def backward_launches(bw, q_shape, k_shape, causal: bool, scale: float, determin
     kv = bw.kv
     words = (B, H, S_q, D // 2)  # O and dO as uint32 pairs of 16-bit values
     stats = (B, H, S_q)
-    delta = Launch("11-delta", (cdiv(S_q, p11.DELTA_ROWS), H, B), 32 * p11.DELTA_ROWS, 0,
+    delta = Launch("11-delta", bw.delta_grid(B, H, S_q), 32 * p11.DELTA_WARPS, 0,
                    [ArrayArg(words, 4), ArrayArg(words, 4), ArrayArg(stats, 4), ScalarArg("bool", with_dlse),
                     ArrayArg(stats, 4)],
                    ("out", "dout", "dlse" if with_dlse else "delta", "delta"))
