@@ -121,9 +121,12 @@ What changed from its first version
       a row past the end read again rather than branched around, and the warp's sums kept by a
       select, so that each lane has all its loads in flight before it waits for one. With a row
       a warp, each lane had one or two words of O and dO in flight, and Δ read 1.65 TB/s at
-      D = 64 (81 us at B=16 H=16 S=2048, on an H200; torch.profiler, docs/tuning/11_ab.txt, run
-      12): 40 us now, and 82 -> 64 us at D = 128. (A first try with the store behind `lane == 0`
-      took twice as long: the compiler split the warp's shuffles across that branch.)
+      D = 64. On an H200 (torch.profiler, docs/tuning/11_ab.txt, run 12), B=16 H=16 S=2048, in
+      attention()'s backward: 81.7 -> 44.2 us at D = 64, 86.0 -> 68.4 us at D = 128. (A first
+      try with the store behind `lane == 0` took twice as long as a row a warp: the compiler
+      split the warp's shuffles across that branch.) The records at commit 7a5e5fb: the
+      backward 2.927 -> 2.913 ms at D = 64, 5.426 -> 5.374 at D = 128 (the records before:
+      5f816a9 and 7887836, other H200 machines: a third of Δ's gain at D = 64 shows there).
 
 Measured effect (written by `flashcore report` from the backward records, docs/bench/backward/;
 do not edit by hand)
@@ -139,15 +142,15 @@ do not edit by hand)
     SDPA flash), 11-step 284 TFLOPS (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048
     D=128 fp16 causal, 2026-11-28, code at commit `5f09487`: 11 196 TFLOPS (0.88x SDPA flash),
     11-deterministic 166 TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA flash); NVIDIA
-    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-29, code at commit `5f816a9`: 11 235 TFLOPS
-    (0.94x SDPA flash), 11-deterministic 230 TFLOPS (0.92x SDPA flash), 11-step 278 TFLOPS (1.06x
+    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-11-29, code at commit `7a5e5fb`: 11 236 TFLOPS
+    (0.94x SDPA flash), 11-deterministic 232 TFLOPS (0.93x SDPA flash), 11-step 281 TFLOPS (1.08x
     SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-11-29, code at commit
-    `7887836`: 11 194 TFLOPS (0.98x SDPA flash), 11-deterministic 190 TFLOPS (0.96x SDPA flash),
-    11-step 228 TFLOPS (1.06x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
-    2026-11-29, code at commit `7887836`: 11 253 TFLOPS (0.94x SDPA flash), 11-deterministic 248
-    TFLOPS (0.91x SDPA flash), 11-step 308 TFLOPS (1.06x SDPA flash); NVIDIA H200, B=16 H=16 S=2048
-    D=128 fp16 causal, 2026-11-29, code at commit `7887836`: 11 217 TFLOPS (0.96x SDPA flash),
-    11-deterministic 210 TFLOPS (0.92x SDPA flash), 11-step 262 TFLOPS (1.07x SDPA flash)
+    `7a5e5fb`: 11 204 TFLOPS (1.02x SDPA flash), 11-deterministic 201 TFLOPS (1.01x SDPA flash),
+    11-step 237 TFLOPS (1.11x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
+    2026-11-29, code at commit `7a5e5fb`: 11 256 TFLOPS (0.95x SDPA flash), 11-deterministic 242
+    TFLOPS (0.90x SDPA flash), 11-step 309 TFLOPS (1.07x SDPA flash); NVIDIA H200, B=16 H=16 S=2048
+    D=128 fp16 causal, 2026-11-29, code at commit `7a5e5fb`: 11 222 TFLOPS (0.98x SDPA flash),
+    11-deterministic 213 TFLOPS (0.94x SDPA flash), 11-step 266 TFLOPS (1.09x SDPA flash)
     (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16.json,
