@@ -150,7 +150,8 @@ notebooks.draw_backward_loops()
 #
 # Straight from the package: what runs is what you read. First Δ, a few rows a warp. A kernel that
 # only reads is as fast as the loads it keeps in flight: a warp with one row of D = 64 has one word of
-# O and one of dO per lane to wait for, so each warp takes 4 rows and issues all their loads first.
+# O and one of dO per lane to wait for, so each warp takes 4 rows (2 at D = 128) and issues all
+# their loads first.
 
 # %%
 lesson.show_source(phase.build_delta_kernel)

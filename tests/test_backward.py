@@ -166,11 +166,12 @@ def test_backward_takes_the_gradient_of_the_lse():
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("seq_q", [1, 3, 10])
+@pytest.mark.parametrize("seq_q", [1, 3, 10, 37])
 def test_delta_kernel_rows_of_a_warp(head_dim, seq_q):
     """delta_kernel: Δ = rowsum(dO ∘ O), minus dLSE where given, for heads whose rows fill a warp's
-    delta_rows_per_warp, leave it partly empty or stop short of a block: every row written once
-    (the output starts as NaN), none past the end (the simulator raises on such a write)."""
+    delta_rows_per_warp, leave it partly empty, stop short of a block or span several blocks
+    (37 rows: 3 blocks at D = 64, 5 at D = 128): every row written (the output starts as NaN),
+    none past the end (the simulator raises on such a write)."""
     from numba import cuda
 
     from flashcore_numba.phases import p11_backward as p11

@@ -308,7 +308,9 @@ HINTS: dict[str, RegionHints] = {
              "product of two rows the forward and the loss already gave, no P needed. A warp takes a few "
              "rows, one after another (the loop around the region): for row i, each lane adds up the "
              "products of its own words of the row (a 32-bit word holds two 16-bit values), then the 32 "
-             "lanes' partial sums are added by shuffles, so that every lane ends with the whole sum.",
+             "lanes' partial sums are added by shuffles, so that every lane ends with the whole sum "
+             "(lane r keeps row r's after the region: a butterfly of shfl_xor_sync, not shfl_down, "
+             "which leaves it in lane 0 alone).",
         helpers="O[b, h, i, w] and dO[b, h, i, w]: word w (0 .. HEAD_DIM / 2 − 1) of row i, two values; "
                 "each lane reads WORDS of them (1 at D = 64, 2 at D = 128): w = lane + 32 j; "
                 "unpack(word) -> (x0, x1) as float32; cuda.shfl_xor_sync(FULL_MASK, x, width): x of the lane "
@@ -320,7 +322,7 @@ HINTS: dict[str, RegionHints] = {
                "    total += <total of the lane `width` away>",
         diagnoses={"wrong:dq+dk": "dV is right, so P is; dK and dQ are not: they come from dS = P ∘ (dP − Δ), "
                                   "and Δ is this region's: is every word of the row summed, by every lane, "
-                                  "and then over all 32 lanes?"},
+                                  "and then over all 32 lanes, so that every lane holds the sum?"},
     ),
     "11-b": RegionHints(
         idea="Other blocks own the other keys, and each adds its share of dQ = scale · dS K for the same "

@@ -123,7 +123,7 @@ What changed from its first version
       a warp, each lane had one or two words of O and dO in flight, and Δ read 1.65 TB/s at
       D = 64. On an H200 (torch.profiler, docs/tuning/11_ab.txt, run 12), B=16 H=16 S=2048, in
       attention()'s backward: 81.7 -> 44.2 us at D = 64, 86.0 -> 68.4 us at D = 128. (A first
-      try with the store behind `lane == 0` took twice as long as a row a warp: the compiler
+      try with the store behind `lane == 0` took 1.5-2x as long as a row a warp: the compiler
       split the warp's shuffles across that branch.) The records at commit 7a5e5fb: the
       backward 2.927 -> 2.913 ms at D = 64, 5.426 -> 5.374 at D = 128 (the records before:
       5f816a9 and 7887836, other H200 machines: a third of Δ's gain at D = 64 shows there).
@@ -544,8 +544,8 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
         """Δ_i = Σ_d dO_id · O_id for ROWS rows a warp, DELTA_WARPS warps a block, all of one head
         (two elements per 32-bit load, summed over the warp by shuffles); minus dLSE_i where the
         LSE has a gradient (dS = P ∘ (dP − Δ + dLSE))."""
-        # unsigned indices and a constant trip count: no negative-index checks and no division
-        # (range(lane, HEAD_DIM // 2, 32) counts its trips by one): a third of the instructions
+        # indices built from unsigned block and lane numbers (no negative-index checks) and a
+        # constant trip count (range(lane, HEAD_DIM // 2, 32) counts its trips by a division)
         b, h = uint32(cuda.blockIdx.z), uint32(cuda.blockIdx.y)
         lane = uint32(cuda.laneid)
         first = (uint32(cuda.blockIdx.x) * DELTA_WARPS + uint32(cuda.threadIdx.x) // 32) * ROWS
@@ -568,6 +568,7 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
             for width in (16, 8, 4, 2, 1):
                 total += cuda.shfl_xor_sync(FULL_MASK, total, width)
             # <<< exercise
+            # every lane has the row's sum now (a butterfly, not shfl_down): lane r keeps it
             mine = total if lane == uint32(r) else mine  # a select, not a branch around shuffles
         i = first + lane  # lanes 0 .. ROWS - 1 write the warp's rows side by side
         if lane < ROWS and i <= last:

@@ -406,8 +406,8 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
         """Δ_i = Σ_d dO_id · O_id for ROWS rows a warp, DELTA_WARPS warps a block, all of one head
         (two elements per 32-bit load, summed over the warp by shuffles); minus dLSE_i where the
         LSE has a gradient (dS = P ∘ (dP − Δ + dLSE))."""
-        # unsigned indices and a constant trip count: no negative-index checks and no division
-        # (range(lane, HEAD_DIM // 2, 32) counts its trips by one): a third of the instructions
+        # indices built from unsigned block and lane numbers (no negative-index checks) and a
+        # constant trip count (range(lane, HEAD_DIM // 2, 32) counts its trips by a division)
         b, h = uint32(cuda.blockIdx.z), uint32(cuda.blockIdx.y)
         lane = uint32(cuda.laneid)
         first = (uint32(cuda.blockIdx.x) * DELTA_WARPS + uint32(cuda.threadIdx.x) // 32) * ROWS
@@ -423,6 +423,7 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
             total = float32(0.0)
             # >>> exercise 11-a: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
             # <<< exercise
+            # every lane has the row's sum now (a butterfly, not shfl_down): lane r keeps it
             mine = total if lane == uint32(r) else mine  # a select, not a branch around shuffles
         i = first + lane  # lanes 0 .. ROWS - 1 write the warp's rows side by side
         if lane < ROWS and i <= last:

@@ -1,3 +1,5 @@
+# Ran on an H200 (2026-11-29) against phase 11 as it was at commit d129f87, whose delta_kernel had
+# DELTA_ROWS (a row a warp); it does not run at later commits. Output: delta_rows_<D>.log.
 """p11's Δ kernel with DELTA_ROWS warps per block (argv: D ROWS), and a clone of it defined here."""
 import json, re, sys
 import numpy as np
@@ -30,33 +32,6 @@ def clone(O, dO, DLSE, use_dlse, DELTA):
             total += cuda.shfl_xor_sync(FULL_MASK, total, width)
         if lane == 0:
             DELTA[b, h, i] = total - DLSE[b, h, i] if use_dlse else total
-
-
-def build_one_loop(R, W):
-    @cuda.jit
-    def k(O, dO, DLSE, use_dlse, DELTA):
-        b, h = uint32(cuda.blockIdx.z), uint32(cuda.blockIdx.y)
-        lane = uint32(cuda.laneid)
-        first = (uint32(cuda.blockIdx.x) * W + uint32(cuda.threadIdx.x) // 32) * R
-        last = uint32(O.shape[2] - 1)
-        if first > last:
-            return
-        value = float32(0.0)
-        for r in range(R):
-            i = min(first + uint32(r), last)
-            total = float32(0.0)
-            for j in range(WORDS):
-                w = lane + uint32(32 * j)
-                o0, o1 = unpack(O[b, h, i, w])
-                d0, d1 = unpack(dO[b, h, i, w])
-                total += o0 * d0 + o1 * d1
-            for width in (16, 8, 4, 2, 1):
-                total += cuda.shfl_xor_sync(FULL_MASK, total, width)
-            value = total if lane == uint32(r) else value
-        i = first + lane
-        if lane < R and i <= last:
-            DELTA[b, h, i] = value - DLSE[b, h, i] if use_dlse else value
-    return k
 
 
 def build_rows(R, W, acc_param):
@@ -136,8 +111,4 @@ for R in (1, 2, 4, 8):
     if R in (1, 4):
         k2 = build_rows(R, 4, True)
         rows[f"R={R} W=4 +ACC param"] = timed(lambda: k2[g, 128, stream](O, dO, DELTA, False, DELTA, ACC))
-for R in (2, 4, 8):
-    k = build_one_loop(R, 4)
-    g = (cdiv(S, 4 * R), H, B)
-    rows[f"one loop R={R} W=4"] = timed(lambda: k[g, 128, stream](O, dO, DELTA, False, DELTA))
 print(json.dumps(dict(D=D, ROWS=ROWS, us=rows)))

@@ -1,3 +1,6 @@
+# Ran on an H200 (2026-11-29) against phase 11 at commit 4f12bc7 (DELTA_ROWS: a row a warp); it
+# does not run at later commits. Output: delta2_<D>.log (the rows' variants here have the store
+# behind lane == 0, the slow form: see 11_ab.txt, run 12).
 """Δ kernel variants (rows per warp, fused dQ zeroing) against p11's and a driver memset. argv: D"""
 import json, sys, math
 import numpy as np
