@@ -172,8 +172,6 @@ def test_delta_kernel_rows_of_a_warp(head_dim, seq_q):
     delta_rows_per_warp, leave it partly empty, stop short of a block or span several blocks
     (37 rows: 3 blocks at D = 64, 5 at D = 128): every row written (the output starts as NaN),
     none past the end (the simulator raises on such a write)."""
-    from numba import cuda
-
     from flashcore_numba.phases import p11_backward as p11
 
     rng = np.random.default_rng()
@@ -185,7 +183,7 @@ def test_delta_kernel_rows_of_a_warp(head_dim, seq_q):
     for use_dlse in (False, True):
         delta = np.full(o.shape[:3], np.nan, np.float32)
         grid = bw.delta_grid(2, 3, seq_q)
-        bw.delta_kernel[grid, 32 * p11.DELTA_WARPS](*words, cuda.to_device(dlse), use_dlse, delta)
+        bw.delta_kernel[grid, 32 * p11.DELTA_WARPS](*words, dlse, use_dlse, delta)
         assert not np.isnan(delta).any()
         np.testing.assert_allclose(delta, want - dlse if use_dlse else want, rtol=1e-5, atol=1e-4)
 
