@@ -54,9 +54,10 @@ from flashcore_numba.arch.sim import simulator_enabled  # noqa: E402
 
 # the fixtures that read background jobs: the grader runs (test_exercises), the executed lessons
 # (test_lessons), `flashcore run` (test_harness), the sm_90a compile reports (test_machine_code, test_ptx,
-# test_backward), the kernel cache and launch ABI against the real compiler (test_runtime)
+# test_backward, test_backward_wgmma), the kernel cache and launch ABI against the real compiler (test_runtime)
 BACKGROUND_FIXTURES = {"runs", "executed", "flashcore_run", "compiler_run", "reports", "phase06_reports",
-                       "phase07_report", "phase08_report", "phase09_report", "backward_reports"}
+                       "phase07_report", "phase08_report", "phase09_report", "backward_reports",
+                       "wgmma_backward_reports"}
 BACKGROUND = pytest.StashKey[tuple]()
 
 

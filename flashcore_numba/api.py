@@ -381,11 +381,12 @@ def _require_backward(phase, device=None) -> None:
         _BACKWARD_CHECKED.add(key)
 
 
-def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
+def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase="11"):
     """(dq, dk, dv) of q's dtype from the backward kernels (phases/p11_backward.py): dk and dv are
     written in q's dtype, dq is summed in float32 and converted here. The launches go through the
     problem's BackwardPlan (runtime/backward.py), made on its first backward: no Numba dispatch per
-    call, every buffer from torch's caching allocator."""
+    call, every buffer from torch's caching allocator. phase: "12" runs phase 12's kv_kernel
+    (wgmma, Hopper), which `flashcore bench --backward` times beside phase 11's; autograd runs 11."""
     torch = _TORCH or _import_torch()
     D = q.shape[-1]
     scale = default_scale(D) if scale is None else float(scale)
@@ -398,14 +399,14 @@ def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     device = q.device.index or 0
     key = (D, q.dtype, tuple(q.shape), tuple(k.shape), bool(causal), scale, bool(deterministic), dlse is not None,
-           device)
+           device, phase)
     plan = _BACKWARD_PLANS.get(key)
     if plan is None:
         from .runtime import BackwardPlan
 
         plan = _keep(_BACKWARD_PLANS, key, BackwardPlan(D, str(q.dtype).replace("torch.", ""), tuple(q.shape),
                                                         tuple(k.shape), bool(causal), scale, bool(deterministic),
-                                                        dlse is not None, device))
+                                                        dlse is not None, device, phase))
     # deterministic=True with fewer (batch, K/V head) pairs than SMs: dQ summed in parts, in torch's memory
     sums = torch.empty((plan.parts, *q.shape), dtype=torch.float32, device=q.device) if plan.parts > 1 else None
     extra = None if dlse is None else dlse.detach().float().contiguous()

@@ -48,8 +48,9 @@ def gradients_close(got, ref, yardstick, rounding=(0.0, 0.0, 0.0), names=("dq", 
         assert verdict.ok, f"{name}: {verdict.message} (values up to {float(np.abs(r).max()):.2e})"
 
 
-def run_backward(q, k, v, o, do, lse, dtype="float16", **kw):
-    """p11_backward.backward on 16-bit copies (bf16 as its bits); the gradients as float32."""
+def run_backward(q, k, v, o, do, lse, dtype="float16", backward=None, **kw):
+    """p11_backward.backward (or `backward`: phase 12's) on 16-bit copies (bf16 as its bits); the
+    gradients as float32."""
     from flashcore_numba.phases import p11_backward
 
     def as_16(x):
@@ -58,7 +59,8 @@ def run_backward(q, k, v, o, do, lse, dtype="float16", **kw):
     def as_32(x):
         return x.astype(np.float32) if dtype == "float16" else bf16_to_float(x)
 
-    dq, dk, dv = p11_backward.backward(*(as_16(x) for x in (q, k, v, o, do)), lse, dtype=dtype, **kw)
+    backward = backward or p11_backward.backward
+    dq, dk, dv = backward(*(as_16(x) for x in (q, k, v, o, do)), lse, dtype=dtype, **kw)
     return dq, as_32(dk), as_32(dv)
 
 

@@ -882,6 +882,84 @@ def test_wgmma_128_key_tiles_accumulate_in_place(kind, issued):
     np.testing.assert_allclose(o_out.copy_to_host(), accumulator_registers(o0 + p @ v), rtol=1e-4, atol=1e-3)
 
 
+def wgmma_backward_kernel(kind: str):
+    """Phase 12's products (one warpgroup): dQ = dS.K over 128 keys (dq, then dq_acc on the second
+    64 keys), both operands MN-major from shared memory, for one 64-column atom of a D = 128 K
+    (`atom`); and O += P.V over 64 rows at D = 64 and 128 (pv_acc n64: dV += Pᵀ dO, dK += dSᵀ Q)."""
+    dq = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_{kind}", "inline")
+    dq_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_acc_{kind}", "inline", tuples=True)
+    pv64 = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d64_n64_{kind}", "inline", tuples=True)
+    pv128 = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d128_n64_{kind}", "inline", tuples=True)
+    fence = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
+    shared_address, descriptor, SW128 = operands.shared_address, operands.matrix_descriptor, operands.SWIZZLE_128B
+    DS_BYTES, K_HALF = 128 * 64 * 2, 64 * 128 * 2  # dSᵀ: 128 keys x 64 query rows; K: two 64-key tiles of D = 128
+    V128 = DS_BYTES + 2 * K_HALF  # after dSᵀ and K: V (64 x 128), then V's first 64 columns (64 x 64)
+    V64 = V128 + 64 * 128 * 2
+    BYTES = V64 + 64 * 64 * 2
+
+    @cuda.jit
+    def products(tiles, frags, acc64, acc128, atom, dq_out, o64_out, o128_out):
+        smem_h = cuda.shared.array(0, uint32, alignment=1024)
+        tid = cuda.threadIdx.x
+        for i in range(BYTES // 4 // 128):
+            smem_h[tid + i * 128] = tiles[tid + i * 128]
+        fence()
+        cuda.syncthreads()
+        smem = shared_address(smem_h)
+        k_atom = smem + DS_BYTES + atom * 64 * 128  # this atom (64 columns of d) of the first 64 keys
+        first = dq(descriptor(smem, 64 * 128, 1024, SW128), descriptor(k_atom, 64 * 128, 1024, SW128))
+        c = dq_acc(descriptor(smem + 64 * 128, 64 * 128, 1024, SW128),
+                   descriptor(k_atom + K_HALF, 64 * 128, 1024, SW128), first)
+        for i in range(32):
+            dq_out[tid, i] = c[i]
+        p = operands.as_tuple(frags[tid], 16)  # 4 k-steps of P's A fragments
+        o = pv64(p, descriptor(smem + V64, 64 * 128, 1024, SW128), operands.as_tuple(acc64[tid], 32))
+        for i in range(32):
+            o64_out[tid, i] = o[i]
+        o = pv128(p, descriptor(smem + V128, 64 * 128, 1024, SW128), operands.as_tuple(acc128[tid], 64))
+        for i in range(64):
+            o128_out[tid, i] = o[i]
+
+    return products, BYTES
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+@pytest.mark.parametrize("atom", [0, 1])
+def test_wgmma_backward_products(kind, atom):
+    """Phase 12's dQ = dS.K: dSᵀ (a row per key) and K (a row per key, D = 128: two 64-column atoms)
+    both read MN-major (trans-a and trans-b), 128 keys in two calls (dq, dq_acc), a 64-column atom
+    of d each; and O += P.V over a 64-row tile at D = 64 and 128 (pv_acc n64), on the accumulator
+    passed in."""
+    if _on_gpu() and not _on_hopper():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    from flashcore_numba.phases.common import launch
+    from flashcore_numba.reference import bf16_bits, bf16_to_float
+
+    rng = np.random.default_rng()
+    ds_t, k, v, p = (rng.standard_normal(shape).astype(np.float32) * scale for shape, scale in
+                     (((128, 64), 0.3), ((128, 128), 1.0), ((64, 128), 1.0), ((64, 64), 0.3)))
+    if kind == "f16":
+        bits = [x.astype(np.float16).view(np.uint16) for x in (ds_t, k, v, p)]
+        ds_t, k, v, p = (b.view(np.float16).astype(np.float64) for b in bits)
+    else:
+        bits = [bf16_bits(x).view(np.uint16) for x in (ds_t, k, v, p)]
+        ds_t, k, v, p = (bf16_to_float(b).astype(np.float64) for b in bits)
+    # dSᵀ as one 128-row atom; K as two 64-key tiles of two atoms each (phase 12's layout); V at D = 128, then its
+    # first 64 columns as a tile of D = 64
+    tiles = np.concatenate([swizzled_order(bits[0]), swizzled_order(bits[1][:64]), swizzled_order(bits[1][64:]),
+                            swizzled_order(bits[2]), swizzled_order(np.ascontiguousarray(bits[2][:, :64]))])
+    o0 = rng.standard_normal((64, 128)).astype(np.float32)  # O's registers passed in (o0's first 64 columns at D = 64)
+    o0_64 = np.ascontiguousarray(o0[:, :64])
+    out = [cuda.to_device(np.full((128, n), np.nan, np.float32)) for n in (32, 32, 64)]
+    kernel, smem_bytes = wgmma_backward_kernel(kind)
+    launch(kernel, 1, 128, smem_bytes, (cuda.to_device(tiles.view(np.uint32)), cuda.to_device(a_fragments(bits[3])),
+                                        cuda.to_device(accumulator_registers(o0_64)),
+                                        cuda.to_device(accumulator_registers(o0)), np.int32(atom), *out))
+    cols = slice(64 * atom, 64 * atom + 64)
+    for got, want in zip(out, (ds_t.T @ k[:, cols], o0_64 + p @ v[:, :64], o0 + p @ v), strict=True):
+        np.testing.assert_allclose(got.copy_to_host(), accumulator_registers(want), rtol=1e-4, atol=1e-3)
+
+
 def test_tuples_route_groups_numbered_parameters():
     fn = ptx.load("wgmma.ptx")["flashcore_wgmma_pv_acc_d128_n128_f16"]
     assert fn.param_groups() == [("frag", "b32", 32), ("desc_v", "b64", 1), ("acc", "f32", 64)]

@@ -8,6 +8,7 @@ new process) is in tests/test_gpu.py.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import subprocess
 import sys
@@ -165,12 +166,13 @@ def test_backward_plan_launches_what_backward_run_launches():
     from numba.cuda import types
     from numba.cuda.core import sigutils
 
-    from flashcore_numba.phases import p11_backward
+    from flashcore_numba.phases import backward_phase, p11_backward
     from flashcore_numba.runtime.backward import backward_launches
 
-    for q_shape, k_shape, causal, deterministic, parts, with_dlse, dtype in BACKWARD_PLAN_CASES:
-        bw = p11_backward.build(q_shape[3], dtype, cc=(9, 0))
-        views = p11_backward.kernel_views(q_shape[3], dtype, cc=(9, 0))
+    for (q_shape, k_shape, causal, deterministic, parts, with_dlse, dtype), phase in itertools.product(
+            BACKWARD_PLAN_CASES, ("11", "12")):  # phase 12: phase 11's Backward, its kv_kernel on wgmma
+        bw = backward_phase(phase).build(q_shape[3], dtype, cc=(9, 0))
+        views = backward_phase(phase).kernel_views(q_shape[3], dtype, cc=(9, 0))
         e = np.float16 if dtype == "float16" else np.int16
         stats = np.zeros(q_shape[:3], np.float32)
         buffers = {"q": np.zeros(q_shape, e), "k": np.zeros(k_shape, e), "v": np.zeros(k_shape, e),
@@ -199,8 +201,8 @@ def test_backward_plan_launches_what_backward_run_launches():
         flat = zeroing[4][0]
         assert flat.ctypes.data == b["sums"].ctypes.data and flat.size == parts * int(np.prod(q_shape))
         plan = backward_launches(bw, q_shape, k_shape, causal, 0.3, deterministic, parts, with_dlse)
-        assert [planned.kernel_id for planned in plan] == ["11-delta", "11-kv-serial" if deterministic else "11-kv",
-                                                         *(["11-sum"] if parts > 1 else [])]
+        assert [planned.kernel_id for planned in plan] == ["11-delta", f"{phase}-kv-serial" if deterministic
+                                                         else f"{phase}-kv", *(["11-sum"] if parts > 1 else [])]
         assert len(plan) == len(launched)
         for planned, (kernel, grid, block, smem, args, cache_key) in zip(plan, launched, strict=True):
             view = views[planned.kernel_id]
@@ -227,12 +229,12 @@ def test_compile_caches_what_every_entry_point_launches(monkeypatch):
     from numba.cuda.core import sigutils
 
     from flashcore_numba import inference
-    from flashcore_numba.phases import p11_backward
+    from flashcore_numba.phases import backward_phase
     from flashcore_numba.runtime import precompile
     from flashcore_numba.runtime.backward import backward_launches
 
     items = precompile.kernels_to_compile(precompile.kernel_ids(), (64, 128), ("float16", "bfloat16"))
-    for extra in ("10-kvcache", "07-varlen", "09-varlen", "11", "09-trace"):
+    for extra in ("10-kvcache", "07-varlen", "09-varlen", "11", "12", "09-trace"):
         assert {(extra, 64, "float16"), (extra, 128, "bfloat16")} <= set(items), extra
     recorded = []
     monkeypatch.setattr(inference, "launch_kernel", lambda kernel, grid, block, smem, args, stream=0,
@@ -274,16 +276,17 @@ def test_compile_caches_what_every_entry_point_launches(monkeypatch):
         argtypes, _ = sigutils.normalize_signature(signature)
         launched = tuple(device_type(a) for a in args)
         assert compiled is kernel and identity == key and launched == tuple(argtypes), (key, launched)
-    for dtype in ("float16", "bfloat16"):
-        bw = p11_backward.build(64, dtype, cc=(9, 0))
+    for dtype, phase in itertools.product(("float16", "bfloat16"), ("11", "12")):
+        bw = backward_phase(phase).build(64, dtype, cc=(9, 0))
         stored = {identity: (kernel, signature) for kernel, signature, identity in
-                  precompile.kernels_of("11", 64, dtype, (9, 0))}
-        views = p11_backward.kernel_views(64, dtype, cc=(9, 0))
+                  precompile.kernels_of(phase, 64, dtype, (9, 0))}
+        views = backward_phase(phase).kernel_views(64, dtype, cc=(9, 0))
         for deterministic, parts in ((False, 1), (True, 4)):
             for planned in backward_launches(bw, (1, 4, 100, 64), (1, 2, 100, 64), True, 0.1, deterministic, parts,
                                              False):
                 view = views[planned.kernel_id]
                 assert stored[bw.cache_id(planned.kernel_id)] == (view.kernel, view.types), planned.kernel_id
+    assert precompile.kernels_of("12", 64, "float16", (8, 0)) == []  # wgmma: nothing to compile for an A100
 
 
 def _phase01():
@@ -528,17 +531,19 @@ def test_a_call_finds_its_plan_by_its_key(monkeypatch):
 
 def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
     """attention()'s backward (api._backward) makes a problem's BackwardPlan once and finds it again;
-    another flag is another plan; the plan gets every buffer in the inputs' dtype and contiguous, and
-    a (parts, *q.shape) float32 buffer where it sums dQ in parts; an empty sequence gives zeros with
-    no plan. CPU tensors and a stand-in plan (no GPU here): what is tested is the call, not the launch."""
+    another flag, or another backward phase (phase 12's kv_kernel), is another plan; the plan gets every
+    buffer in the inputs' dtype and contiguous, and a (parts, *q.shape) float32 buffer where it sums dQ
+    in parts; an empty sequence gives zeros with no plan. CPU tensors and a stand-in plan (no GPU
+    here): what is tested is the call, not the launch."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     from flashcore_numba import api, runtime
 
     made, calls = [], []
 
     class StandInPlan:
-        def __init__(self, head_dim, dtype, q_shape, k_shape, causal, scale, deterministic, with_dlse, device):
-            made.append((head_dim, dtype, q_shape, k_shape, causal, scale, deterministic, with_dlse, device))
+        def __init__(self, head_dim, dtype, q_shape, k_shape, causal, scale, deterministic, with_dlse, device,
+                     phase):
+            made.append((head_dim, dtype, q_shape, k_shape, causal, scale, deterministic, with_dlse, device, phase))
             self.parts = 3 if deterministic else 1
 
         def __call__(self, q, k, v, out, dout, lse, dq, dk, dv, delta, stream, dq_sums=None, dlse=None):
@@ -558,14 +563,17 @@ def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
     dout = torch.zeros(1, 2, 64, 8, dtype=torch.float32).transpose(2, 3)  # another dtype, not contiguous
     for _ in range(2):
         dq, dk, dv = api._backward(q, k, v, q, lse, dout, None, True, None, False)
-    assert len(made) == 1 and made[0] == (64, "float16", (1, 2, 8, 64), (1, 1, 9, 64), True, 0.125, False, False, 0)
+    assert len(made) == 1 and made[0] == (64, "float16", (1, 2, 8, 64), (1, 1, 9, 64), True, 0.125, False, False, 0,
+                                          "11")
     assert calls[-1] == (torch.float16, True, torch.float32, None, False)
     assert dq.dtype == torch.float16 and bool((dq == 1).all() and (dk == 2).all() and (dv == 3).all())
     api._backward(q, k, v, q, lse, dout, lse, True, None, True)  # deterministic, with the LSE's gradient
     assert len(made) == 2 and calls[-1] == (torch.float16, True, torch.float32, (3, 1, 2, 8, 64), True)
+    api._backward(q, k, v, q, lse, dout, None, True, None, False, "12")
+    assert len(made) == 3 and made[-1][-1] == "12"
     empty = torch.zeros(1, 1, 0, 64, dtype=torch.float16)
     dq, dk, dv = api._backward(q, empty, empty, q, lse, dout, None, False, None, False)
-    assert len(made) == 2 and not dq.any() and dk.shape == empty.shape
+    assert len(made) == 3 and not dq.any() and dk.shape == empty.shape
 
 
 def test_torch_compile_traces_a_call_that_needs_gradients_as_the_training_op():

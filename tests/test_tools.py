@@ -37,7 +37,7 @@ def test_sanitize_says_what_each_mode_runs():
         return sanitize.kernels_to_prepare(SimpleNamespace(**{"backward": False, "inference": False, **mode}),
                                            ["07", "10"])
 
-    assert ids() == ["07", "10"] and ids(backward=True) == ["11"]
+    assert ids() == ["07", "10"] and ids(backward=True) == ["11", "12"]
     assert ids(inference=True) == ["10-kvcache", "07-varlen", "09-varlen"]
     assert set(ids(inference=True)) <= set(kernel_ids())
     # a log is clean only when its summary has nothing in it: racecheck's warnings are hazards too

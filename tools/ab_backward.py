@@ -7,7 +7,8 @@ both modes side by side, a process each), then `time` checks and times:
     FLASHCORE_CACHE_DIR=/tmp/fc_new python3 tools/ab_backward.py warm-def new 64 &   # and warm-det
     FLASHCORE_CACHE_DIR=/tmp/fc_new python3 tools/ab_backward.py time new 64
 
-A version is `new` (phases/p11_backward.py as it is in this checkout) or a path to a copy of that
+A version is `new` (phases/p11_backward.py as it is in this checkout), `12` (phases/p12_backward_wgmma.py,
+phase 11's backward with its kv_kernel on wgmma), or a path to a copy of that
 file from another commit (loaded as a module of flashcore_numba.phases, so its relative imports
 work; its Backward.run must take the same arguments as this checkout's, less dq_acc, dq_sums and
 parts: versions before dq_acc (dQ float32, converted here, inside the timing) and after are timed alike).
@@ -42,6 +43,8 @@ from flashcore_numba.api import torch_to_kernel  # noqa: E402
 mode, version, D = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if version == "new":
     from flashcore_numba.phases import p11_backward as p
+elif version == "12":  # phase 12: phase 11's backward with its kv_kernel on wgmma (Hopper)
+    from flashcore_numba.phases import p12_backward_wgmma as p
 else:
     spec = importlib.util.spec_from_file_location("flashcore_numba.phases._p11_other", version)
     p = importlib.util.module_from_spec(spec)

@@ -3,7 +3,7 @@ tails; write one log per tool under docs/sanitizer/ and fail on any error.
 
     python tools/sanitize.py                         # every kernel, every tool
     python tools/sanitize.py --kernels 06,07 --tools racecheck
-    python tools/sanitize.py --backward --out docs/sanitizer/11   # phase 11's backward kernels
+    python tools/sanitize.py --backward --out docs/sanitizer/11   # the backward's kernels (11; 12 on Hopper)
     python tools/sanitize.py --inference --out docs/sanitizer/inference   # varlen, kvcache
 
 `--report-api-errors no`: cuda-bindings probes the driver with calls that fail by design
@@ -78,18 +78,23 @@ BACKWARD_SHAPES = ((1, 2, 2, 77, 50, 64, True), (1, 2, 1, 130, 130, 128, False),
 
 
 def child_backward() -> int:
+    from numba import cuda
+
     from flashcore_numba.measure.backward import check_backward
     from flashcore_numba.measure.bench import Problem
+    from flashcore_numba.phases import backward_phase, cc_reason
 
     failed = 0
-    cases = [(shape, det, None) for shape in BACKWARD_SHAPES for det in (False, True)]
-    cases += [(BACKWARD_SHAPES[0], False, (8, 0)), (BACKWARD_SHAPES[0], False, (8, 6))]
-    for (B, H, H_kv, Sq, Sk, D, causal), det, cc in cases:
+    cases = [(shape, det, None, "11") for shape in BACKWARD_SHAPES for det in (False, True)]
+    cases += [(BACKWARD_SHAPES[0], False, (8, 0), "11"), (BACKWARD_SHAPES[0], False, (8, 6), "11")]
+    if cc_reason(backward_phase("12"), cuda.get_current_device().compute_capability) is None:  # Hopper: phase 12 too
+        cases += [(shape, det, None, "12") for shape in BACKWARD_SHAPES for det in (False, True)]
+    for (B, H, H_kv, Sq, Sk, D, causal), det, cc, phase in cases:
         problem = Problem(B, H, Sq, Sk, D, causal=causal, H_kv=H_kv)
-        result = check_backward(problem, seed=0, deterministic=det, cc=cc)
+        result = check_backward(problem, seed=0, deterministic=det, cc=cc, phase=phase)
         failed += not result.correct
         how = "deterministic" if det else "reductions" + (f", built for sm_{cc[0]}{cc[1]}" if cc else "")
-        print(f"backward B={B} H={H} H_kv={H_kv} S_q={Sq} S_k={Sk} D={D} causal={causal} ({how}): "
+        print(f"backward {phase} B={B} H={H} H_kv={H_kv} S_q={Sq} S_k={Sk} D={D} causal={causal} ({how}): "
               f"{'ok' if result.correct else 'WRONG'} ({result.message})", flush=True)
     return 1 if failed else 0
 
@@ -106,7 +111,7 @@ INFERENCE_KERNELS = ("10-kvcache", "07-varlen", "09-varlen")  # what tools/sanit
 def kernels_to_prepare(args, ids) -> list[str]:
     """The `flashcore compile` ids of what the children launch (runtime/precompile.py)."""
     if args.backward:
-        return ["11"]
+        return ["11", "12"]
     if args.inference:
         return list(INFERENCE_KERNELS)
     return list(ids)

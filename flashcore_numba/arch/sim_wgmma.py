@@ -74,6 +74,41 @@ def _place() -> tuple[int, int, int]:
     return (tid % WARPGROUP) // 32, lane // 4, lane % 4
 
 
+_ONCE_LOCK = threading.Lock()
+
+
+def _once_per_warpgroup(compute):
+    """`compute()` for the calling thread's warpgroup: run by the first of its threads to get here,
+    the result handed to the others. Every thread of a warpgroup calls the emulation of each
+    wgmma (the instructions are warpgroup-collective: a thread's n-th call is its warpgroup's
+    n-th), its operands in shared memory are the same for all of them, and each takes its own
+    registers from one product: a product per thread (128 for each wgmma) was most of the
+    simulator's time in phases 08, 09 and 12."""
+    thread = threading.current_thread()
+    n = getattr(thread, "_flashcore_wgmma_calls", 0)
+    thread._flashcore_wgmma_calls = n + 1
+    manager = thread._manager  # the simulator's BlockManager: one per running block
+    key = (thread.thread_id // WARPGROUP, n)
+    with _ONCE_LOCK:
+        products = getattr(manager, "_flashcore_wgmma", None)
+        if products is None:
+            products = manager._flashcore_wgmma = {}
+        entry = products.get(key)
+        if entry is None:
+            bx, by, bz = manager._block_dim
+            size = min(WARPGROUP, bx * by * bz - key[0] * WARPGROUP)  # threads of this warpgroup
+            entry = products[key] = {"lock": threading.Lock(), "result": None, "readers": size}
+    with entry["lock"]:
+        if entry["result"] is None:
+            entry["result"] = compute()
+        result = entry["result"]
+    with _ONCE_LOCK:
+        entry["readers"] -= 1
+        if entry["readers"] == 0:
+            del products[key]
+    return result
+
+
 def _lane_values(D: np.ndarray, w: int, g: int, t: int) -> tuple:
     """This thread's accumulator registers of a (64, N) result."""
     # register 4j + e: row 16w + g (+ 8 for e = 2, 3), column 8j + 2t (+ 1 for odd e)
@@ -83,13 +118,16 @@ def _lane_values(D: np.ndarray, w: int, g: int, t: int) -> tuple:
 
 
 def _qk(head_dim: int, kind: str, n_keys: int = 64):
-    def qk(desc_q, desc_k):
+    def product(desc_q, desc_k):
         S = np.zeros((64, n_keys), np.float32)
         for k in range(head_dim // 16):  # the k-steps of the PTX: 32 bytes on, the next atom after 4
             a = _read(desc_q, (k // 4) * ATOM_BYTES + (k % 4) * 32, 64, 16, True, kind)
             b = _read(desc_k, (k // 4) * n_keys * 128 + (k % 4) * 32, n_keys, 16, True, kind)  # K's atoms: n_keys rows
             S += a @ b.T
-        return _lane_values(S, *_place())
+        return S
+
+    def qk(desc_q, desc_k):
+        return _lane_values(_once_per_warpgroup(lambda: product(desc_q, desc_k)), *_place())
 
     return qk
 
@@ -117,10 +155,12 @@ def _pv(head_dim: int, kind: str, n_keys: int = 64):
         lanes, _ = warp_exchange(tuple(frags))  # P's rows of this warp are in its 32 lanes
         P = _p_tile(lanes, steps, kind)
         # the k-steps of the PTX: 16 keys each, 2048 bytes on
-        V = np.concatenate([_read(desc_v, 2048 * k, 16, head_dim, False, kind) for k in range(steps)])
+        # the k-steps of the PTX: 16 keys each, 2048 bytes on; V read once for the warpgroup
+        V = _once_per_warpgroup(lambda: np.concatenate([_read(desc_v, 2048 * k, 16, head_dim, False, kind)
+                                                        for k in range(steps)]))
         w, g, t = _place()
         rows = np.zeros((64, head_dim), np.float32)
-        rows[16 * w:16 * w + 16] = P @ V  # this warp's 16 rows of the 64
+        rows[[16 * w + g, 16 * w + g + 8]] = P[[g, g + 8]] @ V  # this thread's two rows (of its warp's 16)
         return _lane_values(rows, w, g, t)
 
     return pv
@@ -136,10 +176,38 @@ def _pv_acc(head_dim: int, kind: str, n_keys: int):
     return pv_acc
 
 
+def _dq(kind: str, accumulate: bool):
+    """dQ = dS·K (phase 12) over 64 keys, both operands MN-major in shared memory: dSᵀ and K
+    stored a row per key, each k-step 16 keys (2048 bytes) on. The _acc twin adds dQ's registers."""
+
+    def product(desc_ds, desc_k):
+        D = np.zeros((64, 64), np.float32)
+        for k in range(4):
+            a = _read(desc_ds, 2048 * k, 16, 64, False, kind)  # (16 keys, 64 query rows): dSᵀ, so A = its transpose
+            b = _read(desc_k, 2048 * k, 16, 64, False, kind)  # (16 keys, 64 columns of d)
+            D += a.T @ b
+        return D
+
+    def dq(desc_ds, desc_k):
+        return _lane_values(_once_per_warpgroup(lambda: product(desc_ds, desc_k)), *_place())
+
+    if accumulate:
+        def dq_acc(desc_ds, desc_k, acc):
+            return tuple(np.float32(o + a) for o, a in zip(dq(desc_ds, desc_k), acc, strict=True))
+
+        return dq_acc
+    return dq
+
+    return dq
+
+
 for _kind in ("f16", "bf16"):
     for _D in (64, 128):
         emulation(f"flashcore_wgmma_qk_d{_D}_{_kind}")(_qk(_D, _kind))
         emulation(f"flashcore_wgmma_pv_d{_D}_{_kind}")(_pv(_D, _kind))
+        emulation(f"flashcore_wgmma_pv_acc_d{_D}_n64_{_kind}")(_pv_acc(_D, _kind, 64))  # phase 12's dV, dK
+    emulation(f"flashcore_wgmma_dq_{_kind}")(_dq(_kind, False))  # phase 12's dQ
+    emulation(f"flashcore_wgmma_dq_acc_{_kind}")(_dq(_kind, True))
     for _D in (64, 128):  # phase 09's 128-key tiles
         emulation(f"flashcore_wgmma_qk_d{_D}_n128_{_kind}")(_qk(_D, _kind, 128))
         emulation(f"flashcore_wgmma_pv_acc_d{_D}_n128_{_kind}")(_pv_acc(_D, _kind, 128))

@@ -9,6 +9,8 @@ by, plus bench's atol (reference.check_close). Then timed, kernel time, L2 flush
   zeroed, kv_kernel with dQ by atomics, dQ converted to the inputs' dtype), from the forward's O and
   log-sum-exp; `11-deterministic`: the same with deterministic=True (kv_kernel's serial build: a
   block per part of dQ takes its key blocks in turn, so each addition to dQ comes in one order);
+- on Hopper `12` and `12-deterministic`: the same with phase 12's kv_kernel (phases/p12_backward_wgmma.py,
+  its products on wgmma);
 - `sdpa_flash`, `sdpa_cudnn`: torch's autograd.grad through SDPA's flash and cuDNN backends, the
   forward's graph kept (retain_graph), so only their backward is timed;
 - `11-step`, `sdpa_flash-step`, `sdpa_cudnn-step`: one training step of attention alone, forward
@@ -78,16 +80,18 @@ def _gate(result: Result, got, ref, lowp) -> None:
 
 
 def check_backward(problem: Problem, seed: int | None = None, *, deterministic: bool = False,
-                   cc: tuple | None = None) -> Result:
+                   cc: tuple | None = None, phase: str = "11") -> Result:
     """Phase 11 on `problem` from NumPy arrays (what `flashcore run` checks in the simulator, where
     nothing is timed): dq, dk and dv of fresh fp16 inputs against the float64 reference's gradients,
     each within twice the yardstick's error (the same formulas as the kernels compute them) plus
     gradient_atol. The Result's max_err and allowed_err are the worst gradient's. deterministic: dQ by
-    the serial build; cc: build the kernels for this compute capability (p11_backward.build)."""
-    from ..phases import p11_backward
+    the serial build; cc: build the kernels for this compute capability (p11_backward.build); phase:
+    "12" checks phase 12's kv_kernel instead (wgmma: Hopper, or the simulator)."""
+    from ..phases import backward_phase, p11_backward
     from ..reference import gradient_atol, gradient_oracle, random_qkv, reference_attention, reference_lse
 
-    result = Result("11", "phase", p11_backward.TITLE)
+    module = backward_phase(phase)
+    result = Result(phase, "phase", module.TITLE)
     if problem.D not in p11_backward.HEAD_DIMS or problem.dtype != "float16":
         result.available = False
         result.reason = f"the backward is checked here at D in {p11_backward.HEAD_DIMS}, fp16"
@@ -98,7 +102,8 @@ def check_backward(problem: Problem, seed: int | None = None, *, deterministic: 
     o = reference_attention(q, k, v, causal=problem.causal).astype(np.float16)
     lse = reference_lse(q, k, causal=problem.causal).astype(np.float32)
     try:
-        got = p11_backward.backward(q, k, v, o, do, lse, causal=problem.causal, deterministic=deterministic, cc=cc)
+        built_for = {"cc": cc} if phase == "11" else {}  # phase 12 is built for Hopper alone
+        got = module.backward(q, k, v, o, do, lse, causal=problem.causal, deterministic=deterministic, **built_for)
     except Exception as e:  # noqa: BLE001 - recorded in the result
         result.correct, result.message = False, f"raised {_raised(e)}"
         return result
@@ -109,6 +114,18 @@ def check_backward(problem: Problem, seed: int | None = None, *, deterministic: 
     worst = max(verdicts, key=lambda v: v.max_err - v.allowed)
     result.max_err, result.allowed_err = worst.max_err, worst.allowed
     return result
+
+
+def backward_rows(device) -> list[tuple[str, bool]]:
+    """(backward phase, deterministic) of each row of ours: phase 11's two builds, and on Hopper
+    (cc 9.0) phase 12's, whose kv_kernel runs on wgmma."""
+    from numba import cuda
+
+    from ..phases import backward_phase, cc_reason
+
+    cc = tuple(cuda.get_current_device().compute_capability)
+    phases = ["11"] + (["12"] if cc_reason(backward_phase("12"), cc) is None else [])
+    return [(phase, deterministic) for phase in phases for deterministic in (False, True)]
 
 
 def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timing=Timing(), seed: int | None = None,
@@ -141,14 +158,15 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
             result.call = call_times(device, launch, capped(timing.calls, result.median_ms, timing.cap_seconds))
 
     results = []
-    for deterministic in (False, True):
-        name = "11-deterministic" if deterministic else "11"
+    for phase, deterministic in backward_rows(device):
+        name = f"{phase}-deterministic" if deterministic else phase
         step(f"phase {name}")
         how = "dQ summed key block after key block, bit-identical" if deterministic else "dQ by float32 atomics"
-        result = Result(name, "phase", f"The backward on mma.sync ({how})")
+        on = "mma.sync" if phase == "11" else "wgmma"
+        result = Result(name, "phase", f"The backward on {on} ({how})")
 
-        def launch(deterministic=deterministic):
-            return _backward(q, k, v, out, lse, do, None, problem.causal, None, deterministic)
+        def launch(deterministic=deterministic, phase=phase):
+            return _backward(q, k, v, out, lse, do, None, problem.causal, None, deterministic, phase)
 
         try:
             _gate(result, launch(), ref, lowp)

@@ -51,18 +51,21 @@ REPORT_KEYS = ("registers", "spill_store_bytes", "spill_load_bytes", "stack_fram
 # ---------------------------------------------------------------------------------------------
 # Compile and assemble
 # ---------------------------------------------------------------------------------------------
-BACKWARD_KERNELS = ("11-kv", "11-kv-serial", "11-delta", "11-sum")  # phase 11's kernels (no forward kernel: phases.LESSONS)
+# the backward's kernels (no forward kernel: phases.LESSONS): phase 11's, and phase 12's kv_kernel on wgmma
+BACKWARD_KERNELS = ("11-kv", "11-kv-serial", "11-delta", "11-sum", "12-kv", "12-kv-serial")
 
 
 def kernel_config(kernel_id: str, head_dim: int, dtype: str = "float16"):
-    """What compiles a kernel id: a forward kernel's KernelConfig ("07", "06-inline"), or one of phase
-    11's backward kernels ("11-kv", "11-kv-serial", "11-delta", "11-sum": p11_backward.kernel_views)."""
+    """What compiles a kernel id: a forward kernel's KernelConfig ("07", "06-inline"), or one of the
+    backward's kernels ("11-kv", "11-kv-serial", "11-delta", "11-sum": p11_backward.kernel_views;
+    "12-kv", "12-kv-serial": p12_backward_wgmma.kernel_views)."""
     from ..phases import build, get_phase
 
     if kernel_id in BACKWARD_KERNELS:
-        from ..phases import p11_backward
+        from ..phases import p11_backward, p12_backward_wgmma
 
-        return p11_backward.kernel_views(head_dim, dtype)[kernel_id]
+        phase = p12_backward_wgmma if kernel_id.startswith("12-") else p11_backward
+        return phase.kernel_views(head_dim, dtype)[kernel_id]
     return build(get_phase(kernel_id), head_dim, dtype)
 
 

@@ -85,6 +85,15 @@ LESSONS: dict[str, ModuleType] = {**PHASES, **{m.ID: m for m in (importlib.impor
                                                               for name in _COURSE_ONLY)}}
 
 
+def backward_phase(phase_id: str = "11") -> ModuleType:
+    """The module whose kernels a backward runs: "11" (mma.sync, sm_80 on), or "12" (phase 11's with
+    its kv_kernel on wgmma, Hopper only). Both build a p11_backward.Backward."""
+    names = {"11": "p11_backward", "12": "p12_backward_wgmma"}
+    if phase_id not in names:
+        raise ValueError(f"phase: the backward phases are {', '.join(names)}, not {phase_id!r}")
+    return importlib.import_module(f"{__name__}.{names[phase_id]}")
+
+
 def _best() -> str:
     """The newest phase of the ladder for every shape, built the fastest way it has (its FASTEST
     variant, when it names one). A phase for decoding (DECODE: phase 10 splits the keys of a few

@@ -67,7 +67,7 @@ def backward_launches(bw, q_shape, k_shape, causal: bool, scale: float, determin
                    ("out", "dout", "dlse" if with_dlse else "delta", "delta"))
     key_blocks = cdiv(S_k, kv["OWN_ROWS"])
     kv_words = (B, H_kv, S_k, D // 2)  # dK and dV as uint32 pairs
-    main = Launch("11-kv-serial" if deterministic else "11-kv", (parts if deterministic else key_blocks, H_kv, B),
+    main = Launch(bw.kv_id(deterministic), (parts if deterministic else key_blocks, H_kv, B),
                   kv["N_THREADS"], kv["SMEM_BYTES"],
                   [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(k_shape), 2), ArrayArg(tuple(k_shape), 2),
                    ArrayArg(tuple(q_shape), 2), ArrayArg(stats, 4), ArrayArg(stats, 4),
@@ -83,20 +83,22 @@ def backward_launches(bw, q_shape, k_shape, causal: bool, scale: float, determin
 
 
 class BackwardPlan:
-    """One backward problem's launches, settled; `plan(...)` runs them on those tensors."""
+    """One backward problem's launches, settled; `plan(...)` runs them on those tensors. phase: whose
+    kv_kernel ("11", or "12": phase 12's on wgmma, Hopper only; phases.backward_phase)."""
 
     def __init__(self, head_dim: int, dtype: str, q_shape, k_shape, causal: bool, scale: float,
-                 deterministic: bool, with_dlse: bool, device_index: int):
+                 deterministic: bool, with_dlse: bool, device_index: int, phase: str = "11"):
         from numba import cuda
         from numba.cuda.core import sigutils
 
-        from ..phases import p11_backward
+        from ..phases import backward_phase
 
+        module = backward_phase(phase)
         with cuda.gpus[device_index]:
             cc = tuple(cuda.get_current_device().compute_capability)
-            bw = p11_backward.build(head_dim, dtype, cc)
+            bw = module.build(head_dim, dtype, cc)
             self.parts = bw.dq_parts(q_shape[0], k_shape[1], k_shape[2], deterministic)
-        views = p11_backward.kernel_views(head_dim, dtype, cc)
+        views = module.kernel_views(head_dim, dtype, cc)
         self.launches = backward_launches(bw, q_shape, k_shape, causal, scale, deterministic, self.parts, with_dlse)
         for launch in self.launches:
             view = views[launch.kernel_id]

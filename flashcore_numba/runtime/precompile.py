@@ -7,7 +7,8 @@ cache for every phase, head dim and dtype in the time of the slowest few:
 
 Besides the ladder's kernels (the ids of `flashcore bench --phases`), it compiles what the other
 entry points launch: "10-kvcache" (attention_kvcache), "07-varlen" and "09-varlen"
-(attention_varlen), "11" (the backward of attention()'s autograd) and "09-trace" (phase 09's
+(attention_varlen), "11" (the backward of attention()'s autograd; "12", phase 12's on wgmma, which
+`flashcore bench --backward` times beside it) and "09-trace" (phase 09's
 trace build, measure/trace.py: the GPU suite launches it), each cached under the key
 its own launch looks up, so that none of them compiles in a new process either.
 """
@@ -45,15 +46,24 @@ def _trace_kernels(head_dim: int, dtype: str, cc) -> list:
     return _of_config(build_trace(head_dim, dtype, None), dtype)  # as measure.trace.trace_config calls it
 
 
-def _backward_kernels(head_dim: int, dtype: str, cc) -> list:
+def _backward_kernels(phase_id: str):
     """The backward's kernels, as runtime/backward.py's plan loads them: every kernel view of phase
-    11 under its cache id, one after another in one job. (11-sum, one kernel for every head dim
-    and dtype, is in every job: jobs that run at once may each compile it; the cache keeps one.)"""
-    from ..phases import p11_backward as p11
+    11 (or of phase 12: its kv_kernel on wgmma, phase 11's Δ and sum) under its cache id, one after
+    another in one job. (11-sum, one kernel for every head dim and dtype, is in every job: jobs that
+    run at once may each compile it; the cache keeps one.) Phase 12 exists on Hopper (cc 9.0) alone:
+    for another GPU it has nothing to compile."""
 
-    bw = p11.build(head_dim, dtype, cc)
-    return [(view.kernel, view.types, bw.cache_id(kernel_id))
-            for kernel_id, view in p11.kernel_views(head_dim, dtype, cc).items()]
+    def kernels(head_dim: int, dtype: str, cc) -> list:
+        from ..phases import backward_phase, cc_reason
+
+        module = backward_phase(phase_id)
+        if cc_reason(module, cc[:2]):
+            return []
+        bw = module.build(head_dim, dtype, cc)
+        return [(view.kernel, view.types, bw.cache_id(kernel_id))
+                for kernel_id, view in module.kernel_views(head_dim, dtype, cc).items()]
+
+    return kernels
 
 
 # The kernels no rung of the ladder names, which the other entry points launch: id -> (the phase
@@ -63,7 +73,8 @@ EXTRA_KERNELS = {
     "10-kvcache": ("10", _kvcache_kernels),
     "07-varlen": ("07", _varlen_kernels("07")),
     "09-varlen": ("09", _varlen_kernels("09")),
-    "11": ("11", _backward_kernels),
+    "11": ("11", _backward_kernels("11")),
+    "12": ("11", _backward_kernels("12")),  # phase 12's kv_kernel (Hopper), for `flashcore bench --backward`
     "09-trace": ("09", _trace_kernels),
 }
 

@@ -1,0 +1,190 @@
+"""Phase 12 (phases/p12_backward_wgmma.py): phase 11's backward with its kv_kernel on wgmma. dQ, dK
+and dV against the float64 reference's gradients in the simulator on tiny shapes (one warpgroup,
+64 keys a block, query tiles of 64 rows), the kernels compiled for the H100 (sm_90a, no GPU
+needed), and on a GPU the full-size kernels against the reference and phase 11."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from flashcore_numba.reference import random_qkv, reference_attention, reference_lse, round_to
+
+from test_backward import (GPU_CASES, NO_TORCH, both_references, close_to_torchs_gradients, gradients_close,
+                           run_backward)
+
+
+def run_wgmma_backward(q, k, v, o, do, lse, dtype="float16", **kw):
+    """p12_backward_wgmma.backward on 16-bit copies, as run_backward runs phase 11's."""
+    from flashcore_numba.phases import p12_backward_wgmma
+
+    return run_backward(q, k, v, o, do, lse, dtype, backward=p12_backward_wgmma.backward, **kw)
+
+
+CASES = [
+    pytest.param((1, 2, 20, 64), 20, 2, True, False, id="causal, a partial tile"),
+    pytest.param((1, 4, 5, 64), 9, 2, True, True, id="GQA 2, causal, S_q < S_k, deterministic"),
+    pytest.param((1, 2, 26, 64), 11, 1, True, False, id="MQA, causal, rows without keys"),
+    pytest.param((1, 2, 18, 128), 17, 2, False, False, id="D=128"),
+    pytest.param((1, 2, 33, 64), 40, 1, True, False, id="bf16, MQA, causal"),
+]
+
+
+@pytest.mark.parametrize("shape, seq_k, heads_kv, causal, deterministic", CASES)
+def test_wgmma_backward_matches_the_reference_gradients(shape, seq_k, heads_kv, causal, deterministic, request):
+    """Phase 11's cases on phase 12's kv_kernel: dQ (atomics, or deterministic), dK and dV summed
+    over each group, the causal mask (rows that see no key give nothing), S_q != S_k, D = 128 (two
+    64-column pieces of dQ for the simulator's one warpgroup), bf16, a scale that is not 1/sqrt(D)."""
+    dtype = "bfloat16" if "bf16" in request.node.callspec.id else "float16"
+    q, k, v = (round_to(x, dtype) for x in random_qkv(shape, seq_k, heads_kv=heads_kv, dtype=np.float32))
+    do = round_to(np.random.default_rng().standard_normal(q.shape), dtype)
+    o = reference_attention(q, k, v, causal=causal, scale=0.3)
+    lse = reference_lse(q, k, causal=causal, scale=0.3)
+    got = run_wgmma_backward(q, k, v, o, do, lse, dtype, causal=causal, scale=0.3, deterministic=deterministic)
+    gradients_close(got, *both_references(q, k, v, do, dtype, causal=causal, scale=0.3))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_wgmma_backward_over_several_blocks_and_tiles(deterministic):
+    """Three key blocks (64 keys each in the simulator, the last of 2) and two query tiles of 64
+    rows, causal with S_q < S_k: the first two key blocks are seen from the first query tile on,
+    the last only from the second, where its walk starts (m_first); the diagonal crosses tiles.
+    deterministic: the key blocks dealt out to parts, and the same bits on a second run."""
+    q, k, v = (round_to(x, "float16") for x in random_qkv((1, 1, 70, 64), 130, heads_kv=1, dtype=np.float32))
+    do = round_to(np.random.default_rng().standard_normal(q.shape), "float16")
+    o, lse = reference_attention(q, k, v, causal=True), reference_lse(q, k, causal=True)
+    got = run_wgmma_backward(q, k, v, o, do, lse, causal=True, deterministic=deterministic)
+    gradients_close(got, *both_references(q, k, v, do, causal=True))
+    if deterministic:
+        again = run_wgmma_backward(q, k, v, o, do, lse, causal=True, deterministic=True)
+        assert all(np.array_equal(a, b) for a, b in zip(got, again))
+
+
+def test_wgmma_backward_takes_the_gradient_of_the_lse():
+    """dLSE joins dS as in phase 11 (Δ's kernel is phase 11's): with it the gradients match."""
+    q, k, v = random_qkv((1, 2, 12, 64), 30, heads_kv=1)
+    rng = np.random.default_rng()
+    do = rng.standard_normal(q.shape).astype(np.float16)
+    dlse = rng.standard_normal(q.shape[:3]).astype(np.float32)
+    o, lse = reference_attention(q, k, v, causal=True), reference_lse(q, k, causal=True)
+    got = run_wgmma_backward(q, k, v, o, do, lse, causal=True, dlse=dlse)
+    gradients_close(got, *both_references(q, k, v, do, causal=True, dlse=dlse))
+
+
+def test_wgmma_backward_refuses_what_it_cannot_build():
+    from flashcore_numba.phases import p12_backward_wgmma as p12
+
+    with pytest.raises(ValueError, match="head dim: the backward is built for"):
+        p12.build(96)
+    with pytest.raises(ValueError, match="cc: phase 12 runs on compute capability 9.0 only"):
+        p12.build(64, cc=(8, 0))
+    with pytest.raises(ValueError, match="dtype: the backward builds float16 and bfloat16"):
+        p12.build(64, "float32")
+
+
+def test_wgmma_backward_layout_fits_the_h100():
+    """The full-size blocks: two warpgroups of 64 keys, query tiles of 128 rows at D = 64 and 64 at
+    D = 128; shared memory (K, V, two stages of Q and dO, dSᵀ, the rows' stats) within the 227 KB an
+    H100 gives a block, and every dQ piece of a tile dealt out, one per warpgroup."""
+    from flashcore_numba.arch.smem import smem_per_block
+    from flashcore_numba.phases import p12_backward_wgmma as p12
+
+    for D, block_m in ((64, 128), (128, 64)):
+        L = p12.layout(D, p12.WARPGROUPS, p12.query_rows(D, sim=False))
+        assert (L["OWN_ROWS"], L["BLOCK_M"], L["N_THREADS"], L["WG_PIECES"]) == (128, block_m, 256, 1)
+        assert p12.smem_bytes(D) <= smem_per_block((9, 0))
+    assert p12.smem_bytes(64) == 128 * 1024 + p12.STATIC_SMEM_BYTES
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled for the H100 (sm_90a), no GPU needed
+# ---------------------------------------------------------------------------------------------
+KERNELS = ("12-kv", "12-kv-serial")
+
+
+def _compile_wgmma_backward():
+    from flashcore_numba.measure.machine_code import kernel_reports
+
+    return {D: kernel_reports(list(KERNELS), D) for D in (64, 128)}
+
+
+def start_background(items, pool):
+    """The sm_90a compiles (a subprocess in the simulator) in the session's pool of background jobs
+    (conftest.py), if a selected test of this module reads them."""
+    this_module = sys.modules[__name__]
+    if any(getattr(item, "module", None) is this_module and "wgmma_backward_reports" in item.fixturenames
+           for item in items):
+        return pool.submit(_compile_wgmma_backward)
+    return None
+
+
+@pytest.fixture(scope="module")
+def wgmma_backward_reports(background):
+    if background is None or background.cancel():
+        return _compile_wgmma_backward()
+    return background.result()
+
+
+def test_wgmma_backward_kernels_compiled_for_the_h100(wgmma_backward_reports):
+    """kv_kernel multiplies on wgmma only (no mma.sync, no ldmatrix), its wgmmas run asynchronously
+    (ptxas serializes every wgmma of a kernel that makes a call: a 64-bit division would), dQ by
+    reductions two columns at a time; at D = 64 neither build spills, at D = 128 they spill a few
+    words (ptxas, sm_90a: 16 bytes in the default build, 24 in the serial one, at 255 registers:
+    Sᵀ, dPᵀ, dK and dV take 192 of them), bounded here so that more would be seen."""
+    for D, reports in wgmma_backward_reports.items():
+        for kernel_id, r in reports.items():
+            where = f"{kernel_id} D={D}: {r['registers']} registers, {r['spill_store_bytes']} B spilled"
+            assert "wgmma.mma_async instructions are serialized" not in r["assembler_log"], where
+            ptx = r["ptx"]
+            assert "wgmma.mma_async.sync.aligned" in ptx and "mma.sync" not in ptx and "ldmatrix" not in ptx, where
+            assert "red.global.add.v2.f32" in ptx and "atom.global" not in ptx, where
+            spill = max(r["spill_store_bytes"], r["spill_load_bytes"], r["stack_frame_bytes"])
+            assert spill <= (0 if D == 64 else 64), where
+
+
+# ---------------------------------------------------------------------------------------------
+# On a GPU (Hopper: wgmma exists there alone), through the backward's plan as `flashcore bench
+# --backward` runs phase 12 (api._backward)
+# ---------------------------------------------------------------------------------------------
+def _on_hopper():
+    from numba import cuda
+
+    return cuda.get_current_device().compute_capability == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, seq_k, heads_kv, causal, dtype", GPU_CASES)
+def test_wgmma_backward_matches_torch_on_gpu(shape, seq_k, heads_kv, causal, dtype):
+    """Phase 12's gradients (phase 11's plan with the wgmma kv_kernel, full-size blocks: two
+    warpgroups, 128 keys, query tiles of 128 rows at D = 64) by the GPU tests' rule against torch's
+    float64 autograd, from attention()'s forward output and log-sum-exp."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    if not _on_hopper():
+        pytest.skip("phase 12 runs on Hopper (sm_90) alone")
+    from flashcore_numba import api, attention
+
+    q, k, v = (torch.tensor(x, device="cuda").to(getattr(torch, dtype))
+               for x in random_qkv(shape, seq_k, heads_kv=heads_kv, dtype=np.float32))
+    do = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    out, lse = attention(q, k, v, causal=causal, scale=0.2, return_lse=True)
+    got = api._backward(q, k, v, out, lse, do, None, causal, 0.2, False, "12")
+    close_to_torchs_gradients(list(got), q, k, v, do, causal, 0.2, dtype)
+
+
+@pytest.mark.gpu
+def test_wgmma_backward_deterministic_is_bit_identical_on_gpu():
+    """deterministic=True on phase 12's serial build: the same bits twice (8 (batch, K/V head) pairs,
+    3 key blocks of 128: dQ in parts), close to its atomics' gradients and to phase 11's."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    if not _on_hopper():
+        pytest.skip("phase 12 runs on Hopper (sm_90) alone")
+    from flashcore_numba import api, attention
+
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    do = torch.randn_like(q)
+    out, lse = attention(q, k, v, causal=True, return_lse=True)
+    runs = [api._backward(q, k, v, out, lse, do, None, True, None, det, phase)
+            for det, phase in ((True, "12"), (True, "12"), (False, "12"), (False, "11"))]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
+    for other in runs[2:]:
+        assert all((a.float() - b.float()).abs().max().item() < 1e-2 for a, b in zip(runs[0], other))
