@@ -65,24 +65,35 @@ def bf16_bits(x) -> int:
 # -- mma.sync ----------------------------------------------------------------------------------
 
 
+_G = (np.arange(32) // 4)[:, None]  # each lane's g, as a column: rows g (and g + 8) of A and C
+_COLS = 2 * (np.arange(32) % 4)[:, None] + np.arange(2)  # each lane's two columns, 2t and 2t + 1
+
+
+def _register_halves(registers, kind: str) -> np.ndarray:
+    """(lower, upper) 16-bit values of an array of .b32 registers, as float32: shape (..., 2)."""
+    bits = np.asarray(registers, dtype=np.int64) & 0xFFFFFFFF
+    halves = np.stack([bits & 0xFFFF, bits >> 16], axis=-1)
+    if kind == "f16":
+        return halves.astype(np.uint16).view(np.float16).astype(np.float32)
+    return (halves.astype(np.uint32) << 16).view(np.float32)  # bf16: the upper half of an fp32
+
+
 def _mma(kind, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    """Gather the warp's fragments, multiply once (lane 0), hand each lane its four results."""
+    """Gather the warp's fragments, multiply once (lane 0), hand each lane its four results. The
+    fragments are placed for all 32 lanes at once: a loop over the lanes' registers was most of the
+    simulator's time in the mma.sync phases."""
     values, lane = warp_exchange((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3))
     D = None
     if lane == 0:
+        x = _register_halves([v[:6] for v in values], kind)  # (lane, register, half)
+        c = np.array([v[6:] for v in values], dtype=np.float32)  # (lane, 4)
         A = np.zeros((16, 16), np.float32)
         B = np.zeros((16, 8), np.float32)
         C = np.zeros((16, 8), np.float32)
-        for ln, regs in enumerate(values):
-            g, t = ln // 4, ln % 4
-            A[g, 2 * t:2 * t + 2] = _halves(regs[0], kind)
-            A[g + 8, 2 * t:2 * t + 2] = _halves(regs[1], kind)
-            A[g, 2 * t + 8:2 * t + 10] = _halves(regs[2], kind)
-            A[g + 8, 2 * t + 8:2 * t + 10] = _halves(regs[3], kind)
-            B[2 * t:2 * t + 2, g] = _halves(regs[4], kind)
-            B[2 * t + 8:2 * t + 10, g] = _halves(regs[5], kind)
-            C[g, 2 * t:2 * t + 2] = regs[6:8]
-            C[g + 8, 2 * t:2 * t + 2] = regs[8:10]
+        A[_G, _COLS], A[_G + 8, _COLS] = x[:, 0], x[:, 1]
+        A[_G, _COLS + 8], A[_G + 8, _COLS + 8] = x[:, 2], x[:, 3]
+        B[_COLS, _G], B[_COLS + 8, _G] = x[:, 4], x[:, 5]
+        C[_G, _COLS], C[_G + 8, _COLS] = c[:, 0:2], c[:, 2:4]
         D = (A @ B).astype(np.float32) + C
     D = warp_exchange(D)[0][0]  # lane 0's product, to every lane
     g, t = lane // 4, lane % 4
@@ -131,13 +142,18 @@ def unpack_bf16x2(packed):
 
 
 def _ldmatrix(row_addr, trans: bool):
-    """Lanes 8i..8i+7 give the row addresses of matrix i; each lane gets one register per matrix."""
+    """Lanes 8i..8i+7 give the row addresses of matrix i; each lane gets one register per matrix:
+    elements (g, 2t) and (g, 2t + 1) of it, or transposed (2t, g) and (2t + 1, g). Each lane reads
+    just the rows those lie in (one, or two transposed), not all eight."""
     values, lane = warp_exchange(row_addr)
     g, t = lane // 4, lane % 4
     regs = []
     for i in range(4):
-        M = np.stack([values[8 * i + r].view(np.uint16, 1, 8, 8)[0] for r in range(8)])
-        lo, hi = (M[2 * t, g], M[2 * t + 1, g]) if trans else (M[g, 2 * t], M[g, 2 * t + 1])
+        if trans:
+            lo = values[8 * i + 2 * t].view(np.uint16, 1, 8, 8)[0, g]
+            hi = values[8 * i + 2 * t + 1].view(np.uint16, 1, 8, 8)[0, g]
+        else:
+            lo, hi = values[8 * i + g].view(np.uint16, 1, 8, 8)[0, 2 * t:2 * t + 2]
         regs.append(_pack(lo, hi))
     return tuple(regs)
 

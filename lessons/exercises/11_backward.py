@@ -128,13 +128,19 @@ class Backward:
     delta_kernel: object
     kv_kernel: object  # a block per key block, dQ by atomics
     kv_kernel_serial: object  # deterministic=True: a block per part of dQ, its key blocks in turn
+    phase: str = ID  # whose kv_kernel it is: "11", or "12" (phase 12 builds it on wgmma, the rest is this one's)
+
+    def kv_id(self, deterministic: bool) -> str:
+        """The id of the kv_kernel a backward launches: "11-kv", or its serial build "11-kv-serial"."""
+        return f"{self.phase}-kv-serial" if deterministic else f"{self.phase}-kv"
 
     def cache_id(self, kernel_id: str) -> tuple:
         """A kernel's entry in the disk cache (arch/cache.py): "11-delta", "11-kv", "11-kv-serial" or
-        "11-sum", its head dim and dtype, and for kv_kernel which reductions it adds dQ by."""
+        "11-sum" (phase 12's "12-kv", "12-kv-serial"), its head dim and dtype, and for kv_kernel which
+        reductions it adds dQ by."""
         if kernel_id == "11-sum":  # float32 sums: the same kernel for every head dim and dtype
             return (kernel_id,)
-        if kernel_id.startswith("11-kv"):
+        if kernel_id.startswith(f"{self.phase}-kv"):
             return (kernel_id, self.head_dim, self.dtype, "red.v2" if self.wide_red else "red",
                     f"dS x{self.kv['DS_BUFFERS']}")
         return (kernel_id, self.head_dim, self.dtype)
@@ -192,10 +198,10 @@ class Backward:
             if tuple(sums.shape) != (parts, *dQ.shape):
                 raise ValueError(f"dq_sums: expected shape {(parts, *dQ.shape)}, got {tuple(sums.shape)}")
         _zero(sums, stream)
-        kernel, name = (self.kv_kernel_serial, "11-kv-serial") if deterministic else (self.kv_kernel, "11-kv")
+        kernel = self.kv_kernel_serial if deterministic else self.kv_kernel
         launch(kernel, (parts if deterministic else key_blocks, H_kv, B), kv["N_THREADS"], kv["SMEM_BYTES"],
                (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale)),
-               stream, self.cache_id(name))
+               stream, self.cache_id(self.kv_id(deterministic)))
         if parts > 1:
             flat = dQ.reshape(dQ.size)
             launch(_sum_parts_kernel, cdiv(flat.size, SUM_THREADS), SUM_THREADS, 0,
@@ -271,14 +277,19 @@ class CompiledView:
 def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> dict[str, CompiledView]:
     """"11-kv", "11-kv-serial", "11-delta" and "11-sum" of `build(HEAD_DIM, dtype, cc)`, typed as
     Backward.run launches them (by default the H100's, as measure/machine_code.py compiles)."""
-    bw = build(HEAD_DIM, dtype, cc=cc)
-    e = ELEMENT[dtype]
+    return views_of(build(HEAD_DIM, dtype, cc=cc))
+
+
+def views_of(bw: Backward) -> dict[str, CompiledView]:
+    """The kernels of a Backward (this phase's, or phase 12's: its kv_kernel under "12-kv"), typed as
+    Backward.run launches them."""
+    e = ELEMENT[bw.dtype]
     four, three = f"{e}[:,:,:,::1]", "float32[:,:,::1]"
     inputs = f"{four}, {four}, {four}, {four}, {three}, {three}, float32[:,:,:,:,::1]"
     kv = f"void({inputs}, uint32[:,:,:,::1], uint32[:,:,:,::1], boolean, float32)"
     return {
-        "11-kv": CompiledView(bw.kv_kernel, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
-        "11-kv-serial": CompiledView(bw.kv_kernel_serial, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
+        bw.kv_id(False): CompiledView(bw.kv_kernel, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
+        bw.kv_id(True): CompiledView(bw.kv_kernel_serial, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
         "11-delta": CompiledView(bw.delta_kernel, f"void(uint32[:,:,:,::1], uint32[:,:,:,::1], {three}, boolean, "
                                                   f"{three})", 32 * DELTA_WARPS, 0),
         "11-sum": CompiledView(_sum_parts_kernel, "void(float32[:,::1], float32[::1])", SUM_THREADS, 0),
@@ -328,19 +339,43 @@ class _Pieces:
                 mma_into(c, 2 * jj, a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b0, b1)
                 mma_into(c, 2 * jj + 1, a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b2, b3)
 
-        @cuda.jit(device=True, inline=True)
-        def as_a_fragments(frag, c):
-            """The accumulators of n-tiles 2kk and 2kk + 1 (rows g, g + 8; columns 2t, 2t + 1) are
-            k-step kk's A fragment, rounded to 16 bits: phase 07's repacking of P."""
-            for kk in range(KS):
-                frag[kk, 0] = pack(c[2 * kk, 0], c[2 * kk, 1])
-                frag[kk, 1] = pack(c[2 * kk, 2], c[2 * kk, 3])
-                frag[kk, 2] = pack(c[2 * kk + 1, 0], c[2 * kk + 1, 1])
-                frag[kk, 3] = pack(c[2 * kk + 1, 2], c[2 * kk + 1, 3])
-
-        self.mma_into, self.as_a_fragments = mma_into, as_a_fragments
+        self.mma_into, self.as_a_fragments = mma_into, make_as_a_fragments(pack, KS)
         self.abt_steps = unrolled(abt_step, L["KD"])
         self.ab_steps = unrolled(ab_step, L["ND"] // 2)
+
+
+def make_as_a_fragments(pack, KS: int):
+    """as_a_fragments(frag, c): KS k-steps of A fragments from the accumulators c (phase 12 too)."""
+
+    @cuda.jit(device=True, inline=True)
+    def as_a_fragments(frag, c):
+        """The accumulators of n-tiles 2kk and 2kk + 1 (rows g, g + 8; columns 2t, 2t + 1) are
+        k-step kk's A fragment, rounded to 16 bits: phase 07's repacking of P."""
+        for kk in range(KS):
+            frag[kk, 0] = pack(c[2 * kk, 0], c[2 * kk, 1])
+            frag[kk, 1] = pack(c[2 * kk, 2], c[2 * kk, 3])
+            frag[kk, 2] = pack(c[2 * kk + 1, 0], c[2 * kk + 1, 1])
+            frag[kk, 3] = pack(c[2 * kk + 1, 2], c[2 * kk + 1, 3])
+
+    return as_a_fragments
+
+
+def make_red_pair(wide_red: bool):
+    """red_pair(address, x0, x1): two float32 added to global memory by reductions (phase 12 too)."""
+    red = ptx.function("red.ptx", "flashcore_red_add_f32", "inline")
+    red_v2 = ptx.function("red.ptx", "flashcore_red_add_v2_f32", "inline")
+    WIDE = wide_red
+
+    @cuda.jit(device=True, inline=True)
+    def red_pair(address, x0, x1):
+        """x0 and x1 added to the float32 pair at `address` (8-byte aligned), nothing read back."""
+        if WIDE:
+            red_v2(address, x0, x1)
+        else:
+            red(address, x0)
+            red(address + uint64(4), x1)
+
+    return red_pair
 
 
 @cuda.jit(device=True, inline=True)
@@ -454,18 +489,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     GLOBAL_ROW = D * 2  # bytes from a row of a head to the next in a (B, H, S, D) array
     DQ_ROW = D * 4  # bytes from a row of dQ (float32) to the next
     STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
-    red = ptx.function("red.ptx", "flashcore_red_add_f32", "inline")
-    red_v2 = ptx.function("red.ptx", "flashcore_red_add_v2_f32", "inline")
-    WIDE, SERIAL = wide_red, serial
-
-    @cuda.jit(device=True, inline=True)
-    def red_pair(address, x0, x1):
-        """x0 and x1 added to the float32 pair at `address` (8-byte aligned), nothing read back."""
-        if WIDE:
-            red_v2(address, x0, x1)
-        else:
-            red(address, x0)
-            red(address + uint64(4), x1)
+    red_pair = make_red_pair(wide_red)
+    SERIAL = serial
 
     @cuda.jit(device=True, inline=True)
     def dq_columns(jj, args):
@@ -711,7 +736,14 @@ def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None =
     the tests and the simulator use; attention()'s autograd calls Backward.run on torch tensors. cc:
     the compute capability to build for (build(); e.g. (8, 0) runs sm_80's dQ reductions on a newer GPU).
     parts: with deterministic=True, how many parts dQ is summed in (Backward.run; default dq_parts())."""
-    D = q.shape[-1]
+    return run_on_host(build(q.shape[-1], dtype, cc), q, k, v, o, do, lse, causal=causal, scale=scale,
+                       deterministic=deterministic, dlse=dlse, parts=parts)
+
+
+def run_on_host(bw: Backward, q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
+                deterministic: bool = False, dlse=None, parts: int | None = None):
+    """`backward` with the kernels of `bw` (this phase's, or phase 12's build of them)."""
+    D, dtype = q.shape[-1], bw.dtype
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)  # attention's default
     element = np.dtype(ELEMENT[dtype])
     for name, x in zip(("q", "k", "v", "o", "do"), (q, k, v, o, do)):
@@ -722,6 +754,6 @@ def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None =
     dq = cuda.to_device(np.full(q.shape, np.nan, np.float32))  # poisoned: every element must be written
     nan_16 = np.float16(np.nan) if dtype == "float16" else np.int16(0x7FC0)  # (bf16's NaN bits)
     dk, dv = (cuda.to_device(np.full(x.shape, nan_16, element)) for x in (k, v))
-    build(D, dtype, cc).run(*arrays, dq, dk, dv, causal, scale, deterministic, parts=parts,
-                            dLSE=None if dlse is None else cuda.to_device(np.ascontiguousarray(dlse, dtype=np.float32)))
+    bw.run(*arrays, dq, dk, dv, causal, scale, deterministic, parts=parts,
+           dLSE=None if dlse is None else cuda.to_device(np.ascontiguousarray(dlse, dtype=np.float32)))
     return dq.copy_to_host(), dk.copy_to_host(), dv.copy_to_host()
