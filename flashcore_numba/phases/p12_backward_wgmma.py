@@ -38,7 +38,7 @@ Why the hardware should reward it
     of shared memory a tile at D = 128 against 754 KB.
 
 Measured effect
-    Not yet measured: this kernel has run in the simulator only (tests/test_backward.py), and its
+    Not yet measured: this kernel has run in the simulator only (tests/test_backward_wgmma.py), and its
     registers and spills are those ptxas reports for sm_90a (measure/machine_code.py). attention()'s
     autograd runs phase 11 until this phase's records show it faster.
 """
@@ -50,7 +50,6 @@ from functools import lru_cache
 from numba import cuda, float32, int32, uint32, uint64
 
 from ..arch import operands, ptx
-from ..arch.sim import simulator_enabled
 from .common import LOG2E, PTX_TYPE, key_end
 from .p08_wgmma import ATOM, GROUP, ROW, WG_M
 from .p11_backward import (DTYPES, HEAD_DIMS, NO_ROW, STATIC_SMEM_BYTES, Backward, build_delta_kernel,
@@ -63,14 +62,16 @@ TITLE = "The backward on wgmma: warpgroups multiply the backward's products"
 MIN_CC = MAX_CC = (9, 0)  # wgmma exists on Hopper alone (sm_90a)
 BACKWARD = True  # graded by its gradients, as phase 11
 
-WARPGROUPS = 2  # a block: two warpgroups of 64 keys each (BLOCK_N = 128)
-SIM_WARPGROUPS = 1  # the simulator: one (128 Python threads), BLOCK_N = 64
+# A block: two warpgroups of 64 keys each (BLOCK_N = 128). The simulator runs the same blocks (256
+# Python threads): with one warpgroup a block would never add a second half of keys to dQ (dq_acc)
+# nor run a second warpgroup's offsets, and its tests would not see them wrong.
+WARPGROUPS = 2
 
 
-def query_rows(HEAD_DIM: int, sim: bool) -> int:
+def query_rows(HEAD_DIM: int) -> int:
     """BLOCK_M, the rows of a streamed query tile: 128 at D = 64, 64 at D = 128 (so that Sᵀ and dPᵀ,
-    BLOCK_M / 2 registers each, and dK and dV, D / 2 each, fit one thread's 255); 64 in the simulator."""
-    return 128 if HEAD_DIM == 64 and not sim else 64
+    BLOCK_M / 2 registers each, and dK and dV, D / 2 each, fit one thread's 255)."""
+    return 128 if HEAD_DIM == 64 else 64
 
 
 def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
@@ -111,8 +112,7 @@ def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
 def _build(HEAD_DIM: int, dtype: str) -> Backward:
     if dtype not in DTYPES:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
-    sim = simulator_enabled()
-    L = layout(HEAD_DIM, SIM_WARPGROUPS if sim else WARPGROUPS, query_rows(HEAD_DIM, sim))
+    L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM))
     return Backward(HEAD_DIM, dtype, True, L, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel(L, dtype),
                     build_kv_kernel(L, dtype, serial=True), phase=ID)
 
@@ -301,8 +301,10 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
 
                 # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: the warpgroup's 64 keys against the tile's BLOCK_M rows,
                 # both operands K-major through descriptors (SBO: eight rows; LBO unused)
+                # >>> exercise 12-a: Sᵀ into s and dPᵀ into dp: a qk call each, the warpgroup's K (V) rows against the query tile of Q (dO)
                 store_tuple(s, qk(desc_k, descriptor(q_tile, 16, GROUP, SW128)))
                 store_tuple(dp, qk(desc_v, descriptor(do_tile, 16, GROUP, SW128)))
+                # <<< exercise
 
                 # -- Pᵀ = 2^(s · qk_scale − L_i log2 e) and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i): phase 11's step, on
                 # the same layout (column 2t (+1) of block j is query row m0 + 8 j + 2t (+1))
@@ -330,12 +332,14 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
                 # -- dSᵀ to shared memory, swizzled, for dQ = dS K: k-step kk's fragment holds query
                 # rows 16 kk + 2t (chunk 2 kk % 8 of atom kk // 4) and 16 kk + 8 + 2t (the next chunk)
                 for kk in range(KS):
+                    # >>> exercise 12-b: k-step kk's four words of dSᵀ to shared memory, rows g and g + 8, each 16-byte chunk at its swizzled place
                     atom = uint32((kk // 4) * DS_ATOM_WORDS)
                     lo, hi = uint32(((2 * kk) % 8) ^ g) * 4, uint32(((2 * kk + 1) % 8) ^ g) * 4
                     smem_h[ds_row + atom + lo] = ds_frag[kk, 0]
                     smem_h[ds_row + uint32(8 * ROW_WORDS) + atom + lo] = ds_frag[kk, 1]
                     smem_h[ds_row + atom + hi] = ds_frag[kk, 2]
                     smem_h[ds_row + uint32(8 * ROW_WORDS) + atom + hi] = ds_frag[kk, 3]
+                    # <<< exercise
                 fence_proxy_async()  # the stores become visible to the tensor cores ...
                 cuda.syncthreads()  # ... once both warpgroups have made them
 
@@ -345,12 +349,14 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
                     r0, c0 = (p_id // COL_BLOCKS) * 64, (p_id % COL_BLOCKS) * 64  # its query rows and columns
                     ds_atom = smem + DS_OFF + (r0 // 64) * DS_ATOM
                     k_atom = smem + K_OFF + (c0 // 64) * ATOM
+                    # >>> exercise 12-c: the piece's dQ = dS K into dq: dq_first over the block's first 64 keys, dq_acc adding each next 64
                     store_tuple(dq, dq_first(descriptor(ds_atom, ATOM, GROUP, SW128),
                                              descriptor(k_atom, ATOM, GROUP, SW128)))
                     for half in range(1, KEY_HALVES):
                         store_tuple(dq, dq_acc(descriptor(ds_atom + half * WG_M * ROW, ATOM, GROUP, SW128),
                                                descriptor(k_atom + half * KV_TILE, ATOM, GROUP, SW128),
                                                as_tuple(dq, N_DQ)))
+                    # <<< exercise
                     # register 4j + e: row 16 warp + g (+8), column 8 j + 2t (+1) of the piece
                     row_a = m0 + r0 + warp * 16 + g
                     dq_head = dq_address + uint64(((b * H + h) * seq_q) * DQ_ROW)
@@ -389,5 +395,5 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
 
 def smem_bytes(HEAD_DIM: int) -> int:
     """kv_kernel's shared memory per block on the GPU (dynamic and static)."""
-    return layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM, False))["SMEM_BYTES"] + STATIC_SMEM_BYTES
+    return layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM))["SMEM_BYTES"] + STATIC_SMEM_BYTES
 
