@@ -193,7 +193,7 @@ def _build_parser() -> Parser:
     comp = sub.add_parser("compile", help="compile kernels ahead of time into the kernel cache")
     comp.add_argument("--phases", type=parse_compile_ids, default=None,
                       help="comma-separated kernel ids, e.g. 09,09-ws, or 10-kvcache, 07-varlen, 09-varlen, "
-                           "09-trace and 11 (the backward) (default: all of them)")
+                           "09-trace, 11 (the backward) and 12 (its kv_kernel on wgmma) (default: all of them)")
     comp.add_argument("--head-dims", type=_positive_ints, default=(64, 128), help="e.g. 64,128 (default both)")
     comp.add_argument("--dtypes", type=parse_dtypes, default=("float16", "bfloat16"),
                       help="fp16, bf16 or both, comma-separated (default both)")
@@ -291,7 +291,7 @@ def _run_simulator(args) -> int:
     modes = (True,) if args.causal else (False, True)
     device = bench.NumbaDevice()
     verdicts = {}  # (phase id, causal) -> Result
-    # the ladder, then the phases of the course that are no forward kernel (11, checked by its gradients)
+    # the ladder, then the phases of the course that are no forward kernel (11 and 12, checked by their gradients)
     course = {**PHASES, **{pid: m for pid, m in LESSONS.items() if getattr(m, "BACKWARD", False)}}
     with _progress(console) as progress:
         task = progress.add_task("simulator", total=len(course) * len(modes))
@@ -303,10 +303,12 @@ def _run_simulator(args) -> int:
                 progress.update(task, description=f"phase {phase.ID} {'causal' if causal else 'non-causal'}")
                 verdicts[phase.ID, causal], _ = bench.check_phase(phase, device, qkv, problem, ref, lowp)
                 progress.advance(task)
-            # phase 11, the backward: its gradients of the same problem (fresh inputs of that shape)
-            progress.update(task, description=f"phase 11 {'causal' if causal else 'non-causal'}")
-            verdicts["11", causal] = backward.check_backward(problem)
-            progress.advance(task)
+            # phases 11 and 12, the backward: their gradients of the same problem (fresh inputs of that shape)
+            for pid in course:
+                if pid not in PHASES:
+                    progress.update(task, description=f"phase {pid} {'causal' if causal else 'non-causal'}")
+                    verdicts[pid, causal] = backward.check_backward(problem, phase=pid)
+                    progress.advance(task)
 
     console.print(_simulator_table(verdicts, shape, modes, course))
     failed = [key for key, r in verdicts.items() if r.available and not r.correct]

@@ -401,6 +401,9 @@ STUB_REGION_SAYS = {
     "11-a": "diagnosis: dV is right, so P is; dK and dQ are not",
     "11-b": "dq: all zeros: nothing is added to dQ",
     "11-c": "diagnosis: every gradient is wrong, so P is",
+    "12-a": "dq: NaN everywhere: s and dp are never written",
+    "12-b": "dq: all zeros: dQ = dS K adds nothing",
+    "12-c": "dq: NaN everywhere: dq is never written",
 }
 REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in LESSONS.values()
            for r in exercises.phase_regions(phase)]

@@ -371,6 +371,66 @@ HINTS: dict[str, RegionHints] = {
                                      "not see?",
                    "wrong:dq+dk": "dV is right, so P is; dK and dQ are not: dS = P ∘ (dP − Δ) is wrong"},
     ),
+    "12-a": RegionHints(
+        idea="Sᵀ = K Qᵀ has the form of the forward's S = Q Kᵀ (phase 08's qk call): A is the warpgroup's "
+             "64 rows of K (its keys), B is the query tile, both K-major (d along their 128-byte rows) in the "
+             "swizzle, so both go in through descriptors; the call returns the warpgroup's accumulators, one "
+             "register per element this thread holds. dPᵀ = V dOᵀ is the same call with V and dO.",
+        helpers="qk(desc_a, desc_b): the tuple of this thread's registers of A · Bᵀ (64 rows by BLOCK_M); "
+                "desc_k, desc_v: the descriptors of this warpgroup's rows of K and V, made above; "
+                "descriptor(address, lbo, sbo, swizzle): a descriptor of the tile at `address` (K-major: "
+                "lbo 16, unused; sbo GROUP, eight rows; swizzle SW128); q_tile, do_tile: where this tile's Q "
+                "and dO are; store_tuple(array, values): the tuple into the local array.",
+        pseudo="store_tuple(s, qk(desc_k, <descriptor of q_tile>))\n"
+               "store_tuple(dp, qk(desc_v, <descriptor of do_tile>))",
+        diagnoses={"nan": "NaN everywhere: s and dp are never written (a local array starts as NaN here): the "
+                          "two qk calls go into them with store_tuple",
+                   "wrong:dq+dk+dv": "every gradient is wrong, so P is (dV = Pᵀ dO needs nothing else): is Sᵀ "
+                                     "= K Qᵀ in s (K's rows against the tile of Q), and dPᵀ = V dOᵀ in dp?",
+                   "wrong:dq+dk": "dV is right, so Sᵀ and P are; dK and dQ are not: they come from dS = P ∘ "
+                                  "(dP − Δ): is dPᵀ = V dOᵀ in dp, V's rows against the tile of dO?"},
+    ),
+    "12-b": RegionHints(
+        idea="dQ = dS K needs dS with the query rows as its rows and both warpgroups' keys, so each thread "
+             "stores its part of dSᵀ to shared memory, a row of 128 bytes per key in each atom of 64 query "
+             "rows, in the 128-byte swizzle the tensor cores read: chunk c of row r at chunk c ^ (r % 8). "
+             "k-step kk's A fragment holds rows g and g + 8 of the thread's warp, query rows 16 kk + 2t and "
+             "16 kk + 2t + 1 (a0, a1: chunk 2 kk % 8 of atom kk // 4) and 8 further (a2, a3: the next chunk); "
+             "g is the row % 8 of both rows.",
+        helpers="smem_h: shared memory as 32-bit words; ds_row: the word of row g's first chunk, this "
+                "thread's word t of it (ROW_WORDS words a row, 8 rows further is 8 * ROW_WORDS); "
+                "DS_ATOM_WORDS: the words of one atom of dSᵀ; ds_frag[kk, 0..3]: a0..a3; a 16-byte chunk is 4 "
+                "words. Keep the indices uint32, as the code around does.",
+        pseudo="atom = uint32(<the atom of k-step kk> * DS_ATOM_WORDS)\n"
+               "lo = uint32(<chunk 2 kk % 8, swizzled by g>) * 4;  hi = <the next chunk, swizzled>\n"
+               "smem_h[ds_row + atom + lo] = ds_frag[kk, 0]\n"
+               "smem_h[<8 rows further> + atom + lo] = ds_frag[kk, 1]\n"
+               "<a2 and a3 the same at hi>",
+        diagnoses={"zeros": "all zeros: dQ = dS K adds nothing, so the dSᵀ it reads is still the zeros shared "
+                            "memory starts with here: store each k-step's four words of ds_frag",
+                   "wrong:dq": "dK and dV are right, so dS is; dQ is not: the dSᵀ it reads from shared memory "
+                               "is not where the descriptor says: every word at row g (a1, a3: g + 8), in "
+                               "its atom, its chunk XOR g?"},
+    ),
+    "12-c": RegionHints(
+        idea="The piece of dQ this warpgroup owns (64 query rows by 64 columns of d) sums over the block's "
+             "keys. dq multiplies 64 keys' worth, A = dSᵀ read transposed and B = K read transposed, both "
+             "through descriptors, and overwrites; dq_acc adds the next 64 keys to the registers it is given. "
+             "dSᵀ's next 64 keys are 64 rows (of ROW bytes) further in its atom, K's are the next warpgroup's "
+             "tile, KV_TILE bytes on.",
+        helpers="dq_first(desc_ds, desc_k) -> the tuple of this thread's 32 registers; dq_acc(desc_ds, desc_k, "
+                "registers) -> the sum; descriptor(address, ATOM, GROUP, SW128): an MN-major tile; ds_atom, "
+                "k_atom: where the piece's query rows of dSᵀ and its columns of K start; KEY_HALVES: the block's "
+                "keys in 64s; as_tuple(dq, N_DQ), store_tuple(dq, values).",
+        pseudo="store_tuple(dq, dq_first(<descriptor of ds_atom>, <descriptor of k_atom>))\n"
+               "for half in range(1, KEY_HALVES):\n"
+               "    store_tuple(dq, dq_acc(<ds_atom, half * 64 rows on>, <k_atom, half tiles on>, as_tuple(dq, N_DQ)))",
+        diagnoses={"nan": "NaN everywhere: dq is never written (a local array starts as NaN here): dq_first's "
+                          "product goes into it with store_tuple",
+                   "wrong:dq": "dK and dV are right, so dS is; dQ is not: is every 64 keys of the block in the "
+                               "sum (dq_first, then dq_acc for each further half), each half's dSᵀ rows with "
+                               "the same half's K?"},
+    ),
 }
 
 

@@ -610,6 +610,45 @@ def draw_backward_loops(n_rows: int = 8, n_keys: int = 8):
     plt.show()
 
 
+def draw_wgmma_backward(block_m: int = 128, head_dim: int = 64):
+    """Phase 12's block at D = 64: who computes what of one query tile. Left, Sᵀ (and dPᵀ, Pᵀ, dSᵀ):
+    128 keys by BLOCK_M query rows, a band of 64 keys per warpgroup, 16 per warp, each band one
+    wgmma call; right, the tile's dQ (BLOCK_M query rows by D), a 64 x 64 piece per warpgroup, each
+    summed over all 128 keys (dSᵀ of both warpgroups, from shared memory)."""
+    plt = _plt()
+    _, axes = plt.subplots(1, 2, figsize=(12, 5.2), gridspec_kw={"width_ratios": [block_m, head_dim]})
+    colors = ("#4c72b0", "#dd8452")
+    ax = axes[0]
+    for wg in range(2):
+        for w in range(4):
+            top = 128 - (64 * wg + 16 * w)
+            ax.add_patch(plt.Rectangle((0, top - 16), block_m, 15.4, color=colors[wg], alpha=0.35 + 0.12 * w))
+            ax.text(block_m / 2, top - 8, f"warpgroup {wg}, warp {w}: keys {64 * wg + 16 * w}-{64 * wg + 16 * w + 15}",
+                    ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, block_m)
+    ax.set_ylim(0, 128)
+    ax.set_xlabel(f"query row of the tile (0-{block_m - 1})")
+    ax.set_ylabel("key of the block (0 at the top)")
+    ax.set_yticks([])
+    ax.set_title("Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (then Pᵀ, dSᵀ; dV, dK over the rows):\none wgmma per warpgroup, "
+                 "B = the query tile, read once for 4 warps", fontsize=9)
+    ax = axes[1]
+    pieces = [(r, c) for r in range(block_m // 64) for c in range(head_dim // 64)]
+    for p, (r, c) in enumerate(pieces):
+        wg = p % 2
+        ax.add_patch(plt.Rectangle((64 * c, block_m - 64 * (r + 1)), 63.4, 63.4, color=colors[wg], alpha=0.55))
+        ax.text(64 * c + 32, block_m - 64 * r - 32, f"warpgroup {wg}\ndq, dq_acc:\nall 128 keys\n(dSᵀ of both)",
+                ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, head_dim)
+    ax.set_ylim(0, block_m)
+    ax.set_xlabel(f"column of dQ (d, 0-{head_dim - 1})")
+    ax.set_ylabel("query row of the tile (0 at the top)")
+    ax.set_yticks([])
+    ax.set_title("dQ = dS K: a 64 x 64 piece per warpgroup,\nadded to dQ in global memory by red", fontsize=9)
+    plt.tight_layout()
+    plt.show()
+
+
 def draw_mma_fragments():
     """The three operands of `mma.sync.m16n8k16`: which lane holds each element, in which register."""
     plt = _plt()
@@ -674,18 +713,19 @@ class Lesson:
 
     @property
     def backward(self) -> bool:
-        """Phase 11: three kernels of its own, graded and timed by its gradients."""
+        """Phases 11 and 12: kernels of their own, graded and timed by their gradients."""
         return getattr(self.phase, "BACKWARD", False)
 
     @property
     def main_id(self) -> str:
-        """The kernel whose PTX and SASS the lesson shows: the phase's, or phase 11's kv_kernel."""
-        return "11-kv" if self.backward else self.phase.ID
+        """The kernel whose PTX and SASS the lesson shows: the phase's, or a backward phase's kv_kernel."""
+        return f"{self.phase.ID}-kv" if self.backward else self.phase.ID
 
     def _ids(self) -> list[str]:
-        """The kernels this lesson compares: the previous phase, this one, and its variants."""
+        """The kernels this lesson compares: the previous phase, this one, and its variants (phase 11: its
+        kv_kernel and Δ's kernel; phase 12: phase 11's kv_kernel and its own)."""
         if self.backward:
-            return ["11-kv", "11-delta"]
+            return ["11-kv", "11-delta"] if self.phase.ID == "11" else ["11-kv", self.main_id]
         base = PHASES.get(getattr(self.phase, "BUILDS_ON", ""))  # phase 10: built on 07, after 09
         return [p.ID for p in (self.previous, base, self.phase, *self.variants) if p is not None]
 
@@ -795,8 +835,8 @@ class Lesson:
         print(f"allowed = 2 × (error of plain fp16 attention) + {ATOL:g}: FlashAttention's test oracle")
 
     def check_gradients(self, problems=None) -> None:
-        """Phase 11: dQ, dK and dV of fresh random problems (poisoned with NaN first) against the float64
-        reference's gradients, by the grader's rule (course/grade_backward.py)."""
+        """Phases 11 and 12: dQ, dK and dV of fresh random problems (poisoned with NaN first) against the
+        float64 reference's gradients, by the grader's rule (course/grade_backward.py)."""
         from .grade_backward import GradientCase, gradient_runs, launch, make_inputs, verdicts
 
         if problems is None:
@@ -859,8 +899,9 @@ class Lesson:
         return {"rows": rows, "label": label}
 
     def timing_backward(self, directory=None) -> dict | None:
-        """Phase 11 beside SDPA's backward at the reference shape: measured live on a GPU (flashcore
-        bench --backward's protocol), else the committed record (docs/bench/backward/)."""
+        """The backward phases (11, and 12 on Hopper) beside SDPA's backward at the reference shape:
+        measured live on a GPU (flashcore bench --backward's protocol), else the committed record
+        (docs/bench/backward/)."""
         from ..measure import backward
         from ..measure.bench import Problem
         from ..measure.records import load_records
@@ -883,16 +924,21 @@ class Lesson:
         rows = []
         for r in record["results"]:
             note = "" if r.get("tflops") else (r.get("reason") or r.get("message") or "not timed")
-            rows.append({"name": r["name"], "phase": "11" if r["kind"] == "phase" else None,
+            rows.append({"name": r["name"], "phase": r["name"].split("-")[0] if r["kind"] == "phase" else None,
                          "peer": r["kind"] == "peer", "median_ms": r.get("median_ms"), "tflops": r.get("tflops"),
                          "note": note})
         print(label)
         print(_describe_shape(record["config"]) + "; " + record.get("flops_rule", backward.FLOPS_RULE))
         print(table(rows, [("name", "kernel"), ("median_ms", "median ms"), ("tflops", "TFLOPS"), ("note", "")]))
         timed = {r["name"]: r for r in rows if r["tflops"]}
-        if "11" in timed and "sdpa_flash" in timed:
-            print(f"\nthe backward runs at {timed['11']['tflops'] / timed['sdpa_flash']['tflops']:.2f}× the "
-                  "throughput of SDPA's flash backend")
+        mine = self.phase.ID
+        if mine in timed and "sdpa_flash" in timed:
+            print(f"\nphase {mine}'s backward runs at {timed[mine]['tflops'] / timed['sdpa_flash']['tflops']:.2f}× "
+                  "the throughput of SDPA's flash backend")
+        if mine != "11" and mine in timed and "11" in timed:
+            print(f"phase {mine} runs at {timed[mine]['tflops'] / timed['11']['tflops']:.2f}× phase 11's throughput")
+        elif mine != "11":
+            print(f"(that record has no row for phase {mine}: `flashcore bench --backward` times it on Hopper)")
         return {"rows": rows, "label": label}
 
     def plot_timing(self, timing: dict | None) -> None:

@@ -331,15 +331,15 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
 
                 # -- dSᵀ to shared memory, swizzled, for dQ = dS K: k-step kk's fragment holds query
                 # rows 16 kk + 2t (chunk 2 kk % 8 of atom kk // 4) and 16 kk + 8 + 2t (the next chunk)
+                # >>> exercise 12-b: for each k-step kk, its four words of dSᵀ to shared memory, rows g and g + 8, each 16-byte chunk at its swizzled place
                 for kk in range(KS):
-                    # >>> exercise 12-b: k-step kk's four words of dSᵀ to shared memory, rows g and g + 8, each 16-byte chunk at its swizzled place
                     atom = uint32((kk // 4) * DS_ATOM_WORDS)
                     lo, hi = uint32(((2 * kk) % 8) ^ g) * 4, uint32(((2 * kk + 1) % 8) ^ g) * 4
                     smem_h[ds_row + atom + lo] = ds_frag[kk, 0]
                     smem_h[ds_row + uint32(8 * ROW_WORDS) + atom + lo] = ds_frag[kk, 1]
                     smem_h[ds_row + atom + hi] = ds_frag[kk, 2]
                     smem_h[ds_row + uint32(8 * ROW_WORDS) + atom + hi] = ds_frag[kk, 3]
-                    # <<< exercise
+                # <<< exercise
                 fence_proxy_async()  # the stores become visible to the tensor cores ...
                 cuda.syncthreads()  # ... once both warpgroups have made them
 

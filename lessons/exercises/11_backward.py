@@ -209,8 +209,13 @@ class Backward:
 
 
 def _zero(array, stream) -> None:
-    """Fill a 32-bit device array with zeros (the simulator has no memset)."""
+    """Fill a 32-bit device array with zeros (the simulator has no memset): a kernel on the GPU; in
+    the simulator, whose arrays live on the host, a copy (a kernel there starts a Python thread per
+    CUDA thread, as long as a small backward's own kernels take)."""
     flat = array.reshape(array.size)
+    if simulator_enabled():
+        flat.copy_to_device(np.zeros(flat.size, flat.dtype))
+        return
     launch(_zero_kernel, cdiv(flat.size, 256), 256, 0, (flat,), stream)
 
 
