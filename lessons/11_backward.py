@@ -164,6 +164,13 @@ lesson.show_source(phase.build_delta_kernel)
 lesson.show_source(phase.build_kv_kernel)
 
 # %% [markdown]
+# The element-by-element step of a tile (exercise 11-c), which phase 12 shares: each lane's
+# elements of Sᵀ become Pᵀ, recomputed from its rows' log-sum-exp, and those of dPᵀ become dSᵀ.
+
+# %%
+lesson.show_source(phase.make_p_and_ds)
+
+# %% [markdown]
 # ## Is it correct?
 #
 # Fresh random inputs, dQ, dK and dV poisoned with NaN first, each compared with the float64

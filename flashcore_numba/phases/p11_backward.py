@@ -521,6 +521,59 @@ def make_red_pair(wide_red: bool):
     return red_pair
 
 
+def make_p_and_ds(exp2, NT: int, BLOCK_M: int, BLOCK_N: int):
+    """p_and_ds(...): a tile's elementwise step, the same in phase 12 (its accumulators have this
+    layout: a warp's 16 keys as rows, NT n-tiles of 8 query rows)."""
+
+    @cuda.jit(device=True, inline=True)
+    def p_and_ds(s, dp, lse2_s, delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale):
+        """Pᵀ = 2^(s · qk_scale − L_i log2 e) in place of Sᵀ (s) and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i) in place of dPᵀ
+        (dp), for the tile of query rows m0 .. against the block's keys n0 ..: column 2t (+1) of n-tile
+        j is query row m0 + 8 j + 2t (+1), whose stats lie at stats + 8 j (+1) of stage `stage`; a row
+        before its key's first row (first_a: the lane's key of row g, first_b: of row g + 8) does not
+        see the key: p = 0. Only a tile that crosses the diagonal or the end of the keys is masked;
+        the others compare against a limit no row is below. The limits and rows are 32-bit, the row
+        offsets constants: this runs 4 NT times a tile, so int32(...) keeps the sum and the compare
+        32-bit (col, from range, is an int64, and Numba makes row_t + col an int64: two compares an
+        element instead of one)."""
+        masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
+        limit_a = first_a if masked else int32(-NO_ROW)
+        limit_b = first_b if masked else int32(-NO_ROW)
+        row_t = int32(m0 + 2 * t)  # this lane's first column's row
+        stats = uint32(stage * BLOCK_M + 2 * t)
+        for j in range(NT):
+            for e in range(4):
+                col = j * 8 + e % 2  # this element's column, from the lane's first
+                # >>> exercise 11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
+                p = exp2(cuda.fma(s[j, e], qk_scale, -lse2_s[stats + uint32(col)]))
+                if int32(row_t + col) < (limit_a if e < 2 else limit_b):
+                    p = float32(0.0)
+                s[j, e] = p
+                dp[j, e] = p * (dp[j, e] - delta_s[stats + uint32(col)])
+                # <<< exercise
+
+    return p_and_ds
+
+
+def make_store_dk_dv(pack, ND: int):
+    """store_dk_dv(...): a block's dK and dV written at the end of its key block (phase 12 too)."""
+
+    @cuda.jit(device=True, inline=True)
+    def store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale):
+        """dK = scale · Σ dSᵀ Q and dV of the lane's keys key_a and key_a + 8 (rows g, g + 8 of its
+        warp's accumulators), in the inputs' type, two columns per 32-bit store (an unsigned column:
+        a signed one is checked for < 0, checks the serial build keeps in registers)."""
+        for j in range(ND):
+            if key_a < seq_k:
+                dK[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dk[j, 0] * scale, dk[j, 1] * scale)
+                dV[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dv[j, 0], dv[j, 1])
+            if key_a + 8 < seq_k:
+                dK[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dk[j, 2] * scale, dk[j, 3] * scale)
+                dV[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dv[j, 2], dv[j, 3])
+
+    return store_dk_dv
+
+
 @cuda.jit(device=True, inline=True)
 def zero(c, n):
     """Accumulators c[0 .. n-1] (four each) to 0."""
@@ -640,6 +693,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     DQ_ROW = D * 4  # bytes from a row of dQ (float32) to the next
     STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
     red_pair = make_red_pair(wide_red)
+    p_and_ds = make_p_and_ds(exp2, NT, BLOCK_M, BLOCK_N)
+    store_dk_dv = make_store_dk_dv(pack, ND)
     SERIAL = serial
 
     @cuda.jit(device=True, inline=True)
@@ -797,29 +852,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 abt_steps(0, (s, k_warp, q_tile + b_lane))
                 abt_steps(0, (dp, v_warp, do_tile + b_lane))
 
-                # -- Pᵀ = 2^(s · qk_scale − L_i log2 e) and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i): column 2t (+1) of n-tile
-                # j is query row m0 + 8 j + 2t (+1), whose stats lie at stats + 8 j (+1); a row before
-                # its key's first row does not see the key: p = 0. Only a tile that crosses the
-                # diagonal or the end of the keys is masked; the others compare against a limit no row
-                # is below. The limits and rows are 32-bit, the row offsets constants: this runs 4 NT
-                # times a tile, so int32(...) keeps the sum and the compare 32-bit (col, from range,
-                # is an int64, and Numba makes row_t + col an int64: two compares an element instead
-                # of one)
-                masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
-                limit_a = first_a if masked else int32(-NO_ROW)
-                limit_b = first_b if masked else int32(-NO_ROW)
-                row_t = int32(m0 + 2 * t)  # this lane's first column's row
-                stats = uint32(stage * BLOCK_M + 2 * t)
-                for j in range(NT):
-                    for e in range(4):
-                        col = j * 8 + e % 2  # this element's column, from the lane's first
-                        # >>> exercise 11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
-                        p = exp2(cuda.fma(s[j, e], qk_scale, -lse2_s[stats + uint32(col)]))
-                        if int32(row_t + col) < (limit_a if e < 2 else limit_b):
-                            p = float32(0.0)
-                        s[j, e] = p
-                        dp[j, e] = p * (dp[j, e] - delta_s[stats + uint32(col)])
-                        # <<< exercise
+                # -- Pᵀ = 2^(s · qk_scale − L_i log2 e) in place of Sᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i) in place of dPᵀ
+                p_and_ds(s, dp, lse2_s, delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale)
 
                 # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments, dO and Q by ldmatrix.trans
                 as_a_fragments(p_frag, s)
@@ -869,15 +903,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 tile_dq(smem, (n_tiles - 1) % 2, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag,
                         bt_own, scale)
 
-            # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type, two columns per 32-bit store (an
-            #    unsigned column: a signed one is checked for < 0, checks the serial build keeps in registers)
-            for j in range(ND):
-                if key_a < seq_k:
-                    dK[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dk[j, 0] * scale, dk[j, 1] * scale)
-                    dV[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dv[j, 0], dv[j, 1])
-                if key_a + 8 < seq_k:
-                    dK[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dk[j, 2] * scale, dk[j, 3] * scale)
-                    dV[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dv[j, 2], dv[j, 3])
+            # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type
+            store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale)
             if not SERIAL:
                 break  # a block per key block: one trip (the compiler leaves no loop)
             cuda.syncthreads()  # every warp done with K (the last dQ) before the next key block's copies

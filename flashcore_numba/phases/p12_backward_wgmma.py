@@ -23,19 +23,28 @@ What changed from phase 11
                                     kept for Sᵀ (MN-major, imm-trans-b); each warpgroup one 64 x 64
                                     piece of the tile's dQ (D = 64: 64 of the 128 query rows;
                                     D = 128: 64 of the columns), added to dQ by `red`
-    Every tile lives in shared memory in the 128-byte swizzle of phase 08 (its make_copy_tile),
-    the streamed Q and dO tiles in two stages by cp.async; query tiles of BLOCK_M = 128 rows at
-    D = 64 and 64 at D = 128, so that Sᵀ, dPᵀ, dK and dV fit one thread's registers (FA3's
-    choice of tiles for Hopper too). A tile has two barriers: one between the dSᵀ stores and dQ,
-    one at its end (phase 11 moved dQ a tile late to drop the first; not done here yet).
+    Every tile lives in shared memory in phase 08's layout, the 128-byte swizzle (copied in phase
+    07's passes: `make_copy_tile`), the streamed Q and dO tiles in two stages by cp.async; query
+    tiles of BLOCK_M = 128 rows at D = 64 and 64 at D = 128, so that Sᵀ, dPᵀ, dK and dV fit one
+    thread's registers (FA3's choice of tiles for Hopper too). A tile has two barriers: one
+    between the dSᵀ stores and dQ, one at its end (phase 11 moved dQ a tile late to drop the
+    first; not done here yet).
 
 Why the hardware should reward it
     Phase 11's main kernel is bound by shared memory, not by its tensor cores: 8 warps each read
     the whole Q and dO tiles twice per tile (once for Sᵀ and dPᵀ, once transposed for dK and dV),
     96 ldmatrix.x4 a warp and tile against 160 mma.sync at D = 64, and ncu had L1/shared memory
     80 % busy (docs/tuning/11_ncu.txt). A wgmma's B operand is read once for its whole warpgroup,
-    so the streamed tiles are read by 2 warpgroups instead of 8 warps: by arithmetic about 190 KB
-    of shared memory a tile at D = 128 against 754 KB.
+    so the streamed tiles are read by 2 warpgroups instead of 8 warps. By arithmetic, the bytes of
+    shared memory the tensor cores or ldmatrix read per 64 query rows of a block: 112 KB at
+    D = 64 against phase 11's 384 KB, 256 KB at D = 128 against 754 KB (every operand of the
+    five products, K and V included, read once per tile).
+
+    What got the first build to no spill at D = 64 (16 bytes at D = 128) and asynchronous wgmmas
+    (ptxas, sm_90a; it spilled 152 and 228 bytes, every wgmma serialized): H // H_kv in 32 bits
+    (a 64-bit division is a call, and ptxas serializes the wgmmas of a kernel that makes one),
+    and the tile copies in passes of constant offsets (`make_copy_tile`). The history and the
+    leads not yet tried: docs/tuning/12_history.md.
 
 Measured effect
     Not yet measured: this kernel has run in the simulator only (tests/test_backward_wgmma.py), and its
@@ -50,11 +59,11 @@ from functools import lru_cache
 from numba import cuda, float32, int32, uint32, uint64
 
 from ..arch import operands, ptx
-from .common import LOG2E, PTX_TYPE, key_end
+from .common import LOG2E, PTX_TYPE
 from .p08_wgmma import ATOM, GROUP, ROW, WG_M
-from .p11_backward import (DTYPES, HEAD_DIMS, NO_ROW, STATIC_SMEM_BYTES, Backward, build_delta_kernel,
-                           first_row, load_row_stats, make_as_a_fragments, make_red_pair, row_stats, run_on_host,
-                           tile_count, views_of, zero)
+from .p11_backward import (DTYPES, HEAD_DIMS, STATIC_SMEM_BYTES, Backward, build_delta_kernel, first_row,
+                           load_row_stats, make_as_a_fragments, make_p_and_ds, make_red_pair,
+                           make_store_dk_dv, row_stats, run_on_host, tile_count, views_of, zero)
 
 ID = "12"
 NAME = "backward_wgmma"
@@ -186,7 +195,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     # the products (ptx/wgmma.ptx): Sᵀ and dPᵀ over BLOCK_M query rows (n), dV and dK over them (k)
     n_q = "" if BLOCK_M == 64 else f"_n{BLOCK_M}"
     qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{D}{n_q}_{kind}", "inline")
-    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d{D}_n{BLOCK_M}_{kind}", "inline", tuples=True)
+    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d{D}_n{BLOCK_M}_{kind}", "inline",
+                          tuples=True)
     dq_first = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_{kind}", "inline")
     dq_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_acc_{kind}", "inline", tuples=True)
     fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
@@ -200,6 +210,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     copy_tile = make_copy_tile(L)  # phase 08's layout, phase 07's passes
     as_a_fragments = make_as_a_fragments(pack, L["KS"])
     red_pair = make_red_pair(True)  # sm_90: a lane's two dQ columns in one reduction
+    p_and_ds = make_p_and_ds(exp2, L["NT"], BLOCK_M, BLOCK_N)
+    store_dk_dv = make_store_dk_dv(pack, L["ND"])
     KV_TILE, K_OFF, V_OFF, Q_OFF = L["KV_TILE"], L["K_OFF"], L["V_OFF"], L["Q_OFF"]
     STREAM_TILE, STAGE, DS_OFF, DS_ATOM = L["STREAM_TILE"], L["STAGE_BYTES"], L["DS_OFF"], L["DS_ATOM"]
     NT, KS, ND = L["NT"], L["KS"], L["ND"]
@@ -218,7 +230,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
         seq_q = Q.shape[2]
         head_q = uint64(((b * Q.shape[1] + h) * seq_q) * GLOBAL_ROW)
         copy_tile(smem, Q_OFF + stage * STAGE, global_address(Q), head_q, m0, BLOCK_M, seq_q, tid)
-        copy_tile(smem, Q_OFF + stage * STAGE + STREAM_TILE, global_address(dO), head_q, m0, BLOCK_M, seq_q, tid)
+        copy_tile(smem, Q_OFF + stage * STAGE + STREAM_TILE, global_address(dO), head_q, m0, BLOCK_M, seq_q,
+                  tid)
 
     @cuda.jit
     def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale):
@@ -306,28 +319,18 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
                 store_tuple(dp, qk(desc_v, descriptor(do_tile, 16, GROUP, SW128)))
                 # <<< exercise
 
-                # -- Pᵀ = 2^(s · qk_scale − L_i log2 e) and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i): phase 11's step, on
-                # the same layout (column 2t (+1) of block j is query row m0 + 8 j + 2t (+1))
-                masked = n0 + BLOCK_N > key_end(m0, seq_q, seq_k, causal)
-                limit_a = first_a if masked else int32(-NO_ROW)
-                limit_b = first_b if masked else int32(-NO_ROW)
-                row_t = int32(m0 + 2 * t)  # this lane's first column's row
-                stats = uint32(stage * BLOCK_M + 2 * t)
-                for j in range(NT):
-                    for e in range(4):
-                        col = j * 8 + e % 2  # this element's column, from the lane's first
-                        p = exp2(cuda.fma(s[j, e], qk_scale, -lse2_s[stats + uint32(col)]))
-                        if int32(row_t + col) < (limit_a if e < 2 else limit_b):
-                            p = float32(0.0)
-                        s[j, e] = p
-                        dp[j, e] = p * (dp[j, e] - delta_s[stats + uint32(col)])
+                # -- Pᵀ in place of Sᵀ, dSᵀ in place of dPᵀ: phase 11's step, on the same layout (column 2t
+                # (+1) of block j is query row m0 + 8 j + 2t (+1))
+                p_and_ds(s, dp, lse2_s, delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale)
 
                 # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments (phase 11's repacking), dO
                 # and Q MN-major (SBO: eight rows, now along k; LBO: from one atom of d to the next)
                 as_a_fragments(p_frag, s)
                 as_a_fragments(ds_frag, dp)
-                store_tuple(dv, pv_acc(as_tuple(p_frag, N_P), descriptor(do_tile, ATOM, GROUP, SW128), as_tuple(dv, N_O)))
-                store_tuple(dk, pv_acc(as_tuple(ds_frag, N_P), descriptor(q_tile, ATOM, GROUP, SW128), as_tuple(dk, N_O)))
+                desc_do_mn = descriptor(do_tile, ATOM, GROUP, SW128)
+                desc_q_mn = descriptor(q_tile, ATOM, GROUP, SW128)
+                store_tuple(dv, pv_acc(as_tuple(p_frag, N_P), desc_do_mn, as_tuple(dv, N_O)))
+                store_tuple(dk, pv_acc(as_tuple(ds_frag, N_P), desc_q_mn, as_tuple(dk, N_O)))
 
                 # -- dSᵀ to shared memory, swizzled, for dQ = dS K: k-step kk's fragment holds query
                 # rows 16 kk + 2t (chunk 2 kk % 8 of atom kk // 4) and 16 kk + 8 + 2t (the next chunk)
@@ -361,7 +364,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
                     row_a = m0 + r0 + warp * 16 + g
                     dq_head = dq_address + uint64(((b * H + h) * seq_q) * DQ_ROW)
                     for j in range(8):
-                        at = dq_head + uint64(row_a * DQ_ROW + (c0 + j * 8 + 2 * t) * 4)  # dQ[b, h, row_a, col]
+                        # dQ[b, h, row_a, col]
+                        at = dq_head + uint64(row_a * DQ_ROW + (c0 + j * 8 + 2 * t) * 4)
                         if row_a < seq_q:
                             red_pair(at, dq[j, 0] * scale, dq[j, 1] * scale)
                         if row_a + 8 < seq_q:
@@ -377,14 +381,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
                 cuda.syncthreads()
                 h, m0 = h_next, m_next
 
-            # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type, two columns per 32-bit store (phase 11's)
-            for j in range(ND):
-                if key_a < seq_k:
-                    dK[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dk[j, 0] * scale, dk[j, 1] * scale)
-                    dV[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dv[j, 0], dv[j, 1])
-                if key_a + 8 < seq_k:
-                    dK[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dk[j, 2] * scale, dk[j, 3] * scale)
-                    dV[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dv[j, 2], dv[j, 3])
+            # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type (phase 11's)
+            store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale)
             if not SERIAL:
                 break  # a block per key block: one trip
             cuda.syncthreads()  # every warp done with K and V before the next key block's copies

@@ -1,0 +1,358 @@
+"""A/B variant of phase 12 (docs/tuning/12_history.md): dQ one tile late, as phase 11 does it. A
+tile's dSᵀ goes to one of two buffers, and its dQ is computed and added during the next tile (the
+last tile's after the loop), so the barrier between the dSᵀ stores and dQ is gone: the barrier that
+ends every tile is the only one. Shared memory: one more dSᵀ buffer (32 KB at D = 64, 16 KB at
+D = 128). Everything else is phase 12's (tools/ab_backward.py loads it from phases/, where
+docs/tuning/12_first_run/run.sh copies it)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from numba import cuda, float32, int32, uint32, uint64
+
+from ..arch import operands, ptx
+from .common import LOG2E, PTX_TYPE
+from .p08_wgmma import ATOM, GROUP, ROW, WG_M
+from .p11_backward import (DTYPES, HEAD_DIMS, STATIC_SMEM_BYTES, Backward, build_delta_kernel, first_row,
+                           load_row_stats, make_as_a_fragments, make_p_and_ds, make_red_pair,
+                           make_store_dk_dv, row_stats, run_on_host, tile_count, views_of, zero)
+
+ID = "12"
+NAME = "backward_wgmma"
+TITLE = "The backward on wgmma: warpgroups multiply the backward's products"
+MIN_CC = MAX_CC = (9, 0)  # wgmma exists on Hopper alone (sm_90a)
+BACKWARD = True  # graded by its gradients, as phase 11
+
+# A block: two warpgroups of 64 keys each (BLOCK_N = 128). The simulator runs the same blocks (256
+# Python threads): with one warpgroup a block would never add a second half of keys to dQ (dq_acc)
+# nor run a second warpgroup's offsets, and its tests would not see them wrong.
+WARPGROUPS = 2
+
+
+def query_rows(HEAD_DIM: int) -> int:
+    """BLOCK_M, the rows of a streamed query tile: 128 at D = 64, 64 at D = 128 (so that Sᵀ and dPᵀ,
+    BLOCK_M / 2 registers each, and dK and dV, D / 2 each, fit one thread's 255)."""
+    return 128 if HEAD_DIM == 64 else 64
+
+
+def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
+    """Every derived constant of kv_kernel. Shared memory holds K and V (a 64-row tile per
+    warpgroup each, D / 64 swizzled atoms of 64 rows), two stages of the streamed Q and dO tiles
+    (block_m rows each), then dSᵀ (a row per key, block_m / 64 atoms of BLOCK_N rows); all in
+    the 128-byte swizzle of phase 08, offsets in bytes, each a multiple of 1024."""
+    own = WG_M * warpgroups
+    L = dict(HEAD_DIM=HEAD_DIM, WARPGROUPS=warpgroups, N_THREADS=128 * warpgroups, OWN_ROWS=own,
+             STREAM_ROWS=block_m, DS_BUFFERS=2, BLOCK_M=block_m)
+    L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row (p08's make_copy_tile)
+    L["KV_TILE"] = WG_M * HEAD_DIM * 2  # one warpgroup's 64 rows of K (or V)
+    L["K_OFF"], L["V_OFF"] = 0, own * HEAD_DIM * 2
+    L["STREAM_TILE"] = block_m * HEAD_DIM * 2  # a query tile of Q (or dO)
+    L["STAGE_BYTES"] = 2 * L["STREAM_TILE"]  # stage s: Q at Q_OFF + s * STAGE_BYTES, dO a tile on
+    L["Q_OFF"] = 2 * own * HEAD_DIM * 2
+    L["DS_OFF"] = L["Q_OFF"] + 2 * L["STAGE_BYTES"]
+    L["DS_ATOM"] = own * ROW  # dSᵀ: 64 query rows (one atom's 128 bytes) of every key
+    L["DS_BYTES"] = own * block_m * 2  # buffer i of dSᵀ at DS_OFF + i * DS_BYTES
+    L["SMEM_BYTES"] = L["DS_OFF"] + 2 * L["DS_BYTES"]
+    assert all(L[k] % 1024 == 0 for k in ("V_OFF", "Q_OFF", "STAGE_BYTES", "DS_OFF", "DS_ATOM"))
+    # make_copy_tile lays rows out in tiles of 64, each D / 64 atoms: a query tile of 128 rows is one
+    # run of rows down its atom only at D = 64 (its k-steps, 2048 bytes each, walk straight on)
+    assert HEAD_DIM == 64 or block_m == 64
+    assert (own * L["CHUNKS"]) % L["N_THREADS"] == 0 and (block_m * L["CHUNKS"]) % L["N_THREADS"] == 0
+    L["NT"] = block_m // 8  # 8-column blocks of a warpgroup's Sᵀ (its 64 keys x block_m query rows)
+    L["KS"] = block_m // 16  # k-steps of dV += Pᵀ dO (Pᵀ's A fragments)
+    L["ND"] = HEAD_DIM // 8  # 8-column blocks of dK and dV
+    # dQ's tile (block_m x D) in 64 x 64 pieces, dealt out to the warpgroups: piece p is query rows
+    # 64 (p // COL_BLOCKS) .., columns 64 (p % COL_BLOCKS) ..; each a sum over the block's keys
+    L["COL_BLOCKS"] = HEAD_DIM // 64
+    L["PIECES"] = (block_m // 64) * L["COL_BLOCKS"]
+    assert L["PIECES"] % warpgroups == 0
+    L["WG_PIECES"] = L["PIECES"] // warpgroups
+    return L
+
+
+@lru_cache(maxsize=None)
+def _build(HEAD_DIM: int, dtype: str) -> Backward:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
+    L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM))
+    return Backward(HEAD_DIM, dtype, True, L, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel(L, dtype),
+                    build_kv_kernel(L, dtype, serial=True), phase=ID)
+
+
+def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Backward:
+    """Phase 11's Backward with this phase's kv_kernel, for head dim 64 or 128; cc, if given, must
+    be Hopper's (9, 0): wgmma runs nowhere else."""
+    if HEAD_DIM not in HEAD_DIMS:
+        raise ValueError(f"head dim: the backward is built for {HEAD_DIMS}, not {HEAD_DIM}")
+    if cc is not None and tuple(cc)[:2] != MIN_CC:
+        raise ValueError(f"cc: phase 12 runs on compute capability 9.0 only (wgmma), not {tuple(cc)[:2]}")
+    return _build(HEAD_DIM, dtype)
+
+
+def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> dict:
+    """"12-kv", "12-kv-serial" and phase 11's "11-delta" and "11-sum", typed as Backward.run launches them."""
+    return views_of(build(HEAD_DIM, dtype, cc))
+
+
+def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
+             deterministic: bool = False, dlse=None, dtype: str = "float16", parts: int | None = None):
+    """p11_backward.backward with this phase's kv_kernel: (dq as float32, dk, dv as 16-bit) NumPy arrays."""
+    return run_on_host(build(q.shape[-1], dtype), q, k, v, o, do, lse, causal=causal, scale=scale,
+                       deterministic=deterministic, dlse=dlse, parts=parts)
+
+
+def make_copy_tile(L: dict):
+    """Global -> shared by cp.async into phase 08's layout (rows in tiles of 64, each D / 64 atoms of
+    the 128-byte swizzle: chunk c of row r at atom c // 8, chunk (c % 8) ^ (r % 8)), with phase 07's
+    passes: thread tid copies chunk tid % CHUNKS of rows tid // CHUNKS, + ROWS_PER_PASS, ... A pass
+    moves the destination by constants (ROWS_PER_PASS is a multiple of 8 and divides 64, so r % 8
+    and the chunk stay, and a row never leaves its tile), so each copy is one address plus an
+    immediate. phase 08's copy_tile works its destination out per chunk: kept across the query-tile
+    loop, those addresses took 8 registers a copy here and were spilled (ptxas, sm_90a)."""
+    copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
+    CHUNKS, N_THREADS, TILE_BYTES = L["CHUNKS"], L["N_THREADS"], L["KV_TILE"]
+    ROWS_PER_PASS = N_THREADS // CHUNKS
+    assert ROWS_PER_PASS % 8 == 0 and WG_M % ROWS_PER_PASS == 0
+    ROW_BYTES = CHUNKS * 16  # a row in global memory
+
+    @cuda.jit(device=True, inline=True)
+    def pass_offset(i):
+        """The destination of pass i, from pass 0's: its rows' tile and row within the tile."""
+        return ((i * ROWS_PER_PASS) // WG_M) * TILE_BYTES + ((i * ROWS_PER_PASS) % WG_M) * ROW
+
+    @cuda.jit(device=True, inline=True)
+    def copy_tile(smem, offset, src_base, head_bytes, row0, n_rows, seq_len, tid):
+        """Start copying rows row0 .. row0+n_rows-1 of one head (at src_base + head_bytes) to smem+offset.
+        A row past seq_len copies 0 bytes and is zero-filled (its address is clamped to a real row)."""
+        r, chunk = tid // CHUNKS, tid % CHUNKS
+        src = src_base + head_bytes + uint64(chunk * 16)
+        dst = smem + offset + (chunk // 8) * ATOM + r * ROW + ((chunk % 8) ^ (r % 8)) * 16
+        if row0 + n_rows <= seq_len:
+            src += uint64(row0 + r) * uint64(ROW_BYTES)
+            for i in range(n_rows // ROWS_PER_PASS):
+                copy16(dst + pass_offset(i), src + uint64(i * ROWS_PER_PASS * ROW_BYTES), uint32(16))
+        else:
+            for i in range(n_rows // ROWS_PER_PASS):
+                row = row0 + r + i * ROWS_PER_PASS
+                n_bytes = uint32(16) if row < seq_len else uint32(0)
+                copy16(dst + pass_offset(i), src + uint64(min(row, seq_len - 1)) * uint64(ROW_BYTES), n_bytes)
+
+    return copy_tile
+
+
+def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
+    """kv_kernel for layout L, on wgmma: dK and dV of BLOCK_N keys, and their share of dQ. serial: the
+    build for deterministic=True, whose blocks loop over key blocks (phase 11's)."""
+    kind = PTX_TYPE[dtype]
+    D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["BLOCK_M"]
+    # the products (ptx/wgmma.ptx): Sᵀ and dPᵀ over BLOCK_M query rows (n), dV and dK over them (k)
+    n_q = "" if BLOCK_M == 64 else f"_n{BLOCK_M}"
+    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{D}{n_q}_{kind}", "inline")
+    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d{D}_n{BLOCK_M}_{kind}", "inline",
+                          tuples=True)
+    dq_first = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_{kind}", "inline")
+    dq_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_acc_{kind}", "inline", tuples=True)
+    fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{kind}x2", "inline")
+    exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")
+    commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
+    wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
+    shared_address, global_address = operands.shared_address, operands.global_address
+    descriptor, SW128 = operands.matrix_descriptor, operands.SWIZZLE_128B
+    as_tuple, store_tuple = operands.as_tuple, operands.store_tuple
+    copy_tile = make_copy_tile(L)  # phase 08's layout, phase 07's passes
+    as_a_fragments = make_as_a_fragments(pack, L["KS"])
+    red_pair = make_red_pair(True)  # sm_90: a lane's two dQ columns in one reduction
+    p_and_ds = make_p_and_ds(exp2, L["NT"], BLOCK_M, BLOCK_N)
+    store_dk_dv = make_store_dk_dv(pack, L["ND"])
+    KV_TILE, K_OFF, V_OFF, Q_OFF = L["KV_TILE"], L["K_OFF"], L["V_OFF"], L["Q_OFF"]
+    STREAM_TILE, STAGE, DS_OFF, DS_ATOM = L["STREAM_TILE"], L["STAGE_BYTES"], L["DS_OFF"], L["DS_ATOM"]
+    DS_BYTES = L["DS_BYTES"]
+    NT, KS, ND = L["NT"], L["KS"], L["ND"]
+    WARPGROUPS_, COL_BLOCKS, WG_PIECES = L["WARPGROUPS"], L["COL_BLOCKS"], L["WG_PIECES"]
+    KEY_HALVES = BLOCK_N // 64  # dQ's k: the block's keys, 64 (one dq call) at a time
+    N_P, N_O, N_DQ = 4 * KS, 4 * ND, 32  # registers of P's fragments, of dK (or dV), of a dQ piece
+    GLOBAL_ROW = D * 2  # bytes from a row of a head to the next in a (B, H, S, D) array
+    DQ_ROW = D * 4  # bytes from a row of dQ (float32) to the next
+    STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
+    DS_ATOM_WORDS, ROW_WORDS = DS_ATOM // 4, ROW // 4
+    SERIAL = serial
+
+    @cuda.jit(device=True, inline=True)
+    def fetch_queries(smem, stage, Q, dO, b, h, m0, tid):
+        """Start copying rows m0 .. m0 + BLOCK_M − 1 of query head h, of Q and of dO, into `stage`."""
+        seq_q = Q.shape[2]
+        head_q = uint64(((b * Q.shape[1] + h) * seq_q) * GLOBAL_ROW)
+        copy_tile(smem, Q_OFF + stage * STAGE, global_address(Q), head_q, m0, BLOCK_M, seq_q, tid)
+        copy_tile(smem, Q_OFF + stage * STAGE + STREAM_TILE, global_address(dO), head_q, m0, BLOCK_M, seq_q,
+                  tid)
+
+    @cuda.jit(device=True, inline=True)
+    def tile_dq(smem, buffer, prev_s, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale):
+        """dQ += scale · dS K for the tile whose dSᵀ is in buffer `buffer` and whose query head and
+        first row are prev_s[buffer]: this warpgroup's pieces."""
+        h, m0 = prev_s[buffer, 0], prev_s[buffer, 1]
+        dq_head = dq_address + uint64(((b * H + h) * seq_q) * DQ_ROW)
+        for piece in range(WG_PIECES):
+            p_id = wg + piece * WARPGROUPS_
+            r0, c0 = (p_id // COL_BLOCKS) * 64, (p_id % COL_BLOCKS) * 64  # its query rows and columns
+            ds_atom = smem + DS_OFF + buffer * DS_BYTES + (r0 // 64) * DS_ATOM
+            k_atom = smem + K_OFF + (c0 // 64) * ATOM
+            store_tuple(dq, dq_first(descriptor(ds_atom, ATOM, GROUP, SW128),
+                                     descriptor(k_atom, ATOM, GROUP, SW128)))
+            for half in range(1, KEY_HALVES):
+                store_tuple(dq, dq_acc(descriptor(ds_atom + half * WG_M * ROW, ATOM, GROUP, SW128),
+                                       descriptor(k_atom + half * KV_TILE, ATOM, GROUP, SW128),
+                                       as_tuple(dq, N_DQ)))
+            row_a = m0 + r0 + warp * 16 + g
+            for j in range(8):
+                at = dq_head + uint64(row_a * DQ_ROW + (c0 + j * 8 + 2 * t) * 4)
+                if row_a < seq_q:
+                    red_pair(at, dq[j, 0] * scale, dq[j, 1] * scale)
+                if row_a + 8 < seq_q:
+                    red_pair(at + uint64(8 * DQ_ROW), dq[j, 2] * scale, dq[j, 3] * scale)
+
+    @cuda.jit
+    def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale):
+        """phase 11's kv_kernel (the same arguments, grid and dQ parts), its products on wgmma: two
+        warpgroups, each the Sᵀ, dPᵀ, dV and dK of its 64 keys and a 64 x 64 piece of each tile's dQ."""
+        smem_h = cuda.shared.array(0, uint32, alignment=1024)  # the swizzle's atoms are 1024-byte aligned
+        smem = shared_address(smem_h)
+        lse2_s = cuda.shared.array(STATS, float32)  # stage s, row r at s * BLOCK_M + r: L_i · log2 e
+        delta_s = cuda.shared.array(STATS, float32)  # and Δ_i
+        prev_s = cuda.shared.array((2, 2), int32)  # (query head, first row) of the tile whose dSᵀ is in buffer i
+        b, h_kv = cuda.blockIdx.z, cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        wg = tid // 128  # this thread's warpgroup: keys 64 wg .. 64 wg + 63 of the block
+        warp = (tid % 128) // 32  # and its warp in it: keys 16 warp .. 16 warp + 15 of those
+        lane = tid % 32
+        g, t = lane // 4, lane % 4  # rows g, g + 8 and columns 2t, 2t + 1 of every accumulator block
+        H, seq_q, seq_k = Q.shape[1], Q.shape[2], K.shape[2]
+        # query heads per K/V head, in 32-bit unsigned arithmetic: a 64-bit division is a subroutine
+        # call in SASS, and ptxas serializes every wgmma of a kernel that makes a call (phase 08)
+        group = int32(uint32(H) // uint32(K.shape[1]))
+        qk_scale = scale * float32(LOG2E)
+        dq_address = global_address(dQ)  # part 0, the only one with atomics; deterministic: part blockIdx.x
+        if SERIAL:
+            dq_address += uint64(cuda.blockIdx.x) * uint64(dQ.strides[0])
+        s = cuda.local.array((NT, 4), float32)  # Sᵀ, then Pᵀ: the warp's 16 keys x BLOCK_M query rows
+        dp = cuda.local.array((NT, 4), float32)  # dPᵀ, then dSᵀ
+        p_frag = cuda.local.array((KS, 4), uint32)
+        ds_frag = cuda.local.array((KS, 4), uint32)
+        dk = cuda.local.array((ND, 4), float32)  # the warp's 16 keys x D
+        dv = cuda.local.array((ND, 4), float32)
+        dq = cuda.local.array((8, 4), float32)  # a 64 x 64 piece of dQ: 32 registers
+        # descriptors of this warpgroup's 64 rows of K and V, K-major (A of Sᵀ = K Qᵀ, dPᵀ = V dOᵀ)
+        desc_k = descriptor(smem + K_OFF + wg * KV_TILE, 16, GROUP, SW128)
+        desc_v = descriptor(smem + V_OFF + wg * KV_TILE, 16, GROUP, SW128)
+        # where this lane's 32-bit words of dSᵀ go: key row r of the block at r * 128 bytes of each
+        # atom of 64 query rows, its 16-byte chunk c at c ^ (r % 8) (r % 8 is g: the warp's rows
+        # start at a multiple of 8); rows g and g + 8
+        ds_row0 = uint32((DS_OFF + (wg * 64 + warp * 16 + g) * ROW) // 4 + t)
+
+        # Block x takes key blocks x, x + gridDim.x, ... (phase 11's loop: one trip unless serial)
+        key_block = cuda.blockIdx.x
+        while key_block < tile_count(seq_k, BLOCK_N):
+            n0 = key_block * BLOCK_N
+            # -- the block's keys and values stay in shared memory; query tiles stream past
+            head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * GLOBAL_ROW)
+            copy_tile(smem, K_OFF, global_address(K), head_kv, n0, BLOCK_N, seq_k, tid)
+            copy_tile(smem, V_OFF, global_address(V), head_kv, n0, BLOCK_N, seq_k, tid)
+            first = max(0, n0 - (seq_k - seq_q)) if causal else 0
+            m_first = first - first % BLOCK_M
+            tiles_per_head = tile_count(seq_q - m_first, BLOCK_M)
+            n_tiles = group * tiles_per_head  # (query head, query tile) pairs, the heads of the group in turn
+            h, m0 = h_kv * group, m_first  # the tile in flight: query head h, rows m0 ..
+            if n_tiles > 0:
+                fetch_queries(smem, 0, Q, dO, b, h, m0, tid)
+                if tid < BLOCK_M:
+                    lse_0, delta_0 = load_row_stats(LSE, DELTA, b, h, m0 + tid, seq_q)
+                    lse2_s[tid], delta_s[tid] = row_stats(lse_0, delta_0)
+            commit()
+            wait_all()
+            fence_proxy_async()  # the copies become visible to the tensor cores' reads ...
+            cuda.syncthreads()  # ... once every thread has made them
+
+            zero(dk, ND)
+            zero(dv, ND)
+            key_a = n0 + wg * 64 + warp * 16 + g  # this lane's keys (rows of Sᵀ): key_a and key_a + 8 ...
+            first_a = first_row(key_a, seq_q, seq_k, causal)  # ... and the first query row that sees each
+            first_b = first_row(key_a + 8, seq_q, seq_k, causal)
+
+            for it in range(n_tiles):
+                stage = it % 2
+                # -- the next query tile flies into the other stage meanwhile (phase 11's)
+                h_next, m_next = (h, m0 + BLOCK_M) if m0 + BLOCK_M < seq_q else (h + 1, m_first)
+                lse_next, delta_next = float32(0.0), float32(0.0)
+                if it + 1 < n_tiles:
+                    fetch_queries(smem, 1 - stage, Q, dO, b, h_next, m_next, tid)
+                    commit()
+                    if tid < BLOCK_M:
+                        lse_next, delta_next = load_row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
+                q_tile = smem + Q_OFF + stage * STAGE
+                do_tile = q_tile + STREAM_TILE
+
+                # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: the warpgroup's 64 keys against the tile's BLOCK_M rows,
+                # both operands K-major through descriptors (SBO: eight rows; LBO unused)
+                store_tuple(s, qk(desc_k, descriptor(q_tile, 16, GROUP, SW128)))
+                store_tuple(dp, qk(desc_v, descriptor(do_tile, 16, GROUP, SW128)))
+
+                # -- Pᵀ in place of Sᵀ, dSᵀ in place of dPᵀ: phase 11's step, on the same layout (column 2t
+                # (+1) of block j is query row m0 + 8 j + 2t (+1))
+                p_and_ds(s, dp, lse2_s, delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale)
+
+                # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments (phase 11's repacking), dO
+                # and Q MN-major (SBO: eight rows, now along k; LBO: from one atom of d to the next)
+                as_a_fragments(p_frag, s)
+                as_a_fragments(ds_frag, dp)
+                desc_do_mn = descriptor(do_tile, ATOM, GROUP, SW128)
+                desc_q_mn = descriptor(q_tile, ATOM, GROUP, SW128)
+                store_tuple(dv, pv_acc(as_tuple(p_frag, N_P), desc_do_mn, as_tuple(dv, N_O)))
+                store_tuple(dk, pv_acc(as_tuple(ds_frag, N_P), desc_q_mn, as_tuple(dk, N_O)))
+
+                # -- dSᵀ to shared memory, swizzled, for dQ = dS K: k-step kk's fragment holds query
+                # rows 16 kk + 2t (chunk 2 kk % 8 of atom kk // 4) and 16 kk + 8 + 2t (the next chunk)
+                ds_row = ds_row0 + uint32(stage * (DS_BYTES // 4))  # buffer `stage`
+                for kk in range(KS):
+                    atom = uint32((kk // 4) * DS_ATOM_WORDS)
+                    lo, hi = uint32(((2 * kk) % 8) ^ g) * 4, uint32(((2 * kk + 1) % 8) ^ g) * 4
+                    smem_h[ds_row + atom + lo] = ds_frag[kk, 0]
+                    smem_h[ds_row + uint32(8 * ROW_WORDS) + atom + lo] = ds_frag[kk, 1]
+                    smem_h[ds_row + atom + hi] = ds_frag[kk, 2]
+                    smem_h[ds_row + uint32(8 * ROW_WORDS) + atom + hi] = ds_frag[kk, 3]
+                fence_proxy_async()  # the stores become visible to the tensor cores after the tile's barrier
+                if tid == 0:  # whose dSᵀ it is (a slot per buffer: the tile before's is read now)
+                    prev_s[stage, 0], prev_s[stage, 1] = h, m0
+                # -- dQ of the tile before, one tile late: its dSᵀ was stored before the barrier that ended it
+                if it > 0:
+                    tile_dq(smem, 1 - stage, prev_s, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale)
+
+                # -- the next tile has landed (this thread's copies), and every warp is done with this
+                # one and with dSᵀ
+                if it + 1 < n_tiles and tid < BLOCK_M:
+                    at = uint32((1 - stage) * BLOCK_M + tid)
+                    lse2_s[at], delta_s[at] = row_stats(lse_next, delta_next)
+                wait_all()
+                fence_proxy_async()
+                cuda.syncthreads()
+                h, m0 = h_next, m_next
+
+            # -- dQ of the last tile (its dSᵀ and prev_s, behind the loop's last barrier)
+            if n_tiles > 0:
+                tile_dq(smem, (n_tiles - 1) % 2, prev_s, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale)
+
+            # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type (phase 11's)
+            store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale)
+            if not SERIAL:
+                break  # a block per key block: one trip
+            cuda.syncthreads()  # every warp done with K and V before the next key block's copies
+            key_block += cuda.gridDim.x  # deterministic=True: this block's next key block
+
+    return kv_kernel
+
+
+def smem_bytes(HEAD_DIM: int) -> int:
+    """kv_kernel's shared memory per block on the GPU (dynamic and static)."""
+    return layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM))["SMEM_BYTES"] + STATIC_SMEM_BYTES
+
