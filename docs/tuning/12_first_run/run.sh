@@ -17,10 +17,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OU
 FLASHCORE_GPU=1 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
   tests/test_ptx.py -k "wgmma_backward_products or wgmma_128_key or wgmma_tiles" tests/test_backward_wgmma.py \
   > "$OUT/gpu_tests.txt" 2>&1; tail -6 "$OUT/gpu_tests.txt"
-# 3. phase 11 against phase 12 and its variant with dQ one tile late (p12_dq_late.py: copied into phases/,
-#    where the kernel cache keeps its kernels), by turns, at B=16 H=16 S=2048 and B=1 H=16 S=4096
-#    (ms per backward); each version's first process compiles what the cache lacks
-cp docs/tuning/12_first_run/p12_dq_late.py flashcore_numba/phases/_ab_12late.py
+# 3. phase 11 against phase 12 and its variant with dQ one tile late (make_dq_late.py writes it into
+#    phases/, where the kernel cache keeps its kernels), by turns, at B=16 H=16 S=2048 and B=1 H=16
+#    S=4096 (ms per backward); each version's first process compiles what the cache lacks
+python3 docs/tuning/12_first_run/make_dq_late.py
 LATE=flashcore_numba/phases/_ab_12late.py
 for D in 64 128; do
   for version in new 12 "$LATE" new 12 "$LATE"; do
