@@ -1,31 +1,48 @@
 #!/usr/bin/env bash
-# Phase 12's first GPU run, one device call (about 9 of its 10 minutes), from the repository root:
+# Phase 12's first GPU runs, from the repository root, one device call a step (each well inside the
+# 10 minutes of a call), with .whl holding numpy 2.4's wheel (DEVELOPERS.md):
 #
-#   run(command="bash docs/tuning/12_first_run/run.sh", carry=[".whl"], timeout_s=600)
+#   run(command="bash docs/tuning/12_first_run/run.sh check", carry=[".whl"])    # about 6 minutes
+#   run(command="bash docs/tuning/12_first_run/run.sh ab 64", carry=[".whl"])    # about 4 minutes each
+#   run(command="bash docs/tuning/12_first_run/run.sh ab 128", carry=[".whl"])
 #
-# with .whl holding numpy 2.4's wheel (DEVELOPERS.md). Each step's log goes to $OUT; the A/B's JSON
-# lines (tools/ab_backward.py: checked against torch's float32 autograd, then timed by turns with
-# phase 11) are what docs/tuning/12_history.md records. A step that fails does not stop the next.
+# A fresh machine has an empty kernel cache: each step compiles what it needs first (all cores).
+# Logs go to $OUT; the A/B's JSON lines (tools/ab_backward.py: checked against torch's float32
+# autograd, then timed by turns) are what docs/tuning/12_history.md records. A failing step does not
+# stop the next within a call.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export FLASHCORE_CACHE_DIR=/tmp/fcc PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-# 1. the kernels the tests and the A/B load (09: attention()'s forward, whose O and LSE the GPU tests use)
-( time python3 -m flashcore_numba compile --phases 09,11,12 --head-dims 64,128 --dtypes fp16,bf16 --jobs 16 ) \
-  > "$OUT/compile.txt" 2>&1; tail -3 "$OUT/compile.txt"
-# 2. the new wgmma forms against NumPy on the hardware, then phase 12 against torch's autograd
-FLASHCORE_GPU=1 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
-  tests/test_ptx.py -k "wgmma_backward_products or wgmma_128_key or wgmma_tiles" tests/test_backward_wgmma.py \
-  > "$OUT/gpu_tests.txt" 2>&1; tail -6 "$OUT/gpu_tests.txt"
-# 3. phase 11 against phase 12 and its variant with dQ one tile late (make_dq_late.py writes it into
-#    phases/, where the kernel cache keeps its kernels), by turns, at B=16 H=16 S=2048 and B=1 H=16
-#    S=4096 (ms per backward); each version's first process compiles what the cache lacks
+# phase 12 with dQ one tile late, written into phases/ (where the kernel cache keeps its kernels)
 python3 docs/tuning/12_first_run/make_dq_late.py
 LATE=flashcore_numba/phases/_ab_12late.py
-for D in 64 128; do
-  for version in new 12 "$LATE" new 12 "$LATE"; do
-    timeout 150 python3 tools/ab_backward.py time "$version" "$D" | tee -a "$OUT/ab.jsonl"
-  done
-done
-# 4. each kernel's device time in one backward of phase 12 (torch.profiler)
-timeout 100 python3 tools/ab_backward.py kernels 12 64 | tee -a "$OUT/kernels.jsonl"
+
+case "${1:-check}" in
+  check)
+    # the kernels the tests load (09: attention()'s forward, whose O and LSE the GPU tests use)
+    ( time python3 -m flashcore_numba compile --phases 09,11,12 --head-dims 64,128 --dtypes fp16,bf16 --jobs 16 ) \
+      > "$OUT/compile.txt" 2>&1; tail -3 "$OUT/compile.txt"
+    # the new wgmma forms against NumPy on the hardware, then phase 12 against torch's autograd
+    FLASHCORE_GPU=1 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_ptx.py -k "wgmma_backward_products or wgmma_128_key or wgmma_tiles" tests/test_backward_wgmma.py \
+      > "$OUT/gpu_tests.txt" 2>&1; tail -8 "$OUT/gpu_tests.txt"
+    # the variant checked (its kernels compiled, one mode a process), and phase 12's kernels' device times
+    for D in 64 128; do
+      for mode in warm-def warm-det; do timeout 150 python3 tools/ab_backward.py "$mode" "$LATE" "$D" & done
+      wait
+    done | tee "$OUT/late_warm.jsonl"
+    timeout 100 python3 tools/ab_backward.py kernels 12 64 | tee "$OUT/kernels.jsonl"
+    ;;
+  ab)
+    D=${2:?head dim}
+    python3 -m flashcore_numba compile --phases 11,12 --head-dims "$D" --dtypes fp16 --jobs 16 > "$OUT/compile.txt" 2>&1
+    for mode in warm-def warm-det; do timeout 150 python3 tools/ab_backward.py "$mode" "$LATE" "$D" & done
+    wait
+    # phase 11 (new), phase 12 and the variant by turns, twice: B=16 H=16 S=2048 and B=1 H=16 S=4096,
+    # ms per backward, both dQ modes, causal and not
+    for version in new 12 "$LATE" new 12 "$LATE"; do
+      timeout 150 python3 tools/ab_backward.py time "$version" "$D" | tee -a "$OUT/ab_d$D.jsonl"
+    done
+    ;;
+esac
