@@ -63,7 +63,7 @@ def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
     own = WG_M * warpgroups
     L = dict(HEAD_DIM=HEAD_DIM, WARPGROUPS=warpgroups, N_THREADS=128 * warpgroups, OWN_ROWS=own,
              STREAM_ROWS=block_m, DS_BUFFERS=1, BLOCK_M=block_m)
-    L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row (p08's make_copy_tile)
+    L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row (make_copy_tile)
     L["KV_TILE"] = WG_M * HEAD_DIM * 2  # one warpgroup's 64 rows of K (or V)
     L["K_OFF"], L["V_OFF"] = 0, own * HEAD_DIM * 2
     L["STREAM_TILE"] = block_m * HEAD_DIM * 2  # a query tile of Q (or dO)
