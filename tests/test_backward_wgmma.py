@@ -23,7 +23,9 @@ def run_wgmma_backward(q, k, v, o, do, lse, dtype="float16", **kw):
 
 
 CASES = [
-    pytest.param((1, 2, 20, 64), 20, 2, True, False, id="causal, a partial tile"),
+    # rows 64-99 and keys 64-71: the second warpgroup's keys, dSᵀ's second atom of query rows and the
+    # second warpgroup's piece of dQ all carry data (a partial tile of each)
+    pytest.param((1, 1, 100, 64), 72, 1, True, False, id="causal, partial tiles past 64 rows and keys"),
     pytest.param((1, 4, 5, 64), 9, 2, True, True, id="GQA 2, causal, S_q < S_k, deterministic"),
     pytest.param((1, 2, 26, 64), 11, 1, True, False, id="MQA, causal, rows without keys"),
     pytest.param((1, 2, 18, 128), 17, 2, False, False, id="D=128"),
@@ -187,3 +189,36 @@ def test_wgmma_backward_deterministic_is_bit_identical_on_gpu():
     assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
     for other in runs[2:]:
         assert all((a.float() - b.float()).abs().max().item() < 1e-2 for a, b in zip(runs[0], other))
+
+
+def test_phase_12s_measured_effect_comes_from_its_rows_of_the_backward_records(tmp_path):
+    """`flashcore report` writes phase 12's "Measured effect" block from the rows 12 and
+    12-deterministic of the backward records, each beside SDPA flash and phase 11 of the same run; a
+    record without them (every record so far) leaves it "not measured yet"."""
+    from flashcore_numba.measure import backward, bench, records, report
+
+    problem = bench.Problem.from_shape((2, 2, 256, 64), causal=True)
+    flops = int(backward.BACKWARD_FLOPS * problem.flops)
+
+    def record(names):
+        rows = []
+        for name, ms in names:
+            r = records.Result(name, "peer" if name.startswith("sdpa") else "phase", name, correct=True,
+                               message="ok", max_err=1e-4, allowed_err=1e-3)
+            bench.set_timing(r, [ms] * 3, flops, None)
+            rows.append(r)
+        rec = records.build_record(problem=problem, results=rows, provenance={"gpu_name": "Test GPU",
+                                   "git_commit": None}, timing=bench.Timing(), ceiling=None,
+                                   oracle={"reference": "t", "yardstick": "t"}, command=["flashcore"], seed=1)
+        rec["flops"], rec["flops_rule"] = flops, backward.FLOPS_RULE
+        rec["config"]["pass"] = "backward"
+        return rec
+
+    old = records.write_record(record([("11", 2.0), ("sdpa_flash", 1.0)]), tmp_path / "old" / "r.json")
+    assert report.backward_measured_lines(records.load_records(old.parent), "12") == ["    not measured yet"]
+    new = records.write_record(record([("11", 2.0), ("12", 1.0), ("12-deterministic", 1.6), ("sdpa_flash", 1.0)]),
+                               tmp_path / "new" / "r.json")
+    block = " ".join(line.strip() for line in report.backward_measured_lines(records.load_records(new.parent), "12"))
+    assert "12 " in block and "(1.00x SDPA flash, 2.00x phase 11)" in block, block
+    # no 11-deterministic in that run: beside SDPA flash alone
+    assert "12-deterministic 0.05 TFLOPS (0.62x SDPA flash)" in block and "r.json" in block, block

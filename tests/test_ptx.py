@@ -960,6 +960,28 @@ def test_wgmma_backward_products(kind, atom):
         np.testing.assert_allclose(got.copy_to_host(), accumulator_registers(want), rtol=1e-4, atol=1e-3)
 
 
+def test_the_wgmma_emulation_refuses_threads_that_name_other_operands():
+    """The simulator computes a wgmma once for its warpgroup (every thread takes its registers from
+    one product), so a thread that passes other descriptors than the first one's (undefined on the
+    GPU) raises instead of silently getting a product of other operands."""
+    if _on_gpu():
+        pytest.skip("the simulator's emulation (on the GPU the instruction has no such check)")
+    qk = ptx.function("wgmma.ptx", "flashcore_wgmma_qk_d64_f16", "inline")
+    shared_address, descriptor, SW128 = operands.shared_address, operands.matrix_descriptor, operands.SWIZZLE_128B
+
+    @cuda.jit
+    def divergent(out):
+        smem_h = cuda.shared.array(4096, uint32, alignment=1024)
+        smem = shared_address(smem_h)
+        tid = cuda.threadIdx.x
+        other = 8192 if tid == 37 else 0  # one thread's B names the other tile
+        s = qk(descriptor(smem, 16, 1024, SW128), descriptor(smem + other, 16, 1024, SW128))
+        out[tid] = s[0]
+
+    with pytest.raises(RuntimeError, match="descriptors differ from those of the warpgroup's first thread"):
+        divergent[1, 128](cuda.to_device(np.zeros(128, np.float32)))
+
+
 def test_tuples_route_groups_numbered_parameters():
     fn = ptx.load("wgmma.ptx")["flashcore_wgmma_pv_acc_d128_n128_f16"]
     assert fn.param_groups() == [("frag", "b32", 32), ("desc_v", "b64", 1), ("acc", "f32", 64)]

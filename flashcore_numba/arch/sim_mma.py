@@ -52,11 +52,10 @@ def f16_bits(x) -> int:
     """fp32 -> fp16 bits, round to nearest even (cvt.rn.f16.f32; beyond fp16's range: inf). A value
     inside fp16's range (or NaN) cannot overflow, so it needs no np.errstate, which costs more than
     the conversion (every P and dS value of the tensor-core phases comes through here)."""
-    x = np.float32(x)
     if not abs(x) > 65504.0:
-        return int(np.float16(x).view(np.uint16))
-    with np.errstate(over="ignore"):
-        return int(np.float16(x).view(np.uint16))
+        return int(np.float16(np.float32(x)).view(np.uint16))
+    with np.errstate(over="ignore"):  # (a float64 beyond float32's range overflows already at float32)
+        return int(np.float16(np.float32(x)).view(np.uint16))
 
 
 def bf16_bits(x) -> int:

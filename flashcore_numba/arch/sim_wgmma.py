@@ -77,13 +77,21 @@ def _place() -> tuple[int, int, int]:
 _ONCE_LOCK = threading.Lock()
 
 
-def _once_per_warpgroup(compute):
+def _operands(descriptors) -> tuple:
+    """What names a wgmma's shared-memory operands: each descriptor's address, LBO, SBO and swizzle
+    (the address in the host's memory: each simulated thread holds a view of its own of the block's
+    shared memory, the same bytes)."""
+    return tuple((d.pointer._address(), d.lbo, d.sbo, d.swizzle) for d in descriptors)
+
+
+def _once_per_warpgroup(compute, *descriptors):
     """`compute()` for the calling thread's warpgroup: run by the first of its threads to get here,
     the result handed to the others. Every thread of a warpgroup calls the emulation of each
     wgmma (the instructions are warpgroup-collective: a thread's n-th call is its warpgroup's
-    n-th), its operands in shared memory are the same for all of them, and each takes its own
-    registers from one product: a product per thread (128 for each wgmma) was most of the
-    simulator's time in phases 08, 09 and 12."""
+    n-th), its operands in shared memory (`descriptors`) are the same for all of them, and each
+    takes its own registers from one product: a product per thread (128 for each wgmma) was most
+    of the simulator's time in phases 08, 09 and 12. A thread whose descriptors differ from the
+    first one's (undefined on the GPU) raises, rather than taking a product of other operands."""
     thread = threading.current_thread()
     n = getattr(thread, "_flashcore_wgmma_calls", 0)
     thread._flashcore_wgmma_calls = n + 1
@@ -97,7 +105,12 @@ def _once_per_warpgroup(compute):
         if entry is None:
             bx, by, bz = manager._block_dim
             size = min(WARPGROUP, bx * by * bz - key[0] * WARPGROUP)  # threads of this warpgroup
-            entry = products[key] = {"lock": threading.Lock(), "result": None, "readers": size}
+            entry = products[key] = {"lock": threading.Lock(), "result": None, "readers": size,
+                                     "operands": _operands(descriptors)}
+    if _operands(descriptors) != entry["operands"]:
+        raise RuntimeError(f"wgmma (call {key[1]} of warpgroup {key[0]}): this thread's descriptors differ from "
+                           f"those of the warpgroup's first thread; every thread of a warpgroup must name the same "
+                           f"operands")
     with entry["lock"]:
         if entry["result"] is None:
             entry["result"] = compute()
@@ -127,7 +140,7 @@ def _qk(head_dim: int, kind: str, n_keys: int = 64):
         return S
 
     def qk(desc_q, desc_k):
-        return _lane_values(_once_per_warpgroup(lambda: product(desc_q, desc_k)), *_place())
+        return _lane_values(_once_per_warpgroup(lambda: product(desc_q, desc_k), desc_q, desc_k), *_place())
 
     return qk
 
@@ -154,13 +167,12 @@ def _pv(head_dim: int, kind: str, n_keys: int = 64):
         frags, desc_v = args[:4 * steps], args[4 * steps]
         lanes, _ = warp_exchange(tuple(frags))  # P's rows of this warp are in its 32 lanes
         P = _p_tile(lanes, steps, kind)
-        # the k-steps of the PTX: 16 keys each, 2048 bytes on
         # the k-steps of the PTX: 16 keys each, 2048 bytes on; V read once for the warpgroup
         V = _once_per_warpgroup(lambda: np.concatenate([_read(desc_v, 2048 * k, 16, head_dim, False, kind)
-                                                        for k in range(steps)]))
+                                                        for k in range(steps)]), desc_v)
         w, g, t = _place()
         rows = np.zeros((64, head_dim), np.float32)
-        rows[[16 * w + g, 16 * w + g + 8]] = P[[g, g + 8]] @ V  # this thread's two rows (of its warp's 16)
+        rows[16 * w:16 * w + 16] = P @ V  # this warp's 16 rows of the 64
         return _lane_values(rows, w, g, t)
 
     return pv
@@ -189,15 +201,13 @@ def _dq(kind: str, accumulate: bool):
         return D
 
     def dq(desc_ds, desc_k):
-        return _lane_values(_once_per_warpgroup(lambda: product(desc_ds, desc_k)), *_place())
+        return _lane_values(_once_per_warpgroup(lambda: product(desc_ds, desc_k), desc_ds, desc_k), *_place())
 
     if accumulate:
         def dq_acc(desc_ds, desc_k, acc):
             return tuple(np.float32(o + a) for o, a in zip(dq(desc_ds, desc_k), acc, strict=True))
 
         return dq_acc
-    return dq
-
     return dq
 
 

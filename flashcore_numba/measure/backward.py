@@ -87,7 +87,8 @@ def check_backward(problem: Problem, seed: int | None = None, *, deterministic: 
     gradient_atol. The Result's max_err and allowed_err are the worst gradient's. deterministic: dQ by
     the serial build; cc: build the kernels for this compute capability (p11_backward.build); phase:
     "12" checks phase 12's kv_kernel instead (wgmma: Hopper, or the simulator)."""
-    from ..phases import backward_phase, p11_backward
+    from ..arch.sim import simulator_enabled
+    from ..phases import backward_phase, cc_reason, p11_backward
     from ..reference import gradient_atol, gradient_oracle, random_qkv, reference_attention, reference_lse
 
     module = backward_phase(phase)
@@ -96,6 +97,13 @@ def check_backward(problem: Problem, seed: int | None = None, *, deterministic: 
         result.available = False
         result.reason = f"the backward is checked here at D in {p11_backward.HEAD_DIMS}, fp16"
         return result
+    if phase != "11" and not simulator_enabled():  # phase 12: wgmma, Hopper alone
+        from numba import cuda
+
+        why = cc_reason(module, cuda.get_current_device().compute_capability)
+        if why:
+            result.available, result.reason = False, why
+            return result
     shape = (problem.B, problem.H, problem.S_q, problem.D)
     q, k, v = random_qkv(shape, problem.S_k, heads_kv=problem.H_kv, seed=seed)
     do = np.random.default_rng(seed).standard_normal(shape).astype(np.float16)
@@ -118,13 +126,10 @@ def check_backward(problem: Problem, seed: int | None = None, *, deterministic: 
 
 def backward_rows(device) -> list[tuple[str, bool]]:
     """(backward phase, deterministic) of each row of ours: phase 11's two builds, and on Hopper
-    (cc 9.0) phase 12's, whose kv_kernel runs on wgmma."""
-    from numba import cuda
-
+    (the device's cc 9.0) phase 12's, whose kv_kernel runs on wgmma."""
     from ..phases import backward_phase, cc_reason
 
-    cc = tuple(cuda.get_current_device().compute_capability)
-    phases = ["11"] + (["12"] if cc_reason(backward_phase("12"), cc) is None else [])
+    phases = ["11"] + (["12"] if cc_reason(backward_phase("12"), device.cc) is None else [])
     return [(phase, deterministic) for phase in phases for deterministic in (False, True)]
 
 

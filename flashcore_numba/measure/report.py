@@ -766,9 +766,14 @@ def measured_lines(phase_id: str, nc, c, others=()) -> list[str]:
                          break_on_hyphens=False)
 
 
-def backward_measured_lines(records) -> list[str]:
-    """Phase 11's "Measured effect" block, from the backward records (docs/bench/backward/): per
-    problem, the backward's TFLOPS with atomics and deterministic, and its share of SDPA flash's."""
+BACKWARD_ROWS = {"11": ("11", "11-deterministic", "11-step"), "12": ("12", "12-deterministic")}
+
+
+def backward_measured_lines(records, phase_id: str = "11") -> list[str]:
+    """A backward phase's "Measured effect" block (11, or 12: its rows in the same records), from the
+    backward records (docs/bench/backward/): per problem, the backward's TFLOPS with atomics and
+    deterministic, and its share of SDPA flash's (phase 12's also of phase 11's, in the same run)."""
+    records = [r for r in records if any(x["name"] == phase_id and x.get("tflops") for x in r["results"])]
     if not records:
         return [DOCSTRING_INDENT + NOT_MEASURED]
     parts, files = [], []
@@ -777,14 +782,16 @@ def backward_measured_lines(records) -> list[str]:
         timed = {r["name"]: r for r in record["results"] if r.get("tflops")}
         flash = timed.get("sdpa_flash")
         figures = []
-        for name in ("11", "11-deterministic", "11-step"):
+        for name in BACKWARD_ROWS[phase_id]:
             r = timed.get(name)
             if r is None:
                 figures.append(f"{name} not timed")
                 continue
             peer = timed.get("sdpa_flash-step" if name.endswith("-step") else "sdpa_flash")
-            figures.append(f"{name} {format_tflops(r['tflops'])} TFLOPS"
-                           + (f" ({r['tflops'] / peer['tflops']:.2f}x SDPA flash)" if peer else ""))
+            eleven = timed.get(name.replace(phase_id, "11", 1)) if phase_id != "11" else None
+            beside = [f"{r['tflops'] / x['tflops']:.2f}x {who}" for x, who in ((peer, "SDPA flash"), (eleven, "phase 11"))
+                      if x is not None]
+            figures.append(f"{name} {format_tflops(r['tflops'])} TFLOPS" + (f" ({', '.join(beside)})" if beside else ""))
         parts.append(f"{record['provenance']['gpu_name']}, {_describe(record['config'])} {_mode(record)}, "
                      f"{record['created'][:10]}{_code_of(record)}: " + ", ".join(figures)
                      + ("" if flash else " (no SDPA flash backward in this run)"))
@@ -1069,7 +1076,7 @@ def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> 
         if MEASURED_BEGIN not in text:
             summary.append(f"{path}: no {MEASURED_BEGIN} block, left alone")
             continue
-        lines = (backward_measured_lines(backward) if phase_id == "11" else
+        lines = (backward_measured_lines(backward, phase_id) if phase_id in BACKWARD_ROWS else
                  measured_lines(phase_id, nc, c, other_ladders(records, nc or c)))
         new = replace_between(text, MEASURED_BEGIN, MEASURED_END, lines, str(path))
         if new != text:

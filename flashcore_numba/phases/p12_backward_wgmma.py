@@ -46,10 +46,14 @@ Why the hardware should reward it
     and the tile copies in passes of constant offsets (`make_copy_tile`). The history and the
     leads not yet tried: docs/tuning/12_history.md.
 
-Measured effect
-    Not yet measured: this kernel has run in the simulator only (tests/test_backward_wgmma.py), and its
-    registers and spills are those ptxas reports for sm_90a (measure/machine_code.py). attention()'s
-    autograd runs phase 11 until this phase's records show it faster.
+Measured effect (written by `flashcore report` from the backward records' rows 12 and
+12-deterministic, docs/bench/backward/; do not edit by hand)
+    [measured:begin]
+    not measured yet
+    [measured:end]
+    Until a record has them, this kernel has run in the simulator only (tests/test_backward_wgmma.py),
+    and its registers and spills are those ptxas reports for sm_90a (measure/machine_code.py).
+    attention()'s autograd runs phase 11 until this phase's records show it faster.
 """
 
 from __future__ import annotations
