@@ -346,7 +346,8 @@ def _custom_op(return_lse: bool = False):
 
 def _train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
     """attention() on torch tensors that need gradients: the forward keeps O and the LSE, and
-    backward() runs the backward kernels (phases/p11_backward.py) through flashcore::attention_train."""
+    backward() runs the backward kernels (phase 12's on Hopper, phase 11's elsewhere:
+    autograd_backward_phase) through flashcore::attention_train."""
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     torch = _TORCH or _import_torch()
@@ -381,13 +382,31 @@ def _require_backward(phase, device=None) -> None:
         _BACKWARD_CHECKED.add(key)
 
 
-def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase="11"):
+_AUTOGRAD_BACKWARD: dict = {}  # device index -> the backward phase autograd runs there
+
+
+def autograd_backward_phase(cc) -> str:
+    """The backward phase attention()'s autograd runs on a GPU of compute capability `cc`: "12"
+    (its kv_kernel on wgmma) on Hopper, where it is the faster (docs/tuning/12_history.md, the
+    records under docs/bench/backward/), and "11" (mma.sync) on every other GPU from sm_80."""
+    from .phases import backward_phase, cc_reason
+
+    return "12" if cc_reason(backward_phase("12"), cc) is None else "11"
+
+
+def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase=None):
     """(dq, dk, dv) of q's dtype from the backward kernels (phases/p11_backward.py): dk and dv are
     written in q's dtype, dq is summed in float32 and converted here. The launches go through the
     problem's BackwardPlan (runtime/backward.py), made on its first backward: no Numba dispatch per
-    call, every buffer from torch's caching allocator. phase: "12" runs phase 12's kv_kernel
-    (wgmma, Hopper), which `flashcore bench --backward` times beside phase 11's; autograd runs 11."""
+    call, every buffer from torch's caching allocator. phase: "11" or "12" (phase 12's kv_kernel,
+    wgmma, Hopper only); None, as autograd calls it: the tensors' GPU's (autograd_backward_phase)."""
     torch = _TORCH or _import_torch()
+    if phase is None:
+        index = q.device.index or 0
+        phase = _AUTOGRAD_BACKWARD.get(index)
+        if phase is None:
+            phase = _AUTOGRAD_BACKWARD.setdefault(index,
+                                                  autograd_backward_phase(torch.cuda.get_device_capability(index)))
     D = q.shape[-1]
     scale = default_scale(D) if scale is None else float(scale)
     operands = [x.detach().to(q.dtype).contiguous() for x in (q, k, v, out, dout)]

@@ -557,6 +557,9 @@ def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
     monkeypatch.setattr(api, "_current_stream", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(api, "_BACKWARD_PLANS", {})
+    monkeypatch.setattr(api, "_AUTOGRAD_BACKWARD", {})
+    asked = []  # the devices whose capability autograd's choice of backward asked for
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or (8, 0))
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
     k = v = torch.zeros(1, 1, 9, 64, dtype=torch.float16)
     lse = torch.zeros(1, 2, 8)
@@ -569,11 +572,26 @@ def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
     assert dq.dtype == torch.float16 and bool((dq == 1).all() and (dk == 2).all() and (dv == 3).all())
     api._backward(q, k, v, q, lse, dout, lse, True, None, True)  # deterministic, with the LSE's gradient
     assert len(made) == 2 and calls[-1] == (torch.float16, True, torch.float32, (3, 1, 2, 8, 64), True)
+    assert asked == [0], asked  # autograd's backward phase, chosen once per device (an sm_80 GPU: 11)
     api._backward(q, k, v, q, lse, dout, None, True, None, False, "12")
     assert len(made) == 3 and made[-1][-1] == "12"
     empty = torch.zeros(1, 1, 0, 64, dtype=torch.float16)
     dq, dk, dv = api._backward(q, empty, empty, q, lse, dout, None, False, None, False)
     assert len(made) == 3 and not dq.any() and dk.shape == empty.shape
+    # on Hopper autograd runs phase 12's backward
+    monkeypatch.setattr(api, "_AUTOGRAD_BACKWARD", {})
+    monkeypatch.setattr(api, "_BACKWARD_PLANS", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    api._backward(q, k, v, q, lse, dout, None, True, None, False)
+    assert len(made) == 4 and made[-1][-1] == "12"
+
+
+def test_autograd_runs_phase_12s_backward_on_hopper_only():
+    """wgmma exists on sm_90 alone: Hopper gets phase 12's backward, every other GPU phase 11's."""
+    from flashcore_numba import api
+
+    assert api.autograd_backward_phase((9, 0)) == "12"
+    assert [api.autograd_backward_phase(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))] == ["11"] * 5
 
 
 def test_torch_compile_traces_a_call_that_needs_gradients_as_the_training_op():

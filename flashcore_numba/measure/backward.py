@@ -5,7 +5,7 @@ by the oracle of the gradient tests: dq, dk and dv of batch 0 against torch's au
 copies (SDPA's math backend), each within twice what the same autograd in the inputs' dtype errs
 by, plus bench's atol (reference.check_close). Then timed, kernel time, L2 flushed before each:
 
-- `11`: the backward as attention()'s autograd runs it (flashcore::attention_backward's body: Δ, dQ
+- `11`: the backward as attention()'s autograd runs it off Hopper (flashcore::attention_backward's body: Δ, dQ
   zeroed, kv_kernel with dQ by atomics, dQ converted to the inputs' dtype), from the forward's O and
   log-sum-exp; `11-deterministic`: the same with deterministic=True (kv_kernel's serial build: a
   block per part of dQ takes its key blocks in turn, so each addition to dQ comes in one order);
@@ -13,8 +13,9 @@ by, plus bench's atol (reference.check_close). Then timed, kernel time, L2 flush
   its products on wgmma);
 - `sdpa_flash`, `sdpa_cudnn`: torch's autograd.grad through SDPA's flash and cuDNN backends, the
   forward's graph kept (retain_graph), so only their backward is timed;
-- `11-step`, `sdpa_flash-step`, `sdpa_cudnn-step`: one training step of attention alone, forward
-  and backward (the gradients taken by autograd.grad, so no .grad accumulates between launches).
+- `11-step` (on Hopper `12-step`: autograd runs phase 12's backward there, api.autograd_backward_phase),
+  `sdpa_flash-step`, `sdpa_cudnn-step`: one training step of attention alone, forward and backward
+  (the gradients taken by autograd.grad, so no .grad accumulates between launches).
 
 With --calls N each row also gets its *call time*: the same launch back to back, as a training loop
 calls it, host time included where the GPU waits for it (bench.call_times; the `-step` rows are what
@@ -136,7 +137,7 @@ def backward_rows(device) -> list[tuple[str, bool]]:
 def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timing=Timing(), seed: int | None = None,
                            device=None, command=None, progress=None) -> dict:
     """The whole protocol on one problem (see the module docstring), returned as a record."""
-    from ..api import _backward, attention
+    from ..api import _backward, attention, autograd_backward_phase
 
     device = device or open_device()
     if device.kind != "torch":
@@ -204,8 +205,9 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
         device.release()
     # one training step of attention alone: forward and backward
     leaves = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
-    steps = {"11-step": ("phase", "attention() forward and backward, one training step",
-                         lambda: attention(*leaves, causal=problem.causal))}
+    autograd = autograd_backward_phase(device.cc)  # the backward attention()'s autograd runs on this GPU
+    steps = {f"{autograd}-step": ("phase", f"attention() forward and backward (phase {autograd}'s), one training step",
+                                  lambda: attention(*leaves, causal=problem.causal))}
     for name in peer_names:
         backend, title = PEERS[name]
         steps[f"{name}-step"] = ("peer", f"{title}, forward and backward",

@@ -270,11 +270,11 @@ def _by_gpu(records) -> list[tuple[str, list[dict]]]:
 
 def backward_table(records, readme_dir) -> list[str]:
     """The backward records (docs/bench/backward/, measure/backward.py), a table per GPU: per
-    problem, phase 11's backward (atomics and deterministic) and SDPA's flash and cuDNN backward,
+    problem, phases 11's and 12's backward (atomics and deterministic) and SDPA's flash and cuDNN backward,
     then one training step (forward and backward) of each; TFLOPS as FlashAttention counts them."""
     if not records:
         return []
-    lines = ["", "#### The backward pass (phase 11, attention()'s autograd)"]
+    lines = ["", "#### The backward pass (phases 11 and 12: attention()'s autograd runs 12 on Hopper, 11 elsewhere)"]
     for gpu, own in _by_gpu(records):
         lines += _backward_gpu_table(own, gpu, readme_dir)
     return lines
@@ -766,7 +766,7 @@ def measured_lines(phase_id: str, nc, c, others=()) -> list[str]:
                          break_on_hyphens=False)
 
 
-BACKWARD_ROWS = {"11": ("11", "11-deterministic", "11-step"), "12": ("12", "12-deterministic")}
+BACKWARD_ROWS = {"11": ("11", "11-deterministic", "11-step"), "12": ("12", "12-deterministic", "12-step")}
 
 
 def backward_measured_lines(records, phase_id: str = "11") -> list[str]:

@@ -46,14 +46,28 @@ Why the hardware should reward it
     and the tile copies in passes of constant offsets (`make_copy_tile`). The history and the
     leads not yet tried: docs/tuning/12_history.md.
 
-Measured effect (written by `flashcore report` from the backward records' rows 12 and
-12-deterministic, docs/bench/backward/; do not edit by hand)
+Measured effect (written by `flashcore report` from the backward records' rows 12,
+12-deterministic and 12-step, docs/bench/backward/; do not edit by hand)
     [measured:begin]
-    not measured yet
+    The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
+    as FlashAttention's benchmark counts them. NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 non-causal,
+    2026-12-01, code at commit `ba6a6d2`: 12 301 TFLOPS (1.21x SDPA flash, 1.28x phase 11),
+    12-deterministic 289 TFLOPS (1.16x SDPA flash, 1.24x phase 11), 12-step not timed; NVIDIA H200,
+    B=16 H=16 S=2048 D=64 fp16 causal, 2026-12-01, code at commit `ba6a6d2`: 12 255 TFLOPS (1.28x
+    SDPA flash, 1.25x phase 11), 12-deterministic 247 TFLOPS (1.24x SDPA flash, 1.23x phase 11),
+    12-step not timed; NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal, 2026-12-01, code at
+    commit `ba6a6d2`: 12 337 TFLOPS (1.24x SDPA flash, 1.32x phase 11), 12-deterministic 281 TFLOPS
+    (1.04x SDPA flash, 1.14x phase 11), 12-step not timed; NVIDIA H200, B=16 H=16 S=2048 D=128 fp16
+    causal, 2026-12-01, code at commit `ba6a6d2`: 12 289 TFLOPS (1.28x SDPA flash, 1.30x phase 11),
+    12-deterministic 245 TFLOPS (1.08x SDPA flash, 1.14x phase 11), 12-step not timed
+    (nvidia-h200_backward_b16h16s2048d64_fp16.json,
+    nvidia-h200_backward_b16h16s2048d64_fp16_causal.json,
+    nvidia-h200_backward_b16h16s2048d128_fp16.json,
+    nvidia-h200_backward_b16h16s2048d128_fp16_causal.json).
     [measured:end]
-    Until a record has them, this kernel has run in the simulator only (tests/test_backward_wgmma.py),
-    and its registers and spills are those ptxas reports for sm_90a (measure/machine_code.py).
-    attention()'s autograd runs phase 11 until this phase's records show it faster.
+    Its registers and spills are those ptxas reports for sm_90a (measure/machine_code.py). Faster
+    than phase 11 at every reference problem (the rows above), so attention()'s autograd runs this
+    phase's backward on Hopper (api.autograd_backward_phase); docs/tuning/12_history.md has the A/B.
 """
 
 from __future__ import annotations

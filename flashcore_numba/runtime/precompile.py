@@ -7,8 +7,8 @@ cache for every phase, head dim and dtype in the time of the slowest few:
 
 Besides the ladder's kernels (the ids of `flashcore bench --phases`), it compiles what the other
 entry points launch: "10-kvcache" (attention_kvcache), "07-varlen" and "09-varlen"
-(attention_varlen), "11" (the backward of attention()'s autograd; "12", phase 12's on wgmma, which
-`flashcore bench --backward` times beside it) and "09-trace" (phase 09's
+(attention_varlen), "11" and "12" (the backward of attention()'s autograd: phase 12's, on wgmma, on
+Hopper, phase 11's elsewhere; `flashcore bench --backward` times both) and "09-trace" (phase 09's
 trace build, measure/trace.py: the GPU suite launches it), each cached under the key
 its own launch looks up, so that none of them compiles in a new process either.
 """
@@ -74,7 +74,7 @@ EXTRA_KERNELS = {
     "07-varlen": ("07", _varlen_kernels("07")),
     "09-varlen": ("09", _varlen_kernels("09")),
     "11": ("11", _backward_kernels("11")),
-    "12": ("11", _backward_kernels("12")),  # phase 12's kv_kernel (Hopper), for `flashcore bench --backward`
+    "12": ("11", _backward_kernels("12")),  # phase 12's kv_kernel: autograd's on Hopper (none elsewhere)
     "09-trace": ("09", _trace_kernels),
 }
 
