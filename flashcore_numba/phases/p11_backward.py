@@ -142,15 +142,17 @@ do not edit by hand)
     SDPA flash), 11-step 284 TFLOPS (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048
     D=128 fp16 causal, 2026-11-28, code at commit `5f09487`: 11 196 TFLOPS (0.88x SDPA flash),
     11-deterministic 166 TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA flash); NVIDIA
-    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-12-01, code at commit `ba6a6d2`: 11 236 TFLOPS
-    (0.95x SDPA flash), 11-deterministic 233 TFLOPS (0.94x SDPA flash), 11-step 279 TFLOPS (1.07x
-    SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-12-01, code at commit
-    `ba6a6d2`: 11 204 TFLOPS (1.02x SDPA flash), 11-deterministic 200 TFLOPS (1.00x SDPA flash),
-    11-step 238 TFLOPS (1.11x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
-    2026-12-01, code at commit `ba6a6d2`: 11 256 TFLOPS (0.94x SDPA flash), 11-deterministic 248
-    TFLOPS (0.91x SDPA flash), 11-step 308 TFLOPS (1.06x SDPA flash); NVIDIA H200, B=16 H=16 S=2048
-    D=128 fp16 causal, 2026-12-01, code at commit `ba6a6d2`: 11 222 TFLOPS (0.98x SDPA flash),
-    11-deterministic 214 TFLOPS (0.95x SDPA flash), 11-step 265 TFLOPS (1.09x SDPA flash)
+    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-12-01, code at commit `c69a6db`: 11 236 TFLOPS
+    (0.94x SDPA flash), 11-deterministic 232 TFLOPS (0.93x SDPA flash), 11-step not timed
+    (attention()'s training step ran phase 12's backward: 12-step); NVIDIA H200, B=16 H=16 S=2048
+    D=64 fp16 causal, 2026-12-01, code at commit `c69a6db`: 11 204 TFLOPS (1.02x SDPA flash),
+    11-deterministic 200 TFLOPS (1.00x SDPA flash), 11-step not timed (attention()'s training step
+    ran phase 12's backward: 12-step); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
+    2026-12-01, code at commit `c69a6db`: 11 256 TFLOPS (0.95x SDPA flash), 11-deterministic 249
+    TFLOPS (0.92x SDPA flash), 11-step not timed (attention()'s training step ran phase 12's
+    backward: 12-step); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 causal, 2026-12-01, code at commit
+    `c69a6db`: 11 221 TFLOPS (0.98x SDPA flash), 11-deterministic 214 TFLOPS (0.95x SDPA flash),
+    11-step not timed (attention()'s training step ran phase 12's backward: 12-step)
     (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16_causal.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16.json,

@@ -51,15 +51,16 @@ Measured effect (written by `flashcore report` from the backward records' rows 1
     [measured:begin]
     The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
     as FlashAttention's benchmark counts them. NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 non-causal,
-    2026-12-01, code at commit `ba6a6d2`: 12 301 TFLOPS (1.21x SDPA flash, 1.28x phase 11),
-    12-deterministic 289 TFLOPS (1.16x SDPA flash, 1.24x phase 11), 12-step not timed; NVIDIA H200,
-    B=16 H=16 S=2048 D=64 fp16 causal, 2026-12-01, code at commit `ba6a6d2`: 12 255 TFLOPS (1.28x
-    SDPA flash, 1.25x phase 11), 12-deterministic 247 TFLOPS (1.24x SDPA flash, 1.23x phase 11),
-    12-step not timed; NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal, 2026-12-01, code at
-    commit `ba6a6d2`: 12 337 TFLOPS (1.24x SDPA flash, 1.32x phase 11), 12-deterministic 281 TFLOPS
-    (1.04x SDPA flash, 1.14x phase 11), 12-step not timed; NVIDIA H200, B=16 H=16 S=2048 D=128 fp16
-    causal, 2026-12-01, code at commit `ba6a6d2`: 12 289 TFLOPS (1.28x SDPA flash, 1.30x phase 11),
-    12-deterministic 245 TFLOPS (1.08x SDPA flash, 1.14x phase 11), 12-step not timed
+    2026-12-01, code at commit `c69a6db`: 12 301 TFLOPS (1.20x SDPA flash, 1.28x phase 11),
+    12-deterministic 285 TFLOPS (1.14x SDPA flash, 1.23x phase 11), 12-step 342 TFLOPS (1.31x SDPA
+    flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-12-01, code at commit `c69a6db`: 12
+    256 TFLOPS (1.28x SDPA flash, 1.26x phase 11), 12-deterministic 245 TFLOPS (1.23x SDPA flash,
+    1.22x phase 11), 12-step 286 TFLOPS (1.34x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16
+    non-causal, 2026-12-01, code at commit `c69a6db`: 12 336 TFLOPS (1.25x SDPA flash, 1.31x phase
+    11), 12-deterministic 281 TFLOPS (1.04x SDPA flash, 1.13x phase 11), 12-step 393 TFLOPS (1.35x
+    SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 causal, 2026-12-01, code at commit
+    `c69a6db`: 12 290 TFLOPS (1.28x SDPA flash, 1.31x phase 11), 12-deterministic 246 TFLOPS (1.09x
+    SDPA flash, 1.15x phase 11), 12-step 333 TFLOPS (1.36x SDPA flash)
     (nvidia-h200_backward_b16h16s2048d64_fp16.json,
     nvidia-h200_backward_b16h16s2048d64_fp16_causal.json,
     nvidia-h200_backward_b16h16s2048d128_fp16.json,
