@@ -62,9 +62,10 @@
 # rows at D = 64 and 64 rows at D = 128 (FlashAttention-3 chose the same for Hopper).
 #
 # What this first version does not do yet: it waits for each product before the next (phase 09
-# overlaps them), and each tile has a barrier between the dSᵀ stores and dQ (phase 11 moved dQ a
-# tile late to drop it). Even so it is faster than phase 11 on the H200 (the changelog below has
-# the records), and `attention()`'s autograd runs it on Hopper.
+# overlaps them), and in the default build each tile has a barrier between the dSᵀ stores and dQ
+# (the deterministic build adds dQ a tile late instead, as phase 11 does: `LATE` in the kernel;
+# measured, the late form was faster only there). Even so it is faster than phase 11 on the H200
+# (the changelog below has the records), and `attention()`'s autograd runs it on Hopper.
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the

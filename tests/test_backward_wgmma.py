@@ -29,6 +29,8 @@ CASES = [
     pytest.param((1, 4, 5, 64), 9, 2, True, True, id="GQA 2, causal, S_q < S_k, deterministic"),
     pytest.param((1, 2, 26, 64), 11, 1, True, False, id="MQA, causal, rows without keys"),
     pytest.param((1, 2, 18, 128), 17, 2, False, False, id="D=128"),
+    # two query tiles of 64 rows: the serial build's dQ one tile late, from both dSᵀ buffers
+    pytest.param((1, 1, 70, 128), 30, 1, False, True, id="D=128, deterministic, two query tiles"),
     pytest.param((1, 2, 33, 64), 40, 1, True, False, id="bf16, MQA, causal"),
 ]
 
@@ -85,7 +87,7 @@ def test_wgmma_backward_refuses_what_it_cannot_build():
 
 def test_wgmma_backward_layout_fits_the_h100():
     """The full-size blocks: two warpgroups of 64 keys, query tiles of 128 rows at D = 64 and 64 at
-    D = 128; shared memory (K, V, two stages of Q and dO, dSᵀ, the rows' stats) within the 227 KB an
+    D = 128; shared memory (K, V, two stages of Q and dO, two dSᵀ buffers, the rows' stats) within the 227 KB an
     H100 gives a block, and every dQ piece of a tile dealt out, one per warpgroup."""
     from flashcore_numba.arch.smem import smem_per_block
     from flashcore_numba.phases import p12_backward_wgmma as p12
@@ -94,7 +96,8 @@ def test_wgmma_backward_layout_fits_the_h100():
         L = p12.layout(D, p12.WARPGROUPS, p12.query_rows(D))
         assert (L["OWN_ROWS"], L["BLOCK_M"], L["N_THREADS"], L["WG_PIECES"]) == (128, block_m, 256, 1)
         assert p12.smem_bytes(D) <= smem_per_block((9, 0))
-    assert p12.smem_bytes(64) == 128 * 1024 + p12.STATIC_SMEM_BYTES
+    # K and V (32 KB), two stages of Q and dO (64 KB), two dSᵀ buffers (32 KB each) at D = 64
+    assert p12.smem_bytes(64) == 160 * 1024 + p12.STATIC_SMEM_BYTES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,9 +132,9 @@ def wgmma_backward_reports(background):
 def test_wgmma_backward_kernels_compiled_for_the_h100(wgmma_backward_reports):
     """kv_kernel multiplies on wgmma only (no mma.sync, no ldmatrix), its wgmmas run asynchronously
     (ptxas serializes every wgmma of a kernel that makes a call: a 64-bit division would), dQ by
-    reductions two columns at a time; at D = 64 neither build spills, at D = 128 they spill a few
-    words (ptxas, sm_90a: 16 bytes in the default build, 24 in the serial one, at 255 registers:
-    Sᵀ, dPᵀ, dK and dV take 192 of them), bounded here so that more would be seen."""
+    reductions two columns at a time; at D = 64 neither build spills, at D = 128 the default build
+    spills a few words (ptxas, sm_90a: 16 bytes at 255 registers: Sᵀ, dPᵀ, dK and dV take 192 of
+    them; the serial build, dQ one tile late, none), bounded here so that more would be seen."""
     for D, reports in wgmma_backward_reports.items():
         for kernel_id, r in reports.items():
             where = f"{kernel_id} D={D}: {r['registers']} registers, {r['spill_store_bytes']} B spilled"

@@ -26,9 +26,11 @@ What changed from phase 11
     Every tile lives in shared memory in phase 08's layout, the 128-byte swizzle (copied in phase
     07's passes: `make_copy_tile`), the streamed Q and dO tiles in two stages by cp.async; query
     tiles of BLOCK_M = 128 rows at D = 64 and 64 at D = 128, so that Sᵀ, dPᵀ, dK and dV fit one
-    thread's registers (FA3's choice of tiles for Hopper too). A tile has two barriers: one
-    between the dSᵀ stores and dQ, one at its end (phase 11 moved dQ a tile late to drop the
-    first; not done here yet).
+    thread's registers (FA3's choice of tiles for Hopper too). In the default build a tile has two
+    barriers: one between the dSᵀ stores and dQ, one at its end. The serial build (deterministic)
+    adds dQ one tile late, as phase 11 does, from the other of two dSᵀ buffers, and drops the
+    first barrier: measured, that made the serial build 6-7 % faster at D = 128 and the default
+    build 2-6 % slower there (docs/tuning/12_history.md), so each build keeps the faster form.
 
 Why the hardware should reward it
     Phase 11's main kernel is bound by shared memory, not by its tensor cores: 8 warps each read
@@ -40,10 +42,11 @@ Why the hardware should reward it
     D = 64 against phase 11's 384 KB, 256 KB at D = 128 against 754 KB (every operand of the
     five products, K and V included, read once per tile).
 
-    What got the first build to no spill at D = 64 (16 bytes at D = 128) and asynchronous wgmmas
-    (ptxas, sm_90a; it spilled 152 and 228 bytes, every wgmma serialized): H // H_kv in 32 bits
-    (a 64-bit division is a call, and ptxas serializes the wgmmas of a kernel that makes one),
-    and the tile copies in passes of constant offsets (`make_copy_tile`). The history and the
+    What got the first build to no spill at D = 64 (16 bytes at D = 128; the serial build, dQ
+    late, none) and asynchronous wgmmas (ptxas, sm_90a; it spilled 152 and 228 bytes, every wgmma
+    serialized): H // H_kv in 32 bits (a 64-bit division is a call, and ptxas serializes the
+    wgmmas of a kernel that makes one), and the tile copies in passes of constant offsets
+    (`make_copy_tile`). The history and the
     leads not yet tried: docs/tuning/12_history.md.
 
 Measured effect (written by `flashcore report` from the backward records' rows 12,
@@ -105,11 +108,13 @@ def query_rows(HEAD_DIM: int) -> int:
 def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
     """Every derived constant of kv_kernel. Shared memory holds K and V (a 64-row tile per
     warpgroup each, D / 64 swizzled atoms of 64 rows), two stages of the streamed Q and dO tiles
-    (block_m rows each), then dSᵀ (a row per key, block_m / 64 atoms of BLOCK_N rows); all in
-    the 128-byte swizzle of phase 08, offsets in bytes, each a multiple of 1024."""
+    (block_m rows each), then two buffers of dSᵀ (each a row per key, block_m / 64 atoms of BLOCK_N
+    rows: the serial build's dQ runs a tile late, as phase 11's, from the buffer not being written;
+    the default build uses the first); all in the 128-byte swizzle of phase 08, offsets in bytes,
+    each a multiple of 1024."""
     own = WG_M * warpgroups
     L = dict(HEAD_DIM=HEAD_DIM, WARPGROUPS=warpgroups, N_THREADS=128 * warpgroups, OWN_ROWS=own,
-             STREAM_ROWS=block_m, DS_BUFFERS=1, BLOCK_M=block_m)
+             STREAM_ROWS=block_m, DS_BUFFERS=2, BLOCK_M=block_m)
     L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row (make_copy_tile)
     L["KV_TILE"] = WG_M * HEAD_DIM * 2  # one warpgroup's 64 rows of K (or V)
     L["K_OFF"], L["V_OFF"] = 0, own * HEAD_DIM * 2
@@ -118,8 +123,9 @@ def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
     L["Q_OFF"] = 2 * own * HEAD_DIM * 2
     L["DS_OFF"] = L["Q_OFF"] + 2 * L["STAGE_BYTES"]
     L["DS_ATOM"] = own * ROW  # dSᵀ: 64 query rows (one atom's 128 bytes) of every key
-    L["SMEM_BYTES"] = L["DS_OFF"] + own * block_m * 2
-    assert all(L[k] % 1024 == 0 for k in ("V_OFF", "Q_OFF", "STAGE_BYTES", "DS_OFF", "DS_ATOM"))
+    L["DS_BYTES"] = own * block_m * 2  # dSᵀ buffer i at DS_OFF + i * DS_BYTES
+    L["SMEM_BYTES"] = L["DS_OFF"] + L["DS_BUFFERS"] * L["DS_BYTES"]
+    assert all(L[k] % 1024 == 0 for k in ("V_OFF", "Q_OFF", "STAGE_BYTES", "DS_OFF", "DS_ATOM", "DS_BYTES"))
     # make_copy_tile lays rows out in tiles of 64, each D / 64 atoms: a query tile of 128 rows is one
     # run of rows down its atom only at D = 64 (its k-steps, 2048 bytes each, walk straight on)
     assert HEAD_DIM == 64 or block_m == 64
@@ -208,7 +214,10 @@ def make_copy_tile(L: dict):
 
 def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     """kv_kernel for layout L, on wgmma: dK and dV of BLOCK_N keys, and their share of dQ. serial: the
-    build for deterministic=True, whose blocks loop over key blocks (phase 11's)."""
+    build for deterministic=True, whose blocks loop over key blocks (phase 11's), with each tile's
+    dQ one tile late (phase 11's too: no barrier between the dSᵀ stores and dQ, the tile before's
+    dSᵀ read from the other buffer). The default build waits at that barrier instead: one tile late
+    was 2-6 % slower there at D = 128 and 6-7 % faster in the serial build (docs/tuning/12_history.md)."""
     kind = PTX_TYPE[dtype]
     D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["BLOCK_M"]
     # the products (ptx/wgmma.ptx): Sᵀ and dPᵀ over BLOCK_M query rows (n), dV and dK over them (k)
@@ -233,6 +242,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     store_dk_dv = make_store_dk_dv(pack, L["ND"])
     KV_TILE, K_OFF, V_OFF, Q_OFF = L["KV_TILE"], L["K_OFF"], L["V_OFF"], L["Q_OFF"]
     STREAM_TILE, STAGE, DS_OFF, DS_ATOM = L["STREAM_TILE"], L["STAGE_BYTES"], L["DS_OFF"], L["DS_ATOM"]
+    DS_BYTES = L["DS_BYTES"]
     NT, KS, ND = L["NT"], L["KS"], L["ND"]
     WARPGROUPS_, COL_BLOCKS, WG_PIECES = L["WARPGROUPS"], L["COL_BLOCKS"], L["WG_PIECES"]
     KEY_HALVES = BLOCK_N // 64  # dQ's k: the block's keys, 64 (one dq call) at a time
@@ -241,7 +251,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     DQ_ROW = D * 4  # bytes from a row of dQ (float32) to the next
     STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
     DS_ATOM_WORDS, ROW_WORDS = DS_ATOM // 4, ROW // 4
-    SERIAL = serial
+    SERIAL = LATE = serial  # the serial build adds dQ one tile late
 
     @cuda.jit(device=True, inline=True)
     def fetch_queries(smem, stage, Q, dO, b, h, m0, tid):
@@ -251,6 +261,34 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
         copy_tile(smem, Q_OFF + stage * STAGE, global_address(Q), head_q, m0, BLOCK_M, seq_q, tid)
         copy_tile(smem, Q_OFF + stage * STAGE + STREAM_TILE, global_address(dO), head_q, m0, BLOCK_M, seq_q,
                   tid)
+
+    @cuda.jit(device=True, inline=True)
+    def tile_dq(smem, buffer, h, m0, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale):
+        """dQ += scale · dS K for the tile of query head h, rows m0 .., whose dSᵀ is in `buffer`:
+        this warpgroup's pieces, each over all BLOCK_N keys, 64 at a time."""
+        dq_head = dq_address + uint64(((b * H + h) * seq_q) * DQ_ROW)
+        for piece in range(WG_PIECES):
+            p_id = wg + piece * WARPGROUPS_
+            r0, c0 = (p_id // COL_BLOCKS) * 64, (p_id % COL_BLOCKS) * 64  # its query rows and columns
+            ds_atom = smem + DS_OFF + buffer * DS_BYTES + (r0 // 64) * DS_ATOM
+            k_atom = smem + K_OFF + (c0 // 64) * ATOM
+            # >>> exercise 12-c: the piece's dQ = dS K into dq: dq_first over the block's first 64 keys, dq_acc adding each next 64
+            store_tuple(dq, dq_first(descriptor(ds_atom, ATOM, GROUP, SW128),
+                                     descriptor(k_atom, ATOM, GROUP, SW128)))
+            for half in range(1, KEY_HALVES):
+                store_tuple(dq, dq_acc(descriptor(ds_atom + half * WG_M * ROW, ATOM, GROUP, SW128),
+                                       descriptor(k_atom + half * KV_TILE, ATOM, GROUP, SW128),
+                                       as_tuple(dq, N_DQ)))
+            # <<< exercise
+            # register 4j + e: row 16 warp + g (+8), column 8 j + 2t (+1) of the piece
+            row_a = m0 + r0 + warp * 16 + g
+            for j in range(8):
+                # dQ[b, h, row_a, col]
+                at = dq_head + uint64(row_a * DQ_ROW + (c0 + j * 8 + 2 * t) * 4)
+                if row_a < seq_q:
+                    red_pair(at, dq[j, 0] * scale, dq[j, 1] * scale)
+                if row_a + 8 < seq_q:
+                    red_pair(at + uint64(8 * DQ_ROW), dq[j, 2] * scale, dq[j, 3] * scale)
 
     @cuda.jit
     def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale):
@@ -286,8 +324,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
         desc_v = descriptor(smem + V_OFF + wg * KV_TILE, 16, GROUP, SW128)
         # where this lane's 32-bit words of dSᵀ go: key row r of the block at r * 128 bytes of each
         # atom of 64 query rows, its 16-byte chunk c at c ^ (r % 8) (r % 8 is g: the warp's rows
-        # start at a multiple of 8); rows g and g + 8
-        ds_row = uint32((DS_OFF + (wg * 64 + warp * 16 + g) * ROW) // 4 + t)
+        # start at a multiple of 8); rows g and g + 8 (of buffer 0)
+        ds_row0 = uint32((DS_OFF + (wg * 64 + warp * 16 + g) * ROW) // 4 + t)
 
         # Block x takes key blocks x, x + gridDim.x, ... (phase 11's loop: one trip unless serial)
         key_block = cuda.blockIdx.x
@@ -318,6 +356,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
             first_a = first_row(key_a, seq_q, seq_k, causal)  # ... and the first query row that sees each
             first_b = first_row(key_a + 8, seq_q, seq_k, causal)
 
+            h_done, m_done = h, m0  # the tile whose dQ is still to add (LATE)
             for it in range(n_tiles):
                 stage = it % 2
                 # -- the next query tile flies into the other stage meanwhile (phase 11's)
@@ -353,6 +392,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
 
                 # -- dSᵀ to shared memory, swizzled, for dQ = dS K: k-step kk's fragment holds query
                 # rows 16 kk + 2t (chunk 2 kk % 8 of atom kk // 4) and 16 kk + 8 + 2t (the next chunk)
+                buffer = stage if LATE else 0
+                ds_row = ds_row0 + uint32(buffer * (DS_BYTES // 4))
                 # >>> exercise 12-b: for each k-step kk, its four words of dSᵀ to shared memory, rows g and g + 8, each 16-byte chunk at its swizzled place
                 for kk in range(KS):
                     atom = uint32((kk // 4) * DS_ATOM_WORDS)
@@ -362,33 +403,19 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
                     smem_h[ds_row + atom + hi] = ds_frag[kk, 2]
                     smem_h[ds_row + uint32(8 * ROW_WORDS) + atom + hi] = ds_frag[kk, 3]
                 # <<< exercise
-                fence_proxy_async()  # the stores become visible to the tensor cores ...
-                cuda.syncthreads()  # ... once both warpgroups have made them
-
-                # -- dQ += scale · dS K: this warpgroup's pieces, each over all BLOCK_N keys, 64 at a time
-                for piece in range(WG_PIECES):
-                    p_id = wg + piece * WARPGROUPS_
-                    r0, c0 = (p_id // COL_BLOCKS) * 64, (p_id % COL_BLOCKS) * 64  # its query rows and columns
-                    ds_atom = smem + DS_OFF + (r0 // 64) * DS_ATOM
-                    k_atom = smem + K_OFF + (c0 // 64) * ATOM
-                    # >>> exercise 12-c: the piece's dQ = dS K into dq: dq_first over the block's first 64 keys, dq_acc adding each next 64
-                    store_tuple(dq, dq_first(descriptor(ds_atom, ATOM, GROUP, SW128),
-                                             descriptor(k_atom, ATOM, GROUP, SW128)))
-                    for half in range(1, KEY_HALVES):
-                        store_tuple(dq, dq_acc(descriptor(ds_atom + half * WG_M * ROW, ATOM, GROUP, SW128),
-                                               descriptor(k_atom + half * KV_TILE, ATOM, GROUP, SW128),
-                                               as_tuple(dq, N_DQ)))
-                    # <<< exercise
-                    # register 4j + e: row 16 warp + g (+8), column 8 j + 2t (+1) of the piece
-                    row_a = m0 + r0 + warp * 16 + g
-                    dq_head = dq_address + uint64(((b * H + h) * seq_q) * DQ_ROW)
-                    for j in range(8):
-                        # dQ[b, h, row_a, col]
-                        at = dq_head + uint64(row_a * DQ_ROW + (c0 + j * 8 + 2 * t) * 4)
-                        if row_a < seq_q:
-                            red_pair(at, dq[j, 0] * scale, dq[j, 1] * scale)
-                        if row_a + 8 < seq_q:
-                            red_pair(at + uint64(8 * DQ_ROW), dq[j, 2] * scale, dq[j, 3] * scale)
+                if LATE:
+                    # -- dQ of the tile before, one tile late: its dSᵀ, in the other buffer, was
+                    # stored before the barrier that ended it; this tile's stores become visible to
+                    # the tensor cores after this tile's (phase 11's order)
+                    fence_proxy_async()
+                    if it > 0:
+                        tile_dq(smem, 1 - stage, h_done, m_done, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale)
+                    h_done, m_done = h, m0
+                else:
+                    fence_proxy_async()  # the stores become visible to the tensor cores ...
+                    cuda.syncthreads()  # ... once both warpgroups have made them
+                    # -- dQ += scale · dS K: this warpgroup's pieces
+                    tile_dq(smem, 0, h, m0, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale)
 
                 # -- the next tile has landed (this thread's copies), and every warp is done with this
                 # one and with dSᵀ
@@ -399,6 +426,10 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
                 fence_proxy_async()
                 cuda.syncthreads()
                 h, m0 = h_next, m_next
+
+            # -- LATE: the last tile's dQ (its dSᵀ behind the loop's last barrier)
+            if LATE and n_tiles > 0:
+                tile_dq(smem, (n_tiles - 1) % 2, h_done, m_done, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale)
 
             # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type (phase 11's)
             store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale)
