@@ -48,20 +48,23 @@ case "${1:-check}" in
     done
     ;;
   after)
-    # a change to phase 12, checked and recorded in one call (fp16: what the records time): its GPU
-    # tests, the sanitizer's backward cases, then tools/records.sh backward, each record copied to
-    # $OUT as soon as it is written (a call cut short keeps those). Pass the commit the tree holds:
+    # a change to phase 12, checked and recorded in one call (fp16: what the records time): the
+    # records at D = 128 first (tools/records.sh backward's benches), its GPU tests, the
+    # sanitizer's backward cases, the records at D = 64; each record copied to $OUT as soon as it is
+    # written (a call cut short keeps those). Pass the commit the tree holds:
     #   FLASHCORE_GIT_COMMIT=<sha> FLASHCORE_GIT_DIRTY=0 bash docs/tuning/12_first_run/run.sh after
     python3 -m flashcore_numba compile --phases 09,11,12 --head-dims 64,128 --dtypes fp16 --jobs 16 \
       > "$OUT/compile.txt" 2>&1; tail -1 "$OUT/compile.txt"
+    records_at() {
+      for causal in "" --causal; do
+        timeout 100 python3 -m flashcore_numba bench --backward --shape "16,16,2048,$1" $causal --calls 1000 \
+          --cap-seconds 1 --out "$OUT/backward_d$1${causal:+_causal}.json" 2>&1 | grep -E "^(11|12|SDPA)"
+      done
+    }
+    records_at 128
     FLASHCORE_GPU=1 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_backward_wgmma.py \
       -k "not bfloat16" > "$OUT/gpu_tests.txt" 2>&1; grep -E "passed|failed|error" "$OUT/gpu_tests.txt"
     timeout 120 python3 tools/sanitize.py --backward --out "$OUT/sanitizer" 2>&1 | tail -4
-    for D in 64 128; do
-      for causal in "" --causal; do
-        timeout 100 python3 -m flashcore_numba bench --backward --shape "16,16,2048,$D" $causal --calls 1000 \
-          --cap-seconds 1 --out "$OUT/backward_d$D${causal:+_causal}.json" 2>&1 | grep -E "^(11|12|SDPA)"
-      done
-    done
+    records_at 64
     ;;
 esac
