@@ -63,7 +63,7 @@
 #
 # What this first version does not do yet: it waits for each product before the next (phase 09
 # overlaps them), and in the default build each tile has a barrier between the dSᵀ stores and dQ
-# (the deterministic build adds dQ a tile late instead, as phase 11 does: `LATE` in the kernel;
+# (the deterministic build at D = 128 adds dQ a tile late instead, as phase 11 does: `dq_late`;
 # measured, the late form was faster only there). Even so it is faster than phase 11 on the H200
 # (the changelog below has the records), and `attention()`'s autograd runs it on Hopper.
 

@@ -87,7 +87,7 @@ def test_wgmma_backward_refuses_what_it_cannot_build():
 
 def test_wgmma_backward_layout_fits_the_h100():
     """The full-size blocks: two warpgroups of 64 keys, query tiles of 128 rows at D = 64 and 64 at
-    D = 128; shared memory (K, V, two stages of Q and dO, two dSᵀ buffers, the rows' stats) within the 227 KB an
+    D = 128; shared memory (K, V, two stages of Q and dO, dSᵀ (two buffers at D = 128), the rows' stats) within the 227 KB an
     H100 gives a block, and every dQ piece of a tile dealt out, one per warpgroup."""
     from flashcore_numba.arch.smem import smem_per_block
     from flashcore_numba.phases import p12_backward_wgmma as p12
@@ -96,8 +96,12 @@ def test_wgmma_backward_layout_fits_the_h100():
         L = p12.layout(D, p12.WARPGROUPS, p12.query_rows(D))
         assert (L["OWN_ROWS"], L["BLOCK_M"], L["N_THREADS"], L["WG_PIECES"]) == (128, block_m, 256, 1)
         assert p12.smem_bytes(D) <= smem_per_block((9, 0))
-    # K and V (32 KB), two stages of Q and dO (64 KB), two dSᵀ buffers (32 KB each) at D = 64
-    assert p12.smem_bytes(64) == 160 * 1024 + p12.STATIC_SMEM_BYTES
+    # D = 64: K and V (32 KB), two stages of Q and dO (64 KB), dSᵀ (32 KB); D = 128: K and V (64 KB),
+    # the stages (64 KB), two dSᵀ buffers (16 KB each: the serial build's dQ one tile late)
+    assert (p12.smem_bytes(64), p12.smem_bytes(128)) == (128 * 1024 + p12.STATIC_SMEM_BYTES,
+                                                         160 * 1024 + p12.STATIC_SMEM_BYTES)
+    L64, L128 = (p12.layout(D, p12.WARPGROUPS, p12.query_rows(D)) for D in (64, 128))
+    assert [p12.dq_late(serial, L) for L in (L64, L128) for serial in (False, True)] == [False, False, False, True]
 
 
 # ---------------------------------------------------------------------------------------------

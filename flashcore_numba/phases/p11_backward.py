@@ -148,10 +148,10 @@ do not edit by hand)
     D=64 fp16 causal, 2026-12-01, code at commit `c69a6db`: 11 204 TFLOPS (1.02x SDPA flash),
     11-deterministic 200 TFLOPS (1.00x SDPA flash), 11-step not timed (attention()'s training step
     ran phase 12's backward: 12-step); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
-    2026-12-01, code at commit `c69a6db`: 11 256 TFLOPS (0.95x SDPA flash), 11-deterministic 249
+    2026-12-01, code at commit `9a9fe48`: 11 256 TFLOPS (0.95x SDPA flash), 11-deterministic 248
     TFLOPS (0.92x SDPA flash), 11-step not timed (attention()'s training step ran phase 12's
     backward: 12-step); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 causal, 2026-12-01, code at commit
-    `c69a6db`: 11 221 TFLOPS (0.98x SDPA flash), 11-deterministic 214 TFLOPS (0.95x SDPA flash),
+    `9a9fe48`: 11 221 TFLOPS (0.98x SDPA flash), 11-deterministic 214 TFLOPS (0.95x SDPA flash),
     11-step not timed (attention()'s training step ran phase 12's backward: 12-step)
     (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16.json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16_causal.json,

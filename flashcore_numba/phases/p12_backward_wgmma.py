@@ -26,11 +26,11 @@ What changed from phase 11
     Every tile lives in shared memory in phase 08's layout, the 128-byte swizzle (copied in phase
     07's passes: `make_copy_tile`), the streamed Q and dO tiles in two stages by cp.async; query
     tiles of BLOCK_M = 128 rows at D = 64 and 64 at D = 128, so that Sᵀ, dPᵀ, dK and dV fit one
-    thread's registers (FA3's choice of tiles for Hopper too). In the default build a tile has two
-    barriers: one between the dSᵀ stores and dQ, one at its end. The serial build (deterministic)
-    adds dQ one tile late, as phase 11 does, from the other of two dSᵀ buffers, and drops the
-    first barrier: measured, that made the serial build 6-7 % faster at D = 128 and the default
-    build 2-6 % slower there (docs/tuning/12_history.md), so each build keeps the faster form.
+    thread's registers (FA3's choice of tiles for Hopper too). A tile has two barriers: one
+    between the dSᵀ stores and dQ, one at its end; except in the serial build (deterministic) at
+    D = 128, which adds dQ one tile late, as phase 11 does, from the other of two dSᵀ buffers, and
+    drops the first: measured, that was 6-7 % faster there and no faster anywhere else
+    (`dq_late`; docs/tuning/12_history.md).
 
 Why the hardware should reward it
     Phase 11's main kernel is bound by shared memory, not by its tensor cores: 8 warps each read
@@ -42,8 +42,8 @@ Why the hardware should reward it
     D = 64 against phase 11's 384 KB, 256 KB at D = 128 against 754 KB (every operand of the
     five products, K and V included, read once per tile).
 
-    What got the first build to no spill at D = 64 (16 bytes at D = 128; the serial build, dQ
-    late, none) and asynchronous wgmmas (ptxas, sm_90a; it spilled 152 and 228 bytes, every wgmma
+    What got the first build to no spill at D = 64 (16 bytes at D = 128; the serial build there,
+    dQ late, none) and asynchronous wgmmas (ptxas, sm_90a; it spilled 152 and 228 bytes, every wgmma
     serialized): H // H_kv in 32 bits (a 64-bit division is a call, and ptxas serializes the
     wgmmas of a kernel that makes one), and the tile copies in passes of constant offsets
     (`make_copy_tile`). The history and the
@@ -59,11 +59,11 @@ Measured effect (written by `flashcore report` from the backward records' rows 1
     flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-12-01, code at commit `c69a6db`: 12
     256 TFLOPS (1.28x SDPA flash, 1.26x phase 11), 12-deterministic 245 TFLOPS (1.23x SDPA flash,
     1.22x phase 11), 12-step 286 TFLOPS (1.34x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16
-    non-causal, 2026-12-01, code at commit `c69a6db`: 12 336 TFLOPS (1.25x SDPA flash, 1.31x phase
-    11), 12-deterministic 281 TFLOPS (1.04x SDPA flash, 1.13x phase 11), 12-step 393 TFLOPS (1.35x
+    non-causal, 2026-12-01, code at commit `9a9fe48`: 12 336 TFLOPS (1.24x SDPA flash, 1.31x phase
+    11), 12-deterministic 295 TFLOPS (1.09x SDPA flash, 1.19x phase 11), 12-step 388 TFLOPS (1.34x
     SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 causal, 2026-12-01, code at commit
-    `c69a6db`: 12 290 TFLOPS (1.28x SDPA flash, 1.31x phase 11), 12-deterministic 246 TFLOPS (1.09x
-    SDPA flash, 1.15x phase 11), 12-step 333 TFLOPS (1.36x SDPA flash)
+    `9a9fe48`: 12 288 TFLOPS (1.28x SDPA flash, 1.30x phase 11), 12-deterministic 256 TFLOPS (1.13x
+    SDPA flash, 1.20x phase 11), 12-step 332 TFLOPS (1.36x SDPA flash)
     (nvidia-h200_backward_b16h16s2048d64_fp16.json,
     nvidia-h200_backward_b16h16s2048d64_fp16_causal.json,
     nvidia-h200_backward_b16h16s2048d128_fp16.json,
@@ -108,13 +108,13 @@ def query_rows(HEAD_DIM: int) -> int:
 def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
     """Every derived constant of kv_kernel. Shared memory holds K and V (a 64-row tile per
     warpgroup each, D / 64 swizzled atoms of 64 rows), two stages of the streamed Q and dO tiles
-    (block_m rows each), then two buffers of dSᵀ (each a row per key, block_m / 64 atoms of BLOCK_N
-    rows: the serial build's dQ runs a tile late, as phase 11's, from the buffer not being written;
-    the default build uses the first); all in the 128-byte swizzle of phase 08, offsets in bytes,
-    each a multiple of 1024."""
+    (block_m rows each), then dSᵀ (a row per key, block_m / 64 atoms of BLOCK_N rows); all in the
+    128-byte swizzle of phase 08, offsets in bytes, each a multiple of 1024. At D = 128 two buffers
+    of dSᵀ: the serial build's dQ runs a tile late there, as phase 11's, from the buffer not being
+    written (`dq_late`); the default build uses the first."""
     own = WG_M * warpgroups
     L = dict(HEAD_DIM=HEAD_DIM, WARPGROUPS=warpgroups, N_THREADS=128 * warpgroups, OWN_ROWS=own,
-             STREAM_ROWS=block_m, DS_BUFFERS=2, BLOCK_M=block_m)
+             STREAM_ROWS=block_m, DS_BUFFERS=2 if HEAD_DIM == 128 else 1, BLOCK_M=block_m)
     L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row (make_copy_tile)
     L["KV_TILE"] = WG_M * HEAD_DIM * 2  # one warpgroup's 64 rows of K (or V)
     L["K_OFF"], L["V_OFF"] = 0, own * HEAD_DIM * 2
@@ -212,12 +212,19 @@ def make_copy_tile(L: dict):
     return copy_tile
 
 
+def dq_late(serial: bool, L: dict) -> bool:
+    """Whether kv_kernel adds each tile's dQ one tile late (phase 11's way, from the other of two
+    dSᵀ buffers, no barrier between the dSᵀ stores and dQ) instead of behind that barrier: in the
+    serial build at D = 128 only. Measured (docs/tuning/12_history.md): there it made the
+    deterministic backward 6-7 % faster; in the default build at D = 128 it was 2-6 % slower, and
+    at D = 64 within the turns' spread in both builds."""
+    return serial and L["DS_BUFFERS"] == 2
+
+
 def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     """kv_kernel for layout L, on wgmma: dK and dV of BLOCK_N keys, and their share of dQ. serial: the
-    build for deterministic=True, whose blocks loop over key blocks (phase 11's), with each tile's
-    dQ one tile late (phase 11's too: no barrier between the dSᵀ stores and dQ, the tile before's
-    dSᵀ read from the other buffer). The default build waits at that barrier instead: one tile late
-    was 2-6 % slower there at D = 128 and 6-7 % faster in the serial build (docs/tuning/12_history.md)."""
+    build for deterministic=True, whose blocks loop over key blocks (phase 11's); at D = 128 it adds
+    each tile's dQ one tile late (`dq_late`)."""
     kind = PTX_TYPE[dtype]
     D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["BLOCK_M"]
     # the products (ptx/wgmma.ptx): Sᵀ and dPᵀ over BLOCK_M query rows (n), dV and dK over them (k)
@@ -251,7 +258,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     DQ_ROW = D * 4  # bytes from a row of dQ (float32) to the next
     STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
     DS_ATOM_WORDS, ROW_WORDS = DS_ATOM // 4, ROW // 4
-    SERIAL = LATE = serial  # the serial build adds dQ one tile late
+    SERIAL = serial
+    LATE = dq_late(serial, L)
 
     @cuda.jit(device=True, inline=True)
     def fetch_queries(smem, stage, Q, dO, b, h, m0, tid):

@@ -58,13 +58,13 @@ def query_rows(HEAD_DIM: int) -> int:
 def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
     """Every derived constant of kv_kernel. Shared memory holds K and V (a 64-row tile per
     warpgroup each, D / 64 swizzled atoms of 64 rows), two stages of the streamed Q and dO tiles
-    (block_m rows each), then two buffers of dSᵀ (each a row per key, block_m / 64 atoms of BLOCK_N
-    rows: the serial build's dQ runs a tile late, as phase 11's, from the buffer not being written;
-    the default build uses the first); all in the 128-byte swizzle of phase 08, offsets in bytes,
-    each a multiple of 1024."""
+    (block_m rows each), then dSᵀ (a row per key, block_m / 64 atoms of BLOCK_N rows); all in the
+    128-byte swizzle of phase 08, offsets in bytes, each a multiple of 1024. At D = 128 two buffers
+    of dSᵀ: the serial build's dQ runs a tile late there, as phase 11's, from the buffer not being
+    written (`dq_late`); the default build uses the first."""
     own = WG_M * warpgroups
     L = dict(HEAD_DIM=HEAD_DIM, WARPGROUPS=warpgroups, N_THREADS=128 * warpgroups, OWN_ROWS=own,
-             STREAM_ROWS=block_m, DS_BUFFERS=2, BLOCK_M=block_m)
+             STREAM_ROWS=block_m, DS_BUFFERS=2 if HEAD_DIM == 128 else 1, BLOCK_M=block_m)
     L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row (make_copy_tile)
     L["KV_TILE"] = WG_M * HEAD_DIM * 2  # one warpgroup's 64 rows of K (or V)
     L["K_OFF"], L["V_OFF"] = 0, own * HEAD_DIM * 2
@@ -162,12 +162,19 @@ def make_copy_tile(L: dict):
     return copy_tile
 
 
+def dq_late(serial: bool, L: dict) -> bool:
+    """Whether kv_kernel adds each tile's dQ one tile late (phase 11's way, from the other of two
+    dSᵀ buffers, no barrier between the dSᵀ stores and dQ) instead of behind that barrier: in the
+    serial build at D = 128 only. Measured (docs/tuning/12_history.md): there it made the
+    deterministic backward 6-7 % faster; in the default build at D = 128 it was 2-6 % slower, and
+    at D = 64 within the turns' spread in both builds."""
+    return serial and L["DS_BUFFERS"] == 2
+
+
 def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     """kv_kernel for layout L, on wgmma: dK and dV of BLOCK_N keys, and their share of dQ. serial: the
-    build for deterministic=True, whose blocks loop over key blocks (phase 11's), with each tile's
-    dQ one tile late (phase 11's too: no barrier between the dSᵀ stores and dQ, the tile before's
-    dSᵀ read from the other buffer). The default build waits at that barrier instead: one tile late
-    was 2-6 % slower there at D = 128 and 6-7 % faster in the serial build (docs/tuning/12_history.md)."""
+    build for deterministic=True, whose blocks loop over key blocks (phase 11's); at D = 128 it adds
+    each tile's dQ one tile late (`dq_late`)."""
     kind = PTX_TYPE[dtype]
     D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["BLOCK_M"]
     # the products (ptx/wgmma.ptx): Sᵀ and dPᵀ over BLOCK_M query rows (n), dV and dK over them (k)
@@ -201,7 +208,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     DQ_ROW = D * 4  # bytes from a row of dQ (float32) to the next
     STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
     DS_ATOM_WORDS, ROW_WORDS = DS_ATOM // 4, ROW // 4
-    SERIAL = LATE = serial  # the serial build adds dQ one tile late
+    SERIAL = serial
+    LATE = dq_late(serial, L)
 
     @cuda.jit(device=True, inline=True)
     def fetch_queries(smem, stage, Q, dO, b, h, m0, tid):
