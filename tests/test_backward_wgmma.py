@@ -180,15 +180,17 @@ def test_wgmma_backward_matches_torch_on_gpu(shape, seq_k, heads_kv, causal, dty
 
 
 @pytest.mark.gpu
-def test_wgmma_backward_deterministic_is_bit_identical_on_gpu():
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_wgmma_backward_deterministic_is_bit_identical_on_gpu(head_dim):
     """deterministic=True on phase 12's serial build: the same bits twice (8 (batch, K/V head) pairs,
-    3 key blocks of 128: dQ in parts), close to its atomics' gradients and to phase 11's."""
+    3 key blocks of 128: dQ in parts), close to its atomics' gradients and to phase 11's. At D = 128
+    the serial build adds dQ a tile late (dq_late: 5 query tiles of 64 rows, both dSᵀ buffers)."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     if not _on_hopper():
         pytest.skip("phase 12 runs on Hopper (sm_90) alone")
     from flashcore_numba import api, attention
 
-    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    q, k, v = (torch.randn(2, 4, 300, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
     do = torch.randn_like(q)
     out, lse = attention(q, k, v, causal=True, return_lse=True)
     runs = [api._backward(q, k, v, out, lse, do, None, True, None, det, phase)
