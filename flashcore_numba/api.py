@@ -401,12 +401,11 @@ def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase
     call, every buffer from torch's caching allocator. phase: "11" or "12" (phase 12's kv_kernel,
     wgmma, Hopper only); None, as autograd calls it: the tensors' GPU's (autograd_backward_phase)."""
     torch = _TORCH or _import_torch()
-    if phase is None:
-        index = q.device.index or 0
-        phase = _AUTOGRAD_BACKWARD.get(index)
-        if phase is None:
-            phase = _AUTOGRAD_BACKWARD.setdefault(index,
-                                                  autograd_backward_phase(torch.cuda.get_device_capability(index)))
+    device = q.device.index or 0
+    if phase is None:  # as autograd calls it: the backward of the tensors' GPU, asked once per device
+        if device not in _AUTOGRAD_BACKWARD:
+            _AUTOGRAD_BACKWARD[device] = autograd_backward_phase(torch.cuda.get_device_capability(device))
+        phase = _AUTOGRAD_BACKWARD[device]
     D = q.shape[-1]
     scale = default_scale(D) if scale is None else float(scale)
     operands = [x.detach().to(q.dtype).contiguous() for x in (q, k, v, out, dout)]
@@ -416,7 +415,6 @@ def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase
     if q.shape[2] == 0 or k.shape[2] == 0:  # nothing to recompute: every gradient is 0
         return dq.zero_().to(q.dtype), dk.zero_(), dv.zero_()
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    device = q.device.index or 0
     key = (D, q.dtype, tuple(q.shape), tuple(k.shape), bool(causal), scale, bool(deterministic), dlse is not None,
            device, phase)
     plan = _BACKWARD_PLANS.get(key)

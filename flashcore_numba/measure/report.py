@@ -785,9 +785,11 @@ def backward_measured_lines(records, phase_id: str = "11") -> list[str]:
         for name in BACKWARD_ROWS[phase_id]:
             r = timed.get(name)
             if r is None:
-                other = [x for x in timed if x.endswith("-step") and not x.startswith("sdpa") and x != name]
-                figures.append(f"{name} not timed" + (f" (attention()'s training step ran phase {other[0][:-5]}'s "
-                                                      f"backward: {other[0]})" if name.endswith("-step") and other else ""))
+                why = ""
+                ran = [x for x in timed if x.endswith("-step") and not x.startswith("sdpa")]
+                if name.endswith("-step") and ran:  # this GPU's autograd ran the other phase's backward
+                    why = f" (attention()'s training step ran phase {ran[0].split('-')[0]}'s backward: {ran[0]})"
+                figures.append(f"{name} not timed{why}")
                 continue
             peer = timed.get("sdpa_flash-step" if name.endswith("-step") else "sdpa_flash")
             eleven = timed.get(name.replace(phase_id, "11", 1)) if phase_id != "11" else None
