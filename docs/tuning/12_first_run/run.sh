@@ -3,7 +3,7 @@
 # 10 minutes of a call), with .whl holding numpy 2.4's wheel (DEVELOPERS.md):
 #
 #   run(command="bash docs/tuning/12_first_run/run.sh check", carry=[".whl"])    # about 6 minutes
-#   run(command="bash docs/tuning/12_first_run/run.sh ab 64", carry=[".whl"])    # about 4 minutes each
+#   run(command="bash docs/tuning/12_first_run/run.sh ab 64", carry=[".whl"])    # a few minutes each
 #   run(command="bash docs/tuning/12_first_run/run.sh ab 128", carry=[".whl"])
 #
 # A fresh machine has an empty kernel cache: each step compiles what it needs first (all cores).
@@ -14,9 +14,8 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export FLASHCORE_CACHE_DIR=/tmp/fcc PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-# phase 12 with dQ one tile late, written into phases/ (where the kernel cache keeps its kernels)
-python3 docs/tuning/12_first_run/make_dq_late.py
-LATE=flashcore_numba/phases/_ab_12late.py
+# (the first run also A/B'd a variant with dQ one tile late, written by make_dq_late.py: since taken
+# into phase 12's serial build at D = 128 (dq_late), the script is gone; see it at commit c69a6db)
 
 case "${1:-check}" in
   check)
@@ -29,21 +28,15 @@ case "${1:-check}" in
       -k "wgmma_backward_products or wgmma_128_key or wgmma_tiles" > "$OUT/gpu_tests.txt" 2>&1
     FLASHCORE_GPU=1 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_backward_wgmma.py \
       >> "$OUT/gpu_tests.txt" 2>&1; grep -E "passed|failed|error" "$OUT/gpu_tests.txt"
-    # the variant checked (its kernels compiled, one mode a process), and phase 12's kernels' device times
-    for D in 64 128; do
-      for mode in warm-def warm-det; do timeout 150 python3 tools/ab_backward.py "$mode" "$LATE" "$D" & done
-      wait
-    done | tee "$OUT/late_warm.jsonl"
+    # phase 12's kernels' device times
     timeout 100 python3 tools/ab_backward.py kernels 12 64 | tee "$OUT/kernels.jsonl"
     ;;
   ab)
     D=${2:?head dim}
     python3 -m flashcore_numba compile --phases 11,12 --head-dims "$D" --dtypes fp16 --jobs 16 > "$OUT/compile.txt" 2>&1
-    for mode in warm-def warm-det; do timeout 150 python3 tools/ab_backward.py "$mode" "$LATE" "$D" & done
-    wait
-    # phase 11 (new), phase 12 and the variant by turns, twice: B=16 H=16 S=2048 and B=1 H=16 S=4096,
-    # ms per backward, both dQ modes, causal and not
-    for version in new 12 "$LATE" new 12 "$LATE"; do
+    # phase 11 (new) and phase 12 by turns, three times: B=16 H=16 S=2048 and B=1 H=16 S=4096, ms per
+    # backward, both dQ modes, causal and not
+    for version in new 12 new 12 new 12; do
       timeout 150 python3 tools/ab_backward.py time "$version" "$D" | tee -a "$OUT/ab_d$D.jsonl"
     done
     ;;
