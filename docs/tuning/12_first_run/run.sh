@@ -5,6 +5,7 @@
 #   run(command="bash docs/tuning/12_first_run/run.sh check", carry=[".whl"])    # about 6 minutes
 #   run(command="bash docs/tuning/12_first_run/run.sh ab 64", carry=[".whl"])    # a few minutes each
 #   run(command="bash docs/tuning/12_first_run/run.sh ab 128", carry=[".whl"])
+#   run(command="bash docs/tuning/12_first_run/run.sh verify", carry=[".whl"])  # about 6 minutes
 #
 # A fresh machine has an empty kernel cache: each step compiles what it needs first (all cores).
 # Logs go to $OUT; the A/B's JSON lines (tools/ab_backward.py: checked against torch's float32
@@ -39,6 +40,15 @@ case "${1:-check}" in
     for version in new 12 new 12 new 12; do
       timeout 150 python3 tools/ab_backward.py time "$version" "$D" | tee -a "$OUT/ab_d$D.jsonl"
     done
+    ;;
+  verify)
+    # the GPU checks of a build no device call has tested yet (both dtypes): phase 12's and phase 11's
+    # GPU tests (autograd runs 12 on Hopper), then the sanitizer's backward cases
+    ( time python3 -m flashcore_numba compile --phases 09,11,12 --head-dims 64,128 --dtypes fp16,bf16 --jobs 16 ) \
+      > "$OUT/compile.txt" 2>&1; tail -3 "$OUT/compile.txt"
+    FLASHCORE_GPU=1 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_backward_wgmma.py \
+      tests/test_backward.py > "$OUT/gpu_tests.txt" 2>&1; grep -E "passed|failed|error" "$OUT/gpu_tests.txt"
+    timeout 150 python3 tools/sanitize.py --backward --out "$OUT/sanitizer" 2>&1 | tail -6
     ;;
   after)
     # a change to phase 12, checked and recorded in one call (fp16: what the records time): the
