@@ -193,7 +193,8 @@ def _build_parser() -> Parser:
     comp = sub.add_parser("compile", help="compile kernels ahead of time into the kernel cache")
     comp.add_argument("--phases", type=parse_compile_ids, default=None,
                       help="comma-separated kernel ids, e.g. 09,09-ws, or 10-kvcache, 07-varlen, 09-varlen, "
-                           "09-trace, 11 (the backward) and 12 (its kv_kernel on wgmma) (default: all of them)")
+                           "09-trace, 11 (the backward) and 12 (its kv_kernel on wgmma: what attention()'s autograd "
+                           "runs on Hopper; nothing to compile elsewhere) (default: all of them)")
     comp.add_argument("--head-dims", type=_positive_ints, default=(64, 128), help="e.g. 64,128 (default both)")
     comp.add_argument("--dtypes", type=parse_dtypes, default=("float16", "bfloat16"),
                       help="fp16, bf16 or both, comma-separated (default both)")

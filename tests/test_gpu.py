@@ -449,15 +449,16 @@ def _first_call_in_a_new_process(env, phase: str = "best") -> dict:
 @pytest.fixture(scope="module")
 def compiled_cache(tmp_path_factory):
     """An empty kernel cache filled by `flashcore compile` with the kernels of every entry point at
-    D = 64, fp16 (the forward's best, attention_kvcache's, attention_varlen's, the backward's): the
-    one compile of these tests (the cores compile side by side), read by the tests below."""
+    D = 64, fp16 (the forward's best, attention_kvcache's, attention_varlen's, the backward's: "11"
+    and "12", which autograd runs on Hopper and which has nothing to compile elsewhere): the one
+    compile of these tests (the cores compile side by side), read by the tests below."""
     import os
     import subprocess
     import sys
 
     folder = tmp_path_factory.mktemp("kernel_cache")
     compiled = subprocess.run([sys.executable, "-m", "flashcore_numba", "compile", "--phases",
-                               "07,09,10,10-kvcache,07-varlen,11", "--head-dims", "64", "--dtypes", "fp16"],
+                               "07,09,10,10-kvcache,07-varlen,11,12", "--head-dims", "64", "--dtypes", "fp16"],
                               capture_output=True, text=True, timeout=900,
                               env={**os.environ, "FLASHCORE_CACHE_DIR": str(folder)})
     assert compiled.returncode == 0, compiled.stdout[-3000:] + compiled.stderr[-3000:]
