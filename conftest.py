@@ -177,6 +177,8 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("background jobs (seconds from the session's start; longest first)")
     for name, start, end in sorted(pool.times, key=lambda t: t[1] - t[2])[:15]:
         terminalreporter.write_line(f"{end - start:7.1f} s  {start:6.1f} -> {end:6.1f}  {name}")
+    terminalreporter.write_line(f"{len(pool.times)} jobs, {sum(end - start for _, start, end in pool.times):.0f} s "
+                                "together")
 
 
 def _lower_priority():

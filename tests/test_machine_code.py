@@ -152,3 +152,34 @@ def test_reports_are_kept_on_disk_and_rebuilt_when_damaged(tmp_path, monkeypatch
     machine_code._report_kept("09", 64, False)
     machine_code._report_kept("09", 64, False)
     assert len(compiled) == 5
+
+
+def test_one_compile_gives_the_ptx_and_the_ltoir_of_two():
+    """Phase 09's report (launch bounds: assembled from its LTO-IR) takes the PTX and the LTO-IR
+    from one compile (`compile_phase_ptx_and_ltoir`): the same PTX as `compile_phase_ptx`'s, and
+    LTO-IR that assembles to the same machine code as `compile_phase_ltoir`'s (phase 01 here: it
+    compiles in seconds). Numba's mangled names differ from compile to compile."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = (
+        "import json, re\n"
+        "from flashcore_numba.measure import machine_code as m\n"
+        "ptx, ltoir = m.compile_phase_ptx_and_ltoir('01', 64)\n"
+        "names = lambda s: re.sub(r'_ZN\\w+', 'NAME', s)\n"
+        "log = lambda code: re.sub(r'Compile time = [\\d.]+ ms|LTOIR Container created \\(\\d+ bytes\\)', '',\n"
+        "                          names(m.assemble(code)[0]))\n"
+        "sass = lambda code: names(m.disassemble(m.assemble(code)[1]) or '')\n"
+        "print(json.dumps({'ptx': names(ptx) == names(m.compile_phase_ptx('01', 64)),\n"
+        "                  'log': log(ltoir) == log(m.compile_phase_ltoir('01', 64)),\n"
+        "                  'sass': sass(ltoir) == sass(m.compile_phase_ltoir('01', 64)),\n"
+        "                  'lto': isinstance(ltoir, bytes) and not ltoir.startswith(b'//')}))\n")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH"))
+                                        if p)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    same = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(same.values()), same

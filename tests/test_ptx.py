@@ -160,7 +160,7 @@ def _compile(phase_ids, head_dim, dtype) -> dict:
     return kernel_reports(phase_ids, head_dim, dtype=dtype)
 
 
-BACKGROUND_FIRST = True  # its sm_90a compiles of phase 09 (about 100 s each) go to the pool early, not last
+BACKGROUND_FIRST = True  # its sm_90a compiles of phase 09 (minutes each on a CI core) go to the pool early, not last
 
 
 def start_background(items, pool):

@@ -95,6 +95,24 @@ def compile_phase_ltoir(phase_id: str, head_dim: int, dtype: str = "float16") ->
     return ltoir
 
 
+def compile_phase_ptx_and_ltoir(phase_id: str, head_dim: int, dtype: str = "float16") -> tuple[str, bytes]:
+    """The kernel's PTX and its LTO-IR from one compile. numba-cuda's `compile` returns one or the
+    other, but its code library makes either from the same LLVM IR (NVVM, in a second or two), so
+    Numba's front end, most of the time (minutes for phase 09 at D = 128: typing, and inlining
+    the device functions into the kernel), runs once, not once for each. The LTO-IR is the same
+    code as `compile_phase_ltoir`'s (assembled, the same SASS). Where numba-cuda's library is not
+    reachable this way (another version), the two compiles."""
+    try:
+        from numba.cuda.compiler import _compile_pyfunc_with_fixup
+    except ImportError:
+        return compile_phase_ptx(phase_id, head_dim, dtype), compile_phase_ltoir(phase_id, head_dim, dtype)
+    config = kernel_config(phase_id, head_dim, dtype)
+    library, _ = _compile_pyfunc_with_fixup(config.kernel.py_func, signature(config, dtype), device=False, cc=CC,
+                                            abi="numba", launch_bounds=config.launch_bounds)
+    (ptx,) = library.get_asm_strs(cc=CC)
+    return ptx, library.get_ltoir(cc=CC)
+
+
 def assemble(ptx: str | bytes, arch: str = ARCH, linked=()) -> tuple[str, bytes]:
     """Assemble PTX (or link LTO-IR, given bytes) with nvJitLink, linking the `.ptx` files in
     `linked` as a kernel on the link route does; returns (the verbose info log, the cubin).
@@ -325,10 +343,12 @@ def disassemble(cubin: bytes) -> str | None:
 def _report_here(phase_id: str, head_dim: int, sass: bool, dtype: str = "float16") -> dict:
     kernel_id = _kernel_id(phase_id)
     config = kernel_config(kernel_id, head_dim, dtype)
-    ptx = compile_phase_ptx(kernel_id, head_dim, dtype)
     # a kernel compiled for launch bounds may trade registers between warpgroups (setmaxnreg), which
-    # only the LTO route keeps (see assemble)
-    code = compile_phase_ltoir(kernel_id, head_dim, dtype) if config.launch_bounds else ptx
+    # only the LTO route keeps (see assemble): it is assembled from its LTO-IR
+    if config.launch_bounds:
+        ptx, code = compile_phase_ptx_and_ltoir(kernel_id, head_dim, dtype)
+    else:
+        ptx = code = compile_phase_ptx(kernel_id, head_dim, dtype)
     log, cubin = assemble(code, linked=config.ptx_files)
     if kernel_id in BACKWARD_KERNELS:
         name = config.kernel.py_func.__name__
