@@ -26,6 +26,8 @@ Phases import from here; nothing here imports a phase, the measurement, the cour
     sim_trace.py the simulator's clock (ptx/trace.ptx's %globaltimer)
     launch.py    Numba's kernel ABI packed once, the driver launch, `build_cubin`
     cache.py     compiled kernels on disk, keyed by everything that changes the code
+    compile_speed.py  Numba's inliner copying a device function's IR once per inlined call, not
+                 once per block, while the package compiles (the same code, compiled sooner)
     ptx_templates.py  the PTX files written from a template (ptx/templates/wgmma.ptx.in ->
                  ptx/wgmma.ptx) and the check that the committed ones are current
 """

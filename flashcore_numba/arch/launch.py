@@ -218,10 +218,13 @@ def build_cubin(dispatcher, argtypes, cc) -> tuple[bytes, str]:
     opts = dict(dispatcher.targetoptions)
     debug, fastmath = opts.get("debug", False), opts.get("fastmath", False)
     nvvm_options = {"fastmath": fastmath, "opt": 3 if opts.get("opt", True) else 0}
-    cres = compile_cuda(dispatcher.py_func, types.void, tuple(argtypes), debug=debug,
-                        lineinfo=opts.get("lineinfo", False), forceinline=opts.get("forceinline", False),
-                        fastmath=fastmath, nvvm_options=nvvm_options, cc=tuple(cc[:2]),
-                        max_registers=opts.get("max_registers"), lto=opts.get("lto", False))
+    from .compile_speed import shared_inline_memo
+
+    with shared_inline_memo():  # the same code, compiled sooner (compile_speed.py)
+        cres = compile_cuda(dispatcher.py_func, types.void, tuple(argtypes), debug=debug,
+                            lineinfo=opts.get("lineinfo", False), forceinline=opts.get("forceinline", False),
+                            fastmath=fastmath, nvvm_options=nvvm_options, cc=tuple(cc[:2]),
+                            max_registers=opts.get("max_registers"), lto=opts.get("lto", False))
     library = cres.library
     entry = cres.fndesc.llvm_func_name
     function = library.get_function(entry)

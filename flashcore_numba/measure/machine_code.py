@@ -79,9 +79,12 @@ def compile_phase_ptx(phase_id: str, head_dim: int, dtype: str = "float16") -> s
     """PTX of a phase's kernel specialized to `head_dim` and `dtype`, for sm_90a."""
     from numba import cuda
 
+    from ..arch.compile_speed import shared_inline_memo
+
     config = kernel_config(phase_id, head_dim, dtype)
-    ptx, _ = cuda.compile_ptx(config.kernel.py_func, signature(config, dtype), cc=CC,
-                              launch_bounds=config.launch_bounds)
+    with shared_inline_memo():
+        ptx, _ = cuda.compile_ptx(config.kernel.py_func, signature(config, dtype), cc=CC,
+                                  launch_bounds=config.launch_bounds)
     return ptx
 
 
@@ -89,9 +92,12 @@ def compile_phase_ltoir(phase_id: str, head_dim: int, dtype: str = "float16") ->
     """The kernel as NVVM's LTO-IR: what numba-cuda hands nvJitLink when it loads a kernel."""
     from numba import cuda
 
+    from ..arch.compile_speed import shared_inline_memo
+
     config = kernel_config(phase_id, head_dim, dtype)
-    ltoir, _ = cuda.compile(config.kernel.py_func, signature(config, dtype), cc=CC, device=False, abi="numba",
-                            output="ltoir", launch_bounds=config.launch_bounds)
+    with shared_inline_memo():
+        ltoir, _ = cuda.compile(config.kernel.py_func, signature(config, dtype), cc=CC, device=False, abi="numba",
+                                output="ltoir", launch_bounds=config.launch_bounds)
     return ltoir
 
 
@@ -106,9 +112,12 @@ def compile_phase_ptx_and_ltoir(phase_id: str, head_dim: int, dtype: str = "floa
         from numba.cuda.compiler import _compile_pyfunc_with_fixup
     except ImportError:
         return compile_phase_ptx(phase_id, head_dim, dtype), compile_phase_ltoir(phase_id, head_dim, dtype)
+    from ..arch.compile_speed import shared_inline_memo
+
     config = kernel_config(phase_id, head_dim, dtype)
-    library, _ = _compile_pyfunc_with_fixup(config.kernel.py_func, signature(config, dtype), device=False, cc=CC,
-                                            abi="numba", launch_bounds=config.launch_bounds)
+    with shared_inline_memo():
+        library, _ = _compile_pyfunc_with_fixup(config.kernel.py_func, signature(config, dtype), device=False,
+                                                cc=CC, abi="numba", launch_bounds=config.launch_bounds)
     (ptx,) = library.get_asm_strs(cc=CC)
     return ptx, library.get_ltoir(cc=CC)
 
