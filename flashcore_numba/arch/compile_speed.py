@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import threading
 
 CHECKED = ("0.30.",)  # numba-cuda versions whose inline_ir this was checked against
 
@@ -48,20 +49,31 @@ def _applies() -> bool:
 
 
 _depth = 0  # shared_inline_memo() blocks open (a compile inside another's keeps the outer patch)
+_lock = threading.Lock()  # for _depth and the patch's going in and out, should two threads compile
+_restore = None
 
 
 @contextlib.contextmanager
 def shared_inline_memo():
     """Within the block, Numba's inliner shares one deepcopy memo per inlined call (see above).
-    Numba compiles under its global compiler lock, so no other compile runs meanwhile."""
-    global _depth
-    if _depth or not _applies():
+    Numba compiles under its global compiler lock, so no two compiles of a process copy at once."""
+    global _depth, _restore
+    with _lock:
+        if _depth == 0 and _applies():
+            _restore = _install()
         _depth += 1
-        try:
-            yield
-        finally:
+    try:
+        yield
+    finally:
+        with _lock:
             _depth -= 1
-        return
+            if _depth == 0 and _restore is not None:
+                _restore()
+                _restore = None
+
+
+def _install():
+    """The patch put in place; returns what takes it out."""
     from numba.cuda.core import inline_closurecall
 
     worker = inline_closurecall.InlineWorker
@@ -76,9 +88,8 @@ def shared_inline_memo():
             shared.memo = outer
 
     inline_closurecall.copy, worker.inline_ir = shared, inline_ir
-    _depth += 1
-    try:
-        yield
-    finally:
-        _depth -= 1
+
+    def restore():
         inline_closurecall.copy, worker.inline_ir = copy, original
+
+    return restore
