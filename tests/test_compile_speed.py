@@ -57,7 +57,7 @@ def test_a_phase_compiles_to_the_same_ptx_both_ways(monkeypatch):
                                         if p)
     runs = {}
     for switch in ("1", "0"):
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
                               env={**env, "FLASHCORE_SHARED_INLINE_MEMO": switch})
         assert done.returncode == 0, done.stderr[-3000:]
         runs[switch] = json.loads(done.stdout.strip().splitlines()[-1])

@@ -179,7 +179,8 @@ def test_one_compile_gives_the_ptx_and_the_ltoir_of_two():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH"))
                                         if p)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
+                          check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     same = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(same.values()), same
