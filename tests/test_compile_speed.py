@@ -6,14 +6,13 @@ turns it off, and that a phase's PTX is the same both ways."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from flashcore_numba.arch import compile_speed
+from flashcore_numba.measure.machine_code import compiler_env
 
 inline_closurecall = pytest.importorskip("numba.cuda.core.inline_closurecall")
 
@@ -52,13 +51,10 @@ def test_a_phase_compiles_to_the_same_ptx_both_ways(monkeypatch):
               "compile_speed._SharedMemo.deepcopy = lambda self, x, memo=None: calls.append(1) or inner(self, x, memo)\n"
               "ptx = re.sub(r'_ZN\\w+', 'NAME', m.compile_phase_ptx('05', 64))\n"
               "print(json.dumps({'ptx': ptx, 'shared': len(calls)}))\n")
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH"))
-                                        if p)
     runs = {}
     for switch in ("1", "0"):
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
-                              env={**env, "FLASHCORE_SHARED_INLINE_MEMO": switch})
+                              env=compiler_env(FLASHCORE_SHARED_INLINE_MEMO=switch))
         assert done.returncode == 0, done.stderr[-3000:]
         runs[switch] = json.loads(done.stdout.strip().splitlines()[-1])
     monkeypatch.delenv("FLASHCORE_SHARED_INLINE_MEMO", raising=False)

@@ -13,6 +13,7 @@ import pytest
 
 from flashcore_numba.measure.machine_code import (
     REPORT_KEYS,
+    compiler_env,
     instruction_counts,
     kernel_reports,
     occupancy,
@@ -160,9 +161,7 @@ def test_one_compile_gives_the_ptx_and_the_ltoir_of_two():
     LTO-IR that assembles to the same machine code as `compile_phase_ltoir`'s (phase 01 here: it
     compiles in seconds). Numba's mangled names differ from compile to compile."""
     import json
-    import os
     import subprocess
-    from pathlib import Path
 
     script = (
         "import json, re\n"
@@ -176,11 +175,8 @@ def test_one_compile_gives_the_ptx_and_the_ltoir_of_two():
         "                  'log': log(ltoir) == log(m.compile_phase_ltoir('01', 64)),\n"
         "                  'sass': sass(ltoir) == sass(m.compile_phase_ltoir('01', 64)),\n"
         "                  'lto': isinstance(ltoir, bytes) and not ltoir.startswith(b'//')}))\n")
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH"))
-                                        if p)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
-                          check=False)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=compiler_env(), check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     same = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(same.values()), same

@@ -414,11 +414,18 @@ def _report_kept(phase_id: str, head_dim: int, sass: bool, dtype: str = "float16
     return report if sass else dict(report, sass=None)
 
 
-def _in_subprocess(phase_ids, head_dim: int, sass: bool, dtype: str) -> dict[str, dict]:
-    """Run this module in a fresh interpreter that compiles for real (no simulator)."""
+def compiler_env(**extra) -> dict:
+    """The environment of a fresh interpreter that compiles for real: this one's without the
+    simulator, with this checkout importable (and `extra` set)."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     package_parent = str(Path(__file__).resolve().parents[2])  # the checkout holding flashcore_numba/
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    return {**env, **extra}
+
+
+def _in_subprocess(phase_ids, head_dim: int, sass: bool, dtype: str) -> dict[str, dict]:
+    """Run this module in a fresh interpreter that compiles for real (no simulator)."""
+    env = compiler_env()
     args = [sys.executable, "-m", "flashcore_numba.measure.machine_code", *phase_ids, str(head_dim), "--many",
             "--dtype", dtype]
     if sass:
