@@ -8,10 +8,10 @@ a copy of the callee's whole Scope (every variable it has) along. For phase 09 a
 reports the same). `shared_inline_memo()` runs the package's compiles with one deepcopy memo per
 inline_ir call, so the callee's blocks share one copied Scope, as the callee's own blocks do. The
 code Numba makes is unchanged: the PTX of 25 kernels (every phase at D = 64, the slow ones at
-D = 128, the backward's) was the same both ways, and their compiles took 339 s instead of 574 s
-together (docs/tuning/compile_time/). Only the package's own compiles run with it (the kernel
-cache's build_cubin, the machine-code reports), only on the numba-cuda versions it was checked on
-(CHECKED), and `FLASHCORE_SHARED_INLINE_MEMO=0` turns it off.
+D = 128, the backward's) was the same both ways, and their compiles took 362 s instead of 639 s
+together on an H200 machine's cores (docs/tuning/compile_time/). Only the package's own compiles
+run with it (the kernel cache's build_cubin, the machine-code reports), only on the numba-cuda
+versions it was checked on (CHECKED), and `FLASHCORE_SHARED_INLINE_MEMO=0` turns it off.
 """
 
 from __future__ import annotations
