@@ -459,6 +459,39 @@ def test_phase10_merges_over_several_levels():
     assert verdict.ok, verdict.message
 
 
+def test_phase10_rescales_only_when_a_maximum_passes_the_margin():
+    """The running maxima move only when a row of the warp sees a score more than RESCALE_MARGIN
+    (log2 units) above its m_i: scores that climb tile by tile, by less than the margin (no
+    rescale: p up to 2^8 against the old m_i), then by far more (the vote rescales every row of
+    the warp, those whose maxima did not move too), in both warps' ranges. Rows 4-7 of each head
+    climb a tenth as far and never pass the margin after their first tile: they are the rows of
+    lanes 16-31 (lane l holds packed rows l // 4 and l // 4 + 8), so the vote is of some lanes,
+    not all. Output and log-sum-exp as the float64 reference's."""
+    from numba import cuda
+
+    from flashcore_numba.phases import p10_split_keys as p10
+    from flashcore_numba.phases.common import LOG2E
+    from flashcore_numba.reference import reference_lse
+
+    D, BLOCK_N = 64, p10.SIM_TILES[64]["block_n"]
+    assert p10.SIM_WARPS == 2 and p10.RESCALE_MARGIN == 8.0
+    climb = np.array([0.0, 3.0, 25.0, 0.0, 4.0, 18.0])  # natural-log units a tile: warp 0 has tiles 0-2
+    assert (np.diff(climb)[[0, 3]] * LOG2E < p10.RESCALE_MARGIN).all()  # tiles 1 and 4: within the margin
+    assert (np.diff(climb)[[1, 4]] * LOG2E > p10.RESCALE_MARGIN).all()  # tiles 2 and 5: far past it
+    q, k, v = random_qkv((1, 2, 8, D), len(climb) * BLOCK_N, seed=None, heads_kv=1, scale=0.3)
+    q[..., 0] = 1.0
+    q[0, :, 4:, 0] = 0.1  # rows 4-7 of both heads (packed rows 4-7 and 12-15) climb a tenth as far
+    k[0, 0, :, 0] = np.repeat(climb, BLOCK_N) * np.sqrt(D)  # score = q k / sqrt(D): climb[tile] in row 0
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    lse = cuda.to_device(np.full(q.shape[:3], np.nan, np.float32))
+    config = split_config(D, 1)
+    assert config.grid(q.shape, False, k.shape)[0] == 1  # one block: each warp a range of 3 tiles
+    config.launch(*(cuda.to_device(x) for x in (q, k, v)), out, False, LOG2E / np.sqrt(D), lse=lse)
+    verdict = check_close(out.copy_to_host(), reference_attention(q, k, v), lowp_attention(q, k, v))
+    assert verdict.ok, verdict.message
+    np.testing.assert_allclose(lse.copy_to_host(), reference_lse(q, k), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_phase10_merge_keeps_infinities_of_v(splits):
     """An inf of v stays inf through the merge's weights and sums, where torch has inf (one block:

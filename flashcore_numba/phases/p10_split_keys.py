@@ -76,6 +76,26 @@ What changed from phase 07
       products and two page lookups. ptxas: the key loop 1719 -> 1002 SASS instructions. Same
       run: one cache of 32768 keys 53.1 -> 52.3 us, 64 ragged caches 387.5 -> 291.2 us (25 %),
       outputs bit-identical.
+    - **Shorter chains of dependent instructions in the key loop.** Under Nsight Compute (H200,
+      docs/tuning/10_ncu_cudnn/) a bare reader with phase 10's copies reads these bytes in 35.2 us
+      and cuDNN's kernel, doing attention, in 35.6 (two blocks of four warps an SM), where phase
+      10's kernel took 47.0: one warp per scheduler issues an instruction every 6.2 cycles, each
+      waiting on the one before. So the loop's work per tile became shorter to wait on:
+      - *Two chains for q · kᵀ.* The 8 k-steps at D = 128 were one chain of dependent mma.sync per
+        n-tile; now the lower and upper halves of the head dim go into two sets of accumulators,
+        added once (`qk_half`, 16 more registers' worth of scores).
+      - *The maxima move only by more than 2^8 (RESCALE_MARGIN).* Each tile rescaled acc (64
+        multiplies a lane at D = 128) and l_i by alpha = 2^(m_old - m_new), which is 1 whenever
+        the maxima did not move, and soon they hardly do. Now a warp vote (`cuda.any_sync`)
+        rescales only when a row's new scores pass its m_i by more than RESCALE_MARGIN = 8;
+        otherwise m_i stays and the tile's p = 2^(s - m_i) may reach 2^8 = 256, which fp16 and
+        bf16 hold and float32 sums carry. acc, l_i and the log-sum-exp m_i + log2 l_i are all
+        relative to the same m_i, so the result is the same function, rounded alike.
+      A/B on one H200, one call, processes taking turns (docs/tuning/10_ilp/table_e0cbd26_h200.txt;
+      221 registers instead of 207): B=1 H=32 H_kv=8 S_k=32768 53.4 -> 50.5 us (cuDNN 49.4), S_k =
+      8192 24.1 -> 23.2 (22.6), B=1 H=16 S_k=4096 22.9 -> 22.4 (21.9), B=8 H=32 S_k=2048 81.6 ->
+      79.1 (75.1); each change alone 2.1-2.3 us at S_k = 32768. Eight warps a block with 16-key
+      tiles, which puts two warps on each scheduler as cuDNN has, was slower (52.8 us).
     How many splits: as many blocks as the GPU holds in one wave (its SMs times the blocks one
     SM holds: one), never part of a second wave, each warp's range at least MIN_TILES_PER_SPLIT
     tiles, at most MAX_SPLITS ranges; one block per row tile where those already fill the GPU
@@ -152,6 +172,9 @@ MAX_SPLITS = 256  # at most so many ranges (one a warp) per row tile (its worksp
 FAN_IN = 16  # the merge gathers the blocks' partials 16 at a time: a lane holds one partial's log-sum-exp
 SIM_FAN_IN = 2  # the simulator: teams of two, so that small problems merge over several levels
 SIM_SLOTS = 8  # the simulator's "GPU": blocks it holds at once, so that small problems split too
+# The running maxima move only when a score passes them by more than this (log2 units): until then
+# p = 2^(s - m_ref) stays at most 2^8 = 256, which fp16 and bf16 hold, and acc is not rescaled
+RESCALE_MARGIN = 8.0
 
 
 def tiles(HEAD_DIM: int) -> dict:
@@ -315,7 +338,9 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             mma_into(acc, 2 * jj, p_frag, kk, b0, b1)
             mma_into(acc, 2 * jj + 1, p_frag, kk, b2, b3)
 
-    qk_steps = unrolled(qk_step, KQ)
+    # s = q · kᵀ as two chains of KQ / 2 k-steps, into two sets of accumulators added at the end:
+    # each chain of dependent mma.sync is half as long (the changelog's "Two chains for q · kᵀ")
+    qk_half = unrolled(qk_step, KQ // 2)
     pv_steps = unrolled(pv_step, NO // 2)
 
     @cuda.jit(device=True, inline=True)
@@ -575,6 +600,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
 
         q_frag = cuda.local.array((KQ, 4), uint32)
         s = cuda.local.array((NT, 4), float32)
+        s_hi = cuda.local.array((NT, 4), float32)  # q · kᵀ over the upper half of the head dim
         p_frag = cuda.local.array((KP, 4), uint32)
         acc = cuda.local.array((NO, 4), float32)
         for j in range(NO):
@@ -584,6 +610,8 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         m_b = float32(-math.inf)
         l_a = float32(0.0)
         l_b = float32(0.0)
+        m_ref_a = float32(0.0)  # what scores are measured against (softmax_rescale's m_ref)
+        m_ref_b = float32(0.0)
 
         # -- prologue: the 16 packed rows of Q, then the range's first STAGES - 1 tiles of K and V,
         # a commit group each (a group past the range is empty: the count of groups stays the same)
@@ -641,7 +669,12 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             for j in range(NT):
                 for e in range(4):
                     s[j, e] = float32(0.0)
-            qk_steps(0, (s, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane))
+                    s_hi[j, e] = float32(0.0)
+            qk_half(0, (s, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane))
+            qk_half(KQ // 2, (s_hi, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane))
+            for j in range(NT):
+                for e in range(4):
+                    s[j, e] += s_hi[j, e]
             if start_n + BLOCK_N > min(k_end_a, k_end_b):  # a key past a row's end: mask it
                 for j in range(NT):
                     col = start_n + j * MMA_N + 2 * t
@@ -662,15 +695,21 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
             m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
             m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
-            m_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a * scale)
-            m_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b * scale)
-            l_a *= alpha_a
-            l_b *= alpha_b
-            for j in range(NO):
-                acc[j, 0] *= alpha_a
-                acc[j, 1] *= alpha_a
-                acc[j, 2] *= alpha_b
-                acc[j, 3] *= alpha_b
+            # rescale only when a row of the warp sees a score more than RESCALE_MARGIN above its
+            # m_i (a vote: the branch is the warp's, not a lane's); else m_i stays, and this tile's
+            # p are measured against it (written `not <=`, so that a NaN score rescales, as before)
+            grows = not (m_ij_a * scale <= m_a + float32(RESCALE_MARGIN)) or \
+                not (m_ij_b * scale <= m_b + float32(RESCALE_MARGIN))
+            if cuda.any_sync(FULL_MASK, int32(1) if grows else int32(0)) != 0:
+                m_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a * scale)
+                m_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b * scale)
+                l_a *= alpha_a
+                l_b *= alpha_b
+                for j in range(NO):
+                    acc[j, 0] *= alpha_a
+                    acc[j, 1] *= alpha_a
+                    acc[j, 2] *= alpha_b
+                    acc[j, 3] *= alpha_b
             for j in range(NT):
                 s[j, 0] = exp2(cuda.fma(s[j, 0], scale, -m_ref_a))
                 s[j, 1] = exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
