@@ -156,6 +156,27 @@ lesson.show_source(phase.split_count, phase.make_splits)
 # tile's copy is a small part of its work beside the tensor cores' products; a decode step does
 # little besides copying, and the swizzled rows made it 4-6 % faster at every decode shape
 # measured (`at` in the source below, `split_layout` in the module; docs/tuning/10_swizzle/).
+#
+# Two more things in the key loop are not phase 07's, and they have one reason. An SM here runs
+# four warps, one on each of its four schedulers, so a warp that waits for its own last
+# instruction (an `mma.sync` whose result the next one adds to, a shuffle, an `exp2`) has no other
+# warp to hand its turn to: Nsight Compute found phase 10's kernel 12 µs longer than a kernel
+# that only reads the same K and V, while cuDNN's, doing attention, was not
+# (docs/tuning/10_ncu_cudnn/). So the loop was made shorter to wait on:
+#
+# - **q · kᵀ in two chains.** At D = 128 each score is a sum over 8 k-steps, and each step's
+#   `mma.sync` adds to the result of the one before. Summed as two halves of the head dim (`qk_half`
+#   twice, into `s` and `s_hi`, added at the end), each chain is 4 steps long and the two overlap.
+# - **The maximum moves only by more than 2^8.** The
+#   [online softmax](../docs/glossary.md#online-softmax) of lesson 01 rescales `acc` and `l_i` by
+#   alpha = 2^(m_old - m_new) after every tile, even when alpha is 1. Here a warp vote
+#   (`cuda.any_sync`) rescales only when some row's new scores pass its `m_i` by more than
+#   `RESCALE_MARGIN` = 8; otherwise `m_i` stays, and the tile's p = 2^(s - m_i) may be as large as
+#   2^8 = 256, which fp16 and bf16 hold. `acc`, `l_i` and the log-sum-exp are all measured against
+#   the same `m_i`, so the result is the same: `m_i` only has to be *a* reference close to the
+#   largest score, not the largest score itself.
+#
+# Together, 53.4 -> 50.5 µs at 32768 keys on an H200 (docs/tuning/10_ilp/).
 
 # %%
 lesson.show_source(phase.build_kernel)

@@ -65,6 +65,9 @@ MAX_SPLITS = 256  # at most so many ranges (one a warp) per row tile (its worksp
 FAN_IN = 16  # the merge gathers the blocks' partials 16 at a time: a lane holds one partial's log-sum-exp
 SIM_FAN_IN = 2  # the simulator: teams of two, so that small problems merge over several levels
 SIM_SLOTS = 8  # the simulator's "GPU": blocks it holds at once, so that small problems split too
+# The running maxima move only when a score passes them by more than this (log2 units): until then
+# p = 2^(s - m_ref) stays at most 2^8 = 256, which fp16 and bf16 hold, and acc is not rescaled
+RESCALE_MARGIN = 8.0
 
 
 def tiles(HEAD_DIM: int) -> dict:
@@ -228,7 +231,9 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             mma_into(acc, 2 * jj, p_frag, kk, b0, b1)
             mma_into(acc, 2 * jj + 1, p_frag, kk, b2, b3)
 
-    qk_steps = unrolled(qk_step, KQ)
+    # s = q · kᵀ as two chains of KQ / 2 k-steps, into two sets of accumulators added at the end:
+    # each chain of dependent mma.sync is half as long (the changelog's "Two chains for q · kᵀ")
+    qk_half = unrolled(qk_step, KQ // 2)
     pv_steps = unrolled(pv_step, NO // 2)
 
     @cuda.jit(device=True, inline=True)
@@ -478,6 +483,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
 
         q_frag = cuda.local.array((KQ, 4), uint32)
         s = cuda.local.array((NT, 4), float32)
+        s_hi = cuda.local.array((NT, 4), float32)  # q · kᵀ over the upper half of the head dim
         p_frag = cuda.local.array((KP, 4), uint32)
         acc = cuda.local.array((NO, 4), float32)
         for j in range(NO):
@@ -487,6 +493,8 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         m_b = float32(-math.inf)
         l_a = float32(0.0)
         l_b = float32(0.0)
+        m_ref_a = float32(0.0)  # what scores are measured against (softmax_rescale's m_ref)
+        m_ref_b = float32(0.0)
 
         # -- prologue: the 16 packed rows of Q, then the range's first STAGES - 1 tiles of K and V,
         # a commit group each (a group past the range is empty: the count of groups stays the same)
@@ -544,7 +552,12 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             for j in range(NT):
                 for e in range(4):
                     s[j, e] = float32(0.0)
-            qk_steps(0, (s, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane))
+                    s_hi[j, e] = float32(0.0)
+            qk_half(0, (s, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane))
+            qk_half(KQ // 2, (s_hi, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane))
+            for j in range(NT):
+                for e in range(4):
+                    s[j, e] += s_hi[j, e]
             if start_n + BLOCK_N > min(k_end_a, k_end_b):  # a key past a row's end: mask it
                 for j in range(NT):
                     col = start_n + j * MMA_N + 2 * t
@@ -565,15 +578,21 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
             m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
             m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
-            m_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a * scale)
-            m_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b * scale)
-            l_a *= alpha_a
-            l_b *= alpha_b
-            for j in range(NO):
-                acc[j, 0] *= alpha_a
-                acc[j, 1] *= alpha_a
-                acc[j, 2] *= alpha_b
-                acc[j, 3] *= alpha_b
+            # rescale only when a row of the warp sees a score more than RESCALE_MARGIN above its
+            # m_i (a vote: the branch is the warp's, not a lane's); else m_i stays, and this tile's
+            # p are measured against it (written `not <=`, so that a NaN score rescales, as before)
+            grows = not (m_ij_a * scale <= m_a + float32(RESCALE_MARGIN)) or \
+                not (m_ij_b * scale <= m_b + float32(RESCALE_MARGIN))
+            if cuda.any_sync(FULL_MASK, int32(1) if grows else int32(0)) != 0:
+                m_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a * scale)
+                m_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b * scale)
+                l_a *= alpha_a
+                l_b *= alpha_b
+                for j in range(NO):
+                    acc[j, 0] *= alpha_a
+                    acc[j, 1] *= alpha_a
+                    acc[j, 2] *= alpha_b
+                    acc[j, 3] *= alpha_b
             for j in range(NT):
                 s[j, 0] = exp2(cuda.fma(s[j, 0], scale, -m_ref_a))
                 s[j, 1] = exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
