@@ -90,7 +90,8 @@ What changed from phase 07
         rescales only when a row's new scores pass its m_i by more than RESCALE_MARGIN = 8;
         otherwise m_i stays and the tile's p = 2^(s - m_i) may reach 2^8 = 256, which fp16 and
         bf16 hold and float32 sums carry. acc, l_i and the log-sum-exp m_i + log2 l_i are all
-        relative to the same m_i, so the result is the same function, rounded alike.
+        relative to the same m_i, so the result is the same function (rounded differently, to
+        the same precision: fp16 rounds p relative to its size).
       A/B on one H200, one call, processes taking turns (docs/tuning/10_ilp/table_e0cbd26_h200.txt;
       221 registers instead of 207): B=1 H=32 H_kv=8 S_k=32768 53.4 -> 50.5 us (cuDNN 49.4), S_k =
       8192 24.1 -> 23.2 (22.6), B=1 H=16 S_k=4096 22.9 -> 22.4 (21.9), B=8 H=32 S_k=2048 81.6 ->
