@@ -38,8 +38,9 @@
 #
 # **4. Merge by the log-sum-exp.** The whole row's denominator is the sum of the ranges'
 # denominators, so lse = log2(Σ_s 2^lse_s), and range s contributes its output with weight
-# 2^(lse_s − lse): o = Σ_s 2^(lse_s − lse) · o_s. The weights add up to 1. It is the online softmax
-# again, applied to whole ranges instead of single tiles, and like it, the order does not matter.
+# 2^(lse_s − lse): o = Σ_s 2^(lse_s − lse) · o_s. The weights add up to 1. It is the
+# [online softmax](../docs/glossary.md#online-softmax) again, applied to whole ranges instead of
+# single tiles, and like it, the order does not matter.
 #
 # **5. The block merges its warps, then the last block merges the blocks, as a tree.** No second
 # kernel. Every warp leaves its partials in its own shared memory, over its Q tile and the start of
@@ -167,9 +168,8 @@ lesson.show_source(phase.split_count, phase.make_splits)
 # - **q · kᵀ in two chains.** At D = 128 each score is a sum over 8 k-steps, and each step's
 #   `mma.sync` adds to the result of the one before. Summed as two halves of the head dim (`qk_half`
 #   twice, into `s` and `s_hi`, added at the end), each chain is 4 steps long and the two overlap.
-# - **The maximum moves only by more than 2^8.** The
-#   [online softmax](../docs/glossary.md#online-softmax) of lesson 01 rescales `acc` and `l_i` by
-#   alpha = 2^(m_old - m_new) after every tile, even when alpha is 1. Here a warp vote
+# - **The maximum moves only by more than 2^8.** The online softmax of lesson 01 rescales `acc`
+#   and `l_i` by alpha = 2^(m_old - m_new) after every tile, even when alpha is 1. Here a warp vote
 #   (`cuda.any_sync`) rescales only when some row's new scores pass its `m_i` by more than
 #   `RESCALE_MARGIN` = 8; otherwise `m_i` stays, and the tile's p = 2^(s - m_i) may be as large as
 #   2^8 = 256, which fp16 and bf16 hold. `acc`, `l_i` and the log-sum-exp are all measured against
