@@ -1,6 +1,7 @@
 # One call after the change (carry [".whl"]; from the repository root; COMMIT: the commit the tree
-# holds, short as the other records name theirs: COMMIT=$(git rev-parse --short HEAD) here): phase 10's GPU tests, then tools/records.sh decode and latency_decode (the records of
-# docs/bench/ that have phase 10), with the kernels compiled first side by side.
+# holds, short as the other records name theirs: COMMIT=$(git rev-parse --short HEAD) here):
+# phase 10's GPU tests, then tools/records.sh decode and latency_decode (the records of docs/bench/
+# that have phase 10), with the kernels compiled first side by side.
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FLASHCORE_GIT_COMMIT=$COMMIT FLASHCORE_GIT_DIRTY=0
 python3 -m flashcore_numba compile --phases 07,09,10,10-kvcache --head-dims 64,128 --dtypes fp16,bf16 --jobs 16 2>&1 | tail -3
