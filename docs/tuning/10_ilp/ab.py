@@ -1,5 +1,6 @@
 """One process per variant (argv[1]; env LAZY / SPLITQK as make_variant.py's p10v.py reads them;
-argv[2:5] warps, block_n, stages): phase 10 at five decode shapes, D = 128 fp16, each output checked
+argv[2:5] warps, block_n, stages; env MODULE: the module to build, p10v by default, `package` for
+the package's phase 10, or another module beside this file such as make_variant3.py's p10v3): phase 10 at five decode shapes, D = 128 fp16, each output checked
 against SDPA twice on poisoned memory, then timed with the others taking turns on the GPU (a turn
 file; VARIANTS lists them in order), three rounds of 200 launches each after an L2 flush. The `base`
 process also times SDPA's cuDNN backend."""
@@ -9,7 +10,12 @@ import numpy as np
 import torch
 from numba import cuda
 sys.path.insert(0, str(Path(__file__).parent))
-import p10v
+_module = os.environ.get("MODULE", "p10v")
+if _module == "package":
+    from flashcore_numba.phases import p10_split_keys as p10v
+else:
+    import importlib
+    p10v = importlib.import_module(_module)
 from flashcore_numba.measure.bench import open_device, Timing
 from flashcore_numba.phases.common import LOG2E
 from torch.nn.attention import sdpa_kernel, SDPBackend
@@ -61,6 +67,7 @@ for who, i in order:
     open(turn, "w").write(str(i + 1))
 rows = {key: dict(median_us=float(np.median(t)), mean_us=float(np.mean(t)), p99_us=float(np.percentile(t, 99)),
                   err=fns[key][1]) for key, t in res.items()}
-json.dump(dict(variant=name, warps=W, block_n=BN, stages=ST, lazy=p10v.LAZY, splitqk=p10v.SPLITQK, grid=list(grid),
+json.dump(dict(variant=name, warps=W, block_n=BN, stages=ST, module=_module,
+               lazy=getattr(p10v, "LAZY", None), splitqk=getattr(p10v, "SPLITQK", None), grid=list(grid),
                rows=rows), open(os.path.join(OUT, f"ab_{name}.json"), "w"), indent=1)
 print(name, "done", flush=True)

@@ -9,5 +9,5 @@ for k in keys:
     print(f"{k:28s}" + "".join(f"{r['rows'][k]['median_us']:8.1f} ({r['rows'][k]['p99_us']:4.0f})" if k in r["rows"] else " " * 16
                                for r in res) + f"   max err {max(r['rows'][k]['err'] for r in res if k in r['rows']):.1e}")
 for r in res:
-    print(r["variant"], "warps", r["warps"], "block_n", r["block_n"], "stages", r["stages"], "lazy", r["lazy"],
+    print(r["variant"], "module", r.get("module", "p10v"), "warps", r["warps"], "block_n", r["block_n"], "stages", r["stages"], "lazy", r["lazy"],
           "splitqk", r["splitqk"], "grid at S_k 32768", r["grid"])
