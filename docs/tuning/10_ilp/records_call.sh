@@ -9,7 +9,8 @@ FLASHCORE_GPU=1 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu test
     -k "split_keys or kvcache or phase10 or lse" 2>&1 | tail -5 | tee $OUT/gpu_tests.log
 tools/records.sh decode latency_decode > $OUT/records.log 2>&1; echo "records rc $?"
 grep -E "^\+|phase 10|  10 " $OUT/records.log | head -40
-# only the records this run wrote, flat (kvcache/x.json as kvcache__x.json): the device returns a
-# limited count of files, and the whole of docs/bench is over it (the first run of this script lost
-# its records that way)
-for f in $(grep -l "$COMMIT" -r docs/bench); do cp "$f" "$OUT/$(echo "${f#docs/bench/}" | sed 's|/|__|g')"; done
+# only the records this run wrote, in one tarball with the log (the device returns at most 8 files:
+# the first run of this script lost its records copying the whole of docs/bench, the second lost four
+# of seven copying them one by one)
+grep -l "$COMMIT" -r docs/bench | tar czf $OUT/records.tgz -T - $OUT/records.log $OUT/gpu_tests.log 2>/dev/null
+tar tzf $OUT/records.tgz
