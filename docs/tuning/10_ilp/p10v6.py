@@ -1,0 +1,870 @@
+"""Phase 10 — split keys (flash-decoding): one query row, many blocks, merged by the log-sum-exp.
+
+What changed from phase 07
+    Phase 10 is for decoding: a model that generates text calls attention with one new query
+    row per sequence (S_q = 1, or a few when it checks several drafted tokens) against every key
+    it has so far (S_k in the thousands). Phases 07-09 give a block 128 query rows: at B = 1,
+    H = 16, S_q = 1 that is 16 blocks on an H100's 132 SMs, each reading its head's whole K and V
+    alone. The work is reading K and V once; the FLOPs hardly matter. Two changes fix that, on
+    phase 07's mma.sync machinery (it runs on sm_80 and later; its tile loop is phase 07's):
+    - **The query heads of a group become the rows of one tile.** With grouped-query attention
+      the H_q / H_kv query heads of a group read the same K/V head. Their rows, `group` heads x
+      S_q rows each, lie one after another in memory (q is (B, H, S, D), row-major), so the
+      kernel treats them as one sequence of group x S_q packed rows: packed row p is query row
+      p % S_q of head h_kv * group + p // S_q. A warp takes BLOCK_M = 16 of them, one m-tile,
+      and each K/V byte it reads serves the whole group. The causal mask is still
+      per row: row p sees the keys up to key_end(p % S_q).
+    - **The keys are split across blocks, and across the warps of a block.** The keys of each
+      (batch, K/V head, row tile) are cut into ranges of whole tiles of BLOCK_N keys: a block
+      (grid x) takes WARPS = 4 consecutive ranges, one per warp. Each warp runs phase 07's loop
+      over its range alone, with its own copy of the 16 rows and its own stages of K and V (it
+      waits on `syncwarp`, not on the block), and ends with a partial output o_s = acc / l_i and
+      its log-sum-exp lse_s (base 2 here: m_i + log2 l_i), left in its own shared memory. With
+      lse = log2(sum_s 2^lse_s), the output is sum_s 2^(lse_s - lse) o_s. The merge is
+      associative, so the order in which the ranges finish does not matter, and merges can be
+      merged.
+    - **The merge is a tree: the block's warps, then the blocks.** After a barrier the block
+      merges its warps' partials, from shared memory, into a partial of its own in a float32
+      workspace (level 0: no counter, the barrier is the arrival). The blocks are then gathered
+      in teams of FAN_IN = 16: the last block of a
+      team to finish merges the team's partials into the team's first slot, and so on, until
+      one team is left, whose last block writes the output. A block knows it is the last of its
+      team by an atomic counter (`arrive`): every thread makes its writes visible to every other
+      block (`cuda.threadfence`), then thread 0 adds 1 to the team's counter; the block that
+      gets members - 1 back has seen every other member's fence, so their partials are there to
+      read. It sets the counter back to 0 for the next launch. In a merge, lane i of a warp
+      holds member i's log-sum-exp, so a row's maximum and sum are warp reductions (`warp_max`,
+      `warp_sum`), the rows shared among the warps; then each thread sums two columns over the
+      members (`merge_members`).
+      Why four warps a block: with one-warp blocks (several to an SM) the merges after the key
+      loops were the kernel's tail, 7-9 us a level on one warp (timed with the GPU's clock,
+      docs/tuning/10_trace/). Four warps with three stages each take 200-208 KB of an SM's 227
+      (no second block fits), the grid is one wave of one block per SM, and a quarter of the
+      partials is left to merge across the GPU, by 128 threads: at B=1 H=32 H_kv=8 S_k=32768 one
+      level of 16 blocks.
+    - **Three stages of K and V.** Two tiles are in flight while the warp works on a third
+      (cp.async.wait_group 1).
+    - **Rows swizzled, not padded.** Phase 07 pads each row of shared memory by 8 elements so
+      that ldmatrix's eight rows fall in different banks. Phase 10 lays rows of D elements and
+      moves chunk c of row r to chunk c ^ (r % 8) instead (as phase 11 streams Q and dO): the
+      same freedom from bank conflicts, and every row starts on a 128-byte line, so a warp's
+      copy of 512 bytes (two rows at D = 128, four at D = 64) is the 16 sectors it reads, not
+      split across lines. In phase 07 each tile's copy is a small part of its work beside the
+      tensor cores' products (phase 07 has not been timed with swizzled rows); a decode step does
+      little else than copy. On an H200, the same call (docs/tuning/10_swizzle/): 4-6 % faster
+      at each of seven decode shapes (B=1 H=32 H_kv=8 S_k=32768 D=128 54.1 -> 51.7 us; B=8 H=32
+      S_k=2048 85.2 -> 80.2 us).
+    - **Divisions by run-time values in 32 bits.** Where a block starts (its K/V head and row
+      tile from blockIdx.y, the group size, the split's share of the keys, each row's query
+      head and row), every divisor is a shape or a grid size known only at run time, and Numba
+      types shapes as int64. A 64-bit division compiles to a test of the operands' high words,
+      an inline 32-bit division when they are zero and a call to a division routine when not:
+      a branch and both paths for each, every block, before its first copy. Divided as uint32
+      (the values are never negative and far below 2^32) and the quotients taken back as int32:
+      ptxas (sm_90a, D = 128) lays out 430 instructions ahead of the first cp.async instead of
+      622, 2 call sites instead of 15 (those left: the float reciprocal's slow path), and uses
+      207 registers instead of 232. On an H200 the outputs of attention_kvcache were
+      bit-identical to before (one cache of 32768 keys, 64 ragged caches). Timed on an H200
+      against the module before (docs/tuning/10_read_ceiling/ab_119ffa9_h200.txt, three processes
+      taking turns): attention_kvcache 5 % faster on one cache of 32768 keys (55.8 -> 53.1 us) and
+      2 % on 64 ragged caches of 1..8192 keys (395.4 -> 387.5 us); the dense build 0.4-1.9 %
+      SLOWER at five decode shapes (52.2 -> 52.4 us at B=1 H=32 H_kv=8 S_k=32768; 79.4 -> 80.9
+      at B=8 H=32 S_k=2048), with fewer instructions: not explained, kept for the paged build.
+    - **A paged tile's K and V copied together.** The paged build works out where a key's row
+      lies in the pool once for K and V (the pools share one layout), as a byte offset fixed per
+      page plus the key times the row's bytes: one multiply-add a key where there were two row
+      products and two page lookups. ptxas: the key loop 1719 -> 1002 SASS instructions. Same
+      run: one cache of 32768 keys 53.1 -> 52.3 us, 64 ragged caches 387.5 -> 291.2 us (25 %),
+      outputs bit-identical.
+    - **Shorter chains of dependent instructions in the key loop.** Under Nsight Compute (H200,
+      docs/tuning/10_ncu_cudnn/) a bare reader with phase 10's copies reads these bytes in 35.2 us
+      and cuDNN's kernel, doing attention, in 35.6 (two blocks of four warps an SM), where phase
+      10's kernel took 47.0: one warp per scheduler issues an instruction every 6.2 cycles, each
+      waiting on the one before. So the loop's work per tile became shorter to wait on:
+      - *Two chains for q · kᵀ.* The 8 k-steps at D = 128 were one chain of dependent mma.sync per
+        n-tile; now the lower and upper halves of the head dim go into two sets of accumulators,
+        added once (`qk_half`, 16 more registers' worth of scores).
+      - *The maxima move only by more than 2^8 (RESCALE_MARGIN).* Each tile rescaled acc (64
+        multiplies a lane at D = 128) and l_i by alpha = 2^(m_old - m_new), which is 1 whenever
+        the maxima did not move, and soon they hardly do. Now a warp vote (`cuda.any_sync`)
+        rescales only when a row's new scores pass its m_i by more than RESCALE_MARGIN = 8;
+        otherwise m_i stays and the tile's p = 2^(s - m_i) may reach 2^8 = 256, which fp16 and
+        bf16 hold and float32 sums carry. acc, l_i and the log-sum-exp m_i + log2 l_i are all
+        relative to the same m_i, so the result is the same function (rounded differently, to
+        the same precision: fp16 rounds p relative to its size).
+      A/B on one H200, one call, processes taking turns (docs/tuning/10_ilp/table_e0cbd26_h200.txt;
+      221 registers instead of 207): B=1 H=32 H_kv=8 S_k=32768 53.4 -> 50.5 us (cuDNN 49.4), S_k =
+      8192 24.1 -> 23.2 (22.6), B=1 H=16 S_k=4096 22.9 -> 22.4 (21.9), B=8 H=32 S_k=2048 81.6 ->
+      79.1 (75.1); each change alone 2.1-2.3 us at S_k = 32768. Eight warps a block with 16-key
+      tiles, which puts two warps on each scheduler as cuDNN has, was slower (52.8 us).
+    How many splits: as many blocks as the GPU holds in one wave (its SMs times the blocks one
+    SM holds: one), never part of a second wave, each warp's range at least MIN_TILES_PER_SPLIT
+    tiles, at most MAX_SPLITS ranges; one block per row tile where those already fill the GPU
+    (`split_count`). With one block the path is the same: its level-0 merge writes the output.
+    Built `paged`, the same kernel reads a KV cache (flashcore_numba.inference.attention_kvcache):
+    q as (B, S_q, H, D), K and V as pages named by a block table, one length per sequence. Only
+    where a row lives (copy_q_rows, copy_kv_pages) and how many keys a sequence has change.
+
+Why the hardware rewards it
+    A decode step reads K and V once, 2 x B x H_kv x S_k x D x 2 bytes, and does about 4 x B x
+    H_q x S_k x D FLOPs: one FLOP per byte, where an H100 gives ~300 FLOPs per byte of HBM. Its
+    time is the time to read K and V, and only many blocks reading at once reach the HBM's
+    bandwidth (docs/hardware.md): each SM keeps a few tiles in flight, and every SM must. The
+    merge reads n_splits x 16 x D floats per row tile from L2, a few percent of K and V.
+    Packing the group's rows matters as much at GQA: at H_q = 32, H_kv = 8 phase 07 reads each
+    K/V head four times (once per query head), phase 10 once.
+
+Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
+    [measured:begin]
+    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: not measured at this shape (the
+    phase serves others). At B=8 H=32 S_q=1 S_k=2048 D=128 fp16: 10 2.41 TFLOPS (0.96x phase 09,
+    SLOWER than phase 09). At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 10 1.17 TFLOPS (1.82x phase 09).
+    At B=16 H=16 S=2048 D=128 fp16: 10 77.5 TFLOPS (0.14x 09-ws, SLOWER than 09-ws). At B=1 H=32
+    H_kv=8 S_q=1 S_k=8192 D=128 fp16: 10 4.51 TFLOPS (3.10x phase 09). At B=1 H=32 H_kv=8 S_q=1
+    S_k=32768 D=128 fp16: 10 7.86 TFLOPS (5.08x phase 09)
+    (nvidia-h100-80gb-hbm3_b8h32s1k2048d128_fp16_p07-09-10.json,
+    nvidia-h100-80gb-hbm3_b1h16s1k4096d128_fp16_p07-09-10.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
+    nvidia-h100-80gb-hbm3_b1h32kv8s1k8192d128_fp16_p07-09-10.json,
+    nvidia-h100-80gb-hbm3_b1h32kv8s1k32768d128_fp16_p07-09-10.json).
+    [measured:end]
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from numba import cuda, float32, int32, int64, uint32, uint64
+
+from flashcore_numba.arch import operands, ptx
+from flashcore_numba.arch.sim import simulator_enabled
+from flashcore_numba.phases.common import (FULL_MASK, LN2, PTX_TYPE, KernelConfig, Splits, blocks_per_sm, cdiv, key_end, sm_count,
+                     softmax_rescale)
+from flashcore_numba.phases.p07_mma_sync import MMA_M, MMA_N, layout, make_copy_tile, unrolled
+
+ID = "10"
+NAME = "split_keys"
+TITLE = "Split keys: one decode step across many blocks, merged by the log-sum-exp"
+HEAD_DIMS = (64, 128)
+DTYPES = ("float16", "bfloat16")
+GQA = True
+LSE = True
+MIN_CC = (8, 0)
+# Not the ladder's "best" for every shape: it serves decoding (few query rows per K/V head);
+# `attention(phase="best")` hands it the shapes where the records have it faster (api.py)
+DECODE = True
+BUILDS_ON = "07"  # its tile loop is phase 07's: the lesson compares their machine code
+
+# The lesson's timing problem (measure.bench.Problem's fields): a decode step of 32 query heads
+# sharing 8 K/V heads, one query row against 8192 keys
+LESSON_PROBLEM = dict(B=1, H=32, S_q=1, S_k=8192, D=128, H_kv=8)
+
+BLOCK_M = MMA_M  # one m-tile of packed rows per block: one warp
+# a warp's Q and 3 stages of K and V: 50 and 52 KB
+TILES = {64: dict(block_n=64, stages=3), 128: dict(block_n=32, stages=3)}
+SIM_TILES = {64: dict(block_n=16, stages=3), 128: dict(block_n=16, stages=3)}  # the simulator: short tiles
+WARPS = 4  # warps per block, each on its own range of keys: one block an SM (its shared memory)
+SIM_WARPS = 2  # the simulator: two, so that its blocks merge their warps too
+MIN_TILES_PER_SPLIT = 4  # a warp's range at least: its fixed costs (Q's load, the first tile's wait)
+SIM_MIN_TILES_PER_SPLIT = 1  # the simulator: any problem of two tiles or more splits (and merges)
+MAX_SPLITS = 256  # at most so many ranges (one a warp) per row tile (its workspace: 256 x 16 x D floats)
+FAN_IN = 16  # the merge gathers the blocks' partials 16 at a time: a lane holds one partial's log-sum-exp
+SIM_FAN_IN = 2  # the simulator: teams of two, so that small problems merge over several levels
+SIM_SLOTS = 8  # the simulator's "GPU": blocks it holds at once, so that small problems split too
+# The running maxima move only when a score passes them by more than this (log2 units): until then
+# p = 2^(s - m_ref) stays at most 2^8 = 256, which fp16 and bf16 hold, and acc is not rescaled
+RESCALE_MARGIN = 8.0
+
+
+def tiles(HEAD_DIM: int) -> dict:
+    return (SIM_TILES if simulator_enabled() else TILES)[HEAD_DIM]
+
+
+def fan_in() -> int:
+    return SIM_FAN_IN if simulator_enabled() else FAN_IN
+
+
+def block_warps() -> int:
+    return SIM_WARPS if simulator_enabled() else WARPS
+
+
+def merge_counters(n_splits: int, fan: int) -> int:
+    """How many counters the merge of one row tile's n_splits partials uses: one per team of
+    `fan` partials at each level of the tree, down to the one team that writes the output."""
+    total, count = 0, n_splits
+    while True:
+        count = cdiv(count, fan)
+        total += count
+        if count == 1:
+            return total
+
+
+def split_count(blocks: int, key_tiles: int, slots: int, min_tiles: int = MIN_TILES_PER_SPLIT,
+                warps: int = WARPS) -> int:
+    """How many blocks to cut each row tile's keys across (each block's `warps` warps cut its share
+    again, a range each): as many as the GPU's `slots` (blocks it holds at once) hold in one wave,
+    never a partial second one (an SM holds one block: a second wave would double the time), each
+    warp's range at least `min_tiles` tiles, at most MAX_SPLITS ranges; then evened out so that no
+    block is left without keys."""
+    if blocks >= slots:
+        return 1
+    splits = min(slots // blocks, key_tiles // (min_tiles * warps), MAX_SPLITS // warps)
+    if splits <= 1:
+        return 1
+    per_range = cdiv(key_tiles, splits * warps)  # the same tiles per range, the last ones shorter
+    return cdiv(cdiv(key_tiles, per_range), warps)
+
+
+def make_splits(block_n: int, smem_bytes: int, fan: int, warps: int):
+    """The kernel's `split_keys`: (q shape, k shape, causal) -> its grid and workspace (Splits);
+    `fan`: the blocks' partials per merge (its counters); `warps`: ranges per block."""
+
+    def splits_of(q_shape, k_shape, causal, splits=None) -> Splits:
+        B, H, S_q, D = q_shape
+        H_kv, S_k = k_shape[1], k_shape[2]
+        row_tiles = cdiv((H // H_kv) * S_q, BLOCK_M)  # tiles of packed rows per K/V head
+        blocks = B * H_kv * row_tiles
+        if splits is None:
+            min_tiles = SIM_MIN_TILES_PER_SPLIT if simulator_enabled() else MIN_TILES_PER_SPLIT
+            splits = split_count(blocks, cdiv(S_k, block_n), sm_count() * blocks_per_sm(smem_bytes), min_tiles,
+                                 warps)
+        # a partial per block in the workspace (a block merges its warps' in shared memory)
+        return Splits((splits, row_tiles * H_kv, B), (splits, B * H * S_q, D), (splits, B * H * S_q),
+                      blocks * merge_counters(splits, fan))
+
+    return splits_of
+
+
+def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
+    """Phase 07's layout for one warp of 16 rows, with `stages` stages of K and V (2 to 4), and its
+    rows swizzled instead of padded: D elements a row, chunk c of row r at chunk c ^ (r % 8).
+
+    A padded row (D + 8 elements) straddles 128-byte lines of shared memory, and a warp's
+    cp.async of 512 bytes of such rows was split into more requests than those bytes need (phase 11
+    counted 24 L2 sectors where 16 do, docs/tuning/11_layout/). Phase 10 does little but copy,
+    and swizzled rows made it 4-6 % faster at every decode shape (docs/tuning/10_swizzle/)."""
+    assert 2 <= stages <= 4, "cp.async.wait_group takes its count as an immediate: ptx/cp_async.ptx has 0 to 2"
+    L = layout(HEAD_DIM, block_m=BLOCK_M, warps=1, block_n=block_n)
+    row = HEAD_DIM * 2
+    L.update(SWIZZLE=True, STRIDE=HEAD_DIM, K_OFF=BLOCK_M * row, V_OFF=(BLOCK_M + block_n) * row,
+             STAGE_BYTES=2 * block_n * row)
+    L["STAGES"] = stages
+    L["SMEM_BYTES"] = L["K_OFF"] + stages * L["STAGE_BYTES"]
+    return L
+
+
+def smem_size(L, warps: int) -> int:
+    """Dynamic shared memory per block: each warp's Q tile and stages of K and V, which then hold
+    the warp's partial (and, in warp 0's, the merge's weights: build_kernel checks they fit)."""
+    return warps * L["SMEM_BYTES"]
+
+
+def gpu_layout(HEAD_DIM: int) -> dict:
+    """The layout the GPU kernel has (the simulator's tiles are smaller)."""
+    return split_layout(HEAD_DIM, **TILES[HEAD_DIM])
+
+
+def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
+    """Phase 10's kernel, `warps` warps a block (block_warps() if None); with `paged`, the same kernel on a KV cache (flashcore_numba.inference): q and
+    the output as (B, S_q, H, D), K and V as pages (num_pages, page_size, H_kv, D) named by a block
+    table (B, pages per sequence), and each sequence's own length. Only where rows live and how many
+    keys a sequence has differ (the branches on PAGED, settled when the kernel is built)."""
+    PAGED = paged
+    STAGES = L["STAGES"]
+    WARPS = block_warps() if warps is None else warps
+    WARP_BYTES = L["SMEM_BYTES"]  # one warp's Q tile and stages of K and V; then its partial
+    WARP_FLOATS = WARP_BYTES // 4
+    THREADS = 32 * WARPS
+    mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
+    exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")
+    ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
+    ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
+    commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
+    # wait until the oldest of the groups in flight has landed: STAGES - 2 newer ones may still fly
+    wait_pending = ptx.function("cp_async.ptx", f"flashcore_cp_async_wait_{STAGES - 2}", "inline")
+    shared_address, global_address = operands.shared_address, operands.global_address
+    copy_tile = make_copy_tile(L)
+    copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
+    CHUNKS, ROWS_PER_PASS = L["CHUNKS"], L["ROWS_PER_PASS"]
+    HEAD_DIM, BLOCK_N = L["HEAD_DIM"], L["BLOCK_N"]
+    ROW = HEAD_DIM * 2  # bytes from a row of q, K or V to the next (copy_tile)
+    STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
+    NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
+    ROW_BYTES = STRIDE * 2  # a row in shared memory: the same as ROW, the rows being unpadded (split_layout)
+    # swizzled rows: every tile of a warp's memory starts at a multiple of a row, so that an XOR of
+    # an offset's bits within a row (`at`) moves it within the same row; and each warp's memory
+    # starts on a 128-byte line, so that the eight rows ldmatrix reads fall in eight banks
+    assert K_OFF % ROW_BYTES == 0 and V_OFF % ROW_BYTES == 0 and STAGE_BYTES % ROW_BYTES == 0
+    assert WARP_BYTES % 128 == 0
+    PAIRS = HEAD_DIM // 2  # output columns are written two at a time (one packed 32-bit word)
+    ROWS_PER_WARP = (BLOCK_M + WARPS - 1) // WARPS  # a merge's rows of lse, a warp
+    ITEMS = (BLOCK_M * PAIRS + THREADS - 1) // THREADS  # a merge's pairs of columns, a thread
+    FAN_IN = fan_in()  # the blocks' partials per merge (the simulator's are fewer)
+    TEAM = max(FAN_IN, WARPS)  # the most members a team has (level 0's are the block's warps)
+    LSE_AT = BLOCK_M * HEAD_DIM  # in a warp's shared memory, after the loop: o (BLOCK_M, D), then lse
+    WEIGHT_AT = WARP_FLOATS - TEAM * BLOCK_M  # the merge's weights: at the end of warp 0's memory
+    assert LSE_AT + BLOCK_M <= WEIGHT_AT, "a warp's shared memory holds its partial and the weights"
+
+    @cuda.jit(device=True, inline=True)
+    def mma_into(c, j, a, kk, b0, b1):
+        """c[j] += a[kk] · b: one m16n8k16 product into n-tile j of the warp's accumulators."""
+        c[j, 0], c[j, 1], c[j, 2], c[j, 3] = mma(a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b0, b1,
+                                                 c[j, 0], c[j, 1], c[j, 2], c[j, 3])
+
+    @cuda.jit(device=True, inline=True)
+    def at(smem, rel, step):
+        """The lane's ldmatrix address `step` 16-column steps on from smem + rel (rel: its address
+        at step 0, from the start of the warp's memory). Unswizzled that would be 32 bytes on;
+        in a swizzled row it is the same row's chunk XOR 2 step: rel's chunk is c ^ (row % 8)
+        with c 0 or 1, and c + 2 step == c ^ 2 step (no carry). (As an XOR of rel, not of the
+        address: the warp's memory need not start at a multiple of a row.)"""
+        return smem + (rel ^ uint32(step * 32))
+
+    @cuda.jit(device=True, inline=True)
+    def qk_step(kk, args):
+        """k-step kk of s = q · kᵀ: NT n-tiles of 8 keys, two per ldmatrix (as phase 07)."""
+        s, q_frag, smem, k_rel = args
+        for jj in range(NT // 2):
+            b0, b1, b2, b3 = ldsm(at(smem, k_rel + jj * 16 * ROW_BYTES, kk))
+            mma_into(s, 2 * jj, q_frag, kk, b0, b1)
+            mma_into(s, 2 * jj + 1, q_frag, kk, b2, b3)
+
+    @cuda.jit(device=True, inline=True)
+    def pv_step(jj, args):
+        """Output columns 16 jj .. 16 jj + 15 of acc += p · v (as phase 07)."""
+        acc, p_frag, smem, v_rel = args
+        for kk in range(KP):
+            b0, b1, b2, b3 = ldsm_t(at(smem, v_rel + kk * 16 * ROW_BYTES, jj))
+            mma_into(acc, 2 * jj, p_frag, kk, b0, b1)
+            mma_into(acc, 2 * jj + 1, p_frag, kk, b2, b3)
+
+    # s = q · kᵀ as two chains of KQ / 2 k-steps, into two sets of accumulators added at the end:
+    # each chain of dependent mma.sync is half as long (the changelog's "Two chains for q · kᵀ")
+    qk_half = unrolled(qk_step, KQ // 2)
+    pv_steps = unrolled(pv_step, NO // 2)
+
+    @cuda.jit(device=True, inline=True)
+    def merge_member(i, args):
+        """Member i of a team, times its weight, into sums: columns col and col + 1 of tile row r. A
+        member past `last` reads the last one's slot again and adds nothing (a select, not 0 times
+        the value: an inf of v stays inf, not NaN)."""
+        sums, O_PART, weight, slot0, stride, last, row, r, col = args
+        slot = slot0 + min(i, last) * stride
+        w = weight[i * BLOCK_M + r]
+        xi = w * O_PART[slot, row, col]
+        yi = w * O_PART[slot, row, col + 1]
+        sums[0] += xi if i <= last else float32(0.0)
+        sums[1] += yi if i <= last else float32(0.0)
+
+    chain = unrolled(merge_member, FAN_IN)
+
+    @cuda.jit(device=True, inline=True)
+    def merge_members(O_PART, weight, slot0, stride, last, row, r, col):
+        """sum_i w_i o_i over a team's members 0 .. last, at columns col and col + 1 of tile row r
+        (the row `row` of the workspace): FAN_IN steps with no loop (`unrolled`), so that every
+        member's loads go out at once. (As a loop, NVVM unrolls it by four at most: the long decode
+        step took 73.4 us against 69.0, docs/tuning/10_trace/four_warps/run3.)"""
+        sums = cuda.local.array(2, float32)  # registers: constant indices
+        sums[0] = float32(0.0)
+        sums[1] = float32(0.0)
+        chain(0, (sums, O_PART, weight, slot0, stride, last, row, r, col))
+        return sums[0], sums[1]
+
+    @cuda.jit(device=True, inline=True)
+    def merge_weights(lse_i):
+        """(lse, w) of a row: lane i holds member i's lse_i (-inf past the team's members); lse =
+        log2(sum_i 2^lse_i), and this lane's weight w = 2^(lse_i - lse)."""
+        lse = float32(-math.inf)  # the log of an empty sum: no member saw a key of this row
+        w = float32(0.0)
+        # >>> exercise 10-b: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
+        top = warp_max(lse_i)
+        ref = top if top != float32(-math.inf) else float32(0.0)  # no key at all: keep 0 - 0
+        total = warp_sum(math.exp2(lse_i - ref))
+        if total != float32(0.0):
+            lse = ref + math.log2(total)
+            w = math.exp2(lse_i - lse)
+        # <<< exercise
+        return lse, w
+
+    @cuda.jit(device=True, inline=True)
+    def put_lse(LSE, LSE_PART, lse, r, last_level, slot, out_row, b, h0, seq_q, row0):
+        """A merged row's log-sum-exp: the output's (natural log) at the last level, if asked for,
+        else the slot's in the workspace."""
+        if not last_level:
+            LSE_PART[slot, out_row + r] = lse
+        elif LSE.shape[2] != 0:
+            hg, qi = packed_row(row0 + r, seq_q)
+            LSE[b, h0 + hg, qi] = lse * LN2
+
+    @cuda.jit(device=True, inline=True)
+    def put_merged(O, O_PART, x, y, r, col, last_level, slot, out_row, b, h0, seq_q, row0):
+        """Merged columns col, col + 1 of tile row r: to the output at the last level (packed), else
+        in the team's slot (this thread read the values it replaces already)."""
+        if last_level:
+            hg, qi = packed_row(row0 + r, seq_q)
+            if PAGED:
+                O[b, qi, h0 + hg, col // 2] = pack(x, y)
+            else:
+                O[b, h0 + hg, qi, col // 2] = pack(x, y)
+        else:
+            O_PART[slot, out_row + r, col] = x
+            O_PART[slot, out_row + r, col + 1] = y
+
+    @cuda.jit(device=True, inline=True)
+    def warp_max(x):
+        """The max of x over the 32 lanes, in every lane (a butterfly of shuffles, as phase 03's)."""
+        for offset in (16, 8, 4, 2, 1):
+            x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, offset))
+        return x
+
+    @cuda.jit(device=True, inline=True)
+    def warp_sum(x):
+        """The sum of x over the 32 lanes, in every lane."""
+        for offset in (16, 8, 4, 2, 1):
+            x += cuda.shfl_xor_sync(FULL_MASK, x, offset)
+        return x
+
+    @cuda.jit(device=True, inline=True)
+    def div32(a, b):
+        """a // b for values never negative and far below 2^31, divided in 32 bits: Numba types
+        shapes as int64, and a 64-bit division is a test of the high words, a 32-bit path and a
+        call to a division routine (the changelog's "Divisions by run-time values in 32 bits")."""
+        return int32(uint32(a) // uint32(b))
+
+    @cuda.jit(device=True, inline=True)
+    def mod32(a, b):
+        """a % b, as div32 divides."""
+        return int32(uint32(a) % uint32(b))
+
+    @cuda.jit(device=True, inline=True)
+    def packed_row(p, seq_q):
+        """(query head within the group, query row) of packed row p."""
+        hg = div32(p, seq_q)
+        return hg, p - hg * seq_q
+
+    @cuda.jit(device=True, inline=True)
+    def row_dst(smem, offset, row, chunk):
+        """Where chunk `chunk` (16 bytes) of row `row` of the tile at smem + offset goes: chunk ^
+        (row % 8) of the row, swizzled (as make_copy_tile puts it)."""
+        return smem + offset + row * ROW_BYTES + (chunk ^ (row % 8)) * 16
+
+    @cuda.jit(device=True, inline=True)
+    def copy_q_rows(smem, Q, b, h0, row0, rows, seq_q, lane):
+        """(paged) The 16 packed rows from row0 of q (B, S_q, H, D): packed row p is q[b, p % S_q,
+        h0 + p // S_q], D contiguous values; a row past `rows` is zero-filled (0 bytes copied)."""
+        H = Q.shape[2]
+        base = global_address(Q)
+        r, chunk = lane // CHUNKS, lane % CHUNKS
+        for i in range(BLOCK_M // ROWS_PER_PASS):
+            p = row0 + r + i * ROWS_PER_PASS
+            hg, qi = packed_row(min(p, rows - 1), seq_q)
+            src = base + uint64(((b * seq_q + qi) * H + h0 + hg) * HEAD_DIM * 2 + chunk * 16)
+            copy16(row_dst(smem, 0, r + i * ROWS_PER_PASS, chunk), src,
+                   uint32(16) if p < rows else uint32(0))
+
+    @cuda.jit(device=True, inline=True)
+    def tile_pages(BLOCK_TABLE, b, key0, seq_k, page_size):
+        """(paged, pages of at least BLOCK_N keys) The pages of keys key0 .. key0 + BLOCK_N - 1: at most
+        two, p0 and p1, p0's keys from first, p1's from boundary. Read a tile ahead of its copy, so
+        that the copy never waits for the block table."""
+        last = min(key0 + BLOCK_N, seq_k) - 1
+        first_page = div32(key0, page_size)
+        first = first_page * page_size
+        last_page = div32(last, page_size)
+        return int64(BLOCK_TABLE[b, first_page]), int64(BLOCK_TABLE[b, last_page]), int64(first), \
+            int64(first + page_size)
+
+    @cuda.jit(device=True, inline=True)
+    def copy_kv_tiles(smem, k_off, v_off, K, V, h_kv, key0, seq_k, lane, pages):
+        """(paged, pages of at least BLOCK_N keys) The tile's keys of K and V, its pages known
+        (tile_pages): no division and no read of the block table per key, and where a key's row
+        lies worked out once for K and V. Key jj of page p (whose first key is `first`) is row
+        p * page_size + jj - first of the pool, so its byte offset is at + jj * key_bytes, with
+        `at` fixed for the page: one multiply-add a key."""
+        page_size, H_kv = K.shape[1], K.shape[2]
+        p0, p1, first, boundary = pages
+        key_bytes = int64(H_kv * HEAD_DIM * 2)  # from a key's row to the next one's in the pool
+        r, chunk = lane // CHUNKS, lane % CHUNKS
+        lane_bytes = int64(h_kv * HEAD_DIM * 2 + chunk * 16)  # this lane's 16 bytes of the key's head
+        at0 = (p0 * page_size - first) * key_bytes + lane_bytes
+        at1 = (p1 * page_size - boundary) * key_bytes + lane_bytes
+        kb, vb = global_address(K), global_address(V)
+        for i in range(BLOCK_N // ROWS_PER_PASS):
+            j = key0 + r + i * ROWS_PER_PASS
+            jj = min(j, seq_k - 1)
+            at = uint64((at0 if jj < boundary else at1) + jj * key_bytes)
+            size = uint32(16) if j < seq_k else uint32(0)
+            copy16(row_dst(smem, k_off, r + i * ROWS_PER_PASS, chunk), kb + at, size)
+            copy16(row_dst(smem, v_off, r + i * ROWS_PER_PASS, chunk), vb + at, size)
+
+    @cuda.jit(device=True, inline=True)
+    def copy_kv_pages(smem, k_off, v_off, K, V, BLOCK_TABLE, b, h_kv, key0, seq_k, lane):
+        """(paged) Keys key0 .. key0 + BLOCK_N - 1 of a sequence from its pages, K and V: key j is row
+        j % page_size of page BLOCK_TABLE[b, j // page_size] of the pool (num_pages, page_size, H_kv,
+        D), any page size; a key past seq_k is zero-filled. Each key's page read once for both."""
+        page_size, H_kv = K.shape[1], K.shape[2]
+        key_bytes = int64(H_kv * HEAD_DIM * 2)
+        r, chunk = lane // CHUNKS, lane % CHUNKS
+        lane_bytes = int64(h_kv * HEAD_DIM * 2 + chunk * 16)
+        kb, vb = global_address(K), global_address(V)
+        for i in range(BLOCK_N // ROWS_PER_PASS):
+            j = key0 + r + i * ROWS_PER_PASS
+            jj = min(j, seq_k - 1)
+            logical = div32(jj, page_size)  # the key's page in the sequence
+            page = int64(BLOCK_TABLE[b, logical])
+            at = uint64((page * page_size + jj - logical * page_size) * key_bytes + lane_bytes)
+            size = uint32(16) if j < seq_k else uint32(0)
+            copy16(row_dst(smem, k_off, r + i * ROWS_PER_PASS, chunk), kb + at, size)
+            copy16(row_dst(smem, v_off, r + i * ROWS_PER_PASS, chunk), vb + at, size)
+
+    @cuda.jit(device=True, inline=True)
+    def copy_kv(smem, stage, K, V, head_kv, h_kv, key0, seq_k, lane, BLOCK_TABLE, b, pages, whole_tiles):
+        """Start copying keys key0 .. key0 + BLOCK_N - 1 of K and V into `stage`: from a (B, H_kv, S_k, D)
+        head, or (PAGED) from the cache's pages, the tile's pages known (whole_tiles) or not."""
+        k_off = K_OFF + stage * STAGE_BYTES
+        v_off = V_OFF + stage * STAGE_BYTES
+        if PAGED:
+            if whole_tiles:
+                copy_kv_tiles(smem, k_off, v_off, K, V, h_kv, key0, seq_k, lane, pages)
+            else:
+                copy_kv_pages(smem, k_off, v_off, K, V, BLOCK_TABLE, b, h_kv, key0, seq_k, lane)
+        else:
+            copy_tile(smem, k_off, global_address(K), head_kv, key0, BLOCK_N, seq_k, lane, ROW)
+            copy_tile(smem, v_off, global_address(V), head_kv, key0, BLOCK_N, seq_k, lane, ROW)
+
+    @cuda.jit(device=True, inline=True)
+    def arrive(COUNTERS, counter, members, tid, done_s):
+        """Count this block as one of the `members` blocks that COUNTERS[counter] waits for; True in
+        the block that counts last, which sets the counter back to 0 for the next launch. Each
+        block made its partials visible to the whole GPU before it counted, so the block that
+        counts last has seen every other block's fence: their partials are there to read.
+        done_s: one int32 of shared memory, through which the block's threads learn the count."""
+        cuda.threadfence()  # every thread's partials, before the block counts
+        cuda.syncthreads()
+        done = 0  # how many of the members had counted before this block
+        # >>> exercise 10-a: count this block as finished: thread 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value) and leaves that value in done_s[0]; after a barrier every thread reads it as `done`
+        if tid == 0:
+            done_s[0] = cuda.atomic.add(COUNTERS, counter, 1)
+        cuda.syncthreads()
+        done = done_s[0]
+        # <<< exercise
+        if done != members - 1:
+            return False
+        cuda.threadfence()  # the other blocks' partials, read after their count
+        if tid == 0:
+            COUNTERS[counter] = 0  # every member of this launch has counted: ready for the next launch
+        return True
+
+    @cuda.jit(device=True, inline=True)
+    def attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE):
+        """The whole of one block's work (the kernels below only name their arguments)."""
+        smem_h = cuda.shared.array(0, uint32, alignment=128)
+        smem_f = cuda.shared.array(0, float32)  # the same memory, as floats: the merge's
+        tid = cuda.threadIdx.x
+        warp = tid // 32  # each warp runs phase 07's loop over a range of keys of its own
+        lane = tid % 32
+        smem = shared_address(smem_h) + uint32(warp * WARP_BYTES)  # the warp's Q tile and stages
+        split = cuda.blockIdx.x * WARPS + warp  # which range of keys
+        n_splits = cuda.gridDim.x * WARPS
+        if PAGED:  # q (B, S_q, H, D), K and V (pages, page_size, H_kv, D), each sequence its length
+            H, H_kv, seq_q, seq_k = Q.shape[2], K.shape[2], Q.shape[1], SEQLENS[cuda.blockIdx.z]
+        else:
+            H, H_kv, seq_q, seq_k = Q.shape[1], K.shape[1], Q.shape[2], K.shape[2]
+        group = div32(H, H_kv)  # query heads per K/V head
+        rows = group * seq_q  # the packed rows of one K/V head
+        row_tiles = (rows + BLOCK_M - 1) // BLOCK_M
+        tile = div32(cuda.blockIdx.y, H_kv)
+        h_kv = mod32(cuda.blockIdx.y, H_kv)
+        b = cuda.blockIdx.z
+        g = lane // 4  # this lane's packed rows: row0 + g and row0 + g + 8 (as phase 07's rows)
+        t = lane % 4  # and its columns 2t, 2t + 1 of every 8-column tile
+        row0 = tile * BLOCK_M
+        # the group's packed rows are consecutive rows of q, starting at row 0 of head h_kv * group
+        first_row = (b * H + h_kv * group) * seq_q  # as a row of the (B * H * S_q, D) matrix q is
+        head_q = uint64(first_row * HEAD_DIM * 2)
+        head_kv = uint64(((b * H_kv + h_kv) * seq_k) * HEAD_DIM * 2)
+
+        # -- the keys this block's rows see (the one whose query row is last sees the most), and
+        # this split's share of them, whole tiles
+        last = min(row0 + BLOCK_M, rows) - 1
+        q_last = seq_q - 1 if uint32(row0) // uint32(seq_q) != uint32(last) // uint32(seq_q) else \
+            mod32(last, seq_q)  # (the heads compared unsigned: as div32's, ptxas laid out more code)
+        block_k_end = int32(key_end(q_last, seq_q, seq_k, causal))
+        tiles_per_split = div32(block_k_end + BLOCK_N * n_splits - 1, BLOCK_N * n_splits)
+        k_start = int32(split * tiles_per_split * BLOCK_N)
+        k_stop = min(block_k_end, k_start + int32(tiles_per_split * BLOCK_N))
+        _, q_a = packed_row(min(row0 + g, rows - 1), seq_q)
+        _, q_b = packed_row(min(row0 + g + 8, rows - 1), seq_q)
+        k_end_a = key_end(q_a, seq_q, seq_k, causal)
+        k_end_b = key_end(q_b, seq_q, seq_k, causal)
+
+        q_frag = cuda.local.array((KQ, 4), uint32)
+        s = cuda.local.array((NT, 4), float32)
+        s_hi = cuda.local.array((NT, 4), float32)  # q · kᵀ over the upper half of the head dim
+        p_frag = cuda.local.array((KP, 4), uint32)
+        acc = cuda.local.array((NO, 4), float32)
+        for j in range(NO):
+            for e in range(4):
+                acc[j, e] = float32(0.0)
+        m_a = float32(-math.inf)
+        m_b = float32(-math.inf)
+        l_a = float32(0.0)
+        l_b = float32(0.0)
+        m_ref_a = float32(0.0)  # what scores are measured against (softmax_rescale's m_ref)
+        m_ref_b = float32(0.0)
+
+        # -- prologue: the 16 packed rows of Q, then the range's first STAGES - 1 tiles of K and V,
+        # a commit group each (a group past the range is empty: the count of groups stays the same)
+        if PAGED:
+            copy_q_rows(smem, Q, b, h_kv * group, row0, rows, seq_q, lane)
+            # pages of at least a tile: each tile's (at most two) pages read once, a tile ahead of its
+            # copy; smaller pages: the block table read for every key (copy_kv_pages)
+            page_size = K.shape[1]
+            whole_tiles = page_size >= BLOCK_N
+        else:
+            copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, rows, lane, ROW)
+            page_size = 1
+            whole_tiles = False
+        pages = (int64(0), int64(0), int64(0), int64(0))  # (paged, whole tiles) the next copy's pages
+        for st in range(STAGES - 1):
+            key0 = k_start + st * BLOCK_N
+            if key0 < k_stop:
+                if PAGED and whole_tiles:
+                    pages = tile_pages(BLOCK_TABLE, b, key0, seq_k, page_size)
+                copy_kv(smem, st, K, V, head_kv, h_kv, key0, seq_k, lane, BLOCK_TABLE, b, pages, whole_tiles)
+            commit()
+        if PAGED and whole_tiles and k_start + (STAGES - 1) * BLOCK_N < k_stop:
+            pages = tile_pages(BLOCK_TABLE, b, k_start + (STAGES - 1) * BLOCK_N, seq_k, page_size)
+        wait_pending()  # the first group, Q's rows with the first tile, has landed
+        cuda.syncwarp()  # every lane's copies (no other warp reads this warp's shared memory)
+        if qk_scale < 0:  # as phase 07: the sign goes into q, the max and exp2 need a scale >= 0
+            for w in range(lane, BLOCK_M * STRIDE // 2, 32):
+                smem_h[warp * (WARP_BYTES // 4) + w] ^= uint32(0x80008000)
+            cuda.syncwarp()
+        scale = max(abs(qk_scale), float32(1e-30))
+        # ldmatrix lane addresses (phase 07's): A rows of Q's 16 rows, B rows of two n-tiles of K,
+        # and of V transposed; in swizzled rows a lane's row % 8 is lane % 8 and its chunk c is at
+        # c ^ (lane % 8)
+        sw = lane % 8
+        q_lane = uint32((lane % 16) * ROW_BYTES + ((lane // 16) ^ sw) * 16)
+        for kk in range(KQ):  # Q's A fragments stay in registers: 16 rows are one m-tile
+            a0, a1, a2, a3 = ldsm(at(smem, q_lane, kk))
+            q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = a0, a1, a2, a3
+        k_lane = uint32(((lane // 16) * 8 + lane % 8) * ROW_BYTES + (((lane // 8) % 2) ^ sw) * 16)
+        v_lane = uint32((((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + ((lane // 16) ^ sw) * 16)
+
+        # -- phase 07's loop over this split's keys, STAGES - 1 tiles in flight while one is used
+        stage = 0
+        for start_n in range(k_start, k_stop, int32(BLOCK_N)):
+            wait_pending()  # this tile's group has landed (the STAGES - 2 newer ones may still fly)
+            cuda.syncwarp()  # every lane's copies, and every lane done with the stage the next copy
+            # overwrites (the one used last time round)
+            next_n = start_n + int32((STAGES - 1) * BLOCK_N)
+            if next_n < k_stop:
+                copy_kv(smem, (stage + STAGES - 1) % STAGES, K, V, head_kv, h_kv, next_n, seq_k, lane, BLOCK_TABLE,
+                        b, pages, whole_tiles)
+                if PAGED and whole_tiles and next_n + BLOCK_N < k_stop:  # the tile after: its pages now
+                    pages = tile_pages(BLOCK_TABLE, b, next_n + BLOCK_N, seq_k, page_size)
+            commit()
+            for j in range(NT):
+                for e in range(4):
+                    s[j, e] = float32(0.0)
+                    s_hi[j, e] = float32(0.0)
+            qk_half(0, (s, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane))
+            qk_half(KQ // 2, (s_hi, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane))
+            for j in range(NT):
+                for e in range(4):
+                    s[j, e] += s_hi[j, e]
+            if start_n + BLOCK_N > min(k_end_a, k_end_b):  # a key past a row's end: mask it
+                for j in range(NT):
+                    col = start_n + j * MMA_N + 2 * t
+                    if col >= k_end_a:
+                        s[j, 0] = float32(-math.inf)
+                    if col + 1 >= k_end_a:
+                        s[j, 1] = float32(-math.inf)
+                    if col >= k_end_b:
+                        s[j, 2] = float32(-math.inf)
+                    if col + 1 >= k_end_b:
+                        s[j, 3] = float32(-math.inf)
+            m_ij_a = float32(-math.inf)
+            m_ij_b = float32(-math.inf)
+            for j in range(NT):
+                m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
+                m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
+            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
+            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
+            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
+            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
+            # rescale only when a row of the warp sees a score more than RESCALE_MARGIN above its
+            # m_i (a vote: the branch is the warp's, not a lane's); else m_i stays, and this tile's
+            # p are measured against it (written `not <=`, so that a NaN score rescales, as before)
+            grows = not (m_ij_a * scale <= m_a + float32(RESCALE_MARGIN)) or \
+                not (m_ij_b * scale <= m_b + float32(RESCALE_MARGIN))
+            if cuda.any_sync(FULL_MASK, int32(1) if grows else int32(0)) != 0:
+                m_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a * scale)
+                m_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b * scale)
+                l_a *= alpha_a
+                l_b *= alpha_b
+                for j in range(NO):
+                    acc[j, 0] *= alpha_a
+                    acc[j, 1] *= alpha_a
+                    acc[j, 2] *= alpha_b
+                    acc[j, 3] *= alpha_b
+            for j in range(NT):
+                s[j, 0] = exp2(cuda.fma(s[j, 0], scale, -m_ref_a))
+                s[j, 1] = exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
+                s[j, 2] = exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
+                s[j, 3] = exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
+                l_a += s[j, 0] + s[j, 1]
+                l_b += s[j, 2] + s[j, 3]
+            for kk in range(KP):
+                p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
+                p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
+                p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
+                p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+            pv_steps(0, (acc, p_frag, smem, uint32(V_OFF + stage * STAGE_BYTES) + v_lane))
+            stage = stage + 1 if stage + 1 < STAGES else 0
+
+        # -- the rows' sums over the quad: each lane summed a quarter of each row's columns
+        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
+        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
+        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
+        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
+        inv_a = float32(1.0) / l_a if l_a != float32(0.0) else float32(0.0)  # a row without keys: 0
+        inv_b = float32(1.0) / l_b if l_b != float32(0.0) else float32(0.0)
+
+        # -- a partial result, o_s = acc / l_i and lse_s = m_i + log2(l_i), in the warp's own
+        # shared memory (its stages are done with; the block's other warps may still be in their loops)
+        mine = warp * WARP_FLOATS  # the warp's partial: o (BLOCK_M, D) row by row, then lse (BLOCK_M)
+        # every lane done reading the warp's memory before any lane overwrites it. The partial
+        # covers Q's tile and stage 0's first rows of K (16 and a part); the loop's syncwarp comes
+        # before each tile's reads, none after the last, so a last tile in stage 0 (and Q, in a
+        # warp with no keys, no loop) was read with nothing between those reads and these stores
+        # but shuffles, which order no memory (racecheck found it: docs/sanitizer/README.md)
+        cuda.syncwarp()
+        for j in range(NO):
+            col = j * MMA_N + 2 * t
+            smem_f[mine + g * HEAD_DIM + col] = acc[j, 0] * inv_a
+            smem_f[mine + g * HEAD_DIM + col + 1] = acc[j, 1] * inv_a
+            smem_f[mine + (g + 8) * HEAD_DIM + col] = acc[j, 2] * inv_b
+            smem_f[mine + (g + 8) * HEAD_DIM + col + 1] = acc[j, 3] * inv_b
+        if t == 0:
+            smem_f[mine + LSE_AT + g] = float32(-math.inf) if l_a == float32(0.0) else m_a + math.log2(l_a)
+            smem_f[mine + LSE_AT + g + 8] = float32(-math.inf) if l_b == float32(0.0) else m_b + math.log2(l_b)
+
+        # -- merge, as a tree. Level 0 is the block: once every warp has its partial in shared
+        # memory (a barrier), the block merges them into its own partial, in the workspace. Then
+        # the blocks' partials are gathered in teams of FAN_IN: the last block of a team to finish
+        # merges the team's partials into the team's first slot (a partial of its own, with its
+        # own log-sum-exp), then the teams are gathered in teams of FAN_IN in turn, and so on,
+        # until one team is left: its last block writes the output. The merge is associative, so
+        # merging merges gives the same result, and the teams of a level merge in parallel, each
+        # on its own SM.
+        weight = smem_f[WEIGHT_AT:WEIGHT_AT + TEAM * BLOCK_M]  # (TEAM, BLOCK_M), past warp 0's partial
+        done_s = cuda.shared.array(1, int32)  # arrive's count, for the whole block
+        n_rows = min(BLOCK_M, rows - row0)
+        out_row = first_row + row0
+        slot = cuda.blockIdx.x  # the block's partial in the workspace
+        last_level = cuda.gridDim.x == 1  # one block: its merge is the output
+        cuda.syncthreads()  # every warp's partial is written
+        # each row's lse = log2(sum_w 2^lse_w) over the warps, lane w holding warp w's, and each
+        # warp's weight 2^(lse_w - lse), into shared memory: row r by warp r % WARPS
+        for r in range(warp, n_rows, WARPS):
+            lse, w = merge_weights(smem_f[lane * WARP_FLOATS + LSE_AT + r] if lane < WARPS else float32(-math.inf))
+            if lane < WARPS:
+                weight[lane * BLOCK_M + r] = w
+            if lane == 0:
+                put_lse(LSE, LSE_PART, lse, r, last_level, slot, out_row, b, h_kv * group, seq_q, row0)
+        cuda.syncthreads()
+        # o = sum_w w_w o_w, two columns per thread
+        for idx in range(tid, n_rows * PAIRS, THREADS):
+            r, col = idx // PAIRS, 2 * (idx % PAIRS)
+            x = float32(0.0)
+            y = float32(0.0)
+            for i in range(WARPS):
+                w = weight[i * BLOCK_M + r]
+                x += w * smem_f[i * WARP_FLOATS + r * HEAD_DIM + col]
+                y += w * smem_f[i * WARP_FLOATS + r * HEAD_DIM + col + 1]
+            put_merged(O, O_PART, x, y, r, col, last_level, slot, out_row, b, h_kv * group, seq_q, row0)
+        if last_level:
+            return
+
+        # -- the levels across blocks, in teams of FAN_IN blocks' partials
+        per_tile = div32(COUNTERS.shape[0], cuda.gridDim.y * cuda.gridDim.z)  # merge_counters(blocks)
+        counters = ((b * H_kv + h_kv) * row_tiles + tile) * per_tile  # this row tile's first counter
+        node = slot  # this block's partial among this level's partials
+        count = cuda.gridDim.x  # partials at this level
+        stride = 1  # slots of O_PART from one partial of this level to the next
+        while True:
+            team = node // FAN_IN
+            first = team * FAN_IN  # the team's first partial: where its merge goes
+            members = min(FAN_IN, count - first)
+            last_level = count <= FAN_IN  # one team: its merge is the output
+            if not arrive(COUNTERS, counters + team, members, tid, done_s):
+                return  # another block of the team merges it
+            # each row's lse and the members' weights, as above: lane i holds member i's lse_i
+            lse_in = cuda.local.array(ROWS_PER_WARP, float32)  # every row's loads first
+            for u in range(ROWS_PER_WARP):
+                r = warp + u * WARPS
+                lse_in[u] = LSE_PART[(first + lane) * stride, out_row + r] if lane < members and r < n_rows \
+                    else float32(-math.inf)
+            for u in range(ROWS_PER_WARP):
+                r = warp + u * WARPS
+                if r < n_rows:
+                    lse, w = merge_weights(lse_in[u])
+                    if lane < FAN_IN:
+                        weight[lane * BLOCK_M + r] = w
+                    if lane == 0:
+                        put_lse(LSE, LSE_PART, lse, r, last_level, first * stride, out_row, b, h_kv * group, seq_q,
+                                row0)
+            cuda.syncthreads()
+            # o = sum_i w_i o_i, two columns per thread, the members' loads all in flight (merge_members)
+            xs = cuda.local.array(ITEMS, float32)  # every pair's sums first, then the stores
+            ys = cuda.local.array(ITEMS, float32)
+            for u in range(ITEMS):
+                idx = tid + u * THREADS
+                r, col = idx // PAIRS, 2 * (idx % PAIRS)
+                if idx < n_rows * PAIRS:
+                    xs[u], ys[u] = merge_members(O_PART, weight, first * stride, stride, members - 1, out_row + r, r,
+                                                 col)
+            for u in range(ITEMS):
+                idx = tid + u * THREADS
+                r, col = idx // PAIRS, 2 * (idx % PAIRS)
+                if idx < n_rows * PAIRS:
+                    put_merged(O, O_PART, xs[u], ys[u], r, col, last_level, first * stride, out_row, b, h_kv * group,
+                               seq_q, row0)
+            if last_level:
+                return
+            # the next level: this level's teams are its partials (the barrier in `arrive` keeps the
+            # next level's weights from being written before every thread has read these)
+            teams = (count + FAN_IN - 1) // FAN_IN
+            counters += teams  # past this level's counters
+            node = team
+            count = teams
+            stride *= FAN_IN
+
+    @cuda.jit
+    def split_keys_attention(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS):
+        attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, COUNTERS, COUNTERS)
+
+    @cuda.jit
+    def split_keys_kvcache(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE):
+        attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE)
+
+    smem_bytes = smem_size(L, WARPS)
+    return KernelConfig(split_keys_kvcache if PAGED else split_keys_attention, block_m=BLOCK_M, n_threads=THREADS,
+                        smem_bytes=smem_bytes, packed_output=True, lse=True, kv_cache=PAGED,
+                        split_keys=make_splits(BLOCK_N, smem_bytes, FAN_IN, WARPS))
+
+
+@lru_cache(maxsize=None)
+def build(HEAD_DIM: int, dtype: str = "float16", paged: bool = False) -> KernelConfig:
+    """The kernel for head dim HEAD_DIM and `dtype` ("float16" or "bfloat16"); with `paged`, the
+    same kernel reading a KV cache (flashcore_numba.inference.attention_kvcache)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: phase 10 builds {' and '.join(DTYPES)}, not {dtype!r}")
+    L = split_layout(HEAD_DIM, **tiles(HEAD_DIM))
+    return build_kernel(L, dtype, paged)
