@@ -1,4 +1,6 @@
-s=open('flashcore_numba/phases/p10_split_keys.py').read()
+import os
+here = os.path.dirname(os.path.abspath(__file__))
+s=open(os.path.join(here, '../../../../../flashcore_numba/phases/p10_split_keys.py')).read()
 s=s.replace("from ..arch","from flashcore_numba.arch").replace("from .common","from flashcore_numba.phases.common").replace("from .p07_mma_sync","from flashcore_numba.phases.p07_mma_sync")
 def rep(a,b):
     global s
@@ -61,4 +63,4 @@ rep('''    PAGED = paged
 ''','''    PAGED = paged
     glt = ptx.function("trace.ptx", "flashcore_globaltimer_lo", "inline")
 ''')
-open('.scratch/exp48/p10_trace.py','w').write(s)
+open(os.path.join(here, 'p10_trace.py'),'w').write(s)  # beside trace_run.py, which imports it (it ran from .scratch/exp48)
