@@ -129,6 +129,60 @@ def test_with_pad_rebuilds_a_phase_layout(pid):
     assert notebooks.with_pad(L, L["SMEM_PAD"]) == L
 
 
+@pytest.mark.parametrize("pid", sorted(PHASES))
+def test_committed_exercise_listing_matches_the_stub(pid):
+    """The committed notebook's `lesson.exercise()` output names the regions the stub cuts out now,
+    with the instructions the phase's markers give them: a student reads that listing before
+    opening the stub. (Line numbers may drift with edits elsewhere in the phase; labels and
+    instructions may not.) Outputs come from a GPU run, so a changed instruction means executing
+    the lesson again: `flashcore lessons --execute --only NN` on a GPU machine."""
+    import json
+
+    from flashcore_numba.course.exercises import find_regions, phase_source
+
+    notebook = json.loads((LESSONS / f"{notebooks.lesson_stem(pid)}.ipynb").read_text())
+    cells = [c for c in notebook["cells"] if c["cell_type"] == "code" and "lesson.exercise()" in "".join(c["source"])]
+    assert len(cells) == 1, f"lesson {pid}: expected one cell calling lesson.exercise(), found {len(cells)}"
+    text = "".join("".join(o.get("text", "")) for o in cells[0].get("outputs", []))
+    listed = re.findall(r"^  - exercise (\S+): (.*?)   \(lines? ", text, flags=re.M)
+    regions = [(r.label, r.instruction) for r in find_regions(phase_source(PHASES[pid]), default_label=pid)]
+    assert listed == regions, (
+        f"lessons/{notebooks.lesson_stem(pid)}.ipynb lists the exercise regions {listed}, the phase now has "
+        f"{regions}: execute the lesson again on a GPU (flashcore lessons --execute --only {pid})")
+
+
+def test_listing_cells_are_the_pure_ones():
+    cell = nbformat.v4.new_code_cell
+    assert lessons.is_listing(cell("lesson.show_source(phase.build)"))
+    assert lessons.is_listing(cell("from flashcore_numba.phases import common\n\nlesson.show_diff(a, b)\n"
+                                   "lesson.show_ptx('store.ptx')"))
+    assert not lessons.is_listing(cell("lesson.show_source(phase.Build)\nprint(phase.BUILDS)"))
+    assert not lessons.is_listing(cell("lesson.check()"))
+    assert not lessons.is_listing(cell("import numpy as np"))
+    assert not lessons.is_listing(nbformat.v4.new_markdown_cell("lesson.show_source(phase.build)"))
+
+
+def test_refresh_listings_redoes_a_stale_listing_and_nothing_else(tmp_path):
+    """A listing whose text no longer matches the code is re-rendered; every other output (the GPU
+    run's) is kept byte for byte, and an up-to-date notebook is not rewritten."""
+    for suffix in (".py", ".ipynb"):
+        shutil.copy(notebooks.lesson_path("04").with_suffix(suffix), tmp_path)
+    ipynb = tmp_path / notebooks.lesson_path("04").with_suffix(".ipynb").name
+    nb = nbformat.read(ipynb, as_version=4)
+    listing = next(i for i, c in enumerate(nb.cells) if lessons.is_listing(c) and c.get("outputs"))
+    want = lessons.plain_text(nb.cells[listing].outputs)
+    others = [c.get("outputs") for i, c in enumerate(nb.cells) if i != listing]
+    nb.cells[listing].outputs = [nbformat.v4.new_output("stream", name="stdout", text="def old(): ...\n")]
+    nbformat.write(nb, ipynb)
+    assert lessons.refresh_listings([ipynb.with_suffix(".py")], timeout=120) == []
+    redone = nbformat.read(ipynb, as_version=4)
+    assert lessons.plain_text(redone.cells[listing].outputs) == want
+    assert [c.get("outputs") for i, c in enumerate(redone.cells) if i != listing] == others
+    before = ipynb.read_text()
+    assert lessons.refresh_listings([ipynb.with_suffix(".py")], timeout=120) == []
+    assert ipynb.read_text() == before
+
+
 def test_main_check_passes(capsys):
     assert lessons.main(["--check"]) == 0
 
@@ -195,6 +249,13 @@ def test_lesson_executes(pid, executed):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("pass" in o.get("text", "") for o in outputs), "the correctness check printed no verdict"
+    # the committed notebook's source listings are the code as it is now (they need no GPU to redo)
+    committed = nbformat.read(notebooks.lesson_path(pid).with_suffix(".ipynb"), as_version=4)
+    for fresh, kept in zip(nb.cells, committed.cells):
+        if lessons.is_listing(kept):
+            assert lessons.plain_text(kept.get("outputs", [])) == lessons.plain_text(fresh.outputs), (
+                f"lessons/{notebooks.lesson_stem(pid)}.ipynb shows a stale listing in its cell "
+                f"{kept.source!r}: run `flashcore lessons --listings --only {pid}`")
 
 
 @pytest.mark.slow

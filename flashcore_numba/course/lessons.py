@@ -7,6 +7,7 @@ call is the lesson runtime, course/notebooks.py.
     flashcore lessons --sync      regenerate every .ipynb from its .py (outputs of unchanged cells kept)
     flashcore lessons --check     fail if a notebook's cells differ from its .py, or a phase has no lesson
     flashcore lessons --execute   run every lesson top to bottom and save the outputs into its .ipynb
+    flashcore lessons --listings  re-render only the source listings of the committed notebooks
     flashcore lessons --new 06    write lessons/06_<name>.py from the template
 
 jupytext reads and writes the notebooks and nbclient executes them; two things are written here
@@ -21,6 +22,7 @@ on purpose:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import sys
@@ -258,11 +260,14 @@ def execute_notebook(py: Path, cwd: Path | None = None, timeout: int = 600, env:
 
     kernel_manager: the jupyter_client KernelManager class to start the kernel with (a test hands in
     a subclass that records its instances, without patching the module other threads use)."""
-    from nbclient import NotebookClient
-
     py = Path(py)
-    nb = notebook_from_py(py)
+    return _run(notebook_from_py(py), cwd or py.parent, timeout, env=env, kernel_manager=kernel_manager)
+
+
+def _run(nb, cwd: Path, timeout: int, extra_env: dict | None = None, env: dict | None = None, kernel_manager=None):
+    """Execute notebook nb in place, in a fresh kernel started in cwd; returns it."""
     from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
 
     with tempfile.TemporaryDirectory() as sockets:
         # IPC sockets where available: a local kernel needs no TCP port (ipykernel warns about
@@ -270,11 +275,84 @@ def execute_notebook(py: Path, cwd: Path | None = None, timeout: int = 600, env:
         transport = {"transport": "ipc", "ip": str(Path(sockets) / "kernel")} if os.name == "posix" else {}
         km = (kernel_manager or KernelManager)(kernel_name="python3", **transport)
         client = NotebookClient(nb, km=km, timeout=timeout, kernel_name="python3", record_timing=False,
-                                resources={"metadata": {"path": str(cwd or py.parent)}})
+                                resources={"metadata": {"path": str(cwd)}})
         # cleanup_kc: nbclient shuts down only the kernels of managers it made itself, and each
         # kernel left running holds a process and a couple of hundred MB until the caller exits
-        client.execute(env=env or kernel_env(), cleanup_kc=True)
+        client.execute(env=env or kernel_env(extra_env), cleanup_kc=True)
     return nb
+
+
+# The cells that only show source (after any imports): what they print is the package's files,
+# the same on a GPU as in the simulator, so they can be re-rendered without running anything else.
+LISTING_CALLS = ("show_source", "show_diff", "show_ptx")
+
+
+def is_listing(cell) -> bool:
+    """True for a code cell made only of imports and `lesson.show_source/show_diff/show_ptx(...)` calls."""
+    import ast
+
+    if cell.cell_type != "code":
+        return False
+    try:
+        body = ast.parse(cell.source).body
+    except SyntaxError:
+        return False
+    calls = [node for node in body if not isinstance(node, (ast.Import, ast.ImportFrom))]
+    return bool(calls) and all(
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Attribute) and node.value.func.attr in LISTING_CALLS
+        and isinstance(node.value.func.value, ast.Name) and node.value.func.value.id == "lesson"
+        for node in calls)
+
+
+def plain_text(outputs) -> list[str]:
+    """The text a reader sees of a cell's outputs: each one's plain-text form (or printed text)."""
+    texts = []
+    for output in outputs:
+        text = output.get("text", output.get("data", {}).get("text/plain", ""))
+        texts.append(("".join(text) if isinstance(text, list) else text).rstrip("\n"))
+    return texts
+
+
+def refresh_listings(sources=None, timeout: int = 600) -> list[str]:
+    """Re-render the source listings (`is_listing` cells) of each committed .ipynb, nothing else.
+
+    A notebook's outputs come from a run on a GPU; when a phase's code changes, its listings go
+    stale while its timings stay true. Here the lesson's first cell (the one that makes `lesson`)
+    and its listing cells run alone, in the simulator, and only the listing cells' outputs are
+    written back, numbered as a full run numbers them, where their text differs from the committed
+    one. Returns the failures (their notebooks are left as they were)."""
+    import nbformat
+    from nbclient.exceptions import CellExecutionError
+
+    jupytext = _jupytext()
+    failures = []
+    for py in sources or lesson_sources():
+        py = Path(py)
+        ipynb = py.with_suffix(".ipynb")
+        nb = jupytext.read(str(ipynb), fmt="ipynb")
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        setup = next((c for c in code if "notebooks.Lesson(" in c.source), None)
+        listings = [c for c in code if is_listing(c)]
+        if setup is None or not listings:
+            continue
+        part = nbformat.v4.new_notebook(cells=copy.deepcopy([setup, *listings]), metadata=copy.deepcopy(nb.metadata))
+        try:
+            ran = _run(part, py.parent, timeout, {"NUMBA_ENABLE_CUDASIM": "1"})
+        except CellExecutionError as exc:
+            failures.append(f"{display_path(ipynb)}: {exc}")
+            print(f"  FAILED; {ipynb.name} left as it was:\n{exc}", flush=True)
+            continue
+        stale = 0
+        for cell, fresh in zip(listings, ran.cells[1:]):
+            if plain_text(cell.get("outputs", [])) != plain_text(fresh.outputs):  # else the same listing: kept
+                cell["outputs"] = fresh.outputs  # (its HTML as this machine's pygments writes it)
+                cell["execution_count"] = code.index(cell) + 1
+                stale += 1
+        if stale:
+            ipynb.write_text(jupytext.writes(nb, fmt="ipynb"))
+            print(f"wrote {display_path(ipynb)}: {stale} of its {len(listings)} listings re-rendered", flush=True)
+    return failures
 
 
 def execute(sources=None, timeout: int = 600) -> list[str]:
@@ -304,7 +382,7 @@ def execute(sources=None, timeout: int = 600) -> list[str]:
 
 
 def main(argv=None) -> int:
-    """`flashcore lessons [--sync] [--execute] [--check] [--new NN] [--only NN ...]`."""
+    """`flashcore lessons [--sync] [--execute] [--listings] [--check] [--new NN] [--only NN ...]`."""
     parser = Parser(prog="flashcore lessons",
                     description="Build, check and run the lesson notebooks "
                                 "(lessons/NN_<name>.py is the source; the .ipynb is generated from it).")
@@ -312,6 +390,9 @@ def main(argv=None) -> int:
     parser.add_argument("--execute", action="store_true",
                         help="run every lesson and save its outputs into the .ipynb "
                              "(on a GPU when there is one)")
+    parser.add_argument("--listings", action="store_true",
+                        help="re-render only the source listings (show_source, show_diff, show_ptx cells) "
+                             "of the committed notebooks, in the simulator; every other output is kept")
     parser.add_argument("--check", action="store_true",
                         help="fail if a phase has no lesson or a .ipynb differs from its .py (the default)")
     parser.add_argument("--new", metavar="NN",
@@ -350,7 +431,11 @@ def main(argv=None) -> int:
         failures = execute(sources, timeout=args.timeout)
         if failures:
             return fail(f"{len(failures)} lesson(s) failed: " + ", ".join(f.split(":")[0] for f in failures))
-    if args.check or not (args.sync or args.execute or args.new):
+    if args.listings:
+        failures = refresh_listings(sources, timeout=args.timeout)
+        if failures:
+            return fail(f"{len(failures)} lesson(s) failed: " + ", ".join(f.split(":")[0] for f in failures))
+    if args.check or not (args.sync or args.execute or args.new or args.listings):
         problems = check()
         if problems:
             print("\n".join(problems), file=sys.stderr)
