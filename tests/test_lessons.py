@@ -252,6 +252,9 @@ def test_lesson_executes(pid, executed):
     # the committed notebook's source listings are the code as it is now (they need no GPU to redo)
     committed = nbformat.read(notebooks.lesson_path(pid).with_suffix(".ipynb"), as_version=4)
     for fresh, kept in zip(nb.cells, committed.cells):
+        assert kept.cell_type != "code" or kept.get("outputs") or not fresh.outputs, (
+            f"lessons/{notebooks.lesson_stem(pid)}.ipynb has never run its cell {kept.source!r}: execute the "
+            f"lesson on a GPU (flashcore lessons --execute --only {pid})")
         if lessons.is_listing(kept):
             assert lessons.plain_text(kept.get("outputs", [])) == lessons.plain_text(fresh.outputs), (
                 f"lessons/{notebooks.lesson_stem(pid)}.ipynb shows a stale listing in its cell "
