@@ -22,6 +22,7 @@ on purpose:
 
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
 import os
@@ -289,8 +290,6 @@ LISTING_CALLS = ("show_source", "show_diff", "show_ptx")
 
 def is_listing(cell) -> bool:
     """True for a code cell made only of imports and `lesson.show_source/show_diff/show_ptx(...)` calls."""
-    import ast
-
     if cell.cell_type != "code":
         return False
     try:
@@ -318,8 +317,8 @@ def refresh_listings(sources=None, timeout: int = 600) -> list[str]:
     """Re-render the source listings (`is_listing` cells) of each committed .ipynb, nothing else.
 
     A notebook's outputs come from a run on a GPU; when a phase's code changes, its listings go
-    stale while its timings stay true. Here the lesson's first cell (the one that makes `lesson`)
-    and its listing cells run alone, in the simulator, and only the listing cells' outputs are
+    stale while its timings stay true. Here the cell that makes `lesson` and the listing cells
+    run alone, in the simulator, and only the listing cells' outputs are
     written back, numbered as a full run numbers them, where their text differs from the committed
     one. Returns the failures (their notebooks are left as they were)."""
     import nbformat
