@@ -317,10 +317,10 @@ def refresh_listings(sources=None, timeout: int = 600) -> list[str]:
     """Re-render the source listings (`is_listing` cells) of each committed .ipynb, nothing else.
 
     A notebook's outputs come from a run on a GPU; when a phase's code changes, its listings go
-    stale while its timings stay true. Here the cell that makes `lesson` and the listing cells
-    run alone, in the simulator, and only the listing cells' outputs are
-    written back, numbered as a full run numbers them, where their text differs from the committed
-    one. Returns the failures (their notebooks are left as they were)."""
+    stale while its timings stay true. Here the cell that makes `lesson` and the listing cells run
+    alone, in the simulator, and only the listing cells' outputs are written back (numbered as a
+    full run numbers them) where their text differs from the committed one. Returns the failures
+    (their notebooks are left as they were)."""
     import nbformat
     from nbclient.exceptions import CellExecutionError
 
