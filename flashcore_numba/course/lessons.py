@@ -265,7 +265,7 @@ def execute_notebook(py: Path, cwd: Path | None = None, timeout: int = 600, env:
     return _run(notebook_from_py(py), cwd or py.parent, timeout, env=env, kernel_manager=kernel_manager)
 
 
-def _run(nb, cwd: Path, timeout: int, extra_env: dict | None = None, env: dict | None = None, kernel_manager=None):
+def _run(nb, cwd: Path, timeout: int, env: dict | None = None, kernel_manager=None):
     """Execute notebook nb in place, in a fresh kernel started in cwd; returns it."""
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
@@ -279,7 +279,7 @@ def _run(nb, cwd: Path, timeout: int, extra_env: dict | None = None, env: dict |
                                 resources={"metadata": {"path": str(cwd)}})
         # cleanup_kc: nbclient shuts down only the kernels of managers it made itself, and each
         # kernel left running holds a process and a couple of hundred MB until the caller exits
-        client.execute(env=env or kernel_env(extra_env), cleanup_kc=True)
+        client.execute(env=env or kernel_env(), cleanup_kc=True)
     return nb
 
 
@@ -337,7 +337,7 @@ def refresh_listings(sources=None, timeout: int = 600) -> list[str]:
             continue
         part = nbformat.v4.new_notebook(cells=copy.deepcopy([setup, *listings]), metadata=copy.deepcopy(nb.metadata))
         try:
-            ran = _run(part, py.parent, timeout, {"NUMBA_ENABLE_CUDASIM": "1"})
+            ran = _run(part, py.parent, timeout, env=kernel_env({"NUMBA_ENABLE_CUDASIM": "1"}))
         except CellExecutionError as exc:
             failures.append(f"{display_path(ipynb)}: {exc}")
             print(f"  FAILED; {ipynb.name} left as it was:\n{exc}", flush=True)
