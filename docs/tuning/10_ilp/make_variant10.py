@@ -1,6 +1,6 @@
 """Writes p10v10.py: make_variant9.py's prefetch two tiles past the newest cp.async."""
-import subprocess, sys
-from pathlib import Path
-here = Path(__file__).parent
-subprocess.run([sys.executable, str(here / "make_variant9.py"), "2"], check=True, cwd=here)
-(here / "p10v9_2.py").rename(here / "p10v10.py")
+from make_variant7 import HEADER, write
+from make_variant9 import prefetch_edits
+
+if __name__ == "__main__":
+    write("p10v10", HEADER + prefetch_edits(2))
