@@ -1,5 +1,5 @@
 """One process per variant (argv[1]; env LAZY / SPLITQK as make_variant.py's p10v.py reads them;
-argv[2:5] warps, block_n, stages; env MODULE: the module to build, p10v by default, `package` for
+argv[2:5] warps, block_n, stages; env FAN: the merge's FAN_IN if set; env MODULE: the module to build, p10v by default, `package` for
 the package's phase 10, or another module beside this file such as make_variant3.py's p10v3): phase 10 at five decode shapes, D = 128 fp16, each output checked
 against SDPA twice on poisoned memory, then timed with the others taking turns on the GPU (a turn
 file; VARIANTS lists them in order), three rounds of 200 launches each after an L2 flush. The `base`
@@ -16,6 +16,8 @@ if _module == "package":
 else:
     import importlib
     p10v = importlib.import_module(_module)
+if os.environ.get("FAN"):  # the merge's team size (FAN_IN), read when the kernel is built
+    p10v.FAN_IN = int(os.environ["FAN"])
 from flashcore_numba.measure.bench import open_device, Timing
 from flashcore_numba.phases.common import LOG2E
 from torch.nn.attention import sdpa_kernel, SDPBackend
@@ -47,7 +49,7 @@ for (B, H, H_kv, S_k) in [(1, 32, 8, 32768), (1, 32, 8, 8192), (1, 16, 16, 4096)
                 torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         fns["cuDNN " + label] = (cudnn, 0.0)
 grid = cfg.split_keys((1, 32, 1, 128), (1, 8, 32768, 128), False).grid
-print(name, f"built and checked in {time.time() - t0:.0f} s, grid {grid}", {k: f"{e:.1e}" for k, (_, e) in fns.items()},
+print(name, f"built and checked in {time.time() - t0:.0f} s, grid {grid}, fan-in {p10v.FAN_IN}", {k: f"{e:.1e}" for k, (_, e) in fns.items()},
       flush=True)
 device = open_device()
 turn = os.path.join(OUT, "turn")
@@ -67,7 +69,7 @@ for who, i in order:
     open(turn, "w").write(str(i + 1))
 rows = {key: dict(median_us=float(np.median(t)), mean_us=float(np.mean(t)), p99_us=float(np.percentile(t, 99)),
                   err=fns[key][1]) for key, t in res.items()}
-json.dump(dict(variant=name, warps=W, block_n=BN, stages=ST, module=_module,
+json.dump(dict(variant=name, warps=W, block_n=BN, stages=ST, module=_module, fan_in=p10v.FAN_IN,
                lazy=getattr(p10v, "LAZY", None), splitqk=getattr(p10v, "SPLITQK", None), grid=list(grid),
                rows=rows), open(os.path.join(OUT, f"ab_{name}.json"), "w"), indent=1)
 print(name, "done", flush=True)
