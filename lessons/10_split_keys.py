@@ -181,8 +181,9 @@ lesson.show_source(phase.split_count, phase.make_splits)
 # What was tried after that, and did not help, teaches as much (docs/tuning/10_ilp/README.md, each
 # a copy of this kernel timed against it in one run): fewer instructions a tile, the next tile's
 # q · kᵀ issued before this tile's softmax, the softmax of the padding rows skipped (a decode step
-# fills 4 of the tile's 16 rows), and more of K and V asked for ahead of time, into L2 (0.8-2.3 µs
-# slower at 32768 keys). On the GPU's clock, between its first tile and its last, the kernel reads K and V at the
+# fills 4 of the tile's 16 rows), more of K and V asked for ahead of time, into L2 (0.8-2.3 µs
+# slower at 32768 keys), and cuDNN's own shape of the work, two smaller blocks on each SM (4-7 µs
+# slower: twice the blocks, and twice the partials to merge, for the same bytes). On the GPU's clock, between its first tile and its last, the kernel reads K and V at the
 # pace of a plain copy: once the loop keeps up with the memory, the work around the copies no
 # longer sets the time. What is left is how the one wave of blocks starts and ends (about 5 µs
 # before the first tiles land, and the blocks' loops ending over 10 µs), where cuDNN is still
