@@ -2,7 +2,7 @@
 # repository root, carry [".whl"]; N may list several ("7 8"), each its own process taking turns:
 # N=5 (tile t + 1's q · kᵀ before tile t's softmax; table5_*), N=6 (the merges' loads before their
 # stores; table6_*), N="7 8" (the padding rows' softmax skipped; and a look at the team's counter
-# before the block's merge; table78_*), N=11 (each tile's copy issued before the wait for the tile; table11_*).
+# before the block's merge; table78_*), N=11 (each tile's copy issued before the wait for the tile; table11_*), N="12 13" (Q and the first two or three tiles prefetched into L2 at the start; table1213_*).
 N=${N:?N: which make_variant<N>.py}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/numpy*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FLASHCORE_CACHE=0
