@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from .arch.sim import kernel_target, rerun_in_simulator
+from .measure.records import CheckoutNeeded
 from .phases import KERNELS, LESSONS, PHASES, get_phase
 from .usage import Parser, usage_error
 
@@ -32,12 +33,22 @@ DELEGATED = {"grade": "flashcore_numba.course.grade", "lessons": "flashcore_numb
 # the last line of `flashcore run`: where a student goes from here
 NEXT_STEP = ("Next: open lessons/00_numba_cuda.ipynb (jupyter lab lessons/) or run `flashcore grade 00` "
              "to grade its puzzles; lessons/README.md is the course map.")
+# the same step where the package was installed from a wheel, with no lessons/ beside it
+NEXT_STEP_INSTALLED = ("Next: the lessons and their graded exercises come with a source checkout of "
+                       "flashcore-numba, which an installed package does not hold: clone the repository and "
+                       "run `pip install -e \".[course]\"` in it.")
 SIM_DISCLAIMER = ("Simulator timings mean nothing: every CUDA thread ran as a Python thread on the CPU. "
                   "Run `flashcore run` on a GPU to time the phases.")
 
 
 class CLIError(Exception):
     """A mistake the user can fix: printed as one line by `usage_error`, exit status 2."""
+
+
+def next_step() -> str:
+    from .measure.records import checkout_root
+
+    return NEXT_STEP if checkout_root() is not None else NEXT_STEP_INSTALLED
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,7 +242,7 @@ def main(argv=None) -> int:
     args.argv = argv
     try:
         return int(args.handler(args) or 0)
-    except CLIError as e:
+    except (CLIError, CheckoutNeeded) as e:
         return usage_error(f"flashcore {args.command}", str(e))
     except KeyboardInterrupt:
         print(f"flashcore {args.command}: interrupted", file=sys.stderr)
@@ -246,7 +257,10 @@ def _delegate(name: str, argv) -> int:
         if e.name != module_name:
             raise
         return usage_error(f"flashcore {name}", f"{module_name} is not part of this installation")
-    return int(module.main(argv) or 0)
+    try:
+        return int(module.main(argv) or 0)
+    except CheckoutNeeded as e:
+        return usage_error(f"flashcore {name}", str(e))
 
 
 def _console(width=None):
@@ -327,7 +341,7 @@ def _run_simulator(args) -> int:
         console.print(f"All {len(course)} phases correct in the simulator "
                       f"({', '.join('causal' if c else 'non-causal' for c in modes)}).")
     console.print(SIM_DISCLAIMER, soft_wrap=True)
-    console.print(NEXT_STEP, soft_wrap=True, markup=False, highlight=False)
+    console.print(next_step(), soft_wrap=True, markup=False, highlight=False)
     return 1 if failed else 0
 
 
@@ -383,7 +397,7 @@ def _run_gpu(args) -> int:
         console.print(f"No SDPA comparison: {_text(device.no_peers_reason)}.", soft_wrap=True)
     console.print("A quick look; `flashcore bench` measures with the full protocol and writes a record.",
                   soft_wrap=True)
-    console.print(NEXT_STEP, soft_wrap=True, markup=False, highlight=False)
+    console.print(next_step(), soft_wrap=True, markup=False, highlight=False)
     wrong = [r for r in results if r["kind"] == "phase" and r["available"] and not r["correct"]]
     return 1 if wrong else 0
 

@@ -39,9 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from ..measure.records import repo_root
-
-EXERCISES_DIR = repo_root() / "lessons" / "exercises"
+from ..measure.records import CheckoutNeeded, checkout_root, repo_root
 
 # `# >>> exercise 03-a: what to write` ... `# <<< exercise`. The label is optional for a phase
 # with a single region (`# >>> exercise 01: ...`).
@@ -165,14 +163,19 @@ def stub_name(phase: ModuleType) -> str:
     return f"{phase.ID}_{phase.NAME}.py"
 
 
-def stub_path(phase: ModuleType, directory: Path = EXERCISES_DIR) -> Path:
-    return Path(directory) / stub_name(phase)
+def exercises_dir() -> Path:
+    """lessons/exercises/ of the checkout (an installed package has none: CheckoutNeeded)."""
+    return repo_root("the exercise stubs (lessons/exercises/)") / "lessons" / "exercises"
+
+
+def stub_path(phase: ModuleType, directory: Path | None = None) -> Path:
+    return Path(directory or exercises_dir()) / stub_name(phase)
 
 
 def _relative(path) -> str:
-    path = Path(path).resolve()
+    path, root = Path(path).resolve(), checkout_root()
     try:
-        return path.relative_to(repo_root()).as_posix()
+        return path.relative_to(root).as_posix() if root else str(path)
     except ValueError:
         return str(path)
 
@@ -324,13 +327,15 @@ def exercise_modules() -> list[ModuleType]:
     return [puzzles, *LESSONS.values()]
 
 
-def out_of_date(directory: Path = EXERCISES_DIR) -> list[Path]:
+def out_of_date(directory: Path | None = None) -> list[Path]:
+    directory = directory or exercises_dir()
     return [stub_path(p, directory) for p in exercise_modules()
             if not stub_path(p, directory).exists()
             or stub_path(p, directory).read_text(encoding="utf-8") != stub_source(p)]
 
 
-def write_all(directory: Path = EXERCISES_DIR) -> list[Path]:
+def write_all(directory: Path | None = None) -> list[Path]:
+    directory = Path(directory or exercises_dir())
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for phase in exercise_modules():
@@ -356,7 +361,7 @@ def main(argv=None) -> int:
             print(f"{len(written)} stub(s) rewritten" if written else "all stubs were up to date")
             return 0
         stale = out_of_date()
-    except ExerciseFormatError as e:
+    except (ExerciseFormatError, CheckoutNeeded) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for path in stale:

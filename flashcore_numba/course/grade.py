@@ -54,7 +54,7 @@ from types import ModuleType
 import numpy as np
 
 from ..arch.sim import kernel_target, rerun_in_simulator, simulator_enabled
-from ..measure.records import repo_root
+from ..measure.records import CheckoutNeeded, repo_root
 from ..phases import LESSONS, PHASES, build
 from ..phases.common import LOG2E
 from ..reference import (
@@ -533,9 +533,10 @@ def checks_for(phase) -> list[Check]:
 # Loading the student's file
 # ---------------------------------------------------------------------------------------------
 def default_path(phase: ModuleType) -> Path:
-    """lessons/exercises/NN_<name>.py: under the current directory, else in this source checkout."""
+    """lessons/exercises/NN_<name>.py: under the current directory, else in this source checkout
+    (CheckoutNeeded where there is none: an installed package holds no exercise stubs)."""
     relative = Path("lessons", "exercises", f"{phase.ID}_{phase.NAME}.py")
-    return relative if relative.exists() else repo_root() / relative
+    return relative if relative.exists() else repo_root("the exercise stubs (lessons/exercises/)") / relative
 
 
 def describe_load_error(e: BaseException, path: Path) -> str:
@@ -696,7 +697,11 @@ def main(argv=None) -> int:
     if unknown:
         return _usage_error(f"--only: unknown check {unknown[0]!r}; the checks of phase {phase.ID} are "
                             f"{', '.join(names)}")
-    path = args.path or default_path(phase)
+    try:
+        path = args.path or default_path(phase)
+    except CheckoutNeeded as e:
+        return _usage_error(f"path: {e}; or name your exercise file: flashcore grade {phase.ID} "
+                            f"path/to/{phase.ID}_{phase.NAME}.py")
     if not path.is_file():
         return _usage_error(f"path: no file {str(path)!r}; the exercise stubs are in lessons/exercises/ "
                             f"(regenerate them with python -m flashcore_numba.course.exercises --write)")

@@ -406,6 +406,11 @@ def main(argv=None) -> int:
     def fail(message: str) -> int:
         return usage_error(parser.prog, message)
 
+    lessons_dir()  # CheckoutNeeded (one line from the CLI) where there is no checkout
+    try:
+        import nbformat  # noqa: F401 - every action reads or writes notebooks
+    except ModuleNotFoundError:
+        return fail("the notebooks need the course extra: pip install -e \".[course]\"")
     if args.new:
         try:
             path = new_lesson(args.new)

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..arch.sim import simulator_enabled
 from ..measure.bench import REFERENCE_SHAPE  # the shape every timing in the course uses
-from ..measure.records import repo_root
+from ..measure.records import checkout_root, repo_root
 from ..phases import LESSONS, PHASES, VARIANTS, get_lesson, get_phase
 from ..reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
 from .exercises import exercise_module, find_regions, phase_source
@@ -44,7 +44,7 @@ SIM_PROBLEMS = ((1, 1, 40, 100, 64, False), (1, 1, 40, 40, 64, True))
 # Where things are
 # =============================================================================================
 def lessons_dir() -> Path:
-    return repo_root() / "lessons"
+    return repo_root("the lessons (lessons/)") / "lessons"
 
 
 def lesson_stem(phase) -> str:
@@ -193,8 +193,9 @@ def _describe_shape(config: dict) -> str:
 def display_path(path) -> str:
     if path is None:
         return "the benchmark record"
+    root = checkout_root()
     try:
-        return str(Path(path).resolve().relative_to(repo_root()))
+        return str(Path(path).resolve().relative_to(root)) if root else str(path)
     except ValueError:
         return str(path)
 

@@ -44,19 +44,40 @@ SCHEMA = 1
 # ---------------------------------------------------------------------------------------------
 # Where the checkout is
 # ---------------------------------------------------------------------------------------------
-def repo_root() -> Path:
+class CheckoutNeeded(FileNotFoundError):
+    """What a command needs from a source checkout (lessons/, docs/, the README) is not here: an
+    installed package holds only the library. The message says so and what to do."""
+
+    def __init__(self, what: str):
+        super().__init__(f"{what}: not here; they come with a source checkout of flashcore-numba, not "
+                         "with an installed package: clone the repository, run `pip install -e \".[course]\"` "
+                         "in it and run this from inside it")
+
+
+def checkout_root() -> Path | None:
     """The checkout holding docs/ and lessons/: the folder above the package when it is one (a
     source checkout, or an editable install), else the working directory or its nearest parent
-    that is one, else the working directory."""
+    that is one; None where there is none (a package installed from a wheel, run elsewhere)."""
     here = Path(__file__).resolve().parents[2]  # flashcore_numba/measure/records.py -> the checkout
     for root in (here, Path.cwd(), *Path.cwd().parents):
         if (root / "lessons").is_dir() or (root / "docs" / "bench").is_dir():
             return root
-    return Path.cwd()
+    return None
+
+
+def repo_root(what: str = "this command") -> Path:
+    """`checkout_root()`, or CheckoutNeeded naming `what` needed it."""
+    root = checkout_root()
+    if root is None:
+        raise CheckoutNeeded(what)
+    return root
 
 
 def default_records_dir() -> Path:
-    return repo_root() / "docs" / "bench"
+    """docs/bench/ of the checkout; where the package was installed from a wheel, flashcore-bench/
+    in the working directory (so `flashcore bench` works from any install)."""
+    root = checkout_root()
+    return root / "docs" / "bench" if root is not None else Path.cwd() / "flashcore-bench"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,7 +386,9 @@ def git_state() -> dict:
         dirty = os.environ.get("FLASHCORE_GIT_DIRTY")
         return {"git_commit": os.environ["FLASHCORE_GIT_COMMIT"],
                 "git_dirty": None if dirty is None else dirty not in ("0", "")}
-    root = repo_root()
+    root = checkout_root()
+    if root is None:  # an installed package: no git tree to ask
+        return {"git_commit": None, "git_dirty": None}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)docs/bench"], cwd=root)
     return {"git_commit": commit, "git_dirty": None if commit is None else bool(status)}

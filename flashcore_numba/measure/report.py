@@ -1027,7 +1027,7 @@ def phase_files(phases_dir: Path) -> dict[str, Path]:
 def generate(records_dir=None, readme=None, phases_dir=None, plots_dir=None) -> list[str]:
     """Regenerate README table, plots and phase docstrings. Returns one line per file written."""
     records_dir = Path(records_dir) if records_dir is not None else default_records_dir()
-    readme = Path(readme) if readme is not None else repo_root() / "README.md"
+    readme = Path(readme) if readme is not None else repo_root("the README (README.md)") / "README.md"
     phases_dir = Path(phases_dir) if phases_dir is not None else Path(phase_registry.__file__).parent
     plots_dir = Path(plots_dir) if plots_dir is not None else records_dir
     if records_dir.exists() and not records_dir.is_dir():
