@@ -29,59 +29,22 @@ import math
 import numbers
 import sys
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 
 from .arch.sim import simulator_enabled
+from .inputs import current_stream, describe, is_torch, torch_module, torch_to_kernel
 from .phases import PHASES, build, cc_reason, get_phase, min_cc, supports_gqa, supports_lse
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E, sm_count
 from .reference import default_scale
-
-
-@dataclass(frozen=True)
-class _Operand:
-    name: str
-    kind: str  # "numpy" | "numba" | "torch"
-    shape: tuple
-    dtype: str
-    contiguous: bool
-    device: str  # "host", "cuda:N"
-
-
-def _is_device_array(x) -> bool:
-    if simulator_enabled():  # the simulator's device arrays have no __cuda_array_interface__
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-        return isinstance(x, FakeCUDAArray)
-    from numba import cuda
-
-    return cuda.is_cuda_array(x) and hasattr(x, "dtype")
+from .runtime.plan import Plans
 
 
 def _grad_enabled() -> bool:
     import torch
 
     return torch.is_grad_enabled()
-
-
-def _describe(name: str, x) -> _Operand:
-    module = type(x).__module__
-    if isinstance(x, np.ndarray):
-        return _Operand(name, "numpy", tuple(x.shape), x.dtype.name, bool(x.flags.c_contiguous), "host")
-    if module.startswith("torch"):
-        device = str(x.device)
-        if not x.is_cuda:
-            raise TypeError(f"{name}: expected a CUDA torch tensor, got a tensor on {device}; "
-                            f"move it with {name}.cuda() or pass a NumPy array")
-        return _Operand(name, "torch", tuple(x.shape), str(x.dtype).replace("torch.", ""),
-                        bool(x.is_contiguous()), device)
-    if _is_device_array(x):
-        contiguous = x.is_c_contiguous() if hasattr(x, "is_c_contiguous") else True
-        return _Operand(name, "numba", tuple(x.shape), np.dtype(x.dtype).name, bool(contiguous), "cuda")
-    raise TypeError(f"{name}: expected a torch CUDA tensor, a Numba device array or a NumPy array; "
-                    f"got {type(x).__name__}")
 
 
 def _validate(ops, phase, causal, scale, return_lse=False):
@@ -141,7 +104,7 @@ def _validate(ops, phase, causal, scale, return_lse=False):
                          f"supported: {', '.join(map(str, phase.HEAD_DIMS))}")
 
 
-def _require_device(phase):
+def require_device(phase):
     """Fail early, with the fix, when there is nowhere to run the kernel."""
     if simulator_enabled():
         return
@@ -155,24 +118,7 @@ def _require_device(phase):
         raise RuntimeError(f"{reason}; pass phase='best' for the fastest phase this GPU can run")
 
 
-def torch_to_kernel(t):
-    """A torch CUDA tensor as the Numba device array a kernel takes: the same memory.
-
-    detach(): a tensor that requires grad (allowed under no_grad) hides its memory from
-    __cuda_array_interface__; detach() is the same memory without the autograd record.
-    bf16 travels as its int16 bit patterns: Numba has no bf16 type, and the kernels only move
-    the bits to the tensor cores, which know them as bf16.
-    """
-    import torch
-    from numba import cuda
-
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return cuda.as_cuda_array(t)
-
-
-def _best_for_this_gpu():
+def best_for_this_gpu():
     """"best": the registry's best kernel, or on a GPU that cannot run it the newest phase it can."""
     best = get_phase("best")
     if simulator_enabled():
@@ -180,7 +126,7 @@ def _best_for_this_gpu():
     from numba import cuda
 
     if not cuda.is_available():
-        return best  # _require_device says what to do
+        return best  # require_device says what to do
     cc = tuple(cuda.get_current_device().compute_capability)
     if cc_reason(best, cc) is None:
         return best
@@ -225,34 +171,20 @@ def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int, rows_per_kv_h
 # ---------------------------------------------------------------------------------------------
 # torch tensors: a plan per problem, and the custom op
 # ---------------------------------------------------------------------------------------------
-_PLANS: dict = {}  # the key of a call (see _torch_call) -> its runtime.Plan, oldest first
-PLANS_KEPT = 512  # a plan is a few KB; the compiled kernels themselves are shared by all plans
-_BACKWARD_PLANS: dict = {}  # the backward's plans (runtime/backward.py), by problem
+_PLANS = Plans()  # the key of a call (see _torch_call) -> its runtime.Plan
+_BACKWARD_PLANS = Plans()  # the backward's plans (runtime/backward.py), by problem
 _OP = None
 _OP_LSE = None
 _OP_TRAIN = None
-
-
-def _keep(plans: dict, key, plan):
-    """`plan` kept under `key`, the oldest plan forgotten first when PLANS_KEPT are kept (a model
-    whose lengths change from call to call makes a plan per length)."""
-    while len(plans) >= PLANS_KEPT:
-        del plans[next(iter(plans))]
-    plans[key] = plan
-    return plan
-
-
-def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
 
 
 def _torch_call(q, k, v, causal, scale, phase, return_lse=False):
     """attention() on torch tensors: the plan of this problem, made on its first call.
 
     This is the path a model's loop takes on every call, so each line here is paid per call
-    (docs/tuning/call_path.txt has what each costs): torch is imported once (`_TORCH`), the
+    (docs/tuning/call_path.txt has what each costs): torch is imported once (inputs.torch_module), the
     stream comes from torch's raw accessor, and nothing is built that the plan already holds."""
-    torch = _TORCH or _import_torch()
+    torch = torch_module()
     if torch.compiler.is_compiling():  # torch.compile traces the custom op, not the launch
         return _custom_op(return_lse)(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase))
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -266,44 +198,19 @@ def _torch_call(q, k, v, causal, scale, phase, return_lse=False):
         _resolve(q, k, v, causal, scale, phase, return_lse)
         raise
     if plan is None:
-        plan = _keep(_PLANS, key, _make_plan(q, k, v, causal, scale, phase, return_lse))
+        plan = _PLANS.keep(key, make_plan(q, k, v, causal, scale, phase, return_lse))
     if plan is _NUMBA_LAUNCH:
         return _launch(q, k, v, causal, scale, phase, return_lse)
     out = torch.empty_like(q)  # q is contiguous (the key says so): so is out
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
-    device = plan.device_index
-    if device == torch.cuda.current_device():
-        plan(q, k, v, out, _current_stream(device), lse)
-    else:  # the launch goes to the current context: make it the tensors' device's
-        with torch.cuda.device(device):
-            plan(q, k, v, out, _current_stream(device), lse)
+    plan(q, k, v, out, current_stream(plan.device_index), lse)  # in the device's context, from any thread
     return (out, lse) if return_lse else out
-
-
-_TORCH = None  # the torch module, once a call has imported it
-_RAW_STREAM = None  # torch's raw current-stream accessor, where this torch has one
-
-
-def _import_torch():
-    global _TORCH, _RAW_STREAM
-    import torch
-
-    _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    _TORCH = torch
-    return torch
-
-
-def _current_stream(device: int) -> int:
-    """torch's current stream on `device`, as the CUstream handle: torch's raw accessor (what
-    Triton's launcher uses, 0.1 us) where it exists, else the public one (1.6 us)."""
-    torch = _TORCH or _import_torch()
-    return _RAW_STREAM(device) if _RAW_STREAM is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 _NUMBA_LAUNCH = object()  # the plan of a problem that runs through Numba's own launch (the simulator)
 
 
-def _make_plan(q, k, v, causal, scale, phase, return_lse=False):
+def make_plan(q, k, v, causal, scale, phase, return_lse=False):
     """Validate the problem as a first call does (every message of `attention`), and plan it."""
     kernel, ops, qk_scale = _resolve(q, k, v, causal, scale, phase, return_lse)
     if simulator_enabled():
@@ -350,7 +257,7 @@ def _train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
     autograd_backward_phase) through flashcore::attention_train."""
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
-    torch = _TORCH or _import_torch()
+    torch = torch_module()
     if torch.compiler.is_compiling():  # torch.compile traces the op (which checks the phase when it runs)
         out, lse = _train_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase),
                                bool(deterministic))
@@ -373,7 +280,7 @@ def _require_backward(phase, device=None) -> None:
     key = (phase, device) if isinstance(phase, (str, int)) and device is not None else None
     if key in _BACKWARD_CHECKED:
         return
-    resolved = _best_for_this_gpu() if phase == "best" else get_phase(phase)
+    resolved = best_for_this_gpu() if phase == "best" else get_phase(phase)
     if not supports_lse(resolved):
         raise ValueError(f"q: requires grad, but phase {resolved.ID} has no backward pass (the backward "
                          f"recomputes the softmax from the forward's log-sum-exp, which phases 07 on write); "
@@ -400,7 +307,7 @@ def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase
     problem's BackwardPlan (runtime/backward.py), made on its first backward: no Numba dispatch per
     call, every buffer from torch's caching allocator. phase: "11" or "12" (phase 12's kv_kernel,
     wgmma, Hopper only); None, as autograd calls it: the tensors' GPU's (autograd_backward_phase)."""
-    torch = _TORCH or _import_torch()
+    torch = torch_module()
     device = q.device.index or 0
     if phase is None:  # as autograd calls it: the backward of the tensors' GPU, asked once per device
         if device not in _AUTOGRAD_BACKWARD:
@@ -408,7 +315,9 @@ def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase
         phase = _AUTOGRAD_BACKWARD[device]
     D = q.shape[-1]
     scale = default_scale(D) if scale is None else float(scale)
-    operands = [x.detach().to(q.dtype).contiguous() for x in (q, k, v, out, dout)]
+    # the kernels copy 16 bytes at a time: a tensor off a 16-byte boundary (autograd's gradient may be
+    # a view) is copied to one that is not
+    operands = [_on_16_bytes(x.detach().to(q.dtype).contiguous()) for x in (q, k, v, out, dout)]
     lse = lse.detach().float().contiguous()
     dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(operands[1]), torch.empty_like(operands[2])
@@ -421,18 +330,19 @@ def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase
     if plan is None:
         from .runtime import BackwardPlan
 
-        plan = _keep(_BACKWARD_PLANS, key, BackwardPlan(D, str(q.dtype).replace("torch.", ""), tuple(q.shape),
-                                                        tuple(k.shape), bool(causal), scale, bool(deterministic),
-                                                        dlse is not None, device, phase))
+        plan = _BACKWARD_PLANS.keep(key, BackwardPlan(D, str(q.dtype).replace("torch.", ""), tuple(q.shape),
+                                                      tuple(k.shape), bool(causal), scale, bool(deterministic),
+                                                      dlse is not None, device, phase))
     # deterministic=True with fewer (batch, K/V head) pairs than SMs: dQ summed in parts, in torch's memory
     sums = torch.empty((plan.parts, *q.shape), dtype=torch.float32, device=q.device) if plan.parts > 1 else None
     extra = None if dlse is None else dlse.detach().float().contiguous()
-    if device == torch.cuda.current_device():
-        plan(*operands, lse, dq, dk, dv, delta, _current_stream(device), dq_sums=sums, dlse=extra)
-    else:  # the launches go to the current context: make it the tensors' device's
-        with torch.cuda.device(device):
-            plan(*operands, lse, dq, dk, dv, delta, _current_stream(device), dq_sums=sums, dlse=extra)
+    # in the device's context, from any thread (autograd runs the backward on a thread of its own)
+    plan(*operands, lse, dq, dk, dv, delta, current_stream(device), dq_sums=sums, dlse=extra)
     return dq.to(q.dtype), dk, dv
+
+
+def _on_16_bytes(t):
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 _FUNCTION = None
@@ -559,14 +469,14 @@ def register_torch_op() -> None:
 def _resolve(q, k, v, causal, scale, phase, return_lse=False):
     """(kernel, described operands, qk_scale) of a call, or the error that names its bad argument."""
     best = isinstance(phase, str) and phase == "best"
-    phase = _best_for_this_gpu() if best else get_phase(phase)
-    ops = tuple(_describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    phase = best_for_this_gpu() if best else get_phase(phase)
+    ops = tuple(describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     _validate(ops, phase, causal, scale, return_lse)
     B, H, S_q, D = ops[0].shape
     if best and not simulator_enabled():  # the simulator has no speed to choose by
         phase = best_for_shape(phase, D, causal, ops[1].shape[2], rows_per_kv_head=H // ops[1].shape[1] * S_q,
                                kv_heads=B * ops[1].shape[1])
-    _require_device(phase)
+    require_device(phase)
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
     return phase, ops, qk_scale
 
@@ -607,7 +517,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
         require grad (with grad enabled) give an output with a grad_fn: backward() computes dq,
         dk and dv (and takes the lse's gradient too, where it is used).
     """
-    if _is_torch(q):
+    if is_torch(q):
         if (q.requires_grad or k.requires_grad or v.requires_grad) and _grad_enabled():
             return _train_call(q, k, v, causal, scale, phase, return_lse, deterministic)
         return _torch_call(q, k, v, causal, scale, phase, return_lse)

@@ -188,6 +188,15 @@ def _build_parser() -> Parser:
                        help="a decode step against a KV cache (attention_kvcache): B sequences of random lengths "
                             "LO..HI, one query row each, H and D from --shape, H_kv from --kv-heads; contiguous "
                             "and paged (--page-sizes); the record goes to docs/bench/kvcache/")
+    bench.add_argument("--serving", action="store_true",
+                       help="a decode step as a serving loop calls it: attention_kvcache (contiguous and paged), "
+                            "attention() and SDPA's backends at every --batches x --caches, H and D from --shape, "
+                            "H_kv from --kv-heads; kernel time, call time and host time with the GPU busy; one "
+                            "record per point in docs/bench/serving/")
+    bench.add_argument("--batches", type=_positive_ints, default=(1, 8, 64, 256),
+                       help="--serving: the batch sizes (default 1,8,64,256)")
+    bench.add_argument("--caches", type=_positive_ints, default=(1024, 4096, 32768),
+                       help="--serving: the keys each sequence holds (default 1024,4096,32768)")
     bench.add_argument("--page-sizes", type=_positive_ints, default=(64, 256),
                        help="--kvcache: the paged caches' page sizes, multiples of 16 (default 64,256)")
     bench.add_argument("--first-call", action="store_true",
@@ -611,6 +620,8 @@ def cmd_bench(args) -> int:
         return _bench_varlen(args, bench, records, dtype, shape)
     if args.kvcache:
         return _bench_kvcache(args, bench, records, dtype, shape)
+    if args.serving:
+        return _bench_serving(args, bench, records, dtype, shape)
     phase_ids = args.phases or list(KERNELS)
     peers = list(bench.PEERS) if args.peers is None else args.peers
     sweep = args.sweep_s or (bench.SWEEP_S if args.sweep else None)
@@ -775,6 +786,62 @@ def _bench_kvcache(args, bench, records, dtype, shape) -> int:
     records.write_record(record, path)
     console.print(f"Record written to {path}; `flashcore report` regenerates the README.", soft_wrap=True)
     return 1 if any(r["available"] and not r["correct"] for r in record["results"]) else 0
+
+
+def _bench_serving(args, bench, records, dtype, shape) -> int:
+    """`flashcore bench --serving` (measure/serving.py): one record per (batch, cache)."""
+    from .measure import serving
+
+    if args.seq_k is not None or args.sweep or args.sweep_s or args.causal or args.phases or args.varlen:
+        raise CLIError("--serving: one query row per sequence against its whole cache; drop --seq-k, --sweep, "
+                       "--causal, --phases and --varlen")
+    H, D = (shape[1], shape[3]) if args.shape else (32, 128)
+    H_kv = args.kv_heads or (8 if not args.shape else H)
+    if H % H_kv:
+        raise CLIError(f"--kv-heads {H_kv}: must divide the {H} query heads of --shape")
+    device = bench.open_device()
+    if device.kind != "torch":
+        raise CLIError(f"--serving: needs torch with CUDA: {device.no_peers_reason}")
+    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats)
+    console = _console()
+    wide = console if console.is_terminal else _console(width=150)
+    failed = False
+    for B in args.batches:
+        for S in args.caches:
+            with _progress(console) as progress:
+                task = progress.add_task("bench", total=None)
+                record = serving.run_serving_point(B, S, H=H, H_kv=H_kv, D=D, dtype=dtype, timing=timing,
+                                                   calls=args.calls or 200, device=device,
+                                                   command=["flashcore", *args.argv],
+                                                   progress=lambda label: progress.update(task, description=label))
+            gpu = record["provenance"]["gpu_name"]
+            wide.print(serving_table(record, f"{gpu}: decode step, B={B}, {S} keys each, H={H} H_kv={H_kv} D={D} "
+                                             f"{args.dtype}"))
+            path = serving.record_path(gpu, B, S, H, H_kv, D, dtype) if args.out is None else \
+                args.out.with_name(f"{args.out.stem}_b{B}_s{S}{args.out.suffix}")
+            records.write_record(record, path)
+            console.print(f"Record written to {path}.", soft_wrap=True)
+            failed |= any(r["available"] and not r["correct"] for r in record["results"])
+    return 1 if failed else 0
+
+
+def serving_table(record, title: str):
+    """A serving record's rows: kernel time, call time (median, p99, host) and host time while the GPU
+    is busy, in us."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in ("row", "kernel", "call", "call p99", "host", "host, GPU busy", "busy p99", "verdict"):
+        table.add_column(column, justify="left" if column in ("row", "verdict") else "right")
+    for r in record["results"]:
+        if not r["available"] or not r["correct"]:
+            table.add_row(r["name"], *[""] * 6, _text(r.get("reason") or r.get("message") or ""))
+            continue
+        c = r["call"]
+        table.add_row(r["name"], f"{r['median_ms'] * 1e3:.1f}", f"{c['median_ms'] * 1e3:.1f}",
+                      f"{c['p99_ms'] * 1e3:.1f}", f"{c['host_median_us']:.1f}", f"{c['busy_host_median_us']:.1f}",
+                      f"{c['busy_host_p99_us']:.1f}", "correct")
+    return table
 
 
 def _bench_first_call(args, bench, dtype, shape) -> int:

@@ -41,27 +41,32 @@ zeros and an LSE of -inf.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
-from .api import _best_for_this_gpu, _describe, _is_torch, torch_to_kernel
+from . import api
 from .arch import tma
+from .inputs import current_stream, describe, is_torch, torch_module
 from .phases import build_kvcache, build_varlen
 from .phases import p07_mma_sync as p07
 from .phases import p10_split_keys as p10
 from .phases.common import LOG2E, cdiv, no_lse, split_workspace
 from .phases.common import launch as launch_kernel  # (the launchers below name their closures `launch`)
 from .reference import default_scale
+from .runtime.plan import Plans
 
 PAGE_MULTIPLE = 16
+# FLASHCORE_VALIDATE=1: every call checks the index arrays' values on the host (validate=True)
+VALIDATE = os.environ.get("FLASHCORE_VALIDATE", "0") not in ("", "0")
+_PLANS = Plans()  # attention_kvcache's and attention_varlen's plans on torch tensors, by the key of a call
 
 
-def _host_ints(x) -> np.ndarray:
-    """An int32 index array's values on the host, to check them (a copy from the GPU; none while a
-    CUDA graph is being captured, where the check is skipped)."""
-    if _is_torch(x):
-        import torch
-
+def _host_ints(x):
+    """An int32 index array's values on the host, to check them (validate=True: a copy from the GPU,
+    which waits for it; none while a CUDA graph is being captured, where the check is skipped)."""
+    if is_torch(x):
+        torch = torch_module()
         if torch.cuda.is_current_stream_capturing():
             return None
         return x.detach().cpu().numpy()
@@ -72,7 +77,7 @@ def _host_ints(x) -> np.ndarray:
 
 def _index_array(name: str, x, shape_text: str, ndim: int, like) -> tuple:
     """Check an int32 index array (cache_seqlens, block_table): kind, dtype, dimensions; its shape."""
-    kind = "torch" if _is_torch(x) else "numpy" if isinstance(x, np.ndarray) else "numba"
+    kind = "torch" if is_torch(x) else "numpy" if isinstance(x, np.ndarray) else "numba"
     if kind != like.kind:
         raise TypeError(f"{name}: must be of the same kind as q ({like.kind}), got {type(x).__name__}")
     dtype = str(x.dtype).replace("torch.", "")
@@ -99,9 +104,9 @@ def _check_flags(causal, scale, return_lse):
 
 
 def _operands(named, ndim: int, phase):
-    """Describe q and its companions (api._describe) and check them together: one kind and device,
+    """Describe q and its companions (inputs.describe) and check them together: one kind and device,
     `ndim` dimensions, contiguous, one 16-bit dtype, a head dim the phase builds."""
-    ops = [_describe(name, x) for name, x in named]
+    ops = [describe(name, x) for name, x in named]
     qd = ops[0]
     for op in ops:
         if op.kind != qd.kind or op.device != qd.device:
@@ -123,7 +128,9 @@ def _operands(named, ndim: int, phase):
 
 
 def _validate(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse):
-    """Every check of attention_kvcache; returns (B, S_q, H, D, H_kv, page_size, num_pages, paged)."""
+    """Every check of attention_kvcache's arguments but their values: kinds, dtypes, shapes, devices
+    (the values are the caller's promise; `_check_kvcache_values` checks them, validate=True).
+    Returns (B, S_q, H, D, H_kv, page_size, capacity, paged, q's Operand)."""
     _check_flags(causal, scale, return_lse)
     qd, kd, vd = _operands((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)), 4, p10)
     B, S_q, H, D = qd.shape
@@ -150,34 +157,47 @@ def _validate(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, re
             raise ValueError(f"k_cache: a contiguous cache has one row per sequence: {num_pages} rows for a batch "
                              f"of {B} (pass block_table for a paged cache)")
         capacity = page_size
-    lengths = _host_ints(cache_seqlens)
-    if lengths is not None:
-        bad = np.flatnonzero((lengths < 0) | (lengths > capacity))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"cache_seqlens: sequence {i} has length {int(lengths[i])}, outside 0 .. {capacity} "
-                             f"(the cache holds {capacity} keys per sequence)")
-        if paged:
-            table = _host_ints(block_table)
-            if table is not None:
-                for b in range(B):
-                    used = table[b, :cdiv(int(lengths[b]), page_size)]
-                    wrong = np.flatnonzero((used < 0) | (used >= num_pages))
-                    if wrong.size:
-                        i = int(wrong[0])
-                        raise ValueError(f"block_table: sequence {b}'s page {i} is {int(used[i])}, outside the "
-                                         f"cache's {num_pages} pages")
     return B, S_q, H, D, H_kv, page_size, capacity, paged, qd
 
 
+def _check_kvcache_values(cache_seqlens, block_table, num_pages: int, page_size: int, capacity: int) -> None:
+    """validate=True: each length within the cache's capacity, each page id of the pages a sequence
+    uses within the pool (read back from the GPU: this waits for it)."""
+    lengths = _host_ints(cache_seqlens)
+    if lengths is None:
+        return
+    bad = np.flatnonzero((lengths < 0) | (lengths > capacity))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"cache_seqlens: sequence {i} has length {int(lengths[i])}, outside 0 .. {capacity} "
+                         f"(the cache holds {capacity} keys per sequence)")
+    table = None if block_table is None else _host_ints(block_table)
+    if table is not None:
+        for b in range(len(lengths)):
+            used = table[b, :cdiv(int(lengths[b]), page_size)]
+            wrong = np.flatnonzero((used < 0) | (used >= num_pages))
+            if wrong.size:
+                i = int(wrong[0])
+                raise ValueError(f"block_table: sequence {b}'s page {i} is {int(used[i])}, outside the "
+                                 f"cache's {num_pages} pages")
+
+
 def attention_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal: bool = True,
-                      scale: float | None = None, return_lse: bool = False, out=None):
+                      scale: float | None = None, return_lse: bool = False, out=None, validate: bool = False):
     """softmax(q·kᵀ·scale)·v of each sequence against its first cache_seqlens[b] keys (see the module
     docstring for the layouts). torch CUDA tensors, Numba device arrays or NumPy arrays (the
     simulator), all of one kind; returns the output of that kind, and with return_lse the pair
-    (out, lse). `out` (torch only): a tensor like q to write the output into."""
+    (out, lse). `out` (torch only): a tensor like q to write the output into.
+
+    A call never waits for the GPU: the lengths and page ids are the caller's promise, as in
+    FlashAttention, and the kernel clamps what it reads by them, so a wrong value gives a wrong
+    row, never a read outside the cache. `validate=True` (or FLASHCORE_VALIDATE=1) checks them on
+    the host first, for debugging: that copies them back and waits for the GPU."""
+    if is_torch(q):
+        return _kvcache_torch(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse, out,
+                              validate)
     launch, out, lse = kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table, causal=causal, scale=scale,
-                                        return_lse=return_lse, out=out)
+                                        return_lse=return_lse, out=out, validate=validate)
     launch()
     if isinstance(q, np.ndarray):
         out = out.copy_to_host()
@@ -185,37 +205,73 @@ def attention_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, *, c
     return (out, lse) if return_lse else out
 
 
+def _kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse):
+    """The plan of this attention_kvcache problem on torch tensors (runtime/kvcache.py), made on its
+    first call; a later call of the same problem checks only what could make it another (the key)."""
+    table = block_table
+    key = ("kvcache", type(q), type(k_cache), type(v_cache), type(cache_seqlens), type(table), q.shape,
+           k_cache.shape, v_cache.shape, cache_seqlens.shape, None if table is None else table.shape, q.dtype,
+           k_cache.dtype, v_cache.dtype, cache_seqlens.dtype, None if table is None else table.dtype, q.device,
+           k_cache.device, v_cache.device, cache_seqlens.device, None if table is None else table.device,
+           q.is_contiguous(), k_cache.is_contiguous(), v_cache.is_contiguous(), cache_seqlens.is_contiguous(),
+           None if table is None else table.is_contiguous(), type(causal), causal, type(scale), scale,
+           type(return_lse), return_lse)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable argument: the validation says which
+        _validate(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse)
+        raise
+    if plan is None:
+        _, _, _, D, _, _, _, paged, qd = _validate(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
+                                                  return_lse)
+        api.require_device(p10)
+        from .runtime import KVCachePlan
+
+        qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
+        plan = _PLANS.keep(key, KVCachePlan(D, qd.dtype, q.shape, k_cache.shape, block_table.shape if paged else None,
+                                            bool(causal), qk_scale, q.device.index or 0, bool(return_lse)))
+    return plan
+
+
+def _capacity(k_cache, block_table) -> int:
+    return k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+
+
+def _kvcache_torch(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse, out, validate):
+    """attention_kvcache on torch tensors: its plan, the output, one launch; nothing read back."""
+    plan = _kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse)
+    if validate or VALIDATE:
+        _check_kvcache_values(cache_seqlens, block_table, k_cache.shape[0], k_cache.shape[1],
+                              _capacity(k_cache, block_table))
+    out = _torch_out(q, out)
+    lse = _torch_lse(q, (q.shape[0], q.shape[2], q.shape[1])) if return_lse else None
+    plan(q, k_cache, v_cache, cache_seqlens, block_table, out, current_stream(plan.device_index), lse)
+    return (out, lse) if return_lse else out
+
+
 def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal=True, scale=None,
-                     return_lse=False, out=None):
+                     return_lse=False, out=None, validate=False):
     """attention_kvcache's checks, then (launch, out, lse): `launch()` runs the kernel with nothing
-    checked or allocated again (what the benchmark times)."""
-    B, S_q, H, D, H_kv, _, capacity, paged, qd = _validate(
+    checked or allocated again (what the benchmark times; on torch tensors, the plan's launch)."""
+    B, S_q, H, D, H_kv, page_size, capacity, paged, qd = _validate(
         q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse)
+    if validate or VALIDATE:
+        _check_kvcache_values(cache_seqlens, block_table, k_cache.shape[0], page_size, capacity)
+    if qd.kind == "torch":
+        plan = _kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse)
+        out = _torch_out(q, out)
+        lse = _torch_lse(q, (B, H, S_q)) if return_lse else None
+
+        def launch():
+            plan(q, k_cache, v_cache, cache_seqlens, block_table, out, current_stream(plan.device_index), lse)
+
+        return launch, out, lse
     config = build_kvcache(D, qd.dtype)
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
     # the grid and the workspace as for a dense problem whose keys are the cache's capacity
-    plan = config.split_keys((B, H, S_q, D), (B, H_kv, capacity, D), causal)
+    splits = config.split_keys((B, H, S_q, D), (B, H_kv, capacity, D), causal)
     from numba import cuda
 
-    if qd.kind == "torch":
-        import torch
-
-        out = _torch_out(q, out)
-        lse = torch.empty((B, H, S_q), dtype=torch.float32, device=q.device) if return_lse else None
-        table = block_table if paged else torch.arange(B, dtype=torch.int32, device=q.device).reshape(B, 1)
-        device_index = q.device.index or 0
-        with cuda.gpus[device_index]:
-            arrays = [torch_to_kernel(t) for t in (q, k_cache, v_cache, out)]
-            extra = [cuda.as_cuda_array(t) for t in (cache_seqlens, table)]
-            kernel_lse = cuda.as_cuda_array(lse if lse is not None else _no_lse_torch(q.device))
-            workspace = _torch_workspace(plan, q.device)
-
-        def launch():
-            with cuda.gpus[device_index]:
-                stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
-                _launch(config, plan, arrays, extra, kernel_lse, causal, qk_scale, stream, workspace)
-
-        return launch, out, lse
     if out is not None:
         raise ValueError("out: only with torch tensors")
     host = qd.kind == "numpy"
@@ -229,55 +285,34 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
     extra = [dev(cache_seqlens), dev(table) if (paged or host) else cuda.to_device(table)]
 
     def launch():
-        _launch(config, plan, arrays + [out], extra, lse, causal, qk_scale, 0)
+        _launch(config, splits, arrays + [out], extra, lse, causal, qk_scale, 0)
 
     return launch, out, lse
-
-
-_TORCH_WORKSPACES: dict = {}  # (device, stream, shapes) -> a split-keys workspace from torch's allocator
-
-
-def _torch_workspace(plan, device) -> list:
-    """The split-keys workspace of a torch call on the current stream, as common.split_workspace keeps
-    one per stream, but from torch's allocator, so that a call can be captured in a CUDA graph: made
-    on the first call on that stream (its counters zeroed there, on the stream), then left at zero by
-    every launch's merging blocks."""
-    import torch
-    from numba import cuda
-
-    key = (str(device), torch.cuda.current_stream(device).cuda_stream, plan.o_part, plan.lse_part, plan.counters)
-    found = _TORCH_WORKSPACES.get(key)
-    if found is None:
-        found = _TORCH_WORKSPACES[key] = [
-            cuda.as_cuda_array(torch.empty(plan.o_part, dtype=torch.float32, device=device)),
-            cuda.as_cuda_array(torch.empty(plan.lse_part, dtype=torch.float32, device=device)),
-            cuda.as_cuda_array(torch.zeros(plan.counters, dtype=torch.int32, device=device))]
-    return found
-
-
 def _torch_out(q, out):
     """The output tensor of a torch call: a new one like q, or the caller's `out`, checked."""
     if out is None:
         return q.new_empty(q.shape)
-    if not _is_torch(out) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device \
+    if not is_torch(out) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device \
             or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous tensor like q ({tuple(q.shape)}, {q.dtype} on {q.device})")
     return out
 
 
-def _no_lse_torch(device):
-    """The empty LSE argument (no_lse) from torch's allocator: nothing allocated by Numba in a call
-    that a CUDA graph may be capturing."""
-    import torch
+def _torch_lse(q, shape, fill=None):
+    """The float32 log-sum-exp tensor of a torch call, from torch's allocator (a CUDA graph may be
+    capturing the call): uninitialized, or `fill`ed where the kernel may leave rows unwritten."""
+    torch = torch_module()
+    if fill is None:
+        return torch.empty(shape, dtype=torch.float32, device=q.device)
+    return torch.full(shape, fill, dtype=torch.float32, device=q.device)
 
-    return torch.empty((0, 0, 0), dtype=torch.float32, device=device)
 
-
-def _launch(config, plan, arrays, extra, lse, causal, qk_scale, stream, workspace=None):
+def _launch(config, splits, arrays, extra, lse, causal, qk_scale, stream):
+    """attention_kvcache's kernel through Numba's launch (NumPy and Numba arrays, the simulator)."""
     q, k, v, o = arrays
     args = (q, k, v, o.view(np.uint32), no_lse() if lse is None else lse, bool(causal), np.float32(qk_scale),
-            *(workspace or split_workspace(plan, stream)), *extra)
-    launch_kernel(config.kernel, plan.grid, config.n_threads, config.smem_bytes, args, stream, config.cache_key)
+            *split_workspace(splits, stream), *extra)
+    launch_kernel(config.kernel, splits.grid, config.n_threads, config.smem_bytes, args, stream, config.cache_key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +323,7 @@ VARLEN_PHASES = ("07", "09")
 
 def _varlen_phase(phase) -> str:
     if phase == "best":
-        return "09" if _best_for_this_gpu().ID >= "09" else "07"
+        return "09" if api.best_for_this_gpu().ID >= "09" else "07"
     if phase not in VARLEN_PHASES:
         raise ValueError(f"phase: attention_varlen runs phase {' or '.join(VARLEN_PHASES)} (or 'best'), got {phase!r}")
     return phase
@@ -311,60 +346,146 @@ def _check_offsets(name: str, offsets, total: int, max_seqlen: int, max_name: st
         raise ValueError(f"{max_name}: {max_seqlen}, but sequence {i} has {int(lengths[i])} ({name})")
 
 
+def _check_lengths(max_seqlen_q, max_seqlen_k, n_q: int, n_k: int) -> None:
+    """What a varlen call checks every time: the longest lengths are whole numbers, the offsets agree."""
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise TypeError(f"{name}: expected a whole number >= 0, got {value!r}")
+    if n_q < 1:
+        raise ValueError("cu_seqlens_q: expected B + 1 >= 1 offsets, got none")
+    if n_k != n_q:
+        raise ValueError(f"cu_seqlens_k: {n_k} offsets, but cu_seqlens_q has {n_q} (both are B + 1)")
+
+
 def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse):
-    """Every check of attention_varlen; returns (B, total_q, H, D, qd)."""
+    """Every check of attention_varlen's arguments but the offsets' values (the caller's promise;
+    `_check_varlen_values` checks them, validate=True). Returns (B, total_q, H, D, q's Operand)."""
     _check_flags(causal, scale, return_lse)
     qd, kd, vd = _operands((("q", q), ("k", k), ("v", v)), 3, p07)
     total_q, H, D = qd.shape
     if vd.shape != kd.shape:
         raise ValueError(f"v: shape {vd.shape} differs from k's {kd.shape}")
-    total_k, H_kv, D_k = kd.shape
+    _, H_kv, D_k = kd.shape
     if D_k != D:
         raise ValueError(f"k: head dim {D_k} differs from q's {D} (shape {kd.shape})")
     if H % H_kv:
         raise ValueError(f"k: its {H_kv} key/value heads must divide q's {H} heads (shape {kd.shape})")
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise TypeError(f"{name}: expected a whole number >= 0, got {value!r}")
     (n_q,) = _index_array("cu_seqlens_q", cu_seqlens_q, "(B + 1,)", 1, qd)
     (n_k,) = _index_array("cu_seqlens_k", cu_seqlens_k, "(B + 1,)", 1, qd)
-    if n_q < 1:
-        raise ValueError("cu_seqlens_q: expected B + 1 >= 1 offsets, got none")
-    if n_k != n_q:
-        raise ValueError(f"cu_seqlens_k: {n_k} offsets, but cu_seqlens_q has {n_q} (both are B + 1)")
+    _check_lengths(max_seqlen_q, max_seqlen_k, n_q, n_k)
+    return n_q - 1, total_q, H, D, qd
+
+
+def _check_varlen_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k) -> None:
+    """validate=True: each offsets array from 0 to its packed rows, never decreasing, no sequence longer
+    than its max_seqlen (read back from the GPU: this waits for it)."""
     for name, offsets, total, longest in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
                                           ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
         host = _host_ints(offsets)
         if host is not None:
             _check_offsets(name, host, total, int(longest), name.replace("cu_seqlens", "max_seqlen"))
-    return n_q - 1, total_q, H, D, qd
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: bool = False, scale: float | None = None, return_lse: bool = False,
-                     phase: str = "best", out=None):
+                     phase: str = "best", out=None, validate: bool = False):
     """softmax(q·kᵀ·scale)·v of each of B sequences packed end to end (see the module docstring for the
     layouts). torch CUDA tensors, Numba device arrays or NumPy arrays (the simulator), all of one
     kind; returns the output of that kind, and with return_lse the pair (out, lse). `out` (torch
-    only): a tensor like q to write the output into."""
+    only): a tensor like q to write the output into.
+
+    A call never waits for the GPU: the offsets and max_seqlen_q are the caller's promise, as in
+    FlashAttention, and the kernel clamps the offsets to the packed rows, so a wrong value gives a
+    wrong row, never a read outside q, k or v. `validate=True` (or FLASHCORE_VALIDATE=1) checks
+    them on the host first, for debugging: that copies them back and waits for the GPU."""
+    if is_torch(q):
+        return _varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                             return_lse, phase, out, validate)
     launch, out, lse = varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                       causal=causal, scale=scale, return_lse=return_lse, phase=phase, out=out)
+                                       causal=causal, scale=scale, return_lse=return_lse, phase=phase, out=out,
+                                       validate=validate)
     launch()
-    if not _is_torch(q):
-        out = out.reshape(tuple(q.shape))
-        if isinstance(q, np.ndarray):
-            out = out.copy_to_host()
-            lse = lse.copy_to_host() if return_lse else None
+    out = out.reshape(tuple(q.shape))
+    if isinstance(q, np.ndarray):
+        out = out.copy_to_host()
+        lse = lse.copy_to_host() if return_lse else None
     return (out, lse[0]) if return_lse else out
 
 
+def _varlen_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse, phase):
+    """The plan of this kind of attention_varlen problem on torch tensors (runtime/varlen.py): one
+    for every packing of the same heads, head dim, dtype, flags and scale. What the key leaves out
+    (the packed lengths, the number of sequences) is checked on every call."""
+    key = ("varlen", phase, type(q), type(k), type(v), type(cu_seqlens_q), type(cu_seqlens_k), q.shape[1:],
+           k.shape[1:], v.shape[1:], q.dim(), k.dim(), v.dim(), q.dtype, k.dtype, v.dtype, cu_seqlens_q.dtype,
+           cu_seqlens_k.dtype, cu_seqlens_q.dim(), cu_seqlens_k.dim(), q.device, k.device, v.device,
+           cu_seqlens_q.device, cu_seqlens_k.device, q.is_contiguous(), k.is_contiguous(), v.is_contiguous(),
+           cu_seqlens_q.is_contiguous(), cu_seqlens_k.is_contiguous(), type(causal), causal, type(scale), scale,
+           type(return_lse), return_lse)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable argument: the validation says which
+        _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse)
+        raise
+    if plan is None:
+        phase_id = _varlen_phase(phase)
+        _, _, H, D, qd = _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                          scale, return_lse)
+        api.require_device(api.get_phase(phase_id))
+        from .runtime import VarlenPlan
+
+        qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
+        plan = _PLANS.keep(key, VarlenPlan(phase_id, D, qd.dtype, H, k.shape[1], bool(causal), qk_scale,
+                                           q.device.index or 0, bool(return_lse)))
+    else:  # the same kind of problem: only the packed lengths may differ
+        if v.shape[0] != k.shape[0]:
+            raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
+        _check_lengths(max_seqlen_q, max_seqlen_k, cu_seqlens_q.shape[0], cu_seqlens_k.shape[0])
+    return plan
+
+
+def _varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse, phase,
+                  out, validate):
+    """attention_varlen on torch tensors: its plan, the output, one launch; nothing read back."""
+    launch, out, lse = _varlen_torch_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                              scale, return_lse, phase, out, validate)
+    launch()
+    return (out, lse[0]) if return_lse else out
+
+
+def _varlen_torch_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                           return_lse, phase, out, validate):
+    plan = _varlen_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
+                        phase)
+    if validate or VALIDATE:
+        _check_varlen_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+    out = _torch_out(q, out)
+    # -inf: the LSE of a row that sees no key; the kernel writes every row of every sequence
+    lse = _torch_lse(q, (1, q.shape[1], q.shape[0]), -math.inf) if return_lse else None
+    B, max_seqlen_q = cu_seqlens_q.shape[0] - 1, int(max_seqlen_q)
+    if B == 0 or q.shape[0] == 0 or max_seqlen_q == 0:
+        return out.zero_, out, lse
+
+    def launch():
+        plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, current_stream(plan.device_index), lse)
+
+    return launch, out, lse
+
+
 def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
-                    return_lse=False, phase="best", out=None):
+                    return_lse=False, phase="best", out=None, validate=False):
     """attention_varlen's checks, then (launch, out, lse): `launch()` runs the kernel with nothing
     checked or allocated again (what the benchmark times; out and lse as the kernel sees them)."""
+    if is_torch(q):
+        return _varlen_torch_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                                      return_lse, phase, out, validate)
     phase_id = _varlen_phase(phase)
     B, total_q, H, D, qd = _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                             causal, scale, return_lse)
+    if validate or VALIDATE:
+        _check_varlen_values(cu_seqlens_q, cu_seqlens_k, total_q, k.shape[0], max_seqlen_q, max_seqlen_k)
+    if out is not None:
+        raise ValueError("out: only with torch tensors")
     config = build_varlen(phase_id, D, qd.dtype)
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
     max_seqlen_q = int(max_seqlen_q)
@@ -375,30 +496,6 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         grid = config.grid((B, H, max_seqlen_q, D), causal) if launches else None
     from numba import cuda
 
-    if qd.kind == "torch":
-        import torch
-
-        out = _torch_out(q, out)
-        lse = torch.full((1, H, total_q), -math.inf, dtype=torch.float32, device=q.device) if return_lse else None
-        if not launches:
-            return out.zero_, out, lse
-        device_index = q.device.index or 0
-        with cuda.gpus[device_index]:
-            arrays = [torch_to_kernel(t[None]) for t in (q, k, v, out)]
-            offsets = [cuda.as_cuda_array(c) for c in (cu_seqlens_q, cu_seqlens_k)]
-            if config.work_units is not None:  # its work counter (the kernel leaves it at zero)
-                offsets.insert(0, cuda.as_cuda_array(torch.zeros(1, dtype=torch.int32, device=q.device)))
-            kernel_lse = cuda.as_cuda_array(lse if lse is not None else _no_lse_torch(q.device))
-            args = _varlen_arguments(config, arrays, offsets, kernel_lse, causal, qk_scale, max_seqlen_q)
-
-        def launch():
-            with cuda.gpus[device_index]:
-                stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
-                launch_kernel(config.kernel, grid, config.n_threads, config.smem_bytes, args, stream, config.cache_key)
-
-        return launch, out, lse
-    if out is not None:
-        raise ValueError("out: only with torch tensors")
     host = qd.kind == "numpy"
     dev = (lambda x: cuda.to_device(np.ascontiguousarray(x))) if host else (lambda x: x)
     arrays = [dev(x).reshape((1, *x.shape)) for x in (q, k, v)]

@@ -5,6 +5,7 @@ import pytest
 
 from flashcore_numba import PHASES, attention, check_close, get_phase, lowp_attention, reference_attention
 from flashcore_numba.reference import random_qkv
+from flashcore_numba.inputs import describe
 
 
 def qkv(shape=(1, 1, 8, 64), seq_k=None, dtype=np.float16):
@@ -184,7 +185,7 @@ def test_requires_grad_on_a_phase_without_backward_is_refused_by_name(monkeypatc
         api.attention(*ops, phase="03")
     with pytest.raises(TypeError, match=r"^deterministic: expected True or False"):
         api.attention(*ops, phase="07", deterministic="yes")
-    assert api._describe("k", _TorchLike(requires_grad=True)).kind == "torch"
+    assert describe("k", _TorchLike(requires_grad=True)).kind == "torch"
 
 
 def test_eager_gradients_go_through_one_forward_and_one_backward(monkeypatch):
@@ -235,7 +236,7 @@ def test_the_backward_check_asks_the_gpu_once_per_phase_and_device(monkeypatch):
 
     asked = []
     monkeypatch.setattr(api, "_BACKWARD_CHECKED", set())
-    monkeypatch.setattr(api, "_best_for_this_gpu", lambda: asked.append("best") or api.get_phase("07"))
+    monkeypatch.setattr(api, "best_for_this_gpu", lambda: asked.append("best") or api.get_phase("07"))
     for _ in range(3):
         api._require_backward("best", "cuda:0")
     api._require_backward("best", "cuda:1")
@@ -260,12 +261,12 @@ def test_best_falls_back_on_an_older_gpu(monkeypatch):
 
     monkeypatch.setattr(numba, "cuda", fake, raising=False)
     monkeypatch.setitem(__import__("sys").modules, "numba.cuda", fake)
-    chosen = api._best_for_this_gpu()
+    chosen = api.best_for_this_gpu()
     assert min_cc(chosen) <= (7, 5)
     assert chosen.ID == max(pid for pid, p in PHASES.items() if min_cc(p) <= (7, 5))
     # a newer GPU than Hopper has no wgmma: 'best' is the newest phase without it (07 on sm_100)
     fake.get_current_device = lambda: SimpleNamespace(compute_capability=(10, 0))
-    chosen = api._best_for_this_gpu()
+    chosen = api.best_for_this_gpu()
     assert chosen.ID == "07"
 
 
@@ -382,7 +383,7 @@ def test_best_between_09_and_10_agrees_with_the_committed_records():
 
 def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
     """attention(phase="best") off the simulator: validation first, then best_for_shape picks the
-    kernel that runs (stopped here at _require_device, which sees the choice)."""
+    kernel that runs (stopped here at require_device, which sees the choice)."""
     from flashcore_numba import api
 
     chosen = []
@@ -392,8 +393,8 @@ def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
         raise RuntimeError("stop")
 
     monkeypatch.setattr(api, "simulator_enabled", lambda: False)
-    monkeypatch.setattr(api, "_best_for_this_gpu", lambda: api.get_phase("09"))
-    monkeypatch.setattr(api, "_require_device", stop)
+    monkeypatch.setattr(api, "best_for_this_gpu", lambda: api.get_phase("09"))
+    monkeypatch.setattr(api, "require_device", stop)
     monkeypatch.setattr(api, "sm_count", lambda: 132)  # an H100's: the simulator's "GPU" has 2
     shapes = ((512, True, 64), (4096, True, 64), (1024, False, 64), (512, False, 128), (1, True, 64))
     for table, expected in (({}, ["09", "09", "09", "09", "10"]), ({(64, True): 512}, ["08", "09", "09", "09", "10"])):

@@ -114,11 +114,35 @@ def _errors(**changes):
      ValueError, "k_cache"),
 ])
 def test_bad_input_names_the_argument(changes, error, name):
+    """validate=True (what FLASHCORE_VALIDATE=1 turns on) checks the index arrays' values too."""
     if error is None:  # not an error: a table entry past a sequence's pages is never read
-        attention_kvcache(**_errors(**changes))
+        attention_kvcache(**_errors(**changes), validate=True)
         return
     with pytest.raises(error, match=rf"^{name}:"):
-        attention_kvcache(**_errors(**changes))
+        attention_kvcache(**_errors(**changes), validate=True)
+
+
+@pytest.mark.parametrize("changes,same_as", [
+    pytest.param(dict(cache_seqlens=np.array([20, 999], np.int32)), dict(cache_seqlens=np.array([20, 32], np.int32)),
+                 id="a length past the capacity reads the capacity"),
+    pytest.param(dict(cache_seqlens=np.array([-7, 10], np.int32)), dict(cache_seqlens=np.array([0, 10], np.int32)),
+                 id="a negative length is 0"),
+    pytest.param(dict(block_table=np.array([[0, 1], [999, 3]], np.int32)),
+                 dict(block_table=np.array([[0, 1], [6, 3]], np.int32)), id="a page id past the pool is its last"),
+    pytest.param(dict(block_table=np.array([[-4, 1], [2, 3]], np.int32)),
+                 dict(block_table=np.array([[0, 1], [2, 3]], np.int32)), id="a negative page id is page 0"),
+])
+def test_wrong_values_are_clamped_never_read_outside_the_cache(changes, same_as):
+    """Without validate, the lengths and page ids are the caller's promise (nothing is copied back
+    from the GPU to check them, as in FlashAttention): the kernel clamps what it reads, so a wrong
+    value gives a wrong row, never a read outside the cache. The simulator raises IndexError on any
+    read outside an array; the result is the clamped values' result, bit for bit."""
+    got = attention_kvcache(**_errors(**changes), return_lse=True)
+    expected = attention_kvcache(**_errors(**same_as), return_lse=True)
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError):
+        attention_kvcache(**_errors(**changes), validate=True)
 
 
 def test_a_contiguous_cache_needs_a_row_per_sequence():

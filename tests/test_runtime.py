@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flashcore_numba.runtime.plan import Plans
+
 from flashcore_numba.arch import cache, launch
 from flashcore_numba.arch.launch import ArgSlots, ArrayArg, ScalarArg
 from flashcore_numba.arch.sim import simulator_enabled
@@ -488,7 +490,7 @@ def test_torch_compile_traces_attention_as_one_op():
 def test_a_call_finds_its_plan_by_its_key(monkeypatch):
     """attention() on torch tensors makes a problem's plan once (validating it then) and finds it again
     by the call's key; another shape, flag or dtype is another plan; an unhashable argument is named;
-    and the table forgets its oldest plans past PLANS_KEPT. Run with CPU tensors and a stand-in plan
+    and the table forgets its oldest plans past the number it keeps. Run with CPU tensors and a stand-in plan
     (no GPU here): what is tested is the lookup, not the launch."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     from flashcore_numba import api
@@ -507,10 +509,10 @@ def test_a_call_finds_its_plan_by_its_key(monkeypatch):
         made.append((tuple(q.shape), causal, scale, phase, return_lse))
         return StandInPlan()
 
-    monkeypatch.setattr(api, "_make_plan", make_plan)
-    monkeypatch.setattr(api, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(api, "make_plan", make_plan)
+    monkeypatch.setattr(api, "current_stream", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(api, "_PLANS", {})
+    monkeypatch.setattr(api, "_PLANS", Plans())
     q, k, v = (torch.zeros(1, 2, 8, 64, dtype=torch.float16) for _ in range(3))
     for _ in range(3):
         out = api.attention(q, k, v, causal=True)
@@ -524,7 +526,7 @@ def test_a_call_finds_its_plan_by_its_key(monkeypatch):
     assert lse.shape == (1, 2, 8) and lse.dtype == torch.float32 and bool((lse == 1.0).all())
     with pytest.raises(TypeError, match="phase: expected a phase id"):
         api.attention(q, k, v, phase=["09"])  # unhashable: the validation says what is wrong
-    monkeypatch.setattr(api, "PLANS_KEPT", 2)
+    api._PLANS.kept = 2
     api.attention(q, k, v, scale=0.5)
     assert len(api._PLANS) == 2 and made[-1][2] == 0.5
 
@@ -554,9 +556,9 @@ def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
             dv.fill_(3.0)
 
     monkeypatch.setattr(runtime, "BackwardPlan", StandInPlan)
-    monkeypatch.setattr(api, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(api, "current_stream", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(api, "_BACKWARD_PLANS", {})
+    monkeypatch.setattr(api, "_BACKWARD_PLANS", Plans())
     monkeypatch.setattr(api, "_AUTOGRAD_BACKWARD", {})
     asked = []  # the devices whose capability autograd's choice of backward asked for
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or (8, 0))
@@ -580,7 +582,7 @@ def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
     assert len(made) == 3 and not dq.any() and dk.shape == empty.shape
     # on Hopper autograd runs phase 12's backward
     monkeypatch.setattr(api, "_AUTOGRAD_BACKWARD", {})
-    monkeypatch.setattr(api, "_BACKWARD_PLANS", {})
+    monkeypatch.setattr(api, "_BACKWARD_PLANS", Plans())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
     api._backward(q, k, v, q, lse, dout, None, True, None, False)
     assert len(made) == 4 and made[-1][-1] == "12"

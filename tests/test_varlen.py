@@ -93,11 +93,34 @@ def _args(**changes):
     (dict(v=np.zeros((15, 2, 64), np.float16)), ValueError, "v"),
 ])
 def test_bad_input_names_the_argument(changes, error, name):
+    """validate=True (what FLASHCORE_VALIDATE=1 turns on) checks the offsets' values too."""
     if error is None:
-        attention_varlen(**_args(**changes))
+        attention_varlen(**_args(**changes), validate=True)
         return
     with pytest.raises(error, match=rf"^{name}:"):
-        attention_varlen(**_args(**changes))
+        attention_varlen(**_args(**changes), validate=True)
+
+
+@pytest.mark.parametrize("phase", ["07"])
+@pytest.mark.parametrize("changes,same_as", [
+    pytest.param(dict(cu_seqlens_q=np.array([0, 10, 99], np.int32)), dict(cu_seqlens_q=np.array([0, 10, 16], np.int32)),
+                 id="an offset past the packed rows is their end"),
+    pytest.param(dict(cu_seqlens_k=np.array([0, 12, 10], np.int32)), dict(cu_seqlens_k=np.array([0, 12, 12], np.int32)),
+                 id="a decreasing offset is an empty sequence"),
+    pytest.param(dict(cu_seqlens_k=np.array([-5, 10, 16], np.int32)), dict(cu_seqlens_k=np.array([0, 10, 16], np.int32)),
+                 id="a negative offset is 0"),
+])
+def test_wrong_offsets_are_clamped_never_read_outside(phase, changes, same_as):
+    """Without validate, the offsets are the caller's promise (nothing is copied back from the GPU
+    to check them, as in FlashAttention): the kernel clamps them to the packed rows, so wrong ones
+    give wrong rows, never a read or write outside q, k, v or the output (the simulator raises
+    IndexError on any); the result is the clamped offsets' result, bit for bit."""
+    got = attention_varlen(**_args(**changes, phase=phase), return_lse=True)
+    expected = attention_varlen(**_args(**same_as, phase=phase), return_lse=True)
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError):
+        attention_varlen(**_args(**changes, phase=phase), validate=True)
 
 
 def varlen_problems(max_len: int, max_batch: int, phases=("07", "09")):

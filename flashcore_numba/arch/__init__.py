@@ -24,7 +24,10 @@ Phases import from here; nothing here imports a phase, the measurement, the cour
     sim_tma.py   the simulator's mbarriers and TMA copies (zero fill, 128-byte swizzle)
     sim_warpgroup.py  the simulator's named barriers (and setmaxnreg, a no-op there)
     sim_trace.py the simulator's clock (ptx/trace.ptx's %globaltimer)
-    launch.py    Numba's kernel ABI packed once, the driver launch, `build_cubin`
+    launch.py    Numba's kernel ABI packed once, the driver launch (in the device's primary
+                 context, from any thread), `build_cubin`
+    scratch.py   the memory kernels need beside their arguments (phase 09's work counter, phase
+                 10's split workspace): one owner, per device, stream and shape, bounded
     cache.py     compiled kernels on disk, keyed by everything that changes the code
     compile_speed.py  Numba's inliner copying a device function's IR once per inlined call, not
                  once per block, while the package compiles (the same code, compiled sooner)

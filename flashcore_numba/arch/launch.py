@@ -66,8 +66,9 @@ class ArgSlots:
         base = ctypes.addressof(self._slots)
         self._pointers = (ctypes.c_void_p * n)(*(base + 8 * i for i in range(n)))
         self.params = ctypes.addressof(self._pointers)
-        self.sizes, self.data_slot, i = [], [], 0
+        self.sizes, self.data_slot, self._arg_slot, i = [], [], [], 0
         for a in self.args:
+            self._arg_slot.append(i)
             if isinstance(a, ArrayArg):
                 strides, step = [], a.itemsize
                 for extent in reversed(a.shape):
@@ -91,6 +92,28 @@ class ArgSlots:
     def set_pointer(self, arg: int, address: int) -> None:
         """The data pointer of array argument number `arg` (its position in the argument list)."""
         self._slots[self.data_slot[arg]] = address
+
+    def set_shape(self, arg: int, shape) -> None:
+        """A new shape for array argument number `arg` (C-contiguous, as every argument here): its
+        element count, extents and strides, for a kernel whose arrays change length from call to
+        call (attention_varlen's packed rows). Its number of dimensions is the compiled kernel's."""
+        a = self.args[arg]
+        if len(shape) != len(a.shape):
+            raise ValueError(f"argument {arg}: {len(shape)} dimensions, the kernel takes {len(a.shape)}")
+        first, n = self.data_slot[arg] - 4, len(shape)  # the slot of meminfo: count is 2 on
+        count, step = 1, a.itemsize
+        for j in range(n - 1, -1, -1):
+            self._slots[first + 5 + j] = shape[j]
+            self._slots[first + 5 + n + j] = step
+            step *= shape[j]
+            count *= shape[j]
+        self._slots[first + 2] = count
+
+    def set_scalar(self, arg: int, value) -> None:
+        """A new value for scalar argument number `arg`, of the kind it was made with."""
+        slot = self._arg_slot[arg]
+        c_value = _SCALARS[self.args[arg].kind](value)
+        ctypes.memmove(ctypes.addressof(self._slots) + 8 * slot, ctypes.addressof(c_value), ctypes.sizeof(c_value))
 
     def values(self) -> list[int]:
         """Every slot as an integer (for tests)."""
@@ -124,7 +147,7 @@ def _check(result, what: str):
 class Kernel:
     """A kernel loaded from a cubin: its CUkernel (the same in every context), the CUlibrary that must
     stay loaded while it is used, and `function`, its CUfunction in the context it is launched in
-    (`function_of`, set by whoever knows that context: runtime/plan.py's `_loaded`)."""
+    (`function_of`, set by whoever knows that context: runtime/plan.py's `loaded_kernel`)."""
 
     library: object
     handle: object
@@ -164,8 +187,52 @@ def _libcuda():
 
     lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
     lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
-    lib.cuMemsetD32Async.restype = ctypes.c_int
+    lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+    lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    for name in ("cuMemsetD32Async", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuDeviceGet", "cuDevicePrimaryCtxRetain"):
+        getattr(lib, name).restype = ctypes.c_int
     return lib
+
+
+# ---------------------------------------------------------------------------------------------
+# The context a launch runs in
+# ---------------------------------------------------------------------------------------------
+# cuLaunchKernel launches into the calling thread's current context. A thread that has done no
+# CUDA work has none (autograd's device threads, a server's worker threads): torch's device
+# guard does not make one current (it sees device 0 "current" already), and the launch fails
+# with CUDA_ERROR_INVALID_CONTEXT. So every launch path makes the device's primary context (the
+# one Numba and torch share) current around its launches, and puts back what was there.
+@lru_cache(maxsize=None)
+def primary_context(device_index: int) -> int:
+    """The handle of device `device_index`'s primary context, retained once for the process."""
+    lib, device, context = _libcuda(), ctypes.c_int(), ctypes.c_void_p()
+    _check_code(lib.cuDeviceGet(ctypes.byref(device), device_index), f"cuDeviceGet({device_index})")
+    _check_code(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+    return int(context.value)
+
+
+def make_current(context: int) -> int:
+    """Make `context` the calling thread's current context; returns the one that was current (0 for
+    none), which `restore` puts back. One driver call when it already is (about 0.2 us)."""
+    lib, current = _libcuda(), ctypes.c_void_p()
+    _check_code(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    previous = current.value or 0
+    if previous != context:
+        _check_code(lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+    return previous
+
+
+def restore(previous: int, context: int) -> None:
+    """Undo `make_current(context)`, which returned `previous`."""
+    if previous != context:
+        _check_code(_libcuda().cuCtxSetCurrent(previous or None), "cuCtxSetCurrent")
+
+
+def _check_code(err: int, what: str) -> None:
+    if err:
+        raise RuntimeError(f"{what} failed: {_error_name(err)}")
 
 
 class Launcher:
@@ -181,6 +248,16 @@ class Launcher:
         self.kernel, self.slots = kernel, slots  # the buffer `params` points into stays alive
         self._dims = (int(gx), int(gy), int(gz), int(block), 1, 1, int(smem))
         self._launch = _driver().cuLaunchKernel
+
+    @property
+    def grid(self) -> tuple:
+        return self._dims[:3]
+
+    @grid.setter
+    def grid(self, grid) -> None:
+        """A new grid (a kernel whose grid follows the call's lengths: attention_varlen's)."""
+        gx, gy, gz = grid
+        self._dims = (int(gx), int(gy), int(gz), *self._dims[3:])
 
     def __call__(self, stream: int) -> None:
         (err,) = self._launch(self.kernel.function, *self._dims, stream, self.slots.params, 0)

@@ -127,18 +127,26 @@ def packed_maps(arrays, box, swizzle: str = "128B"):
     """The tensor maps of packed sequences' (1, total, heads, D) arrays (attention_varlen), each seen as
     (heads, total, D): plane h is head h, its rows heads x D elements apart. One device array of
     shape (len(arrays), 16), as head_maps gives; cached by address and shape."""
-    described = []
-    for i, array in enumerate(arrays):
-        address, shape, strides, dtype = _described(array)
-        if len(shape) != 4 or shape[0] != 1:
-            raise ValueError(f"array {i}: expected (1, total, heads, D), got shape {tuple(shape)}")
-        described.append((address, (shape[2], shape[1], shape[3]), (strides[2], strides[1], strides[3]), dtype))
+    described = describe_packed(arrays)
     if simulator_enabled():
         from numba import cuda
 
         views = [getattr(a, "_ary", a)[0].transpose(1, 0, 2) for a in arrays]  # the same memory, plane by head
         return cuda.to_device(np.stack([tensor_map(v, box, swizzle).copy_to_host() for v in views]))
-    return _head_maps(tuple(described), tuple(map(int, box)), swizzle)
+    return _head_maps(described, tuple(map(int, box)), swizzle)
+
+
+def describe_packed(arrays) -> tuple:
+    """(address, (heads, total, D), strides of those dimensions in bytes, dtype) of each packed array,
+    (total, heads, D) or (1, total, heads, D) (a Numba device array or torch CUDA tensor): packed
+    sequences as TMA sees them, one head per plane, its rows heads x D elements apart."""
+    described = []
+    for i, array in enumerate(arrays):
+        address, shape, strides, dtype = _described(array)
+        if not (len(shape) == 3 or (len(shape) == 4 and shape[0] == 1)):
+            raise ValueError(f"array {i}: expected (total, heads, D) or (1, total, heads, D), got shape {tuple(shape)}")
+        described.append((address, (shape[-2], shape[-3], shape[-1]), (strides[-2], strides[-3], strides[-1]), dtype))
+    return tuple(described)
 
 
 def _described(array) -> tuple:

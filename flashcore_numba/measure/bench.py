@@ -802,18 +802,18 @@ def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timi
 
 def _plan_launch(kernel_id: str, qkv, problem: Problem) -> Callable[[], object]:
     """The kernel's launch as attention() makes it, less the call around it: the problem's plan
-    (api._make_plan, validated once here) launched by the driver on torch's current stream into one
+    (api.make_plan, validated once here) launched by the driver on torch's current stream into one
     output made beforehand, without the call's plan lookup, checks and allocation. The lessons'
     launch through Numba's dispatcher would not do as this yardstick: its 0.2-0.4 ms of host time
     a launch outlasts the small problems' kernels, so back to back it times the host."""
     import torch
 
-    from ..api import _current_stream, _make_plan
+    from ..api import current_stream, make_plan
 
     q, k, v = qkv
-    plan = _make_plan(q, k, v, problem.causal, None, kernel_id)
+    plan = make_plan(q, k, v, problem.causal, None, kernel_id)
     out = torch.empty_like(q)
-    stream = _current_stream(q.device.index or 0)
+    stream = current_stream(q.device.index or 0)
 
     def launch():
         plan(q, k, v, out, stream)

@@ -37,7 +37,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
-from ..arch import operands
+from ..arch import operands, scratch
 from ..arch.sim import arithmetic_device_function, fast_fdividef, simulator_enabled, simulator_pacing
 from ..arch.cache import cache_dir, install
 from ..arch.smem import STATIC_SMEM_LIMIT, argument_types, raise_dynamic_smem_limit
@@ -77,6 +77,16 @@ def key_end(row, seq_q, seq_k, causal):
     if causal:
         return min(seq_k, max(0, row + 1 + seq_k - seq_q))
     return seq_k
+
+
+@cuda.jit(device=True, inline=True)
+def packed_span(CU, b, total):
+    """(first row, rows) of sequence b of packed sequences (attention_varlen) whose offsets are CU
+    (B + 1 int32, the caller's promise): clamped to the `total` packed rows and never decreasing, so
+    that wrong offsets give a wrong row, never a read or write outside the packed arrays."""
+    first = int32(min(max(CU[b], 0), total))
+    end = int32(min(max(CU[b + 1], first), total))
+    return first, end - first
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,52 +327,30 @@ def _multiprocessors(device_id: int) -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-_COUNTERS: dict = {}
+def _stream_handle(stream) -> int:
+    """A Numba stream's CUstream as an int (0: the default stream)."""
+    stream = stream or cuda.default_stream()
+    _, handle = stream.__cuda_stream__()  # (version, the CUstream or its address)
+    return int(handle)
 
 
 def work_counter(stream=0):
-    """A one-int32 counter at zero, for a kernel that hands out its work units by atomic additions:
-    one counter per device and stream, so that launches on different streams never share one.
-    It is zeroed once, on `stream`, when made; after that the kernel leaves it at zero itself (its
-    last request sets it back), so a launch needs no memset before it."""
+    """A one-int32 counter at zero, for a kernel that hands out its work units by atomic additions
+    (arch/scratch.py: one per device and stream, zeroed once there; the kernel's last request sets
+    it back to zero, so a launch needs no memset before it)."""
     if simulator_enabled():
-        return cuda.to_device(np.zeros(1, np.int32))
-    from numba.cuda.cudadrv.driver import device_memset
-
-    stream = stream or cuda.default_stream()
-    _, handle = stream.__cuda_stream__()  # (version, the CUstream or its address)
-    key = (cuda.get_current_device().id, int(handle))
-    counter = _COUNTERS.get(key)
-    if counter is None:
-        counter = _COUNTERS[key] = cuda.device_array(1, np.int32)
-        device_memset(counter, 0, 4, stream=stream)
-    return counter
-
-
-_WORKSPACES: dict = {}
+        return scratch.work_counter(0, 0).arrays[0]
+    return scratch.work_counter(cuda.get_current_device().id, _stream_handle(stream)).arrays[0]
 
 
 def split_workspace(splits, stream=0):
     """The workspace of a split-keys kernel (phase 10) for one problem: its partial outputs and
-    log-sum-exps (float32, never read before written) and its counters at zero. Kept per device,
-    stream and shape, as `work_counter` is: the kernel's last block of each row tile sets its
-    counter back to zero, so a launch needs no memset, and launches on different streams never
-    share one."""
+    log-sum-exps (float32, never read before written) and its counters at zero (arch/scratch.py:
+    per device, stream and shape; the kernel's last block of each row tile sets its counter back
+    to zero, so a launch needs no memset)."""
     if simulator_enabled():
-        return (cuda.device_array(splits.o_part, np.float32), cuda.device_array(splits.lse_part, np.float32),
-                cuda.to_device(np.zeros(splits.counters, np.int32)))
-    from numba.cuda.cudadrv.driver import device_memset
-
-    stream = stream or cuda.default_stream()
-    _, handle = stream.__cuda_stream__()
-    key = (cuda.get_current_device().id, int(handle), splits.o_part, splits.lse_part, splits.counters)
-    found = _WORKSPACES.get(key)
-    if found is None:
-        counters = cuda.device_array(splits.counters, np.int32)
-        device_memset(counters, 0, 4 * splits.counters, stream=stream)
-        found = _WORKSPACES[key] = (cuda.device_array(splits.o_part, np.float32),
-                                    cuda.device_array(splits.lse_part, np.float32), counters)
-    return found
+        return scratch.split_workspace(splits, 0, 0).arrays
+    return scratch.split_workspace(splits, cuda.get_current_device().id, _stream_handle(stream)).arrays
 
 
 def no_lse():

@@ -1,7 +1,11 @@
-"""The call path: what attention() does on torch tensors once a problem has been seen.
+"""The call path: what attention() and its siblings do on torch tensors once a problem has been seen.
 
     plan.py        a plan per problem: the kernel loaded, the grid, the parameters packed; a call
-                   fills in four pointers and launches (arch/launch.py) on torch's current stream
+                   fills in four pointers and launches (arch/launch.py) on torch's current stream,
+                   in the device's primary context whatever thread calls
+    kvcache.py     the same for attention_kvcache (phase 10 built paged): no value read back
+    varlen.py      the same for attention_varlen (phase 07 or 09 built varlen): a plan per kind
+                   of problem, the packed lengths and the grid written per call
     backward.py    the same for the backward (phase 11) that attention()'s autograd runs: its
                    three or four launches settled once per problem
     precompile.py  `flashcore compile`: kernels compiled ahead of time into the kernel cache
@@ -11,6 +15,8 @@ api.attention validates a call, finds its plan (or makes it) and runs it.
 """
 
 from .backward import BackwardPlan
-from .plan import Plan
+from .kvcache import KVCachePlan
+from .plan import Plan, Plans
+from .varlen import VarlenPlan
 
-__all__ = ["BackwardPlan", "Plan"]
+__all__ = ["BackwardPlan", "KVCachePlan", "Plan", "Plans", "VarlenPlan"]

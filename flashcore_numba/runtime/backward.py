@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ..arch import launch as driver
 from ..arch.cache import cached_cubin
 from ..arch.launch import ArgSlots, ArrayArg, ScalarArg
-from .plan import _loaded
+from .plan import ALIGNMENT_MASK, loaded_kernel, misaligned
 
 
 @dataclass
@@ -104,7 +104,7 @@ class BackwardPlan:
             view = views[launch.kernel_id]
             argtypes, _ = sigutils.normalize_signature(view.types)
             cached = cached_cubin(view.kernel, argtypes, bw.cache_id(launch.kernel_id), cc)
-            launch.kernel = _loaded(cached, device_index, launch.smem)
+            launch.kernel = loaded_kernel(cached, device_index, launch.smem)
             launch.slots = ArgSlots(launch.args)
             launch.slots.check(cached.cubin, cached.entry)
         self._pointers = [launch.pointers() for launch in self.launches]  # worked out once, not per call
@@ -113,6 +113,7 @@ class BackwardPlan:
         B, H, S_q, D = q_shape
         self.zeroed = self.parts * B * H * S_q * D  # 32-bit words of the sums dQ is added into
         self.device_index = device_index
+        self.context = driver.primary_context(device_index)
         self._lock = threading.Lock()
 
     def __call__(self, q, k, v, out, dout, lse, dq, dk, dv, delta, stream: int, dq_sums=None, dlse=None) -> None:
@@ -125,11 +126,18 @@ class BackwardPlan:
                     "dout": dout.data_ptr(), "lse": lse.data_ptr(), "delta": delta.data_ptr(), "dq": dq.data_ptr(),
                     "dk": dk.data_ptr(), "dv": dv.data_ptr(), "sums": sums.data_ptr(),
                     "dlse": None if dlse is None else dlse.data_ptr()}
-        with self._lock:  # the slots are this plan's: one call packs them at a time
-            self._launch(0, pointers, stream)  # Δ
-            driver.memset32(pointers["sums"], 0, self.zeroed, stream)  # the reductions add into zeros
-            for n in range(1, len(self.launches)):  # kv_kernel, and with parts their sum
-                self._launch(n, pointers, stream)
+        if (pointers["q"] | pointers["k"] | pointers["v"] | pointers["out"] | pointers["dout"]) & ALIGNMENT_MASK:
+            misaligned("q, k, v, out, grad of out", (q, k, v, out, dout))
+        # in the device's primary context, whatever thread calls (autograd runs the backward on its own)
+        previous = driver.make_current(self.context)
+        try:
+            with self._lock:  # the slots are this plan's: one call packs them at a time
+                self._launch(0, pointers, stream)  # Δ
+                driver.memset32(pointers["sums"], 0, self.zeroed, stream)  # the reductions add into zeros
+                for n in range(1, len(self.launches)):  # kv_kernel, and with parts their sum
+                    self._launch(n, pointers, stream)
+        finally:
+            driver.restore(previous, self.context)
 
     def _launch(self, n: int, pointers: dict, stream: int) -> None:
         launch = self.launches[n]

@@ -9,14 +9,15 @@ four data pointers and launches with one driver call on torch's current stream:
     plan = Plan("09", 64, "float16", q.shape, k.shape, causal=False, qk_scale=..., device_index=0)
     plan(q, k, v, out, stream)            # plan(q, k, v, out, stream, lse) with return_lse=True
 
-Phase 10 also gets its workspace (the partial outputs of its key splits, their log-sum-exps and
-the counters that elect the block that merges them): one per stream, made on the first call on
-that stream, its counters zeroed then and left at zero by every launch. Phase 09 also gets, per call, the tensor maps of q, k and v (built on the first call that uses
-those addresses, then found by them; their device copy is made on the stream, from pinned host
-memory, so a CUDA graph captures it) and its work counter: one per stream, zeroed once in that
-stream's order, then left at zero by each launch's last request (no memset per call, and a
-replayed graph finds it zero too). Nothing in a call synchronizes with the host or
-allocates outside torch's caching allocator.
+A call runs in the device's primary context whatever thread makes it (arch/launch.py: a thread
+that has done no CUDA work has no current context), and refuses an address the kernel cannot
+take (its 16-byte copies) with a ValueError naming the argument, before anything launches.
+Phase 10 also gets its workspace and phase 09 its work counter (arch/scratch.py: per stream,
+zeroed once in that stream's order, then left at zero by every launch); phase 09 also gets, per
+call, the tensor maps of q, k and v (built on the first call that uses those addresses, then
+found by them; their device copy is made on the stream, from pinned host memory, so a CUDA graph
+captures it). Nothing in a call synchronizes with the host or allocates outside torch's caching
+allocator.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..arch import launch as driver
+from ..arch import scratch
 from ..arch.cache import cached_cubin
 from ..arch.launch import ArgSlots, ArrayArg, ScalarArg
 from ..arch.smem import STATIC_SMEM_LIMIT
@@ -34,9 +36,23 @@ from ..phases import build, get_phase
 
 _LOADED: dict = {}  # (cache key, device index) -> Kernel: one load and one attribute call per process
 MAPS_KEPT = 16  # tensor maps kept per plan, by (q, k, v) addresses
+# Every kernel's operands take 16-byte copies (cp.async, TMA, 16-byte stores): an address off a
+# 16-byte boundary would stop the kernel with "misaligned address" and lose the CUDA context
+ALIGNMENT = 16
+ALIGNMENT_MASK = ALIGNMENT - 1
 
 
-def _loaded(cached, device_index: int, smem_bytes: int):
+def misaligned(names: str, tensors) -> None:
+    """Raise the ValueError of the first of `tensors` (named by `names`, ", "-separated) whose
+    address is off a 16-byte boundary (a view that starts mid-row, a slice of a larger buffer)."""
+    for name, t in zip(names.split(", "), tensors):
+        if t is not None and t.data_ptr() % ALIGNMENT:
+            raise ValueError(f"{name}: its address is {t.data_ptr() % ALIGNMENT} bytes past a {ALIGNMENT}-byte "
+                             f"boundary; the kernels copy {ALIGNMENT} bytes at a time, so each tensor must start "
+                             f"on one (a fresh tensor, or .clone(), does)")
+
+
+def loaded_kernel(cached, device_index: int, smem_bytes: int):
     kernel = _LOADED.get((cached.key, device_index))
     if kernel is None:
         from numba import cuda
@@ -50,6 +66,81 @@ def _loaded(cached, device_index: int, smem_bytes: int):
     return kernel
 
 
+class Plans:
+    """Plans by the key of a call, the oldest forgotten first once `kept` are kept (a model whose
+    lengths change from call to call makes a plan per length). A plan is a few KB; the compiled
+    kernels themselves are shared by all plans."""
+
+    def __init__(self, kept: int = 512):
+        self.kept = kept
+        self._plans: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        return self._plans.get(key)
+
+    def keep(self, key, plan):
+        with self._lock:
+            while len(self._plans) >= self.kept:
+                del self._plans[next(iter(self._plans))]
+            self._plans[key] = plan
+        return plan
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+class DeviceMaps:
+    """The tensor maps of a TMA kernel's q, k and v on the device (one row of 16 words each), by the
+    arrays' addresses (and whatever else `key` holds): built on the first call that uses them, their
+    device copy made on torch's current stream (the launch's) from pinned host memory, so that a
+    CUDA graph captures it; the last MAPS_KEPT kept. `describe` turns the arrays into what
+    arch/tma.head_map_words takes (describe_heads: (B, H, S, D); describe_packed: packed rows)."""
+
+    def __init__(self, device, box, describe):
+        self.device, self.box, self.describe = device, box, describe
+        self._kept: OrderedDict = OrderedDict()  # key -> (maps on the device, pinned source, address)
+        self._last_key, self._last = None, 0  # a model's loop passes the same buffers again and again
+
+    def address(self, key, arrays) -> int:
+        if key == self._last_key:
+            return self._last
+        found = self._kept.get(key)
+        if found is None:
+            import torch
+
+            from ..arch.tma import head_map_words
+
+            words = head_map_words(self.describe(arrays), self.box)
+            host = torch.from_numpy(words.view(np.int64)).pin_memory()
+            device = torch.empty(host.shape, dtype=torch.int64, device=self.device)
+            device.copy_(host, non_blocking=True)  # on torch's current stream, the launch's: ordered before it
+            # the pinned source lives as long as its copy may be pending
+            found = self._kept[key] = (device, host, device.data_ptr())
+            if len(self._kept) > MAPS_KEPT:
+                self._kept.popitem(last=False)
+        else:
+            self._kept.move_to_end(key)
+        self._last_key, self._last = key, found[2]
+        return found[2]
+
+
+def load(config, dtype: str, device_index: int):
+    """(the loaded Kernel, the cached cubin) of a phase's `config` for `dtype` on a device, and its
+    compute capability: compiled once, from the disk cache where it is there (arch/cache.py)."""
+    from numba import cuda
+    from numba.cuda.core import sigutils
+
+    with cuda.gpus[device_index]:
+        cc = tuple(cuda.get_current_device().compute_capability)
+    argtypes, _ = sigutils.normalize_signature(config.signature(dtype))
+    cached = cached_cubin(config.kernel, argtypes, config.cache_key, cc)
+    return loaded_kernel(cached, device_index, config.smem_bytes), cached
+
+
 class Plan:
     """One problem's launch, settled; `plan(q, k, v, out, stream)` runs it on those tensors."""
 
@@ -57,16 +148,12 @@ class Plan:
                  device_index: int, return_lse: bool = False):
         import torch
         from numba import cuda
-        from numba.cuda.core import sigutils
 
         config = build(get_phase(kernel_id), head_dim, dtype)
         with cuda.gpus[device_index]:
-            cc = tuple(cuda.get_current_device().compute_capability)
             self.grid = (tuple(config.grid(tuple(q_shape), causal, tuple(k_shape))) + (1, 1))[:3]
             self.splits = config.split_keys(tuple(q_shape), tuple(k_shape), causal) if config.split_keys else None
-        argtypes, _ = sigutils.normalize_signature(config.signature(dtype))
-        cached = cached_cubin(config.kernel, argtypes, config.cache_key, cc)
-        self.kernel = _loaded(cached, device_index, config.smem_bytes)
+        self.kernel, cached = load(config, dtype, device_index)
         self.block, self.smem = config.n_threads, config.smem_bytes
         self.device_index = device_index
         self.device = torch.device("cuda", device_index)
@@ -92,15 +179,25 @@ class Plan:
         self.slots = ArgSlots(args)
         self.slots.check(cached.cubin, cached.entry)
         self.launch = driver.Launcher(self.kernel, self.grid, self.block, self.smem, self.slots)
-        self._maps: OrderedDict = OrderedDict()  # (q, k, v addresses) -> (maps on the device, pinned source, address)
-        self._last_qkv, self._last_maps = None, 0  # the last call's addresses and their maps
-        self._counters: dict = {}  # stream -> the address of its work counter
-        self._counter_tensors: list = []
-        self._workspaces: dict = {}  # stream -> the addresses of its workspace (split keys)
+        if self.tma_box:
+            from ..arch.tma import describe_heads
+
+            self.maps = DeviceMaps(self.device, self.tma_box, describe_heads)
+        self.context = driver.primary_context(device_index)
         self._lock = threading.Lock()
 
     def __call__(self, q, k, v, out, stream: int, lse=None) -> None:
         qkv = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        if (qkv[0] | qkv[1] | qkv[2]) & ALIGNMENT_MASK:
+            misaligned("q, k, v", (q, k, v))
+        context = self.context
+        previous = driver.make_current(context)
+        try:
+            self._launch(q, k, v, out, stream, lse, qkv)
+        finally:
+            driver.restore(previous, context)
+
+    def _launch(self, q, k, v, out, stream, lse, qkv) -> None:
         with self._lock:  # the slots are this plan's: one launch packs them at a time
             slots = self.slots
             slots.set_pointer(0, qkv[0])
@@ -110,64 +207,12 @@ class Plan:
             if self.return_lse:
                 slots.set_pointer(4, lse.data_ptr())
             if self.tma_box:
-                # a model's loop calls with the same q, k, v buffers again and again: the last maps first
-                maps = self._last_maps if qkv == self._last_qkv else self._maps_of(q, k, v, qkv)
-                slots.set_pointer(self.maps_arg, maps)
+                slots.set_pointer(self.maps_arg, self.maps.address(qkv, (q, k, v)))
             if self.looping:
-                counter = self._counters.get(stream)
-                if counter is None:
-                    counter = self._counters[stream] = self._new_counter(stream)
-                slots.set_pointer(self.counter_arg, counter)
+                counter = scratch.work_counter(self.device_index, stream, self.device)
+                slots.set_pointer(self.counter_arg, counter.addresses[0])
             if self.splits is not None:
-                workspace = self._workspaces.get(stream)
-                if workspace is None:
-                    workspace = self._workspaces[stream] = self._new_workspace(stream)
-                for i, address in enumerate(workspace):
+                workspace = scratch.split_workspace(self.splits, self.device_index, stream, self.device)
+                for i, address in enumerate(workspace.addresses):
                     slots.set_pointer(self.workspace_arg + i, address)
             self.launch(stream)
-
-    def _new_counter(self, stream: int) -> int:
-        """The address of a work counter for launches on `stream`, zeroed in that stream's order
-        (once: the kernel's last request sets it back to zero, see phase 09's `next_unit`)."""
-        import torch
-
-        counter = torch.empty(1, dtype=torch.int32, device=self.device)
-        driver.memset32(counter.data_ptr(), 0, 1, stream)
-        self._counter_tensors.append(counter)  # the memory stays the plan's
-        return counter.data_ptr()
-
-    def _new_workspace(self, stream: int) -> tuple[int, int, int]:
-        """The addresses of a split-keys workspace for launches on `stream`: the partial outputs and
-        their LSEs (written before they are read), and counters zeroed once in that stream's order
-        (the kernel's merging block sets each back to zero)."""
-        import torch
-
-        splits = self.splits
-        o_part = torch.empty(splits.o_part, dtype=torch.float32, device=self.device)
-        lse_part = torch.empty(splits.lse_part, dtype=torch.float32, device=self.device)
-        counters = torch.empty(splits.counters, dtype=torch.int32, device=self.device)
-        driver.memset32(counters.data_ptr(), 0, splits.counters, stream)
-        self._counter_tensors += [o_part, lse_part, counters]  # the memory stays the plan's
-        return o_part.data_ptr(), lse_part.data_ptr(), counters.data_ptr()
-
-    def _maps_of(self, q, k, v, key) -> int:
-        """The device address of the tensor maps of q, k and v (one row of 16 words each)."""
-        found = self._maps.get(key)
-        if found is not None:
-            self._maps.move_to_end(key)
-            self._last_qkv, self._last_maps = key, found[2]
-            return found[2]
-        import torch
-
-        from ..arch.tma import describe_heads, head_map_words
-
-        words = head_map_words(describe_heads((q, k, v)), self.tma_box)
-        host = torch.from_numpy(words.view(np.int64)).pin_memory()
-        device = torch.empty(host.shape, dtype=torch.int64, device=self.device)
-        device.copy_(host, non_blocking=True)  # on torch's current stream, the launch's: ordered before it
-        # the pinned source lives as long as its copy may be pending
-        self._maps[key] = (device, host, device.data_ptr())
-        if len(self._maps) > MAPS_KEPT:
-            self._maps.popitem(last=False)
-        self._last_qkv, self._last_maps = key, device.data_ptr()
-        return device.data_ptr()

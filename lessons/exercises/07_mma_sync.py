@@ -32,7 +32,8 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
-from flashcore_numba.phases.common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale, store_lse
+from flashcore_numba.phases.common import (FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, packed_span, softmax_rescale,
+                     store_lse)
 
 ID = "07"
 NAME = "mma_sync"
@@ -248,10 +249,8 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
         row0 = cuda.blockIdx.x * BLOCK_M
         warp_row0 = row0 + warp * WARP_ROWS  # the warp's M_TILES m-tiles of 16 rows start here
         if VARLEN:  # sequence b: rows q_first .. q_first + seq_q - 1 of q (1, total_q, H, D), and so for K, V
-            q_first = CU_Q[b]
-            k_first = CU_K[b]
-            seq_q = CU_Q[b + 1] - q_first
-            seq_k = CU_K[b + 1] - k_first
+            q_first, seq_q = packed_span(CU_Q, b, Q.shape[1])
+            k_first, seq_k = packed_span(CU_K, b, K.shape[1])
             if row0 >= seq_q:  # the grid is sized for the longest sequence
                 return
             h_kv = h * K.shape[2] // Q.shape[2]

@@ -350,7 +350,13 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
                    uint32(16) if p < rows else uint32(0))
 
     @cuda.jit(device=True, inline=True)
-    def tile_pages(BLOCK_TABLE, b, key0, seq_k, page_size):
+    def page_of(BLOCK_TABLE, b, i, num_pages):
+        """(paged) Page i of sequence b, from the block table: the caller's promise, clamped to the
+        pool's pages, so that a wrong page id reads a wrong page, never memory outside the cache."""
+        return int64(min(max(BLOCK_TABLE[b, i], 0), num_pages - 1))
+
+    @cuda.jit(device=True, inline=True)
+    def tile_pages(BLOCK_TABLE, b, key0, seq_k, page_size, num_pages):
         """(paged, pages of at least BLOCK_N keys) The pages of keys key0 .. key0 + BLOCK_N - 1: at most
         two, p0 and p1, p0's keys from first, p1's from boundary. Read a tile ahead of its copy, so
         that the copy never waits for the block table."""
@@ -358,8 +364,8 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         first_page = div32(key0, page_size)
         first = first_page * page_size
         last_page = div32(last, page_size)
-        return int64(BLOCK_TABLE[b, first_page]), int64(BLOCK_TABLE[b, last_page]), int64(first), \
-            int64(first + page_size)
+        return page_of(BLOCK_TABLE, b, first_page, num_pages), page_of(BLOCK_TABLE, b, last_page, num_pages), \
+            int64(first), int64(first + page_size)
 
     @cuda.jit(device=True, inline=True)
     def copy_kv_tiles(smem, k_off, v_off, K, V, h_kv, key0, seq_k, lane, pages):
@@ -398,7 +404,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             j = key0 + r + i * ROWS_PER_PASS
             jj = min(j, seq_k - 1)
             logical = div32(jj, page_size)  # the key's page in the sequence
-            page = int64(BLOCK_TABLE[b, logical])
+            page = page_of(BLOCK_TABLE, b, logical, K.shape[0])
             at = uint64((page * page_size + jj - logical * page_size) * key_bytes + lane_bytes)
             size = uint32(16) if j < seq_k else uint32(0)
             copy16(row_dst(smem, k_off, r + i * ROWS_PER_PASS, chunk), kb + at, size)
@@ -450,7 +456,9 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         split = cuda.blockIdx.x * WARPS + warp  # which range of keys
         n_splits = cuda.gridDim.x * WARPS
         if PAGED:  # q (B, S_q, H, D), K and V (pages, page_size, H_kv, D), each sequence its length
-            H, H_kv, seq_q, seq_k = Q.shape[2], K.shape[2], Q.shape[1], SEQLENS[cuda.blockIdx.z]
+            # the length is the caller's promise, clamped to what the cache holds (its pages times their keys)
+            seq_k = int32(min(max(SEQLENS[cuda.blockIdx.z], 0), BLOCK_TABLE.shape[1] * K.shape[1]))
+            H, H_kv, seq_q = Q.shape[2], K.shape[2], Q.shape[1]
         else:
             H, H_kv, seq_q, seq_k = Q.shape[1], K.shape[1], Q.shape[2], K.shape[2]
         group = div32(H, H_kv)  # query heads per K/V head
@@ -513,11 +521,11 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             key0 = k_start + st * BLOCK_N
             if key0 < k_stop:
                 if PAGED and whole_tiles:
-                    pages = tile_pages(BLOCK_TABLE, b, key0, seq_k, page_size)
+                    pages = tile_pages(BLOCK_TABLE, b, key0, seq_k, page_size, K.shape[0])
                 copy_kv(smem, st, K, V, head_kv, h_kv, key0, seq_k, lane, BLOCK_TABLE, b, pages, whole_tiles)
             commit()
         if PAGED and whole_tiles and k_start + (STAGES - 1) * BLOCK_N < k_stop:
-            pages = tile_pages(BLOCK_TABLE, b, k_start + (STAGES - 1) * BLOCK_N, seq_k, page_size)
+            pages = tile_pages(BLOCK_TABLE, b, k_start + (STAGES - 1) * BLOCK_N, seq_k, page_size, K.shape[0])
         wait_pending()  # the first group, Q's rows with the first tile, has landed
         cuda.syncwarp()  # every lane's copies (no other warp reads this warp's shared memory)
         if qk_scale < 0:  # as phase 07: the sign goes into q, the max and exp2 need a scale >= 0
@@ -547,7 +555,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
                 copy_kv(smem, (stage + STAGES - 1) % STAGES, K, V, head_kv, h_kv, next_n, seq_k, lane, BLOCK_TABLE,
                         b, pages, whole_tiles)
                 if PAGED and whole_tiles and next_n + BLOCK_N < k_stop:  # the tile after: its pages now
-                    pages = tile_pages(BLOCK_TABLE, b, next_n + BLOCK_N, seq_k, page_size)
+                    pages = tile_pages(BLOCK_TABLE, b, next_n + BLOCK_N, seq_k, page_size, K.shape[0])
             commit()
             for j in range(NT):
                 for e in range(4):

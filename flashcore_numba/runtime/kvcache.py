@@ -1,0 +1,87 @@
+"""attention_kvcache's plan: a decode step against a KV cache, settled once per problem.
+
+What runtime/plan.py does for attention(), for phase 10 built `paged` (phases.build_kvcache): the
+kernel loaded, the grid and the workspace's shapes worked out for the cache's capacity, every
+parameter but the addresses packed. A call writes the addresses of q, the caches, the output, the
+lengths and the block table, and launches on torch's current stream:
+
+    plan = KVCachePlan(128, "float16", q.shape, k_cache.shape, block_table.shape, causal=True,
+                       qk_scale=..., device_index=0)
+    plan(q, k_cache, v_cache, cache_seqlens, block_table, out, stream)    # + lse with return_lse
+
+It reads no value from the GPU: the lengths and page ids are the caller's promise, as in
+FlashAttention's flash_attn_with_kvcache, and the kernel clamps what it reads by them (a length
+past the cache's capacity reads the capacity, a page id outside the pool page 0), so a wrong value
+gives a wrong row, never a read outside the cache. A contiguous cache is the paged kernel with one
+page per sequence, page b being k_cache[b]: its block table, (B, 1) of 0 .. B - 1, is the plan's.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..arch import launch as driver
+from ..arch import scratch
+from ..arch.launch import ArgSlots, ArrayArg, ScalarArg
+from ..phases import build_kvcache
+from .plan import ALIGNMENT_MASK, load, misaligned
+
+
+class KVCachePlan:
+    """One attention_kvcache problem's launch; `plan(...)` runs it on tensors of those shapes."""
+
+    def __init__(self, head_dim: int, dtype: str, q_shape, cache_shape, table_shape, causal: bool, qk_scale: float,
+                 device_index: int, return_lse: bool = False):
+        import torch
+        from numba import cuda
+
+        B, S_q, H, D = q_shape
+        _, page_size, H_kv, _ = cache_shape
+        paged = table_shape is not None
+        capacity = table_shape[1] * page_size if paged else page_size
+        config = build_kvcache(head_dim, dtype)
+        with cuda.gpus[device_index]:
+            # the grid and the workspace as for a dense problem whose keys are the cache's capacity
+            self.splits = config.split_keys((B, H, S_q, D), (B, H_kv, capacity, D), causal)
+        self.kernel, cached = load(config, dtype, device_index)
+        self.device_index, self.device = device_index, torch.device("cuda", device_index)
+        self.return_lse = return_lse
+        # a contiguous cache: page b of the "pool" k_cache is sequence b's whole cache
+        self.table = None if paged else torch.arange(B, dtype=torch.int32, device=self.device).reshape(B, 1)
+        args = [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(cache_shape), 2), ArrayArg(tuple(cache_shape), 2),
+                ArrayArg((B, S_q, H, D // 2), 4),  # O as uint32 pairs of 16-bit values
+                ArrayArg((B, H, S_q) if return_lse else (0, 0, 0), 4),
+                ScalarArg("bool", bool(causal)), ScalarArg("float32", float(np.float32(qk_scale))),
+                ArrayArg(self.splits.o_part, 4), ArrayArg(self.splits.lse_part, 4),
+                ArrayArg((self.splits.counters,), 4),
+                ArrayArg((B,), 4), ArrayArg(tuple(table_shape) if paged else (B, 1), 4)]
+        self.slots = ArgSlots(args)
+        self.slots.check(cached.cubin, cached.entry)
+        self.launch = driver.Launcher(self.kernel, (self.splits.grid + (1, 1))[:3], config.n_threads,
+                                      config.smem_bytes, self.slots)
+        self.context = driver.primary_context(device_index)
+        self._lock = threading.Lock()
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, stream: int, lse=None) -> None:
+        qkv = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr())
+        if (qkv[0] | qkv[1] | qkv[2] | qkv[3]) & ALIGNMENT_MASK:
+            misaligned("q, k_cache, v_cache, out", (q, k_cache, v_cache, out))
+        table = self.table if block_table is None else block_table
+        previous = driver.make_current(self.context)
+        try:
+            with self._lock:  # the slots are this plan's: one launch packs them at a time
+                slots = self.slots
+                for i, address in enumerate(qkv):
+                    slots.set_pointer(i, address)
+                if self.return_lse:
+                    slots.set_pointer(4, lse.data_ptr())
+                workspace = scratch.split_workspace(self.splits, self.device_index, stream, self.device)
+                for i, address in enumerate(workspace.addresses):
+                    slots.set_pointer(7 + i, address)
+                slots.set_pointer(10, cache_seqlens.data_ptr())
+                slots.set_pointer(11, table.data_ptr())
+                self.launch(stream)
+        finally:
+            driver.restore(previous, self.context)
