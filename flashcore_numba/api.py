@@ -189,12 +189,13 @@ def _torch_call(q, k, v, causal, scale, phase, return_lse=False):
         return _custom_op(return_lse)(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase))
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     # everything the validation looks at, so that a call with the same key passes as the first did
-    key = (phase, type(causal), causal, type(scale), scale, grad, type(q), type(k), type(v), q.shape, k.shape,
-           v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, q.is_contiguous(), k.is_contiguous(),
-           v.is_contiguous(), type(return_lse), return_lse)
+    # (devices by index: comparing two torch.device objects costs a microsecond each)
     try:
+        key = (phase, type(causal), causal, type(scale), scale, grad, type(q), type(k), type(v), q.shape, k.shape,
+               v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(), q.is_contiguous(),
+               k.is_contiguous(), v.is_contiguous(), type(return_lse), return_lse)
         plan = _PLANS.get(key)
-    except TypeError:  # an unhashable argument: the validation says which, and how
+    except (AttributeError, TypeError):  # not a tensor, or unhashable: the validation says which, and how
         _resolve(q, k, v, causal, scale, phase, return_lse)
         raise
     if plan is None:

@@ -209,16 +209,17 @@ def _kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale
     """The plan of this attention_kvcache problem on torch tensors (runtime/kvcache.py), made on its
     first call; a later call of the same problem checks only what could make it another (the key)."""
     table = block_table
-    key = ("kvcache", type(q), type(k_cache), type(v_cache), type(cache_seqlens), type(table), q.shape,
-           k_cache.shape, v_cache.shape, cache_seqlens.shape, None if table is None else table.shape, q.dtype,
-           k_cache.dtype, v_cache.dtype, cache_seqlens.dtype, None if table is None else table.dtype, q.device,
-           k_cache.device, v_cache.device, cache_seqlens.device, None if table is None else table.device,
-           q.is_contiguous(), k_cache.is_contiguous(), v_cache.is_contiguous(), cache_seqlens.is_contiguous(),
-           None if table is None else table.is_contiguous(), type(causal), causal, type(scale), scale,
-           type(return_lse), return_lse)
+    # (devices by index: comparing two torch.device objects costs a microsecond each)
     try:
+        key = ("kvcache", type(q), type(k_cache), type(v_cache), type(cache_seqlens), type(table), q.shape,
+               k_cache.shape, v_cache.shape, cache_seqlens.shape, None if table is None else table.shape, q.dtype,
+               k_cache.dtype, v_cache.dtype, cache_seqlens.dtype, None if table is None else table.dtype,
+               q.get_device(), k_cache.get_device(), v_cache.get_device(), cache_seqlens.get_device(),
+               None if table is None else table.get_device(), q.is_contiguous(), k_cache.is_contiguous(),
+               v_cache.is_contiguous(), cache_seqlens.is_contiguous(), None if table is None else table.is_contiguous(),
+               type(causal), causal, type(scale), scale, type(return_lse), return_lse)
         plan = _PLANS.get(key)
-    except TypeError:  # an unhashable argument: the validation says which
+    except (AttributeError, TypeError):  # not a tensor, or unhashable: the validation says which
         _validate(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, return_lse)
         raise
     if plan is None:
@@ -416,15 +417,16 @@ def _varlen_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     """The plan of this kind of attention_varlen problem on torch tensors (runtime/varlen.py): one
     for every packing of the same heads, head dim, dtype, flags and scale. What the key leaves out
     (the packed lengths, the number of sequences) is checked on every call."""
-    key = ("varlen", phase, type(q), type(k), type(v), type(cu_seqlens_q), type(cu_seqlens_k), q.shape[1:],
-           k.shape[1:], v.shape[1:], q.dim(), k.dim(), v.dim(), q.dtype, k.dtype, v.dtype, cu_seqlens_q.dtype,
-           cu_seqlens_k.dtype, cu_seqlens_q.dim(), cu_seqlens_k.dim(), q.device, k.device, v.device,
-           cu_seqlens_q.device, cu_seqlens_k.device, q.is_contiguous(), k.is_contiguous(), v.is_contiguous(),
-           cu_seqlens_q.is_contiguous(), cu_seqlens_k.is_contiguous(), type(causal), causal, type(scale), scale,
-           type(return_lse), return_lse)
     try:
+        key = ("varlen", phase, type(q), type(k), type(v), type(cu_seqlens_q), type(cu_seqlens_k), q.shape[1:],
+               k.shape[1:], v.shape[1:], q.dim(), k.dim(), v.dim(), q.dtype, k.dtype, v.dtype, cu_seqlens_q.dtype,
+               cu_seqlens_k.dtype, cu_seqlens_q.dim(), cu_seqlens_k.dim(), q.get_device(), k.get_device(),
+               v.get_device(), cu_seqlens_q.get_device(), cu_seqlens_k.get_device(), q.is_contiguous(),
+               k.is_contiguous(), v.is_contiguous(), cu_seqlens_q.is_contiguous(), cu_seqlens_k.is_contiguous(),
+               type(causal), causal, type(scale), scale, type(return_lse), return_lse)
         plan = _PLANS.get(key)
-    except TypeError:  # an unhashable argument: the validation says which
+    except (AttributeError, TypeError):  # not a tensor, or unhashable: the validation says which
+        _varlen_phase(phase)
         _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse)
         raise
     if plan is None:

@@ -86,6 +86,30 @@ def numba_packed(argtypes, values) -> list[bytes]:
     return [ctypes.string_at(pointers[i], 8) for i in range(len(packed))]
 
 
+def test_arg_slots_take_new_pointers_shapes_scalars_and_grids():
+    """What a call writes into a plan's packed parameters: data pointers (set_pointers writes those
+    that changed), a new shape of an array (attention_varlen's packed lengths) and a new scalar are
+    the bytes of arguments made with those values in the first place; a Launcher takes a new grid."""
+    made = ArgSlots([ArrayArg((1, 7, 4, 64), 2), ScalarArg("int32", 5), ArrayArg((3,), 4), ScalarArg("float32", 1.5)])
+    fresh = ArgSlots([ArrayArg((1, 300, 4, 64), 2), ScalarArg("int32", 99), ArrayArg((3,), 4),
+                      ScalarArg("float32", 1.5)])
+    made.set_shape(0, (1, 300, 4, 64))
+    made.set_scalar(1, 99)
+    made.set_pointers((0, 2), (0x7000, 0x9000))
+    fresh.set_pointer(0, 0x7000)
+    fresh.set_pointer(2, 0x9000)
+    assert made.values() == fresh.values()
+    made.set_pointers((0, 2), (0x7000, 0xA000))  # only the second changed
+    fresh.set_pointer(2, 0xA000)
+    assert made.values() == fresh.values()
+    with pytest.raises(ValueError, match="argument 0: 3 dimensions, the kernel takes 4"):
+        made.set_shape(0, (1, 2, 3))
+    kernel = launch.Kernel(library=None, handle=None, entry="k", function=object())
+    launcher = launch.Launcher(kernel, (1, 1, 1), 128, 0, made)
+    launcher.grid = (7, 4, 2)
+    assert launcher.grid == (7, 4, 2)
+
+
 @needs_compiler
 def test_arg_slots_are_numbas_parameters():
     """Phase 09's argument list (bf16 as int16, O as uint32 pairs, the LSE, the maps, the counter), packed by

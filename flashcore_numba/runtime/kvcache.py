@@ -28,6 +28,9 @@ from ..arch.launch import ArgSlots, ArrayArg, ScalarArg
 from ..phases import build_kvcache
 from .plan import ALIGNMENT_MASK, load, misaligned
 
+# the array arguments a call writes: q, k_cache, v_cache, out, lse, the workspace's three, the lengths, the table
+ARRAYS = (0, 1, 2, 3, 4, 7, 8, 9, 10, 11)
+
 
 class KVCachePlan:
     """One attention_kvcache problem's launch; `plan(...)` runs it on tensors of those shapes."""
@@ -62,26 +65,23 @@ class KVCachePlan:
         self.launch = driver.Launcher(self.kernel, (self.splits.grid + (1, 1))[:3], config.n_threads,
                                       config.smem_bytes, self.slots)
         self.context = driver.primary_context(device_index)
+        self._workspaces: dict = {}  # stream -> the addresses of its split workspace
         self._lock = threading.Lock()
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, stream: int, lse=None) -> None:
-        qkv = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr())
-        if (qkv[0] | qkv[1] | qkv[2] | qkv[3]) & ALIGNMENT_MASK:
+        qkvo = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr())
+        if (qkvo[0] | qkvo[1] | qkvo[2] | qkvo[3]) & ALIGNMENT_MASK:
             misaligned("q, k_cache, v_cache, out", (q, k_cache, v_cache, out))
         table = self.table if block_table is None else block_table
+        workspace = self._workspaces.get(stream)
+        if workspace is None:  # the stream's workspace (arch/scratch.py), kept by the plan from then on
+            workspace = self._workspaces[stream] = scratch.split_workspace(self.splits, self.device_index, stream,
+                                                                           self.device).addresses
         previous = driver.make_current(self.context)
         try:
             with self._lock:  # the slots are this plan's: one launch packs them at a time
-                slots = self.slots
-                for i, address in enumerate(qkv):
-                    slots.set_pointer(i, address)
-                if self.return_lse:
-                    slots.set_pointer(4, lse.data_ptr())
-                workspace = scratch.split_workspace(self.splits, self.device_index, stream, self.device)
-                for i, address in enumerate(workspace.addresses):
-                    slots.set_pointer(7 + i, address)
-                slots.set_pointer(10, cache_seqlens.data_ptr())
-                slots.set_pointer(11, table.data_ptr())
+                self.slots.set_pointers(ARRAYS, (*qkvo, lse.data_ptr() if self.return_lse else 0, *workspace,
+                                                 cache_seqlens.data_ptr(), table.data_ptr()))
                 self.launch(stream)
         finally:
             driver.restore(previous, self.context)

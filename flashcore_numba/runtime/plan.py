@@ -183,36 +183,46 @@ class Plan:
             from ..arch.tma import describe_heads
 
             self.maps = DeviceMaps(self.device, self.tma_box, describe_heads)
+        # the array arguments a call writes, in the order of its addresses: q, k, v, out, lse (phases
+        # 07 on), the maps (09), then the scratch
+        self.has_lse = bool(config.lse)
+        self.arrays = (0, 1, 2, 3, 4)[:4 + self.has_lse]
+        if self.tma_box:
+            self.arrays += (self.maps_arg,)
+        if self.looping:
+            self.arrays += (self.counter_arg,)
+        if self.splits is not None:
+            self.arrays += (self.workspace_arg, self.workspace_arg + 1, self.workspace_arg + 2)
         self.context = driver.primary_context(device_index)
+        self._scratch: dict = {}  # stream -> the addresses of its scratch
         self._lock = threading.Lock()
 
     def __call__(self, q, k, v, out, stream: int, lse=None) -> None:
         qkv = (q.data_ptr(), k.data_ptr(), v.data_ptr())
         if (qkv[0] | qkv[1] | qkv[2]) & ALIGNMENT_MASK:
             misaligned("q, k, v", (q, k, v))
+        addresses = [*qkv, out.data_ptr()]
+        if self.has_lse:  # the kernel takes an LSE array: the caller's, or the empty one (no address)
+            addresses.append(lse.data_ptr() if self.return_lse else 0)
+        if self.tma_box:
+            addresses.append(self.maps.address(qkv, (q, k, v)))
+        scratch_addresses = self._scratch.get(stream)
+        if scratch_addresses is None:  # the stream's scratch (arch/scratch.py), kept by the plan from then on
+            scratch_addresses = self._scratch[stream] = self._scratch_of(stream)
         context = self.context
         previous = driver.make_current(context)
         try:
-            self._launch(q, k, v, out, stream, lse, qkv)
+            with self._lock:  # the slots are this plan's: one launch packs them at a time
+                self.slots.set_pointers(self.arrays, (*addresses, *scratch_addresses))
+                self.launch(stream)
         finally:
             driver.restore(previous, context)
 
-    def _launch(self, q, k, v, out, stream, lse, qkv) -> None:
-        with self._lock:  # the slots are this plan's: one launch packs them at a time
-            slots = self.slots
-            slots.set_pointer(0, qkv[0])
-            slots.set_pointer(1, qkv[1])
-            slots.set_pointer(2, qkv[2])
-            slots.set_pointer(3, out.data_ptr())
-            if self.return_lse:
-                slots.set_pointer(4, lse.data_ptr())
-            if self.tma_box:
-                slots.set_pointer(self.maps_arg, self.maps.address(qkv, (q, k, v)))
-            if self.looping:
-                counter = scratch.work_counter(self.device_index, stream, self.device)
-                slots.set_pointer(self.counter_arg, counter.addresses[0])
-            if self.splits is not None:
-                workspace = scratch.split_workspace(self.splits, self.device_index, stream, self.device)
-                for i, address in enumerate(workspace.addresses):
-                    slots.set_pointer(self.workspace_arg + i, address)
-            self.launch(stream)
+    def _scratch_of(self, stream: int) -> tuple:
+        """The addresses of the work counter (phase 09) and the split workspace (phase 10) on `stream`."""
+        addresses = ()
+        if self.looping:
+            addresses += scratch.work_counter(self.device_index, stream, self.device).addresses
+        if self.splits is not None:
+            addresses += scratch.split_workspace(self.splits, self.device_index, stream, self.device).addresses
+        return addresses

@@ -65,6 +65,7 @@ class VarlenPlan:
         self.slots.check(cached.cubin, cached.entry)
         self.launch = driver.Launcher(self.kernel, (1, 1, 1), config.n_threads, config.smem_bytes, self.slots)
         self.context = driver.primary_context(device_index)
+        self._counters: dict = {}  # stream -> its work counter's address (phase 09)
         self._lock = threading.Lock()
 
     def grid(self, B: int, max_seqlen_q: int) -> tuple:
@@ -98,7 +99,11 @@ class VarlenPlan:
                 slots.set_shape(n + 1, (B + 1,))
                 if self.tma:
                     slots.set_pointer(7, self.maps.address((*addresses[:3], total_q, total_k), (q, k, v)))
-                    slots.set_pointer(8, scratch.work_counter(self.device_index, stream, self.device).addresses[0])
+                    counter = self._counters.get(stream)
+                    if counter is None:  # the stream's work counter (arch/scratch.py), kept by the plan
+                        counter = self._counters[stream] = scratch.work_counter(self.device_index, stream,
+                                                                                self.device).addresses[0]
+                    slots.set_pointer(8, counter)
                     slots.set_scalar(n + 2, max_seqlen_q)
                 self.launch.grid = grid
                 self.launch(stream)
