@@ -129,7 +129,7 @@ def parse_peers(text: str) -> list[str]:
         return []
     names = []
     for part in text.split(","):
-        name = part.strip() if part.strip().startswith("sdpa_") else f"sdpa_{part.strip()}"
+        name = part.strip() if part.strip() in PEERS or part.strip().startswith("sdpa_") else f"sdpa_{part.strip()}"
         if name not in PEERS:
             known = ", ".join(n.removeprefix("sdpa_") for n in PEERS)
             raise argparse.ArgumentTypeError(f"unknown peer {part!r}; expected none or some of {known}")
@@ -175,7 +175,8 @@ def _build_parser() -> Parser:
                        help="--tail and --calls: at most about S seconds of GPU time per kernel (default 5)")
     bench.add_argument("--warmup", type=_positive_int, default=3)
     bench.add_argument("--peers", type=parse_peers, default=None,
-                       help="torch SDPA backends to compare: flash,cudnn,efficient,math (default) or none")
+                       help="peers to compare: torch SDPA's backends flash,cudnn,efficient,math (the default), and flex "
+                            "(FlexAttention, torch.compile'd: a compile per shape first), or none")
     bench.add_argument("--varlen", type=lambda t: _positive_ints(t, 3), default=None, metavar="N,LO,HI",
                        help="packed sequences (attention_varlen): N of random lengths LO..HI, H and D from "
                             "--shape, beside a dense batch of as many tokens and SDPA on the padded batch; "
@@ -623,7 +624,7 @@ def cmd_bench(args) -> int:
     if args.serving:
         return _bench_serving(args, bench, records, dtype, shape)
     phase_ids = args.phases or list(KERNELS)
-    peers = list(bench.PEERS) if args.peers is None else args.peers
+    peers = list(bench.DEFAULT_PEERS) if args.peers is None else args.peers
     sweep = args.sweep_s or (bench.SWEEP_S if args.sweep else None)
     device = bench.open_device()
     if dtype != "float16" and device.kind != "torch":

@@ -1013,3 +1013,17 @@ def test_first_call_refuses_a_warm_cache_that_compiled(monkeypatch):
     monkeypatch.setattr(first_call, "new_process", lambda config, env=None: dict(run))
     with pytest.raises(RuntimeError, match="compiled with the kernel cache warm"):
         first_call.run_first_call_benchmark((1, 1, 16, 64), phases=["01"], processes=1)
+
+
+def test_peers_name_flexattention_and_the_default_leaves_it_out():
+    """--peers takes SDPA's backends by their short names and FlexAttention as flex; a bare run compares
+    SDPA's backends only (FlexAttention compiles a kernel per shape first, so it is asked for)."""
+    from flashcore_numba.cli import parse_peers
+    from flashcore_numba.measure import bench
+
+    assert parse_peers("flash,cudnn,flex") == ["sdpa_flash", "sdpa_cudnn", "flex"]
+    assert parse_peers("none") == []
+    assert "flex" in bench.PEERS and "flex" not in bench.DEFAULT_PEERS
+    assert set(bench.DEFAULT_PEERS) == set(bench.PEERS) - {"flex"}
+    with pytest.raises(Exception, match="unknown peer 'bogus'.*flex"):
+        parse_peers("bogus")

@@ -74,7 +74,10 @@ PEERS = {
     "sdpa_cudnn": ("CUDNN_ATTENTION", "torch SDPA, cuDNN backend"),
     "sdpa_efficient": ("EFFICIENT_ATTENTION", "torch SDPA, memory-efficient backend"),
     "sdpa_math": ("MATH", "torch SDPA, math backend"),
+    "flex": ("FLEX", "torch FlexAttention, torch.compile'd"),
 }
+# the peers a run compares by default: FlexAttention compiles a kernel per shape first (asked for by name)
+DEFAULT_PEERS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -514,8 +517,10 @@ class TorchDevice:
         }
 
     def sdpa(self, backend: str, q, k, v, problem: Problem):
-        """torch's scaled_dot_product_attention restricted to one backend."""
+        """torch's scaled_dot_product_attention restricted to one backend (or FlexAttention: FLEX)."""
         torch = self.torch
+        if backend == "FLEX":
+            return self.flex(q, k, v, problem)
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         kwargs = {}
@@ -529,6 +534,28 @@ class TorchDevice:
             kwargs["enable_gqa"] = True  # torch >= 2.5; a backend without GQA refuses, and says so
         with sdpa_kernel(getattr(SDPBackend, backend)):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    def flex(self, q, k, v, problem: Problem):
+        """torch's FlexAttention, compiled once (torch.compile of flex_attention, as its users run
+        it), the causal mask as a block mask aligned bottom-right, made once per problem."""
+        torch = self.torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        if getattr(self, "_flex_fn", None) is None:
+            self._flex_fn, self._flex_masks = torch.compile(flex_attention, dynamic=False), {}
+        block_mask = None
+        if problem.causal:
+            key = (problem.S_q, problem.S_k)
+            if key not in self._flex_masks:
+                offset = problem.S_k - problem.S_q
+
+                def causal(b, h, q_idx, kv_idx):
+                    return kv_idx <= q_idx + offset
+
+                self._flex_masks[key] = create_block_mask(causal, None, None, problem.S_q, problem.S_k,
+                                                          device=self.device)
+            block_mask = self._flex_masks[key]
+        return self._flex_fn(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
 
     def ceiling(self, dtype: str, timing: Timing) -> dict:
         """Tensor-core ceiling of this card now: median TFLOPS of an N×N×N matmul."""
@@ -731,7 +758,7 @@ def check_peer(name: str, device, qkv, problem: Problem, ref, lowp):
         return unavailable(name, "peer", title, device.no_peers_reason), None
     from torch.nn.attention import SDPBackend
 
-    if not hasattr(SDPBackend, backend):
+    if backend != "FLEX" and not hasattr(SDPBackend, backend):
         return unavailable(name, "peer", title, f"this torch has no SDPBackend.{backend}"), None
     q, k, v = qkv
     try:
@@ -841,7 +868,7 @@ def _attention_call(kernel_id: str, qkv, problem: Problem, op: bool = False) -> 
     return call
 
 
-def run_benchmark(problem: Problem, *, phase_ids=None, peer_names=tuple(PEERS), timing=Timing(),
+def run_benchmark(problem: Problem, *, phase_ids=None, peer_names=DEFAULT_PEERS, timing=Timing(),
                   sweep_lengths=None, measure_ceiling=True, command=None, progress=None,
                   device=None) -> dict:
     """`flashcore bench`: the whole protocol on one problem (or a sweep), returned as a record."""

@@ -10,8 +10,9 @@ sequence; at most CHECKED sequences of a large batch, spread across it) before i
   to the sequences in a shuffled order by a block table (so sequence b's keys are other keys);
 - `attention`: attention() on the same keys as (B, H_kv, S, D) tensors (phase="best"), where a
   copy of the cache in that layout fits beside it;
-- SDPA's flash, cuDNN and memory-efficient backends on the cache's keys seen as (B, H_kv, S, D)
-  (a transposed view, no copy; grouped heads by enable_gqa), each where it runs.
+- torch SDPA on the cache's keys seen as (B, H_kv, S, D) (a transposed view, no copy; grouped heads
+  by enable_gqa): as torch picks its backend (`sdpa`), and its flash, cuDNN and memory-efficient
+  backends each alone, where it runs.
 
 Three times per row, each in ms or us as named:
 
@@ -178,22 +179,23 @@ def run_serving_point(B: int, S: int, *, H: int = 32, H_kv: int = 8, D: int = 12
         results.append(result)
         device.release()
 
-    # -- SDPA's backends on the cache's keys, viewed
+    # -- SDPA on the cache's keys, viewed: as torch picks its backend, and each backend alone (its
+    # choice made once, outside the timing: a user's call has no context manager around it)
+    import contextlib
+
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    for name, backend, title in PEERS:
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q_heads, keys, values, enable_gqa=True)
+
+    for name, backend, title in (("sdpa", None, "torch SDPA, the backend torch picks"), *PEERS):
         step(f"B={B} S={S}: {name}")
         result = Result(name, "peer", title)
-
-        def call(backend=backend):
-            with sdpa_kernel(getattr(SDPBackend, backend)):
-                return torch.nn.functional.scaled_dot_product_attention(q_heads, keys, values, enable_gqa=True)
-
         try:
-            out = call()
-            check(result, out)
-            if result.correct:
-                finish(result, call, call)
+            with sdpa_kernel(getattr(SDPBackend, backend)) if backend else contextlib.nullcontext():
+                check(result, sdpa())
+                if result.correct:
+                    finish(result, sdpa, sdpa)
         except Exception as e:  # noqa: BLE001 - a backend that cannot run this says why
             results.append(unavailable(name, "peer", title, _raised(e)))
             continue
@@ -218,3 +220,54 @@ def _kvcache_call(q, k_cache, v_cache, lengths, table):
     from ..inference import attention_kvcache
 
     return attention_kvcache(q, k_cache, v_cache, lengths, table, causal=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The table `flashcore report` writes
+# ---------------------------------------------------------------------------------------------
+def serving_records(records) -> list[dict]:
+    """The serving records among `records` (measure.records.load_records of docs/bench/serving/),
+    newest GPU first, then by batch and keys."""
+    found = [r for r in records if r.get("config", {}).get("serving")]
+    return sorted(found, key=lambda r: (r["provenance"]["gpu_name"], r["config"]["B"], r["config"]["S_k"]))
+
+
+def _cell(result) -> str:
+    if result is None:
+        return "not measured"
+    if not result.get("available", True):
+        return "does not run"
+    if not result.get("correct"):
+        return "INCORRECT"
+    c = result["call"]
+    return f"{c['median_ms'] * 1e3:.0f} ({c['p99_ms'] * 1e3:.0f}); {c['busy_host_median_us']:.0f}"
+
+
+def serving_table(records) -> list[str]:
+    """Markdown lines: per (GPU, B, keys), each row's call time back to back in us (median, p99 in
+    parentheses) and its host time per call with the GPU busy (after the semicolon), and
+    attention_kvcache's call against the fastest SDPA backend's."""
+    lines = []
+    for gpu in sorted({r["provenance"]["gpu_name"] for r in records}):
+        mine = [r for r in records if r["provenance"]["gpu_name"] == gpu]
+        c0 = mine[0]["config"]
+        lines += [f"Decode steps on **{gpu}**, H={c0['H']} H_kv={c0.get('H_kv', c0['H'])} D={c0['D']} {c0['dtype']}, "
+                  f"one query row per sequence against every key it holds: call time back to back in µs, median "
+                  f"(p99), then the host's µs per call with {BUSY_MS:g} ms of GPU work queued ahead (a call that "
+                  f"waited for the GPU would show it there).", "",
+                  "| B | keys | attention_kvcache | paged (256) | attention() | best SDPA | kvcache vs SDPA |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
+        for record in mine:
+            rows = {r["name"]: r for r in record["results"]}
+            peers = [r for r in record["results"] if r["kind"] == "peer" and r.get("correct") and r.get("call")]
+            best = min(peers, key=lambda r: r["call"]["median_ms"]) if peers else None
+            kv = rows.get("10-kvcache")
+            ratio = ""
+            if best and kv and kv.get("correct"):
+                ratio = f"{best['call']['median_ms'] / kv['call']['median_ms']:.2f}×"
+            sdpa = f"{_cell(best)} ({best['name'].removeprefix('sdpa_')})" if best else "not measured"
+            lines.append(f"| {record['config']['B']} | {record['config']['S_k']} | {_cell(kv)} | "
+                         f"{_cell(rows.get(f'10-kvcache-p{PAGE}'))} | {_cell(rows.get('attention'))} | {sdpa} | "
+                         f"{ratio} |")
+        lines.append("")
+    return lines
