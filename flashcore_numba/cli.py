@@ -31,7 +31,8 @@ MIN_REPEATS = 20  # the protocol: median of at least 20 timed runs
 SIM_SHAPE = (1, 1, 48, 64)  # one 64-row tile, 48 keys: a tail on every phase; a few seconds each
 DELEGATED = {"grade": "flashcore_numba.course.grade", "lessons": "flashcore_numba.course.lessons"}
 # the last line of `flashcore run`: where a student goes from here
-NEXT_STEP = ("Next: open lessons/00_numba_cuda.ipynb (jupyter lab lessons/) or run `flashcore grade 00` "
+NEXT_STEP = ("Next: open lessons/00_numba_cuda.ipynb (from the repository's root: "
+             "`jupyter lab --notebook-dir=. lessons/00_numba_cuda.ipynb`) or run `flashcore grade 00` "
              "to grade its puzzles; lessons/README.md is the course map.")
 # the same step where the package was installed from a wheel, with no lessons/ beside it
 NEXT_STEP_INSTALLED = ("Next: the lessons and their graded exercises come with a source checkout of "
