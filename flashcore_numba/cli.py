@@ -327,6 +327,7 @@ def _run_simulator(args) -> int:
                     progress.advance(task)
 
     console.print(_simulator_table(verdicts, shape, modes, course))
+    console.print(_err_legend(verdicts), soft_wrap=True, highlight=False)
     failed = [key for key, r in verdicts.items() if r.available and not r.correct]
     skipped = [key for key, r in verdicts.items() if not r.available]
     for pid, causal in skipped + failed:  # what does not fit a cell, under the table
@@ -365,6 +366,19 @@ def _simulator_table(verdicts, shape, modes, course):
     # the title above the table, not in it: a table one mode wide would wrap it
     title = f"Phase ladder in the CUDA simulator: B={B} H={H} S={S} D={D} fp16"
     return Group(Text(title, style="table.title"), table)
+
+
+def _err_legend(verdicts) -> str:
+    """What the table's "err" is measured against, and the errors the oracle allowed in this run."""
+    allowed = sorted(r.allowed_err for r in verdicts.values() if r.available and r.allowed_err is not None)
+    here = ""
+    if allowed:
+        span = f"{allowed[0]:.1e}" if allowed[0] == allowed[-1] else f"{allowed[0]:.1e} to {allowed[-1]:.1e}"
+        here = f" (here {span})"
+    return ("err: the largest absolute difference from the float64 reference over every output element "
+            "(phases 11 and 12: over dq, dk and dv, from the float64 gradients). A phase is correct when err "
+            "is at most its allowed error, FlashAttention's test oracle: twice the error of the same problem "
+            "computed in plain fp16, plus 0.001 (for a gradient, plus 0.001 of its largest value)" + here + ".")
 
 
 def _verdict_cell(result) -> str:
