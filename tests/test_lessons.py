@@ -134,7 +134,7 @@ def test_committed_exercise_listing_matches_the_stub(pid, capsys):
     """The committed notebook's `lesson.exercise()` output is what it prints now: the regions the
     stub cuts out, with the instructions the phase's markers give them (a student reads it before
     opening the stub). Line numbers may drift with edits elsewhere in the phase; nothing else may.
-    Outputs come from a GPU run, so a changed instruction means executing the lesson again."""
+    Outputs come from one run of the whole lesson, so a changed instruction means executing it again."""
     nb = nbformat.read(notebooks.lesson_path(pid).with_suffix(".ipynb"), as_version=4)
     cells = [c for c in nb.cells if c.cell_type == "code" and "lesson.exercise()" in c.source]
     assert len(cells) == 1, f"lesson {pid}: expected one cell calling lesson.exercise(), found {len(cells)}"
@@ -306,3 +306,42 @@ def test_the_simulator_compiles_phase_09s_variants_only_on_a_gpu():
     lesson = notebooks.Lesson("10")
     assert lesson._ids() == ["09", "07", "10"]
     assert lesson._compiled_ids() == (lesson._ids() if lesson.on_gpu else ["07", "10"])
+
+
+def where_it_ran(pid) -> str:
+    """"a GPU" or "Numba's CUDA simulator": where the committed notebook of lesson pid ran, as its own
+    outputs say (a phase lesson's first cell prints "Kernels run on: <GPU>" or "Kernels run in Numba's
+    CUDA simulator"; lesson 00's "kernels run in the CUDA GPU" or "... in Numba's CUDA simulator")."""
+    nb = nbformat.read(LESSONS / f"{notebooks.lesson_stem(pid)}.ipynb", as_version=4)
+    text = "\n".join(lessons.plain_text([o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]))
+    found = re.search(r"(?i)kernels run (on: |in the CUDA GPU|in Numba's CUDA simulator)", text)
+    assert found, f"lessons/{notebooks.lesson_stem(pid)}.ipynb does not say where its kernels ran"
+    return "Numba's CUDA simulator" if "simulator" in found.group(1) else "a GPU"
+
+
+def spans(ids) -> str:
+    """"00 and 06-10", "01-05, 11 and 12": lesson ids, consecutive runs of three or more as ranges."""
+    runs = []
+    for pid in sorted(ids):
+        if runs and int(pid) == int(runs[-1][-1]) + 1:
+            runs[-1].append(pid)
+        else:
+            runs.append([pid])
+    parts = [f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(r) for r in runs]
+    text = ", ".join(parts)
+    head, _, last = text.rpartition(", ")
+    return f"{head} and {last}" if head else last
+
+
+def test_course_map_says_where_each_committed_notebook_ran():
+    """lessons/README.md names the lessons whose committed outputs are a GPU run and those run in the
+    simulator, as the notebooks themselves say (a lesson executed anew where it ran elsewhere changes it)."""
+    where = {pid: where_it_ran(pid) for pid in ["00", *PHASES]}
+    gpu = [pid for pid, w in where.items() if w == "a GPU"]
+    simulated = [pid for pid, w in where.items() if w != "a GPU"]
+    assert spans(["00", "06", "07", "08", "09", "10"]) == "00 and 06-10" and spans(["01", "02"]) == "01 and 02"
+    expected = (f"lessons {spans(gpu)} ran on a GPU,\nlessons {spans(simulated)} in Numba's CUDA simulator"
+                if gpu and simulated else None)
+    readme = (LESSONS / "README.md").read_text(encoding="utf-8")
+    assert expected is not None and re.sub(r"\s+", " ", expected) in re.sub(r"\s+", " ", readme), (
+        f"lessons/README.md should say where the committed notebooks ran: {expected!r}")

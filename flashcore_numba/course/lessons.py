@@ -1,7 +1,8 @@
 """`flashcore lessons`: build, check and run the lesson notebooks.
 
 `lessons/NN_<name>.py` (jupytext's "percent" format) is the source of each lesson; the `.ipynb`
-beside it is generated from it and committed with the outputs of a run on a GPU. What the cells
+beside it is generated from it and committed with the outputs of one run, on a GPU or in the
+simulator (lessons/README.md says which, and a test keeps it true). What the cells
 call is the lesson runtime, course/notebooks.py.
 
     flashcore lessons --sync      regenerate every .ipynb from its .py (outputs of unchanged cells kept)
@@ -316,7 +317,7 @@ def plain_text(outputs) -> list[str]:
 def refresh_listings(sources=None, timeout: int = 600) -> list[str]:
     """Re-render the source listings (`is_listing` cells) of each committed .ipynb, nothing else.
 
-    A notebook's outputs come from a run on a GPU; when a phase's code changes, its listings go
+    A notebook's outputs come from one run of the lesson; when a phase's code changes, its listings go
     stale while its timings stay true. Here the cell that makes `lesson` and the listing cells run
     alone, in the simulator, and only the listing cells' outputs are written back (numbered as a
     full run numbers them) where their text differs from the committed one. Returns the failures
