@@ -258,8 +258,10 @@ def _train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
     autograd_backward_phase) through flashcore::attention_train."""
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
-    torch = torch_module()
-    if torch.compiler.is_compiling():  # torch.compile traces the op (which checks the phase when it runs)
+    # only an imported torch can be tracing this call: the phase is checked first, before torch is
+    # imported, so that a phase without a backward is refused by name even where torch is absent
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():  # traced: the op checks the phase when it runs
         out, lse = _train_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase),
                                bool(deterministic))
     else:

@@ -31,7 +31,8 @@ MIN_REPEATS = 20  # the protocol: median of at least 20 timed runs
 SIM_SHAPE = (1, 1, 48, 64)  # one 64-row tile, 48 keys: a tail on every phase; a few seconds each
 DELEGATED = {"grade": "flashcore_numba.course.grade", "lessons": "flashcore_numba.course.lessons"}
 # the last line of `flashcore run`: where a student goes from here
-NEXT_STEP = ("Next: open lessons/00_numba_cuda.ipynb (jupyter lab lessons/) or run `flashcore grade 00` "
+NEXT_STEP = ("Next: open lessons/00_numba_cuda.ipynb (from the repository's root: "
+             "`jupyter lab --notebook-dir=. lessons/00_numba_cuda.ipynb`) or run `flashcore grade 00` "
              "to grade its puzzles; lessons/README.md is the course map.")
 # the same step where the package was installed from a wheel, with no lessons/ beside it
 NEXT_STEP_INSTALLED = ("Next: the lessons and their graded exercises come with a source checkout of "
@@ -336,6 +337,7 @@ def _run_simulator(args) -> int:
                     progress.advance(task)
 
     console.print(_simulator_table(verdicts, shape, modes, course))
+    console.print(_err_legend(verdicts), soft_wrap=True, highlight=False)
     failed = [key for key, r in verdicts.items() if r.available and not r.correct]
     skipped = [key for key, r in verdicts.items() if not r.available]
     for pid, causal in skipped + failed:  # what does not fit a cell, under the table
@@ -374,6 +376,19 @@ def _simulator_table(verdicts, shape, modes, course):
     # the title above the table, not in it: a table one mode wide would wrap it
     title = f"Phase ladder in the CUDA simulator: B={B} H={H} S={S} D={D} fp16"
     return Group(Text(title, style="table.title"), table)
+
+
+def _err_legend(verdicts) -> str:
+    """What the table's "err" is measured against, and the errors the oracle allowed in this run."""
+    allowed = sorted(r.allowed_err for r in verdicts.values() if r.available and r.allowed_err is not None)
+    here = ""
+    if allowed:
+        span = f"{allowed[0]:.1e}" if allowed[0] == allowed[-1] else f"{allowed[0]:.1e} to {allowed[-1]:.1e}"
+        here = f" (here {span})"
+    return ("err: the largest absolute difference from the float64 reference over every output element "
+            "(phases 11 and 12: over dq, dk and dv, from the float64 gradients). A phase is correct when err "
+            "is at most its allowed error, FlashAttention's test oracle: twice the error of the same problem "
+            "computed in plain fp16, plus 0.001 (for a gradient, plus 0.001 of its largest value)" + here + ".")
 
 
 def _verdict_cell(result) -> str:

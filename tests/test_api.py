@@ -1,5 +1,7 @@
 """attention(): every bad input raises TypeError/ValueError naming the argument; good input works."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -176,9 +178,11 @@ class _TorchLike:
 def test_requires_grad_on_a_phase_without_backward_is_refused_by_name(monkeypatch):
     """Grad enabled and an input that requires grad: the backward needs the forward's log-sum-exp,
     which phases 07 on write; an earlier phase is refused, said plainly. Without grad (or under
-    no_grad) any phase is accepted."""
+    no_grad) any phase is accepted. The refusal needs no torch: here torch cannot be imported."""
     from flashcore_numba import api
 
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError, as without torch
+    monkeypatch.setattr(api, "_TORCH", None)
     monkeypatch.setattr(api, "_grad_enabled", lambda: True)
     ops = [_TorchLike(requires_grad=r) for r in (True, False, False)]
     with pytest.raises(ValueError, match=r"^q: requires grad, but phase 03 has no backward pass.*07 on"):

@@ -812,6 +812,17 @@ def test_simulator_table_at_80_columns(modes):
     assert "INCORRECT" in text and "skipped" in text and "cut" not in text  # the reason goes under the table
 
 
+def test_simulator_run_says_what_err_is_measured_against():
+    from flashcore_numba import cli
+
+    verdicts = _fake_verdicts((False, True))
+    verdicts["01", False].allowed_err = 3.5e-3
+    legend = cli._err_legend(verdicts)
+    assert "largest absolute difference from the float64 reference" in legend, legend
+    assert "allowed error" in legend and "(here 2.0e-03 to 3.5e-03)" in legend, legend
+    assert "(here 2.0e-03)" in cli._err_legend(_fake_verdicts((True,)))
+
+
 def test_doctor_without_gpu():
     has_gpu = shutil.which("nvidia-smi") is not None
     for simulator in (False, True):
@@ -864,6 +875,7 @@ def test_run_without_gpu(flashcore_run):
         row = next(line for line in out.splitlines() if re.match(rf"\W*{phase_id}\b", line))
         assert row.count("correct (err") == 2, row  # non-causal and causal
     assert "INCORRECT" not in out
+    assert "err: the largest absolute difference from the float64 reference" in out and "allowed error" in out
     assert f"All {len(LESSONS)} phases correct in the simulator" in out
     assert "timings mean nothing" in out
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
@@ -134,7 +136,7 @@ def test_committed_exercise_listing_matches_the_stub(pid, capsys):
     """The committed notebook's `lesson.exercise()` output is what it prints now: the regions the
     stub cuts out, with the instructions the phase's markers give them (a student reads it before
     opening the stub). Line numbers may drift with edits elsewhere in the phase; nothing else may.
-    Outputs come from a GPU run, so a changed instruction means executing the lesson again."""
+    Outputs come from one run of the whole lesson, so a changed instruction means executing it again."""
     nb = nbformat.read(notebooks.lesson_path(pid).with_suffix(".ipynb"), as_version=4)
     cells = [c for c in nb.cells if c.cell_type == "code" and "lesson.exercise()" in c.source]
     assert len(cells) == 1, f"lesson {pid}: expected one cell calling lesson.exercise(), found {len(cells)}"
@@ -182,11 +184,11 @@ def test_main_check_passes(capsys):
     assert lessons.main(["--check"]) == 0
 
 
-def _execute(pid, folder: Path):
-    """Lesson pid executed from a copy in folder: (its copy, the failures)."""
-    py = folder / notebooks.lesson_path(pid).name
-    shutil.copy(notebooks.lesson_path(pid), py)
-    return py, lessons.execute([py], timeout=300)
+def _execute(pid, folder: Path, kernel_manager=None, source=notebooks.lesson_path):
+    """Lesson pid (its source: source(pid)) executed from a copy in folder: (its copy, the failures)."""
+    py = folder / source(pid).name
+    shutil.copy(source(pid), py)
+    return py, lessons.execute([py], timeout=300, kernel_manager=kernel_manager)
 
 
 def _lessons_wanted(items):
@@ -196,22 +198,61 @@ def _lessons_wanted(items):
 
 class BackgroundLessons:
     """The lessons the selected tests execute, submitted to the session's pool of background jobs
-    (conftest.py), each from a copy in a folder of its own."""
+    (conftest.py), each from a copy in a folder of its own. source: a lesson's source, by id."""
 
-    def __init__(self, wanted, pool):
+    def __init__(self, wanted, pool, source=notebooks.lesson_path):
+        from jupyter_client.manager import AsyncKernelManager  # with nbclient
+
         self.folder = Path(tempfile.mkdtemp(prefix="lessons"))
+        self.source = source
+        self.kernels = []  # the manager of every lesson's kernel, so that close() can stop them
+        kernels = self.kernels
+
+        class Recorded(AsyncKernelManager):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                kernels.append(self)
+
+        self.manager = Recorded
         self.futures = {}
         for pid in sorted(wanted, reverse=True):  # the later lessons simulate and compile more: first
             (self.folder / pid).mkdir()
-            self.futures[pid] = pool.submit(_execute, pid, self.folder / pid)
+            self.futures[pid] = pool.submit(self.run, pid)
+
+    def run(self, pid):
+        return _execute(pid, self.folder / pid, self.manager, self.source)
 
     def results(self):
         return {pid: future.result() for pid, future in self.futures.items()}
 
     def close(self):
+        """The end of the session. Cut short (-x, Ctrl+C), lessons may still run: their kernels are
+        killed and their jobs waited for before their folders go. (A kernel whose working folder is
+        removed under it fails with tracebacks after pytest's summary, and the session would wait
+        minutes for lessons no test reads.)"""
         for future in self.futures.values():
-            future.cancel()
+            future.cancel()  # those not started
+        while not all(future.done() for future in self.futures.values()):
+            for manager in self.kernels:  # nbclient's next look at a killed kernel ends its lesson
+                _kill_kernel(manager)
+            wait(self.futures.values(), timeout=1)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _kernel_process(manager):
+    """The process of the kernel `manager` started (jupyter_client's local provisioner), or None."""
+    return getattr(getattr(manager, "provisioner", None), "process", None)
+
+
+def _kill_kernel(manager) -> None:
+    """Kill the kernel `manager` started, if it still runs: a signal, safe from any thread while
+    another thread's event loop drives the manager."""
+    process = _kernel_process(manager)
+    if process is not None and process.poll() is None:
+        try:
+            process.kill()
+        except OSError:  # it ended meanwhile
+            pass
 
 
 BACKGROUND_FIRST = True  # lesson 09 is the suite's longest job: its jobs go to the pool before the others'
@@ -280,7 +321,7 @@ def test_execute_notebook_shuts_its_kernel_down(tmp_path):
 
     made = []
 
-    class Recorded(manager.KernelManager):
+    class Recorded(manager.AsyncKernelManager):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self)
@@ -291,6 +332,93 @@ def test_execute_notebook_shuts_its_kernel_down(tmp_path):
     assert "42" in nb.cells[0].outputs[0]["text"]
     assert len(made) == 1
     assert not made[0].has_kernel, "the notebook's kernel is still running"
+
+
+def test_a_kernel_that_dies_ends_its_lesson(tmp_path):
+    """A lesson whose kernel dies mid-cell (killed, crashed) fails at once with DeadKernelError.
+    (With a blocking kernel client, nbclient's wait for the cell's output held its event loop, and
+    the run waited for ever.)"""
+    from nbclient.exceptions import DeadKernelError
+
+    py = tmp_path / "dies.py"
+    py.write_text("# %%\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    outcome = []
+
+    def run():
+        try:
+            lessons.execute_notebook(py, timeout=600)
+        except BaseException as exc:  # noqa: BLE001 - what ended it is the test's subject
+            outcome.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(timeout=120)
+    assert not runner.is_alive(), "the lesson still waits for a kernel that died"
+    assert len(outcome) == 1 and isinstance(outcome[0], DeadKernelError), outcome
+
+
+DIES_STARTING = """
+import sys
+from pathlib import Path
+
+from jupyter_client.manager import AsyncKernelManager
+
+from flashcore_numba.course import lessons
+
+
+class DiesStarting(AsyncKernelManager):
+    async def start_kernel(self, **kwargs):
+        await super().start_kernel(**kwargs)
+        self.provisioner.process.kill()
+
+
+try:
+    lessons.execute_notebook(Path(sys.argv[1]), timeout=120, kernel_manager=DiesStarting)
+except RuntimeError as exc:
+    print("raised:", exc)
+"""
+
+
+def test_a_kernel_that_dies_starting_leaves_no_exit_hook(tmp_path):
+    """nbclient registers its kernel's cleanup to run at the interpreter's exit and unregisters it when
+    the run ends, but not where the kernel died while starting; the hook then failed after pytest's
+    summary ("assert self.km is not None"). execute_notebook unregisters it in every case: a process
+    whose lesson's kernel died starting exits without a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    py = tmp_path / "tiny.py"
+    py.write_text("# %%\nprint(6 * 7)\n")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", DIES_STARTING, str(py)], env=env, capture_output=True, text=True,
+                          timeout=180, check=False)
+    assert "raised: Kernel died before replying to kernel_info" in done.stdout, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "atexit" not in done.stderr, done.stderr
+
+
+def test_a_session_cut_short_stops_its_lessons(tmp_path):
+    """At the end of a session cut short (-x, Ctrl+C), the lessons still running are stopped within
+    seconds: their kernels killed, their jobs ended, their folder removed after them (it was once
+    removed under the running kernels, which printed tracebacks after pytest's summary while the
+    session waited for them to finish)."""
+    slow = tmp_path / "slow.py"
+    slow.write_text("# %%\nimport time\ntime.sleep(600)\n")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = BackgroundLessons(["a", "b", "c"], pool, source=lambda pid: slow)
+        deadline = time.monotonic() + 120
+        while sum(_kernel_process(k) is not None for k in jobs.kernels) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(3)  # the cells have started
+        processes = [_kernel_process(k) for k in jobs.kernels]
+        assert len(processes) == 2 and all(p is not None and p.poll() is None for p in processes), processes
+        started = time.monotonic()
+        jobs.close()
+        assert time.monotonic() - started < 30
+    assert not jobs.folder.exists()
+    assert all(p.poll() is not None for p in processes), "a lesson's kernel still runs"
+    assert jobs.futures["a"].cancelled() and all(jobs.futures[pid].exception() for pid in "bc")
 
 
 def test_the_simulator_compiles_phase_09s_variants_only_on_a_gpu():
@@ -306,3 +434,42 @@ def test_the_simulator_compiles_phase_09s_variants_only_on_a_gpu():
     lesson = notebooks.Lesson("10")
     assert lesson._ids() == ["09", "07", "10"]
     assert lesson._compiled_ids() == (lesson._ids() if lesson.on_gpu else ["07", "10"])
+
+
+def where_it_ran(pid) -> str:
+    """"a GPU" or "Numba's CUDA simulator": where the committed notebook of lesson pid ran, as its own
+    outputs say (a phase lesson's first cell prints "Kernels run on: <GPU>" or "Kernels run in Numba's
+    CUDA simulator"; lesson 00's "kernels run in the CUDA GPU" or "... in Numba's CUDA simulator")."""
+    nb = nbformat.read(LESSONS / f"{notebooks.lesson_stem(pid)}.ipynb", as_version=4)
+    text = "\n".join(lessons.plain_text([o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]))
+    found = re.search(r"(?i)kernels run (on: |in the CUDA GPU|in Numba's CUDA simulator)", text)
+    assert found, f"lessons/{notebooks.lesson_stem(pid)}.ipynb does not say where its kernels ran"
+    return "Numba's CUDA simulator" if "simulator" in found.group(1) else "a GPU"
+
+
+def spans(ids) -> str:
+    """"00 and 06-10", "01-05, 11 and 12": lesson ids, consecutive runs of three or more as ranges."""
+    runs = []
+    for pid in sorted(ids):
+        if runs and int(pid) == int(runs[-1][-1]) + 1:
+            runs[-1].append(pid)
+        else:
+            runs.append([pid])
+    parts = [f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(r) for r in runs]
+    text = ", ".join(parts)
+    head, _, last = text.rpartition(", ")
+    return f"{head} and {last}" if head else last
+
+
+def test_course_map_says_where_each_committed_notebook_ran():
+    """lessons/README.md names the lessons whose committed outputs are a GPU run and those run in the
+    simulator, as the notebooks themselves say (a lesson executed anew where it ran elsewhere changes it)."""
+    where = {pid: where_it_ran(pid) for pid in ["00", *PHASES]}
+    gpu = [pid for pid, w in where.items() if w == "a GPU"]
+    simulated = [pid for pid, w in where.items() if w != "a GPU"]
+    assert spans(["00", "06", "07", "08", "09", "10"]) == "00 and 06-10" and spans(["01", "02"]) == "01 and 02"
+    expected = (f"lessons {spans(gpu)} ran on a GPU,\nlessons {spans(simulated)} in Numba's CUDA simulator"
+                if gpu and simulated else None)
+    readme = (LESSONS / "README.md").read_text(encoding="utf-8")
+    assert expected is not None and re.sub(r"\s+", " ", expected) in re.sub(r"\s+", " ", readme), (
+        f"lessons/README.md should say where the committed notebooks ran: {expected!r}")

@@ -155,6 +155,28 @@ def test_reports_are_kept_on_disk_and_rebuilt_when_damaged(tmp_path, monkeypatch
     assert len(compiled) == 5
 
 
+def test_the_report_assembles_what_numba_cuda_loads(monkeypatch):
+    """Every report, with launch bounds or without, is assembled from the kernel's LTO-IR, as
+    numba-cuda loads a kernel: it describes the kernel that runs. Assembled from the PTX, 06-inline
+    at D = 64 had 149 registers in lesson 06's machine-code table where the driver reported 168 for
+    the kernel launched (the LTO-IR's count). The compiler is stood in for here."""
+    from flashcore_numba.measure import machine_code
+
+    assembled = []
+    log = "ptxas info    : Used 168 registers, used 1 barriers\n0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+
+    def assemble(code, linked=()):
+        assembled.append(code)
+        return log, b""
+
+    monkeypatch.setattr(machine_code, "compile_phase_ptx_and_ltoir", lambda *args: ("PTX", b"LTO-IR"))
+    monkeypatch.setattr(machine_code, "compile_phase_ptx", lambda *args: "PTX")
+    monkeypatch.setattr(machine_code, "assemble", assemble)
+    for kernel_id in ("06-inline", "06", "03", "09"):  # inlined, linked PTX, plain, launch bounds
+        assert machine_code._report_here(kernel_id, 64, sass=False)["registers"] == 168
+    assert assembled == [b"LTO-IR"] * 4
+
+
 def test_one_compile_gives_the_ptx_and_the_ltoir_of_two():
     """Phase 09's report (launch bounds: assembled from its LTO-IR) takes the PTX and the LTO-IR
     from one compile (`compile_phase_ptx_and_ltoir`): the same PTX as `compile_phase_ptx`'s, and

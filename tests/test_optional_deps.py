@@ -215,3 +215,19 @@ def test_collection_without_optional_packages(blocked):
     first = "nbformat" if whole else blocked[0]  # the lesson tests' first check
     assert f"{first} is not installed (pip install -e '.[notebooks]')" in out, out[-2000:]
     assert "imported although blocked: []" in out
+
+
+def test_the_course_extra_brings_the_disassembler():
+    """The lessons' SASS cells need nvdisasm: the course extra installs NVIDIA's wheel of it
+    (cuda-toolkit's nvdisasm extra), and where the course extra is installed on a platform NVIDIA
+    builds it for, the lessons find it."""
+    import importlib.util
+    import re
+
+    from flashcore_numba.measure.machine_code import find_disassembler
+
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    course = re.search(r"^course = \[(.*?)\]\n", text, re.MULTILINE | re.DOTALL).group(1)
+    assert '"cuda-toolkit[nvdisasm]==13.*"' in course, course
+    if importlib.util.find_spec("jupyterlab") is not None and sys.platform in ("linux", "win32"):
+        assert find_disassembler() is not None, "the course extra is installed, but no nvdisasm is found"

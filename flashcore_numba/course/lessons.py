@@ -1,7 +1,8 @@
 """`flashcore lessons`: build, check and run the lesson notebooks.
 
 `lessons/NN_<name>.py` (jupytext's "percent" format) is the source of each lesson; the `.ipynb`
-beside it is generated from it and committed with the outputs of a run on a GPU. What the cells
+beside it is generated from it and committed with the outputs of one run, on a GPU or in the
+simulator (lessons/README.md says which, and a test keeps it true). What the cells
 call is the lesson runtime, course/notebooks.py.
 
     flashcore lessons --sync      regenerate every .ipynb from its .py (outputs of unchanged cells kept)
@@ -23,6 +24,7 @@ on purpose:
 from __future__ import annotations
 
 import ast
+import atexit
 import copy
 import hashlib
 import os
@@ -259,27 +261,38 @@ def execute_notebook(py: Path, cwd: Path | None = None, timeout: int = 600, env:
                      kernel_manager=None):
     """Run a lesson top to bottom in a fresh kernel; returns the executed notebook (a cell error raises).
 
-    kernel_manager: the jupyter_client KernelManager class to start the kernel with (a test hands in
-    a subclass that records its instances, without patching the module other threads use)."""
+    kernel_manager: the jupyter_client AsyncKernelManager class to start the kernel with (a test hands
+    in a subclass that records its instances, without patching the module other threads use)."""
     py = Path(py)
     return _run(notebook_from_py(py), cwd or py.parent, timeout, env=env, kernel_manager=kernel_manager)
 
 
 def _run(nb, cwd: Path, timeout: int, env: dict | None = None, kernel_manager=None):
-    """Execute notebook nb in place, in a fresh kernel started in cwd; returns it."""
-    from jupyter_client.manager import KernelManager
+    """Execute notebook nb in place, in a fresh kernel started in cwd; returns it.
+
+    The kernel's manager is an AsyncKernelManager, as nbclient's own default: its client's waits
+    give way to nbclient's check that the kernel lives, so a kernel that dies mid-cell (crashed, or
+    killed) ends the run with DeadKernelError. A blocking client's wait for the cell's output would
+    hold nbclient's event loop, and the run would wait for that output for ever."""
+    from jupyter_client.manager import AsyncKernelManager
     from nbclient import NotebookClient
 
     with tempfile.TemporaryDirectory() as sockets:
         # IPC sockets where available: a local kernel needs no TCP port (ipykernel warns about
         # unencrypted TCP, and the warning would land in the outputs)
         transport = {"transport": "ipc", "ip": str(Path(sockets) / "kernel")} if os.name == "posix" else {}
-        km = (kernel_manager or KernelManager)(kernel_name="python3", **transport)
+        km = (kernel_manager or AsyncKernelManager)(kernel_name="python3", **transport)
         client = NotebookClient(nb, km=km, timeout=timeout, kernel_name="python3", record_timing=False,
                                 resources={"metadata": {"path": str(cwd)}})
-        # cleanup_kc: nbclient shuts down only the kernels of managers it made itself, and each
-        # kernel left running holds a process and a couple of hundred MB until the caller exits
-        client.execute(env=env or kernel_env(), cleanup_kc=True)
+        try:
+            # cleanup_kc: nbclient shuts down only the kernels of managers it made itself, and each
+            # kernel left running holds a process and a couple of hundred MB until the caller exits
+            client.execute(env=env or kernel_env(), cleanup_kc=True)
+        finally:
+            # nbclient registers the kernel's cleanup to run at exit and unregisters it when the run
+            # ends, except where the kernel died starting: then the hook, its kernel already cleaned
+            # up, fails at the interpreter's exit (AssertionError: self.km is not None)
+            atexit.unregister(client._cleanup_kernel)
     return nb
 
 
@@ -316,7 +329,7 @@ def plain_text(outputs) -> list[str]:
 def refresh_listings(sources=None, timeout: int = 600) -> list[str]:
     """Re-render the source listings (`is_listing` cells) of each committed .ipynb, nothing else.
 
-    A notebook's outputs come from a run on a GPU; when a phase's code changes, its listings go
+    A notebook's outputs come from one run of the lesson; when a phase's code changes, its listings go
     stale while its timings stay true. Here the cell that makes `lesson` and the listing cells run
     alone, in the simulator, and only the listing cells' outputs are written back (numbered as a
     full run numbers them) where their text differs from the committed one. Returns the failures
@@ -354,10 +367,11 @@ def refresh_listings(sources=None, timeout: int = 600) -> list[str]:
     return failures
 
 
-def execute(sources=None, timeout: int = 600) -> list[str]:
+def execute(sources=None, timeout: int = 600, kernel_manager=None) -> list[str]:
     """Execute every lesson and save its outputs into its .ipynb (the committed outputs come from here).
 
     A lesson whose cell fails keeps its previous .ipynb; the others still run. Returns the failures.
+    kernel_manager: as execute_notebook's (the test suite's records its kernels, to stop them).
     """
     from nbclient.exceptions import CellExecutionError
 
@@ -368,7 +382,7 @@ def execute(sources=None, timeout: int = 600) -> list[str]:
         t0 = time.perf_counter()
         print(f"executing {display_path(py)} ...", flush=True)
         try:
-            nb = execute_notebook(py, timeout=timeout)
+            nb = execute_notebook(py, timeout=timeout, kernel_manager=kernel_manager)
         except CellExecutionError as exc:
             failures.append(f"{display_path(py)}: {exc}")
             print(f"  FAILED after {time.perf_counter() - t0:.0f} s; "

@@ -1027,8 +1027,9 @@ class Lesson:
 
         text = self.reports()[self.main_id].get("sass")
         if not text:
-            print("No SASS here: it needs nvdisasm or cuobjdump (a CUDA toolkit, or "
-                  "`pip install nvidia-cuda-nvdisasm`).\nThe PTX above is what the assembler starts from; "
+            print("No SASS here: it needs nvdisasm or cuobjdump. The course extra installs nvdisasm "
+                  "(pip install -e \".[course]\", on Linux and Windows); else a CUDA toolkit's, on the PATH."
+                  "\nThe PTX above is what the assembler starts from; "
                   "it unrolls loops further and allocates registers.")
             return
         self._counts("sass", patterns, "SASS")
