@@ -207,6 +207,31 @@ def test_a_bug_that_raises_in_the_simulator_names_the_students_line(tmp_path):
     assert f"01_naive.py line {line} (`l_i = acc[j, 1]`) raised IndexError" in result.detail, result.detail
 
 
+def test_a_missing_barrier_before_the_block_counter_is_read_fails_in_seconds(tmp_path):
+    """Exercise 10's block counter without the cuda.syncthreads() before `done = done_s[0]`: threads
+    read the count before thread 0 wrote it, disagree on whether their block merges, and the merging
+    ones wait at the merge's warp shuffles for lanes that left. It took 605 s (a time-out) and ended
+    in "BrokenBarrierError: tid=[54, 0, 0] ctaid=[1, 0, 0]"; now the region check fails within
+    seconds, naming the lines of the student's file where threads wait and who left."""
+    import re
+    import time
+
+    phase, label = LESSONS["10"], "10-a"
+    barrier = "        cuda.syncthreads()\n        done = done_s[0]\n"
+    solution = exercises.solution_source(phase)
+    assert solution.count(barrier) == 1
+    path = tmp_path / exercises.stub_name(phase)
+    path.write_text(solution.replace(barrier, "        done = done_s[0]\n"), encoding="utf-8")
+    started = time.monotonic()
+    result = grade.start("10", path, seed=5).run(_region_check("10", label))
+    assert time.monotonic() - started < 120
+    assert result.status == "fail" and "raised BarrierError" in result.detail, result.detail
+    assert "left the kernel (they never arrive)" in result.detail
+    assert re.search(rf"waits? at (a warp collective|cuda.syncthreads)[^:]*: {re.escape(path.name)}:\d+ \(`",
+                     result.detail), result.detail
+    assert "flashcore_regions" not in result.detail  # the student's lines, not the spliced copy's
+
+
 # ---------------------------------------------------------------------------------------------
 # Hints and the list of checks
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,38 @@ def test_a_missing_guard_is_diagnosed(tmp_path):
     assert "IndexError" in result.detail and "if i < a.size" in result.detail, result.detail
     line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip() == "out[i] = alpha * a[i]")
     assert f"unguarded.py line {line} (`out[i] = alpha * a[i]`) raised IndexError" in result.detail, result.detail
+
+
+# A barrier inside a branch: on a GPU undefined; the simulator used to release it once every thread
+# still running had reached it, and gave full marks
+BRANCHED_BARRIERS = {
+    "inside_if_t_below_stride": ("        cuda.syncthreads()  # this step's sums", "            cuda.syncthreads()  # this step's sums"),
+    "inside_if_t_is_0": ("        cuda.syncthreads()  # this step's sums",
+                         "        if t == 0:\n            cuda.syncthreads()  # this step's sums"),
+}
+
+
+@pytest.mark.parametrize("slip", BRANCHED_BARRIERS)
+def test_a_barrier_inside_a_branch_fails_in_seconds_naming_it(tmp_path, capsys, slip):
+    """`flashcore grade 00` on 00-c with its loop's cuda.syncthreads() inside `if t < stride:` or inside
+    `if t == 0:`: the check fails within seconds, naming the barrier's line, the threads that wait
+    there and those that left the kernel, with the hint to put it where every thread passes."""
+    old, new = BRANCHED_BARRIERS[slip]
+    solution = exercises.solution_source(puzzles)
+    assert solution.count(old) == 1
+    path = tmp_path / f"{slip}.py"
+    path.write_text(solution.replace(old, new), encoding="utf-8")
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "# this step's sums" in text)
+    started = time.monotonic()
+    assert grade.main(["00", str(path)]) == 1
+    assert time.monotonic() - started < 60  # it used to pass; a hang would take minutes
+    out = capsys.readouterr().out
+    barrier = f"at cuda.syncthreads(): {path}:{line} (`cuda.syncthreads()  # this step's sums"
+    waiting, gone = (("threads 0-3 wait", "threads 4-7") if slip == "inside_if_t_below_stride"
+                     else ("thread 0 waits", "threads 1-7"))
+    assert "00-c reduce" in out and "raised BarrierError" in out and f"{waiting} {barrier}" in out, out
+    assert f"{gone} left the kernel" in out
+    assert "put the barrier where every thread passes" in out and "Score: 4/6" in out
 
 
 def test_a_missing_kernel_is_named(tmp_path):

@@ -268,7 +268,7 @@ def run_region(g: Grading, check: Check) -> Outcome:
         module, path, spliced = load_region(g, check.region)
     except RegionNotLoaded as e:
         return Outcome("fail", str(e))
-    mapped = {"lines": spliced.lines, "shown_as": g.path}
+    mapped = {"lines": spliced.lines, "shown_as": g.path, "outside": spliced.outside}
     runs, reasons = [], []
     for index, case in enumerate(check.cases):
         if case.seq_k == 1 and all(r.ok for r in runs):

@@ -186,7 +186,7 @@ def run_region(g, check: Check) -> Outcome:
         module, path, spliced = load_region(g, check.region)
     except RegionNotLoaded as e:
         return Outcome("fail", str(e))
-    mapped = {"lines": spliced.lines, "shown_as": g.path}
+    mapped = {"lines": spliced.lines, "shown_as": g.path, "outside": spliced.outside}
     case_runs = [run_case(module, case, g.case_seed(check, index), path, mapped)
                  for index, case in enumerate(check.cases)]
     if all(r.ok for runs in case_runs for r in runs.values()):
