@@ -216,7 +216,7 @@ def test_a_missing_barrier_before_the_block_counter_is_read_fails_in_seconds(tmp
     import re
     import time
 
-    phase, label = LESSONS["10"], "10-a"
+    phase, label = LESSONS["10"], "10-b"
     barrier = "        cuda.syncthreads()\n        done = done_s[0]\n"
     solution = exercises.solution_source(phase)
     assert solution.count(barrier) == 1

@@ -134,7 +134,7 @@ def test_committed_exercise_listing_matches_the_stub(pid, capsys):
     """The committed notebook's `lesson.exercise()` output is what it prints now: the regions the
     stub cuts out, with the instructions the phase's markers give them (a student reads it before
     opening the stub). Line numbers may drift with edits elsewhere in the phase; nothing else may.
-    Outputs come from a GPU run, so a changed instruction means executing the lesson again."""
+    It prints nothing that needs a GPU: `flashcore lessons --listings` re-renders it."""
     nb = nbformat.read(notebooks.lesson_path(pid).with_suffix(".ipynb"), as_version=4)
     cells = [c for c in nb.cells if c.cell_type == "code" and "lesson.exercise()" in c.source]
     assert len(cells) == 1, f"lesson {pid}: expected one cell calling lesson.exercise(), found {len(cells)}"
@@ -142,8 +142,8 @@ def test_committed_exercise_listing_matches_the_stub(pid, capsys):
     numbered = re.compile(r"\(lines \d+-\d+ of the phase source, \d+ lines?\)")
     committed = "\n".join(lessons.plain_text(cells[0].get("outputs", [])))
     assert numbered.sub("(lines ...)", committed) == numbered.sub("(lines ...)", capsys.readouterr().out.rstrip("\n")), (
-        f"lessons/{notebooks.lesson_stem(pid)}.ipynb lists other exercise regions than the phase has now: execute "
-        f"the lesson again on a GPU (flashcore lessons --execute --only {pid})")
+        f"lessons/{notebooks.lesson_stem(pid)}.ipynb lists other exercise regions than the phase has now: "
+        f"run `flashcore lessons --listings --only {pid}`")
 
 
 def test_listing_cells_are_the_pure_ones():
@@ -152,6 +152,7 @@ def test_listing_cells_are_the_pure_ones():
     assert lessons.is_listing(cell("from flashcore_numba.phases import common\n\nlesson.show_diff(a, b)\n"
                                    "lesson.show_ptx('store.ptx')"))
     assert not lessons.is_listing(cell("lesson.show_source(phase.Build)\nprint(phase.BUILDS)"))
+    assert lessons.is_listing(cell("lesson.exercise()"))
     assert not lessons.is_listing(cell("lesson.check()"))
     assert not lessons.is_listing(cell("import numpy as np"))
     assert not lessons.is_listing(nbformat.v4.new_markdown_cell("lesson.show_source(phase.build)"))

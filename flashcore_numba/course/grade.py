@@ -241,9 +241,9 @@ def explain(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str:
 # about where a block's rows start, on two row blocks.
 LARGEST_HEAD_DIM = {"06-b", "09-b"}
 TWO_ROW_BLOCKS = {"09-a"}
-# and about what blocks do together: 10-a counts the blocks of a merge team, and in the simulator a
+# and about what blocks do together: 10-b counts the blocks of a merge team, and in the simulator a
 # block's two warps take two key tiles, so its case has five (three ranges: two blocks)
-KEY_TILES = {"10-a": 5}
+KEY_TILES = {"10-b": 5}
 
 
 def region_cases(phase: ModuleType, label: str) -> tuple[Case, ...]:
