@@ -4,10 +4,11 @@ Pure NumPy, no kernel: flashcore_numba.course.grade runs the kernels and hands t
 
 - `diagnose(runs)`: the known patterns of a wrong attention output, over the cases of one check
   (rules below, first match wins). Each pattern has a generic message; a region may word its
-  own (flashcore_numba.course.hints, `diagnoses`).
+  own (flashcore_numba.course.hints, `diagnoses`), and a check of the whole kernel words it as the
+  regions it most likely comes from do (course.student.kernel_diagnoses).
 
       nan        every output of every case is NaN: the region writes nothing yet
-      zeros      every case fails, with all outputs zero: the running state is never updated
+      zeros      every case fails, with all outputs zero: what should reach the output never does
       columns    every wrong output lies in one range of columns d (of every case that fails)
                  and the other columns are right: a strip of the head dim is never computed or
                  stored (a loop over column strips that stops early)
@@ -45,7 +46,8 @@ FACTOR_TOLERANCE = 0.02  # relative misfit of out ≈ c · expected still called
 MESSAGES = {
     "nan": "NaN everywhere: the region writes nothing yet (the output was filled with NaN before the launch, "
            "and nothing replaced it)",
-    "zeros": "all zeros: the running state is never updated (m_i, l_i and acc keep their initial values)",
+    "zeros": "all zeros: nothing that should reach the output does (a state, a weight or a tile is left as it "
+             "started)",
     "s_one": "only S = 1 passes: one key is right (its output is its v, whatever the scores), several are "
              "not: the state (m_i, l_i, acc) is not carried from one key to the next, or the scores are wrong",
     "factor": "off by a constant factor {factor:.4g} (got ≈ {factor:.4g} × expected): a scale is wrong",

@@ -44,7 +44,8 @@ from ..reference import (
 from .checks import Check, Outcome
 from .diagnose import CaseRun, diagnose, excerpt, picture
 from .hints import hints_for
-from .student import RegionNotLoaded, gpu_timing_lock, load_region, poisoned_local_arrays, region_lines
+from .student import (RegionNotLoaded, gpu_timing_lock, holds_code, kernel_diagnoses, load_region,
+                      poisoned_local_arrays, region_lines)
 
 NAMES = ("dq", "dk", "dv")
 # What the set of wrong gradients says (dV = Pᵀ dO needs P; dK = scale · dSᵀ Q and dQ = scale · dS K
@@ -173,7 +174,8 @@ def run_cases(g, check: Check) -> Outcome:
         if error:
             return Outcome("fail", f"{case}: {error}")
         if not all(r.ok for r in runs.values()):
-            return Outcome("fail", f"{case}: " + "; ".join(verdicts(runs)) + "\n" + explain([runs]))
+            explanation = explain([runs], kernel_diagnoses(g))
+            return Outcome("fail", f"{case}: " + "; ".join(verdicts(runs)) + "\n" + explanation)
         errors.append(", ".join(f"{name} {check_close(r.out, r.expected, r.expected, atol=r.allowed).max_err:.1e}"
                                 for name, r in runs.items()))
     return Outcome("pass", f"correct (max errors {'; '.join(errors)})")
@@ -197,7 +199,7 @@ def run_region(g, check: Check) -> Outcome:
     runs = case_runs[first]
     error = next((r.error for r in runs.values() if r.error), "")
     lines = [f"{check.cases[first]}: {error or '; '.join(verdicts(runs))}"]
-    if not any(line.strip() and not line.lstrip().startswith("#") for line in region_lines(spliced)):
+    if not holds_code(region_lines(spliced)):
         lines.append(f"region {check.region} is still empty: write its lines between the markers "
                      f"(`flashcore grade {g.phase.ID} --hint` gives a hint)")
     explanation = explain(case_runs, hints_for(check.region).diagnoses)

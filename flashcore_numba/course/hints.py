@@ -91,7 +91,9 @@ HINTS: dict[str, RegionHints] = {
                "l_i = l_i * alpha + p\n"
                "for every d: acc[d] = acc[d] * alpha + p * V[b, h, j, d]\n"
                "m_i = m_new",
-        diagnoses={"s_one": "only S = 1 passes: one key is right, several are not: m_i, l_i and acc are not "
+        diagnoses={"zeros": "all zeros: the running state is never updated (m_i, l_i and acc keep their initial "
+                            "values)",
+                   "s_one": "only S = 1 passes: one key is right, several are not: m_i, l_i and acc are not "
                             "carried from one key to the next (each key must rescale the old values by alpha "
                             "and add to them, and m_i must become m_new at the end)"},
     ),
@@ -439,6 +441,17 @@ def hints_for(label: str) -> RegionHints:
         return HINTS[label]
     except KeyError:
         raise KeyError(f"no hints for exercise region {label!r}: add them to flashcore_numba/course/hints.py") from None
+
+
+def worded_by(labels) -> dict[str, str]:
+    """Each pattern's diagnosis in the words of the regions `labels` that word it (see diagnoses), each
+    followed by its label; where several do, one after the other. A whole-kernel check knows the
+    pattern of a wrong output, not the region it comes from."""
+    worded: dict[str, list[str]] = {}
+    for label in labels:
+        for pattern, text in hints_for(label).diagnoses.items():
+            worded.setdefault(pattern, []).append(f"{text} (region {label})")
+    return {pattern: "; or ".join(texts) for pattern, texts in worded.items()}
 
 
 def render_hints(regions, upto: int) -> str:
