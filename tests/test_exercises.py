@@ -418,8 +418,8 @@ STUB_REGION_SAYS = {
     "11-a": "diagnosis: every gradient is wrong, so P is",
     "11-b": "diagnosis: dV is right, so P is; dK and dQ are not",
     "11-c": "dq: all zeros: nothing is added to dQ",
-    "12-a": "dq: NaN everywhere: dq is never written",
-    "12-b": "dq: NaN everywhere: s and dp are never written",
+    "12-a": "NaN everywhere: dq is never written",
+    "12-b": "NaN everywhere: s and dp are never written",
     "12-c": "dq: all zeros: dQ = dS K adds nothing",
 }
 REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in LESSONS.values()

@@ -142,10 +142,12 @@ def explain(case_runs: list[dict[str, CaseRun]], messages: dict[str, str] | None
     lines = [f"wrong: {', '.join(wrong)}; right: {', '.join(n for n in NAMES if n not in wrong) or 'none'}"]
     if f"wrong:{key}" in messages or key in WHICH:
         lines.append(f"diagnosis: {messages.get(f'wrong:{key}', WHICH.get(key))}")
+    patterns: dict[str, list[str]] = {}  # a pattern's words -> the gradients that show it, said once
     for name in wrong:
         pattern = diagnose([runs[name] for runs in ran], messages)
         if pattern:
-            lines.append(f"{name}: {pattern}")
+            patterns.setdefault(pattern, []).append(name)
+    lines += [f"{', '.join(names)}: {pattern}" for pattern, names in patterns.items()]
     r = worst[wrong[0]]
     lines.append(f"in case {r.label}:")
     if not np.isnan(np.asarray(r.out, dtype=np.float64)).all():
