@@ -188,7 +188,9 @@ print(out.copy_to_host())
 # The threads of a block do not run in step. Before a thread reads what another one wrote, the
 # writer must be done: `cuda.syncthreads()` is a [barrier](../docs/glossary.md#barrier) that no thread of the block passes until
 # all of them have reached it. Every thread of the block must reach it (never put it inside an
-# `if` that only some threads take). Below, each block reverses its 8 elements: thread t writes
+# `if` that only some threads take, nor after a `return` of some): on a GPU that hangs or gives
+# wrong values, and the simulator stops the launch with a `BarrierError` naming the barrier's
+# line and the threads that never came. Below, each block reverses its 8 elements: thread t writes
 # cell t, waits, then reads cell 7 − t, written by another thread.
 
 # %%

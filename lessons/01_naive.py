@@ -178,3 +178,12 @@ lesson.sass(["LDG", "FFMA", "MUFU.EX2"])
 
 # %%
 lesson.exercise()
+
+# %% [markdown]
+# ## The solution
+#
+# Try the exercise first. These are the lines the phase itself has in each region; the listings
+# above show the regions empty, as your stub has them.
+
+# %%
+lesson.show_solution()

@@ -134,3 +134,12 @@ lesson.bank_conflicts()
 
 # %%
 lesson.exercise()
+
+# %% [markdown]
+# ## The solution
+#
+# Try the exercise first. These are the lines the phase itself has in each region; the listings
+# above show the regions empty, as your stub has them.
+
+# %%
+lesson.show_solution()

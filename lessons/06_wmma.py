@@ -219,6 +219,15 @@ lesson.sass(["HMMA", "CALL", "LDS", "STS", "BAR"])
 lesson.exercise()
 
 # %% [markdown]
+# ## The solution
+#
+# Try the exercise first. These are the lines the phase itself has in each region; the listings
+# above show the regions empty, as your stub has them.
+
+# %%
+lesson.show_solution()
+
+# %% [markdown]
 # <a id="appendix-tuning-notes"></a>
 # ## Appendix: tuning notes
 #

@@ -185,6 +185,15 @@ lesson.sass(["HGMMA", "WARPGROUP", "LDGSTS", "SHFL", "MUFU.EX2", "STL", "LDL"])
 lesson.exercise()
 
 # %% [markdown]
+# ## The solution
+#
+# Try the exercise first. These are the lines the phase itself has in each region; the listings
+# above show the regions empty, as your stub has them.
+
+# %%
+lesson.show_solution()
+
+# %% [markdown]
 # <a id="appendix-tuning-notes"></a>
 # ## Appendix: tuning notes
 #

@@ -306,6 +306,15 @@ lesson.sass(["UTMALDG", "SYNCS", "USETMAXREG", "BAR.SYNC", "BAR.ARV", "HGMMA", "
 lesson.exercise()
 
 # %% [markdown]
+# ## The solution
+#
+# Try the exercise first. These are the lines the phase itself has in each region; the listings
+# above show the regions empty, as your stub has them.
+
+# %%
+lesson.show_solution()
+
+# %% [markdown]
 # <a id="appendix-tuning-notes"></a>
 # ## Appendix: tuning notes
 #

@@ -229,3 +229,12 @@ lesson.sass(["HMMA", "LDGSTS", "MEMBAR", "ATOMG", "RED", "MUFU.EX2", "STL", "LDL
 
 # %%
 lesson.exercise()
+
+# %% [markdown]
+# ## The solution
+#
+# Try the exercise first. These are the lines the phase itself has in each region; the listings
+# above show the regions empty, as your stub has them.
+
+# %%
+lesson.show_solution()

@@ -36,7 +36,7 @@
 #
 # **2. Δ needs no P either.** Δ_i = Σ_j P_ij dP_ij = Σ_j P_ij (dO_i · v_j) = dO_i · O_i: a dot product
 # of two rows the forward and the loss already gave. A small first kernel computes it, each
-# [warp](../docs/glossary.md#warp) taking a few rows (exercise 11-a).
+# [warp](../docs/glossary.md#warp) taking a few rows (exercise 11-b).
 #
 # **3. Two gradients sum over queries, one over keys.** dK and dV of a key sum over every query row
 # that sees it; dQ of a query row sums over every key. A kernel has to pick which sum stays inside a
@@ -48,13 +48,13 @@
 #   because cp.async splits a padded row that straddles 128-byte lines of shared memory: 24 L2
 #   sectors a warp where 16 do, docs/tuning/11_layout/). Each warp owns 16 keys and computes its
 #   products transposed (keys as rows): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ on the tensor cores, then Pᵀ and dSᵀ
-#   element by element (exercise 11-c), then dV += Pᵀ dO and dK += dSᵀ Q, which stay in
+#   element by element (exercise 11-a), then dV += Pᵀ dO and dK += dSᵀ Q, which stay in
 #   [registers](../docs/glossary.md#register) for the whole loop and are written once. With
 #   grouped-query attention the group's query heads stream past one after another, so dK and dV are
 #   summed over the group for free.
 # - dQ then needs the sum over the key blocks, which other blocks own. Each block adds its share,
 #   dQ += scale · dS K, to a float32 dQ in global memory by [atomic](../docs/glossary.md#atomic)
-#   additions (exercise 11-b): the hardware makes each read-add-write indivisible. Numba's
+#   additions (exercise 11-c): the hardware makes each read-add-write indivisible. Numba's
 #   `cuda.atomic.add` returns the old value, so each addition waits for an answer from memory that
 #   nobody reads; PTX's `red` (ptx/red.ptx) adds without one, and on an H100 `red.global.add.v2.f32`
 #   adds a lane's two neighbouring columns at once. Half the requests, none waited for.
@@ -164,7 +164,7 @@ lesson.show_source(phase.build_delta_kernel)
 lesson.show_source(phase.build_kv_kernel)
 
 # %% [markdown]
-# The element-by-element step of a tile (exercise 11-c), which phase 12 shares: each lane's
+# The element-by-element step of a tile (exercise 11-a), which phase 12 shares: each lane's
 # elements of Sᵀ become Pᵀ, recomputed from its rows' log-sum-exp, and those of dPᵀ become dSᵀ.
 
 # %%
@@ -217,3 +217,12 @@ lesson.sass(["HMMA", "LDSM", "LDGSTS", "RED", "MUFU.EX2", "STL", "LDL"])
 
 # %%
 lesson.exercise()
+
+# %% [markdown]
+# ## The solution
+#
+# Try the exercise first. These are the lines the phase itself has in each region; the listings
+# above show the regions empty, as your stub has them.
+
+# %%
+lesson.show_solution()

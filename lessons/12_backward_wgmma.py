@@ -164,3 +164,12 @@ lesson.sass(["HGMMA", "HMMA", "LDSM", "LDGSTS", "REDG", "MUFU.EX2", "BAR.SYNC", 
 
 # %%
 lesson.exercise()
+
+# %% [markdown]
+# ## The solution
+#
+# Try the exercise first. These are the lines the phase itself has in each region; the listings
+# above show the regions empty, as your stub has them.
+
+# %%
+lesson.show_solution()

@@ -90,6 +90,23 @@ def test_every_phase_has_regions_and_a_stub(phase_id):
     assert path.is_file(), f"{path} is missing: run python -m flashcore_numba.course.exercises --write"
 
 
+@pytest.mark.parametrize("phase_id", [exercises.PUZZLES_ID, *LESSONS])
+def test_region_labels_follow_the_order_of_the_file(phase_id):
+    """A reader meets 10-a before 10-b: in the stub's list, in the file and in the grader's table
+    (10-b once came first in the file, and 11-c and 12-c led theirs). A single region is the phase's id."""
+    regions = exercises.phase_regions(exercises.exercise_module(phase_id))
+    labels = [r.label for r in regions]
+    assert labels == ([phase_id] if len(regions) == 1 else [f"{phase_id}-{chr(ord('a') + i)}" for i in range(len(regions))])
+    assert [r.begin for r in regions] == sorted(r.begin for r in regions)
+
+
+def test_the_11c_instruction_ends_its_sentence():
+    """An instruction says what to write in words a student can act on (11-c's once ended "...rows that
+    exist only")."""
+    instruction = next(r.instruction for r in exercises.phase_regions(LESSONS["11"]) if r.label == "11-c")
+    assert instruction.endswith("only in the rows that exist (row < seq_q)"), instruction
+
+
 @pytest.mark.parametrize("phase_id", list(LESSONS))
 def test_stub_is_in_sync_with_its_phase(phase_id):
     phase = LESSONS[phase_id]
@@ -396,14 +413,14 @@ STUB_REGION_SAYS = {
     "08-b": "diagnosis: NaN everywhere: the region writes nothing yet",
     "09-a": "diagnosis: only S = 1 passes: its single row is the block's first",
     "09-b": "diagnosis: only S = 1 passes",
-    "10-a": "diagnosis: only S = 1 passes: with one key there is one block",
-    "10-b": "diagnosis: all zeros: every member's weight is still 0",
-    "11-a": "diagnosis: dV is right, so P is; dK and dQ are not",
-    "11-b": "dq: all zeros: nothing is added to dQ",
-    "11-c": "diagnosis: every gradient is wrong, so P is",
-    "12-a": "dq: NaN everywhere: s and dp are never written",
-    "12-b": "dq: all zeros: dQ = dS K adds nothing",
-    "12-c": "dq: NaN everywhere: dq is never written",
+    "10-a": "diagnosis: all zeros: every member's weight is still 0",
+    "10-b": "diagnosis: only S = 1 passes: with one key there is one block",
+    "11-a": "diagnosis: every gradient is wrong, so P is",
+    "11-b": "diagnosis: dV is right, so P is; dK and dQ are not",
+    "11-c": "dq: all zeros: nothing is added to dQ",
+    "12-a": "NaN everywhere: dq is never written",
+    "12-b": "NaN everywhere: s and dp are never written",
+    "12-c": "dq: all zeros: dQ = dS K adds nothing",
 }
 REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in LESSONS.values()
            for r in exercises.phase_regions(phase)]

@@ -8,6 +8,7 @@ with the other graded checks, from the grader runs of tests/test_exercises.py.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -44,12 +45,13 @@ def test_nan_everywhere_means_the_region_writes_nothing(expected):
     assert "writes nothing" not in diagnose.diagnose([_run(partly, expected)])
 
 
-def test_all_zeros_means_the_state_is_never_updated(expected):
+def test_all_zeros_means_nothing_reaches_the_output(expected):
     zeros = np.zeros_like(expected)
-    assert "never updated" in diagnose.diagnose([_run(zeros[:1], expected[:1], seq_k=1), _run(zeros, expected)])
-    # zeros where a one-key case passes are not "never updated" but "not carried"
+    assert "all zeros: nothing that should reach the output does" in diagnose.diagnose(
+        [_run(zeros[:1], expected[:1], seq_k=1), _run(zeros, expected)])
+    # zeros where a one-key case passes are not "all zeros" but "not carried"
     verdict = diagnose.diagnose([_run(expected[:1], expected[:1], seq_k=1), _run(zeros, expected)])
-    assert "never updated" not in verdict and "only S = 1 passes" in verdict
+    assert "all zeros" not in verdict and "only S = 1 passes" in verdict
 
 
 def test_only_s_one_passing_means_the_state_is_not_carried(expected):
@@ -207,6 +209,57 @@ def test_a_bug_that_raises_in_the_simulator_names_the_students_line(tmp_path):
     assert f"01_naive.py line {line} (`l_i = acc[j, 1]`) raised IndexError" in result.detail, result.detail
 
 
+def test_a_missing_barrier_before_the_block_counter_is_read_fails_in_seconds(tmp_path):
+    """Exercise 10's block counter without the cuda.syncthreads() before `done = done_s[0]`: threads
+    read the count before thread 0 wrote it, disagree on whether their block merges, and the merging
+    ones wait at the merge's warp shuffles for lanes that left. It took 605 s (a time-out) and ended
+    in "BrokenBarrierError: tid=[54, 0, 0] ctaid=[1, 0, 0]"; now the region check fails within
+    seconds, naming the lines of the student's file where threads wait and who left."""
+    import re
+    import time
+
+    phase, label = LESSONS["10"], "10-b"
+    barrier = "        cuda.syncthreads()\n        done = done_s[0]\n"
+    solution = exercises.solution_source(phase)
+    assert solution.count(barrier) == 1
+    path = tmp_path / exercises.stub_name(phase)
+    path.write_text(solution.replace(barrier, "        done = done_s[0]\n"), encoding="utf-8")
+    started = time.monotonic()
+    result = grade.start("10", path, seed=5).run(_region_check("10", label))
+    assert time.monotonic() - started < 120
+    assert result.status == "fail" and "raised BarrierError" in result.detail, result.detail
+    assert "left the kernel (they never arrive)" in result.detail
+    assert re.search(rf"waits? at (a warp collective|cuda.syncthreads)[^:]*: {re.escape(path.name)}:\d+ \(`",
+                     result.detail), result.detail
+    assert "flashcore_regions" not in result.detail  # the student's lines, not the spliced copy's
+
+
+def test_a_whole_kernel_check_words_its_diagnosis_as_the_regions_at_fault(tmp_path):
+    """Exercise 10's untouched stub gives all zeros: its whole-kernel checks said "m_i, l_i and acc keep
+    their initial values", which no region of exercise 10 holds. Now they say it as the regions still
+    empty word it (10-a: the merge weights); once 10-a is written, only 10-b is suspected."""
+    from flashcore_numba.course.checks import Result
+    from flashcore_numba.course.student import suspect_regions
+
+    phase = LESSONS["10"]
+    path = tmp_path / exercises.stub_name(phase)
+    path.write_text(exercises.stub_source(phase), encoding="utf-8")
+    g = grade.start("10", path, seed=6)
+    assert suspect_regions(g) == ["10-a", "10-b"]
+    result = g.run(next(c for c in grade.checks_for("10") if c.name == "short"))
+    assert result.status == "fail" and "diagnosis: all zeros: every member's weight is still 0" in result.detail
+    assert "(region 10-a)" in result.detail and "m_i, l_i and acc" not in result.detail, result.detail
+    solved_a = next(r for r in exercises.phase_regions(phase) if r.label == "10-a").solution
+    path.write_text(exercises.fill_regions(exercises.stub_source(phase), {"10-a": textwrap.dedent("\n".join(solved_a))}))
+    assert suspect_regions(grade.start("10", path, seed=6)) == ["10-b"]
+    # where no region is empty, the regions whose own check failed; where none did, all of them
+    g = grade.start("10", Path(phase.__file__), seed=6)
+    assert suspect_regions(g) == ["10-a", "10-b"]
+    g.results.append(Result("10-b", "region 10-b on its own", 1, "fail", "", False, "region"))
+    assert suspect_regions(g) == ["10-b"]
+    assert hints.worded_by(["10-a", "10-b"])["s_one"].count("(region 10-") == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # Hints and the list of checks
 # ---------------------------------------------------------------------------------------------
@@ -241,6 +294,9 @@ def test_hint_prints_the_tiers_asked_for_of_one_region_or_all(capsys):
     assert "03-a:" not in out and all(f"hint {k}" in out for k in (1, 2, 3))
     assert grade.main(["03", "--hint", "--only", "03-c"]) == 2
     assert "not a region of exercise 03" in capsys.readouterr().err
+    assert grade.main(["03", "--hint", "--only", "tail"]) == 2  # a check's name, but of the whole kernel
+    assert "'tail' is a check of the whole kernel, and hints are per region; its regions are 03-a, 03-b" in (
+        capsys.readouterr().err)
 
 
 def test_the_07b_instruction_names_pack_and_the_register_order():

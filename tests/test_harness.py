@@ -951,6 +951,116 @@ def test_simulator_block_loop_keeps_barriers_and_reports_errors():
         shift_left[1, 64](out, 5)
 
 
+def _line_of(kernel, marker: str) -> str:
+    """'file:line (`code`)' of the line of a simulated kernel's source that holds `marker`."""
+    import inspect
+
+    fn = getattr(kernel, "py_func", kernel)
+    lines, first = inspect.getsourcelines(fn)
+    index = next(i for i, text in enumerate(lines) if marker in text)
+    return f"{Path(inspect.getsourcefile(fn)).resolve().relative_to(Path.cwd())}:{first + index} (`{lines[index].strip()}`)"
+
+
+def _stopped_in_seconds(launch):
+    """The BarrierError a launch raises, and that it came within seconds (not a time-out's minutes)."""
+    import time
+
+    from flashcore_numba.arch.sim import BarrierError
+
+    started = time.monotonic()
+    with pytest.raises(BarrierError) as info:
+        launch()
+    assert time.monotonic() - started < 20, "a block that can never go on is stopped at once"
+    return str(info.value)
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="tests the simulator's block loop (arch/sim._run_block)")
+def test_simulator_stops_threads_waiting_at_different_barriers(monkeypatch):
+    """Two syncthreads lines, each reached by half the block: on a GPU undefined; the simulator used
+    to let both halves through. Now the launch stops, naming both lines and the threads at each."""
+    monkeypatch.chdir(ROOT)
+
+    @cuda.jit
+    def two_barriers(out):
+        i = cuda.threadIdx.x
+        if i < 4:
+            cuda.syncthreads()  # barrier A
+        else:
+            cuda.syncthreads()  # barrier B
+        out[i] = i
+
+    out = np.zeros(8, dtype=np.int32)
+    text = _stopped_in_seconds(lambda: two_barriers[1, 8](out))
+    assert f"threads 0-3 wait at cuda.syncthreads(): {_line_of(two_barriers, 'barrier A')}" in text, text
+    assert f"threads 4-7 wait at cuda.syncthreads(): {_line_of(two_barriers, 'barrier B')}" in text, text
+    assert "put the barrier where every thread passes" in text
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="tests the simulator's block loop (arch/sim._run_block)")
+def test_simulator_stops_a_barrier_that_threads_which_returned_never_reach(monkeypatch):
+    """A barrier inside `if i == 0:` (the others leave the kernel), and one in a helper whose caller
+    only some threads call: the line of each barrier and the call that led there are named."""
+    monkeypatch.chdir(ROOT)
+
+    @cuda.jit(device=True)
+    def wait_for_the_block():
+        cuda.syncthreads()  # in the helper
+
+    @cuda.jit
+    def first_only(out, through_helper):
+        i = cuda.threadIdx.x
+        if i == 0:
+            if through_helper:
+                wait_for_the_block()  # the call
+            else:
+                cuda.syncthreads()  # thread 0 alone
+        out[i] = i
+
+    out = np.zeros(8, dtype=np.int32)
+    text = _stopped_in_seconds(lambda: first_only[2, 8](out, False))
+    assert f"thread 0 waits at cuda.syncthreads(): {_line_of(first_only, 'thread 0 alone')}" in text, text
+    assert "threads 1-7 left the kernel" in text and "block [0, 0, 0]" in text
+    text = _stopped_in_seconds(lambda: first_only[2, 8](out, True))
+    assert (f"thread 0 waits at cuda.syncthreads(): {_line_of(wait_for_the_block, 'in the helper')}, called from "
+            f"{_line_of(first_only, 'the call')}") in text, text
+    # the block loop still releases barriers that every thread reaches, and the module works again
+    test_simulator_block_loop_keeps_barriers_and_reports_errors()
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="tests the simulator's block loop (arch/sim._run_block)")
+def test_simulator_stops_a_warp_collective_or_named_barrier_that_can_never_complete(monkeypatch):
+    """A shuffle after half the warp has returned, and a named barrier that expects more threads than
+    come, used to wait ten minutes (a time-out) and end in BrokenBarrierError with no line."""
+    from flashcore_numba.arch import ptx
+
+    monkeypatch.chdir(ROOT)
+
+    @cuda.jit
+    def half_warp_shuffle(out):
+        i = cuda.threadIdx.x
+        if i >= 16:
+            return
+        out[i] = cuda.shfl_xor_sync(0xFFFFFFFF, i, 1)  # the shuffle
+
+    out = np.zeros(32, dtype=np.int32)
+    text = _stopped_in_seconds(lambda: half_warp_shuffle[1, 32](out))
+    assert f"threads 0-15 wait at a warp collective (shuffle, vote, mma): {_line_of(half_warp_shuffle, 'the shuffle')}" \
+        in text, text
+    assert "threads 16-31 left the kernel" in text and "needs every lane of its warp" in text
+
+    bar_sync = ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline")
+
+    @cuda.jit
+    def short_named_barrier(out):
+        i = cuda.threadIdx.x
+        bar_sync(np.uint32(1), np.uint32(128))  # the named barrier
+        out[i] = i
+
+    text = _stopped_in_seconds(lambda: short_named_barrier[1, 64](out))
+    assert (f"threads 0-63 wait at named barrier 1 (expects 128 threads): "
+            f"{_line_of(short_named_barrier, 'the named barrier')}") in text, text
+
+
 # ---------------------------------------------------------------------------------------------
 # The first call of a new process (measure/first_call.py)
 # ---------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ LESSONS = Path(__file__).resolve().parent.parent / "lessons"
 FIXTURE_RECORDS = Path(__file__).parent / "data" / "bench_records"
 TEMPLATE_CALLS = ("lesson.intro()", "lesson.show_source(", "lesson.check()", "lesson.timing()",
                   "lesson.plot_timing(", "lesson.machine_code()", "lesson.ptx(", "lesson.sass(",
-                  "lesson.exercise()")
+                  "lesson.exercise()", "lesson.show_solution()")
 
 
 @pytest.mark.parametrize("pid", sorted(PHASES))
@@ -87,14 +87,15 @@ def test_sync_keeps_outputs_of_unchanged_cells(tmp_path):
     ipynb = py.with_suffix(".ipynb")
     nb = nbformat.read(ipynb, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    for cell in code[-2:]:
+    edited = next(i for i, c in enumerate(code) if c.source == "lesson.exercise()")
+    for cell in code[edited - 1:edited + 1]:
         cell.outputs = [nbformat.v4.new_output("stream", text=f"output of {cell.source}\n")]
     nbformat.write(nb, ipynb)
     py.write_text(py.read_text().replace("lesson.exercise()", "lesson.exercise()  # edited"))
     lessons.sync([py], quiet=True)
     code = [c for c in nbformat.read(ipynb, as_version=4).cells if c.cell_type == "code"]
-    assert code[-2].outputs, "an unchanged cell keeps its output"
-    assert not code[-1].outputs, "an edited cell loses its stale output"
+    assert code[edited - 1].outputs, "an unchanged cell keeps its output"
+    assert not code[edited].outputs, "an edited cell loses its stale output"
 
 
 def test_new_lesson_from_the_template(tmp_path):
@@ -136,7 +137,7 @@ def test_committed_exercise_listing_matches_the_stub(pid, capsys):
     """The committed notebook's `lesson.exercise()` output is what it prints now: the regions the
     stub cuts out, with the instructions the phase's markers give them (a student reads it before
     opening the stub). Line numbers may drift with edits elsewhere in the phase; nothing else may.
-    Outputs come from one run of the whole lesson, so a changed instruction means executing it again."""
+    It prints nothing that needs a GPU: `flashcore lessons --listings` re-renders it."""
     nb = nbformat.read(notebooks.lesson_path(pid).with_suffix(".ipynb"), as_version=4)
     cells = [c for c in nb.cells if c.cell_type == "code" and "lesson.exercise()" in c.source]
     assert len(cells) == 1, f"lesson {pid}: expected one cell calling lesson.exercise(), found {len(cells)}"
@@ -144,8 +145,62 @@ def test_committed_exercise_listing_matches_the_stub(pid, capsys):
     numbered = re.compile(r"\(lines \d+-\d+ of the phase source, \d+ lines?\)")
     committed = "\n".join(lessons.plain_text(cells[0].get("outputs", [])))
     assert numbered.sub("(lines ...)", committed) == numbered.sub("(lines ...)", capsys.readouterr().out.rstrip("\n")), (
-        f"lessons/{notebooks.lesson_stem(pid)}.ipynb lists other exercise regions than the phase has now: execute "
-        f"the lesson again on a GPU (flashcore lessons --execute --only {pid})")
+        f"lessons/{notebooks.lesson_stem(pid)}.ipynb lists other exercise regions than the phase has now: "
+        f"run `flashcore lessons --listings --only {pid}`")
+
+
+def _leaked_regions(text: str, labels) -> list[str]:
+    """The labels among `labels` whose `# >>> exercise LABEL:` marker in `text` (a listing, or a diff of
+    one) is followed by a line other than its `# <<< exercise`: a region shown with its solution."""
+    lines = [line.lstrip("+- ") for line in text.splitlines()]
+    leaked = []
+    for i, line in enumerate(lines):
+        for label in labels:
+            if line.startswith(f"# >>> exercise {label}:") and not (i + 1 < len(lines) and lines[i + 1].startswith(
+                    "# <<< exercise")):
+                leaked.append(label)
+    return leaked
+
+
+@pytest.mark.parametrize("pid", sorted(PHASES))
+def test_a_lesson_shows_its_regions_empty_until_the_solution(pid, capsys):
+    """Before its solution cell, a committed lesson shows its exercise's regions as the stub has them
+    (every listing used to print them filled in: copying "The kernel" passed the grader); the
+    solution comes after the exercise, in `lesson.show_solution()`, whose output is what it prints now."""
+    nb = nbformat.read(notebooks.lesson_path(pid).with_suffix(".ipynb"), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    at = [i for i, c in enumerate(code) if "lesson.show_solution()" in c.source]
+    exercise = [i for i, c in enumerate(code) if "lesson.exercise()" in c.source]
+    assert len(at) == 1 and exercise and at[0] > exercise[-1], (
+        f"lesson {pid}: one `lesson.show_solution()` cell, after the `lesson.exercise()` cell")
+    labels = [r.label for r in notebooks.Lesson(pid).regions()]
+    for cell in code[:at[0]]:
+        text = "\n".join(lessons.plain_text(cell.get("outputs", [])))
+        assert not _leaked_regions(text, labels), (
+            f"lessons/{notebooks.lesson_stem(pid)}.ipynb shows the solution of {_leaked_regions(text, labels)} in "
+            f"its cell {cell.source!r} (run `flashcore lessons --listings --only {pid}`)")
+    notebooks.Lesson(pid).show_solution()
+    shown = "\n".join(lessons.plain_text(code[at[0]].get("outputs", [])))
+    assert shown == capsys.readouterr().out.rstrip("\n"), (
+        f"lessons/{notebooks.lesson_stem(pid)}.ipynb shows another solution than the phase has now: "
+        f"run `flashcore lessons --listings --only {pid}`")
+    for region in notebooks.Lesson(pid).regions():  # every line of every region, there and only there
+        assert all(line.strip() in shown for line in region.solution), region.label
+
+
+def test_listings_show_only_this_lessons_regions_empty(capsys):
+    """show_source and show_diff cut the lines of the lesson's own regions, not another phase's (a diff
+    against the previous phase keeps that phase's code), and say which they cut."""
+    from flashcore_numba.phases import p10_split_keys, p11_backward, p12_backward_wgmma
+
+    notebooks.Lesson("10").show_source(p10_split_keys.build_kernel)
+    out = capsys.readouterr().out
+    assert _leaked_regions(out, ["10-a", "10-b"]) == [] and "# >>> exercise 10-b:" in out
+    assert "done = done_s[0]" not in out and "regions 10-a, 10-b shown empty" in out
+    notebooks.Lesson("12").show_diff(p11_backward.build_kv_kernel, p12_backward_wgmma.build_kv_kernel)
+    out = capsys.readouterr().out
+    assert _leaked_regions(out, ["12-a", "12-b", "12-c"]) == [] and "region" in out.splitlines()[-1]
+    assert "# >>> exercise 11-c:" in out and "red_pair(at, c[n, 0] * scale" in out  # phase 11's own, kept
 
 
 def test_listing_cells_are_the_pure_ones():
@@ -154,6 +209,7 @@ def test_listing_cells_are_the_pure_ones():
     assert lessons.is_listing(cell("from flashcore_numba.phases import common\n\nlesson.show_diff(a, b)\n"
                                    "lesson.show_ptx('store.ptx')"))
     assert not lessons.is_listing(cell("lesson.show_source(phase.Build)\nprint(phase.BUILDS)"))
+    assert lessons.is_listing(cell("lesson.exercise()")) and lessons.is_listing(cell("lesson.show_solution()"))
     assert not lessons.is_listing(cell("lesson.check()"))
     assert not lessons.is_listing(cell("import numpy as np"))
     assert not lessons.is_listing(nbformat.v4.new_markdown_cell("lesson.show_source(phase.build)"))

@@ -14,6 +14,14 @@ source lane; a second barrier keeps a fast lane from overwriting a slot before a
 has read it. `warp_exchange` is that primitive; the tensor-core phases (mma.sync,
 ldmatrix fragments) build their simulated instructions on it too.
 
+Barriers are watched (`_run_block`): a block whose threads wait at different barriers (two
+`cuda.syncthreads()` lines, or a syncthreads and a warp collective), or some at a barrier while
+others have left the kernel, or a wait nothing can end (a named barrier or an mbarrier short of
+its arrivals), stops at once with a `BarrierError` naming each barrier's line and the threads at
+it. On the GPU these are undefined behaviour or a hang; the simulator once let some pass (it
+released a barrier when every thread still running had reached it) and timed others out after
+minutes.
+
 It also says where kernels run (`kernel_target`: the GPU, the simulator or nowhere) and starts
 a command again in the simulator when there is no GPU (`rerun_in_simulator`): `flashcore run`
 and `flashcore grade` both do. On a real GPU `install()` is a no-op and the kernels see none
@@ -22,6 +30,7 @@ of this.
 
 from __future__ import annotations
 
+import linecache
 import os
 import subprocess
 import sys
@@ -33,7 +42,6 @@ from pathlib import Path
 import numpy as np
 
 WARP_SIZE = 32
-_BARRIER_TIMEOUT_S = 600.0  # a lane that died leaves its warp waiting: fail instead of hanging
 
 
 def simulator_enabled() -> bool:
@@ -67,10 +75,147 @@ def rerun_in_simulator(module: str, argv) -> int:
     return subprocess.call([sys.executable, "-m", module, *argv], env=env)
 
 
+class BarrierError(RuntimeError):
+    """The threads of a block can never meet again: they wait at different barriers, or at a barrier
+    that threads which have left the kernel never reach, or at waits that nothing can end.
+
+    `groups` says where each thread is: (what it waits at, its site, its thread numbers), the site
+    being the call chain in the kernel's code, innermost first, as (file, line) pairs, or None for
+    threads that have left the kernel. `describe(where)` words it, `where(file, line)` naming a
+    line (the grader names the line of the student's own file)."""
+
+    def __init__(self, block: tuple[int, ...], groups: list, hint: str):
+        self.block, self.groups, self.hint = block, groups, hint
+        super().__init__(self.describe())
+
+    def describe(self, where=None) -> str:
+        where = where or file_line
+        lines = [(f"block {list(self.block)} can never go on: its threads wait at different barriers, or "
+                  f"for threads that never come")]
+        for what, site, threads in self.groups:
+            who = _numbers(threads)
+            if site is None:
+                lines.append(f"  {who} left the kernel (they never arrive)")
+            else:
+                calls = "".join(f", called from {where(*frame)}" for frame in site[1:])
+                lines.append(f"  {who} {'wait' if len(threads) > 1 else 'waits'} at {what}: {where(*site[0])}{calls}")
+        lines.append(self.hint)
+        return "\n".join(lines)
+
+
+def file_line(filename: str, line: int) -> str:
+    """`path:line (`code`)`, the path relative to the current directory when it is inside it."""
+    path = Path(filename)
+    try:
+        path = path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        pass
+    code = linecache.getline(filename, line).strip()
+    return f"{path}:{line}" + (f" (`{code}`)" if code else "")
+
+
+def _numbers(threads) -> str:
+    """'thread 3', 'threads 0-3, 8': thread numbers (threadIdx.x in a one-dimensional block) as ranges."""
+    threads = sorted(threads)
+    runs, first, prev = [], threads[0], threads[0]
+    for t in threads[1:]:
+        if t != prev + 1:
+            runs.append((first, prev))
+            first = t
+        prev = t
+    runs.append((first, prev))
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"thread{'s' * (len(threads) != 1)} {text}"
+
+
+SYNCTHREADS = "cuda.syncthreads()"
+HINT_BLOCK = ("Every thread of a block must reach each cuda.syncthreads() of the kernel, at the same line, as "
+              "many times as the others; on a GPU anything else is undefined (a hang, or wrong values). A "
+              "barrier inside an `if` that some threads skip, or in a loop that some leave (or `return` from) "
+              "sooner, waits for threads that never come: put the barrier where every thread passes, and keep "
+              "only the work inside the `if`.")
+HINT_WARP = ("A warp collective (a shuffle, a vote, an mma, a warp-wide sync) needs every lane of its warp, "
+             "and a cuda.syncthreads() every thread of the block: a lane that skips one, or has left the "
+             "kernel, leaves the others waiting forever. Put both where every thread passes.")
+HINT_WAIT = ("Nothing can end these waits: an mbarrier or a named barrier whose expected arrivals (or bytes) "
+             "never come, or threads that wait for each other. Check the arrival counts and that every thread "
+             "that must arrive does.")
+
+
+class _Wait:
+    """What a simulated thread waits for in an emulated collective (see wait_until)."""
+
+    __slots__ = ("cond", "released", "site", "what")
+
+    def __init__(self, what, site, cond, released):
+        self.what, self.site, self.cond, self.released = what, site, cond, released
+
+
+def wait_until(cond: threading.Condition, released, what: str) -> None:
+    """Wait, holding `cond`, until `released()` (another thread's notify_all on cond wakes this one).
+
+    Every wait of an emulated collective goes through here, so that the block's loop (_run_block)
+    sees it: when no thread of the block can go on, the loop stops the block with a BarrierError and
+    wakes this thread, which then raises (so it does when another thread of the block has failed).
+    `released` must stay true once true (a generation or a parity that has moved on).
+    """
+    thread = threading.current_thread()
+    thread._flashcore_wait = _Wait(what, _kernel_site(), cond, released)
+    try:
+        while not released():
+            if getattr(thread, "abort", False):
+                raise RuntimeError(f"{what}: the block was stopped")
+            cond.wait()
+    finally:
+        thread._flashcore_wait = None
+
+
+_INTERNAL_FILES = None  # path prefixes of frames that are not the kernel's: the simulator, arch/, threading
+_INTERNAL: dict = {}  # code object -> whether it is internal
+
+
+def _kernel_site() -> tuple[tuple[str, int], ...]:
+    """The calling thread's place in the kernel's code: (file, line) of each frame between the
+    kernel and the simulator's or arch/'s code that called this, innermost first."""
+    global _INTERNAL_FILES
+    if _INTERNAL_FILES is None:
+        from numba.cuda import simulator
+
+        _INTERNAL_FILES = (str(Path(simulator.__file__).parent), str(Path(__file__).parent), threading.__file__)
+    site = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        internal = _INTERNAL.get(code)
+        if internal is None:
+            internal = _INTERNAL[code] = code.co_filename.startswith(_INTERNAL_FILES)
+        if not internal:
+            site.append((code.co_filename, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(site)
+
+
 class _WarpState:
+    """A warp's meeting point: its lanes' slots, and a barrier of its lanes (a count and a generation)."""
+
     def __init__(self, n_lanes: int):
         self.slots = [None] * WARP_SIZE
-        self.barrier = threading.Barrier(n_lanes, timeout=_BARRIER_TIMEOUT_S)
+        self.n_lanes = n_lanes
+        self.arrived = 0
+        self.generation = 0  # meetings completed
+        self.cond = threading.Condition()
+
+    def meet(self) -> None:
+        with self.cond:
+            generation = self.generation
+            self.arrived += 1
+            if self.arrived == self.n_lanes:
+                self.arrived = 0
+                self.generation += 1
+                self.cond.notify_all()
+            else:
+                wait_until(self.cond, lambda: self.generation != generation,
+                           "a warp collective (shuffle, vote, mma)")
 
 
 _state_lock = threading.Lock()
@@ -97,9 +242,9 @@ def warp_exchange(value):
     """Collective over the calling warp: returns (all lanes' values as a list, this lane)."""
     state, lane = _warp_of_current_thread()
     state.slots[lane] = value
-    state.barrier.wait()
+    state.meet()
     values = list(state.slots)
-    state.barrier.wait()
+    state.meet()
     return values, lane
 
 
@@ -218,10 +363,70 @@ def _accept_alignment(shared_array):
 
 _POLL_PAUSE_S = 0.002  # between two rounds of the block loop (see _run_block)
 _UNWIND_S = 30.0  # how long a failed block's other threads get to stop
+_SYNC = object()  # a thread's state in _run_block: waiting at cuda.syncthreads()
+
+
+def _syncthreads(self):
+    """The simulator's BlockThread.syncthreads, noting first where in the kernel the thread waits."""
+    self._flashcore_site = _kernel_site()
+    _simulator_syncthreads(self)
+
+
+_simulator_syncthreads = None  # the simulator's own, kept by install()
+
+
+def _waiting(thread):
+    """_SYNC, the _Wait of an emulated collective that has not ended, or None (the thread runs)."""
+    if thread.syncthreads_blocked:
+        return _SYNC
+    wait = getattr(thread, "_flashcore_wait", None)
+    return wait if wait is not None and not wait.released() else None
+
+
+def _stop_block(threads) -> None:
+    """Stop every thread of the block, as the simulator does on a failure, and wait for them to unwind.
+
+    The last thread to leave a module's kernel or device function gives the module its real `cuda`
+    back, which the simulator swaps for a fake while threads run it. A thread left waiting would
+    keep the fake there for the rest of the process (the host code of the same module, a phase's
+    own launch helper, breaks). A thread that enters a wait just after being told to stop misses
+    the notification: it is woken again until it has gone.
+    """
+    for thread in threads:
+        thread.abort = True
+        thread.syncthreads_blocked = False
+        thread.syncthreads_event.set()
+    deadline = time.monotonic() + _UNWIND_S
+    for thread in threads:
+        while thread.is_alive() and time.monotonic() < deadline:
+            wait = getattr(thread, "_flashcore_wait", None)
+            if wait is not None:
+                with wait.cond:
+                    wait.cond.notify_all()
+            thread.join(0.05)
+
+
+def _barrier_error(block, threads, waits) -> BarrierError:
+    """Where every thread of a block that can never go on is: grouped by what and where it waits."""
+    groups: dict = {}
+    for thread in threads:
+        wait = waits.get(thread)
+        if wait is None:
+            key = ("", None)  # left the kernel
+        elif wait is _SYNC:
+            key = (SYNCTHREADS, thread._flashcore_site)
+        else:
+            key = (wait.what, wait.site)
+        groups.setdefault(key, []).append(thread.thread_id)
+    kinds = {what for what, _ in groups if what}
+    hint = HINT_BLOCK if kinds == {SYNCTHREADS} else HINT_WARP if any("warp" in k for k in kinds) else HINT_WAIT
+    ordered = sorted(groups.items(), key=lambda item: min(item[1]))
+    return BarrierError(block, [(what, site, tids) for (what, site), tids in ordered], hint)
 
 
 def _run_block(self, grid_point, *args):
-    """One block, as the simulator's BlockManager.run does it, with a pause between rounds.
+    """One block, as the simulator's BlockManager.run does it, with a pause between rounds, and its
+    barriers watched.
 
     The simulator starts a Python thread per CUDA thread, then loops over them until all have
     finished: when every thread still running waits at `syncthreads`, it releases them. Its loop
@@ -230,6 +435,13 @@ def _run_block(self, grid_point, *args):
     S = 70 each, 2 cores, another test run alongside): phase 07 8 s instead of 31, phase 05 9
     instead of 26, phase 03 8 instead of 23; the CPU suite 18 minutes instead of about 24. A
     barrier is released at most one pause late.
+
+    A barrier is released only when every thread of the block waits at the same `syncthreads`
+    (the same line, called from the same lines). When no thread can go on otherwise (threads at
+    two barriers, some at a barrier while others have left the kernel, or waits of the emulated
+    collectives that nothing can end: `wait_until`), the block stops with a BarrierError saying
+    where each thread is. An emulated wait is judged stuck only when the same waits are seen in
+    two rounds in a row: a thread just released from one may not have cleared it yet.
     """
     from numba.cuda.simulator.kernel import BlockThread
 
@@ -239,27 +451,32 @@ def _run_block(self, grid_point, *args):
         thread.start()
         threads.append(thread)
     running = set(threads)
+    stuck = None  # the waits of the last round in which no thread could go on
     while running:
         for thread in running:
             if not thread.syncthreads_blocked and thread.exception:
-                for other in threads:  # stop the others, as the simulator does, and report it
-                    other.abort = True
-                    other.syncthreads_blocked = False
-                    other.syncthreads_event.set()
-                for state in getattr(self, "_flashcore_warps", {}).values():
-                    state.barrier.abort()  # lanes waiting for the dead one at a warp collective
-                # Wait for them to unwind: the last thread to leave a module's kernel or device function
-                # gives the module its real `cuda` back, which the simulator swaps for a fake while
-                # threads run it. A thread left waiting would keep the fake there for the rest of
-                # the process (the host code of the same module, a phase's own launch helper, breaks).
-                deadline = time.monotonic() + _UNWIND_S
-                for other in threads:
-                    other.join(max(0.0, deadline - time.monotonic()))
+                _stop_block(threads)  # stop the others, as the simulator does, and report it
                 raise thread.exception[0].with_traceback(thread.exception[1])
-        if all(thread.syncthreads_blocked for thread in running):
-            for thread in running:  # every running thread is at the barrier: let them all pass
-                thread.syncthreads_blocked = False
-                thread.syncthreads_event.set()
+        waits = {thread: _waiting(thread) for thread in running}
+        if all(wait is not None for wait in waits.values()):  # no thread runs
+            if all(wait is _SYNC for wait in waits.values()):
+                sites = {thread._flashcore_site for thread in running}
+                if len(sites) > 1 or len(running) < len(threads):
+                    error = _barrier_error(grid_point, threads, waits)
+                    _stop_block(threads)
+                    raise error
+                for thread in running:  # every thread is at the same barrier: let them all pass
+                    thread.syncthreads_blocked = False
+                    thread.syncthreads_event.set()
+                stuck = None
+            elif stuck is not None and stuck.keys() == waits.keys() and all(stuck[t] is w for t, w in waits.items()):
+                error = _barrier_error(grid_point, threads, waits)
+                _stop_block(threads)
+                raise error
+            else:
+                stuck = waits
+        else:
+            stuck = None
         running = {thread for thread in running if thread.is_alive()}
         if running:
             time.sleep(_POLL_PAUSE_S)
@@ -283,6 +500,10 @@ def install() -> bool:
     from numba.cuda.simulator import kernel
 
     kernel.BlockManager.run = _run_block
+    global _simulator_syncthreads
+    if kernel.BlockThread.syncthreads is not _syncthreads:
+        _simulator_syncthreads = kernel.BlockThread.syncthreads
+        kernel.BlockThread.syncthreads = _syncthreads
     return True
 
 

@@ -5,7 +5,8 @@ transaction-byte count for the current phase, and the phase's parity. When both 
 zero the phase completes, the parity flips and the arrival count starts over. A thread that
 waits for parity p blocks (on a condition variable, other simulated threads running on) until
 the phase of parity p has completed, that is until the current parity is no longer p; on a fresh
-barrier, waiting for parity 1 returns at once, as on the GPU.
+barrier, waiting for parity 1 returns at once, as on the GPU. A wait that nothing can end stops
+the block at once (sim.wait_until).
 
 A TMA load copies its box at once (then completes its bytes on the barrier): the tensor's
 elements, zeros where the box reaches past the tensor, and with 128-byte swizzle each 16-byte
@@ -20,7 +21,7 @@ import threading
 import numpy as np
 
 from .emulation import emulation
-from .sim import _BARRIER_TIMEOUT_S
+from .sim import wait_until
 from .tma import SWIZZLE_BYTES, sim_map
 
 
@@ -91,9 +92,8 @@ def mbarrier_arrive(bar):
 def mbarrier_wait(bar, parity):
     b = _barrier(bar)
     with b.cond:
-        if not b.cond.wait_for(lambda: b.parity != int(parity), timeout=_BARRIER_TIMEOUT_S):
-            raise RuntimeError(f"mbarrier at shared offset {bar.offset}: phase of parity {int(parity)} never "
-                               f"completed ({b.pending} arrivals and {b.tx} bytes missing): a deadlock")
+        wait_until(b.cond, lambda: b.parity != int(parity),
+                   f"an mbarrier wait (shared offset {bar.offset}, parity {int(parity)}, {b.count} arrivals a phase)")
 
 
 def swizzled(offsets: np.ndarray, swizzle: str) -> np.ndarray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 
 from .emulation import emulation
-from .sim import _BARRIER_TIMEOUT_S
+from .sim import wait_until
 
 _LOCK = threading.Lock()
 
@@ -61,9 +61,8 @@ def bar_sync(bar_id, count):
     bar = _barrier(bar_id)
     generation = bar.arrive(int(count))
     with bar.cond:
-        if not bar.cond.wait_for(lambda: bar.generation != generation, timeout=_BARRIER_TIMEOUT_S):
-            raise RuntimeError(f"named barrier {int(bar_id)}: {bar.arrived} of {int(count)} threads arrived: "
-                               f"a deadlock")
+        wait_until(bar.cond, lambda: bar.generation != generation,
+                   f"named barrier {int(bar_id)} (expects {int(count)} threads)")
 
 
 @emulation("flashcore_bar_arrive")

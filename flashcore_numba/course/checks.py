@@ -30,14 +30,22 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Check:
-    name: str  # short id, for --only and test ids
+    name: str  # short id, for --only and test ids, and the results table's label: a region's label where
+    # the check grades one region ("03-a", "00-c")
     title: str
     points: int
     run: Callable[..., Outcome]  # run(grading, this check): grading is grade.Grading
     gpu_only: bool = False
     kind: str = "correctness"  # or "point": the phase's own point; or "region": one region on its own
     cases: tuple[Case, ...] = ()
-    region: str = ""  # the label of the exercise region a "region" check grades
+    region: str = ""  # the label of the exercise region the check grades (a "region" check, a puzzle)
+    seeded: bool = False  # draws random inputs from the run's seed without `cases` (lesson 00's puzzles)
+    aliases: tuple[str, ...] = ()  # older names that --only still takes
+
+    @property
+    def random_inputs(self) -> bool:
+        """Whether its inputs come from the run's seed (so that --seed repeats a failure)."""
+        return bool(self.cases) or self.seeded
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,11 @@ Pure NumPy, no kernel: flashcore_numba.course.grade runs the kernels and hands t
 
 - `diagnose(runs)`: the known patterns of a wrong attention output, over the cases of one check
   (rules below, first match wins). Each pattern has a generic message; a region may word its
-  own (flashcore_numba.course.hints, `diagnoses`).
+  own (flashcore_numba.course.hints, `diagnoses`), and a check of the whole kernel words it as the
+  regions it most likely comes from do (course.student.kernel_diagnoses).
 
       nan        every output of every case is NaN: the region writes nothing yet
-      zeros      every case fails, with all outputs zero: the running state is never updated
+      zeros      every case fails, with all outputs zero: what should reach the output never does
       columns    every wrong output lies in one range of columns d (of every case that fails)
                  and the other columns are right: a strip of the head dim is never computed or
                  stored (a loop over column strips that stops early)
@@ -36,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arch.sim import BarrierError, file_line
+
 MAX_PICTURE_ROWS = 16
 MAX_PICTURE_COLS = 32
 FACTOR_TOLERANCE = 0.02  # relative misfit of out ≈ c · expected still called "a constant factor"
@@ -43,7 +46,8 @@ FACTOR_TOLERANCE = 0.02  # relative misfit of out ≈ c · expected still called
 MESSAGES = {
     "nan": "NaN everywhere: the region writes nothing yet (the output was filled with NaN before the launch, "
            "and nothing replaced it)",
-    "zeros": "all zeros: the running state is never updated (m_i, l_i and acc keep their initial values)",
+    "zeros": "all zeros: nothing that should reach the output does (a state, a weight or a tile is left as it "
+             "started)",
     "s_one": "only S = 1 passes: one key is right (its output is its v, whatever the scores), several are "
              "not: the state (m_i, l_i, acc) is not carried from one key to the next, or the scores are wrong",
     "factor": "off by a constant factor {factor:.4g} (got ≈ {factor:.4g} × expected): a scale is wrong",
@@ -219,6 +223,28 @@ THREAD_PREFIX = re.compile(r"^tid=\[[^\]]*\] ctaid=\[[^\]]*\]:\s*")  # the CUDA 
 COMPILER_LOCATION = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
+def barrier_lines(path, lines: dict[int, int] | None, shown_as):
+    """How a BarrierError names a line (its `where`): the line of the student's file where the file
+    that ran (`path`) is the student's or a splice of it (`lines` maps its lines, `shown_as` is the
+    student's file; a line it does not map is the solution's, of another region); `file:line`
+    elsewhere (the package's own code)."""
+    ran = Path(path).resolve()
+
+    def where(filename: str, line: int) -> str:
+        if Path(filename).resolve() != ran:
+            return file_line(filename, line)
+        if lines is None:
+            return file_line(str(ran), line)
+        if line in lines:
+            shown = Path(shown_as or path)
+            code = linecache.getline(str(shown), lines[line]).strip()
+            return f"{shown.name}:{lines[line]}" + (f" (`{code}`)" if code else "")
+        code = linecache.getline(str(ran), line).strip()
+        return f"the solution's code of another region (`{code}`)"
+
+    return where
+
+
 def _student_location(m: re.Match, path, lines: dict[int, int], shown_as) -> str:
     line = int(m["line"])
     if Path(m["file"]).resolve() == Path(path).resolve() and line in lines:
@@ -247,11 +273,17 @@ def student_line(e: BaseException, path, lines: dict[int, int] | None = None,
     return found
 
 
-def describe_exception(e: BaseException, path, lines: dict[int, int] | None = None, shown_as=None) -> str:
+def describe_exception(e: BaseException, path, lines: dict[int, int] | None = None, shown_as=None,
+                       outside: dict[int, int] | None = None) -> str:
     """'line 97 (`foo = acc[d, 3]`): IndexError: ...' with the student's line when the traceback has one.
 
     The simulator's thread ids lead its messages; they move to the end, as the thread that raised.
+    A BarrierError (threads that can never meet again) is told in full, each barrier at its line of
+    the student's file: `outside` maps the spliced file's other lines (exercises.Spliced.outside).
     """
+    if isinstance(e, BarrierError):
+        mapped = None if lines is None else {**(outside or {}), **lines}
+        return f"raised BarrierError: {e.describe(barrier_lines(path, mapped, shown_as))}"
     message = " ".join(str(e).split())
     if lines is not None:  # a compiler's message (numba on a GPU) quotes the spliced file by line
         message = COMPILER_LOCATION.sub(lambda m: _student_location(m, path, lines, shown_as), message)

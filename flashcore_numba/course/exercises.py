@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import importlib.util
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -278,6 +279,9 @@ class Spliced:
 
     source: str
     lines: dict[int, int]  # 1-based line of `source` -> 1-based line of the student's file
+    # the same for the lines outside every region that the student's file has too (the code
+    # around the regions, at other places where the student's regions are longer or shorter)
+    outside: dict[int, int] = field(default_factory=dict)
 
 
 def splice_region(solution: str, student: str, label: str) -> Spliced:
@@ -293,7 +297,24 @@ def splice_region(solution: str, student: str, label: str) -> Spliced:
     student_lines, solution_lines = student.splitlines(), solution.splitlines()
     spliced = solution_lines[:begin] + student_lines[first:last] + solution_lines[end:]
     mapping = {begin + 1 + i: first + 1 + i for i in range(last - first)}
-    return Spliced("\n".join(spliced) + "\n", mapping)
+    shift = (last - first) - (end - begin)  # how far the solution's lines after the region moved
+    outside = {}
+    for at_solution, at_student in _outside_lines(solution_lines, student_lines).items():
+        if at_solution < begin or at_solution >= end:
+            outside[at_solution + 1 + (shift if at_solution >= end else 0)] = at_student + 1
+    return Spliced("\n".join(spliced) + "\n", mapping, outside)
+
+
+def _outside_lines(solution: list[str], student: list[str]) -> dict[int, int]:
+    """0-based line of the solution -> the same line in the student's file, for the lines outside
+    every region that both have (matched as text, in order: a student may have changed some)."""
+    def outside(lines):
+        inside = {i for a, b in region_bodies("\n".join(lines)).values() for i in range(a, b)}
+        return [i for i in range(len(lines)) if i not in inside]
+
+    ours, theirs = outside(solution), outside(student)
+    matcher = difflib.SequenceMatcher(None, [solution[i] for i in ours], [student[i] for i in theirs], autojunk=False)
+    return {ours[a + k]: theirs[b + k] for a, b, n in matcher.get_matching_blocks() for k in range(n)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,6 +76,8 @@ from .hints import hints_for
 from .student import (
     RegionNotLoaded,
     gpu_timing_lock,
+    holds_code,
+    kernel_diagnoses,
     load_module,
     load_region,
     poisoned_local_arrays,
@@ -201,7 +203,8 @@ def run_cases(g: Grading, check: Check) -> Outcome:
             return Outcome("fail", f"{case}: the kernel {describe_exception(e, g.path)}")
         outcome = judge(out, q, k, v, case.causal)
         if outcome.status != "pass":
-            return Outcome("fail", f"{case}: {outcome.detail}\n{explain([case_run(case, out, q, k, v)])}")
+            return Outcome("fail", f"{case}: {outcome.detail}\n"
+                                   f"{explain([case_run(case, out, q, k, v)], kernel_diagnoses(g))}")
         errors.append(outcome.detail.split(" <=")[0].removeprefix("max error "))
     n = len(check.cases)
     return Outcome("pass", f"{n} case{'s' * (n != 1)} correct (max error {', '.join(errors)})")
@@ -241,9 +244,9 @@ def explain(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str:
 # about where a block's rows start, on two row blocks.
 LARGEST_HEAD_DIM = {"06-b", "09-b"}
 TWO_ROW_BLOCKS = {"09-a"}
-# and about what blocks do together: 10-a counts the blocks of a merge team, and in the simulator a
+# and about what blocks do together: 10-b counts the blocks of a merge team, and in the simulator a
 # block's two warps take two key tiles, so its case has five (three ranges: two blocks)
-KEY_TILES = {"10-a": 5}
+KEY_TILES = {"10-b": 5}
 
 
 def region_cases(phase: ModuleType, label: str) -> tuple[Case, ...]:
@@ -268,7 +271,7 @@ def run_region(g: Grading, check: Check) -> Outcome:
         module, path, spliced = load_region(g, check.region)
     except RegionNotLoaded as e:
         return Outcome("fail", str(e))
-    mapped = {"lines": spliced.lines, "shown_as": g.path}
+    mapped = {"lines": spliced.lines, "shown_as": g.path, "outside": spliced.outside}
     runs, reasons = [], []
     for index, case in enumerate(check.cases):
         if case.seq_k == 1 and all(r.ok for r in runs):
@@ -288,7 +291,7 @@ def run_region(g: Grading, check: Check) -> Outcome:
                                f"({'; '.join(r.label for r in runs)}), with only region {check.region} from your file")
     first = next(i for i, r in enumerate(runs) if not r.ok)
     lines = [f"{runs[first].label}: {reasons[first]}"]
-    if not any(line.strip() and not line.lstrip().startswith("#") for line in region_lines(spliced)):
+    if not holds_code(region_lines(spliced)):
         lines.append(f"region {check.region} is still empty: write its lines between the markers "
                      f"(`flashcore grade {g.phase.ID} --hint` gives a hint)")
     passed = [r.label for r in runs if r.ok]
@@ -305,7 +308,7 @@ def region_checks(phase: ModuleType) -> list[Check]:
     """
     checks = []
     for region in exercises.phase_regions(phase):
-        title = f"region {region.label} on its own"
+        title = "the region on its own"
         if phase.ID == "04":
             checks.append(Check(region.label, title, 1, run=region_bank_conflicts, kind="region",
                                 region=region.label))
@@ -589,18 +592,20 @@ def render(g: Grading, console=None) -> None:
     mark = {"pass": "[green]pass[/green]", "fail": "[red]FAIL[/red]", "skip": "[yellow]skipped[/yellow]"}
     table = Table(title=f"Exercise {g.phase.ID}: {g.phase.TITLE}")
     table.add_column("#", justify="right")
-    table.add_column("check")
+    table.add_column("check")  # its name: what --only and --hint take
+    table.add_column("what it checks")
     table.add_column("result")
     table.add_column("points", justify="right")
     table.add_column("time", justify="right")
     for i, r in enumerate(g.results, 1):
         points = "—" if r.status == "skip" else f"{r.earned}/{r.points}"
-        table.add_row(str(i), r.title, mark[r.status], points, "" if r.status == "skip" else f"{r.seconds:.0f} s")
+        table.add_row(str(i), r.name, r.title, mark[r.status], points,
+                      "" if r.status == "skip" else f"{r.seconds:.0f} s")
     console.print(table)
     for i, r in enumerate(g.results, 1):
         if r.status != "pass":
             label = "FAIL" if r.status == "fail" else "skipped"
-            console.print(f"{i}. {r.title}: {label}: {r.detail}", markup=False, highlight=False)
+            console.print(f"{i}. {r.name} — {r.title}: {label}: {r.detail}", markup=False, highlight=False)
     earned, available = score(g.results)
     skipped = [r for r in g.results if r.status == "skip"]
     line = f"Score: {earned}/{available}"
@@ -608,18 +613,24 @@ def render(g: Grading, console=None) -> None:
         worth = sum(r.points for r in skipped)
         line += f" ({len(skipped)} check{'s' * (len(skipped) != 1)} worth {worth} point{'s' * (worth != 1)} skipped)"
     console.print(line, markup=False, highlight=False)
-    random_inputs = {c.name for c in checks_for(g.phase) if c.cases}  # the checks a seed repeats
+    random_inputs = {c.name for c in checks_for(g.phase) if c.random_inputs}  # the checks a seed repeats
     if full_marks(g.results):
         console.print("Full marks.", highlight=False)
     elif any(r.status == "fail" and r.name in random_inputs for r in g.results):
         console.print(f"Inputs came from the hidden seed {g.seed}; `{command_line(g, seed=True)}` repeats "
                       f"this run exactly.", markup=False, highlight=False)
-    regions = [r for r in g.results if r.kind == "region" and r.status == "fail"]
+    failed = [r for r in g.results if r.status == "fail"]
+    regions = [r for r in failed if r.kind == "region"]
+    labels = [r.label for r in exercises.phase_regions(g.phase)]
+    example = next((r.name for r in failed if r.name in labels), labels[0] if labels else "")
+    stuck = (f"Stuck? `flashcore grade {g.phase.ID} --hint` gives a hint per region (--hint 2, 3 say more; "
+             f"`--hint --only {example}`, one region's).")
     if regions:
         console.print(f"Start with the region check{'s' * (len(regions) != 1)} {', '.join(r.name for r in regions)}: "
                       f"each grades one region, with the rest of the file taken from the solution, so each "
-                      f"shows progress on its own. Stuck? `flashcore grade {g.phase.ID} --hint` (then --hint 2, 3).",
-                      markup=False, highlight=False)
+                      f"shows progress on its own. {stuck}", markup=False, highlight=False)
+    elif failed:
+        console.print(stuck, markup=False, highlight=False)
 
 
 def to_json(g: Grading) -> dict:
@@ -639,8 +650,9 @@ def _parser() -> Parser:
     parser.add_argument("path", nargs="?", type=Path,
                         help="the solution to grade (default lessons/exercises/NN_<name>.py)")
     parser.add_argument("--seed", type=int, help="repeat a run: the seed printed by a failing one")
-    parser.add_argument("--only", action="append", metavar="CHECK", help="run only this check (repeatable; "
-                        "names from --list)")
+    parser.add_argument("--only", action="append", metavar="NAME", help="run only this check, or with --hint "
+                        "give only this region's hints (repeatable; the names of the results table's check "
+                        "column and of --list: a region's label such as 03-a, or tail, s_one, ...)")
     parser.add_argument("--list", action="store_true", help="list the checks of the phase and exit")
     parser.add_argument("--hint", nargs="?", const=1, type=int, choices=(1, 2, 3), metavar="K",
                         help="print hints 1..K (1 the idea, 2 the helpers, 3 pseudo-code; default 1) of every "
@@ -649,17 +661,30 @@ def _parser() -> Parser:
     return parser
 
 
+def find_check(checks: list[Check], name: str) -> Check | None:
+    """The check `name` names: its name (the label in the results table's check column) or an older
+    name it kept (lesson 00's kernel names: add_ten for 00-a)."""
+    name = name.strip()
+    return next((c for c in checks if name == c.name or name in c.aliases), None)
+
+
 def print_hints(phase: ModuleType, upto: int, only: list[str] | None) -> int:
-    """`--hint K`: tiers 1..K of the hints of the phase's regions (those named by --only, if any)."""
+    """`--hint K`: tiers 1..K of the hints of the phase's regions (those named by --only, if any: a
+    region's label, or the name of a check that grades one region)."""
     from .hints import render_hints
 
     regions = exercises.phase_regions(phase)
     labels = [r.label for r in regions]
-    unknown = [x for x in only or () if x not in labels]
-    if unknown:
-        return _usage_error(f"--only: {unknown[0]!r} is not a region of exercise {phase.ID}; its regions are "
-                            f"{', '.join(labels)}")
-    chosen = [r for r in regions if not only or r.label in only]
+    wanted = []
+    for name in only or ():
+        check = find_check(checks_for(phase), name)
+        label = name.strip() if name.strip() in labels else (check.region if check else "")
+        if not label:
+            what = (f"{name!r} is a check of the whole kernel, and hints are per region" if check
+                    else f"{name!r} is not a region of exercise {phase.ID}")
+            return _usage_error(f"--only: {what}; its regions are {', '.join(labels)}")
+        wanted.append(label)
+    chosen = [r for r in regions if not only or r.label in wanted]
     print(f"Hints for exercise {phase.ID} ({phase.TITLE}); `--hint {min(upto + 1, 3)}` "
           f"{'says more' if upto < 3 else 'is the last tier'}.\n")
     print(render_hints(chosen, upto), end="")
@@ -689,14 +714,16 @@ def main(argv=None) -> int:
         instructions = {r.label: r.instruction for r in exercises.phase_regions(phase)}
         for c in checks:
             cases = "; ".join(map(str, c.cases))
-            print(f"{c.name:<18} {c.points} pt{'s' * (c.points != 1)}  {c.title}"
+            points = f"{c.points} pt{'s' * (c.points != 1)}"
+            print(f"{c.name:<18} {points:<7} {c.title}"
                   + (f": {instructions[c.region]}" if c.region else "")
                   + (" [GPU]" if c.gpu_only else "") + (f"\n{'':<25}{cases}" if cases else ""))
         return 0
-    unknown = [n for n in args.only or () if n not in names]
+    unknown = [n for n in args.only or () if find_check(checks, n) is None]
     if unknown:
-        return _usage_error(f"--only: unknown check {unknown[0]!r}; the checks of phase {phase.ID} are "
+        return _usage_error(f"--only: unknown check {unknown[0]!r}; the checks of exercise {phase.ID} are "
                             f"{', '.join(names)}")
+    only = {find_check(checks, n).name for n in args.only or ()}
     try:
         path = args.path or default_path(phase)
     except CheckoutNeeded as e:
@@ -720,7 +747,7 @@ def main(argv=None) -> int:
     where = "a GPU" if g.on_gpu else "the CUDA simulator (no GPU: slow, and the timing checks are skipped)"
     console.print(f"Grading {path} as exercise {phase.ID} ({phase.TITLE}) on {where}.",
                   markup=False, highlight=False)
-    selected = [c for c in checks if not args.only or c.name in args.only]
+    selected = [c for c in checks if not only or c.name in only]
     try:
         with console.status("") as status:
             for i, check in enumerate(selected, 1):

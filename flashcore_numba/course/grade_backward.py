@@ -44,7 +44,8 @@ from ..reference import (
 from .checks import Check, Outcome
 from .diagnose import CaseRun, diagnose, excerpt, picture
 from .hints import hints_for
-from .student import RegionNotLoaded, gpu_timing_lock, load_region, poisoned_local_arrays, region_lines
+from .student import (RegionNotLoaded, gpu_timing_lock, holds_code, kernel_diagnoses, load_region,
+                      poisoned_local_arrays, region_lines)
 
 NAMES = ("dq", "dk", "dv")
 # What the set of wrong gradients says (dV = Pᵀ dO needs P; dK = scale · dSᵀ Q and dQ = scale · dS K
@@ -141,10 +142,12 @@ def explain(case_runs: list[dict[str, CaseRun]], messages: dict[str, str] | None
     lines = [f"wrong: {', '.join(wrong)}; right: {', '.join(n for n in NAMES if n not in wrong) or 'none'}"]
     if f"wrong:{key}" in messages or key in WHICH:
         lines.append(f"diagnosis: {messages.get(f'wrong:{key}', WHICH.get(key))}")
+    patterns: dict[str, list[str]] = {}  # a pattern's words -> the gradients that show it, said once
     for name in wrong:
         pattern = diagnose([runs[name] for runs in ran], messages)
         if pattern:
-            lines.append(f"{name}: {pattern}")
+            patterns.setdefault(pattern, []).append(name)
+    lines += [f"{', '.join(names)}: {pattern}" for pattern, names in patterns.items()]
     r = worst[wrong[0]]
     lines.append(f"in case {r.label}:")
     if not np.isnan(np.asarray(r.out, dtype=np.float64)).all():
@@ -173,7 +176,8 @@ def run_cases(g, check: Check) -> Outcome:
         if error:
             return Outcome("fail", f"{case}: {error}")
         if not all(r.ok for r in runs.values()):
-            return Outcome("fail", f"{case}: " + "; ".join(verdicts(runs)) + "\n" + explain([runs]))
+            explanation = explain([runs], kernel_diagnoses(g))
+            return Outcome("fail", f"{case}: " + "; ".join(verdicts(runs)) + "\n" + explanation)
         errors.append(", ".join(f"{name} {check_close(r.out, r.expected, r.expected, atol=r.allowed).max_err:.1e}"
                                 for name, r in runs.items()))
     return Outcome("pass", f"correct (max errors {'; '.join(errors)})")
@@ -186,7 +190,7 @@ def run_region(g, check: Check) -> Outcome:
         module, path, spliced = load_region(g, check.region)
     except RegionNotLoaded as e:
         return Outcome("fail", str(e))
-    mapped = {"lines": spliced.lines, "shown_as": g.path}
+    mapped = {"lines": spliced.lines, "shown_as": g.path, "outside": spliced.outside}
     case_runs = [run_case(module, case, g.case_seed(check, index), path, mapped)
                  for index, case in enumerate(check.cases)]
     if all(r.ok for runs in case_runs for r in runs.values()):
@@ -197,7 +201,7 @@ def run_region(g, check: Check) -> Outcome:
     runs = case_runs[first]
     error = next((r.error for r in runs.values() if r.error), "")
     lines = [f"{check.cases[first]}: {error or '; '.join(verdicts(runs))}"]
-    if not any(line.strip() and not line.lstrip().startswith("#") for line in region_lines(spliced)):
+    if not holds_code(region_lines(spliced)):
         lines.append(f"region {check.region} is still empty: write its lines between the markers "
                      f"(`flashcore grade {g.phase.ID} --hint` gives a hint)")
     explanation = explain(case_runs, hints_for(check.region).diagnoses)

@@ -91,7 +91,9 @@ HINTS: dict[str, RegionHints] = {
                "l_i = l_i * alpha + p\n"
                "for every d: acc[d] = acc[d] * alpha + p * V[b, h, j, d]\n"
                "m_i = m_new",
-        diagnoses={"s_one": "only S = 1 passes: one key is right, several are not: m_i, l_i and acc are not "
+        diagnoses={"zeros": "all zeros: the running state is never updated (m_i, l_i and acc keep their initial "
+                            "values)",
+                   "s_one": "only S = 1 passes: one key is right, several are not: m_i, l_i and acc are not "
                             "carried from one key to the next (each key must rescale the old values by alpha "
                             "and add to them, and m_i must become m_new at the end)"},
     ),
@@ -264,25 +266,6 @@ HINTS: dict[str, RegionHints] = {
                             "at D = 128) bring the wrong part of K and V"},
     ),
     "10-a": RegionHints(
-        idea="Every block of a merge team ends by counting itself on the team's counter. Only the block that "
-             "counts last may merge (every other member's partials are written by then): it is the one that "
-             "finds members - 1 blocks counted before it. Count once per block, not once per thread, and "
-             "let every thread of the block know the count: a warp's shuffle reaches only its own 32 lanes, "
-             "so the block shares it through shared memory, after a barrier.",
-        helpers="cuda.atomic.add(array, index, value) adds value to array[index] and returns the value it "
-                "held before, in one indivisible step (two blocks never get the same one). done_s is one "
-                "int32 of shared memory; cuda.syncthreads() waits until every thread of the block is there "
-                "(and what thread 0 wrote before it is then seen by all).",
-        pseudo="if tid == 0:\n"
-               "    done_s[0] = <add 1 to COUNTERS[counter]; keep what it held>\n"
-               "<a barrier>\n"
-               "done = done_s[0]",
-        diagnoses={"s_one": "only S = 1 passes: with one key there is one block, whose warps merge after a "
-                            "barrier and write the output without counting; with several blocks, no block "
-                            "found that it finished last, so none merged the blocks' partials and the "
-                            "output stayed as it was before the launch (NaN)"},
-    ),
-    "10-b": RegionHints(
         idea="Each member i of a team left its partial output o_i (normalized over its own keys) and lse_i, "
              "the log2 of its softmax denominator. The whole denominator is the sum of theirs: lse = "
              "log2(sum_i 2^lse_i), and member i's share of the output is 2^(lse_i - lse) (the shares add up "
@@ -303,50 +286,26 @@ HINTS: dict[str, RegionHints] = {
                             "is 1 however lse is summed; with several, the weights are wrong: they are "
                             "2^(lse_i - lse) with lse = log2 of the sum of the 2^lse_i, and they add up to 1"},
     ),
+    "10-b": RegionHints(
+        idea="Every block of a merge team ends by counting itself on the team's counter. Only the block that "
+             "counts last may merge (every other member's partials are written by then): it is the one that "
+             "finds members - 1 blocks counted before it. Count once per block, not once per thread, and "
+             "let every thread of the block know the count: a warp's shuffle reaches only its own 32 lanes, "
+             "so the block shares it through shared memory, after a barrier.",
+        helpers="cuda.atomic.add(array, index, value) adds value to array[index] and returns the value it "
+                "held before, in one indivisible step (two blocks never get the same one). done_s is one "
+                "int32 of shared memory; cuda.syncthreads() waits until every thread of the block is there "
+                "(and what thread 0 wrote before it is then seen by all).",
+        pseudo="if tid == 0:\n"
+               "    done_s[0] = <add 1 to COUNTERS[counter]; keep what it held>\n"
+               "<a barrier>\n"
+               "done = done_s[0]",
+        diagnoses={"s_one": "only S = 1 passes: with one key there is one block, whose warps merge after a "
+                            "barrier and write the output without counting; with several blocks, no block "
+                            "found that it finished last, so none merged the blocks' partials and the "
+                            "output stayed as it was before the launch (NaN)"},
+    ),
     "11-a": RegionHints(
-        idea="Δ_i = Σ_j P_ij dP_ij is what dS = P ∘ (dP − Δ) subtracts, and it equals Σ_d dO_id O_id: a dot "
-             "product of two rows the forward and the loss already gave, no P needed. A warp takes a few "
-             "rows, one after another (the loop around the region): for row i, each lane adds up the "
-             "products of its own words of the row (a 32-bit word holds two 16-bit values), then the 32 "
-             "lanes' partial sums are added by shuffles, so that every lane ends with the whole sum "
-             "(lane r keeps row r's after the region: a butterfly of shfl_xor_sync, not shfl_down, "
-             "which leaves it in lane 0 alone).",
-        helpers="O[b, h, i, w] and dO[b, h, i, w]: word w (0 .. HEAD_DIM / 2 − 1) of row i, two values; "
-                "each lane reads WORDS of them (1 at D = 64, 2 at D = 128): w = lane + 32 j; "
-                "unpack(word) -> (x0, x1) as float32; cuda.shfl_xor_sync(FULL_MASK, x, width): x of the lane "
-                "whose number differs from this one's in the bit `width`. total starts at 0.",
-        pseudo="for j in range(WORDS):  w = lane + 32 j\n"
-               "    o0, o1 = <unpack word w of O's row>;  d0, d1 = <the same of dO>\n"
-               "    total += o0 * d0 + o1 * d1\n"
-               "for width in 16, 8, 4, 2, 1:\n"
-               "    total += <total of the lane `width` away>",
-        diagnoses={"wrong:dq+dk": "dV is right, so P is; dK and dQ are not: they come from dS = P ∘ (dP − Δ), "
-                                  "and Δ is this region's: is every word of the row summed, by every lane, "
-                                  "and then over all 32 lanes, so that every lane holds the sum?"},
-    ),
-    "11-b": RegionHints(
-        idea="Other blocks own the other keys, and each adds its share of dQ = scale · dS K for the same "
-             "query rows: the shares must be summed in global memory, where blocks run in any order. An "
-             "atomic addition reads, adds and writes in one step that no other block can split; a reduction "
-             "(PTX `red`) is one whose old value nobody reads back. Each lane holds four values of the 16 x 8 "
-             "accumulator tile c[n]: rows row_a and row_a + 8, columns col and col + 1, side by side in "
-             "memory, so one red_pair adds two of them; a row past the end of the sequence does not exist "
-             "and must not be written.",
-        helpers="red_pair(address, x0, x1): adds x0 to the float32 at `address` and x1 to the one after it; "
-                "at: the address of dQ[b, h, row_a, col] (dQ is float32 (B, H, S_q, D)), and row_a + 8 is "
-                "8 * DQ_ROW bytes further; c[n, 0..3]: rows row_a, row_a, row_a + 8, row_a + 8 and columns "
-                "col, col + 1, col, col + 1; seq_q: the rows that exist; scale: the softmax scale (dQ = "
-                "scale · dS K).",
-        pseudo="if row_a < seq_q:\n"
-               "    <add c[n, 0] * scale and c[n, 1] * scale at `at`>\n"
-               "if row_a + 8 < seq_q:\n"
-               "    <the same with c[n, 2], c[n, 3], 8 rows further>",
-        diagnoses={"zeros": "all zeros: nothing is added to dQ (it is set to 0 before the kernel): add each "
-                            "lane's four values with red_pair",
-                   "wrong:dq": "dK and dV are right, so dS is; dQ is not: are all four values of the lane added, "
-                               "at their rows and columns, times scale, and only for rows that exist?"},
-    ),
-    "11-c": RegionHints(
         idea="The forward saved each row's log-sum-exp L_i instead of P: P_ij = exp(scale · s_ij − L_i), "
              "exactly the forward's probabilities, no max or sum to recompute. In base 2, as the kernels "
              "compute: p = 2^(s · qk_scale − L_i · log2 e), and lse2_s holds L_i · log2 e for the tile's rows. "
@@ -371,7 +330,69 @@ HINTS: dict[str, RegionHints] = {
                                      "not see?",
                    "wrong:dq+dk": "dV is right, so P is; dK and dQ are not: dS = P ∘ (dP − Δ) is wrong"},
     ),
+    "11-b": RegionHints(
+        idea="Δ_i = Σ_j P_ij dP_ij is what dS = P ∘ (dP − Δ) subtracts, and it equals Σ_d dO_id O_id: a dot "
+             "product of two rows the forward and the loss already gave, no P needed. A warp takes a few "
+             "rows, one after another (the loop around the region): for row i, each lane adds up the "
+             "products of its own words of the row (a 32-bit word holds two 16-bit values), then the 32 "
+             "lanes' partial sums are added by shuffles, so that every lane ends with the whole sum "
+             "(lane r keeps row r's after the region: a butterfly of shfl_xor_sync, not shfl_down, "
+             "which leaves it in lane 0 alone).",
+        helpers="O[b, h, i, w] and dO[b, h, i, w]: word w (0 .. HEAD_DIM / 2 − 1) of row i, two values; "
+                "each lane reads WORDS of them (1 at D = 64, 2 at D = 128): w = lane + 32 j; "
+                "unpack(word) -> (x0, x1) as float32; cuda.shfl_xor_sync(FULL_MASK, x, width): x of the lane "
+                "whose number differs from this one's in the bit `width`. total starts at 0.",
+        pseudo="for j in range(WORDS):  w = lane + 32 j\n"
+               "    o0, o1 = <unpack word w of O's row>;  d0, d1 = <the same of dO>\n"
+               "    total += o0 * d0 + o1 * d1\n"
+               "for width in 16, 8, 4, 2, 1:\n"
+               "    total += <total of the lane `width` away>",
+        diagnoses={"wrong:dq+dk": "dV is right, so P is; dK and dQ are not: they come from dS = P ∘ (dP − Δ), "
+                                  "and Δ is this region's: is every word of the row summed, by every lane, "
+                                  "and then over all 32 lanes, so that every lane holds the sum?"},
+    ),
+    "11-c": RegionHints(
+        idea="Other blocks own the other keys, and each adds its share of dQ = scale · dS K for the same "
+             "query rows: the shares must be summed in global memory, where blocks run in any order. An "
+             "atomic addition reads, adds and writes in one step that no other block can split; a reduction "
+             "(PTX `red`) is one whose old value nobody reads back. Each lane holds four values of the 16 x 8 "
+             "accumulator tile c[n]: rows row_a and row_a + 8, columns col and col + 1, side by side in "
+             "memory, so one red_pair adds two of them; a row past the end of the sequence does not exist "
+             "and must not be written.",
+        helpers="red_pair(address, x0, x1): adds x0 to the float32 at `address` and x1 to the one after it; "
+                "at: the address of dQ[b, h, row_a, col] (dQ is float32 (B, H, S_q, D)), and row_a + 8 is "
+                "8 * DQ_ROW bytes further; c[n, 0..3]: rows row_a, row_a, row_a + 8, row_a + 8 and columns "
+                "col, col + 1, col, col + 1; seq_q: the rows that exist; scale: the softmax scale (dQ = "
+                "scale · dS K).",
+        pseudo="if row_a < seq_q:\n"
+               "    <add c[n, 0] * scale and c[n, 1] * scale at `at`>\n"
+               "if row_a + 8 < seq_q:\n"
+               "    <the same with c[n, 2], c[n, 3], 8 rows further>",
+        diagnoses={"zeros": "all zeros: nothing is added to dQ (it is set to 0 before the kernel): add each "
+                            "lane's four values with red_pair",
+                   "wrong:dq": "dK and dV are right, so dS is; dQ is not: are all four values of the lane added, "
+                               "at their rows and columns, times scale, and only for rows that exist?"},
+    ),
     "12-a": RegionHints(
+        idea="The piece of dQ this warpgroup owns (64 query rows by 64 columns of d) sums over the block's "
+             "keys. dq multiplies 64 keys' worth, A = dSᵀ read transposed and B = K read transposed, both "
+             "through descriptors, and overwrites; dq_acc adds the next 64 keys to the registers it is given. "
+             "dSᵀ's next 64 keys are 64 rows (of ROW bytes) further in its atom, K's are the next warpgroup's "
+             "tile, KV_TILE bytes on.",
+        helpers="dq_first(desc_ds, desc_k) -> the tuple of this thread's 32 registers; dq_acc(desc_ds, desc_k, "
+                "registers) -> the sum; descriptor(address, ATOM, GROUP, SW128): an MN-major tile; ds_atom, "
+                "k_atom: where the piece's query rows of dSᵀ and its columns of K start; KEY_HALVES: the block's "
+                "keys in 64s; as_tuple(dq, N_DQ), store_tuple(dq, values).",
+        pseudo="store_tuple(dq, dq_first(<descriptor of ds_atom>, <descriptor of k_atom>))\n"
+               "for half in range(1, KEY_HALVES):\n"
+               "    store_tuple(dq, dq_acc(<ds_atom, half * 64 rows on>, <k_atom, half tiles on>, as_tuple(dq, N_DQ)))",
+        diagnoses={"nan": "NaN everywhere: dq is never written (a local array starts as NaN here): dq_first's "
+                          "product goes into it with store_tuple",
+                   "wrong:dq": "dK and dV are right, so dS is; dQ is not: is every 64 keys of the block in the "
+                               "sum (dq_first, then dq_acc for each further half), each half's dSᵀ rows with "
+                               "the same half's K?"},
+    ),
+    "12-b": RegionHints(
         idea="Sᵀ = K Qᵀ has the form of the forward's S = Q Kᵀ (phase 08's qk call): A is the warpgroup's "
              "64 rows of K (its keys), B is the query tile, both K-major (d along their 128-byte rows) in the "
              "swizzle, so both go in through descriptors; the call returns the warpgroup's accumulators, one "
@@ -390,7 +411,7 @@ HINTS: dict[str, RegionHints] = {
                    "wrong:dq+dk": "dV is right, so Sᵀ and P are; dK and dQ are not: they come from dS = P ∘ "
                                   "(dP − Δ): is dPᵀ = V dOᵀ in dp, V's rows against the tile of dO?"},
     ),
-    "12-b": RegionHints(
+    "12-c": RegionHints(
         idea="dQ = dS K needs dS with the query rows as its rows and both warpgroups' keys, so each thread "
              "stores its part of dSᵀ to shared memory, a row of 128 bytes per key in each atom of 64 query "
              "rows, in the 128-byte swizzle the tensor cores read: chunk c of row r at chunk c ^ (r % 8). "
@@ -412,25 +433,6 @@ HINTS: dict[str, RegionHints] = {
                                "is not where the descriptor says: every word at row g (a1, a3: g + 8), in "
                                "its atom, its chunk XOR g?"},
     ),
-    "12-c": RegionHints(
-        idea="The piece of dQ this warpgroup owns (64 query rows by 64 columns of d) sums over the block's "
-             "keys. dq multiplies 64 keys' worth, A = dSᵀ read transposed and B = K read transposed, both "
-             "through descriptors, and overwrites; dq_acc adds the next 64 keys to the registers it is given. "
-             "dSᵀ's next 64 keys are 64 rows (of ROW bytes) further in its atom, K's are the next warpgroup's "
-             "tile, KV_TILE bytes on.",
-        helpers="dq_first(desc_ds, desc_k) -> the tuple of this thread's 32 registers; dq_acc(desc_ds, desc_k, "
-                "registers) -> the sum; descriptor(address, ATOM, GROUP, SW128): an MN-major tile; ds_atom, "
-                "k_atom: where the piece's query rows of dSᵀ and its columns of K start; KEY_HALVES: the block's "
-                "keys in 64s; as_tuple(dq, N_DQ), store_tuple(dq, values).",
-        pseudo="store_tuple(dq, dq_first(<descriptor of ds_atom>, <descriptor of k_atom>))\n"
-               "for half in range(1, KEY_HALVES):\n"
-               "    store_tuple(dq, dq_acc(<ds_atom, half * 64 rows on>, <k_atom, half tiles on>, as_tuple(dq, N_DQ)))",
-        diagnoses={"nan": "NaN everywhere: dq is never written (a local array starts as NaN here): dq_first's "
-                          "product goes into it with store_tuple",
-                   "wrong:dq": "dK and dV are right, so dS is; dQ is not: is every 64 keys of the block in the "
-                               "sum (dq_first, then dq_acc for each further half), each half's dSᵀ rows with "
-                               "the same half's K?"},
-    ),
 }
 
 
@@ -439,6 +441,17 @@ def hints_for(label: str) -> RegionHints:
         return HINTS[label]
     except KeyError:
         raise KeyError(f"no hints for exercise region {label!r}: add them to flashcore_numba/course/hints.py") from None
+
+
+def worded_by(labels) -> dict[str, str]:
+    """Each pattern's diagnosis in the words of the regions `labels` that word it (see diagnoses), each
+    followed by its label; where several do, one after the other. A whole-kernel check knows the
+    pattern of a wrong output, not the region it comes from."""
+    worded: dict[str, list[str]] = {}
+    for label in labels:
+        for pattern, text in hints_for(label).diagnoses.items():
+            worded.setdefault(pattern, []).append(f"{text} (region {label})")
+    return {pattern: "; or ".join(texts) for pattern, texts in worded.items()}
 
 
 def render_hints(regions, upto: int) -> str:

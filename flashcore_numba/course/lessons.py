@@ -8,7 +8,8 @@ call is the lesson runtime, course/notebooks.py.
     flashcore lessons --sync      regenerate every .ipynb from its .py (outputs of unchanged cells kept)
     flashcore lessons --check     fail if a notebook's cells differ from its .py, or a phase has no lesson
     flashcore lessons --execute   run every lesson top to bottom and save the outputs into its .ipynb
-    flashcore lessons --listings  re-render only the source listings of the committed notebooks
+    flashcore lessons --listings  re-render only the source listings (and the exercise's regions and
+                                  solution) of the committed notebooks
     flashcore lessons --new 06    write lessons/06_<name>.py from the template
 
 jupytext reads and writes the notebooks and nbclient executes them; two things are written here
@@ -71,6 +72,18 @@ import os
 
 if "NUMBA_ENABLE_CUDASIM" not in os.environ:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if os.path.exists("/dev/nvidiactl") else "1"
+"""
+
+# After the exercise, and only there: the listings above show its regions empty, as the stub has them
+SOLUTION_CELLS = """
+# %% [markdown]
+# ## The solution
+#
+# Try the exercise first. These are the lines the phase itself has in each region; the listings
+# above show the regions empty, as your stub has them.
+
+# %%
+lesson.show_solution()
 """
 
 TEMPLATE = HEADER + """
@@ -137,7 +150,7 @@ lesson.sass(["LDS", "FFMA", "MUFU.EX2"])
 
 # %%
 lesson.exercise()
-"""
+""" + SOLUTION_CELLS
 
 
 def new_lesson(phase, directory: Path | None = None) -> Path:
@@ -298,11 +311,12 @@ def _run(nb, cwd: Path, timeout: int, env: dict | None = None, kernel_manager=No
 
 # The cells that only show source (after any imports): what they print is the package's files,
 # the same on a GPU as in the simulator, so they can be re-rendered without running anything else.
-LISTING_CALLS = ("show_source", "show_diff", "show_ptx")
+# `exercise` lists the exercise's regions and `show_solution` their lines, from the phase's markers.
+LISTING_CALLS = ("show_source", "show_diff", "show_ptx", "exercise", "show_solution")
 
 
 def is_listing(cell) -> bool:
-    """True for a code cell made only of imports and `lesson.show_source/show_diff/show_ptx(...)` calls."""
+    """True for a code cell made only of imports and `lesson.<one of LISTING_CALLS>(...)` calls."""
     if cell.cell_type != "code":
         return False
     try:
@@ -404,8 +418,9 @@ def main(argv=None) -> int:
                         help="run every lesson and save its outputs into the .ipynb "
                              "(on a GPU when there is one)")
     parser.add_argument("--listings", action="store_true",
-                        help="re-render only the source listings (show_source, show_diff, show_ptx cells) "
-                             "of the committed notebooks, in the simulator; every other output is kept")
+                        help="re-render only the source listings (show_source, show_diff, show_ptx, "
+                             "exercise and show_solution cells) of the committed notebooks, in the simulator; every other output "
+                             "is kept")
     parser.add_argument("--check", action="store_true",
                         help="fail if a phase has no lesson or a .ipynb differs from its .py (the default)")
     parser.add_argument("--new", metavar="NN",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ from ..measure.bench import REFERENCE_SHAPE  # the shape every timing in the cou
 from ..measure.records import checkout_root, repo_root
 from ..phases import LESSONS, PHASES, VARIANTS, get_lesson, get_phase
 from ..reference import check_close, default_scale, lowp_attention, random_qkv, reference_attention
-from .exercises import exercise_module, find_regions, phase_source
+from .exercises import exercise_module, find_regions, phase_source, region_bodies
 
 # (B, H, S_q, S_k, D, causal) checked in the simulator, which runs one Python thread per CUDA thread:
 # one block of query rows; 100 keys span two K/V tiles and end in a tail; then the causal triangle
@@ -772,18 +773,55 @@ class Lesson:
 
     # -- source ----------------------------------------------------------------------------
     def show_source(self, *objects) -> None:
-        """Source of the given functions (default: the phase's `build`), straight from the package."""
-        show_code(source_of(*(objects or (self.phase.build,))))
+        """Source of the given functions (default: the phase's `build`), straight from the package,
+        with this lesson's exercise regions empty, as the student's stub has them (`as_the_stub_has_it`)."""
+        source, emptied = self.as_the_stub_has_it(source_of(*(objects or (self.phase.build,))))
+        show_code(source)
+        self._say_emptied(emptied)
 
     def show_diff(self, old, new) -> None:
-        """Unified diff between two functions' sources: only what the new phase changed."""
+        """Unified diff between two functions' sources: only what the new phase changed (this lesson's
+        exercise regions empty, as in show_source)."""
         old, new = (getattr(o, "py_func", o) for o in (old, new))
-        a = inspect.getsource(old).splitlines()
-        b = inspect.getsource(new).splitlines()
+        a, emptied_a = self.as_the_stub_has_it(inspect.getsource(old))
+        b, emptied_b = self.as_the_stub_has_it(inspect.getsource(new))
         name_a = f"{old.__module__.rsplit('.', 1)[-1]}.{old.__qualname__}"
         name_b = f"{new.__module__.rsplit('.', 1)[-1]}.{new.__qualname__}"
-        diff = difflib.unified_diff(a, b, name_a, name_b, lineterm="", n=2)
+        diff = difflib.unified_diff(a.splitlines(), b.splitlines(), name_a, name_b, lineterm="", n=2)
         show_code("\n".join(diff), language="diff")
+        self._say_emptied(emptied_a + [x for x in emptied_b if x not in emptied_a])
+
+    def regions(self) -> list:
+        """This lesson's exercise regions (exercises.Region), in the order of the phase's file."""
+        return find_regions(phase_source(self.phase), default_label=self.phase.ID)
+
+    def as_the_stub_has_it(self, source: str) -> tuple[str, list[str]]:
+        """(source with the lines of this lesson's exercise regions removed, the labels of those it
+        emptied). The markers stay, so a listing shows where the student writes and what, exactly as
+        the stub does; the lines themselves appear only after the exercise (show_solution). Regions
+        of other phases (an earlier lesson's, in a diff against it) are left as they are."""
+        ours = {r.label for r in self.regions()}
+        bodies = {label: span for label, span in region_bodies(source).items() if label in ours}
+        removed = {i for first, end in bodies.values() for i in range(first, end)}
+        lines = [line for i, line in enumerate(source.splitlines()) if i not in removed]
+        return "\n".join(lines), [label for label, (first, end) in bodies.items() if end > first]
+
+    @staticmethod
+    def _say_emptied(labels: list[str]) -> None:
+        if labels:
+            print(f"(exercise region{'s' * (len(labels) != 1)} {', '.join(labels)} shown empty, as your stub has "
+                  f"{'them' if len(labels) != 1 else 'it'}: the solution is at the end of the lesson)")
+
+    def show_solution(self) -> None:
+        """The solution of this lesson's exercise: each region's lines as the phase has them, under its
+        marker. The lesson shows it only here, after the exercise."""
+        print(f"The solution of exercise {self.phase.ID}, as {display_path(Path(self.phase.__file__))} has it "
+              f"(try it yourself first):")
+        parts = []
+        for region in self.regions():
+            body = textwrap.dedent("\n".join(region.solution))
+            parts.append(f"# >>> exercise {region.label}: {region.instruction}\n{body}\n# <<< exercise")
+        show_code("\n\n".join(parts))
 
     def show_ptx(self, filename: str, name: str | None = None) -> None:
         """A file of ptx/ (or one function of it, with the comment above it), exactly as it runs."""
@@ -1094,7 +1132,7 @@ class Lesson:
         module = self.phase.__name__.rsplit(".", 1)[-1]
         print(f"The stub is flashcore_numba/phases/{module}.py with these regions cut out; "
               "you write them back:")
-        for region in find_regions(phase_source(self.phase), default_label=self.phase.ID):  # lines of the phase file
+        for region in self.regions():  # lines of the phase file
             start, n_lines = region.begin + 2, region.end - region.begin - 1  # 1-based, markers excluded
             print(f"  - exercise {region.label}: {region.instruction}   (lines {start}-{start + n_lines - 1} "
                   f"of the phase source, {n_lines} lines)")

@@ -126,7 +126,8 @@ def checks() -> list:
             ok, reason = judge(p, inputs, got)
             return Outcome("pass" if ok else "fail", f"{p.launch}: {reason}")
 
-        return Check(p.kernel, f"{p.label} {p.title}", points, run_check)
+        # named by its region's label, as every region's check is; the kernel's name still works with --only
+        return Check(p.label, p.title, points, run_check, region=p.label, seeded=True, aliases=(p.kernel,))
 
     return [make(p, 1 if p.label in ("00-a", "00-b") else 2) for p in PUZZLES]
 

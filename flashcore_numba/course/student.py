@@ -19,6 +19,7 @@ import numpy as np
 from ..arch.sim import simulator_enabled
 from . import exercises
 from .diagnose import describe_exception
+from .hints import worded_by
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # flashcore_numba/
 
@@ -94,6 +95,29 @@ def region_lines(spliced: exercises.Spliced) -> list[str]:
     """The student's lines of a spliced source."""
     lines = spliced.source.splitlines()
     return [lines[i - 1] for i in sorted(spliced.lines)]
+
+
+def holds_code(lines) -> bool:
+    """Whether a region's lines hold code (not only blank lines and comments): a region without is still empty."""
+    return any(line.strip() and not line.lstrip().startswith("#") for line in lines)
+
+
+def suspect_regions(g) -> list[str]:
+    """The regions a failure of the whole kernel most likely comes from (g: the grading, grade.Grading):
+    those still empty in the student's file; else those whose own check failed in this run; else all
+    of the exercise's regions."""
+    labels = [r.label for r in exercises.phase_regions(g.phase)]
+    lines = g.path.read_text(encoding="utf-8").splitlines()
+    bodies = exercises.region_bodies("\n".join(lines))
+    empty = [label for label in labels if label in bodies and not holds_code(lines[slice(*bodies[label])])]
+    failed = [r.name for r in g.results if r.kind == "region" and r.status == "fail"]
+    return empty or [label for label in labels if label in failed] or labels
+
+
+def kernel_diagnoses(g) -> dict[str, str]:
+    """The diagnoses of a whole-kernel check, in the words of the regions it most likely comes from
+    (suspect_regions): a student of exercise 10 reads of its merge weights, not of m_i, l_i and acc."""
+    return worded_by(suspect_regions(g))
 
 
 # A local array's poison, per kind of element: NaN for floats, and for unsigned words the bits of

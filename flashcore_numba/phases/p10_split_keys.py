@@ -377,7 +377,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         log2(sum_i 2^lse_i), and this lane's weight w = 2^(lse_i - lse)."""
         lse = float32(-math.inf)  # the log of an empty sum: no member saw a key of this row
         w = float32(0.0)
-        # >>> exercise 10-b: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
+        # >>> exercise 10-a: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
         top = warp_max(lse_i)
         ref = top if top != float32(-math.inf) else float32(0.0)  # no key at all: keep 0 - 0
         total = warp_sum(math.exp2(lse_i - ref))
@@ -549,7 +549,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         cuda.threadfence()  # every thread's partials, before the block counts
         cuda.syncthreads()
         done = 0  # how many of the members had counted before this block
-        # >>> exercise 10-a: count this block as finished: thread 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value) and leaves that value in done_s[0]; after a barrier every thread reads it as `done`
+        # >>> exercise 10-b: count this block as finished: thread 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value) and leaves that value in done_s[0]; after a barrier every thread reads it as `done`
         if tid == 0:
             done_s[0] = cuda.atomic.add(COUNTERS, counter, 1)
         cuda.syncthreads()

@@ -546,7 +546,7 @@ def make_p_and_ds(exp2, NT: int, BLOCK_M: int, BLOCK_N: int):
         for j in range(NT):
             for e in range(4):
                 col = j * 8 + e % 2  # this element's column, from the lane's first
-                # >>> exercise 11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
+                # >>> exercise 11-a: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
                 p = exp2(cuda.fma(s[j, e], qk_scale, -lse2_s[stats + uint32(col)]))
                 if int32(row_t + col) < (limit_a if e < 2 else limit_b):
                     p = float32(0.0)
@@ -654,7 +654,7 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
             # faster at D = 64, 1.3x at D = 128 than a row per warp)
             i = min(first + uint32(r), last)
             total = float32(0.0)
-            # >>> exercise 11-a: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
+            # >>> exercise 11-b: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
             for j in range(WORDS):
                 w = lane + uint32(32 * j)
                 o0, o1 = unpack(O[b, h, i, w])
@@ -713,7 +713,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         for n in range(2):
             col = col0 + jj * 16 + n * 8 + 2 * t
             at = dq_head + uint64(row_a * DQ_ROW + col * 4)  # dQ[b, h, row_a, col]
-            # >>> exercise 11-b: add this lane's four dQ values (times scale) to dQ in global memory by reductions, rows that exist only
+            # >>> exercise 11-c: add this lane's four dQ values (times scale) to dQ in global memory by reductions, only in the rows that exist (row < seq_q)
             if row_a < seq_q:
                 red_pair(at, c[n, 0] * scale, c[n, 1] * scale)
             if row_a + 8 < seq_q:

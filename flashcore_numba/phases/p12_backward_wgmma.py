@@ -280,7 +280,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
             r0, c0 = (p_id // COL_BLOCKS) * 64, (p_id % COL_BLOCKS) * 64  # its query rows and columns
             ds_atom = smem + DS_OFF + buffer * DS_BYTES + (r0 // 64) * DS_ATOM
             k_atom = smem + K_OFF + (c0 // 64) * ATOM
-            # >>> exercise 12-c: the piece's dQ = dS K into dq: dq_first over the block's first 64 keys, dq_acc adding each next 64
+            # >>> exercise 12-a: the piece's dQ = dS K into dq: dq_first over the block's first 64 keys, dq_acc adding each next 64
             store_tuple(dq, dq_first(descriptor(ds_atom, ATOM, GROUP, SW128),
                                      descriptor(k_atom, ATOM, GROUP, SW128)))
             for half in range(1, KEY_HALVES):
@@ -380,7 +380,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
 
                 # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: the warpgroup's 64 keys against the tile's BLOCK_M rows,
                 # both operands K-major through descriptors (SBO: eight rows; LBO unused)
-                # >>> exercise 12-a: Sᵀ into s and dPᵀ into dp: a qk call each, the warpgroup's K (V) rows against the query tile of Q (dO)
+                # >>> exercise 12-b: Sᵀ into s and dPᵀ into dp: a qk call each, the warpgroup's K (V) rows against the query tile of Q (dO)
                 store_tuple(s, qk(desc_k, descriptor(q_tile, 16, GROUP, SW128)))
                 store_tuple(dp, qk(desc_v, descriptor(do_tile, 16, GROUP, SW128)))
                 # <<< exercise
@@ -402,7 +402,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
                 # rows 16 kk + 2t (chunk 2 kk % 8 of atom kk // 4) and 16 kk + 8 + 2t (the next chunk)
                 buffer = stage if LATE else 0
                 ds_row = ds_row0 + uint32(buffer * (DS_BYTES // 4))
-                # >>> exercise 12-b: for each k-step kk, its four words of dSᵀ to shared memory, rows g and g + 8, each 16-byte chunk at its swizzled place
+                # >>> exercise 12-c: for each k-step kk, its four words of dSᵀ to shared memory, rows g and g + 8, each 16-byte chunk at its swizzled place
                 for kk in range(KS):
                     atom = uint32((kk // 4) * DS_ATOM_WORDS)
                     lo, hi = uint32(((2 * kk) % 8) ^ g) * 4, uint32(((2 * kk + 1) % 8) ^ g) * 4

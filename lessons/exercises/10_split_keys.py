@@ -1,8 +1,8 @@
 # Exercise 10: Split keys: one decode step across many blocks, merged by the log-sum-exp
 #
 # This is the finished phase 10 kernel with 2 marked regions emptied:
-#   10-b: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
-#   10-a: count this block as finished: thread 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value) and leaves that value in done_s[0]; after a barrier every thread reads it as `done`
+#   10-a: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
+#   10-b: count this block as finished: thread 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value) and leaves that value in done_s[0]; after a barrier every thread reads it as `done`
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
 # Change nothing else: solving only adds lines. The lesson is lessons/10_split_keys.ipynb.
 #
@@ -269,7 +269,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         log2(sum_i 2^lse_i), and this lane's weight w = 2^(lse_i - lse)."""
         lse = float32(-math.inf)  # the log of an empty sum: no member saw a key of this row
         w = float32(0.0)
-        # >>> exercise 10-b: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
+        # >>> exercise 10-a: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
         # <<< exercise
         return lse, w
 
@@ -435,7 +435,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         cuda.threadfence()  # every thread's partials, before the block counts
         cuda.syncthreads()
         done = 0  # how many of the members had counted before this block
-        # >>> exercise 10-a: count this block as finished: thread 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value) and leaves that value in done_s[0]; after a barrier every thread reads it as `done`
+        # >>> exercise 10-b: count this block as finished: thread 0 adds 1 to COUNTERS[counter] (cuda.atomic.add returns the old value) and leaves that value in done_s[0]; after a barrier every thread reads it as `done`
         # <<< exercise
         if done != members - 1:
             return False

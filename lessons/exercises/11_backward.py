@@ -1,9 +1,9 @@
 # Exercise 11: The backward pass: dQ, dK and dV recomputed from the log-sum-exp
 #
 # This is the finished phase 11 kernel with 3 marked regions emptied:
-#   11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
-#   11-a: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
-#   11-b: add this lane's four dQ values (times scale) to dQ in global memory by reductions, rows that exist only
+#   11-a: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
+#   11-b: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
+#   11-c: add this lane's four dQ values (times scale) to dQ in global memory by reductions, only in the rows that exist (row < seq_q)
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
 # Change nothing else: solving only adds lines. The lesson is lessons/11_backward.ipynb.
 #
@@ -406,7 +406,7 @@ def make_p_and_ds(exp2, NT: int, BLOCK_M: int, BLOCK_N: int):
         for j in range(NT):
             for e in range(4):
                 col = j * 8 + e % 2  # this element's column, from the lane's first
-                # >>> exercise 11-c: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
+                # >>> exercise 11-a: Pᵀ in place of Sᵀ, from the row's saved log-sum-exp (0 for a key the row does not see); dSᵀ in place of dPᵀ
                 # <<< exercise
 
     return p_and_ds
@@ -509,7 +509,7 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
             # faster at D = 64, 1.3x at D = 128 than a row per warp)
             i = min(first + uint32(r), last)
             total = float32(0.0)
-            # >>> exercise 11-a: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
+            # >>> exercise 11-b: Δ_i = Σ_d dO_id · O_id: each lane sums its words of row i, then the warp sums the lanes
             # <<< exercise
             # every lane has the row's sum now (a butterfly, not shfl_down): lane r keeps it
             mine = total if lane == uint32(r) else mine  # a select, not a branch around shuffles
@@ -561,7 +561,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         for n in range(2):
             col = col0 + jj * 16 + n * 8 + 2 * t
             at = dq_head + uint64(row_a * DQ_ROW + col * 4)  # dQ[b, h, row_a, col]
-            # >>> exercise 11-b: add this lane's four dQ values (times scale) to dQ in global memory by reductions, rows that exist only
+            # >>> exercise 11-c: add this lane's four dQ values (times scale) to dQ in global memory by reductions, only in the rows that exist (row < seq_q)
             # <<< exercise
 
     dq_steps = unrolled(dq_columns, DQ_CHUNKS)

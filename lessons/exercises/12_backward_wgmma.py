@@ -1,9 +1,9 @@
 # Exercise 12: The backward on wgmma: warpgroups multiply the backward's products
 #
 # This is the finished phase 12 kernel with 3 marked regions emptied:
-#   12-c: the piece's dQ = dS K into dq: dq_first over the block's first 64 keys, dq_acc adding each next 64
-#   12-a: Sᵀ into s and dPᵀ into dp: a qk call each, the warpgroup's K (V) rows against the query tile of Q (dO)
-#   12-b: for each k-step kk, its four words of dSᵀ to shared memory, rows g and g + 8, each 16-byte chunk at its swizzled place
+#   12-a: the piece's dQ = dS K into dq: dq_first over the block's first 64 keys, dq_acc adding each next 64
+#   12-b: Sᵀ into s and dPᵀ into dp: a qk call each, the warpgroup's K (V) rows against the query tile of Q (dO)
+#   12-c: for each k-step kk, its four words of dSᵀ to shared memory, rows g and g + 8, each 16-byte chunk at its swizzled place
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
 # Change nothing else: solving only adds lines. The lesson is lessons/12_backward_wgmma.ipynb.
 #
@@ -230,7 +230,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
             r0, c0 = (p_id // COL_BLOCKS) * 64, (p_id % COL_BLOCKS) * 64  # its query rows and columns
             ds_atom = smem + DS_OFF + buffer * DS_BYTES + (r0 // 64) * DS_ATOM
             k_atom = smem + K_OFF + (c0 // 64) * ATOM
-            # >>> exercise 12-c: the piece's dQ = dS K into dq: dq_first over the block's first 64 keys, dq_acc adding each next 64
+            # >>> exercise 12-a: the piece's dQ = dS K into dq: dq_first over the block's first 64 keys, dq_acc adding each next 64
             # <<< exercise
             # register 4j + e: row 16 warp + g (+8), column 8 j + 2t (+1) of the piece
             row_a = m0 + r0 + warp * 16 + g
@@ -324,7 +324,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
 
                 # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: the warpgroup's 64 keys against the tile's BLOCK_M rows,
                 # both operands K-major through descriptors (SBO: eight rows; LBO unused)
-                # >>> exercise 12-a: Sᵀ into s and dPᵀ into dp: a qk call each, the warpgroup's K (V) rows against the query tile of Q (dO)
+                # >>> exercise 12-b: Sᵀ into s and dPᵀ into dp: a qk call each, the warpgroup's K (V) rows against the query tile of Q (dO)
                 # <<< exercise
 
                 # -- Pᵀ in place of Sᵀ, dSᵀ in place of dPᵀ: phase 11's step, on the same layout (column 2t
@@ -344,7 +344,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
                 # rows 16 kk + 2t (chunk 2 kk % 8 of atom kk // 4) and 16 kk + 8 + 2t (the next chunk)
                 buffer = stage if LATE else 0
                 ds_row = ds_row0 + uint32(buffer * (DS_BYTES // 4))
-                # >>> exercise 12-b: for each k-step kk, its four words of dSᵀ to shared memory, rows g and g + 8, each 16-byte chunk at its swizzled place
+                # >>> exercise 12-c: for each k-step kk, its four words of dSᵀ to shared memory, rows g and g + 8, each 16-byte chunk at its swizzled place
                 # <<< exercise
                 if LATE:
                     # -- dQ of the tile before, one tile late: its dSᵀ, in the other buffer, was

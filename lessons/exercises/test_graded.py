@@ -13,6 +13,6 @@ def test_graded_check(graded_check, grading):
         pytest.skip(result.detail)
     if result.status == "fail":
         seed = ""
-        if graded_check.cases:  # random inputs: say how to get the same ones again
+        if graded_check.random_inputs:  # say how to get the same ones again
             seed = f" (inputs from hidden seed {grading.seed}: --grade-seed {grading.seed} repeats them)"
         pytest.fail(f"{result.title}: {result.detail}{seed}", pytrace=False)
