@@ -262,4 +262,4 @@ lesson.exercise()
 # but one assembler or the other spilled at the slightest change. What made it both fit and run
 # was the tile's scores as one block of straight-line code: one branch around the mask instead of
 # one per score, one vote for the warp's two m-tiles instead of one each. The records now put phase
-# 07 level with FlashAttention-2 at D = 128 and ahead of it at D = 64 (README, docs/bench/).
+# 07 level with FlashAttention-2 at D = 128 and ahead of it at D = 64 ([docs/performance.md](../docs/performance.md)).

@@ -54,15 +54,14 @@ Measured effect (written by `flashcore report` from the backward records' rows 1
     [measured:begin]
     The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
     as FlashAttention's benchmark counts them. NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 non-causal,
-    2026-12-01, code at commit `c69a6db`: 12 301 TFLOPS (1.20x SDPA flash, 1.28x phase 11),
-    12-deterministic 285 TFLOPS (1.14x SDPA flash, 1.23x phase 11), 12-step 342 TFLOPS (1.31x SDPA
-    flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-12-01, code at commit `c69a6db`: 12
-    256 TFLOPS (1.28x SDPA flash, 1.26x phase 11), 12-deterministic 245 TFLOPS (1.23x SDPA flash,
-    1.22x phase 11), 12-step 286 TFLOPS (1.34x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16
-    non-causal, 2026-12-01, code at commit `9a9fe48`: 12 336 TFLOPS (1.24x SDPA flash, 1.31x phase
-    11), 12-deterministic 295 TFLOPS (1.09x SDPA flash, 1.19x phase 11), 12-step 388 TFLOPS (1.34x
-    SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 causal, 2026-12-01, code at commit
-    `9a9fe48`: 12 288 TFLOPS (1.28x SDPA flash, 1.30x phase 11), 12-deterministic 256 TFLOPS (1.13x
+    2026-12-01: 12 301 TFLOPS (1.20x SDPA flash, 1.28x phase 11), 12-deterministic 285 TFLOPS (1.14x
+    SDPA flash, 1.23x phase 11), 12-step 342 TFLOPS (1.31x SDPA flash); NVIDIA H200, B=16 H=16
+    S=2048 D=64 fp16 causal, 2026-12-01: 12 256 TFLOPS (1.28x SDPA flash, 1.26x phase 11),
+    12-deterministic 245 TFLOPS (1.23x SDPA flash, 1.22x phase 11), 12-step 286 TFLOPS (1.34x SDPA
+    flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal, 2026-12-01: 12 336 TFLOPS (1.24x
+    SDPA flash, 1.31x phase 11), 12-deterministic 295 TFLOPS (1.09x SDPA flash, 1.19x phase 11),
+    12-step 388 TFLOPS (1.34x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 causal,
+    2026-12-01: 12 288 TFLOPS (1.28x SDPA flash, 1.30x phase 11), 12-deterministic 256 TFLOPS (1.13x
     SDPA flash, 1.20x phase 11), 12-step 332 TFLOPS (1.36x SDPA flash)
     (nvidia-h200_backward_b16h16s2048d64_fp16.json,
     nvidia-h200_backward_b16h16s2048d64_fp16_causal.json,
