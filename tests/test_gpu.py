@@ -530,7 +530,7 @@ def test_compile_fills_the_cache_for_every_entry_point(compiled_cache):
 
 
 def test_trace_build_on_gpu():
-    """Phase 09's trace build (docs/tuning/09_stalls.txt): right output, and its records say the
+    """Phase 09's trace build (docs/tuning/09_history.md): right output, and its records say the
     kernel ran on the GPU's clock for no longer than the events around the launch measured."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     from numba import cuda

@@ -221,7 +221,7 @@ def test_phase09_consumers_without_rows_pass_a_whole_ring(variant):
 
 
 def test_phase09_trace_build_records_every_block_and_role():
-    """The trace build (docs/tuning/09_stalls.txt) computes the same attention, and its records add up:
+    """The trace build (docs/tuning/09_history.md) computes the same attention, and its records add up:
     4 query blocks over 2 persistent blocks, each taken by the producer and by both consumers of the
     block that took it, every role's end after its start, and a wait on a K/V stage per tile."""
     from numba import cuda

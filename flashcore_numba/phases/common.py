@@ -57,7 +57,7 @@ def uidx(i):
     `a[i]` with a signed i compiles to a sign test and a conditional add in 64-bit
     arithmetic: six extra instructions per access (see the PTX in lesson 03). With an
     unsigned index that code disappears and the address becomes base + constant offset.
-    docs/tuning/ holds the H100 sweeps before (02_sweep.log) and after (03_sweep2.log).
+    docs/tuning/02-05_history.md has the H100 sweeps before and after.
     """
     return uint64(i)
 

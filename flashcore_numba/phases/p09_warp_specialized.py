@@ -107,7 +107,7 @@ Why the hardware rewards it
     flashcore_numba.measure.machine_code 09 64 --sass), so what 09 gains over 09-turns comes
     mostly from issuing both products of a turn back to back; a barrier that pins the wait after
     the exp2s was not faster. Launch times that once spread were host time, not the kernel's
-    (docs/tuning/09_stalls.txt). Tried and not kept: a block's last P·V in the next block's first
+    (docs/tuning/09_history.md). Tried and not kept: a block's last P·V in the next block's first
     turn, five K/V stages at D = 64, ex2.approx.f16x2, two consumers at D = 64, two running maxima
     per row, a share of the exp2s on the FMA pipe.
     The history of these changes, with each A/B, profile and sweep and the commits of the

@@ -38,7 +38,7 @@ What changed from phase 07
       members (`merge_members`).
       Why four warps a block: with one-warp blocks (several to an SM) the merges after the key
       loops were the kernel's tail, 7-9 us a level on one warp (timed with the GPU's clock,
-      docs/tuning/10_trace/). Four warps with three stages each take 200-208 KB of an SM's 227
+      docs/tuning/10_history.md). Four warps with three stages each take 200-208 KB of an SM's 227
       (no second block fits), the grid is one wave of one block per SM, and a quarter of the
       partials is left to merge across the GPU, by 128 threads: at B=1 H=32 H_kv=8 S_k=32768 one
       level of 16 blocks.
@@ -51,7 +51,7 @@ What changed from phase 07
       copy of 512 bytes (two rows at D = 128, four at D = 64) is the 16 sectors it reads, not
       split across lines. In phase 07 each tile's copy is a small part of its work beside the
       tensor cores' products (phase 07 has not been timed with swizzled rows); a decode step does
-      little else than copy. On an H200, the same call (docs/tuning/10_swizzle/): 4-6 % faster
+      little else than copy. On an H200, the same call (docs/tuning/10_history.md): 4-6 % faster
       at each of seven decode shapes (B=1 H=32 H_kv=8 S_k=32768 D=128 54.1 -> 51.7 us; B=8 H=32
       S_k=2048 85.2 -> 80.2 us).
     - **Divisions by run-time values in 32 bits.** Where a block starts (its K/V head and row
@@ -65,7 +65,7 @@ What changed from phase 07
       622, 2 call sites instead of 15 (those left: the float reciprocal's slow path), and uses
       207 registers instead of 232. On an H200 the outputs of attention_kvcache were
       bit-identical to before (one cache of 32768 keys, 64 ragged caches). Timed on an H200
-      against the module before (docs/tuning/10_read_ceiling/ab_119ffa9_h200.txt, three processes
+      against the module before (docs/tuning/10_history.md, three processes
       taking turns): attention_kvcache 5 % faster on one cache of 32768 keys (55.8 -> 53.1 us) and
       2 % on 64 ragged caches of 1..8192 keys (395.4 -> 387.5 us); the dense build 0.4-1.9 %
       SLOWER at five decode shapes (52.2 -> 52.4 us at B=1 H=32 H_kv=8 S_k=32768; 79.4 -> 80.9
@@ -92,7 +92,7 @@ What changed from phase 07
         bf16 hold and float32 sums carry. acc, l_i and the log-sum-exp m_i + log2 l_i are all
         relative to the same m_i, so the result is the same function (rounded differently, to
         the same precision: fp16 rounds p relative to its size).
-      A/B on one H200, one call, processes taking turns (docs/tuning/10_ilp/table_e0cbd26_h200.txt;
+      A/B on one H200, one call, processes taking turns (docs/tuning/10_history.md;
       221 registers instead of 207): B=1 H=32 H_kv=8 S_k=32768 53.4 -> 50.5 us (cuDNN 49.4), S_k =
       8192 24.1 -> 23.2 (22.6), B=1 H=16 S_k=4096 22.9 -> 22.4 (21.9), B=8 H=32 S_k=2048 81.6 ->
       79.1 (75.1); each change alone 2.1-2.3 us at S_k = 32768. Eight warps a block with 16-key

@@ -36,7 +36,7 @@ Why the hardware should reward it
     Phase 11's main kernel is bound by shared memory, not by its tensor cores: 8 warps each read
     the whole Q and dO tiles twice per tile (once for Sᵀ and dPᵀ, once transposed for dK and dV),
     96 ldmatrix.x4 a warp and tile against 160 mma.sync at D = 64, and ncu had L1/shared memory
-    80 % busy (docs/tuning/11_ncu.txt). A wgmma's B operand is read once for its whole warpgroup,
+    80 % busy (docs/tuning/11_history.md). A wgmma's B operand is read once for its whole warpgroup,
     so the streamed tiles are read by 2 warpgroups instead of 8 warps. By arithmetic, the bytes of
     shared memory the tensor cores or ldmatrix read per 64 query rows of a block: 112 KB at
     D = 64 against phase 11's 384 KB, 256 KB at D = 128 against 754 KB (every operand of the
