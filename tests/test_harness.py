@@ -871,6 +871,44 @@ def test_bandwidth_figures_of_a_decode_step():
     assert not report._bandwidth_bound(prefill, None) and not report._bandwidth_bound(dict(record, bandwidth_gb_per_s=None), None)
 
 
+def test_measured_effect_keeps_to_the_phase_and_its_dtype():
+    """A phase's "Measured effect" block: the reference shape with its variants, the phase alone at
+    the other shapes of the reference dtype, a decode step (in µs and % of the copy) only for a phase
+    the reference shape does not run, records named once per causal pair; never a commit hash."""
+    def result(name, ms, problem, **kv):
+        r = records.Result(name, "phase", f"title of {name}", correct=True, message="ok", max_err=1e-4,
+                           allowed_err=2e-3)
+        bench.set_timing(r, [ms], problem.flops, None, **kv)
+        return r.to_dict()
+
+    def record(problem, results, path, **extra):
+        return dict({"provenance": {"gpu_name": "G"}, "created": "2026-12-01T00:00:00", "config": problem.as_dict(),
+                     "results": results, "_path": path}, **extra)
+
+    ref, ref_c = bench.Problem.from_shape((16, 16, 2048, 64)), bench.Problem.from_shape((16, 16, 2048, 64), causal=True)
+    nc = record(ref, [result("08", 2.0, ref), result("09", 1.0, ref), result("09-ws", 1.25, ref)], "/r/x_fp16.json")
+    c = record(ref_c, [result("08", 1.0, ref_c), result("09", 0.5, ref_c)], "/r/x_fp16_causal.json")
+    d128 = bench.Problem.from_shape((16, 16, 2048, 128))
+    bf16 = bench.Problem.from_shape((16, 16, 2048, 128), dtype="bfloat16")
+    decode = bench.Problem(1, 32, 1, 8192, 128, H_kv=8)
+    copy = {"bandwidth": {"what": "copy", "bytes": decode.kv_bytes, "median_ms": 0.02, "gb_per_s": 3200.0},
+            "bandwidth_gb_per_s": 3200.0}
+    others = [(record(d128, [result("08", 4.0, d128), result("09", 2.0, d128), result("09-ws", 2.5, d128)],
+                      "/r/y_d128.json"), None),
+              (record(bf16, [result("09", 2.0, bf16)], "/r/z_bf16.json"), None),
+              (record(decode, [result("09", 0.04, decode, kv_bytes=decode.kv_bytes, ceiling_gb_per_s=3200.0),
+                               result("10", 0.02, decode, kv_bytes=decode.kv_bytes, ceiling_gb_per_s=3200.0)],
+                      "/r/w_decode.json", **copy), None)]
+    text = " ".join(line.strip() for line in report.measured_lines("09", nc, c, others))
+    assert "09-ws: " in text and "At B=16 H=16 S=2048 D=128 fp16: 275 TFLOPS (2.00x phase 08)" in text, text
+    assert text.count("09-ws") == 1 and "bf16" not in text and "S_k=8192" not in text, text  # the phase alone, fp16
+    assert "(x_fp16[_causal].json, y_d128.json). Every shape and dtype measured: docs/performance.md." in text, text
+    ten = " ".join(line.strip() for line in report.measured_lines("10", nc, c, others))
+    assert "not measured at this shape (the phase serves others)" in ten
+    assert "At B=1 H=32 H_kv=8 S_q=1 S_k=8192 D=128 fp16: 20 µs, 52.4% of the copy (2.00x phase 09)" in ten, ten
+    assert not re.search(r"\b[0-9a-f]*[a-f][0-9a-f]*[0-9][0-9a-f]*\b", text.replace("-", " "))
+
+
 def _fake_verdicts(modes):
     verdicts = {}
     for i, pid in enumerate(LESSONS):

@@ -881,9 +881,38 @@ def _variant_ids(phase_id: str, *records) -> list[str]:
     return sorted(ids)
 
 
+def _file_list(names) -> str:
+    """Record file names for a docstring, a non-causal record and its causal twin as one:
+    'x_fp16[_causal].json'."""
+    names = list(dict.fromkeys(names))
+    out = []
+    for name in names:
+        twin = name.replace(".json", "_causal.json")
+        if name.endswith("_causal.json") and name.replace("_causal.json", ".json") in names:
+            continue  # written with its twin
+        out.append(name.replace(".json", "[_causal].json") if twin in names else name)
+    return ", ".join(out)
+
+
+def _decode_figures(kernel_id: str, record) -> str:
+    """'29 µs, 48.9% of the copy (1.82x phase 09)': one kernel at a decode step (told in time and
+    bandwidth, not TFLOPS), or why it has no figure."""
+    r = _result(record, kernel_id)
+    if not _timed(r) or r.get("pct_of_bandwidth") is None:
+        return ", ".join(_figures(kernel_id, record, None)) or "—"
+    text = f"{_us(r['median_ms'])} µs, {r['pct_of_bandwidth']:.1f}% of the copy"
+    speedup = ladder_speedups(record["results"]).get(kernel_id)
+    if speedup is not None:
+        prev, ratio = speedup
+        text += f" ({ratio:.2f}x {prev if '-' in prev else f'phase {prev}'}{', SLOWER' if ratio < 1 else ''})"
+    return text
+
+
 def measured_lines(phase_id: str, nc, c, others=()) -> list[str]:
-    """The generated lines of one phase's "Measured effect" docstring block: the reference shape,
-    the phase's variants, and the other shapes measured (e.g. D=128)."""
+    """The generated lines of one phase's "Measured effect" docstring block: the reference shape with
+    the phase's variants (the ablation of its ideas), then the phase alone at the other shapes of the
+    reference dtype measured on the same GPU (e.g. D=128); a decode step, told in time and bandwidth,
+    only for a phase the reference shape does not run (phase 10). docs/performance.md has the rest."""
     anchor = nc or c
     in_anchor = anchor is not None and (_result(nc, phase_id) is not None or _result(c, phase_id) is not None)
     if anchor is None or not (in_anchor or any(_ran(phase_id, o_nc, o_c) for o_nc, o_c in others)):
@@ -903,13 +932,20 @@ def measured_lines(phase_id: str, nc, c, others=()) -> list[str]:
             text += f". {vid}: " + ", ".join(_figures(vid, nc, c))
         files = [Path(r["_path"]).name for r in (nc, c) if r is not None]
     for o_nc, o_c in others:
-        o_parts = [f"{kid} " + ", ".join(_figures(kid, o_nc, o_c))
-                   for kid in [phase_id, *_variant_ids(phase_id, o_nc, o_c)] if _ran(kid, o_nc, o_c)]
-        if o_parts:
-            o_anchor = o_nc or o_c
-            text += f". At {_describe(o_anchor['config'])}: " + "; ".join(o_parts)
-            files += [Path(r["_path"]).name for r in (o_nc, o_c) if r is not None]
-    text += f" ({', '.join(files)})."
+        o_anchor = o_nc or o_c
+        if not _ran(phase_id, o_nc, o_c):
+            continue
+        if _bandwidth_bound(o_nc, o_c):
+            if in_anchor:
+                continue
+            figures = _decode_figures(phase_id, o_anchor)
+        elif o_anchor["config"]["dtype"] == anchor["config"]["dtype"]:
+            figures = ", ".join(_figures(phase_id, o_nc, o_c))
+        else:
+            continue
+        text += f". At {_describe(o_anchor['config'])}: {figures}"
+        files += [Path(r["_path"]).name for r in (o_nc, o_c) if r is not None]
+    text += f" ({_file_list(files)}). Every shape and dtype measured: docs/performance.md."
     # the lines land inside a docstring: keep messages from closing it or adding escapes
     text = text.replace("\\", "/").replace(3 * '"', 3 * "'")
     return textwrap.wrap(text, width=100, initial_indent=DOCSTRING_INDENT, subsequent_indent=DOCSTRING_INDENT,
@@ -921,37 +957,40 @@ BACKWARD_ROWS = {"11": ("11", "11-deterministic", "11-step"), "12": ("12", "12-d
 
 def backward_measured_lines(records, phase_id: str = "11") -> list[str]:
     """A backward phase's "Measured effect" block (11, or 12: its rows in the same records), from the
-    backward records (docs/bench/backward/): per problem, the backward's TFLOPS with atomics and
-    deterministic, and its share of SDPA flash's (phase 12's also of phase 11's, in the same run)."""
+    backward records (docs/bench/backward/): per GPU, then per problem, the backward's TFLOPS with
+    atomics and deterministic, and its share of SDPA flash's (phase 12's also of phase 11's, in the
+    same run). The commit is the record's, not the docstring's."""
     records = [r for r in records if any(x["name"] == phase_id and x.get("tflops") for x in r["results"])]
     if not records:
         return [DOCSTRING_INDENT + NOT_MEASURED]
     parts, files = [], []
-    for record in sorted(records, key=lambda r: (r["provenance"]["gpu_name"], r["config"]["D"], r["config"]["causal"],
-                                                 r["config"]["dtype"])):
-        timed = {r["name"]: r for r in record["results"] if r.get("tflops")}
-        flash = timed.get("sdpa_flash")
-        figures = []
-        for name in BACKWARD_ROWS[phase_id]:
-            r = timed.get(name)
-            if r is None:
-                why = ""
-                ran = [x for x in timed if x.endswith("-step") and not x.startswith("sdpa")]
-                if name.endswith("-step") and ran:  # this GPU's autograd ran the other phase's backward
-                    why = f" (attention()'s training step ran phase {ran[0].split('-')[0]}'s backward: {ran[0]})"
-                figures.append(f"{name} not timed{why}")
-                continue
-            peer = timed.get("sdpa_flash-step" if name.endswith("-step") else "sdpa_flash")
-            eleven = timed.get(name.replace(phase_id, "11", 1)) if phase_id != "11" else None
-            beside = [f"{r['tflops'] / x['tflops']:.2f}x {who}" for x, who in ((peer, "SDPA flash"), (eleven, "phase 11"))
-                      if x is not None]
-            figures.append(f"{name} {format_tflops(r['tflops'])} TFLOPS" + (f" ({', '.join(beside)})" if beside else ""))
-        parts.append(f"{record['provenance']['gpu_name']}, {_describe(record['config'])} {_mode(record)}, "
-                     f"{record['created'][:10]}: " + ", ".join(figures)  # the commit is the record's, not a docstring's
-                     + ("" if flash else " (no SDPA flash backward in this run)"))
-        files.append(Path(record["_path"]).name)
-    text = f"{FLOPS_RULE[0].upper()}{FLOPS_RULE[1:]}. " + "; ".join(parts)
-    text += f" ({', '.join(files)})."
+    for gpu, own in sorted(_by_gpu(records)):
+        dates = sorted({r["created"][:10] for r in own})
+        problems = []
+        for record in sorted(own, key=lambda r: (r["config"]["D"], r["config"]["causal"], r["config"]["dtype"])):
+            timed = {r["name"]: r for r in record["results"] if r.get("tflops")}
+            flash = timed.get("sdpa_flash")
+            figures = []
+            for name in BACKWARD_ROWS[phase_id]:
+                r = timed.get(name)
+                if r is None:
+                    why = ""
+                    ran = [x for x in timed if x.endswith("-step") and not x.startswith("sdpa")]
+                    if name.endswith("-step") and ran:  # this GPU's autograd ran the other phase's backward
+                        why = f" (autograd ran {ran[0]})"
+                    figures.append(f"{name} not timed{why}")
+                    continue
+                peer = timed.get("sdpa_flash-step" if name.endswith("-step") else "sdpa_flash")
+                eleven = timed.get(name.replace(phase_id, "11", 1)) if phase_id != "11" else None
+                beside = [f"{r['tflops'] / x['tflops']:.2f}x {who}"
+                          for x, who in ((peer, "SDPA flash"), (eleven, "phase 11")) if x is not None]
+                figures.append(f"{name} {format_tflops(r['tflops'])}" + (f" ({', '.join(beside)})" if beside else ""))
+            problems.append(f"{_describe(record['config'])}{' causal' if record['config']['causal'] else ''}: "
+                            + ", ".join(figures) + ("" if flash else " (no SDPA flash backward in this run)"))
+            files.append(Path(record["_path"]).name)
+        parts.append(f"{gpu}, {' and '.join(dates)}, TFLOPS: " + "; ".join(problems))
+    text = f"{FLOPS_RULE[0].upper()}{FLOPS_RULE[1:]}. " + ". ".join(parts)
+    text += f" ({_file_list(files)})."
     text = text.replace("\\", "/").replace(3 * '"', 3 * "'")
     return textwrap.wrap(text, width=100, initial_indent=DOCSTRING_INDENT, subsequent_indent=DOCSTRING_INDENT,
                          break_on_hyphens=False)

@@ -120,43 +120,13 @@ Measured effect (written by `flashcore report` from the committed record; do not
     (0.92x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase
     09). 09-turns: 445 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x
     09-overlap, SLOWER than 09-overlap). 09-ws: 441 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
-    causal 341 TFLOPS (1.03x 09-turns). At B=8 H=32 S_q=1 S_k=2048 D=128 fp16: 09 2.51 TFLOPS (1.08x
-    phase 07). At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 09 0.64 TFLOPS (2.38x phase 07). At B=16 H=16
-    S=2048 D=128 fp16: 09 659 TFLOPS (1.73x phase 08), causal 556 TFLOPS (1.73x phase 08);
-    09-overlap 625 TFLOPS (0.95x phase 09, SLOWER than phase 09), causal 500 TFLOPS (0.90x phase 09,
-    SLOWER than phase 09); 09-turns 560 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap), causal
-    451 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 545 TFLOPS (0.97x 09-turns, SLOWER
-    than 09-turns), causal 446 TFLOPS (0.99x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048
-    D=64 bf16: 09 527 TFLOPS (1.39x phase 08), causal 412 TFLOPS (1.32x phase 08); 09-overlap 480
-    TFLOPS (0.91x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.87x phase 09, SLOWER than
-    phase 09); 09-turns 448 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap), causal 334 TFLOPS
-    (0.93x 09-overlap, SLOWER than 09-overlap); 09-ws 443 TFLOPS (0.99x 09-turns, SLOWER than
-    09-turns), causal 343 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 690 TFLOPS
-    (1.81x phase 08), causal 572 TFLOPS (1.78x phase 08); 09-overlap 651 TFLOPS (0.94x phase 09,
-    SLOWER than phase 09), causal 512 TFLOPS (0.89x phase 09, SLOWER than phase 09); 09-turns 577
-    TFLOPS (0.89x 09-overlap, SLOWER than 09-overlap), causal 455 TFLOPS (0.89x 09-overlap, SLOWER
-    than 09-overlap); 09-ws 561 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS
-    (0.99x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 539 TFLOPS
-    (1.40x phase 08), causal 426 TFLOPS (1.31x phase 08); 09-overlap 493 TFLOPS (0.92x phase 09,
-    SLOWER than phase 09), causal 373 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 417
-    TFLOPS (0.84x 09-overlap, SLOWER than 09-overlap), causal 326 TFLOPS (0.87x 09-overlap, SLOWER
-    than 09-overlap); 09-ws 461 TFLOPS (1.11x 09-turns), causal 358 TFLOPS (1.10x 09-turns). At B=1
-    H=32 H_kv=8 S_q=1 S_k=8192 D=128 fp16: 09 1.45 TFLOPS (2.61x phase 07). At B=1 H=32 H_kv=8 S_q=1
-    S_k=32768 D=128 fp16: 09 1.55 TFLOPS (2.68x phase 07)
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b8h32s1k2048d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b1h16s1k4096d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b1h32kv8s1k8192d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b1h32kv8s1k32768d128_fp16_p07-09-10.json).
+    causal 341 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 659 TFLOPS (1.73x phase 08),
+    causal 556 TFLOPS (1.73x phase 08). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 539 TFLOPS (1.40x
+    phase 08), causal 426 TFLOPS (1.31x phase 08)
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16[_causal].json). Every shape and dtype measured:
+    docs/performance.md.
     [measured:end]
 """
 

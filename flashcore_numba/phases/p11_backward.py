@@ -132,32 +132,23 @@ Measured effect (written by `flashcore report` from the backward records, docs/b
 do not edit by hand)
     [measured:begin]
     The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
-    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, B=16 H=16 S=2048 D=64 fp16
-    non-causal, 2026-11-28: 11 214 TFLOPS (0.86x SDPA flash), 11-deterministic 193 TFLOPS (0.78x
-    SDPA flash), 11-step 256 TFLOPS (0.98x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048 D=64
-    fp16 causal, 2026-11-28: 11 179 TFLOPS (0.91x SDPA flash), 11-deterministic 163 TFLOPS (0.83x
-    SDPA flash), 11-step 210 TFLOPS (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048
-    D=128 fp16 non-causal, 2026-11-28: 11 232 TFLOPS (0.87x SDPA flash), 11-deterministic 190 TFLOPS
-    (0.71x SDPA flash), 11-step 284 TFLOPS (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16
-    S=2048 D=128 fp16 causal, 2026-11-28: 11 196 TFLOPS (0.88x SDPA flash), 11-deterministic 166
-    TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA flash); NVIDIA H200, B=16 H=16 S=2048
-    D=64 fp16 non-causal, 2026-12-01: 11 236 TFLOPS (0.94x SDPA flash), 11-deterministic 232 TFLOPS
-    (0.93x SDPA flash), 11-step not timed (attention()'s training step ran phase 12's backward:
-    12-step); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-12-01: 11 204 TFLOPS (1.02x SDPA
-    flash), 11-deterministic 200 TFLOPS (1.00x SDPA flash), 11-step not timed (attention()'s
-    training step ran phase 12's backward: 12-step); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16
-    non-causal, 2026-12-01: 11 256 TFLOPS (0.95x SDPA flash), 11-deterministic 248 TFLOPS (0.92x
-    SDPA flash), 11-step not timed (attention()'s training step ran phase 12's backward: 12-step);
-    NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 causal, 2026-12-01: 11 221 TFLOPS (0.98x SDPA flash),
-    11-deterministic 214 TFLOPS (0.95x SDPA flash), 11-step not timed (attention()'s training step
-    ran phase 12's backward: 12-step) (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16.json,
-    nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16_causal.json,
-    nvidia-h200_backward_b16h16s2048d64_fp16.json,
-    nvidia-h200_backward_b16h16s2048d64_fp16_causal.json,
-    nvidia-h200_backward_b16h16s2048d128_fp16.json,
-    nvidia-h200_backward_b16h16s2048d128_fp16_causal.json).
+    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, 2026-11-28, TFLOPS: B=16 H=16
+    S=2048 D=64 fp16: 11 214 (0.86x SDPA flash), 11-deterministic 193 (0.78x SDPA flash), 11-step
+    256 (0.98x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal: 11 179 (0.91x SDPA flash),
+    11-deterministic 163 (0.83x SDPA flash), 11-step 210 (0.99x SDPA flash); B=16 H=16 S=2048 D=128
+    fp16: 11 232 (0.87x SDPA flash), 11-deterministic 190 (0.71x SDPA flash), 11-step 284 (0.99x
+    SDPA flash); B=16 H=16 S=2048 D=128 fp16 causal: 11 196 (0.88x SDPA flash), 11-deterministic 166
+    (0.75x SDPA flash), 11-step 237 (0.98x SDPA flash). NVIDIA H200, 2026-12-01, TFLOPS: B=16 H=16
+    S=2048 D=64 fp16: 11 236 (0.94x SDPA flash), 11-deterministic 232 (0.93x SDPA flash), 11-step
+    not timed (autograd ran 12-step); B=16 H=16 S=2048 D=64 fp16 causal: 11 204 (1.02x SDPA flash),
+    11-deterministic 200 (1.00x SDPA flash), 11-step not timed (autograd ran 12-step); B=16 H=16
+    S=2048 D=128 fp16: 11 256 (0.95x SDPA flash), 11-deterministic 248 (0.92x SDPA flash), 11-step
+    not timed (autograd ran 12-step); B=16 H=16 S=2048 D=128 fp16 causal: 11 221 (0.98x SDPA flash),
+    11-deterministic 214 (0.95x SDPA flash), 11-step not timed (autograd ran 12-step)
+    (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16[_causal].json,
+    nvidia-h200_backward_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h200_backward_b16h16s2048d128_fp16[_causal].json).
     [measured:end]
 """
 
