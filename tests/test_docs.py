@@ -123,3 +123,32 @@ def test_every_docs_tuning_path_named_in_the_repository_exists():
                     missing.add((path.relative_to(ROOT).as_posix(), name))
     assert missing - PENDING_CITATIONS == set(), f"cited but not in docs/tuning: {sorted(missing - PENDING_CITATIONS)}"
     assert PENDING_CITATIONS - missing == set(), f"fixed since: drop from PENDING_CITATIONS {PENDING_CITATIONS - missing}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase docstrings teach; the logs are docs/tuning's
+# ---------------------------------------------------------------------------------------------
+DOCSTRING_MAX_LINES = 100  # the measured-effect block included
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+
+
+def _phase_docstrings() -> dict[str, str]:
+    import ast
+
+    phases = ROOT / "flashcore_numba" / "phases"
+    return {p.name: ast.get_docstring(ast.parse(p.read_text()), clean=False) or ""
+            for p in sorted(phases.glob("p[0-9][0-9]_*.py"))}
+
+
+def test_a_commit_hash_is_caught():
+    assert COMMIT.findall("the records of commit bc3c341 and of 1e08cec") == ["bc3c341", "1e08cec"]
+    assert COMMIT.findall("2026-11-27, 4096 keys, B=16 H=16, decade, 0x10, 1000000") == []
+
+
+def test_phase_docstrings_carry_no_log():
+    """Each phase module's docstring says what changed, why the hardware rewards it and the measured
+    effect; the commits, dates of A/Bs and their lists belong in docs/tuning's histories."""
+    for name, doc in _phase_docstrings().items():
+        assert not COMMIT.findall(doc), f"{name}: commit hashes in the docstring: {COMMIT.findall(doc)}"
+        lines = len(doc.splitlines())
+        assert lines <= DOCSTRING_MAX_LINES, f"{name}: a docstring of {lines} lines (at most {DOCSTRING_MAX_LINES})"
