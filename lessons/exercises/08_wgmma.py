@@ -4,7 +4,7 @@
 #   08-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
 #   08-b: p_frag[kk, a0..a3] = pack(x, y) of s: rows g, g+8 of column block 2kk, then of 2kk+1
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
-# Change nothing else: solving only adds lines. The docstring below is the lesson.
+# Change nothing else: solving only adds lines. The lesson is lessons/08_wgmma.ipynb.
 #
 # Grade it (hidden random inputs and adversarial shapes; points and reasons per check):
 #     flashcore grade 08                         this file
@@ -18,52 +18,9 @@
 # improve the phase, not this copy.
 """Phase 08 — Hopper's wgmma: warpgroups multiply tiles straight from shared memory.
 
-What changed from phase 07
-    The tensor-core instruction is Hopper's `wgmma.mma_async`: four warps together (a
-    warpgroup, 128 threads) multiply a 64-row tile in one instruction, reading the B operand
-    (and for S = Q·Kᵀ also A) straight from shared memory. No `ldmatrix`: a 64-bit *matrix
-    descriptor* tells the tensor cores where the tile is and how it is laid out. So:
-    - Q, K and V are stored in shared memory in the *128-byte swizzle* layout wgmma and TMA
-      share: 64-column atoms of 128-byte rows, chunk c of row r stored at chunk c ^ (r % 8);
-      `cp.async` writes each 16-byte chunk where it belongs, and the descriptor says "swizzled",
-      how far apart groups of eight rows are (SBO) and, for V, the atoms (LBO);
-    - S = Q·Kᵀ for a warpgroup's 64 rows and a 64-key tile is one call: D/16 wgmmas issued
-      back to back (ptx/wgmma.ptx), Q and K both read through descriptors;
-    - the softmax runs on S exactly as in phase 07: wgmma's accumulators have mma.sync's C
-      layout, warp w of the warpgroup holding rows 16w .. 16w+15;
-    - P goes back to the tensor cores from registers (mma.sync's A layout again), and V is read
-      "MN-major" (its 16-byte rows run along d, not along the keys: the transpose flag);
-    - the call returns this tile's P·V and the kernel folds it in: acc = alpha·acc + P·V;
-    - two warpgroups share each K/V tile: BLOCK_M = 128 query rows per block.
-    Each call ends with `wgmma.wait_group 0`: the instructions are asynchronous, but here
-    nothing overlaps them yet (that is phase 09's subject).
-
-Why the hardware rewards it
-    An H100 SM has four tensor cores; mma.sync keeps each busy one warp-sized 16×8×16 product
-    at a time, with its operands first moved through registers (ldmatrix). wgmma gives a
-    tensor core a 64×N×16 product per instruction, operands fetched by the tensor cores from
-    shared memory themselves: fewer instructions to issue, no register traffic for K and V.
-    The swizzle matters as much: the same kernel with the unswizzled core-matrix layout measured
-    250 TFLOPS at D=64 and 240 at D=128, slower than phase 07 at D=128.
-    What each change bought, in the records (fp16, B=16 H=16 S=2048, TFLOPS without / with the
-    causal mask, each change against the records just before it): exp2 as one MUFU.EX2
-    (ptx/exp2.ptx), D = 64 332 -> 357 / 280 -> 300, D = 128 level (355 -> 350 / 299 -> 297: there
-    the softmax is a smaller share of the work); one branch around the masking instead of one per
-    column block of S, D = 64 362 -> 385 / 303 -> 317, D = 128 350 -> 384 / 297 -> 324; the epilogue
-    shared in common.py with unsigned indices (fewer instructions, run once per block), level.
-    The history of these changes, with the commits of the records: docs/tuning/08_history.md.
-
-Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
-    [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 379 TFLOPS (1.13x phase 07),
-    causal 311 TFLOPS (1.10x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 382 TFLOPS (1.06x phase 07), causal 322 TFLOPS (1.03x phase 07). At B=16 H=32 H_kv=8
-    S=2048 D=64 fp16: 386 TFLOPS (1.11x phase 07), causal 326 TFLOPS (1.09x phase 07)
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
-    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16[_causal].json). Every shape and dtype measured:
-    docs/performance.md.
-    [measured:end]
+The whole account of this phase (what it changes, why the hardware rewards it, what each
+change bought) is the docstring of flashcore_numba/phases/p08_wgmma.py; the lesson is
+lessons/08_wgmma.ipynb.
 """
 
 from __future__ import annotations
