@@ -182,7 +182,7 @@ def _torch_call(q, k, v, causal, scale, phase, return_lse=False):
     """attention() on torch tensors: the plan of this problem, made on its first call.
 
     This is the path a model's loop takes on every call, so each line here is paid per call
-    (docs/tuning/call_path.txt has what each costs): torch is imported once (inputs.torch_module), the
+    (docs/tuning/call_path.md has what each costs): torch is imported once (inputs.torch_module), the
     stream comes from torch's raw accessor, and nothing is built that the plan already holds."""
     torch = torch_module()
     if torch.compiler.is_compiling():  # torch.compile traces the custom op, not the launch
@@ -278,7 +278,7 @@ def _require_backward(phase, device=None) -> None:
     the GPU is too old for phase 07. Checked before the call, and inside flashcore::attention_train,
     which runs eagerly even under torch.compile (numba's device queries cannot be traced). With the
     tensors' device given, a phase that passed for it once is not asked about again (the question
-    costs about 9 us of Numba's device queries, docs/tuning/call_path.txt run 11). Where a phase
+    costs about 9 us of Numba's device queries, docs/tuning/call_path.md run 11). Where a phase
     without the LSE slipped through, the forward's validation (return_lse) still refuses it."""
     key = (phase, device) if isinstance(phase, (str, int)) and device is not None else None
     if key in _BACKWARD_CHECKED:
@@ -356,7 +356,7 @@ def _train_function():
     backward that flashcore::attention_train and flashcore::attention_backward run under
     torch.compile. Eagerly, torch's custom-op machinery cost the host about 140 us of a forward with
     grad and 600 us of a forward and backward at B=1 H=16 S=128 D=64, where the launches take 12 and
-    55 (docs/tuning/call_path.txt run 11). A gradient that does not reach the loss comes as None (no
+    55 (docs/tuning/call_path.md run 11). A gradient that does not reach the loss comes as None (no
     materialized zeros): an unused lse costs the backward nothing."""
     global _FUNCTION
     if _FUNCTION is None:

@@ -3,8 +3,8 @@
     flashcore run        walk the phase ladder: check and time every phase on a GPU, or check
                          every phase in Numba's CUDA simulator when there is no GPU
     flashcore bench      the benchmark protocol; writes a JSON record to docs/bench/
-    flashcore report     regenerate the README table, the plots and the phase docstrings'
-                         "Measured effect" from the committed records
+    flashcore report     regenerate the README's headline, docs/performance.md, the plots and the
+                         phase docstrings' "Measured effect" from the committed records
     flashcore compile    compile kernels ahead of time into the kernel cache (arch/cache.py)
     flashcore doctor     is this machine ready? one line per check, with the fix
     flashcore grade      grade an exercise (flashcore_numba.course.grade)
@@ -226,10 +226,13 @@ def _build_parser() -> Parser:
                       help="compute capability to compile for, e.g. 9.0 (default: this GPU's; needed without one)")
     comp.set_defaults(handler=cmd_compile)
 
-    report = sub.add_parser("report", help="regenerate the README table, plots and phase docstrings")
+    report = sub.add_parser("report", help="regenerate the README's headline, docs/performance.md, the plots "
+                                           "and the phase docstrings")
     report.add_argument("--records", type=Path, default=None,
                         help="directory of records (default docs/bench)")
     report.add_argument("--readme", type=Path, default=None, help="README to update (default README.md)")
+    report.add_argument("--performance", type=Path, default=None,
+                        help="page of the full tables to update (default docs/performance.md beside the README)")
     report.set_defaults(handler=cmd_report)
 
     doctor = sub.add_parser("doctor", help="check this machine: GPU, driver, packages, simulator")
@@ -950,7 +953,7 @@ def cmd_report(args) -> int:
     if args.records is not None and not args.records.is_dir():
         raise CLIError(f"--records: {args.records} is not a directory")
     try:
-        summary = report.generate(records_dir=args.records, readme=args.readme)
+        summary = report.generate(records_dir=args.records, readme=args.readme, performance=args.performance)
     except report.ReportError as e:
         raise CLIError(str(e)) from None
     # the exercise stubs copy the phase sources, whose docstrings the report may just have changed

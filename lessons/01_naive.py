@@ -139,8 +139,8 @@ lesson.check()
 # each phase changes. A user who calls `attention()` pays a little more: before the kernel starts,
 # the host validates the call, finds the problem's plan (made on its first call), allocates the
 # output and launches. At small shapes that host time is a large part of a call; at this shape the
-# GPU's work hides it. The README's table "What a call costs" has those figures from the benchmark
-# records, and [the guide](../docs/guide.md#what-a-call-costs-beside-its-kernel) says what a call adds and why.
+# GPU's work hides it. The table "What a call costs" in [docs/performance.md](../docs/performance.md)
+# has those figures from the benchmark records, and [the guide](../docs/guide.md#what-a-call-costs-beside-its-kernel) says what a call adds and why.
 
 # %%
 timings = lesson.timing()

@@ -248,13 +248,13 @@ lesson.show_solution()
 #
 # Checking every row of every tile costs more than it looks: at D = 128, before the last tile got a
 # branch of its own, the few lines that issue the copies held about 15 % of the time the warps spent
-# stalled (Nsight Compute, [docs/tuning/07_ab_copy.txt](../docs/tuning/07_ab_copy.txt)).
+# stalled (Nsight Compute, [docs/tuning/07_history.md](../docs/tuning/07_history.md)).
 #
 # ### Where the gap to FlashAttention-2 went
 #
 # torch SDPA's flash backend is FlashAttention-2 itself. Until the layout of idea 7, phase 07 ran 2-16 %
 # behind it, and Nsight Compute beside it at D = 128
-# ([docs/tuning/07_ab_smem.txt](../docs/tuning/07_ab_smem.txt)) said where, once you count the
+# ([docs/tuning/07_history.md](../docs/tuning/07_history.md)) said where, once you count the
 # shared-memory traffic per tensor-core product. A warp of one m-tile reads a whole K tile and a
 # whole V tile for its 16 rows, each of the block's four warps reads the same tiles, and cp.async
 # writes them once. That makes 2.2 shared-memory wavefronts (128 bytes each) per m16n8k16 product,
@@ -265,10 +265,10 @@ lesson.show_solution()
 # FlashAttention-2).
 #
 # Two m-tiles per warp halve that traffic, but at D = 128 they need every register a thread has.
-# Built here ([docs/tuning/07_ab_unroll.txt](../docs/tuning/07_ab_unroll.txt)), FlashAttention-2's
+# Built here ([docs/tuning/07_history.md](../docs/tuning/07_history.md)), FlashAttention-2's
 # layout first ran level: NVVM had left its k-loop rolled. Unrolled at build time it ran 4-8 %
 # faster, and spilled 32 bytes per thread on the GPU with 64 keys per tile; with 48 keys it fit,
 # but one assembler or the other spilled at the slightest change. What made it both fit and run
 # was the tile's scores as one block of straight-line code: one branch around the mask instead of
 # one per score, one vote for the warp's two m-tiles instead of one each. The records now put phase
-# 07 level with FlashAttention-2 at D = 128 and ahead of it at D = 64 (README, docs/bench/).
+# 07 level with FlashAttention-2 at D = 128 and ahead of it at D = 64 ([docs/performance.md](../docs/performance.md)).

@@ -388,7 +388,7 @@ lesson.show_solution()
 #    block. If a launch is slow *on the GPU*, the records say which block waited on what; if the
 #    events say slow and the records' span does not, the time was spent outside the kernel.
 #
-# What it found (docs/tuning/09_stalls.txt, an H100 and an H200): 1000 device-only launches at six
+# What it found (docs/tuning/09_history.md, an H100 and an H200): 1000 device-only launches at six
 # shapes, not one above 1.5 times its median, the mean within 0.3 % of the median; in 1200 traced
 # launches the longest barrier wait anywhere was 6.5 us, and the events exceeded the kernel's span
 # by 8-12 us at most. So no barrier phase was missed, no producer and consumer waited on each

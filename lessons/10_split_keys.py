@@ -70,7 +70,7 @@
 # How many blocks: as many as fill the GPU in one wave (an SM holds one; part of a second wave would
 # double the time), at least four tiles per warp (a range has fixed costs: loading Q, waiting for
 # its first tile), at most 256 ranges. Why blocks of four warps and not one warp alone, several to
-# an SM: the last merges were the kernel's tail (docs/tuning/10_trace); a block of four merges its
+# an SM: the last merges were the kernel's tail (docs/tuning/10_history.md); a block of four merges its
 # own warps within the SM and leaves a quarter of the partials to merge across the GPU.
 
 # %%
@@ -156,14 +156,14 @@ lesson.show_source(phase.split_count, phase.make_splits)
 # D = 64) is exactly the 16 sectors it reads rather than a copy split across lines. In phase 07 a
 # tile's copy is a small part of its work beside the tensor cores' products; a decode step does
 # little besides copying, and the swizzled rows made it 4-6 % faster at every decode shape
-# measured (`at` in the source below, `split_layout` in the module; docs/tuning/10_swizzle/).
+# measured (`at` in the source below, `split_layout` in the module; docs/tuning/10_history.md).
 #
 # Two more things in the key loop are not phase 07's, and they have one reason. An SM here runs
 # four warps, one on each of its four schedulers, so a warp that waits for its own last
 # instruction (an `mma.sync` whose result the next one adds to, a shuffle, an `exp2`) has no other
 # warp to hand its turn to: Nsight Compute found phase 10's kernel 12 µs longer than a kernel
 # that only reads the same K and V, while cuDNN's, doing attention, was not
-# (docs/tuning/10_ncu_cudnn/). So the loop was made shorter to wait on:
+# (docs/tuning/10_history.md). So the loop was made shorter to wait on:
 #
 # - **q · kᵀ in two chains.** At D = 128 each score is a sum over 8 k-steps, and each step's
 #   `mma.sync` adds to the result of the one before. Summed as two halves of the head dim (`qk_half`
@@ -176,9 +176,9 @@ lesson.show_source(phase.split_count, phase.make_splits)
 #   the same `m_i`, so the result is the same: `m_i` only has to be *a* reference close to the
 #   largest score, not the largest score itself.
 #
-# Together, 53.4 -> 50.5 µs at 32768 keys on an H200 (docs/tuning/10_ilp/).
+# Together, 53.4 -> 50.5 µs at 32768 keys on an H200 (docs/tuning/10_history.md).
 #
-# What was tried after that, and did not help, teaches as much (docs/tuning/10_ilp/README.md, each
+# What was tried after that, and did not help, teaches as much (docs/tuning/10_history.md, each
 # a copy of this kernel timed against it in one run): fewer instructions a tile, the next tile's
 # q · kᵀ issued before this tile's softmax, the softmax of the padding rows skipped (a decode step
 # fills 4 of the tile's 16 rows), more of K and V asked for ahead of time, into L2 (0.8-2.3 µs

@@ -62,7 +62,7 @@
 #   [barrier](../docs/glossary.md#barrier) first. Rather than a barrier of its own, each tile's
 #   dSᵀ goes to one of two buffers and its dQ is added during the next tile, behind the barrier
 #   that ends every tile anyway: no warp waits for the slowest one's dSᵀ (3-6 % faster on an
-#   H200, docs/tuning/11_ab.txt, run 11). The second buffer costs 18 KB of shared memory a block:
+#   H200, docs/tuning/11_history.md, run 11). The second buffer costs 18 KB of shared memory a block:
 #   a GPU without that room (an A100 at D = 128) gets one buffer and the barrier back
 #   (`ds_buffers_for`), which is why the kernel has both ways.
 #
@@ -186,7 +186,7 @@ lesson.check()
 # FLOPs (five products where the forward has two), the `-step` rows a whole training step of
 # attention, forward and backward, 3.5×: FlashAttention's benchmark counts them so. It is still
 # behind SDPA's flash backend (the cell says by how much). What it costs, as the profiler tells
-# (docs/tuning/11_ab.txt): with dK and dV in registers a thread needs all 255 of them, so an SM runs
+# (docs/tuning/11_history.md): with dK and dV in registers a thread needs all 255 of them, so an SM runs
 # one block of 8 warps, 2 per scheduler, and most cycles no warp is ready to issue; every
 # instruction that is not an mma.sync is paid in full. The last changes (the docstring lists them)
 # removed more than a quarter of kv_kernel's instructions.

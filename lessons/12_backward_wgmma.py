@@ -28,7 +28,7 @@
 # (its 16 keys meet every query row), so the 8 warps read the same Q and dO tiles 8 times, twice
 # over (once for Sᵀ and dPᵀ, once transposed for dK and dV): at D = 64, 96 `ldmatrix.x4` a warp and
 # tile against 160 `mma.sync`. The profiler had the SM's shared-memory pipe busier than anything
-# else (80 %, docs/tuning/11_ncu.txt), the tensor cores waiting on it.
+# else (80 %, docs/tuning/11_history.md), the tensor cores waiting on it.
 #
 # **2. Four warps read their B operand once.** Hopper's `wgmma.mma_async` (phase 08) multiplies a
 # 64-row tile for four warps together, a [warpgroup](../docs/glossary.md#warpgroup), and the tensor

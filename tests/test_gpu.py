@@ -74,9 +74,11 @@ def test_infinities_and_nan_on_gpu(phase, causal):
     pytest.param((3, 2, 390, 64), None, False, id="D=64 tail"),
 ])
 def test_persistent_blocks_take_several_query_blocks(shape, seq_k, causal, monkeypatch):
-    """Phase 09 on a grid of 2 blocks (FLASHCORE_SMS), so that each takes many query blocks
+    """Phase 09 on a grid of 2 blocks (common.sm_count_override), so that each takes many query blocks
     from the counter: the ring and Q's barriers run on from one to the next."""
-    monkeypatch.setenv("FLASHCORE_SMS", "2")
+    from flashcore_numba.phases import common
+
+    monkeypatch.setattr(common, "sm_count_override", 2)
     assert KERNELS["09"].build(shape[-1]).grid(shape, causal) == (2,)
     q, k, v = random_qkv(shape, seq_k)
     out = launch_poisoned("09", q, k, v, causal)
@@ -528,7 +530,7 @@ def test_compile_fills_the_cache_for_every_entry_point(compiled_cache):
 
 
 def test_trace_build_on_gpu():
-    """Phase 09's trace build (docs/tuning/09_stalls.txt): right output, and its records say the
+    """Phase 09's trace build (docs/tuning/09_history.md): right output, and its records say the
     kernel ran on the GPU's clock for no longer than the events around the launch measured."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     from numba import cuda

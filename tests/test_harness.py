@@ -30,9 +30,17 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_RECORDS = Path(__file__).parent / "data" / "bench_records"
 README_TEXT = """# Some project
 
-Text before the table.
+Text before the headline.
 
-## Performance
+<!-- headline:begin -->
+stale headline
+<!-- headline:end -->
+
+Text after the headline.
+"""
+PERFORMANCE_TEXT = """# Performance
+
+Text before the table.
 
 <!-- bench:begin -->
 stale text
@@ -339,15 +347,18 @@ def test_phase_without_the_dtype_is_skipped_with_a_reason():
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture()
 def report_tree(tmp_path):
-    """A temporary README, phase files and record directory: the real ones are never touched."""
+    """A temporary README, docs/performance.md, phase files and record directory: the real ones are
+    never touched."""
     records = tmp_path / "docs" / "bench"
     shutil.copytree(FIXTURE_RECORDS, records)
     (tmp_path / "README.md").write_text(README_TEXT)
+    (tmp_path / "docs" / "performance.md").write_text(PERFORMANCE_TEXT)
     phases_dir = tmp_path / "phases"
     phases_dir.mkdir()
     for phase_id in ("01", "02", "03"):
         shutil.copy(PHASES[phase_id].__file__, phases_dir)
-    return SimpleNamespace(root=tmp_path, records=records, readme=tmp_path / "README.md", phases=phases_dir)
+    return SimpleNamespace(root=tmp_path, records=records, readme=tmp_path / "README.md",
+                           performance=tmp_path / "docs" / "performance.md", phases=phases_dir)
 
 
 def _generate(tree):
@@ -356,11 +367,12 @@ def _generate(tree):
 
 def test_report_table_from_fixture(report_tree):
     _generate(report_tree)
-    text = report_tree.readme.read_text()
-    assert text.startswith("# Some project\n\nText before the table.")
+    text = report_tree.performance.read_text()
+    assert text.startswith("# Performance\n\nText before the table.")
     assert text.endswith("Text after the table.\n")
     assert "stale text" not in text
     block = text[text.index(report.BEGIN):text.index(report.END)]
+    assert "#### The ladder, B=16 H=16 S=2048 D=64 fp16" in block
     assert "Fixture GPU (test data, not a measurement)" in block and "2026-11-20" in block
     assert "| 01 | Naive: one thread per query row | 1.00 |  | 0.80 |" in block
     assert "| 02 | Shared-memory tiling of K and V | 3.00 | 3.00× vs 01 | 2.40 | 3.00× vs 01 |" in block
@@ -368,21 +380,24 @@ def test_report_table_from_fixture(report_tree):
     assert "| SDPA | torch SDPA, flash backend | 298 |  | 262 |" in block
     assert "| SDPA | torch SDPA, cuDNN backend | n/a |" in block and "fixture: no cuDNN here" in block
     assert "42.6% / 37.4%" in block  # 298 and 262 of the 700-TFLOPS ceiling
-    assert "docs/bench/fixture_b16h16s2048d64_fp16.json" in block
-    assert "docs/bench/fixture_b16h16s2048d64_fp16_causal.json" in block
+    assert "(bench/fixture_b16h16s2048d64_fp16.json)" in block  # relative to docs/
+    assert "(bench/fixture_b16h16s2048d64_fp16_causal.json)" in block
     assert "Text after" not in block
+    assert "| 01 |" not in report_tree.readme.read_text()  # the ladder is no part of the README's headline
 
 
 def test_report_plots_from_fixture(report_tree):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[notebooks]')",
                         exc_type=ImportError)
     _generate(report_tree)
-    text = report_tree.readme.read_text()
+    text = report_tree.performance.read_text()
     block = text[text.index(report.BEGIN):text.index(report.END)]
     for plot in ("ladder.png", "sweep.png"):
         path = report_tree.records / plot
         assert path.stat().st_size > 10_000
-        assert f"(docs/bench/{plot})" in block
+        assert f"(bench/{plot})" in block
+    headline = report_tree.readme.read_text()
+    assert "(docs/bench/ladder.png)" in headline and "sweep.png" not in headline
 
 
 def test_report_without_matplotlib(report_tree, monkeypatch):
@@ -393,8 +408,9 @@ def test_report_without_matplotlib(report_tree, monkeypatch):
     monkeypatch.setattr(report, "_pyplot", missing)
     summary = _generate(report_tree)
     assert "plots skipped: matplotlib is not installed (pip install matplotlib)" in summary
-    text = report_tree.readme.read_text()
+    text = report_tree.performance.read_text()
     assert "| 01 | Naive: one thread per query row | 1.00 |" in text and ".png" not in text
+    assert ".png" not in report_tree.readme.read_text()
     assert not list(report_tree.records.glob("*.png"))
 
 
@@ -403,7 +419,7 @@ def test_report_launch_times_and_flags(report_tree):
     launch-times table, and a kernel whose mean exceeds its median by more than 5 % is flagged there
     and in the command's summary. The fixture's older records carry none of it: no table."""
     _generate(report_tree)
-    assert "#### Launch times" not in report_tree.readme.read_text()
+    assert "#### Launch times" not in report_tree.performance.read_text()
     path = report_tree.records / "fixture_b16h16s2048d64_fp16.json"
     record = json.loads(path.read_text())
     for r in record["results"]:
@@ -417,7 +433,7 @@ def test_report_launch_times_and_flags(report_tree):
                                 host_max_us=7.0)
     path.write_text(json.dumps(record))
     summary = _generate(report_tree)
-    block = report_tree.readme.read_text()
+    block = report_tree.performance.read_text()
     block = block[block.index(report.BEGIN):block.index(report.END)]
     assert "#### Launch times" in block
     row = next(line for line in block.splitlines() if line.startswith("| 01 |") and "**mean +20%**" in line)
@@ -436,7 +452,7 @@ def test_report_launch_times_and_flags(report_tree):
                  results=[dict(first, launch_loop=host_bound)])
     (report_tree.records / "small_p01.json").write_text(json.dumps(small))
     _generate(report_tree)
-    block = report_tree.readme.read_text()
+    block = report_tree.performance.read_text()
     assert "| 1, 16, 128, 128, 64 fp16 | 01 |" in block and "#### B=1 H=16 S=128" not in block
     row = next(line for line in block.splitlines() if line.startswith("| 1, 16, 128, 128, 64 fp16 |"))
     assert row.endswith("| host | 30 | — | — | — |")
@@ -444,14 +460,14 @@ def test_report_launch_times_and_flags(report_tree):
     small["results"][0]["launch_loop"] = dict(first["launch_loop"], launch="plan")
     (report_tree.records / "small_p01.json").write_text(json.dumps(small))
     _generate(report_tree)
-    row = next(line for line in report_tree.readme.read_text().splitlines()
+    row = next(line for line in report_tree.performance.read_text().splitlines()
                if line.startswith("| 1, 16, 128, 128, 64 fp16 |"))
     assert row.endswith("| 1.25 | 30 | — | — | — |")
     # another GPU's call times: a table of its own, the GPU measured last first, each under its name
     other = dict(small, created="2999-01-01T00:00:00+00:00", provenance=dict(small["provenance"], gpu_name="Newer GPU"))
     (report_tree.records / "small_p01_newer.json").write_text(json.dumps(other))
     _generate(report_tree)
-    block = report_tree.readme.read_text()
+    block = report_tree.performance.read_text()
     block = block[block.index("#### What a call costs"):block.index(report.END)]
     titles = [line for line in block.splitlines() if line.startswith("On the ")]
     assert len(titles) == 2 and titles[0].startswith("On the Newer GPU (2999-01-01; ")
@@ -462,7 +478,7 @@ def test_report_launch_times_and_flags(report_tree):
     slow = dict(first, name="10", median_ms=2 * first["median_ms"])
     (report_tree.records / "small_p01_newer.json").write_text(json.dumps(dict(other, results=[dict(first), slow])))
     _generate(report_tree)
-    block = report_tree.readme.read_text()
+    block = report_tree.performance.read_text()
     assert "| 1, 16, 128, 128, 64 fp16 | 01 |" in block and "| 1, 16, 128, 128, 64 fp16 | 10 |" not in block
 
 
@@ -516,12 +532,79 @@ def test_report_phase_docstrings_from_fixture(report_tree):
     assert texts["02"].split("[measured:begin]")[0] == original.split("[measured:begin]")[0]
 
 
+def _headline_record(gpu, problem, rows, created, *, backward_pass=False):
+    """A record of `rows` ((name, kind, ms) each) on `gpu`, as `flashcore bench` writes one."""
+    results = []
+    for name, kind, ms in rows:
+        r = records.Result(name, kind, f"title of {name}", correct=True, message="ok", max_err=1e-4,
+                           allowed_err=1e-3)
+        bench.set_timing(r, [ms] * 3, problem.flops, None)
+        results.append(r)
+    record = records.build_record(problem=problem, results=results,
+                                  provenance={"gpu_name": gpu, "git_commit": "abc1234" + "0" * 33, "git_dirty": False},
+                                  timing=bench.Timing(), ceiling=None, oracle={"reference": "t", "yardstick": "t"},
+                                  command=["flashcore", "bench"], seed=1)
+    record["created"] = created
+    if backward_pass:
+        record["config"]["pass"] = "backward"
+    return record
+
+
+def test_report_headline_from_fixture(report_tree):
+    """The README's headline: phase 09 and phase 12 at the four reference problems and phase 10 at each
+    decode step, each beside SDPA flash, SDPA cuDNN and FlexAttention of its own run, on the GPU whose
+    records fill most of it; a missing record or peer says "not measured" in the table and in the
+    command's summary, never a silent gap."""
+    summary = _generate(report_tree)
+    text = report_tree.readme.read_text()
+    assert text.startswith("# Some project\n\nText before the headline.") and text.endswith("Text after the headline.\n")
+    headline = text[text.index(report.HEADLINE_BEGIN):text.index(report.HEADLINE_END)]
+    assert "stale headline" not in headline
+    assert ("| forward, 09 (TFLOPS) | B=16 H=16 S=2048 D=64 fp16 | not measured | not measured | not measured | "
+            "not measured | — |") in headline
+    assert "| backward, 12 (TFLOPS) | B=16 H=16 S=2048 D=64 fp16 | not measured |" in headline
+    assert "|  | B=16 H=16 S=2048 D=128 fp16 causal | not measured |" in headline
+    assert "[docs/performance.md](docs/performance.md)" in headline
+    assert ("NOT MEASURED: Fixture GPU (test data, not a measurement): forward phase 09, B=16 H=16 S=2048 D=64 fp16: "
+            "no record") in summary
+
+    gpu = "Headline GPU"
+    forward = bench.Problem.from_shape((16, 16, 2048, 64))
+    records.write_record(_headline_record(gpu, forward, [("09", "phase", 1.0), ("sdpa_flash", "peer", 1.5),
+                                                         ("sdpa_cudnn", "peer", 1.25)], "2026-12-01T00:00:00"),
+                         report_tree.records / "h_fwd.json")
+    backward = bench.Problem.from_shape((16, 16, 2048, 128), causal=True)
+    records.write_record(_headline_record(gpu, backward, [("12", "phase", 2.0), ("sdpa_flash", "peer", 1.0)],
+                                          "2026-12-02T00:00:00", backward_pass=True),
+                         report_tree.records / "backward" / "h_bwd.json")
+    decode = bench.Problem(1, 32, 1, 32768, 128, "float16", False, 8)
+    records.write_record(_headline_record(gpu, decode, [("10", "phase", 0.05), ("sdpa_flash", "peer", 0.06),
+                                                        ("sdpa_cudnn", "peer", 0.055), ("flex_attention", "peer", 0.1)],
+                                          "2026-12-03T00:00:00"), report_tree.records / "h_dec.json")
+    summary = _generate(report_tree)
+    headline = report_tree.readme.read_text()
+    assert "On the **Headline GPU** (2026-12-01 to 2026-12-03, code at commit `abc1234`)" in headline
+    assert ("| forward, 09 (TFLOPS) | [B=16 H=16 S=2048 D=64 fp16](docs/bench/h_fwd.json) | 275 | 183 | 220 | "
+            "not measured | 1.25× SDPA cuDNN |") in headline
+    assert "|  | B=16 H=16 S=2048 D=64 fp16 causal | not measured |" in headline  # no record: no link, no figure
+    assert ("|  | [B=16 H=16 S=2048 D=128 fp16 causal](docs/bench/backward/h_bwd.json) | 137 | 275 | not measured | "
+            "not measured | 0.50× SDPA flash |") in headline  # half the speed of SDPA flash's backward
+    assert ("| decode step, 10 (µs) | [B=1 H=32 H_kv=8 S_q=1 S_k=32768 D=128 fp16](docs/bench/h_dec.json) | 50 | 60 | "
+            "55 | 100 | 1.10× SDPA cuDNN |") in headline
+    assert "On the **Fixture GPU" not in headline  # the GPU with the fuller headline is shown (its ladder plot stays)
+    assert "NOT MEASURED: Headline GPU: forward phase 09, B=16 H=16 S=2048 D=64 fp16: FlexAttention not in h_fwd.json" \
+        in summary
+    assert "NOT MEASURED: Headline GPU: backward phase 12, B=16 H=16 S=2048 D=128 fp16 causal: SDPA cuDNN not in " \
+        "h_bwd.json" in summary
+
+
 def test_report_is_idempotent_and_records_are_read_back(report_tree):
     _generate(report_tree)
-    first = report_tree.readme.read_text()
+    first = report_tree.readme.read_text(), report_tree.performance.read_text()
     summary = _generate(report_tree)
-    assert report_tree.readme.read_text() == first
-    assert any("unchanged" in line for line in summary)
+    assert (report_tree.readme.read_text(), report_tree.performance.read_text()) == first
+    assert any(line.endswith("headline unchanged") for line in summary)
+    assert any(line.endswith("performance tables unchanged") for line in summary)
     numbers = report.measured_phase("03", report.load_records(report_tree.records))
     assert numbers["noncausal"]["tflops"] == pytest.approx(2.5)
     assert numbers["causal"]["correct"] is False
@@ -535,7 +618,7 @@ def test_report_prefers_the_full_ladder_over_a_newer_partial_run(report_tree):
                    results=[dict(r, tflops=9.99) for r in full["results"] if r["name"] == "02"])
     (report_tree.records / "fixture_b16h16s2048d64_fp16_p02.json").write_text(json.dumps(partial))
     _generate(report_tree)
-    text = report_tree.readme.read_text()
+    text = report_tree.performance.read_text()
     assert "9.99" not in text and "| 01 | Naive: one thread per query row | 1.00 |" in text
 
 
@@ -544,8 +627,15 @@ def test_report_errors_are_clear(report_tree):
     with pytest.raises(report.ReportError, match="broken.json"):
         _generate(report_tree)
     (report_tree.records / "broken.json").unlink()
-    report_tree.readme.write_text("# no markers here\n")
+    report_tree.performance.write_text("# no markers here\n")
     with pytest.raises(report.ReportError, match="bench:begin"):
+        _generate(report_tree)
+    report_tree.performance.write_text(PERFORMANCE_TEXT)
+    report_tree.readme.write_text("# no markers here\n")
+    with pytest.raises(report.ReportError, match="headline:begin"):
+        _generate(report_tree)
+    report_tree.performance.unlink()
+    with pytest.raises(report.ReportError, match="--performance: .*performance.md does not exist"):
         _generate(report_tree)
 
 
@@ -554,6 +644,7 @@ def test_report_without_records(report_tree, tmp_path):
     empty.mkdir()
     report.generate(records_dir=empty, readme=report_tree.readme, phases_dir=report_tree.phases)
     assert "No benchmark record yet" in report_tree.readme.read_text()
+    assert "No benchmark record yet" in report_tree.performance.read_text()
     assert "not measured yet" in next(report_tree.phases.glob("p01_*.py")).read_text()
 
 
@@ -778,6 +869,44 @@ def test_bandwidth_figures_of_a_decode_step():
     assert any("K and V's 32 MiB read once" in line and "3200 GB/s" in line for line in lines), lines
     prefill = dict(record, config=dict(record["config"], S_q=64))
     assert not report._bandwidth_bound(prefill, None) and not report._bandwidth_bound(dict(record, bandwidth_gb_per_s=None), None)
+
+
+def test_measured_effect_keeps_to_the_phase_and_its_dtype():
+    """A phase's "Measured effect" block: the reference shape with its variants, the phase alone at
+    the other shapes of the reference dtype, a decode step (in µs and % of the copy) only for a phase
+    the reference shape does not run, records named once per causal pair; never a commit hash."""
+    def result(name, ms, problem, **kv):
+        r = records.Result(name, "phase", f"title of {name}", correct=True, message="ok", max_err=1e-4,
+                           allowed_err=2e-3)
+        bench.set_timing(r, [ms], problem.flops, None, **kv)
+        return r.to_dict()
+
+    def record(problem, results, path, **extra):
+        return dict({"provenance": {"gpu_name": "G"}, "created": "2026-12-01T00:00:00", "config": problem.as_dict(),
+                     "results": results, "_path": path}, **extra)
+
+    ref, ref_c = bench.Problem.from_shape((16, 16, 2048, 64)), bench.Problem.from_shape((16, 16, 2048, 64), causal=True)
+    nc = record(ref, [result("08", 2.0, ref), result("09", 1.0, ref), result("09-ws", 1.25, ref)], "/r/x_fp16.json")
+    c = record(ref_c, [result("08", 1.0, ref_c), result("09", 0.5, ref_c)], "/r/x_fp16_causal.json")
+    d128 = bench.Problem.from_shape((16, 16, 2048, 128))
+    bf16 = bench.Problem.from_shape((16, 16, 2048, 128), dtype="bfloat16")
+    decode = bench.Problem(1, 32, 1, 8192, 128, H_kv=8)
+    copy = {"bandwidth": {"what": "copy", "bytes": decode.kv_bytes, "median_ms": 0.02, "gb_per_s": 3200.0},
+            "bandwidth_gb_per_s": 3200.0}
+    others = [(record(d128, [result("08", 4.0, d128), result("09", 2.0, d128), result("09-ws", 2.5, d128)],
+                      "/r/y_d128.json"), None),
+              (record(bf16, [result("09", 2.0, bf16)], "/r/z_bf16.json"), None),
+              (record(decode, [result("09", 0.04, decode, kv_bytes=decode.kv_bytes, ceiling_gb_per_s=3200.0),
+                               result("10", 0.02, decode, kv_bytes=decode.kv_bytes, ceiling_gb_per_s=3200.0)],
+                      "/r/w_decode.json", **copy), None)]
+    text = " ".join(line.strip() for line in report.measured_lines("09", nc, c, others))
+    assert "09-ws: " in text and "At B=16 H=16 S=2048 D=128 fp16: 275 TFLOPS (2.00x phase 08)" in text, text
+    assert text.count("09-ws") == 1 and "bf16" not in text and "S_k=8192" not in text, text  # the phase alone, fp16
+    assert "(x_fp16[_causal].json, y_d128.json). Every shape and dtype measured: docs/performance.md." in text, text
+    ten = " ".join(line.strip() for line in report.measured_lines("10", nc, c, others))
+    assert "not measured at this shape (the phase serves others)" in ten
+    assert "At B=1 H=32 H_kv=8 S_q=1 S_k=8192 D=128 fp16: 20 µs, 52.4% of the copy (2.00x phase 09)" in ten, ten
+    assert not re.search(r"\b[0-9a-f]*[a-f][0-9a-f]*[0-9][0-9a-f]*\b", text.replace("-", " "))
 
 
 def _fake_verdicts(modes):

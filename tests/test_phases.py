@@ -221,7 +221,7 @@ def test_phase09_consumers_without_rows_pass_a_whole_ring(variant):
 
 
 def test_phase09_trace_build_records_every_block_and_role():
-    """The trace build (docs/tuning/09_stalls.txt) computes the same attention, and its records add up:
+    """The trace build (docs/tuning/09_history.md) computes the same attention, and its records add up:
     4 query blocks over 2 persistent blocks, each taken by the producer and by both consumers of the
     block that took it, every role's end after its start, and a wait on a K/V stage per tile."""
     from numba import cuda
@@ -303,14 +303,18 @@ def test_phase09_builds_one_description_per_variant():
         p09.build(64, "fast")
 
 
-def test_persistent_grid_size_from_the_environment(monkeypatch):
+def test_persistent_grid_size_from_a_tests_override(monkeypatch):
+    """A test may run a persistent grid on fewer blocks than the GPU has SMs (common.sm_count_override);
+    without it the grid is the device's count (the simulator's two here), and a bad value is named."""
+    from flashcore_numba.phases import common
     from flashcore_numba.phases import p09_warp_specialized as p09
 
     shape = (2, 4, 20, 64)  # 8 units
-    monkeypatch.setenv("FLASHCORE_SMS", "3")
+    assert p09.build(64).grid(shape, False) == (common.SIM_SMS,)
+    monkeypatch.setattr(common, "sm_count_override", 3)
     assert p09.build(64).grid(shape, False) == (3,)
-    monkeypatch.setenv("FLASHCORE_SMS", "many")
-    with pytest.raises(ValueError, match="FLASHCORE_SMS: expected a positive number of blocks, got 'many'"):
+    monkeypatch.setattr(common, "sm_count_override", 0)
+    with pytest.raises(ValueError, match="sm_count_override: expected None or a positive number of blocks, got 0"):
         p09.build(64).grid(shape, False)
 
 

@@ -243,7 +243,7 @@ def test_phase07_has_no_spill_and_no_local_memory(phase07_report):
 def test_phase07_has_no_spill_with_a_toolkits_ptxas(phase07_report):
     """The same PTX assembled by a CUDA toolkit's ptxas, when one is installed: the GPU machine's
     nvJitLink may be older than this machine's, and an older ptxas may spill where a newer one
-    does not (docs/tuning/07_ab_unroll.txt: 32 B on the GPU for a kernel nvJitLink 13.5 compiled
+    does not (docs/tuning/07_history.md: 32 B on the GPU for a kernel nvJitLink 13.5 compiled
     without spills; ptxas 13.0 here gave the GPU's 32 B)."""
     from flashcore_numba.measure.machine_code import assemble_with_ptxas, find_ptxas, parse_resource_usage
 

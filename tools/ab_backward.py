@@ -1,4 +1,4 @@
-"""A/B of phase 11's backward against another version of it, on a GPU (docs/tuning/11_ab.txt).
+"""A/B of phase 11's backward against another version of it, on a GPU (docs/tuning/11_history.md).
 
 A tuning aid, not the benchmark. Run it once per (version, head dim) in processes of their own,
 each with its own kernel cache; `warm` first compiles one dQ mode's kernels into that cache (run

@@ -1,6 +1,6 @@
 """A/B of phase-07 kernel variants against each other and torch SDPA's flash backend, on a GPU.
 
-A tuning aid, not the benchmark (the logs of its runs are in docs/tuning/07_ab_*.txt). First every
+A tuning aid, not the benchmark (the logs of its runs are in docs/tuning/07_history.md). First every
 variant is checked against the float64 reference on odd shapes (tails, S_q != S_k both ways, grouped
 queries, causal and not); then it runs ROUNDS interleaved rounds of REPS launches per kernel, timed as
 the benchmark times them (each launch alone, after an L2 flush), and prints the median TFLOPS of each

@@ -6,7 +6,7 @@ attention() itself through phase 09's and phase 07's plans, the plan's own launc
 launch alone, and each piece a call pays for (the output's allocation, the current stream, the
 plan's key), beside torch SDPA; the backward as attention()'s autograd calls it, beside SDPA
 flash's; and a training step's calls (the forward with grad, forward and backward), beside SDPA
-flash's. docs/tuning/call_path.txt holds its runs (runs 1 and 2 timed 5000
+flash's. docs/tuning/call_path.md holds its runs (runs 1 and 2 timed 5000
 calls back to back, where a line near the kernel's 10 us could be the GPU's pace).
 """
 

@@ -5,7 +5,7 @@ kernel runs leaves the GPU waiting between back-to-back launches: a benchmark th
 Run on a GPU with torch: `python tools/host_time.py`. It prints, per phase, the host time of one
 launch (200 launches by the host clock, without synchronizing) and the GPU time of one launch
 (200 launches queued behind long matmuls, so that the host is never what the GPU waits for),
-then the profile of phase 09's launches by host time. docs/tuning/09_host_time_per_launch.txt
+then the profile of phase 09's launches by host time. docs/tuning/09_history.md
 is its output.
 """
 

@@ -30,6 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("memcheck", "racecheck", "synccheck")
+# the children's persistent grids (common.sm_count_override); --inference's script keeps the GPU's own
+# count, so its decode steps split their keys as on the whole GPU (warps with no keys too)
+CHILD_SMS = 2
 # (B, H, S_q, S_k, D, causal): tails everywhere, S_q != S_k both ways, rows without keys, D 64 and 128.
 # The 400-key shapes reach every loop of phase 09's consumers: at D = 128 tiles 1 and 2 in the loop
 # without masks and tile 3 in the masked one; at D = 64, causal, the 192-row blocks also stream tiles
@@ -156,6 +159,11 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--kernels: unknown {', '.join(unknown)}; known: {', '.join(KERNELS)}")
     if args.child:
+        # phase 09's persistent grid on two blocks, each taking several query blocks (the library's
+        # own grid has a block per SM, which these small shapes would leave mostly idle)
+        from flashcore_numba.phases import common
+
+        common.sm_count_override = CHILD_SMS
         return child_backward() if args.backward else child(ids)
     sanitizer = shutil.which("compute-sanitizer")
     if sanitizer is None:
@@ -164,8 +172,6 @@ def main(argv=None) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     prepare(kernels_to_prepare(args, ids), env)
-    if not args.inference:  # (the inference cases split keys as on the whole GPU: warps with no keys too)
-        env["FLASHCORE_SMS"] = "2"  # phase 09's persistent grid: two blocks, each taking several query blocks
     worst = 0
     for tool in args.tools.split(","):
         head = [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "99",

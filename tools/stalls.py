@@ -52,7 +52,7 @@ class Case:
 
 
 def default_cases() -> list[Case]:
-    """The cases of docs/tuning/09_stalls.txt: phase 09 and cuDNN queued at six shapes; one shape
+    """The cases of docs/tuning/09_history.md: phase 09 and cuDNN queued at six shapes; one shape
     timed launch by launch after a long sleep and after a short one (host time then enters), and in
     a loop as a model calls it; the variants 09-ws and 09-overlap; the trace build at two shapes."""
     cases = []

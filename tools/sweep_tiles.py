@@ -1,8 +1,8 @@
 """Sweep tile configurations of phases 02-05 and 07 on a GPU; check each against torch and time it.
 
 A tuning aid, not the benchmark: it times without an L2 flush, 10 launches queued between two
-events, median of 3. The logs of the sweeps that chose the shapes in phases 02-05 are in
-docs/tuning/. Run on a GPU machine:
+events, median of 3. The sweeps that chose the shapes in phases 02-05 are told in
+docs/tuning/02-05_history.md. Run on a GPU machine:
 
     python3 tools/sweep_tiles.py [phases|sweep|all]      # D=64;  D=128 python3 tools/sweep_tiles.py sweep
     python3 tools/sweep_tiles.py 07                      # phase 07's (BLOCK_M, BLOCK_N, warps); D=128 too
@@ -79,7 +79,7 @@ if which == "07":
     # of 128 lets two blocks of 8 warps share an SM. These assemble for sm_90a without spills
     # (BLOCK_N = 128 does not: its loops stay loops, S goes to local memory); on the H100 (128, 64, 4)
     # took 16 B of local memory. p07_mma_sync.TILES holds the fastest of each list (its docstring
-    # quotes the runs that chose them; the latest, of 2378a60 and 5d649d6, in docs/tuning/07_ab_copy.txt).
+    # quotes the runs that chose them; the latest, of 2378a60 and 5d649d6, in docs/tuning/07_history.md).
     P07 = {64: [(64, 32, 4, 0), (128, 64, 8, 0), (128, 64, 8, 128), (64, 64, 4, 0), (128, 64, 4, 0),
                 (128, 32, 4, 0)],
            128: [(64, 32, 4, 0), (64, 64, 4, 0), (128, 64, 8, 0), (128, 64, 8, 128)]}

@@ -2,7 +2,7 @@
 
 Numba compiles the kernels; what it does on every launch costs more host time than a short
 kernel runs (typing each argument, wrapping each array, packing the parameters: 100-500 us per
-call, docs/tuning/09_host_time_per_launch.txt). A caller that launches the same kernel on
+call, docs/tuning/09_history.md). A caller that launches the same kernel on
 arrays of the same shapes again and again can do that work once. This module is the driver's
 side of it:
 
@@ -175,7 +175,7 @@ def load_kernel(cubin: bytes, entry: str) -> Kernel:
 def function_of(kernel: Kernel):
     """The kernel's CUfunction in the current context. A launch of it costs the host about 1 us less
     than a launch of the CUkernel, which the driver resolves to the current context's function on
-    every call (docs/tuning/call_path.txt, run 8)."""
+    every call (docs/tuning/call_path.md, run 8)."""
     return _check(_driver().cuKernelGetFunction(kernel.handle), f"cuKernelGetFunction({kernel.entry})")
 
 
@@ -188,7 +188,7 @@ def set_dynamic_smem(kernel: Kernel, nbytes: int, device_id: int) -> None:
 
 # The launch, made on every call, goes to the driver through cuda.bindings' cuLaunchKernel with the
 # kernel's CUfunction, the parameter buffer's address as an integer and the stream as torch gives it
-# (an integer): docs/tuning/call_path.txt, run 8, measured it against ctypes' call of the same
+# (an integer): docs/tuning/call_path.md, run 8, measured it against ctypes' call of the same
 # function and of the CUkernel in seven alternating rounds (4.6, 5.6 and 7.7 us medians). The memset
 # (a plan's work counter, zeroed once per stream) goes through ctypes.
 @lru_cache(maxsize=None)

@@ -129,7 +129,9 @@ def phase_source(phase: ModuleType) -> str:
     return Path(phase.__file__).read_text(encoding="utf-8")
 
 
-LONG_DOCSTRING = 50  # lines: a phase docstring longer than this (07-09) is its full account, not a lesson
+# From phase 07 on (the tensor-core phases, decoding, the backward) a phase's docstring is its full
+# account, not a lesson: the stub gets a short one. Phases 01-06 keep theirs, the lesson in brief.
+FULL_ACCOUNT_FROM = "07"
 
 
 def lesson_name(phase: ModuleType) -> str:
@@ -137,16 +139,15 @@ def lesson_name(phase: ModuleType) -> str:
 
 
 def exercise_source(phase: ModuleType) -> str:
-    """The phase source as its exercise files hold it. A docstring of more than LONG_DOCSTRING
-    lines (the tensor-core phases: what changed, why, every measured effect) is cut to its first
-    paragraph and a pointer to the solution and the lesson, so that the stub opens on the kernel;
-    the same cut in the stub and in the solution keeps the stub's lines a subsequence of the
-    solution's."""
+    """The phase source as its exercise files hold it. The docstring of a phase from
+    FULL_ACCOUNT_FROM on (what changed, why, every measured effect) is cut to its first paragraph
+    and a pointer to the solution and the lesson, so that the stub opens on the kernel; the same
+    cut in the stub and in the solution keeps the stub's lines a subsequence of the solution's."""
     source = phase_source(phase)
     body = ast.parse(source).body
     first = body[0] if body else None
     if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-            and isinstance(first.value.value, str)) or first.end_lineno - first.lineno + 1 <= LONG_DOCSTRING:
+            and isinstance(first.value.value, str)) or phase.ID < FULL_ACCOUNT_FROM:
         return source
     title = first.value.value.strip().split("\n\n")[0]
     short = (f'"""{title}\n\nThe whole account of this phase (what it changes, why the hardware rewards it, '

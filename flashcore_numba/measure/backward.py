@@ -23,8 +23,8 @@ a loop's forward and loss.backward() cost).
 
 FLOPs are counted as FlashAttention counts them: the backward does five matrix products where the
 forward does two, 2.5 x the forward's (bench.attention_flops), and a step 3.5 x. The record has
-bench.py's schema, written under docs/bench/backward/; `flashcore report` puts its table in the
-README.
+bench.py's schema, written under docs/bench/backward/; `flashcore report` puts its table in
+docs/performance.md.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The protocol (../shared/DESIGN.md), in the order the code runs it:
    cache. Device only: the launches go in batches, each queued behind a sleep kernel that lasts
    longer than the host takes to queue the batch, so the host's launch time never enters an
    event's interval (a batch where it could have is dropped and queued again behind a longer
-   sleep). Median, mean, p99, min and max are kept (docs/tuning/09_stalls.txt: a median alone
+   sleep). Median, mean, p99, min and max are kept (docs/tuning/09_history.md: a median alone
    hides a tail, and a timing the host can enter shows one the kernel does not have).
    With `tail`: that many launches more, back to back on the device with no flush, as a model's
    loop runs them there, and how many took more than SLOW times their median.
@@ -24,7 +24,7 @@ The protocol (../shared/DESIGN.md), in the order the code runs it:
    attention() makes, without the call's checks and allocation), in runs alternating with the calls'.
    The kernel time flushes L2 before each launch and runs in short batches behind a sleep; the
    calls and the launch loop find K and V in L2 where they fit and run without a pause, and a board
-   at its power cap lowers its clock under that load (docs/tuning/call_path.txt). So call /
+   at its power cap lowers its clock under that load (docs/tuning/call_path.md). So call /
    launch_loop is what attention()'s path adds, and call / kernel time what a user sees beside the
    kernel's figure.
 5. FLOPs = 4·B·H·S_q·S_k·D (two matmuls, 2 FLOPs per multiply-add), halved when causal;

@@ -16,7 +16,7 @@ attention() once and waits for the GPU (`first_call_s`), calls it again (`second
 the output against the float64 reference and says what the kernel cache did (loaded, compiled,
 rejected). A warm cache that made a process compile (the cache switched off, or not writable)
 stops the benchmark: its figures would not be what they say. The record (docs/bench/first_call/)
-keeps every process's figures; `flashcore report` puts their medians in the README.
+keeps every process's figures; `flashcore report` puts their medians in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ A decode step is bound by reading K and V: each row gives GB/s (the bytes of the
 hold, K and V, read once, over the median) and its share of a device-to-device copy of as many bytes
 timed in the same run (bench.py's bandwidth ceiling). TFLOPS count 4 * H * S_q * D per key. The
 record has bench.py's schema, with the lengths in its config; it is written under
-docs/bench/kvcache/, and `flashcore report` puts its table in the README.
+docs/bench/kvcache/, and `flashcore report` puts its table in docs/performance.md.
 """
 
 from __future__ import annotations

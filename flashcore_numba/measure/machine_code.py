@@ -171,7 +171,7 @@ def assemble_with_ptxas(ptx: str, ptxas: str, arch: str = ARCH) -> str:
 
     A second opinion on registers and spills. nvJitLink is ptxas inside a library, and each CUDA
     release allocates registers a little differently: a GPU machine whose nvJitLink is older than
-    this one's may spill where this one does not (docs/tuning/07_ab_unroll.txt). When that older
+    this one's may spill where this one does not (docs/tuning/07_history.md). When that older
     toolkit's ptxas is installed here, it assembles the same PTX as that machine would. The PTX
     that Numba writes may declare a newer ISA `.version` than an older ptxas accepts; it is then
     lowered to the version that ptxas names, which is enough for the kernels here, whose

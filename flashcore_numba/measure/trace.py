@@ -13,7 +13,7 @@ What a trace can answer that an event pair cannot: how long the kernel ran on th
 (first block start to last block end), so a launch time that exceeds it was spent outside the
 kernel (the host, the queue); and, for a launch that is slow on the GPU, which block, which role
 and which barrier waited. tools/stalls.py runs it against many launches
-(docs/tuning/09_stalls.txt).
+(docs/tuning/09_history.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ sequence) before it is timed (kernel time, L2 flushed before each launch):
 TFLOPS count the useful FLOPs of each problem (the packed sequences' own, for the padded SDPA too:
 the padding is work it does, not work asked for). The record has bench.py's schema, with the
 lengths in its config; it is written under docs/bench/varlen/ (the ladder's reports read only
-docs/bench/), and `flashcore report` puts its table in the README.
+docs/bench/), and `flashcore report` puts its table in docs/performance.md.
 """
 
 from __future__ import annotations

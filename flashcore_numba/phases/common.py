@@ -57,7 +57,7 @@ def uidx(i):
     `a[i]` with a signed i compiles to a sign test and a conditional add in 64-bit
     arithmetic: six extra instructions per access (see the PTX in lesson 03). With an
     unsigned index that code disappears and the address becomes base + constant offset.
-    docs/tuning/ holds the H100 sweeps before (02_sweep.log) and after (03_sweep2.log).
+    docs/tuning/02-05_history.md has the H100 sweeps before and after.
     """
     return uint64(i)
 
@@ -306,16 +306,20 @@ def grid_for(q_shape, block_m: int):
 
 SIM_SMS = 2  # the simulator's "SMs": a persistent kernel there gets two blocks, each with several units
 
+# Fewer "SMs" than the GPU has, for tests only: the GPU tests (by monkeypatch) and the children of
+# tools/sanitize.py set it small, so that at their small shapes every block of a persistent grid
+# takes several query blocks. The library itself never sets it: None, the GPU's own count.
+sm_count_override: int | None = None
+
 
 def sm_count() -> int:
     """The blocks of a persistent grid: the device's streaming multiprocessors, two in the
-    simulator, or FLASHCORE_SMS when it is set (the GPU tests and tools/sanitize.py set it small,
-    so that at their small shapes every block takes several query blocks)."""
-    value = os.environ.get("FLASHCORE_SMS")
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"FLASHCORE_SMS: expected a positive number of blocks, got {value!r}")
-        return int(value)
+    simulator, or `sm_count_override` where a test has set it."""
+    if sm_count_override is not None:
+        if isinstance(sm_count_override, bool) or not isinstance(sm_count_override, int) or sm_count_override < 1:
+            raise ValueError(f"sm_count_override: expected None or a positive number of blocks, "
+                             f"got {sm_count_override!r}")
+        return sm_count_override
     if simulator_enabled():
         return SIM_SMS
     return _multiprocessors(cuda.get_current_device().id)

@@ -75,26 +75,13 @@ Why the hardware rewards it
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 336 TFLOPS (4.71x 06-inline),
-    causal 282 TFLOPS (4.61x 06-inline); 242 registers, 0 B local memory. At B=8 H=32 S_q=1 S_k=2048
-    D=128 fp16: 07 2.33 TFLOPS. At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 07 0.27 TFLOPS. At B=16 H=16
-    S=2048 D=128 fp16: 07 361 TFLOPS (5.98x 06-inline), causal 312 TFLOPS (5.91x 06-inline). At B=16
-    H=16 S=2048 D=64 bf16: 07 337 TFLOPS, causal 286 TFLOPS. At B=16 H=16 S=2048 D=128 bf16: 07 360
-    TFLOPS, causal 312 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 07 346 TFLOPS, causal 299
-    TFLOPS. At B=1 H=32 H_kv=8 S_q=1 S_k=8192 D=128 fp16: 07 0.56 TFLOPS. At B=1 H=32 H_kv=8 S_q=1
-    S_k=32768 D=128 fp16: 07 0.58 TFLOPS (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b8h32s1k2048d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b1h16s1k4096d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b1h32kv8s1k8192d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b1h32kv8s1k32768d128_fp16_p07-09-10.json).
+    causal 282 TFLOPS (4.61x 06-inline); 242 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    fp16: 361 TFLOPS (5.98x 06-inline), causal 312 TFLOPS (5.91x 06-inline). At B=16 H=32 H_kv=8
+    S=2048 D=64 fp16: 346 TFLOPS, causal 299 TFLOPS
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16[_causal].json). Every shape and dtype measured:
+    docs/performance.md.
     [measured:end]
 """
 

@@ -11,107 +11,63 @@ What changed from phase 08
       consumer is done with it). No block barrier is left in the loop;
     - *consumer* warpgroups (two at D = 128, three at D = 64), 64 query rows each, run phase 08's
       math: S = Q·Kᵀ and P·V by wgmma, the online softmax on the accumulators;
-    - registers follow the work (ptx/warpgroup.ptx): the kernel is compiled for one block per SM
-      (launch bounds), the producer gives most of its registers back (setmaxnreg.dec 24) and the
-      consumers take them (setmaxnreg.inc 240 at D = 128, 160 at D = 64);
-    - ping-pong: the consumers take turns at the tensor cores (named barriers 1, 2, 3, in a
-      circle). While one warpgroup runs its products, the others run their softmax, so the tensor
-      cores and the exp2 units work at the same time instead of every warpgroup waiting for the
-      same one. A turn issues S = Q·Kᵀ of tile n and P·V of tile n - 1 (tile 0 has S alone; the
-      last P·V follows the loop);
-    - overlap within a warpgroup: a turn's products are issued and not awaited (ptx/wgmma.ptx,
-      the _issue functions), S first. `wait_s` (wait_group 1) returns once S is done, and the
-      softmax of tile n runs while the tensor cores are still adding P·V of tile n - 1 into O;
-      `wait_o` (wait_group 0) then hands O back. Until its wait an in-flight register may not be
-      touched, not even copied: the inline route names them in place, the kernel passes them
-      from the issue to the wait untouched, and P's fragments of tile n - 1 go to `wait_o` as
-      well, so the softmax writes tile n's into other registers. The issue and the waits must
-      be on one straight path: with them under `if n > 0` ptxas serialized every wgmma of the
-      kernel (warning C7518), so tile 0 is taken before the loop;
-    - persistent blocks: the grid is one block per SM (132 on the H100), not one per query block.
-      The producer takes query blocks one after another from a counter in global memory (one
-      atomic addition each; the request that gets the last block sets it back to zero for the
-      next launch, so no memset precedes a launch), and writes which block
-      comes next into a slot of shared memory per consumer, which the consumer reads once its
-      tile of Q has landed (q_full[c]). Each consumer releases its Q (q_empty[c]) as soon as its
-      last S of the block is done, so its next Q and the next block's first K/V tile load while
-      it adds the last P·V and writes O, whatever the other consumers still do. A block's
-      start (barrier set-up, the first loads from memory) and its end are paid once per SM, not
-      once per query block, and the K/V ring runs on from one block to the next. Why a counter
-      and not a fixed share per SM (block x taking x, x + 132, ...): under a causal mask query
-      blocks differ in length, and at D = 64 (11 blocks of 192 rows per head at S = 2048) a fixed
-      share gave some SMs only short blocks; that version was slower than one block per query
-      block for causal D = 64 (an ad hoc A/B), the counter faster everywhere it was timed;
-    - causal work is balanced: the blocks with the most keys (the last query rows) go first, and
-      each SM takes the next block when it is free;
-    - the tiles a row must mask (they cross the causal diagonal or the end of the keys) come last,
-      in a loop of their own (FlashAttention-3 does the same): the other tiles' softmax is
-      compiled without the masking and its 16 branches per tile (at D = 64 as well,
-      since the consumer index is warp-uniform: below);
-    - a consumer passes the tiles its rows never see: under a causal mask a block of 192 rows
-      (D = 64) streams up to two tiles of 128 keys that only its later consumers need, and in
-      the last block of a head whose S_q is not a multiple of 192 a consumer may have no rows at
-      all (S = 2048: 2112 rows in 11 blocks; such a consumer used to compute all its tiles for
-      nothing: docs/tuning/09_history.md). The consumer takes its turn, hands it on and releases
-      the stage once the tile has landed, without reading it (PASS_UNSEEN; at D = 128, BLOCK_M =
-      BLOCK_N, there are none when S_q = S_k);
-    - tiles of 128 keys (phase 08: 64), and P·V added into the accumulator in place: phase 08's
-      P·V returned a fresh O-sized tile that the kernel folded in with FMAs, D / 2 registers more
-      per thread and one more pass per tile. `pv_acc` (ptx/wgmma.ptx) takes O's registers in and
-      hands them back with P·V added (the wgmma's scale-d = 1); P's fragments and O travel as
-      tuples (`ptx.function(..., tuples=True)`, `operands.as_tuple`, `operands.store_tuple`). The registers
-      saved pay for S of 128 keys, which halves the turns, barrier waits and wgmma waits per key;
-    - O leaves in 16-byte stores (ptx/store.ptx, common.fragment_epilogue_16b). The accumulator
-      gives each lane of a quad 4 bytes of every 8 columns of its rows, which phase 08 stores as
-      they are: 32 four-byte stores per thread at D = 128. Three shuffles per four column blocks
-      transpose the quad's words, so that each lane holds 8 whole columns, and one STG.E.128
-      writes them: 8 stores per thread at D = 128, 4 at D = 64.
+    - registers follow the work (ptx/warpgroup.ptx): one block per SM (launch bounds), the producer
+      gives most of its registers back (setmaxnreg.dec 24) and the consumers take them
+      (setmaxnreg.inc 240 at D = 128, 160 at D = 64);
+    - ping-pong: the consumers take turns at the tensor cores (named barriers in a circle). While
+      one warpgroup runs its products, the others run their softmax, so the tensor cores and the
+      exp2 units work at the same time. A turn issues S = Q·Kᵀ of tile n and P·V of tile n - 1;
+    - overlap within a warpgroup: a turn's products are issued and not awaited (ptx/wgmma.ptx, the
+      _issue functions), S first. `wait_s` (wait_group 1) returns once S is done, and the softmax
+      of tile n runs while the tensor cores still add P·V of tile n - 1 into O; `wait_o`
+      (wait_group 0) then hands O back. Until its wait an in-flight register may not be touched,
+      not even copied, and the issue and the waits must lie on one straight path (under
+      `if n > 0` ptxas serialized every wgmma of the kernel, warning C7518): tile 0 is taken
+      before the loop;
+    - persistent blocks: one block per SM, each taking query blocks from a counter in global
+      memory (one atomic addition each; the last request sets it back to zero, so no memset
+      precedes a launch), the blocks with the most keys first. A block's start and end are paid
+      once per SM, the K/V ring runs on from one query block to the next, and a consumer releases
+      its Q at its last S, so that its next Q and the next block's first K/V tile load while it
+      finishes. A counter, not a fixed share per SM: under a causal mask blocks differ in length;
+    - the tiles a row must mask (the causal diagonal, the end of the keys) come last, in a loop
+      of their own (as in FlashAttention-3): the other tiles' softmax has no masking and no
+      branches. A consumer passes the tiles its rows never see (PASS_UNSEEN: a causal block of 192
+      rows at D = 64 streams tiles only its later consumers need): it takes its turn and releases
+      the stage without computing;
+    - tiles of 128 keys (phase 08: 64), P·V added into the accumulator in place (`pv_acc`, the
+      wgmma's scale-d = 1; P and O travel as tuples, `ptx.function(..., tuples=True)`): the
+      registers phase 08 spent on a fresh P·V tile pay for S of 128 keys, which halves the turns,
+      barrier waits and wgmma waits per key;
+    - O leaves in 16-byte stores (ptx/store.ptx, common.fragment_epilogue_16b): three shuffles per
+      four column blocks give each lane 8 whole columns, written by one STG.E.128: 8 stores per
+      thread at D = 128, where phase 08 makes 32.
     VARIANTS keep each idea measurable: "ws" is the producer and the ring without turns, "turns"
-    adds the turns but awaits each product before the softmax (P·V first, then S: the other
-    order kept S, P and O's input and output all live at once and spilled at D = 128), "overlap"
-    adds the overlap within a warpgroup, and phase 09 is "overlap" on the persistent grid. The
-    three variants launch one block per query block (the same kernel, a grid of all the units).
-    The records carry their rows beside phase 09's (the block below).
+    adds the turns but awaits each product before the softmax, "overlap" adds the overlap within
+    a warpgroup, and phase 09 is "overlap" on the persistent grid. The variants launch one block
+    per query block; the records carry their rows beside phase 09's (the block below).
 
 Why the hardware rewards it
     A TMA load is one instruction for 8 KB; the producer costs the consumers nothing but the
-    registers it hands over. Without a block-wide barrier per tile the consumer warpgroups
-    drift apart, and the turns keep them apart on purpose: the SM's tensor cores see one
-    warpgroup's products while the others' softmax, which the tensor cores cannot help with,
-    runs on the FP32 and MUFU units. The ring must be deep enough that the consumers never wait
-    for TMA: four stages at D = 64, three at D = 128 (all that shared memory holds).
-    Without the overlap every turn ends in a drained tensor-core pipeline: the warpgroup waits
-    for both products, then computes. With it, P·V (half the turn's FLOPs) runs under the
-    warpgroup's own softmax, and the next warpgroup's turn queues behind it; the registers
-    this costs (P of two tiles, S and O at once) still fit: no spills at either D.
-    What each idea bought, in the records (fp16, B=16 H=16 S=2048, TFLOPS without / with the causal
-    mask, each change against the records just before it):
-    - exp2 as one MUFU.EX2 (ptx/exp2.ptx): D = 64 358 -> 408 / 275 -> 309, D = 128 502 -> 549 /
-      417 -> 436;
-    - one branch around the masking, where the test sat in each of S's 16 column blocks (Nsight
-      Compute beside cuDNN: 6 % of the instructions were branches): D = 64 408 -> 446 / 309 -> 331;
-    - persistent blocks: D = 64 446 -> 462 / 331 -> 339, D = 128 level (549 -> 542 / 436 -> 443);
-    - the ring's stage and parity counted (`advance`), not divided out of a tile count (some 40
-      instructions per tile with three stages): D = 128 542 -> 590 / 443 -> 479;
-    - the consumer index broadcast from lane 0, so that ptxas knows it is warp-uniform (the ring
-      addresses in uniform registers, room for the masked loop and the pass at D = 64 without
-      spills): D = 64 466 -> 479 / 345 -> 367, D = 128 588 -> 619 / 479 -> 500. 09-turns keeps
-      c = tid // 128: with the broadcast ptxas moved its hand-over below the exp2s and it lost a
-      quarter of its speed;
-    - Q released at a consumer's last S, the next block's first K/V tile sent before Q:
-      D = 64 476 -> 496 / 365 -> 377, D = 128 level (641 -> 628 / 516 -> 514);
-    - a consumer whose rows all lie past S_q computes nothing, and a pair of Q barriers per
-      consumer: D = 64 496 -> 505 / 377 -> 387;
-    - 16-byte stores of O: D = 64 505 -> 521 / 387 -> 405, D = 128 631 -> 660 / 515 -> 548.
-    What the overlap covers: ptxas does not keep `wait_o` after the exp2s (the SASS, python -m
-    flashcore_numba.measure.machine_code 09 64 --sass), so what 09 gains over 09-turns comes
-    mostly from issuing both products of a turn back to back; a barrier that pins the wait after
-    the exp2s was not faster. Launch times that once spread were host time, not the kernel's
-    (docs/tuning/09_stalls.txt). Tried and not kept: a block's last P·V in the next block's first
-    turn, five K/V stages at D = 64, ex2.approx.f16x2, two consumers at D = 64, two running maxima
-    per row, a share of the exp2s on the FMA pipe.
-    The history of these changes, with each A/B, profile and sweep and the commits of the
-    records: docs/tuning/09_history.md.
+    registers it hands over. Without a block-wide barrier per tile the consumer warpgroups drift
+    apart, and the turns keep them apart on purpose: the SM's tensor cores see one warpgroup's
+    products while the others' softmax, which the tensor cores cannot help with, runs on the FP32
+    and MUFU units. The ring must be deep enough that the consumers never wait for TMA: four
+    stages at D = 64, three at D = 128 (all that shared memory holds). Without the overlap every
+    turn ends in a drained tensor-core pipeline; with it the next warpgroup's products queue behind
+    this one's. (ptxas does not keep `wait_o` after the exp2s, so what phase 09 gains over
+    09-turns comes mostly from issuing a turn's two products back to back.)
+    As much came from instructions the compiler could drop, in the records (fp16, B=16 H=16
+    S=2048, non-causal TFLOPS, each change against the records just before it): one branch
+    around the masking instead of one in each of S's 16 column blocks (beside cuDNN's kernel, 6 %
+    of phase 09's instructions were branches), D = 64 408 -> 446; the ring's stage and parity
+    counted instead of divided out of a tile count (some 40 instructions a tile), D = 128
+    542 -> 590; the consumer index broadcast from lane 0, so that ptxas knows it is warp-uniform
+    and keeps the ring's addresses in uniform registers, D = 64 466 -> 479, D = 128 588 -> 619;
+    16-byte stores of O, D = 64 505 -> 521, D = 128 631 -> 660. Every change with its A/B, the
+    profiles, and what was tried and not kept (a block's last P·V in the next block's first turn,
+    five K/V stages, ex2.approx.f16x2, two consumers at D = 64, a share of the exp2s on the FMA
+    pipe): docs/tuning/09_history.md.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -120,43 +76,13 @@ Measured effect (written by `flashcore report` from the committed record; do not
     (0.92x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase
     09). 09-turns: 445 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x
     09-overlap, SLOWER than 09-overlap). 09-ws: 441 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
-    causal 341 TFLOPS (1.03x 09-turns). At B=8 H=32 S_q=1 S_k=2048 D=128 fp16: 09 2.51 TFLOPS (1.08x
-    phase 07). At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 09 0.64 TFLOPS (2.38x phase 07). At B=16 H=16
-    S=2048 D=128 fp16: 09 659 TFLOPS (1.73x phase 08), causal 556 TFLOPS (1.73x phase 08);
-    09-overlap 625 TFLOPS (0.95x phase 09, SLOWER than phase 09), causal 500 TFLOPS (0.90x phase 09,
-    SLOWER than phase 09); 09-turns 560 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap), causal
-    451 TFLOPS (0.90x 09-overlap, SLOWER than 09-overlap); 09-ws 545 TFLOPS (0.97x 09-turns, SLOWER
-    than 09-turns), causal 446 TFLOPS (0.99x 09-turns, SLOWER than 09-turns). At B=16 H=16 S=2048
-    D=64 bf16: 09 527 TFLOPS (1.39x phase 08), causal 412 TFLOPS (1.32x phase 08); 09-overlap 480
-    TFLOPS (0.91x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.87x phase 09, SLOWER than
-    phase 09); 09-turns 448 TFLOPS (0.93x 09-overlap, SLOWER than 09-overlap), causal 334 TFLOPS
-    (0.93x 09-overlap, SLOWER than 09-overlap); 09-ws 443 TFLOPS (0.99x 09-turns, SLOWER than
-    09-turns), causal 343 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 bf16: 09 690 TFLOPS
-    (1.81x phase 08), causal 572 TFLOPS (1.78x phase 08); 09-overlap 651 TFLOPS (0.94x phase 09,
-    SLOWER than phase 09), causal 512 TFLOPS (0.89x phase 09, SLOWER than phase 09); 09-turns 577
-    TFLOPS (0.89x 09-overlap, SLOWER than 09-overlap), causal 455 TFLOPS (0.89x 09-overlap, SLOWER
-    than 09-overlap); 09-ws 561 TFLOPS (0.97x 09-turns, SLOWER than 09-turns), causal 450 TFLOPS
-    (0.99x 09-turns, SLOWER than 09-turns). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 09 539 TFLOPS
-    (1.40x phase 08), causal 426 TFLOPS (1.31x phase 08); 09-overlap 493 TFLOPS (0.92x phase 09,
-    SLOWER than phase 09), causal 373 TFLOPS (0.87x phase 09, SLOWER than phase 09); 09-turns 417
-    TFLOPS (0.84x 09-overlap, SLOWER than 09-overlap), causal 326 TFLOPS (0.87x 09-overlap, SLOWER
-    than 09-overlap); 09-ws 461 TFLOPS (1.11x 09-turns), causal 358 TFLOPS (1.10x 09-turns). At B=1
-    H=32 H_kv=8 S_q=1 S_k=8192 D=128 fp16: 09 1.45 TFLOPS (2.61x phase 07). At B=1 H=32 H_kv=8 S_q=1
-    S_k=32768 D=128 fp16: 09 1.55 TFLOPS (2.68x phase 07)
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b8h32s1k2048d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b1h16s1k4096d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d64_bf16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_bf16_causal.json,
-    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_b1h32kv8s1k8192d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b1h32kv8s1k32768d128_fp16_p07-09-10.json).
+    causal 341 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 659 TFLOPS (1.73x phase 08),
+    causal 556 TFLOPS (1.73x phase 08). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 539 TFLOPS (1.40x
+    phase 08), causal 426 TFLOPS (1.31x phase 08)
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16[_causal].json). Every shape and dtype measured:
+    docs/performance.md.
     [measured:end]
 """
 

@@ -12,98 +12,55 @@ What changed from phase 07
       S_q rows each, lie one after another in memory (q is (B, H, S, D), row-major), so the
       kernel treats them as one sequence of group x S_q packed rows: packed row p is query row
       p % S_q of head h_kv * group + p // S_q. A warp takes BLOCK_M = 16 of them, one m-tile,
-      and each K/V byte it reads serves the whole group. The causal mask is still
-      per row: row p sees the keys up to key_end(p % S_q).
+      and each K/V byte it reads serves the whole group. The causal mask is still per row: row p
+      sees the keys up to key_end(p % S_q).
     - **The keys are split across blocks, and across the warps of a block.** The keys of each
       (batch, K/V head, row tile) are cut into ranges of whole tiles of BLOCK_N keys: a block
       (grid x) takes WARPS = 4 consecutive ranges, one per warp. Each warp runs phase 07's loop
-      over its range alone, with its own copy of the 16 rows and its own stages of K and V (it
-      waits on `syncwarp`, not on the block), and ends with a partial output o_s = acc / l_i and
-      its log-sum-exp lse_s (base 2 here: m_i + log2 l_i), left in its own shared memory. With
-      lse = log2(sum_s 2^lse_s), the output is sum_s 2^(lse_s - lse) o_s. The merge is
-      associative, so the order in which the ranges finish does not matter, and merges can be
-      merged.
+      over its range alone, with its own stages of K and V (it waits on `syncwarp`, not on the
+      block), and ends with a partial output o_s = acc / l_i and its log-sum-exp lse_s (base 2:
+      m_i + log2 l_i). With lse = log2(sum_s 2^lse_s), the output is sum_s 2^(lse_s - lse) o_s.
+      The merge is associative, so the order in which the ranges finish does not matter, and
+      merges can be merged.
     - **The merge is a tree: the block's warps, then the blocks.** After a barrier the block
-      merges its warps' partials, from shared memory, into a partial of its own in a float32
-      workspace (level 0: no counter, the barrier is the arrival). The blocks are then gathered
-      in teams of FAN_IN = 16: the last block of a
-      team to finish merges the team's partials into the team's first slot, and so on, until
-      one team is left, whose last block writes the output. A block knows it is the last of its
-      team by an atomic counter (`arrive`): every thread makes its writes visible to every other
-      block (`cuda.threadfence`), then thread 0 adds 1 to the team's counter; the block that
-      gets members - 1 back has seen every other member's fence, so their partials are there to
-      read. It sets the counter back to 0 for the next launch. In a merge, lane i of a warp
-      holds member i's log-sum-exp, so a row's maximum and sum are warp reductions (`warp_max`,
-      `warp_sum`), the rows shared among the warps; then each thread sums two columns over the
-      members (`merge_members`).
-      Why four warps a block: with one-warp blocks (several to an SM) the merges after the key
-      loops were the kernel's tail, 7-9 us a level on one warp (timed with the GPU's clock,
-      docs/tuning/10_trace/). Four warps with three stages each take 200-208 KB of an SM's 227
-      (no second block fits), the grid is one wave of one block per SM, and a quarter of the
-      partials is left to merge across the GPU, by 128 threads: at B=1 H=32 H_kv=8 S_k=32768 one
-      level of 16 blocks.
-    - **Three stages of K and V.** Two tiles are in flight while the warp works on a third
-      (cp.async.wait_group 1).
-    - **Rows swizzled, not padded.** Phase 07 pads each row of shared memory by 8 elements so
-      that ldmatrix's eight rows fall in different banks. Phase 10 lays rows of D elements and
-      moves chunk c of row r to chunk c ^ (r % 8) instead (as phase 11 streams Q and dO): the
-      same freedom from bank conflicts, and every row starts on a 128-byte line, so a warp's
-      copy of 512 bytes (two rows at D = 128, four at D = 64) is the 16 sectors it reads, not
-      split across lines. In phase 07 each tile's copy is a small part of its work beside the
-      tensor cores' products (phase 07 has not been timed with swizzled rows); a decode step does
-      little else than copy. On an H200, the same call (docs/tuning/10_swizzle/): 4-6 % faster
-      at each of seven decode shapes (B=1 H=32 H_kv=8 S_k=32768 D=128 54.1 -> 51.7 us; B=8 H=32
-      S_k=2048 85.2 -> 80.2 us).
-    - **Divisions by run-time values in 32 bits.** Where a block starts (its K/V head and row
-      tile from blockIdx.y, the group size, the split's share of the keys, each row's query
-      head and row), every divisor is a shape or a grid size known only at run time, and Numba
-      types shapes as int64. A 64-bit division compiles to a test of the operands' high words,
-      an inline 32-bit division when they are zero and a call to a division routine when not:
-      a branch and both paths for each, every block, before its first copy. Divided as uint32
-      (the values are never negative and far below 2^32) and the quotients taken back as int32:
-      ptxas (sm_90a, D = 128) lays out 430 instructions ahead of the first cp.async instead of
-      622, 2 call sites instead of 15 (those left: the float reciprocal's slow path), and uses
-      207 registers instead of 232. On an H200 the outputs of attention_kvcache were
-      bit-identical to before (one cache of 32768 keys, 64 ragged caches). Timed on an H200
-      against the module before (docs/tuning/10_read_ceiling/ab_119ffa9_h200.txt, three processes
-      taking turns): attention_kvcache 5 % faster on one cache of 32768 keys (55.8 -> 53.1 us) and
-      2 % on 64 ragged caches of 1..8192 keys (395.4 -> 387.5 us); the dense build 0.4-1.9 %
-      SLOWER at five decode shapes (52.2 -> 52.4 us at B=1 H=32 H_kv=8 S_k=32768; 79.4 -> 80.9
-      at B=8 H=32 S_k=2048), with fewer instructions: not explained, kept for the paged build.
-    - **A paged tile's K and V copied together.** The paged build works out where a key's row
-      lies in the pool once for K and V (the pools share one layout), as a byte offset fixed per
-      page plus the key times the row's bytes: one multiply-add a key where there were two row
-      products and two page lookups. ptxas: the key loop 1719 -> 1002 SASS instructions. Same
-      run: one cache of 32768 keys 53.1 -> 52.3 us, 64 ragged caches 387.5 -> 291.2 us (25 %),
-      outputs bit-identical.
-    - **Shorter chains of dependent instructions in the key loop.** Under Nsight Compute (H200,
-      docs/tuning/10_ncu_cudnn/) a bare reader with phase 10's copies reads these bytes in 35.2 us
-      and cuDNN's kernel, doing attention, in 35.6 (two blocks of four warps an SM), where phase
-      10's kernel took 47.0: one warp per scheduler issues an instruction every 6.2 cycles, each
-      waiting on the one before. So the loop's work per tile became shorter to wait on:
-      - *Two chains for q · kᵀ.* The 8 k-steps at D = 128 were one chain of dependent mma.sync per
-        n-tile; now the lower and upper halves of the head dim go into two sets of accumulators,
-        added once (`qk_half`, 16 more registers' worth of scores).
-      - *The maxima move only by more than 2^8 (RESCALE_MARGIN).* Each tile rescaled acc (64
-        multiplies a lane at D = 128) and l_i by alpha = 2^(m_old - m_new), which is 1 whenever
-        the maxima did not move, and soon they hardly do. Now a warp vote (`cuda.any_sync`)
-        rescales only when a row's new scores pass its m_i by more than RESCALE_MARGIN = 8;
-        otherwise m_i stays and the tile's p = 2^(s - m_i) may reach 2^8 = 256, which fp16 and
-        bf16 hold and float32 sums carry. acc, l_i and the log-sum-exp m_i + log2 l_i are all
-        relative to the same m_i, so the result is the same function (rounded differently, to
-        the same precision: fp16 rounds p relative to its size).
-      A/B on one H200, one call, processes taking turns (docs/tuning/10_ilp/table_e0cbd26_h200.txt;
-      221 registers instead of 207): B=1 H=32 H_kv=8 S_k=32768 53.4 -> 50.5 us (cuDNN 49.4), S_k =
-      8192 24.1 -> 23.2 (22.6), B=1 H=16 S_k=4096 22.9 -> 22.4 (21.9), B=8 H=32 S_k=2048 81.6 ->
-      79.1 (75.1); each change alone 2.1-2.3 us at S_k = 32768. Eight warps a block with 16-key
-      tiles, which puts two warps on each scheduler as cuDNN has, was slower (52.8 us).
-    How many splits: as many blocks as the GPU holds in one wave (its SMs times the blocks one
-    SM holds: one), never part of a second wave, each warp's range at least MIN_TILES_PER_SPLIT
-    tiles, at most MAX_SPLITS ranges; one block per row tile where those already fill the GPU
-    (`split_count`). With one block the path is the same: its level-0 merge writes the output.
+      merges its warps' partials from shared memory into one of its own in a float32 workspace.
+      The blocks are then gathered in teams of FAN_IN = 16: the last block of a team to finish
+      merges the team's partials into the team's first slot, and so on until one team is left,
+      whose last block writes the output. A block knows it is the last of its team by an atomic
+      counter (`arrive`): every thread makes its writes visible to every other block
+      (`cuda.threadfence`), then thread 0 adds 1 to the team's counter; the block that gets
+      members - 1 back has seen every other member's fence, and sets the counter back to 0 for
+      the next launch. In a merge, lane i holds member i's log-sum-exp, so a row's maximum and sum
+      are warp reductions (`warp_max`, `warp_sum`). Four warps a block with three stages each
+      fill an SM's shared memory: the grid is one wave of one block per SM, and only a quarter
+      of the partials is left to merge across the GPU (with one-warp blocks the merges after the
+      key loops were the kernel's tail, 7-9 us a level).
+    - **Three stages of K and V**, two tiles in flight while the warp works on a third; **rows
+      swizzled, not padded** (chunk c of row r at chunk c ^ (r % 8), as phase 11 streams Q and
+      dO): no bank conflicts either way, but every swizzled row starts on a 128-byte line, so a
+      warp's copy of 512 bytes is the 16 sectors it reads, not split across lines. In phase 07 a
+      tile's copy is a small part of its work; a decode step does little else (4-6 % faster at
+      every decode shape on an H200).
+    - **Divisions by run-time values in 32 bits** where a block starts: Numba types shapes as
+      int64, and a 64-bit division is a branch, an inline division and a call to a division
+      routine. As uint32 a block reaches its first copy in 430 instructions instead of 622.
+    - **Shorter chains of dependent instructions in the key loop.** Under Nsight Compute a bare
+      reader with phase 10's copies reads the long decode step's K and V as fast as cuDNN's kernel
+      does attention on them, where phase 10's kernel took a third longer, one warp per
+      scheduler issuing every 6.2 cycles, each instruction waiting on the one before. So q · kᵀ
+      is summed in two chains over the halves of the head dim (`qk_half`), and a warp rescales
+      acc and l_i only when a row's new scores pass its m_i by more than RESCALE_MARGIN = 8 (a
+      warp vote, `cuda.any_sync`): until then p = 2^(s - m_i) may reach 2^8, which fp16 and bf16
+      hold, and acc, l_i and the log-sum-exp stay relative to the same m_i: the same function.
+      Together 53.4 -> 50.5 us at B=1 H=32 H_kv=8 S_k=32768 D=128 on an H200 (cuDNN 49.4).
+    How many splits: as many blocks as the GPU holds in one wave, never part of a second wave,
+    each warp's range at least MIN_TILES_PER_SPLIT tiles, at most MAX_SPLITS ranges; one block
+    per row tile where those already fill the GPU (`split_count`). With one block the path is the
+    same: its first merge writes the output.
     Built `paged`, the same kernel reads a KV cache (flashcore_numba.inference.attention_kvcache):
     q as (B, S_q, H, D), K and V as pages named by a block table, one length per sequence. Only
-    where a row lives (copy_q_rows, copy_kv_pages) and how many keys a sequence has change.
+    where a row lives (copy_q_rows, copy_kv_pages) and how many keys a sequence has change; a
+    tile's K and V rows share one address computation a key (64 ragged caches 25 % faster).
 
 Why the hardware rewards it
     A decode step reads K and V once, 2 x B x H_kv x S_k x D x 2 bytes, and does about 4 x B x
@@ -112,22 +69,24 @@ Why the hardware rewards it
     bandwidth (docs/hardware.md): each SM keeps a few tiles in flight, and every SM must. The
     merge reads n_splits x 16 x D floats per row tile from L2, a few percent of K and V.
     Packing the group's rows matters as much at GQA: at H_q = 32, H_kv = 8 phase 07 reads each
-    K/V head four times (once per query head), phase 10 once.
+    K/V head four times (once per query head), phase 10 once. How each piece came to be, with
+    its A/B, the ceiling of reading alone, and the many variants that did not help:
+    docs/tuning/10_history.md.
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: not measured at this shape (the
-    phase serves others). At B=8 H=32 S_q=1 S_k=2048 D=128 fp16: 10 2.41 TFLOPS (0.96x phase 09,
-    SLOWER than phase 09). At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 10 1.17 TFLOPS (1.82x phase 09).
-    At B=16 H=16 S=2048 D=128 fp16: 10 77.5 TFLOPS (0.14x 09-ws, SLOWER than 09-ws). At B=1 H=32
-    H_kv=8 S_q=1 S_k=8192 D=128 fp16: 10 4.51 TFLOPS (3.10x phase 09). At B=1 H=32 H_kv=8 S_q=1
-    S_k=32768 D=128 fp16: 10 7.86 TFLOPS (5.08x phase 09)
+    phase serves others). At B=8 H=32 S_q=1 S_k=2048 D=128 fp16: 111 µs, 81.7% of the copy (0.96x
+    phase 09, SLOWER). At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 29 µs, 48.9% of the copy (1.82x phase
+    09). At B=16 H=16 S=2048 D=128 fp16: 77.5 TFLOPS (0.14x 09-ws, SLOWER than 09-ws). At B=1 H=32
+    H_kv=8 S_q=1 S_k=8192 D=128 fp16: 30 µs, 46.9% of the copy (3.10x phase 09). At B=1 H=32 H_kv=8
+    S_q=1 S_k=32768 D=128 fp16: 68 µs, 68.4% of the copy (5.08x phase 09)
     (nvidia-h100-80gb-hbm3_b8h32s1k2048d128_fp16_p07-09-10.json,
     nvidia-h100-80gb-hbm3_b1h16s1k4096d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16_causal.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
     nvidia-h100-80gb-hbm3_b1h32kv8s1k8192d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b1h32kv8s1k32768d128_fp16_p07-09-10.json).
+    nvidia-h100-80gb-hbm3_b1h32kv8s1k32768d128_fp16_p07-09-10.json). Every shape and dtype measured:
+    docs/performance.md.
     [measured:end]
 """
 

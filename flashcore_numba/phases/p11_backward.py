@@ -43,124 +43,57 @@ The algorithm (FlashAttention-2's backward)
     rounded to that type (as in the forward's P · V), every sum is float32. dK and dV are written
     in the input's type, dQ as float32 (the atomics' sums), converted by the caller.
 
-What changed from its first version
-    The first version (commit 8bf549e) ran the same algorithm on the CUDA cores in float32, a
-    thread per element of each product. Then the products moved to mma.sync as in phase 07, with
-    fp16/bf16 inputs (commit 6f936fa has its records). Since then, kv_kernel issues fewer
-    instructions per query tile (docs/tuning/11_ab.txt has the A/B on the H100):
-    - dQ by `red.global.add.v2.f32` (ptx/red.ptx) instead of Numba's cuda.atomic.add, whose
-      returned old value kept each addition a load-and-add (ATOMG): half the requests to L2, and
-      none waits for an answer. sm_80 has no vector `red`: there a float per instruction.
-    - the next tile's L_i and Δ_i loaded into registers when its copy starts and stored to shared
-      memory at the end of the tile: before, the warps that loaded them stalled at once for the
-      trip to global memory while the others waited at the next barrier.
-    - the mask as one 32-bit limit per key (`first_row`: the first query row that sees it) and the
-      stats indexed by constants: the per-element 64-bit key_end() and index arithmetic made the
-      elementwise part of a tile longer than its 160 mma.sync (ptxas: 3624 instructions for the
-      whole kernel at D = 64 before, 2592 after, spills at D = 128 from 208 to 108 bytes).
-    - the (query head, query tile) pair by counters instead of a 64-bit division per tile.
-    - deterministic=True by the serial build of kv_kernel instead of a second kernel that walked
-      the key tiles of each query tile and recomputed S, P, dP and dS (seven products where the
-      atomics path has five). On an H200, old and new in one run (docs/tuning/11_ab.txt, run 4),
-      B=16 H=16 S=2048: deterministic=True costs +6 % / +4 % over the default at D = 64 (non-causal
-      / causal; it cost +12 % / +9 %) and +17 % / +15 % at D = 128 (+25 % / +31 %), where the
-      serial build spills 272 bytes a thread against the default build's 136. At B=1 H=16
-      S=4096, D = 128 (8 parts, whose zeroing and sum move 17 times dQ's bytes) it is 6 % slower
-      than the old second kernel (at D = 64 that run timed the host, not the kernels). The
-      default build is the same kernel as before without the switch (no loop): within 1 % at
-      D = 64 and 3-4 % faster at D = 128 at the reference shape.
-    - fewer registers for integers (docs/architecture.md, "Integers in a kernel"): dSᵀ's stores
-      and the rows' stats indexed unsigned, which needs no negative-index check; the mask's
-      compare in 32 bits (int32(row_t + col)); the serial build's loop over key blocks as a while
-      loop, which keeps no trip count. ptxas (sm_90a): spills at D = 128 from 136 to 32 bytes
-      (default build) and from 272 to 176 (serial), none at D = 64 as before; the query-tile
-      loop at D = 64 from 1000 instructions to 926. On an H200 (docs/tuning/11_ab.txt, run 5),
-      B=16 H=16 S=2048: 4-6 % faster at D = 128 in both modes, causal or not; at D = 64 within
-      the runs' spread (about 1 %).
-    - the next tile's L_i and Δ_i both loaded when its copy starts and compared with −inf only
-      when they are stored (`load_row_stats`, `row_stats`): the compare had come right after
-      the load, and Δ_i's load after the compare, so each tile waited for two trips to global
-      memory (an ncu profile sampled 3 % of the stalls there). On an H200 (docs/tuning/11_ab.txt,
-      run 6): about 2 % faster at D = 128, the same at D = 64; the default build's spill at
-      D = 128 from 32 to 40 bytes.
-    - dK's and dV's stores after the query-tile loop indexed unsigned (`uint32(j * 4 + t)`): the
-      serial build had kept their negative-index checks across the loop. ptxas (sm_90a): spills
-      at D = 128 from 40 to 24 bytes (default build) and from 176 to 168 (serial). On an H200
-      (docs/tuning/11_ab.txt, run 7): deterministic=True 4-5 % faster at D = 128 and 1-4 % at
-      D = 64, so it costs +7 % / +7 % over the default at D = 128 and +1 % / +3 % at D = 64
-      (non-causal / causal); the default build 1-2 % faster at D = 128 and 1-2 % slower at
-      D = 64, where its loop is the same length and only its registers differ.
-    - the streamed Q and dO tiles in swizzled rows of D elements (chunk c of row r at c ^ (r % 8))
-      instead of padded ones: cp.async of a padded row, which straddles 128-byte lines of shared
-      memory, took 24 L2 sectors and 10.5 shared-memory wavefronts a warp where 16 and 4 do (ncu;
-      docs/tuning/11_layout/). K and V, the block's own tiles, stay padded: swizzled too, their
-      loop-invariant addresses became hoisted registers and D = 128 ran up to 5 % slower. On an
-      H200 (docs/tuning/11_ab.txt, runs 8 and 9): 2-3 % faster at D = 64 in both modes, 1-1.5 %
-      at D = 128 (default build), the deterministic build at D = 128 the same; spills at D = 128
-      from 24 to 28 bytes (default build) and 168 to 140 (serial).
-    - dQ one tile late: a tile's dSᵀ goes to one of two buffers, and its dQ is added during the
-      next tile (the last tile's after the loop), the tile's query head and first row kept in
-      shared memory, not in registers across the tile. Before, a barrier between the dSᵀ stores
-      and dQ made every warp wait for the slowest one's dSᵀ (7 % of kv_kernel's stall samples,
-      docs/tuning/11_ncu.txt); now the barrier that ends a tile is its only one. On an H200
-      (docs/tuning/11_ab.txt, run 11), B=16 H=16 S=2048: the default build 3-4 % faster at
-      D = 64 (causal or not) and 2.5 % at D = 128 (causal: within the runs' spread), the
-      deterministic build 6 % faster at D = 128 and the same at D = 64; ptxas (sm_90a):
-      spills at D = 128 from 40 to 100 bytes (default build) and 120 to 100 (serial), none at
-      D = 64; the waits at the barrier cost more than the spilled bytes. The second buffer adds
-      18 KB of shared memory a block (104 KB at D = 64, 168 KB at D = 128): more than an A100
-      gives a block at D = 128, or a GeForce RTX card at D = 64. There kv_kernel is built with
-      one buffer and the barrier, as before (`ds_buffers_for`).
-    - delta_kernel with unsigned indices and a constant trip count (`range(WORDS)`): its loop
-      `range(lane, HEAD_DIM // 2, 32)` counted its trips by a division, and every index was
-      checked for a negative value. ptxas (sm_90a): 416 instructions to 112 at D = 64. ncu on an
-      H200 (docs/tuning/11_ncu.txt, "Against SDPA flash"), B=4 H=16 S=2048 D = 64: 36.5 us to
-      22.5 us, 30.3 M warp instructions to 12.7 M (SDPA flash's kernel for Δ takes 17.8 us, and
-      zeroes the float32 dQ in the same pass). The D = 64 record: the backward 3.00 ms to 2.93.
-    - delta_kernel with several rows a warp (`delta_rows_per_warp`: 4 at D = 64, 2 at D = 128),
-      a row past the end read again rather than branched around, and the warp's sums kept by a
-      select, so that each lane has all its loads in flight before it waits for one. With a row
-      a warp, each lane had one or two words of O and dO in flight, and Δ read 1.65 TB/s at
-      D = 64. On an H200 (torch.profiler, docs/tuning/11_ab.txt, run 12), B=16 H=16 S=2048, in
-      attention()'s backward: 81.7 -> 44.2 us at D = 64, 86.0 -> 68.4 us at D = 128. (A first
-      try with the store behind `lane == 0` took 1.5-2x as long as a row a warp: the compiler
-      split the warp's shuffles across that branch.) The records at commit 7a5e5fb: the
-      backward 2.927 -> 2.913 ms at D = 64, 5.426 -> 5.374 at D = 128 (the records before:
-      5f816a9 and 7887836, other H200 machines: a third of Δ's gain at D = 64 shows there).
+What changed from its first version, and why the hardware rewards it
+    The first version ran the algorithm on the CUDA cores in float32, a thread per element of each
+    product; then the products moved to mma.sync as in phase 07. Since then each change has cut
+    what a warp waits for, not what it computes (at one block of 8 warps per SM, two warps a
+    scheduler, kv_kernel is bound by the latency of its chains and by shared memory):
+    - dQ added by `red.global.add.v2.f32` (ptx/red.ptx), which asks for no old value back, where
+      Numba's atomic add is a load-and-add: half the requests to L2, none waited for;
+    - the next tile's L_i and Δ_i loaded when its copy starts and stored at the end of the tile,
+      so that no warp stalls for global memory in the middle of one;
+    - the mask as one 32-bit limit per key (`first_row`), unsigned indices and 32-bit compares
+      (docs/architecture.md, "Integers in a kernel"): the elementwise part of a tile had been
+      longer than its 160 mma.sync (ptxas at D = 64: 3624 instructions in the kernel, then 2592);
+    - deterministic=True by the serial build of kv_kernel instead of a second kernel that
+      recomputed S, P, dP and dS: nothing computed twice (its cost over the default fell from
+      +9-31 % to +1-7 % on an H200);
+    - the streamed Q and dO tiles in swizzled rows instead of padded ones: cp.async of a padded
+      row straddles 128-byte lines and took 24 L2 sectors and 10.5 shared-memory wavefronts a warp
+      where 16 and 4 do;
+    - dQ one tile late: a tile's dSᵀ goes to one of two buffers and its dQ is added during the
+      next tile, so the barrier that ends a tile is its only one (the waits at the other had 7 %
+      of the stall samples). It costs 18 KB of shared memory more a block: where the GPU lacks it
+      (an A100 at D = 128, a GeForce card at D = 64) kv_kernel keeps one buffer and the barrier
+      (`ds_buffers_for`);
+    - delta_kernel with unsigned indices and a constant trip count, several rows a warp
+      (`delta_rows_per_warp`) and a row past the end read again rather than branched around, so
+      that each lane has all its loads in flight before it waits for one: 81.7 -> 44.2 us at
+      D = 64 in attention()'s backward on an H200.
+    Each change with its A/B and profile, and what was tried and not kept (an accumulator for dQ,
+    the elementwise step built twice, K and V swizzled too, other tiles): docs/tuning/11_history.md.
 
 Measured effect (written by `flashcore report` from the backward records, docs/bench/backward/;
 do not edit by hand)
     [measured:begin]
     The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
-    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, B=16 H=16 S=2048 D=64 fp16
-    non-causal, 2026-11-28, code at commit `5f09487`: 11 214 TFLOPS (0.86x SDPA flash),
-    11-deterministic 193 TFLOPS (0.78x SDPA flash), 11-step 256 TFLOPS (0.98x SDPA flash); NVIDIA
-    H100 80GB HBM3, B=16 H=16 S=2048 D=64 fp16 causal, 2026-11-28, code at commit `5f09487`: 11 179
-    TFLOPS (0.91x SDPA flash), 11-deterministic 163 TFLOPS (0.83x SDPA flash), 11-step 210 TFLOPS
-    (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048 D=128 fp16 non-causal, 2026-11-28,
-    code at commit `5f09487`: 11 232 TFLOPS (0.87x SDPA flash), 11-deterministic 190 TFLOPS (0.71x
-    SDPA flash), 11-step 284 TFLOPS (0.99x SDPA flash); NVIDIA H100 80GB HBM3, B=16 H=16 S=2048
-    D=128 fp16 causal, 2026-11-28, code at commit `5f09487`: 11 196 TFLOPS (0.88x SDPA flash),
-    11-deterministic 166 TFLOPS (0.75x SDPA flash), 11-step 237 TFLOPS (0.98x SDPA flash); NVIDIA
-    H200, B=16 H=16 S=2048 D=64 fp16 non-causal, 2026-12-01, code at commit `c69a6db`: 11 236 TFLOPS
-    (0.94x SDPA flash), 11-deterministic 232 TFLOPS (0.93x SDPA flash), 11-step not timed
-    (attention()'s training step ran phase 12's backward: 12-step); NVIDIA H200, B=16 H=16 S=2048
-    D=64 fp16 causal, 2026-12-01, code at commit `c69a6db`: 11 204 TFLOPS (1.02x SDPA flash),
-    11-deterministic 200 TFLOPS (1.00x SDPA flash), 11-step not timed (attention()'s training step
-    ran phase 12's backward: 12-step); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 non-causal,
-    2026-12-01, code at commit `9a9fe48`: 11 256 TFLOPS (0.95x SDPA flash), 11-deterministic 248
-    TFLOPS (0.92x SDPA flash), 11-step not timed (attention()'s training step ran phase 12's
-    backward: 12-step); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 causal, 2026-12-01, code at commit
-    `9a9fe48`: 11 221 TFLOPS (0.98x SDPA flash), 11-deterministic 214 TFLOPS (0.95x SDPA flash),
-    11-step not timed (attention()'s training step ran phase 12's backward: 12-step)
-    (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16.json,
-    nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16_causal.json,
-    nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16.json,
-    nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16_causal.json,
-    nvidia-h200_backward_b16h16s2048d64_fp16.json,
-    nvidia-h200_backward_b16h16s2048d64_fp16_causal.json,
-    nvidia-h200_backward_b16h16s2048d128_fp16.json,
-    nvidia-h200_backward_b16h16s2048d128_fp16_causal.json).
+    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, 2026-11-28, TFLOPS: B=16 H=16
+    S=2048 D=64 fp16: 11 214 (0.86x SDPA flash), 11-deterministic 193 (0.78x SDPA flash), 11-step
+    256 (0.98x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal: 11 179 (0.91x SDPA flash),
+    11-deterministic 163 (0.83x SDPA flash), 11-step 210 (0.99x SDPA flash); B=16 H=16 S=2048 D=128
+    fp16: 11 232 (0.87x SDPA flash), 11-deterministic 190 (0.71x SDPA flash), 11-step 284 (0.99x
+    SDPA flash); B=16 H=16 S=2048 D=128 fp16 causal: 11 196 (0.88x SDPA flash), 11-deterministic 166
+    (0.75x SDPA flash), 11-step 237 (0.98x SDPA flash). NVIDIA H200, 2026-12-01, TFLOPS: B=16 H=16
+    S=2048 D=64 fp16: 11 236 (0.94x SDPA flash), 11-deterministic 232 (0.93x SDPA flash), 11-step
+    not timed (autograd ran 12-step); B=16 H=16 S=2048 D=64 fp16 causal: 11 204 (1.02x SDPA flash),
+    11-deterministic 200 (1.00x SDPA flash), 11-step not timed (autograd ran 12-step); B=16 H=16
+    S=2048 D=128 fp16: 11 256 (0.95x SDPA flash), 11-deterministic 248 (0.92x SDPA flash), 11-step
+    not timed (autograd ran 12-step); B=16 H=16 S=2048 D=128 fp16 causal: 11 221 (0.98x SDPA flash),
+    11-deterministic 214 (0.95x SDPA flash), 11-step not timed (autograd ran 12-step)
+    (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16[_causal].json,
+    nvidia-h200_backward_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h200_backward_b16h16s2048d128_fp16[_causal].json).
     [measured:end]
 """
 

@@ -36,7 +36,7 @@ Why the hardware should reward it
     Phase 11's main kernel is bound by shared memory, not by its tensor cores: 8 warps each read
     the whole Q and dO tiles twice per tile (once for Sᵀ and dPᵀ, once transposed for dK and dV),
     96 ldmatrix.x4 a warp and tile against 160 mma.sync at D = 64, and ncu had L1/shared memory
-    80 % busy (docs/tuning/11_ncu.txt). A wgmma's B operand is read once for its whole warpgroup,
+    80 % busy (docs/tuning/11_history.md). A wgmma's B operand is read once for its whole warpgroup,
     so the streamed tiles are read by 2 warpgroups instead of 8 warps. By arithmetic, the bytes of
     shared memory the tensor cores or ldmatrix read per 64 query rows of a block: 112 KB at
     D = 64 against phase 11's 384 KB, 256 KB at D = 128 against 754 KB (every operand of the
@@ -53,21 +53,16 @@ Measured effect (written by `flashcore report` from the backward records' rows 1
 12-deterministic and 12-step, docs/bench/backward/; do not edit by hand)
     [measured:begin]
     The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
-    as FlashAttention's benchmark counts them. NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 non-causal,
-    2026-12-01, code at commit `c69a6db`: 12 301 TFLOPS (1.20x SDPA flash, 1.28x phase 11),
-    12-deterministic 285 TFLOPS (1.14x SDPA flash, 1.23x phase 11), 12-step 342 TFLOPS (1.31x SDPA
-    flash); NVIDIA H200, B=16 H=16 S=2048 D=64 fp16 causal, 2026-12-01, code at commit `c69a6db`: 12
-    256 TFLOPS (1.28x SDPA flash, 1.26x phase 11), 12-deterministic 245 TFLOPS (1.23x SDPA flash,
-    1.22x phase 11), 12-step 286 TFLOPS (1.34x SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16
-    non-causal, 2026-12-01, code at commit `9a9fe48`: 12 336 TFLOPS (1.24x SDPA flash, 1.31x phase
-    11), 12-deterministic 295 TFLOPS (1.09x SDPA flash, 1.19x phase 11), 12-step 388 TFLOPS (1.34x
-    SDPA flash); NVIDIA H200, B=16 H=16 S=2048 D=128 fp16 causal, 2026-12-01, code at commit
-    `9a9fe48`: 12 288 TFLOPS (1.28x SDPA flash, 1.30x phase 11), 12-deterministic 256 TFLOPS (1.13x
-    SDPA flash, 1.20x phase 11), 12-step 332 TFLOPS (1.36x SDPA flash)
-    (nvidia-h200_backward_b16h16s2048d64_fp16.json,
-    nvidia-h200_backward_b16h16s2048d64_fp16_causal.json,
-    nvidia-h200_backward_b16h16s2048d128_fp16.json,
-    nvidia-h200_backward_b16h16s2048d128_fp16_causal.json).
+    as FlashAttention's benchmark counts them. NVIDIA H200, 2026-12-01, TFLOPS: B=16 H=16 S=2048
+    D=64 fp16: 12 301 (1.20x SDPA flash, 1.28x phase 11), 12-deterministic 285 (1.14x SDPA flash,
+    1.23x phase 11), 12-step 342 (1.31x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal: 12 256
+    (1.28x SDPA flash, 1.26x phase 11), 12-deterministic 245 (1.23x SDPA flash, 1.22x phase 11),
+    12-step 286 (1.34x SDPA flash); B=16 H=16 S=2048 D=128 fp16: 12 336 (1.24x SDPA flash, 1.31x
+    phase 11), 12-deterministic 295 (1.09x SDPA flash, 1.19x phase 11), 12-step 388 (1.34x SDPA
+    flash); B=16 H=16 S=2048 D=128 fp16 causal: 12 288 (1.28x SDPA flash, 1.30x phase 11),
+    12-deterministic 256 (1.13x SDPA flash, 1.20x phase 11), 12-step 332 (1.36x SDPA flash)
+    (nvidia-h200_backward_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h200_backward_b16h16s2048d128_fp16[_causal].json).
     [measured:end]
     Its registers and spills are those ptxas reports for sm_90a (measure/machine_code.py). Faster
     than phase 11 at every reference problem (the rows above), so attention()'s autograd runs this

@@ -18,7 +18,7 @@ behind the kernel's own:
 
 When its block ends each role copies its record to the trace array the kernel gets in place of
 its work counter, after the counter's own word. flashcore_numba.measure.trace launches the build
-and reads the records; tools/stalls.py times many launches (docs/tuning/09_stalls.txt).
+and reads the records; tools/stalls.py times many launches (docs/tuning/09_history.md).
 """
 
 from __future__ import annotations
