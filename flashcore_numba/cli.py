@@ -124,15 +124,16 @@ def parse_cc(text: str) -> tuple[int, int]:
 
 
 def parse_peers(text: str) -> list[str]:
-    from .measure.bench import PEERS
+    from .measure.bench import PEER_NAMES, PEERS
 
     if text.strip() == "none":
         return []
     names = []
     for part in text.split(","):
-        name = part.strip() if part.strip() in PEERS or part.strip().startswith("sdpa_") else f"sdpa_{part.strip()}"
+        name = PEER_NAMES.get(part.strip(), part.strip())
+        name = name if name in PEERS or name.startswith("sdpa_") else f"sdpa_{name}"
         if name not in PEERS:
-            known = ", ".join(n.removeprefix("sdpa_") for n in PEERS)
+            known = ", ".join([*(n.removeprefix("sdpa_") for n in PEERS if n.startswith("sdpa_")), *PEER_NAMES])
             raise argparse.ArgumentTypeError(f"unknown peer {part!r}; expected none or some of {known}")
         names.append(name)
     return names

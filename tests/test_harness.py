@@ -1272,9 +1272,31 @@ def test_peers_name_flexattention_and_the_default_leaves_it_out():
     from flashcore_numba.cli import parse_peers
     from flashcore_numba.measure import bench
 
-    assert parse_peers("flash,cudnn,flex") == ["sdpa_flash", "sdpa_cudnn", "flex"]
+    assert parse_peers("flash,cudnn,flex") == ["sdpa_flash", "sdpa_cudnn", "flex_attention"]
     assert parse_peers("none") == []
-    assert "flex" in bench.PEERS and "flex" not in bench.DEFAULT_PEERS
-    assert set(bench.DEFAULT_PEERS) == set(bench.PEERS) - {"flex"}
+    assert "flex_attention" in bench.PEERS and "flex_attention" not in bench.DEFAULT_PEERS
+    assert set(bench.DEFAULT_PEERS) == set(bench.PEERS) - {"flex_attention"}
     with pytest.raises(Exception, match="unknown peer 'bogus'.*flex"):
         parse_peers("bogus")
+
+
+def test_the_serving_table_of_a_record():
+    """`flashcore report`'s serving table (measure/serving.py): per batch and cache, each call's time
+    back to back (median, p99) and the host's time with the GPU busy, the fastest SDPA backend named,
+    a backend that does not run said so, and attention_kvcache's speed against that backend's."""
+    from flashcore_numba.measure.serving import serving_records, serving_table
+
+    def row(name, kind, median_us, host_us=20.0):
+        return dict(name=name, kind=kind, available=True, correct=True,
+                    call=dict(median_ms=median_us / 1e3, p99_ms=2 * median_us / 1e3, busy_host_median_us=host_us))
+
+    record = dict(provenance=dict(gpu_name="NVIDIA H100 80GB HBM3"), _path="x.json",
+                  config=dict(B=64, S_q=1, S_k=1024, H=32, H_kv=8, D=128, dtype="float16", serving=True),
+                  results=[row("10-kvcache", "phase", 100.0), row("10-kvcache-p256", "phase", 101.0),
+                           row("attention", "phase", 99.0), row("sdpa", "peer", 95.0), row("sdpa_cudnn", "peer", 90.0),
+                           dict(name="sdpa_efficient", kind="peer", available=False, reason="no kernel")])
+    ignored = dict(record, config=dict(record["config"], serving=False))
+    lines = serving_table(serving_records([record, ignored]))
+    table = [line for line in lines if line.startswith("| 64 ")]
+    assert len(table) == 1, lines
+    assert table[0] == "| 64 | 1024 | 100 (200); 20 | 101 (202); 20 | 99 (198); 20 | 90 (180); 20 (cudnn) | 0.90× |"

@@ -74,10 +74,11 @@ PEERS = {
     "sdpa_cudnn": ("CUDNN_ATTENTION", "torch SDPA, cuDNN backend"),
     "sdpa_efficient": ("EFFICIENT_ATTENTION", "torch SDPA, memory-efficient backend"),
     "sdpa_math": ("MATH", "torch SDPA, math backend"),
-    "flex": ("FLEX", "torch FlexAttention, torch.compile'd"),
+    "flex_attention": ("FLEX", "torch FlexAttention, torch.compile'd"),
 }
 # the peers a run compares by default: FlexAttention compiles a kernel per shape first (asked for by name)
 DEFAULT_PEERS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math")
+PEER_NAMES = {"flex": "flex_attention"}  # --peers' short names that are no "sdpa_" backend
 
 
 # ---------------------------------------------------------------------------------------------
