@@ -101,7 +101,7 @@ def test_bad_input_names_the_argument(changes, error, name):
         attention_varlen(**_args(**changes), validate=True)
 
 
-@pytest.mark.parametrize("phase", ["07"])
+@pytest.mark.parametrize("phase", ["07", "09"])
 @pytest.mark.parametrize("changes,same_as", [
     pytest.param(dict(cu_seqlens_q=np.array([0, 10, 99], np.int32)), dict(cu_seqlens_q=np.array([0, 10, 16], np.int32)),
                  id="an offset past the packed rows is their end"),
@@ -121,6 +121,25 @@ def test_wrong_offsets_are_clamped_never_read_outside(phase, changes, same_as):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError):
         attention_varlen(**_args(**changes, phase=phase), validate=True)
+
+
+@pytest.mark.parametrize("phase", ["07", "09"])
+@pytest.mark.parametrize("poison", [np.nan, np.inf], ids=["nan", "inf"])
+def test_packed_sequences_stay_apart(phase, poison):
+    """NaN or inf in one sequence's keys and values (or in rows no sequence owns, between two) never
+    reaches another sequence's output: the neighbours' rows are what they are with clean neighbours,
+    bit for bit. Phase 09 loads whole tiles by TMA, past a sequence's last key into the next one's:
+    its producer zeroes those rows of V before the tensor cores multiply their P of 0 by them."""
+    lengths_q, lengths_k = [0, 20, 37, 0, 9, 24], [10, 20, 29, 0, 9, 40]
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(lengths_q, lengths_k, H=2, H_kv=1)
+    clean = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, phase=phase)
+    for b in (0, 2):  # sequence 0 has keys but no rows; sequence 2's keys lie between clean ones
+        k[cu_k[b]:cu_k[b + 1]] = poison
+        v[cu_k[b]:cu_k[b + 1]] = poison
+    out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, phase=phase)
+    for b in (1, 4, 5):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        np.testing.assert_array_equal(out[rows], clean[rows], err_msg=f"sequence {b}")
 
 
 def varlen_problems(max_len: int, max_batch: int, phases=("07", "09")):

@@ -96,7 +96,8 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from ..arch import operands, ptx
 from ..arch.sim import simulator_enabled
-from .common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, softmax_rescale, store_lse, uidx
+from .common import (FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, packed_span, softmax_rescale,
+                     store_lse, uidx)
 from .tracing import wait_hooks
 
 ID = "09"
@@ -264,6 +265,9 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
         ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline"),
         ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline"), build.trace, L["SMEM_BYTES"], BARS_OFF,
         STAGES, CONSUMERS)
+    TAIL_OFF = (SMEM_BYTES + 7) // 8 * 8  # (varlen) the producer's own barrier, last (load_kv_alone)
+    if VARLEN:
+        SMEM_BYTES = TAIL_OFF + 8
 
     # ---------------- the softmax of a tile: phase 08's, on S of BLOCK_N keys ----------------------
     @cuda.jit(device=True, inline=True)
@@ -424,10 +428,10 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
         return uint32(q_uses + uint32(1))
 
     @cuda.jit(device=True, inline=True)
-    def load_kv(smem, full, stage, n, plane_kv, map_k, map_v, k_first):
-        """Tile n's K and V by TMA into ring stage `stage`, counted on its full barrier (varlen: the
-        sequence's keys start at row k_first)."""
-        expect_tx(full + 8 * stage, uint32(STAGE_BYTES))
+    def load_kv(smem, bar, stage, n, plane_kv, map_k, map_v, k_first):
+        """Tile n's K and V by TMA into ring stage `stage`, counted on barrier `bar` (the stage's full
+        barrier; varlen: the sequence's keys start at row k_first)."""
+        expect_tx(bar, uint32(STAGE_BYTES))
         k_tile = smem + RING_OFF + stage * STAGE_BYTES
         for a in range(ATOMS):  # atom a holds columns 64a .. 64a + 63 of d
             for box in range(BLOCK_N // 64):  # its rows, 64 keys per box
@@ -440,12 +444,33 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
                 if VARLEN:
                     row += int32(k_first)
                 at = a * KV_ATOM + box * ATOM
-                tma_load(k_tile + at, map_k, col, row, plane_kv, full + 8 * stage)
-                tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, full + 8 * stage)
+                tma_load(k_tile + at, map_k, col, row, plane_kv, bar)
+                tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, bar)
 
     @cuda.jit(device=True, inline=True)
-    def producer(smem_h, smem, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads, seq_q, seq_k,
-                 CU_Q, CU_K):
+    def load_kv_alone(smem, smem_d, full, stage, n, plane_kv, map_k, map_v, k_first, seq_k, tail_parity):
+        """(varlen) Tile n of a sequence whose last rows are the next sequence's keys: its keys are
+        masked out of S, but P·V multiplies their P of 0 by their V, and 0 · NaN is NaN. So the tile
+        lands on the producer's own barrier first; the producer sets V's rows past the sequence's
+        last key to zero, makes its stores visible to the tensor cores, and only then arrives on the
+        stage's full barrier. Once per unit of work, at its last tile (causal: only where the unit
+        reaches the sequence's end). Returns the parity of the producer's barrier's next phase."""
+        tail = smem + TAIL_OFF
+        load_kv(smem, tail, stage, n, plane_kv, map_k, map_v, k_first)
+        wait(tail, tail_parity)
+        v_words = (RING_OFF + stage * STAGE_BYTES + KV_BYTES) // 8  # the stage's V tile, in 8-byte words
+        for a in range(ATOMS):  # atom a: columns 64a .. 64a + 63, a row of 128 bytes each (any swizzle)
+            for r in range(seq_k - n * BLOCK_N, BLOCK_N):
+                row = v_words + (a * KV_ATOM + r * ROW) // 8
+                for w in range(ROW // 8):
+                    smem_d[row + w] = uint64(0)
+        fence_proxy_async()
+        arrive(full + 8 * stage)
+        return tail_parity ^ uint32(1)
+
+    @cuda.jit(device=True, inline=True)
+    def producer(smem_h, smem, smem_d, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads, seq_q,
+                 seq_k, CU_Q, CU_K):
         """The producer: for each query block the scheduler hands out, its K and V tile after tile
         into the ring (a stage once every consumer has released it), each consumer's Q behind tile
         0; then it tells the consumers that no block is left. varlen: seq_q is the longest sequence's."""
@@ -456,6 +481,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
         stage = uint32(0)  # the ring position of the next tile: its stage, and the parity of this use
         phase = uint32(0)
         q_uses = uint32(0)  # query blocks so far: Q's barriers are in phase q_uses % 2
+        tail_parity = uint32(0)  # (varlen) the phase of the producer's own barrier (load_kv_alone)
         unit = uint32(cuda.blockIdx.x)
         while unit < n_units:
             trace_mark(3)
@@ -464,10 +490,8 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
             bh, row0 = query_block(unit, n_m)
             if VARLEN:  # (1, total, heads, D): sequence b's rows from CU_Q[b], plane h of the maps
                 b = bh // uint32(n_heads)
-                q_first = CU_Q[b]
-                k_first = CU_K[b]
-                seq_q = CU_Q[b + 1] - q_first
-                seq_k = CU_K[b + 1] - k_first
+                q_first, seq_q = packed_span(CU_Q, b, Q.shape[1])  # clamped to the packed rows
+                k_first, seq_k = packed_span(CU_K, b, K.shape[1])
                 if row0 >= seq_q:  # a query block past its sequence's rows: nothing to load
                     unit = unit_after
                     continue
@@ -488,7 +512,12 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
                 q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q, q_first, plane_q)
             for n in range(n_tiles):  # fill the next stage once it is free
                 wait(empty + 8 * stage, phase ^ uint32(1))  # the use before this one was released
-                load_kv(smem, full, stage, n, plane_kv, map_k, map_v, k_first)
+                # (varlen) a tile past the sequence's last key whose rows there are another sequence's
+                if VARLEN and (n + 1) * BLOCK_N > seq_k and k_first + seq_k < K.shape[1]:
+                    tail_parity = load_kv_alone(smem, smem_d, full, stage, n, plane_kv, map_k, map_v, k_first, seq_k,
+                                                tail_parity)
+                else:
+                    load_kv(smem, full + 8 * stage, stage, n, plane_kv, map_k, map_v, k_first)
                 stage, phase = advance(stage, phase)
                 if n == 0:
                     q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q, q_first, plane_q)
@@ -545,7 +574,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
 
     @cuda.jit(device=True, inline=True)
     def consumer(smem_h, smem, full, empty, q_full, q_empty, O, LSE, causal, qk_scale, counter, tid, wg, n_heads,
-                 seq_q, seq_k, CU_Q, CU_K):
+                 seq_q, seq_k, CU_Q, CU_K, total_k):
         """A consumer warpgroup: for each query block the producer announces in its info slot, its
         64 rows of O. Tile 0's S alone, then a turn per tile (the loop without masks, then the one
         with), the tiles its rows never see passed, the last tile's P·V, and the epilogue."""
@@ -589,10 +618,9 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
             bh = smem_h[info + 1]
             b = bh // uint32(n_heads)
             h = bh % uint32(n_heads)
-            if VARLEN:  # the block's sequence: its rows from q_first, its own lengths
-                q_first = CU_Q[b]
-                seq_q = CU_Q[b + 1] - q_first
-                seq_k = CU_K[b + 1] - CU_K[b]
+            if VARLEN:  # the block's sequence: its rows from q_first, its own lengths (clamped as the producer's)
+                q_first, seq_q = packed_span(CU_Q, b, O.shape[1])
+                _, seq_k = packed_span(CU_K, b, total_k)
             block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
             n_tiles = (block_k_end + BLOCK_N - 1) // BLOCK_N
             row_a = row0 + c * WG_M + warp * 16 + g
@@ -697,6 +725,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
     def attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, CU_Q, CU_K, max_seqlen_q):
         """The whole of one block's work (the kernels below only name their arguments)."""
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
+        smem_d = cuda.shared.array(0, uint64)  # the same memory in 8-byte words (load_kv_alone's stores)
         smem = shared_address(smem_h)
         full, empty, q_full, q_empty = barriers(smem)
         if VARLEN:  # (1, total, heads, D); the lengths are each sequence's, read per query block
@@ -717,6 +746,8 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
             for s in range(STAGES):
                 mbar_init(full + 8 * s, uint32(1))  # the producer's arrival (and the TMA bytes)
                 mbar_init(empty + 8 * s, uint32(CONSUMER_THREADS))  # every consumer thread's
+            if VARLEN:
+                mbar_init(smem + TAIL_OFF, uint32(1))  # the producer's own (load_kv_alone)
             fence_mbar_init()
         cuda.syncthreads()
         trace_mark(0)
@@ -724,12 +755,12 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
         if wg == 0:  # the producer's warpgroup: one thread streams the tiles, all give registers back
             regs_dec()
             if tid == 0:
-                producer(smem_h, smem, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads, seq_q,
-                         seq_k, CU_Q, CU_K)
+                producer(smem_h, smem, smem_d, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads,
+                         seq_q, seq_k, CU_Q, CU_K)
             return
         regs_inc()  # the consumers take those registers
         consumer(smem_h, smem, full, empty, q_full, q_empty, O, LSE, causal, qk_scale, counter, tid, wg, n_heads,
-                 seq_q, seq_k, CU_Q, CU_K)
+                 seq_q, seq_k, CU_Q, CU_K, K.shape[1])
 
     def kernel(Q, K, V, O, LSE, causal, qk_scale, maps, counter):
         attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, counter, counter, 0)  # (no offsets: unread)
