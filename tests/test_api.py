@@ -182,7 +182,6 @@ def test_requires_grad_on_a_phase_without_backward_is_refused_by_name(monkeypatc
     from flashcore_numba import api
 
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError, as without torch
-    monkeypatch.setattr(api, "_TORCH", None)
     monkeypatch.setattr(api, "_grad_enabled", lambda: True)
     ops = [_TorchLike(requires_grad=r) for r in (True, False, False)]
     with pytest.raises(ValueError, match=r"^q: requires grad, but phase 03 has no backward pass.*07 on"):
