@@ -304,7 +304,7 @@ def autograd_backward_phase(cc) -> str:
     return "12" if cc_reason(backward_phase("12"), cc) is None else "11"
 
 
-def _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase=None):
+def attention_backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase=None):
     """(dq, dk, dv) of q's dtype from the backward kernels (phases/p11_backward.py): dk and dv are
     written in q's dtype, dq is summed in float32 and converted here. The launches go through the
     problem's BackwardPlan (runtime/backward.py), made on its first backward: no Numba dispatch per
@@ -377,7 +377,7 @@ def _train_function():
                     return (None,) * 7
                 q, k, v, out, lse = ctx.saved_tensors
                 dout = torch.zeros_like(out) if dout is None else dout.contiguous()  # only the lse was used
-                grads = _backward(q, k, v, out, lse, dout, dlse, ctx.causal, ctx.scale, ctx.deterministic)
+                grads = attention_backward(q, k, v, out, lse, dout, dlse, ctx.causal, ctx.scale, ctx.deterministic)
                 return (*grads, None, None, None, None)
 
         _FUNCTION = AttentionFunction
@@ -408,7 +408,7 @@ def _train_op():
                                         "Tensor? dlse, bool causal, float? scale, bool deterministic) "
                                         "-> (Tensor, Tensor, Tensor)")
         def backward_op(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
-            return _backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic)
+            return attention_backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic)
 
         @backward_op.register_fake
         def _(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):

@@ -211,7 +211,7 @@ def test_eager_gradients_go_through_one_forward_and_one_backward(monkeypatch):
         return torch.full_like(q, 1.0), torch.full_like(k, 2.0), torch.full_like(v, 3.0)
 
     monkeypatch.setattr(api, "_torch_call", forward)
-    monkeypatch.setattr(api, "_backward", backward)
+    monkeypatch.setattr(api, "attention_backward", backward)
     monkeypatch.setattr(api, "_require_backward", lambda phase, device=None: calls.append(("check", phase)))
     q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float16, requires_grad=True) for _ in range(3))
     out = api.attention(q, k, v, causal=True, scale=0.5, phase="07", deterministic=True)

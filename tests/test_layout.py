@@ -334,3 +334,19 @@ def test_one_argument_parser_class():
                   if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("ArgumentParser")
                                                             for b in node.bases)]
     assert subclasses == [f"{SHARED['Parser']}.Parser"], subclasses
+
+
+def test_no_private_name_is_imported_across_modules():
+    """A module's private names (a leading underscore) are its own: no other module of the package
+    imports one (`from .x import _name`); what another module needs is public, named for what it does."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "flashcore_numba"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                found += [f"{path.relative_to(root)}: from {'.' * node.level}{node.module or ''} import {a.name}"
+                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, "\n".join(found)

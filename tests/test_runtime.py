@@ -556,7 +556,7 @@ def test_a_call_finds_its_plan_by_its_key(monkeypatch):
 
 
 def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
-    """attention()'s backward (api._backward) makes a problem's BackwardPlan once and finds it again;
+    """attention()'s backward (api.attention_backward) makes a problem's BackwardPlan once and finds it again;
     another flag, or another backward phase (phase 12's kv_kernel), is another plan; the plan gets every
     buffer in the inputs' dtype and contiguous, and a (parts, *q.shape) float32 buffer where it sums dQ
     in parts; an empty sequence gives zeros with no plan. CPU tensors and a stand-in plan (no GPU
@@ -591,24 +591,24 @@ def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
     lse = torch.zeros(1, 2, 8)
     dout = torch.zeros(1, 2, 64, 8, dtype=torch.float32).transpose(2, 3)  # another dtype, not contiguous
     for _ in range(2):
-        dq, dk, dv = api._backward(q, k, v, q, lse, dout, None, True, None, False)
+        dq, dk, dv = api.attention_backward(q, k, v, q, lse, dout, None, True, None, False)
     assert len(made) == 1 and made[0] == (64, "float16", (1, 2, 8, 64), (1, 1, 9, 64), True, 0.125, False, False, 0,
                                           "11")
     assert calls[-1] == (torch.float16, True, torch.float32, None, False)
     assert dq.dtype == torch.float16 and bool((dq == 1).all() and (dk == 2).all() and (dv == 3).all())
-    api._backward(q, k, v, q, lse, dout, lse, True, None, True)  # deterministic, with the LSE's gradient
+    api.attention_backward(q, k, v, q, lse, dout, lse, True, None, True)  # deterministic, with the LSE's gradient
     assert len(made) == 2 and calls[-1] == (torch.float16, True, torch.float32, (3, 1, 2, 8, 64), True)
     assert asked == [0], asked  # autograd's backward phase, chosen once per device (an sm_80 GPU: 11)
-    api._backward(q, k, v, q, lse, dout, None, True, None, False, "12")
+    api.attention_backward(q, k, v, q, lse, dout, None, True, None, False, "12")
     assert len(made) == 3 and made[-1][-1] == "12"
     empty = torch.zeros(1, 1, 0, 64, dtype=torch.float16)
-    dq, dk, dv = api._backward(q, empty, empty, q, lse, dout, None, False, None, False)
+    dq, dk, dv = api.attention_backward(q, empty, empty, q, lse, dout, None, False, None, False)
     assert len(made) == 3 and not dq.any() and dk.shape == empty.shape
     # on Hopper autograd runs phase 12's backward
     monkeypatch.setattr(api, "_AUTOGRAD_BACKWARD", {})
     monkeypatch.setattr(api, "_BACKWARD_PLANS", Plans())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
-    api._backward(q, k, v, q, lse, dout, None, True, None, False)
+    api.attention_backward(q, k, v, q, lse, dout, None, True, None, False)
     assert len(made) == 4 and made[-1][-1] == "12"
 
 

@@ -68,8 +68,8 @@ rows = {
  "q.device.index": lambda: q.device.index,
  "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
  # the backward (phase 11) as attention()'s autograd calls it, through its plan (runtime/backward.py)
- "backward (api._backward)": lambda: api._backward(q, k, v, out9, lse9, out9, None, False, None, False),
- "backward, deterministic": lambda: api._backward(q, k, v, out9, lse9, out9, None, False, None, True),
+ "backward (api.attention_backward)": lambda: api.attention_backward(q, k, v, out9, lse9, out9, None, False, None, False),
+ "backward, deterministic": lambda: api.attention_backward(q, k, v, out9, lse9, out9, None, False, None, True),
  "sdpa flash backward": lambda: torch.autograd.grad(sdpa_out, leaves, out9, retain_graph=True),
  # a training step's calls: the forward with grad (flashcore::attention_train and its autograd
  # node), and forward and backward together
@@ -81,7 +81,7 @@ rows = {
 # the rows of SDPA's flash backend run inside one sdpa_kernel context: entering it costs several us
 IN_FLASH = {"sdpa flash with grad (forward)", "sdpa flash forward + backward"}
 # rows of several launches each take smaller batches, so that a batch fits the launch queue
-FEWER = {"backward (api._backward)": 100, "backward, deterministic": 100, "sdpa flash backward": 100,
+FEWER = {"backward (api.attention_backward)": 100, "backward, deterministic": 100, "sdpa flash backward": 100,
          "attention() forward + backward": 50, "sdpa flash forward + backward": 50}
 for name, fn in rows.items():
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name in IN_FLASH else contextlib.nullcontext():

@@ -34,7 +34,7 @@ import sys
 import numpy as np
 
 from ..reference import check_close
-from .bench import PEERS, Problem, Timing, _raised, call_times, capped, open_device, set_timing
+from .bench import PEERS, Problem, Timing, raised, call_times, capped, open_device, set_timing
 from .records import Result, build_record, default_records_dir, gpu_slug, nvidia_smi, provenance, unavailable
 
 BACKWARD_PEERS = ("sdpa_flash", "sdpa_cudnn")
@@ -114,7 +114,7 @@ def check_backward(problem: Problem, seed: int | None = None, *, deterministic: 
         built_for = {"cc": cc} if phase == "11" else {}  # phase 12 is built for Hopper alone
         got = module.backward(q, k, v, o, do, lse, causal=problem.causal, deterministic=deterministic, **built_for)
     except Exception as e:  # noqa: BLE001 - recorded in the result
-        result.correct, result.message = False, f"raised {_raised(e)}"
+        result.correct, result.message = False, f"raised {raised(e)}"
         return result
     ref, yardstick = gradient_oracle(q, k, v, do, causal=problem.causal)
     verdicts = [check_close(np.asarray(g, np.float64), r, y, atol=gradient_atol(r)) for g, r, y in zip(got, ref, yardstick)]
@@ -137,7 +137,7 @@ def backward_rows(device) -> list[tuple[str, bool]]:
 def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timing=Timing(), seed: int | None = None,
                            device=None, command=None, progress=None) -> dict:
     """The whole protocol on one problem (see the module docstring), returned as a record."""
-    from ..api import _backward, attention, autograd_backward_phase
+    from ..api import attention, attention_backward, autograd_backward_phase
 
     device = device or open_device()
     if device.kind != "torch":
@@ -172,14 +172,14 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
         result = Result(name, "phase", f"The backward on {on} ({how})")
 
         def launch(deterministic=deterministic, phase=phase):
-            return _backward(q, k, v, out, lse, do, None, problem.causal, None, deterministic, phase)
+            return attention_backward(q, k, v, out, lse, do, None, problem.causal, None, deterministic, phase)
 
         try:
             _gate(result, launch(), ref, lowp)
             if result.correct:
                 timed(result, launch, backward_flops)
         except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
-            result.correct, result.message = False, f"raised {_raised(e)}"
+            result.correct, result.message = False, f"raised {raised(e)}"
         results.append(result)
         device.release()
     for name in peer_names:
@@ -198,7 +198,7 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
             if result.correct:
                 timed(result, launch, backward_flops)
         except Exception as e:  # noqa: BLE001 - a backend that cannot run says why
-            results.append(unavailable(name, "peer", title, _raised(e)))
+            results.append(unavailable(name, "peer", title, raised(e)))
             continue
         results.append(result)
         del peer_out, leaves
@@ -225,9 +225,9 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
                 timed(result, launch, step_flops)
         except Exception as e:  # noqa: BLE001
             if kind == "peer":
-                results.append(unavailable(name, "peer", title, _raised(e)))
+                results.append(unavailable(name, "peer", title, raised(e)))
                 continue
-            result.correct, result.message = False, f"raised {_raised(e)}"
+            result.correct, result.message = False, f"raised {raised(e)}"
         results.append(result)
         device.release()
     oracle = {"reference": "torch autograd through SDPA's math backend on float64 copies, batch 0",

@@ -679,7 +679,7 @@ def gate(result: Result, out: np.ndarray, ref: np.ndarray, lowp: np.ndarray, *, 
     result.allowed_err = verdict.allowed
 
 
-def _raised(e: Exception) -> str:
+def raised(e: Exception) -> str:
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"{type(e).__name__}: {first}"[:300]
 
@@ -739,7 +739,7 @@ def check_phase(phase, device, qkv, problem: Problem, ref, lowp):
         launch()
         host_out = device.host(out)
     except Exception as e:  # noqa: BLE001 - a compile or launch error is this phase's result, not a crash
-        result.correct, result.message = False, f"raised {_raised(e)}"
+        result.correct, result.message = False, f"raised {raised(e)}"
         return result, None
     gate(result, host_out, ref, lowp, poisoned=True)
     if not simulator_enabled():
@@ -748,7 +748,7 @@ def check_phase(phase, device, qkv, problem: Problem, ref, lowp):
             for key, value in resources.items():
                 setattr(result, key, None if value is None else int(value))
         except Exception as e:  # noqa: BLE001 - resources are informative; never lose a measurement
-            warnings.warn(f"phase {phase.ID}: kernel resources unavailable ({_raised(e)})", stacklevel=2)
+            warnings.warn(f"phase {phase.ID}: kernel resources unavailable ({raised(e)})", stacklevel=2)
     return result, (launch if result.correct else None)
 
 
@@ -770,7 +770,7 @@ def check_peer(name: str, device, qkv, problem: Problem, ref, lowp):
             device.torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - whatever torch raises is the reason it is unavailable
         why = "; ".join(str(w.message).splitlines()[0] for w in caught[:2])
-        return unavailable(name, "peer", title, f"{_raised(e)}" + (f" ({why})" if why else "")), None
+        return unavailable(name, "peer", title, f"{raised(e)}" + (f" ({why})" if why else "")), None
     result = Result(name, "peer", title)
     gate(result, device.host(out), ref, lowp, poisoned=False)
     del out
@@ -819,7 +819,7 @@ def bench_problem(problem: Problem, phase_list, peer_names, device, timing: Timi
                         result.call_op = call_times(device, _attention_call(result.name, qkv, problem, op=True), n)
             except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
                 result.correct = False
-                result.message = f"passed the gate, then timing raised {_raised(e)}"
+                result.message = f"passed the gate, then timing raised {raised(e)}"
                 for key in ("median_ms", "min_ms", "max_ms", "mean_ms", "p99_ms", "tflops", "pct_of_ceiling",
                             "gb_per_s", "pct_of_bandwidth", "tail", "call", "call_op", "launch_loop"):
                     setattr(result, key, None)  # an incorrect result carries no speed figure

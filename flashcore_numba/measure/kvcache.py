@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from .bench import DTYPES, Timing, _raised, gate, open_device, set_timing
+from .bench import DTYPES, Timing, raised, gate, open_device, set_timing
 from .records import Result, build_record, default_records_dir, gpu_slug, nvidia_smi, provenance
 
 
@@ -90,7 +90,7 @@ def run_kvcache_benchmark(B: int, lo: int, hi: int, *, H: int = 32, H_kv: int = 
                 set_timing(result, device.time_ms(launch, timing), flops, None, kv_bytes=kv_bytes,
                            ceiling_gb_per_s=bandwidth["gb_per_s"])
         except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
-            result.correct, result.message = False, f"raised {_raised(e)}"
+            result.correct, result.message = False, f"raised {raised(e)}"
         results.append(result)
         device.release()
     problem = Problem(B, H, S_q, capacity, D, dtype, True, H_kv)

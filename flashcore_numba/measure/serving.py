@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from .bench import DTYPES, Timing, _raised, call_times, gate, open_device, set_timing
+from .bench import DTYPES, Timing, raised, call_times, gate, open_device, set_timing
 from .records import Result, build_record, default_records_dir, gpu_slug, nvidia_smi, provenance, unavailable
 
 PAGE = 256
@@ -151,7 +151,7 @@ def run_serving_point(B: int, S: int, *, H: int = 32, H_kv: int = 8, D: int = 12
 
                 finish(result, call, launch)
         except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
-            result.correct, result.message = False, f"raised {_raised(e)}"
+            result.correct, result.message = False, f"raised {raised(e)}"
         results.append(result)
     del variants
     device.release()
@@ -175,7 +175,7 @@ def run_serving_point(B: int, S: int, *, H: int = 32, H_kv: int = 8, D: int = 12
                 finish(result, call, call)
             del dense
         except Exception as e:  # noqa: BLE001
-            result.correct, result.message = False, f"raised {_raised(e)}"
+            result.correct, result.message = False, f"raised {raised(e)}"
         results.append(result)
         device.release()
 
@@ -197,7 +197,7 @@ def run_serving_point(B: int, S: int, *, H: int = 32, H_kv: int = 8, D: int = 12
                 if result.correct:
                     finish(result, sdpa, sdpa)
         except Exception as e:  # noqa: BLE001 - a backend that cannot run this says why
-            results.append(unavailable(name, "peer", title, _raised(e)))
+            results.append(unavailable(name, "peer", title, raised(e)))
             continue
         results.append(result)
         device.release()

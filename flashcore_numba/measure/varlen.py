@@ -30,7 +30,7 @@ from .bench import (
     PEERS,
     Problem,
     Timing,
-    _raised,
+    raised,
     attention_flops,
     check_phase,
     gate,
@@ -111,7 +111,7 @@ def run_varlen_benchmark(n: int, lo: int, hi: int, *, H: int = 16, D: int = 128,
             if result.correct:
                 set_timing(result, device.time_ms(launch, timing), flops, None)
         except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
-            result.correct, result.message = False, f"raised {_raised(e)}"
+            result.correct, result.message = False, f"raised {raised(e)}"
         results.append(result)
         device.release()
     # the same phases on a dense batch of as many tokens: n sequences of the mean length
@@ -157,7 +157,7 @@ def run_varlen_benchmark(n: int, lo: int, hi: int, *, H: int = 16, D: int = 128,
 
                 set_timing(result, device.time_ms(launch, timing), flops, None)
         except Exception as e:  # noqa: BLE001 - a backend that cannot run says why
-            results.append(unavailable(name, "peer", title, _raised(e)))
+            results.append(unavailable(name, "peer", title, raised(e)))
             continue
         results.append(result)
         device.release()
