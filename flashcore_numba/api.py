@@ -36,7 +36,7 @@ from .arch.sim import simulator_enabled
 from .inputs import current_stream, describe, is_torch, torch_module, torch_to_kernel
 from .phases import PHASES, build, cc_reason, get_phase, min_cc, supports_gqa, supports_lse
 from .phases import dtypes as phase_dtypes
-from .phases.common import LOG2E, sm_count
+from .phases.common import LOG2E
 from .reference import default_scale
 from .runtime.plan import Plans
 
@@ -144,25 +144,24 @@ def best_for_this_gpu():
 SHORT_SEQUENCES_TO_08 = {}
 
 # Where "best" hands the work to phase 10 (split keys): where each K/V head has at most DECODE_ROWS
-# query rows (its group of query heads times S_q: the rows of one phase-10 block), and the K/V heads
-# of the batch (B x H_kv) are fewer than the GPU's SMs, so that phases 07-09 would leave SMs idle.
-# The H100's records (docs/bench/*s1k*_p07-09-10.json) have phase 10 ahead of 09 with 8 and 16 K/V
-# heads (1.22x and 1.37x) and behind with 256 (0.86x), where 09's blocks fill every SM already;
-# tests/test_api.py checks the rule against every committed record that has both.
+# query rows (its group of query heads times S_q: the rows of one phase-10 block). Phases 07-09 give
+# such a head a tile of 64 or 128 query rows that holds one to sixteen: with few K/V heads they leave
+# SMs idle, with many they read each K/V head once per tile of mostly empty rows. Phase 10 packs the
+# group's rows and splits each head's keys only where the batch leaves SMs idle (split_count). The
+# H100's records (docs/bench/*s1k*_p*09-10.json) have it ahead of phase 09 with 8, 16, 512 and 2048
+# K/V heads and level with 256 (MHA, B=8 H=32); tests/test_api.py checks the rule against every
+# committed record that has both.
 DECODE_ROWS = 16
 
 
-def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int, rows_per_kv_head: int, kv_heads: int,
-                   sms: int | None = None):
+def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int, rows_per_kv_head: int):
     """The kernel "best" runs at this shape: phase 10 where each K/V head has few query rows
-    (`rows_per_kv_head`, its query heads times S_q, at most DECODE_ROWS), the batch's K/V heads
-    (`kv_heads`, B x H_kv) are fewer than the GPU's SMs (`sms`, this GPU's by default) and the GPU
-    runs phase 10; else `phase` (the newest the GPU runs), or phase 08 where the records have it
-    faster than phase 09 (SHORT_SEQUENCES_TO_08)."""
+    (`rows_per_kv_head`, its query heads times S_q, at most DECODE_ROWS) and the GPU runs phase 10;
+    else `phase` (the newest the GPU runs), or phase 08 where the records have it faster than phase
+    09 (SHORT_SEQUENCES_TO_08)."""
     decode = PHASES["10"]
     if rows_per_kv_head <= DECODE_ROWS and tuple(min_cc(phase)) >= tuple(min_cc(decode)):
-        if kv_heads < (sm_count() if sms is None else sms):
-            return decode  # a GPU that runs `phase` runs phase 10 too
+        return decode  # a GPU that runs `phase` runs phase 10 too
     if phase.ID == "09" and seq_k <= SHORT_SEQUENCES_TO_08.get((head_dim, bool(causal)), 0):
         return PHASES["08"]
     return phase
@@ -477,8 +476,7 @@ def _resolve(q, k, v, causal, scale, phase, return_lse=False):
     _validate(ops, phase, causal, scale, return_lse)
     B, H, S_q, D = ops[0].shape
     if best and not simulator_enabled():  # the simulator has no speed to choose by
-        phase = best_for_shape(phase, D, causal, ops[1].shape[2], rows_per_kv_head=H // ops[1].shape[1] * S_q,
-                               kv_heads=B * ops[1].shape[1])
+        phase = best_for_shape(phase, D, causal, ops[1].shape[2], rows_per_kv_head=H // ops[1].shape[1] * S_q)
     require_device(phase)
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
     return phase, ops, qk_scale

@@ -310,8 +310,7 @@ def test_best_for_shape_agrees_with_the_committed_records():
             unreliable.append(where)
             continue
         rows = config["H"] // config.get("H_kv", config["H"]) * config["S_q"]
-        chosen = api.best_for_shape(PHASES["09"], config["D"], config["causal"], config["S_k"], rows,
-                                    config["B"] * config.get("H_kv", config["H"]), sms=132).ID
+        chosen = api.best_for_shape(PHASES["09"], config["D"], config["causal"], config["S_k"], rows).ID
         tflops = {k: results[k]["tflops"] for k in ("08", "09")}
         judged += 1
         if tflops[chosen] < 0.97 * max(tflops.values()):
@@ -328,30 +327,30 @@ def test_best_for_shape_keeps_09_everywhere_and_hands_over_only_where_the_table_
     p09 = PHASES["09"]
     for head_dim in (64, 128):  # the records have 09 ahead of 08 at every sweep point
         for causal in (False, True):
-            assert api.best_for_shape(p09, head_dim, causal, 512, 512, 16, sms=132).ID == "09"
+            assert api.best_for_shape(p09, head_dim, causal, 512, 512).ID == "09"
     # the hand-over itself, for a table that asks for one
     monkeypatch.setattr(api, "SHORT_SEQUENCES_TO_08", {(64, True): 512})
-    assert api.best_for_shape(p09, 64, True, 512, 512, 16, sms=132).ID == "08"
-    assert api.best_for_shape(p09, 64, True, 1024, 1024, 16, sms=132).ID == "09"
-    assert api.best_for_shape(p09, 64, False, 512, 512, 16, sms=132).ID == "09"
-    assert api.best_for_shape(p09, 128, True, 512, 512, 16, sms=132).ID == "09"
-    assert api.best_for_shape(PHASES["07"], 64, True, 512, 512, 16, sms=132).ID == "07", "only phase 09 hands over"
+    assert api.best_for_shape(p09, 64, True, 512, 512).ID == "08"
+    assert api.best_for_shape(p09, 64, True, 1024, 1024).ID == "09"
+    assert api.best_for_shape(p09, 64, False, 512, 512).ID == "09"
+    assert api.best_for_shape(p09, 128, True, 512, 512).ID == "09"
+    assert api.best_for_shape(PHASES["07"], 64, True, 512, 512).ID == "07", "only phase 09 hands over"
 
 
 def test_best_hands_decoding_to_phase_10():
-    """Where a K/V head has at most DECODE_ROWS query rows (its group's heads times S_q) and the
-    batch's K/V heads are fewer than the SMs, "best" runs phase 10 (split keys), on any GPU whose
-    best phase is 07 or later; with more rows, or K/V heads enough to fill the SMs, the ladder."""
+    """Where a K/V head has at most DECODE_ROWS query rows (its group's heads times S_q), "best" runs
+    phase 10 (split keys), on any GPU whose best phase is 07 or later, however many K/V heads the
+    batch has; with more rows, the ladder."""
     from flashcore_numba import api
     from flashcore_numba.phases import KERNELS, PHASES
 
     assert api.DECODE_ROWS == 16
     for best in ("07", "08", "09", "09-ws"):
         for rows in (1, 4, 16):
-            assert api.best_for_shape(KERNELS[best], 128, True, 4096, rows, 8, sms=132).ID == "10", (best, rows)
-        assert api.best_for_shape(KERNELS[best], 128, True, 4096, 17, 8, sms=132).ID == best
-        assert api.best_for_shape(KERNELS[best], 128, False, 2048, 1, 256, sms=132).ID == best
-    assert api.best_for_shape(PHASES["05"], 64, False, 4096, 1, 8, sms=132).ID == "05", "phase 10 needs sm_80"
+            assert api.best_for_shape(KERNELS[best], 128, True, 4096, rows).ID == "10", (best, rows)
+        assert api.best_for_shape(KERNELS[best], 128, True, 4096, 17).ID == best
+        assert api.best_for_shape(KERNELS[best], 128, False, 2048, 1).ID == "10"  # 256 K/V heads or 8: the same
+    assert api.best_for_shape(PHASES["05"], 64, False, 4096, 1).ID == "05", "phase 10 needs sm_80"
 
 
 def _decode_records():
@@ -374,9 +373,7 @@ def test_best_between_09_and_10_agrees_with_the_committed_records():
     judged, wrong = 0, []
     for where, config, ms in _decode_records():
         rows = config["H"] // config.get("H_kv", config["H"]) * config["S_q"]
-        kv_heads = config["B"] * config.get("H_kv", config["H"])
-        chosen = api.best_for_shape(PHASES["09"], config["D"], config["causal"], config["S_k"], rows, kv_heads,
-                                    sms=132).ID
+        chosen = api.best_for_shape(PHASES["09"], config["D"], config["causal"], config["S_k"], rows).ID
         judged += 1
         if ms[chosen] > 1.03 * min(ms.values()):
             wrong.append(f"{where}: runs {chosen} at {ms[chosen]:.4f} ms, the other took {min(ms.values()):.4f}")
@@ -398,7 +395,6 @@ def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
     monkeypatch.setattr(api, "simulator_enabled", lambda: False)
     monkeypatch.setattr(api, "best_for_this_gpu", lambda: api.get_phase("09"))
     monkeypatch.setattr(api, "require_device", stop)
-    monkeypatch.setattr(api, "sm_count", lambda: 132)  # an H100's: the simulator's "GPU" has 2
     shapes = ((512, True, 64), (4096, True, 64), (1024, False, 64), (512, False, 128), (1, True, 64))
     for table, expected in (({}, ["09", "09", "09", "09", "10"]), ({(64, True): 512}, ["08", "09", "09", "09", "10"])):
         monkeypatch.setattr(api, "SHORT_SEQUENCES_TO_08", table)  # today's (empty) and one that hands over

@@ -296,9 +296,15 @@ def _decode_step(record) -> bool:
 
 
 def _newest_with(records, name):
-    """The newest of `records` in which kernel `name` was timed, or None."""
+    """Of `records` in which kernel `name` was timed, the one with the most of the headline's peers
+    timed beside it (a run made for the headline, FlexAttention included, before a newer ladder
+    without it), the newest among those; or None."""
     timed = [r for r in records if _result(r, name) and _result(r, name).get("median_ms")]
-    return max(timed, key=lambda r: r["created"]) if timed else None
+
+    def peers(r):
+        return sum(1 for peer, _ in HEADLINE_PEERS if _result(r, peer) and _result(r, peer).get("median_ms"))
+
+    return max(timed, key=lambda r: (peers(r), r["created"])) if timed else None
 
 
 def headline_rows(gpu, records, backward) -> list[tuple]:

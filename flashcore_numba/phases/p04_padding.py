@@ -24,7 +24,7 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 23.4 TFLOPS (1.57x phase 03),
+    NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 23.4 TFLOPS (1.58x phase 03),
     causal 20.6 TFLOPS (1.54x phase 03); 168 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
     fp16: 20.1 TFLOPS (2.00x phase 03), causal 17.8 TFLOPS (1.94x phase 03)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,

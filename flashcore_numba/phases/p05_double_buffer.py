@@ -24,7 +24,7 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 29.7 TFLOPS (1.27x phase 04),
+    NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 29.7 TFLOPS (1.27x phase 04),
     causal 26.1 TFLOPS (1.27x phase 04); 244 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
     fp16: 28.6 TFLOPS (1.43x phase 04), causal 25.6 TFLOPS (1.44x phase 04)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,

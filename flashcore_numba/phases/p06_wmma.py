@@ -28,9 +28,9 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 65.0 TFLOPS (2.19x phase 05),
+    NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 65.1 TFLOPS (2.19x phase 05),
     causal 56.2 TFLOPS (2.16x phase 05); 140 registers, 0 B local memory. 06-inline: 71.3 TFLOPS
-    (1.10x phase 06), causal 61.2 TFLOPS (1.09x phase 06). At B=16 H=16 S=2048 D=128 fp16: 55.9
+    (1.09x phase 06), causal 61.2 TFLOPS (1.09x phase 06). At B=16 H=16 S=2048 D=128 fp16: 55.9
     TFLOPS (1.95x phase 05), causal 49.3 TFLOPS (1.92x phase 05)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json). Every shape and dtype measured:

@@ -74,8 +74,8 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 336 TFLOPS (4.71x 06-inline),
-    causal 282 TFLOPS (4.61x 06-inline); 242 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 338 TFLOPS (4.74x 06-inline),
+    causal 286 TFLOPS (4.67x 06-inline); 242 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
     fp16: 361 TFLOPS (5.98x 06-inline), causal 312 TFLOPS (5.91x 06-inline). At B=16 H=32 H_kv=8
     S=2048 D=64 fp16: 346 TFLOPS, causal 299 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,

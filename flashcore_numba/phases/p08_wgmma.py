@@ -37,8 +37,8 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 379 TFLOPS (1.13x phase 07),
-    causal 311 TFLOPS (1.10x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
+    NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 377 TFLOPS (1.11x phase 07),
+    causal 313 TFLOPS (1.09x phase 07); 124 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
     fp16: 382 TFLOPS (1.06x phase 07), causal 322 TFLOPS (1.03x phase 07). At B=16 H=32 H_kv=8
     S=2048 D=64 fp16: 386 TFLOPS (1.11x phase 07), causal 326 TFLOPS (1.09x phase 07)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,

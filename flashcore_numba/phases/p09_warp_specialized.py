@@ -71,15 +71,14 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 514 TFLOPS (1.36x phase 08),
-    causal 407 TFLOPS (1.31x phase 08); 128 registers, 0 B local memory. 09-overlap: 475 TFLOPS
-    (0.92x phase 09, SLOWER than phase 09), causal 359 TFLOPS (0.88x phase 09, SLOWER than phase
-    09). 09-turns: 445 TFLOPS (0.94x 09-overlap, SLOWER than 09-overlap), causal 332 TFLOPS (0.93x
-    09-overlap, SLOWER than 09-overlap). 09-ws: 441 TFLOPS (0.99x 09-turns, SLOWER than 09-turns),
-    causal 341 TFLOPS (1.03x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 659 TFLOPS (1.73x phase 08),
-    causal 556 TFLOPS (1.73x phase 08). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 539 TFLOPS (1.40x
-    phase 08), causal 426 TFLOPS (1.31x phase 08)
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
+    NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 519 TFLOPS (1.38x phase 08),
+    causal 409 TFLOPS (1.31x phase 08); 128 registers, 0 B local memory. 09-overlap: 477 TFLOPS
+    (0.92x phase 09, SLOWER than phase 09), causal 357 TFLOPS (0.87x phase 09, SLOWER than phase
+    09). 09-turns: 408 TFLOPS (0.86x 09-overlap, SLOWER than 09-overlap), causal 315 TFLOPS (0.88x
+    09-overlap, SLOWER than 09-overlap). 09-ws: 451 TFLOPS (1.10x 09-turns), causal 347 TFLOPS
+    (1.10x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 659 TFLOPS (1.73x phase 08), causal 556 TFLOPS
+    (1.73x phase 08). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 539 TFLOPS (1.40x phase 08), causal 426
+    TFLOPS (1.31x phase 08) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
     nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16[_causal].json). Every shape and dtype measured:
     docs/performance.md.

@@ -75,17 +75,11 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: not measured at this shape (the
-    phase serves others). At B=8 H=32 S_q=1 S_k=2048 D=128 fp16: 111 µs, 81.7% of the copy (0.96x
-    phase 09, SLOWER). At B=1 H=16 S_q=1 S_k=4096 D=128 fp16: 29 µs, 48.9% of the copy (1.82x phase
-    09). At B=16 H=16 S=2048 D=128 fp16: 77.5 TFLOPS (0.14x 09-ws, SLOWER than 09-ws). At B=1 H=32
-    H_kv=8 S_q=1 S_k=8192 D=128 fp16: 30 µs, 46.9% of the copy (3.10x phase 09). At B=1 H=32 H_kv=8
-    S_q=1 S_k=32768 D=128 fp16: 68 µs, 68.4% of the copy (5.08x phase 09)
-    (nvidia-h100-80gb-hbm3_b8h32s1k2048d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b1h16s1k4096d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
-    nvidia-h100-80gb-hbm3_b1h32kv8s1k8192d128_fp16_p07-09-10.json,
-    nvidia-h100-80gb-hbm3_b1h32kv8s1k32768d128_fp16_p07-09-10.json). Every shape and dtype measured:
+    NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 89.5 TFLOPS (0.20x 09-ws, SLOWER
+    than 09-ws), causal 61.0 TFLOPS (0.18x 09-ws, SLOWER than 09-ws); 168 registers, 0 B local
+    memory. At B=16 H=16 S=2048 D=128 fp16: 77.5 TFLOPS (0.14x 09-ws, SLOWER than 09-ws)
+    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json). Every shape and dtype measured:
     docs/performance.md.
     [measured:end]
 """

@@ -77,20 +77,20 @@ Measured effect (written by `flashcore report` from the backward records, docs/b
 do not edit by hand)
     [measured:begin]
     The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
-    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, 2026-11-28, TFLOPS: B=16 H=16
-    S=2048 D=64 fp16: 11 214 (0.86x SDPA flash), 11-deterministic 193 (0.78x SDPA flash), 11-step
-    256 (0.98x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal: 11 179 (0.91x SDPA flash),
-    11-deterministic 163 (0.83x SDPA flash), 11-step 210 (0.99x SDPA flash); B=16 H=16 S=2048 D=128
-    fp16: 11 232 (0.87x SDPA flash), 11-deterministic 190 (0.71x SDPA flash), 11-step 284 (0.99x
-    SDPA flash); B=16 H=16 S=2048 D=128 fp16 causal: 11 196 (0.88x SDPA flash), 11-deterministic 166
-    (0.75x SDPA flash), 11-step 237 (0.98x SDPA flash). NVIDIA H200, 2026-12-01, TFLOPS: B=16 H=16
-    S=2048 D=64 fp16: 11 236 (0.94x SDPA flash), 11-deterministic 232 (0.93x SDPA flash), 11-step
-    not timed (autograd ran 12-step); B=16 H=16 S=2048 D=64 fp16 causal: 11 204 (1.02x SDPA flash),
-    11-deterministic 200 (1.00x SDPA flash), 11-step not timed (autograd ran 12-step); B=16 H=16
-    S=2048 D=128 fp16: 11 256 (0.95x SDPA flash), 11-deterministic 248 (0.92x SDPA flash), 11-step
-    not timed (autograd ran 12-step); B=16 H=16 S=2048 D=128 fp16 causal: 11 221 (0.98x SDPA flash),
-    11-deterministic 214 (0.95x SDPA flash), 11-step not timed (autograd ran 12-step)
-    (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16[_causal].json,
+    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, 2026-12-06, TFLOPS: B=16 H=16
+    S=2048 D=64 fp16: 11 236 (0.95x SDPA flash), 11-deterministic 228 (0.92x SDPA flash), 11-step
+    not timed (autograd ran 12-step); B=16 H=16 S=2048 D=64 fp16 causal: 11 202 (1.03x SDPA flash),
+    11-deterministic 196 (1.00x SDPA flash), 11-step not timed (autograd ran 12-step); B=16 H=16
+    S=2048 D=128 fp16: 11 255 (0.95x SDPA flash), 11-deterministic 221 (0.82x SDPA flash), 11-step
+    not timed (autograd ran 12-step); B=16 H=16 S=2048 D=128 fp16 causal: 11 218 (0.99x SDPA flash),
+    11-deterministic 191 (0.86x SDPA flash), 11-step not timed (autograd ran 12-step). NVIDIA H200,
+    2026-12-01, TFLOPS: B=16 H=16 S=2048 D=64 fp16: 11 236 (0.94x SDPA flash), 11-deterministic 232
+    (0.93x SDPA flash), 11-step not timed (autograd ran 12-step); B=16 H=16 S=2048 D=64 fp16 causal:
+    11 204 (1.02x SDPA flash), 11-deterministic 200 (1.00x SDPA flash), 11-step not timed (autograd
+    ran 12-step); B=16 H=16 S=2048 D=128 fp16: 11 256 (0.95x SDPA flash), 11-deterministic 248
+    (0.92x SDPA flash), 11-step not timed (autograd ran 12-step); B=16 H=16 S=2048 D=128 fp16
+    causal: 11 221 (0.98x SDPA flash), 11-deterministic 214 (0.95x SDPA flash), 11-step not timed
+    (autograd ran 12-step) (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16[_causal].json,
     nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16[_causal].json,
     nvidia-h200_backward_b16h16s2048d64_fp16[_causal].json,
     nvidia-h200_backward_b16h16s2048d128_fp16[_causal].json).

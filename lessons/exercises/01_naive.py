@@ -38,7 +38,7 @@ Why it is slow
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 5.79 TFLOPS, causal 5.25 TFLOPS;
+    NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 5.79 TFLOPS, causal 5.25 TFLOPS;
     168 registers, 0 B local memory. At B=16 H=16 S=2048 D=128 fp16: 3.03 TFLOPS, causal 2.83 TFLOPS
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json). Every shape and dtype measured:

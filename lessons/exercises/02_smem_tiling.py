@@ -34,8 +34,8 @@ Why the hardware rewards it
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 20.7 TFLOPS (3.57x phase 01),
-    causal 18.2 TFLOPS (3.47x phase 01); 166 registers, 256 B local memory. At B=16 H=16 S=2048
+    NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 20.7 TFLOPS (3.58x phase 01),
+    causal 18.1 TFLOPS (3.45x phase 01); 166 registers, 256 B local memory. At B=16 H=16 S=2048
     D=128 fp16: 7.30 TFLOPS (2.41x phase 01), causal 6.61 TFLOPS (2.34x phase 01)
     (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json). Every shape and dtype measured:

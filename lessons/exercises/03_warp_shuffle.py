@@ -53,8 +53,8 @@ What is still wrong (phase 04 fixes it), and why this phase is slower than phase
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-11-27, B=16 H=16 S=2048 D=64 fp16: 14.8 TFLOPS (0.72x phase 02,
-    SLOWER than phase 02), causal 13.3 TFLOPS (0.73x phase 02, SLOWER than phase 02); 168 registers,
+    NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 14.8 TFLOPS (0.72x phase 02,
+    SLOWER than phase 02), causal 13.3 TFLOPS (0.74x phase 02, SLOWER than phase 02); 168 registers,
     0 B local memory. At B=16 H=16 S=2048 D=128 fp16: 10.0 TFLOPS (1.37x phase 02), causal 9.20
     TFLOPS (1.39x phase 02) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json). Every shape and dtype measured:
