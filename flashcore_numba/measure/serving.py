@@ -235,8 +235,8 @@ def serving_records(records) -> list[dict]:
 def _cell(result) -> str:
     if result is None:
         return "not measured"
-    if not result.get("available", True):
-        return "does not run"
+    if not result.get("available", True):  # ours: not measured (the record says why); a peer: it refused
+        return "not measured" if result["kind"] == "phase" else "does not run"
     if not result.get("correct"):
         return "INCORRECT"
     c = result["call"]
@@ -254,7 +254,7 @@ def serving_table(records) -> list[str]:
         lines += [f"Decode steps on **{gpu}**, H={c0['H']} H_kv={c0.get('H_kv', c0['H'])} D={c0['D']} {c0['dtype']}, "
                   f"one query row per sequence against every key it holds: call time back to back in µs, median "
                   f"(p99), then the host's µs per call with {BUSY_MS:g} ms of GPU work queued ahead (a call that "
-                  f"waited for the GPU would show it there).", "",
+                  f"waited for the GPU would show it there). Each row is one run; its record names the commit.", "",
                   "| B | keys | attention_kvcache | paged (256) | attention() | best SDPA | kvcache vs SDPA |",
                   "|---:|---:|---:|---:|---:|---:|---:|"]
         for record in mine:
