@@ -474,7 +474,7 @@ def _resolve(q, k, v, causal, scale, phase, return_lse=False):
     phase = best_for_this_gpu() if best else get_phase(phase)
     ops = tuple(describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     _validate(ops, phase, causal, scale, return_lse)
-    B, H, S_q, D = ops[0].shape
+    _, H, S_q, D = ops[0].shape
     if best and not simulator_enabled():  # the simulator has no speed to choose by
         phase = best_for_shape(phase, D, causal, ops[1].shape[2], rows_per_kv_head=H // ops[1].shape[1] * S_q)
     require_device(phase)

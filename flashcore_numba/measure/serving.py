@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from .bench import DTYPES, Timing, raised, call_times, gate, open_device, set_timing
+from .bench import DTYPES, Timing, call_times, gate, open_device, raised, set_timing
 from .records import Result, build_record, default_records_dir, gpu_slug, nvidia_smi, provenance, unavailable
 
 PAGE = 256
