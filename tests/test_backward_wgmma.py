@@ -49,7 +49,7 @@ def test_wgmma_backward_matches_the_reference_gradients(shape, seq_k, heads_kv, 
     gradients_close(got, *both_references(q, k, v, do, dtype, causal=causal, scale=0.3))
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("deterministic", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_wgmma_backward_over_several_blocks_and_tiles(deterministic):
     """Three key blocks (128 keys, 128 and 4) and two query tiles of 64 rows (D = 128), causal with
     S_q < S_k: the first two key blocks are seen from the first query tile on, the last only from
@@ -133,6 +133,7 @@ def wgmma_backward_reports(background):
     return background.result()
 
 
+@pytest.mark.slow
 def test_wgmma_backward_kernels_compiled_for_the_h100(wgmma_backward_reports):
     """kv_kernel multiplies on wgmma only (no mma.sync, no ldmatrix), its wgmmas run asynchronously
     (ptxas serializes every wgmma of a kernel that makes a call: a 64-bit division would), dQ by

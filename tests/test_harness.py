@@ -954,6 +954,7 @@ def test_simulator_block_loop_keeps_barriers_and_reports_errors():
 # ---------------------------------------------------------------------------------------------
 # The first call of a new process (measure/first_call.py)
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_first_call_benchmark_runs_new_processes_and_writes_a_record(tmp_path):
     """`run_first_call_benchmark` in the simulator (phase 01, a tiny problem): a process that fills
     the cache, then the measured ones, each a new Python process that checks its output; the record
