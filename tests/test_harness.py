@@ -823,6 +823,7 @@ def test_simulator_run_says_what_err_is_measured_against():
     assert "(here 2.0e-03)" in cli._err_legend(_fake_verdicts((True,)))
 
 
+@pytest.mark.slow  # two `flashcore doctor` runs; the wheel's test (marker install) runs it too
 def test_doctor_without_gpu():
     has_gpu = shutil.which("nvidia-smi") is not None
     for simulator in (False, True):
