@@ -24,16 +24,19 @@ from flashcore_numba.reference import (
 
 NO_TORCH = "torch is not installed (pip install -e '.[torch]')"  # the GPU tests need it
 
-CASES = [  # (the property test below draws both dQ modes on random problems too)
+# (the property test below draws both dQ modes on random problems too); four run by default, the
+# rest (marked slow) in .ci/run
+CASES = [
     pytest.param((1, 2, 20, 64), 20, 2, True, False, id="causal, a partial tile"),
-    pytest.param((1, 2, 20, 64), 20, 2, True, True, id="causal, a partial tile, deterministic"),
+    pytest.param((1, 2, 20, 64), 20, 2, True, True, id="causal, a partial tile, deterministic",
+                 marks=pytest.mark.slow),
     pytest.param((2, 2, 7, 64), 23, 2, False, False, id="S_q < S_k"),
-    pytest.param((1, 4, 5, 64), 9, 2, True, False, id="GQA 2, causal, S_q < S_k"),
+    pytest.param((1, 4, 5, 64), 9, 2, True, False, id="GQA 2, causal, S_q < S_k", marks=pytest.mark.slow),
     pytest.param((1, 4, 5, 64), 9, 2, True, True, id="GQA 2, causal, S_q < S_k, deterministic"),
     pytest.param((1, 2, 26, 64), 11, 1, True, False, id="MQA, causal, rows without keys"),
-    pytest.param((1, 2, 18, 128), 17, 2, False, False, id="D=128"),
-    pytest.param((1, 2, 18, 128), 17, 2, False, True, id="D=128, deterministic"),
-    pytest.param((1, 2, 33, 64), 40, 1, True, False, id="bf16, MQA, causal"),
+    pytest.param((1, 2, 18, 128), 17, 2, False, False, id="D=128", marks=pytest.mark.slow),
+    pytest.param((1, 2, 18, 128), 17, 2, False, True, id="D=128, deterministic", marks=pytest.mark.slow),
+    pytest.param((1, 2, 33, 64), 40, 1, True, False, id="bf16, MQA, causal", marks=pytest.mark.slow),
 ]
 
 
@@ -99,6 +102,7 @@ def test_backward_matches_the_reference_gradients(shape, seq_k, heads_kv, causal
     gradients_close(got, *both_references(q, k, v, do, dtype, causal=causal, scale=0.3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parts", [3])
 def test_deterministic_dq_in_parts(parts):
     """deterministic=True: one block per part of dQ takes its key blocks in turn; with three parts
@@ -117,7 +121,7 @@ def test_deterministic_dq_in_parts(parts):
     assert all(np.array_equal(a, b) for a, b in zip(got, again))
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("deterministic", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_backward_with_one_ds_buffer(deterministic):
     """A GPU without room for two dSᵀ buffers (ds_buffers_for: an A100 at D = 128, a GeForce RTX
     card at D = 64) gets kv_kernel with one, each tile's dQ behind a barrier of its own instead of
@@ -168,7 +172,7 @@ def test_backward_takes_the_gradient_of_the_lse():
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("seq_q", [1, 3, 10, 37])
+@pytest.mark.parametrize("seq_q", [1, 3, 10, pytest.param(37, marks=pytest.mark.slow)])
 def test_delta_kernel_rows_of_a_warp(head_dim, seq_q):
     """delta_kernel: Δ = rowsum(dO ∘ O), minus dLSE where given, for heads whose rows fill a warp's
     delta_rows_per_warp, leave it partly empty, stop short of a block or span several blocks
@@ -226,6 +230,7 @@ def backward_reports(background):
     return background.result()
 
 
+@pytest.mark.slow
 def test_backward_kernels_compiled_for_the_h100(backward_reports):
     """sm_90a machine code, no GPU needed (measure/machine_code.py, as lesson 11 shows it): at D = 64
     no kernel spills or keeps a stack frame (kv_kernel keeps a warp's dK and dV, 16 keys x 64, in
@@ -433,6 +438,7 @@ def test_torch_compile_with_backward_on_gpu():
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_random_backward_problems_in_the_simulator():
     """Property test: random S_q and S_k (tails, S_q > S_k with rows that see no key), causal or
     not, the scale, the GQA group, batch, D = 64 and 128, fp16 or bf16, atomics or the deterministic pass: the

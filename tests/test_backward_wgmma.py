@@ -27,11 +27,13 @@ CASES = [
     # second warpgroup's piece of dQ all carry data (a partial tile of each)
     pytest.param((1, 1, 100, 64), 72, 1, True, False, id="causal, partial tiles past 64 rows and keys"),
     pytest.param((1, 4, 5, 64), 9, 2, True, True, id="GQA 2, causal, S_q < S_k, deterministic"),
-    pytest.param((1, 2, 26, 64), 11, 1, True, False, id="MQA, causal, rows without keys"),
+    pytest.param((1, 2, 26, 64), 11, 1, True, False, id="MQA, causal, rows without keys",
+                 marks=pytest.mark.slow),  # phase 11's rows without keys run by default (test_backward)
     pytest.param((1, 2, 18, 128), 17, 2, False, False, id="D=128"),
     # two query tiles of 64 rows: the serial build's dQ one tile late, from both dSᵀ buffers
-    pytest.param((1, 1, 70, 128), 30, 1, False, True, id="D=128, deterministic, two query tiles"),
-    pytest.param((1, 2, 33, 64), 40, 1, True, False, id="bf16, MQA, causal"),
+    pytest.param((1, 1, 70, 128), 30, 1, False, True, id="D=128, deterministic, two query tiles",
+                 marks=pytest.mark.slow),
+    pytest.param((1, 2, 33, 64), 40, 1, True, False, id="bf16, MQA, causal", marks=pytest.mark.slow),
 ]
 
 
@@ -49,7 +51,7 @@ def test_wgmma_backward_matches_the_reference_gradients(shape, seq_k, heads_kv, 
     gradients_close(got, *both_references(q, k, v, do, dtype, causal=causal, scale=0.3))
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("deterministic", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_wgmma_backward_over_several_blocks_and_tiles(deterministic):
     """Three key blocks (128 keys, 128 and 4) and two query tiles of 64 rows (D = 128), causal with
     S_q < S_k: the first two key blocks are seen from the first query tile on, the last only from
@@ -133,6 +135,7 @@ def wgmma_backward_reports(background):
     return background.result()
 
 
+@pytest.mark.slow
 def test_wgmma_backward_kernels_compiled_for_the_h100(wgmma_backward_reports):
     """kv_kernel multiplies on wgmma only (no mma.sync, no ldmatrix), its wgmmas run asynchronously
     (ptxas serializes every wgmma of a kernel that makes a call: a 64-bit division would), dQ by

@@ -40,6 +40,7 @@ def test_the_switch_turns_it_off(monkeypatch):
         assert inline_closurecall.copy is compile_speed.copy
 
 
+@pytest.mark.slow
 def test_a_phase_compiles_to_the_same_ptx_both_ways(monkeypatch):
     """Phase 05 (the common.py device functions inlined into its kernel) compiled for sm_90a with the
     shared memo and without it, in fresh interpreters without the simulator."""

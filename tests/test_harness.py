@@ -952,6 +952,7 @@ def test_simulator_run_says_what_err_is_measured_against():
     assert "(here 2.0e-03)" in cli._err_legend(_fake_verdicts((True,)))
 
 
+@pytest.mark.slow  # two `flashcore doctor` runs; the wheel's test (marker install) runs it too
 def test_doctor_without_gpu():
     has_gpu = shutil.which("nvidia-smi") is not None
     for simulator in (False, True):
@@ -1193,6 +1194,7 @@ def test_simulator_stops_a_warp_collective_or_named_barrier_that_can_never_compl
 # ---------------------------------------------------------------------------------------------
 # The first call of a new process (measure/first_call.py)
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_first_call_benchmark_runs_new_processes_and_writes_a_record(tmp_path):
     """`run_first_call_benchmark` in the simulator (phase 01, a tiny problem): a process that fills
     the cache, then the measured ones, each a new Python process that checks its output; the record

@@ -42,7 +42,7 @@ def check(q, k, v, lengths, table, causal=True, scale=None):
 @pytest.mark.parametrize("case", [
     pytest.param(dict(B=3, S_q=1, H=4, H_kv=2, D=64, lengths=[70, 1, 33]), id="contiguous, ragged, GQA 2"),
     pytest.param(dict(B=2, S_q=3, H=4, H_kv=1, D=64, lengths=[50, 0], page_size=16), id="paged 16, MQA, empty seq"),
-    pytest.param(dict(B=2, S_q=1, H=2, H_kv=2, D=128, lengths=[45, 90], page_size=32), id="paged 32, D=128"),
+    pytest.param(dict(B=2, S_q=1, H=2, H_kv=2, D=128, lengths=[45, 90], page_size=32), id="paged 32, D=128", marks=pytest.mark.slow),
     pytest.param(dict(B=1, S_q=2, H=8, H_kv=2, D=64, lengths=[37], page_size=48), id="page size not a tile's"),
     pytest.param(dict(B=3, S_q=1, H=2, H_kv=1, D=64, lengths=[5, 9, 0]), id="a cache shorter than a tile"),
 ])
@@ -56,7 +56,8 @@ def test_kvcache_without_the_causal_mask_and_with_a_scale():
     check(*make_cache(B=2, S_q=4, H=2, H_kv=1, D=64, lengths=[40, 3], page_size=16), causal=False, scale=0.3)
 
 
-@pytest.mark.parametrize("page_size", [16, 48], ids=["pages of 16 (read per key)", "pages of 48 (a tile's pages)"])
+@pytest.mark.parametrize("page_size", [16, pytest.param(48, marks=pytest.mark.slow)],
+                         ids=["pages of 16 (read per key)", "pages of 48 (a tile's pages)"])
 def test_pages_smaller_than_a_tile(page_size, monkeypatch):
     """The simulator's tiles are 16 keys, so every page size holds a whole tile there, and the
     kernel's other copy (copy_kv_pages: a page smaller than a tile, the block table read for

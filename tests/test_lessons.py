@@ -353,7 +353,6 @@ def test_lesson_executes(pid, executed):
                 f"{kept.source!r}: run `flashcore lessons --listings --only {pid}`")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("pid", ["00"])
 def test_lesson00_executes(pid, executed):
     """Lesson 00 (no phase: its puzzles are course/puzzles.py) runs top to bottom in a few seconds; in the

@@ -177,6 +177,7 @@ def test_the_report_assembles_what_numba_cuda_loads(monkeypatch):
     assert assembled == [b"LTO-IR"] * 4
 
 
+@pytest.mark.slow
 def test_one_compile_gives_the_ptx_and_the_ltoir_of_two():
     """Phase 09's report (launch bounds: assembled from its LTO-IR) takes the PTX and the LTO-IR
     from one compile (`compile_phase_ptx_and_ltoir`): the same PTX as `compile_phase_ptx`'s, and

@@ -192,7 +192,7 @@ def _pytest_without(blocked, *args) -> subprocess.CompletedProcess:
 
 def test_property_tests_skip_without_hypothesis():
     """test_properties.py collects without hypothesis; its property-based tests skip, saying why."""
-    done = _pytest_without(["hypothesis"], "tests/test_properties.py",
+    done = _pytest_without(["hypothesis"], "tests/test_properties.py", "-m", "slow",  # the property tests are slow
                            "-k", "random_problems_in_the_simulator and 01")
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]

@@ -38,16 +38,18 @@ def check(phase, shape, seq_k=None, causal=False, scale=1.0):
 
 
 # (B, H, S, D), seq_k, causal: one row each, chosen to keep the simulator under a minute per phase.
+# The three smallest run by default; the longer rows (whole tiles, a tail over two tiles, D = 128)
+# are marked slow (.ci/run runs them).
 # Causal rows that see no key (S_q=12 S_k=5) are tests/test_properties.py's
 # test_rows_without_keys_are_zero: every phase, the same shape with 2 heads, the same check
 # against the reference plus exact zeros and no NaN (a row here as well ran that launch twice).
 CASES = [
-    pytest.param((1, 1, 64, 64), None, False, id="S=64 whole tiles"),
-    pytest.param((1, 1, 70, 64), None, True, id="S=70 tail, causal"),
+    pytest.param((1, 1, 64, 64), None, False, id="S=64 whole tiles", marks=pytest.mark.slow),
+    pytest.param((1, 1, 70, 64), None, True, id="S=70 tail, causal", marks=pytest.mark.slow),
     pytest.param((1, 2, 12, 64), None, False, id="S=12 under one tile, 2 heads"),
     pytest.param((2, 1, 1, 64), None, True, id="S=1, batch 2, causal"),
     pytest.param((1, 1, 9, 64), 40, True, id="S_q=9 S_k=40 causal (bottom-right)"),
-    pytest.param((1, 1, 33, 128), None, True, id="D=128 S=33 causal"),
+    pytest.param((1, 1, 33, 128), None, True, id="D=128 S=33 causal", marks=pytest.mark.slow),
 ]
 
 
@@ -103,7 +105,7 @@ GQA_PHASES = [pid for pid, module in sorted(PHASES.items()) if getattr(module, "
 
 
 @pytest.mark.parametrize("phase", GQA_PHASES)
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_grouped_query_attention(phase, causal):
     """4 query heads on 2 key/value heads: head h reads k/v head h // 2 (through the public API)."""
     from flashcore_numba import attention
@@ -146,8 +148,8 @@ def run_bf16(phase, q, k, v, causal):
 
 @pytest.mark.parametrize("phase", BF16_PHASES)
 @pytest.mark.parametrize("shape,seq_k,causal", [
-    pytest.param((1, 1, 40, 64), 37, False, id="S_q=40 S_k=37"),
-    pytest.param((1, 1, 33, 128), 50, True, id="D=128 S_q=33 S_k=50 causal"),
+    pytest.param((1, 1, 40, 64), 37, False, id="S_q=40 S_k=37", marks=pytest.mark.slow),
+    pytest.param((1, 1, 33, 128), 50, True, id="D=128 S_q=33 S_k=50 causal"),  # D = 128 by default
 ])
 def test_bf16_matches_reference(phase, shape, seq_k, causal):
     """bf16 inputs, rounded to bf16 first; the yardstick is the same attention rounded to bf16."""
@@ -406,11 +408,12 @@ def split_config(D, splits, dtype="float16"):
 # test_phase10_merge_keeps_infinities_of_v[3], and of a group of 4 in
 # test_phase10_leaves_its_counters_at_zero.
 @pytest.mark.parametrize("case, splits", [
-    pytest.param(dict(shape=(2, 4, 1, 64), seq_k=100, heads_kv=2, causal=False), 5, id="decode, GQA 2-5"),
+    pytest.param(dict(shape=(2, 4, 1, 64), seq_k=100, heads_kv=2, causal=False), 5, id="decode, GQA 2-5",
+                 marks=pytest.mark.slow),
     pytest.param(dict(shape=(1, 8, 3, 64), seq_k=90, heads_kv=2, causal=True), 3,
                  id="3 drafted rows, GQA 4, causal-3"),
     pytest.param(dict(shape=(1, 2, 20, 64), seq_k=70, heads_kv=2, causal=True), 2,
-                 id="20 rows: two row tiles-2"),
+                 id="20 rows: two row tiles-2", marks=pytest.mark.slow),
     pytest.param(dict(shape=(1, 1, 24, 64), seq_k=10, heads_kv=1, causal=True), 5, id="rows without keys-5"),
 ])
 def test_phase10_splits_merge_to_the_reference(case, splits):

@@ -143,7 +143,7 @@ def test_huge_logits_stay_finite(kernel_id):
 
 
 @pytest.mark.parametrize("kernel_id", IDS)
-@pytest.mark.parametrize("rise", [6.0, 300.0], ids=["gentle", "steep"])
+@pytest.mark.parametrize("rise", [pytest.param(6.0, marks=pytest.mark.slow), 300.0], ids=["gentle", "steep"])
 def test_scores_that_rise_along_the_keys(kernel_id, rise):
     """The row max keeps growing from tile to tile: by a few units in all (a kernel whose running
     max may trail, as phase 07's does by up to 8 in log2 units, then never rescales after the first

@@ -187,6 +187,7 @@ def phase06_reports(request, background):
     return compiled(request, background)
 
 
+@pytest.mark.slow
 def test_phase06_has_no_spill_and_no_local_memory(phase06_reports):
     for kid, r in phase06_reports.items():
         assert (r["spill_store_bytes"], r["spill_load_bytes"], r["stack_frame_bytes"]) == (0, 0, 0), (
@@ -196,6 +197,7 @@ def test_phase06_has_no_spill_and_no_local_memory(phase06_reports):
         assert "st.local" not in r["ptx"] and "ld.local" not in r["ptx"]
 
 
+@pytest.mark.slow
 def test_phase06_routes(phase06_reports):
     """The link route calls into wmma.ptx; the inline route has the WMMA instructions in the kernel."""
     link, inline = phase06_reports["06"], phase06_reports["06-inline"]
@@ -231,6 +233,7 @@ def assert_scores_take_one_ex2(ptx_text: str, scores: int, where: str):
     assert plain * 8 <= ftz, f"{where}: {plain} ex2.approx.f32 (with fix-ups) beside {ftz} ex2.approx.ftz.f32"
 
 
+@pytest.mark.slow
 def test_phase07_has_no_spill_and_no_local_memory(phase07_report):
     r = phase07_report
     where = f"phase 07 D={r['head_dim']} {r['dtype']}"
@@ -240,6 +243,7 @@ def test_phase07_has_no_spill_and_no_local_memory(phase07_report):
     assert "st.local" not in r["ptx"] and "ld.local" not in r["ptx"], f"{where}: local memory in the PTX"
 
 
+@pytest.mark.slow
 def test_phase07_has_no_spill_with_a_toolkits_ptxas(phase07_report):
     """The same PTX assembled by a CUDA toolkit's ptxas, when one is installed: the GPU machine's
     nvJitLink may be older than this machine's, and an older ptxas may spill where a newer one
@@ -256,6 +260,7 @@ def test_phase07_has_no_spill_with_a_toolkits_ptxas(phase07_report):
         f"phase 07 D={r['head_dim']} {r['dtype']} with {ptxas}: {usage}")
 
 
+@pytest.mark.slow
 def test_phase07_is_inline_mma_ldmatrix_and_cp_async(phase07_report):
     r = phase07_report
     kind = "bf16" if r["dtype"] == "bfloat16" else "f16"
@@ -1072,6 +1077,7 @@ def phase08_report(request, background):
     return compiled(request, background)["08"]
 
 
+@pytest.mark.slow
 def test_phase08_has_no_spill_and_wgmmas_run_asynchronously(phase08_report):
     r = phase08_report
     where = f"phase 08 D={r['head_dim']} {r['dtype']}"
@@ -1096,6 +1102,7 @@ def phase09_report(request, background):
     return compiled(request, background)["09"]
 
 
+@pytest.mark.slow
 def test_phase09_trades_registers_without_spilling(phase09_report):
     r = phase09_report
     where = f"phase 09 D={r['head_dim']} {r['dtype']}"
@@ -1154,6 +1161,7 @@ def test_in_flight_check_finds_a_copy_before_the_wait():
     assert list(found.values()) == [["mov.f32 %f5, %f2;"]]
 
 
+@pytest.mark.slow
 def test_phase09_overlaps_its_softmax_with_its_own_products(phase09_report):
     """S and P.V are issued, S awaited alone (wait_group 1), the softmax runs, then P.V is awaited
     (wait_group 0); between an issue and its wait no instruction names a register in flight."""

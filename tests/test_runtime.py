@@ -60,6 +60,7 @@ def compiler_run(background):
     return background.result()
 
 
+@pytest.mark.slow
 def test_compiler_tests_pass_without_the_simulator(compiler_run):
     if not simulator_enabled():
         pytest.skip("this session has no simulator: the compiler tests ran in it directly")

@@ -50,6 +50,7 @@ def test_phase_09_passes_over_blocks_past_a_sequence():
     check(*packed([130, 0, 17], [100, 5, 40], H=2, H_kv=1), causal=True, phase="09")
 
 
+@pytest.mark.slow
 def test_a_scale_and_no_grouping():
     check(*packed([20, 45], H=2, H_kv=2), scale=0.3)
 
