@@ -33,7 +33,7 @@ import warnings
 import numpy as np
 
 from .arch.sim import simulator_enabled
-from .inputs import current_stream, describe, is_torch, torch_module, torch_to_kernel
+from .runtime.inputs import current_stream, describe, is_torch, torch_module, torch_to_kernel
 from .phases import PHASES, build, cc_reason, get_phase, min_cc, supports_gqa, supports_lse
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E

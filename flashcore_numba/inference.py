@@ -47,7 +47,7 @@ import numpy as np
 
 from . import api
 from .arch import tma
-from .inputs import current_stream, describe, is_torch, torch_module
+from .runtime.inputs import current_stream, describe, is_torch, torch_module
 from .phases import build_kvcache, build_varlen
 from .phases import p07_mma_sync as p07
 from .phases import p10_split_keys as p10

@@ -7,7 +7,7 @@ import pytest
 
 from flashcore_numba import PHASES, attention, check_close, get_phase, lowp_attention, reference_attention
 from flashcore_numba.reference import random_qkv
-from flashcore_numba.inputs import describe
+from flashcore_numba.runtime.inputs import describe
 
 
 def qkv(shape=(1, 1, 8, 64), seq_k=None, dtype=np.float16):

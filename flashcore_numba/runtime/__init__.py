@@ -1,5 +1,8 @@
 """The call path: what attention() and its siblings do on torch tensors once a problem has been seen.
 
+    inputs.py      what the entry points take: an argument described (kind, shape, dtype, device, so
+                   that every message names it the same way), torch tensors as kernel arrays,
+                   torch's current stream
     plan.py        a plan per problem: the kernel loaded, the grid, the parameters packed; a call
                    fills in four pointers and launches (arch/launch.py) on torch's current stream,
                    in the device's primary context whatever thread calls

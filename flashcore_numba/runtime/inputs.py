@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arch.sim import simulator_enabled
+from ..arch.sim import simulator_enabled
 
 
 @dataclass(frozen=True)
