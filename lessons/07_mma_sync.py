@@ -104,7 +104,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
 
 # %%
 from flashcore_numba.course import notebooks
-from flashcore_numba.phases import p06_wmma
+from flashcore_numba.phases import common, p06_wmma
 from flashcore_numba.phases import p07_mma_sync as phase
 
 lesson = notebooks.Lesson("07")
@@ -146,17 +146,43 @@ lesson.show_ptx("mma_sync.ptx", "flashcore_mma_f16")
 lesson.show_ptx("ldmatrix.ptx", "flashcore_ldmatrix_x4")
 
 # %% [markdown]
-# The copy of a tile by `cp.async`, and the kernel against phase 06's. A tile is 16-byte chunks; thread
-# t copies chunk t % CHUNKS of every ROWS_PER_PASS-th row. Only the last tile of a sequence can reach
-# past its end, so only that tile checks each row (and zero-fills the rows past the end). Every other
-# tile takes the first branch, where a thread's copies sit at fixed offsets from one address and the
-# copy instruction adds the offset itself. Why that split matters: [appendix](#appendix-tuning-notes).
+# The copy of a tile by `cp.async`. A tile is 16-byte chunks; thread t copies chunk t % CHUNKS of
+# every ROWS_PER_PASS-th row. Only the last tile of a sequence can reach past its end, so only that
+# tile checks each row (and zero-fills the rows past the end). Every other tile takes the first
+# branch, where a thread's copies sit at fixed offsets from one address and the copy instruction adds
+# the offset itself. Why that split matters: [appendix](#appendix-tuning-notes).
 
 # %%
 lesson.show_source(phase.make_copy_tile)
 
+# %% [markdown]
+# The kernel, as the algorithm reads: `build_kernel`'s `attend` is one block's work (the prologue
+# that loads Q and the first tile, the loop over K/V tiles, the epilogue), and each step it calls is
+# a role of its own, below it. Against phase 06, whose kernel was one function:
+
 # %%
 lesson.show_diff(p06_wmma.build_kernel, phase.build_kernel)
+
+# %% [markdown]
+# The roles. The products (ideas 1, 2 and 5: Q's fragments, S = Q·Kᵀ, O += P·V, one `mma.sync`
+# at a time, the k-steps unrolled when the kernel is built):
+
+# %%
+lesson.show_source(phase.make_products)
+
+# %% [markdown]
+# The online softmax of a tile (ideas 3 and 4), on the fragments; and the epilogue:
+
+# %%
+lesson.show_source(phase.make_softmax_tile, phase.make_epilogue)
+
+# %% [markdown]
+# The fragment helpers the softmax calls are written once, in
+# [`phases/common.py`](../flashcore_numba/phases/common.py), and phases 08 to 10 call the same ones:
+# the mask of a tile, this lane's part of the rows' maxima, exp2 with the rows' sums, the rescale of O.
+
+# %%
+lesson.show_source(common.mask_scores, common.row_max, common.make_exp_and_sum, common.rescale_rows)
 
 # %% [markdown]
 # One argument is new at the end of the diff: `LSE`. When a caller asks for it

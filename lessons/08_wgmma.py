@@ -93,7 +93,6 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
 
 # %%
 from flashcore_numba.course import notebooks
-from flashcore_numba.phases import p07_mma_sync
 from flashcore_numba.phases import p08_wgmma as phase
 
 lesson = notebooks.Lesson("08")
@@ -132,13 +131,16 @@ notebooks.draw_warpgroup_rows()
 lesson.show_ptx("wgmma.ptx", "flashcore_wgmma_qk_d64_f16")
 
 # %% [markdown]
-# The copy of a tile into the swizzled layout, and the kernel against phase 07's:
+# The copy of a tile into the swizzled layout, and the kernel. It does what phase 07's roles do
+# (`p07_mma_sync.make_products`, `make_softmax_tile`, `make_epilogue`), in one function: the
+# products are one wgmma call each per tile, and the softmax calls the same fragment helpers
+# (`common.mask_scores`, `row_max`, `exp_and_sum`), without phase 07's m-tiles and lazy rescale.
 
 # %%
 lesson.show_source(phase.make_copy_tile)
 
 # %%
-lesson.show_diff(p07_mma_sync.build_kernel, phase.build_kernel)
+lesson.show_source(phase.build_kernel)
 
 # %% [markdown]
 # ## Is it correct?

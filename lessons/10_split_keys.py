@@ -189,8 +189,23 @@ lesson.show_source(phase.split_count, phase.make_splits)
 # before the first tiles land, and the blocks' loops ending over 10 µs), where cuDNN is still
 # 1-2 µs ahead.
 
+# %% [markdown]
+# The kernel, as the algorithm reads: `build_kernel`'s `attend` is one block's work (its rows and its
+# warps' ranges of keys, the prologue, phase 07's loop over the tiles, each warp's partial, the merge),
+# and each step is a role of its own, below it.
+
 # %%
 lesson.show_source(phase.build_kernel)
+
+# %% [markdown]
+# The roles: the copies (from a head, or from a KV cache's pages), the products and the softmax of a
+# tile (phase 07's, for one warp of 16 rows), a warp's partial, and the merge of the partials as a tree.
+
+# %%
+lesson.show_source(phase.make_loads, phase.make_products, phase.make_softmax_tile)
+
+# %%
+lesson.show_source(phase.make_partial, phase.make_merge)
 
 # %% [markdown]
 # ## Is it correct?

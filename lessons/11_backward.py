@@ -158,10 +158,14 @@ lesson.show_source(phase.build_delta_kernel)
 
 # %% [markdown]
 # Then `kv_kernel`: the block's keys and values in shared memory, query tiles streaming past, Pᵀ
-# and dSᵀ recomputed per tile, dV and dK in registers, dQ by atomics.
+# and dSᵀ recomputed per tile, dV and dK in registers, dQ by atomics. `build_kv_kernel` wires its
+# roles, which follow it: a query tile's gradients, dQ, and the stream of query tiles.
 
 # %%
 lesson.show_source(phase.build_kv_kernel)
+
+# %%
+lesson.show_source(phase.make_tile_grads, phase.make_dq, phase.make_query_stream)
 
 # %% [markdown]
 # The element-by-element step of a tile (exercise 11-a), which phase 12 shares: each lane's

@@ -46,7 +46,7 @@
 # The accumulators of a wgmma have `mma.sync`'s layout, warp w holding rows 16w .. 16w + 15 of the
 # 64: exactly phase 11's layout of a warp's 16 keys. So the element-by-element step in between,
 # Pᵀ recomputed from the log-sum-exp and dSᵀ = Pᵀ ∘ (dPᵀ − Δ), is phase 11's code, unchanged, and so
-# is the repacking of Pᵀ and dSᵀ into A fragments (`as_a_fragments`).
+# is the repacking of Pᵀ and dSᵀ into A fragments (`common.make_pack_a`, which phases 09 and 10 use for P).
 #
 # **4. dSᵀ through shared memory.** dQ = dS K needs dS with the query rows as its rows, the
 # transpose of what each warpgroup holds, and it needs both warpgroups' keys. So each warpgroup
@@ -77,7 +77,6 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
 
 # %%
 from flashcore_numba.course import notebooks
-from flashcore_numba.phases import p11_backward
 from flashcore_numba.phases import p12_backward_wgmma as phase
 
 lesson = notebooks.Lesson("12")
@@ -99,12 +98,13 @@ notebooks.draw_wgmma_backward()
 # %% [markdown]
 # ## The kernel, beside phase 11's
 #
-# What changed from phase 11's `kv_kernel`, line by line: the ldmatrix addresses and the per-warp
-# products give way to descriptors and warpgroup calls, the dSᵀ stores follow the swizzle, and the
-# dQ of a tile is two calls per piece.
+# It does what phase 11's `kv_kernel` and its roles (`p11_backward.make_tile_grads`, `make_dq`,
+# `make_query_stream`) do, in one function: the ldmatrix addresses and the per-warp products give way
+# to descriptors and warpgroup calls, the dSᵀ stores follow the swizzle, and the dQ of a tile is two
+# calls per piece.
 
 # %%
-lesson.show_diff(p11_backward.build_kv_kernel, phase.build_kv_kernel)
+lesson.show_source(phase.build_kv_kernel)
 
 # %% [markdown]
 # The tiles reach shared memory in phase 08's layout (rows in tiles of 64, each D / 64 swizzled

@@ -111,6 +111,141 @@ def softmax_rescale(m_i, m_ij):
     return m_new, m_ref, alpha
 
 
+# ---------------------------------------------------------------------------------------------
+# Fragments: a warp's tiles of scores and of O, in the accumulator layout of mma.sync and wgmma
+# ---------------------------------------------------------------------------------------------
+# The tensor-core phases (07 on) keep S, P and O where the products leave them. Of every 16 rows
+# of a tile, lane l of the warp holds two, row a = l // 4 and row b = a + 8, and of every block j
+# of 8 columns (an n-tile) two columns, 2t and 2t + 1 (t = l % 4): a fragment s of shape (n, 4)
+# holds s[j, 0], s[j, 1] of row a and s[j, 2], s[j, 3] of row b. The four lanes of a quad (the same
+# l // 4) share their rows, so a row's max or sum is this lane's part, then two shuffles in the quad.
+# A kernel indexes its fragments by constants alone (loops the compiler unrolls), so that they stay
+# in registers: the helpers below walk n-tiles j0 .. j0 + n - 1 with j0 and n constants.
+MMA_N = 8  # columns of an n-tile: the n of mma.sync's m16n8k16 and of wgmma's 8-column blocks
+
+
+@cuda.jit(device=True, inline=True)
+def zero_tiles(c, n):
+    """n-tiles 0 .. n - 1 of the fragment c (four values each) set to 0: a product's accumulators
+    before its first k-step."""
+    for j in range(n):
+        for e in range(4):
+            c[j, e] = float32(0.0)
+
+
+@cuda.jit(device=True, inline=True)
+def mask_scores(s, j0, n, start_n, t, k_end_a, k_end_b):
+    """-- mask: in n-tiles j0 .. j0 + n - 1 of s (a tile of scores whose column 0 is key start_n),
+    the keys that rows a and b may not see set to -inf: those from the row's k_end on."""
+    for j in range(j0, j0 + n):
+        col = start_n + j * MMA_N + 2 * t
+        if col >= k_end_a:
+            s[j, 0] = float32(-math.inf)
+        if col + 1 >= k_end_a:
+            s[j, 1] = float32(-math.inf)
+        if col >= k_end_b:
+            s[j, 2] = float32(-math.inf)
+        if col + 1 >= k_end_b:
+            s[j, 3] = float32(-math.inf)
+
+
+@cuda.jit(device=True, inline=True)
+def row_max(s, j0, n, m_ij_a, m_ij_b):
+    """-- row maxima: m_ij_a and m_ij_b (rows a and b) raised to the largest of this lane's scores
+    in n-tiles j0 .. j0 + n - 1 of s. Only this lane's columns: `quad_max` takes the whole row's."""
+    for j in range(j0, j0 + n):
+        m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
+        m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
+    return m_ij_a, m_ij_b
+
+
+@cuda.jit(device=True, inline=True)
+def quad_max(m_ij_a, m_ij_b):
+    """The maxima of rows a and b over the quad's four lanes, in each of them: every lane of the
+    quad holds a quarter of the rows' columns (xor 1 and xor 2 stay within the quad)."""
+    m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
+    m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
+    m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
+    m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
+    return m_ij_a, m_ij_b
+
+
+@cuda.jit(device=True, inline=True)
+def quad_sum(l_a, l_b):
+    """The sums of rows a and b over the quad's four lanes, in each of them (as `quad_max`)."""
+    l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
+    l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
+    l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
+    l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
+    return l_a, l_b
+
+
+@cuda.jit(device=True, inline=True)
+def warp_max(x):
+    """The max of x over the 32 lanes, in every lane (a butterfly of shuffles, as phase 03's)."""
+    for offset in (16, 8, 4, 2, 1):
+        x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, offset))
+    return x
+
+
+@cuda.jit(device=True, inline=True)
+def warp_sum(x):
+    """The sum of x over the 32 lanes, in every lane."""
+    for offset in (16, 8, 4, 2, 1):
+        x += cuda.shfl_xor_sync(FULL_MASK, x, offset)
+    return x
+
+
+def make_exp_and_sum(exp2):
+    """exp_and_sum(s, j0, n, scale, m_ref_a, m_ref_b, sum_a, sum_b), with `exp2` the kernel's
+    (ptx/exp2.ptx: one MUFU.EX2)."""
+
+    @cuda.jit(device=True, inline=True)
+    def exp_and_sum(s, j0, n, scale, m_ref_a, m_ref_b, sum_a, sum_b):
+        """-- p = exp2(s · scale - m_ref) in place of the scores of n-tiles j0 .. j0 + n - 1, and
+        this lane's part of the rows' sums added to sum_a and sum_b (returned). The scale is
+        folded into the exponent: one FFMA and one MUFU.EX2 a score (softmax_rescale: m_ref)."""
+        for j in range(j0, j0 + n):
+            s[j, 0] = exp2(cuda.fma(s[j, 0], scale, -m_ref_a))
+            s[j, 1] = exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
+            s[j, 2] = exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
+            s[j, 3] = exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
+            sum_a += s[j, 0] + s[j, 1]
+            sum_b += s[j, 2] + s[j, 3]
+        return sum_a, sum_b
+
+    return exp_and_sum
+
+
+@cuda.jit(device=True, inline=True)
+def rescale_rows(acc, n, alpha_a, alpha_b):
+    """-- rescale: acc = alpha · acc over n-tiles 0 .. n - 1 (row a by alpha_a, row b by alpha_b),
+    when the running max has moved and the next P·V is to be added at the new scale."""
+    for j in range(n):
+        acc[j, 0] *= alpha_a
+        acc[j, 1] *= alpha_a
+        acc[j, 2] *= alpha_b
+        acc[j, 3] *= alpha_b
+
+
+def make_pack_a(pack, k_steps: int):
+    """pack_a(frag, c) for `k_steps` k-steps of 16, with `pack` the kernel's two fp32 -> one
+    16-bit pair (fp16 or bf16)."""
+
+    @cuda.jit(device=True, inline=True)
+    def pack_a(frag, c):
+        """-- P as A fragments: the accumulators c of n-tiles 2kk and 2kk + 1 are k-step kk's A
+        fragment (rows a, b; columns 2t, 2t + 1 and 2t + 8, 2t + 9 of the k-step's 16), rounded to
+        16 bits, two values a register. So P never leaves the registers on its way to P·V."""
+        for kk in range(k_steps):
+            frag[kk, 0] = pack(c[2 * kk, 0], c[2 * kk, 1])
+            frag[kk, 1] = pack(c[2 * kk, 2], c[2 * kk, 3])
+            frag[kk, 2] = pack(c[2 * kk + 1, 0], c[2 * kk + 1, 1])
+            frag[kk, 3] = pack(c[2 * kk + 1, 2], c[2 * kk + 1, 3])
+
+    return pack_a
+
+
 @cuda.jit(device=True, inline=True)
 def finalize(acc_value, l_i):
     """-- epilogue: o = acc / l_i; a row that saw no key (or only -inf scores) has l_i = 0 and
@@ -125,10 +260,7 @@ def quad_row_inverses(l_a, l_b):
     """1 / l_i of a thread's two rows (a and b), each of whose four quad lanes summed a quarter of
     the row's columns: the sums over the quad by shuffles, then the divisions (0 for a row that
     saw no key, l_i = 0; NaN for a NaN l_i, as `finalize`)."""
-    l_a += cuda.shfl_xor_sync(0xFFFFFFFF, l_a, 1)
-    l_a += cuda.shfl_xor_sync(0xFFFFFFFF, l_a, 2)
-    l_b += cuda.shfl_xor_sync(0xFFFFFFFF, l_b, 1)
-    l_b += cuda.shfl_xor_sync(0xFFFFFFFF, l_b, 2)
+    l_a, l_b = quad_sum(l_a, l_b)
     # 1 / l_i by the fast approximate division: an IEEE division has a slow path that is a
     # subroutine call, and a call anywhere in a kernel serializes its wgmmas
     inv_a = fast_fdividef(float32(1.0), l_a) if l_a != float32(0.0) else float32(0.0)
@@ -156,10 +288,7 @@ def store_lse(LSE, b, h, row_a, row_b, seq_q, t, l_a, l_b, m_a, m_b):
     """`return_lse`: the log-sum-exp of a thread's two rows (a and b, as in `store_rows`) into
     LSE (B, H, S_q) float32. The four lanes of a quad each hold a quarter of a row's l_i and the
     same m_i: the sums over the quad, then lane t = 0 writes. The whole warp calls it (shuffles)."""
-    l_a += cuda.shfl_xor_sync(0xFFFFFFFF, l_a, 1)
-    l_a += cuda.shfl_xor_sync(0xFFFFFFFF, l_a, 2)
-    l_b += cuda.shfl_xor_sync(0xFFFFFFFF, l_b, 1)
-    l_b += cuda.shfl_xor_sync(0xFFFFFFFF, l_b, 2)
+    l_a, l_b = quad_sum(l_a, l_b)
     if t == 0:
         if row_a < seq_q:
             LSE[b, h, row_a] = row_lse(m_a, l_a)

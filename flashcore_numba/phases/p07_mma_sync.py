@@ -94,8 +94,8 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from ..arch import operands, ptx
 from ..arch.sim import simulator_enabled
-from .common import (FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, packed_span, softmax_rescale,
-                     store_lse)
+from .common import (FULL_MASK, MMA_N, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end,
+                     make_exp_and_sum, mask_scores, packed_span, rescale_rows, row_max, softmax_rescale, store_lse)
 
 ID = "07"
 NAME = "mma_sync"
@@ -106,7 +106,7 @@ GQA = True
 LSE = True  # return_lse: the kernel can write each row's log-sum-exp (common.store_lse)
 MIN_CC = (8, 0)
 
-MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync.m16n8k16
+MMA_M, MMA_K = 16, 16  # mma.sync.m16n8k16 (MMA_N: common.py)
 LAZY = float32(8.0)  # how far (log2 units) a row's m_i may trail its max before the warp rescales
 PAD = 8  # fp16 elements added to each shared-memory row: rows 16 bytes apart mod 128, so the
 #          eight row addresses of an ldmatrix hit eight different 16-byte bank groups
@@ -238,28 +238,22 @@ def unrolled(step, n: int):
     return run
 
 
-def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
-    """Phase 07's kernel; with `varlen`, the same kernel on sequences of their own lengths packed end
-    to end (flashcore_numba.inference.attention_varlen): q (1, total_q, H, D), K and V (1, total_k,
-    H_kv, D), sequence b's rows from CU_Q[b] (and CU_K[b]). Only where a head's rows lie and how
-    many a sequence has differ (the branches on VARLEN, settled when the kernel is built)."""
-    VARLEN = varlen
+def make_products(L, dtype="float16"):
+    """The warp's two products on the tensor cores, `mma.sync` by `mma.sync`, for one tile of keys:
+    returns (q_fragments, qk_steps, pv_steps).
+
+    - `q_fragments(q_frag, q_warp)`: Q's A fragments of every k-step, read from shared memory by
+      ldmatrix (lane l gives row l % 16 and column 8 (l // 16) of each 16 x 16 block), held in
+      registers for the whole loop when they fit (Q_STEPS == KQ);
+    - `qk_steps(0, (s, q_frag, q_warp, k_tile))`: s += q · kᵀ, KQ k-steps, K's B fragments by
+      ldmatrix (Q's read again at every k-step when they are not held);
+    - `pv_steps(0, (acc, p_frag, v_tile))`: acc += p · v, V's B fragments by ldmatrix.trans.
+    Every K or V fragment read feeds the warp's M_TILES m-tiles. The k-steps are `unrolled`."""
     mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
-    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
-    exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")  # one MUFU.EX2, no subnormal fix-ups
-    st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
     ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
     ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
-    commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
-    wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
-    shared_address, global_address = operands.shared_address, operands.global_address
-    copy_tile = make_copy_tile(L)
-    HEAD_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"]
-    M_TILES, WARP_ROWS = L["M_TILES"], L["WARP_ROWS"]
-    STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
-    NT, KQ, KP, NO, Q_STEPS = L["NT"], L["KQ"], L["KP"], L["NO"], L["Q_STEPS"]
-    N_THREADS, ROW_BYTES = L["N_THREADS"], STRIDE * 2
-    store_rows, store_rows_at = fragment_epilogue_16b(pack, NO, st_global_v4)  # 16-byte stores (common.py)
+    M_TILES, NT, KQ, KP, NO, Q_STEPS = L["M_TILES"], L["NT"], L["KQ"], L["KP"], L["NO"], L["Q_STEPS"]
+    ROW_BYTES = L["STRIDE"] * 2
 
     @cuda.jit(device=True, inline=True)
     def mma_into(c, mt, j, a, kk, b0, b1):
@@ -267,6 +261,16 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
         c[mt, j, 0], c[mt, j, 1], c[mt, j, 2], c[mt, j, 3] = mma(
             a[mt, kk, 0], a[mt, kk, 1], a[mt, kk, 2], a[mt, kk, 3], b0, b1,
             c[mt, j, 0], c[mt, j, 1], c[mt, j, 2], c[mt, j, 3])
+
+    @cuda.jit(device=True, inline=True)
+    def q_fragments(q_frag, q_warp):
+        """Q's A fragments of all KQ k-steps of the warp's m-tiles, when the lane holds them all."""
+        if Q_STEPS == KQ:
+            for mt in range(M_TILES):
+                for kk in range(KQ):
+                    a0, a1, a2, a3 = ldsm(q_warp + mt * MMA_M * ROW_BYTES + kk * 32)
+                    q_frag[mt, kk, 0], q_frag[mt, kk, 1] = a0, a1
+                    q_frag[mt, kk, 2], q_frag[mt, kk, 3] = a2, a3
 
     @cuda.jit(device=True, inline=True)
     def qk_step(kk, args):
@@ -293,8 +297,133 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
                 mma_into(acc, mt, 2 * jj, p_frag, kk, b0, b1)
                 mma_into(acc, mt, 2 * jj + 1, p_frag, kk, b2, b3)
 
-    qk_steps = unrolled(qk_step, KQ)  # straight-line code: see unrolled above
-    pv_steps = unrolled(pv_step, NO // 2)
+    return q_fragments, unrolled(qk_step, KQ), unrolled(pv_step, NO // 2)  # straight-line code: see unrolled
+
+
+def make_softmax_tile(L, dtype="float16"):
+    """softmax_tile(...): the online softmax of one tile of scores, for all the warp's m-tiles."""
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
+    exp_and_sum = make_exp_and_sum(ptx.function("exp2.ptx", "flashcore_exp2", "inline"))  # one MUFU.EX2
+    BLOCK_N, M_TILES, NT, KP, NO = L["BLOCK_N"], L["M_TILES"], L["NT"], L["KP"], L["NO"]
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_tile(s, p_frag, acc, m_a, m_b, l_a, l_b, m_ij_a_scaled, m_ij_b_scaled, start_n, k_end_min,
+                     warp_row0, g, t, seq_q, seq_k, causal, scale):
+        """The scores s of the tile of keys from start_n become P, as A fragments in p_frag: the
+        mask, the rows' maxima, m_i moved (and l_i, acc rescaled) when a row's max outgrew it,
+        p = exp2(s · scale - m_i) with its sums added to l_i. The lane's rows of m-tile mt are
+        row_a = warp_row0 + 16 mt + g and row_a + 8; m_i and l_i are per m-tile (m_a, l_a: of
+        rows a). A tile's scores are one block of straight-line code from the products to the vote."""
+        # -- mask only a tile that needs it, and in one branch for the whole tile
+        masked = start_n + BLOCK_N > k_end_min  # the tile crosses the diagonal or the end of the keys
+        if masked:
+            for mt in range(M_TILES):  # k_end of the two rows, computed here rather than held
+                row_a = warp_row0 + mt * MMA_M + g
+                k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
+                k_end_b = key_end(min(row_a + 8, seq_q - 1), seq_q, seq_k, causal)
+                mask_scores(s[mt], 0, NT, start_n, t, k_end_a, k_end_b)
+
+        # -- raw row maxima of every m-tile, scaled (scale > 0; -inf stays -inf)
+        grow = False
+        for mt in range(M_TILES):
+            m_ij_a, m_ij_b = row_max(s[mt], 0, NT, float32(-math.inf), float32(-math.inf))
+            # >>> exercise 07-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
+            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
+            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
+            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
+            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
+            # <<< exercise
+            m_ij_a_scaled[mt] = m_ij_a * scale
+            m_ij_b_scaled[mt] = m_ij_b * scale
+            grow = grow or m_ij_a_scaled[mt] > m_a[mt] + LAZY or m_ij_b_scaled[mt] > m_b[mt] + LAZY
+
+        # -- move m_i only when a row's max grew by more than LAZY (log2 units), and then for the
+        # whole warp, all its m-tiles at once (one vote, one branch, no divergence): otherwise
+        # p = exp2(s - m_i) <= 2^LAZY and acc and l_i keep their scale, since both are measured
+        # against the same m_i
+        if cuda.any_sync(FULL_MASK, grow):
+            for mt in range(M_TILES):
+                m_new_a, _, alpha_a = softmax_rescale(m_a[mt], m_ij_a_scaled[mt])
+                m_new_b, _, alpha_b = softmax_rescale(m_b[mt], m_ij_b_scaled[mt])
+                m_a[mt] = m_new_a
+                m_b[mt] = m_new_b
+                l_a[mt] *= alpha_a
+                l_b[mt] *= alpha_b
+                rescale_rows(acc[mt], NO, alpha_a, alpha_b)
+
+        # -- p = exp2(s * scale - m_i), and the rows' partial sums (this lane's columns)
+        for mt in range(M_TILES):
+            # a row that has seen only masked keys is measured against 0 (see softmax_rescale)
+            m_ref_a = m_a[mt] if m_a[mt] != float32(-math.inf) else float32(0.0)
+            m_ref_b = m_b[mt] if m_b[mt] != float32(-math.inf) else float32(0.0)
+            sum_a, sum_b = exp_and_sum(s[mt], 0, NT, scale, m_ref_a, m_ref_b, float32(0.0), float32(0.0))
+            l_a[mt] += sum_a
+            l_b[mt] += sum_b
+
+        # -- p as A fragments: the accumulators of n-tiles 2kk and 2kk+1 are k-step kk's A
+        # >>> exercise 07-b: p_frag[mt, kk, a0..a3] = pack(x, y) of s[mt]: rows g, g+8 of n-tile 2kk, then of 2kk+1
+        for mt in range(M_TILES):
+            for kk in range(KP):
+                p_frag[mt, kk, 0] = pack(s[mt, 2 * kk, 0], s[mt, 2 * kk, 1])
+                p_frag[mt, kk, 1] = pack(s[mt, 2 * kk, 2], s[mt, 2 * kk, 3])
+                p_frag[mt, kk, 2] = pack(s[mt, 2 * kk + 1, 0], s[mt, 2 * kk + 1, 1])
+                p_frag[mt, kk, 3] = pack(s[mt, 2 * kk + 1, 2], s[mt, 2 * kk + 1, 3])
+        # <<< exercise
+
+    return softmax_tile
+
+
+def make_epilogue(L, dtype="float16", varlen=False):
+    """store_block(...): the warp's rows of O, and of LSE when it is asked for."""
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
+    st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
+    store_rows, store_rows_at = fragment_epilogue_16b(pack, L["NO"], st_global_v4)  # 16-byte stores (common)
+    global_address = operands.global_address
+    M_TILES, VARLEN = L["M_TILES"], varlen
+
+    @cuda.jit(device=True, inline=True)
+    def store_block(O, LSE, b, h, warp_row0, g, t, seq_q, q_first, q_stride, head_q, acc, m_a, m_b, l_a, l_b):
+        """-- epilogue (common.py): for each m-tile the rows' sums over the quad, 1 / l_i once per
+        row, o = acc * (1 / l_i) packed in pairs, and a transpose within the quad so that each lane
+        writes 16 bytes at once; then each row's log-sum-exp, when LSE has rows (return_lse)."""
+        for mt in range(M_TILES):
+            row_a = warp_row0 + mt * MMA_M + g
+            if VARLEN:  # O (1, total_q, H, D / 2) and LSE (1, H, total_q): the sequence's rows from q_first
+                store_rows_at(global_address(O) + head_q, uint64(q_stride), row_a, row_a + 8, seq_q, t,
+                              acc[mt], l_a[mt], l_b[mt])
+                if LSE.shape[2] != 0:
+                    store_lse(LSE, 0, h, q_first + row_a, q_first + row_a + 8, q_first + seq_q, t,
+                              l_a[mt], l_b[mt], m_a[mt], m_b[mt])
+            else:
+                store_rows(O, b, h, row_a, row_a + 8, seq_q, t, acc[mt], l_a[mt], l_b[mt])
+                if LSE.shape[2] != 0:  # return_lse: each row's log-sum-exp too (common.py)
+                    store_lse(LSE, b, h, row_a, row_a + 8, seq_q, t, l_a[mt], l_b[mt], m_a[mt], m_b[mt])
+
+    return store_block
+
+
+def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
+    """Phase 07's kernel; with `varlen`, the same kernel on sequences of their own lengths packed end
+    to end (flashcore_numba.inference.attention_varlen): q (1, total_q, H, D), K and V (1, total_k,
+    H_kv, D), sequence b's rows from CU_Q[b] (and CU_K[b]). Only where a head's rows lie and how
+    many a sequence has differ (the branches on VARLEN, settled when the kernel is built).
+
+    The roles, each a function of its own above: the copies (make_copy_tile), the products
+    (make_products), the softmax of a tile (make_softmax_tile) and the epilogue (make_epilogue);
+    `attend` below is the algorithm that wires them, one block's work."""
+    VARLEN = varlen
+    commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
+    wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
+    shared_address, global_address = operands.shared_address, operands.global_address
+    copy_tile = make_copy_tile(L)
+    q_fragments, qk_steps, pv_steps = make_products(L, dtype)
+    softmax_tile = make_softmax_tile(L, dtype)
+    store_block = make_epilogue(L, dtype, varlen)
+    HEAD_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"]
+    M_TILES, WARP_ROWS = L["M_TILES"], L["WARP_ROWS"]
+    STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
+    NT, KP, NO, Q_STEPS = L["NT"], L["KP"], L["NO"], L["Q_STEPS"]
+    N_THREADS, ROW_BYTES = L["N_THREADS"], STRIDE * 2
 
     @cuda.jit(device=True, inline=True)
     def attend(Q, K, V, O, LSE, causal, qk_scale, CU_Q, CU_K):
@@ -327,6 +456,7 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
             q_stride = kv_stride = HEAD_DIM * 2
             head_q = uint64(((b * Q.shape[1] + h) * seq_q) * HEAD_DIM * 2)
             head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * HEAD_DIM * 2)
+            q_first = 0
 
         # The lane's rows in m-tile mt: row_a = g and row_b = g + 8 of its 16 (elements 0, 1 and 2, 3
         # of every accumulator tile); m_i and l_i of each, per m-tile
@@ -371,14 +501,9 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
                 smem_h[w] ^= uint32(0x80008000)
             cuda.syncthreads()
         scale = max(abs(qk_scale), float32(1e-30))
-        # -- Q's A fragments: lane l gives row l % 16 and column 8 (l // 16) of each 16x16 block;
-        # held for the whole loop when they fit (Q_STEPS == KQ), else read at every k-step
+        # -- Q's A fragments: lane l gives row l % 16 and column 8 (l // 16) of each 16x16 block
         q_warp = smem + (warp * WARP_ROWS + lane % 16) * ROW_BYTES + (lane // 16) * 16
-        if Q_STEPS == KQ:
-            for mt in range(M_TILES):
-                for kk in range(KQ):
-                    a0, a1, a2, a3 = ldsm(q_warp + mt * MMA_M * ROW_BYTES + kk * 32)
-                    q_frag[mt, kk, 0], q_frag[mt, kk, 1], q_frag[mt, kk, 2], q_frag[mt, kk, 3] = a0, a1, a2, a3
+        q_fragments(q_frag, q_warp)
 
         # K fragments of two n-tiles per ldmatrix: lane l gives key 8 (l // 16) + l % 8, dims 8 ((l // 8) % 2)
         k_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
@@ -404,87 +529,9 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
                         s[mt, j, e] = float32(0.0)
             qk_steps(0, (s, q_frag, q_warp, k_tile))
 
-            # -- mask only a tile that needs it, and in one branch for the whole tile: its scores are
-            # then one block of straight-line code from the products to the vote below
-            masked = start_n + BLOCK_N > k_end_min  # the tile crosses the diagonal or the end of the keys
-            if masked:
-                for mt in range(M_TILES):  # k_end of the two rows, computed here rather than held
-                    row_a = warp_row0 + mt * MMA_M + g
-                    k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
-                    k_end_b = key_end(min(row_a + 8, seq_q - 1), seq_q, seq_k, causal)
-                    for j in range(NT):
-                        col = start_n + j * MMA_N + 2 * t
-                        if col >= k_end_a:
-                            s[mt, j, 0] = float32(-math.inf)
-                        if col + 1 >= k_end_a:
-                            s[mt, j, 1] = float32(-math.inf)
-                        if col >= k_end_b:
-                            s[mt, j, 2] = float32(-math.inf)
-                        if col + 1 >= k_end_b:
-                            s[mt, j, 3] = float32(-math.inf)
-
-            # -- raw row maxima of every m-tile, scaled (scale > 0; -inf stays -inf)
-            grow = False
-            for mt in range(M_TILES):
-                m_ij_a = float32(-math.inf)
-                m_ij_b = float32(-math.inf)
-                for j in range(NT):
-                    m_ij_a = max(m_ij_a, max(s[mt, j, 0], s[mt, j, 1]))
-                    m_ij_b = max(m_ij_b, max(s[mt, j, 2], s[mt, j, 3]))
-                # >>> exercise 07-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
-                m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
-                m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
-                m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
-                m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
-                # <<< exercise
-                m_ij_a_scaled[mt] = m_ij_a * scale
-                m_ij_b_scaled[mt] = m_ij_b * scale
-                grow = grow or m_ij_a_scaled[mt] > m_a[mt] + LAZY or m_ij_b_scaled[mt] > m_b[mt] + LAZY
-
-            # -- move m_i only when a row's max grew by more than LAZY (log2 units), and then for the
-            # whole warp, all its m-tiles at once (one vote, one branch, no divergence): otherwise
-            # p = exp2(s - m_i) <= 2^LAZY and acc and l_i keep their scale, since both are measured
-            # against the same m_i
-            if cuda.any_sync(FULL_MASK, grow):
-                for mt in range(M_TILES):
-                    m_new_a, _, alpha_a = softmax_rescale(m_a[mt], m_ij_a_scaled[mt])
-                    m_new_b, _, alpha_b = softmax_rescale(m_b[mt], m_ij_b_scaled[mt])
-                    m_a[mt] = m_new_a
-                    m_b[mt] = m_new_b
-                    l_a[mt] *= alpha_a
-                    l_b[mt] *= alpha_b
-                    for j in range(NO):
-                        acc[mt, j, 0] *= alpha_a
-                        acc[mt, j, 1] *= alpha_a
-                        acc[mt, j, 2] *= alpha_b
-                        acc[mt, j, 3] *= alpha_b
-
-            # -- p = exp2(s * scale - m_i), and the rows' partial sums (this lane's columns)
-            for mt in range(M_TILES):
-                # a row that has seen only masked keys is measured against 0 (see softmax_rescale)
-                m_ref_a = m_a[mt] if m_a[mt] != float32(-math.inf) else float32(0.0)
-                m_ref_b = m_b[mt] if m_b[mt] != float32(-math.inf) else float32(0.0)
-                sum_a = float32(0.0)
-                sum_b = float32(0.0)
-                for j in range(NT):
-                    s[mt, j, 0] = exp2(cuda.fma(s[mt, j, 0], scale, -m_ref_a))  # one FFMA, one MUFU.EX2
-                    s[mt, j, 1] = exp2(cuda.fma(s[mt, j, 1], scale, -m_ref_a))
-                    s[mt, j, 2] = exp2(cuda.fma(s[mt, j, 2], scale, -m_ref_b))
-                    s[mt, j, 3] = exp2(cuda.fma(s[mt, j, 3], scale, -m_ref_b))
-                    sum_a += s[mt, j, 0] + s[mt, j, 1]
-                    sum_b += s[mt, j, 2] + s[mt, j, 3]
-                l_a[mt] += sum_a
-                l_b[mt] += sum_b
-
-            # -- p as A fragments: the accumulators of n-tiles 2kk and 2kk+1 are k-step kk's A
-            # >>> exercise 07-b: p_frag[mt, kk, a0..a3] = pack(x, y) of s[mt]: rows g, g+8 of n-tile 2kk, then of 2kk+1
-            for mt in range(M_TILES):
-                for kk in range(KP):
-                    p_frag[mt, kk, 0] = pack(s[mt, 2 * kk, 0], s[mt, 2 * kk, 1])
-                    p_frag[mt, kk, 1] = pack(s[mt, 2 * kk, 2], s[mt, 2 * kk, 3])
-                    p_frag[mt, kk, 2] = pack(s[mt, 2 * kk + 1, 0], s[mt, 2 * kk + 1, 1])
-                    p_frag[mt, kk, 3] = pack(s[mt, 2 * kk + 1, 2], s[mt, 2 * kk + 1, 3])
-            # <<< exercise
+            # -- the online softmax: s becomes P, as A fragments; m_i, l_i and acc move on
+            softmax_tile(s, p_frag, acc, m_a, m_b, l_a, l_b, m_ij_a_scaled, m_ij_b_scaled, start_n, k_end_min,
+                         warp_row0, g, t, seq_q, seq_k, causal, scale)
 
             # -- acc += p · v: NO n-tiles of 8 output columns, two per pv_step
             pv_steps(0, (acc, p_frag, v_tile))
@@ -494,20 +541,8 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
             cuda.syncthreads()
             stage = 1 - stage
 
-        # -- epilogue (common.py): the rows' sums over the quad, 1 / l_i once per row, o = acc * (1 / l_i)
-        # packed in pairs, and a transpose within the quad so that each lane writes 16 bytes at once
-        for mt in range(M_TILES):
-            row_a = warp_row0 + mt * MMA_M + g
-            if VARLEN:  # O (1, total_q, H, D / 2) and LSE (1, H, total_q): the sequence's rows from q_first
-                store_rows_at(global_address(O) + head_q, uint64(q_stride), row_a, row_a + 8, seq_q, t, acc[mt],
-                              l_a[mt], l_b[mt])
-                if LSE.shape[2] != 0:
-                    store_lse(LSE, 0, h, q_first + row_a, q_first + row_a + 8, q_first + seq_q, t, l_a[mt], l_b[mt],
-                              m_a[mt], m_b[mt])
-            else:
-                store_rows(O, b, h, row_a, row_a + 8, seq_q, t, acc[mt], l_a[mt], l_b[mt])
-                if LSE.shape[2] != 0:  # return_lse: each row's log-sum-exp too (common.py)
-                    store_lse(LSE, b, h, row_a, row_a + 8, seq_q, t, l_a[mt], l_b[mt], m_a[mt], m_b[mt])
+        store_block(O, LSE, b, h, warp_row0, g, t, seq_q, q_first, q_stride, head_q, acc, m_a, m_b,
+                    l_a, l_b)
 
     @cuda.jit
     def mma_attention(Q, K, V, O, LSE, causal, qk_scale):

@@ -57,7 +57,8 @@ from numba import cuda, float32, uint32, uint64
 
 from ..arch import operands, ptx
 from ..arch.sim import simulator_enabled
-from .common import FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue, key_end, softmax_rescale, store_lse
+from .common import (FULL_MASK, MMA_N, PTX_TYPE, KernelConfig, fragment_epilogue, key_end, make_exp_and_sum,
+                     mask_scores, row_max, softmax_rescale, store_lse)
 
 ID = "08"
 NAME = "wgmma"
@@ -73,7 +74,7 @@ BLOCK_N = 64  # keys per tile (the n of S's wgmma, the k of P·V's)
 ROW = 128  # bytes of one row of a 128-byte-swizzle atom (64 fp16)
 ATOM = WG_M * ROW  # one atom of a 64-row tile: 64 columns of d, 8192 bytes
 GROUP = 8 * ROW  # eight rows: the SBO of every descriptor here
-MMA_N, MMA_K = 8, 16  # the accumulator's 8-column blocks; the k-step of P's A fragments
+MMA_K = 16  # the k-step of P's A fragments (MMA_N, the accumulator's 8-column blocks: common.py)
 
 SIM_WARPGROUPS = 1  # 128 threads per block in the simulator (one Python thread each)
 WARPGROUPS = 2
@@ -133,7 +134,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
     pv = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_d{HEAD_DIM}_{kind}", "inline")
     fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{kind}x2", "inline")
-    exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")  # one MUFU.EX2, no subnormal fix-ups
+    # p = exp2(s · scale - m) by one MUFU.EX2 a score, no subnormal fix-ups (common.py)
+    exp_and_sum = make_exp_and_sum(ptx.function("exp2.ptx", "flashcore_exp2", "inline"))
     commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
     wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
     shared_address, global_address = operands.shared_address, operands.global_address
@@ -224,22 +226,9 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
 
             # -- mask only a tile that crosses the diagonal or the end of the keys; raw row maxima
             masked = start_n + BLOCK_N > min(k_end_a, k_end_b)
-            m_ij_a = float32(-math.inf)
-            m_ij_b = float32(-math.inf)
             if masked:  # one branch around the loop, not one per column block (see the changelog)
-                for j in range(NT):
-                    col = start_n + j * MMA_N + 2 * t
-                    if col >= k_end_a:
-                        s[j, 0] = float32(-math.inf)
-                    if col + 1 >= k_end_a:
-                        s[j, 1] = float32(-math.inf)
-                    if col >= k_end_b:
-                        s[j, 2] = float32(-math.inf)
-                    if col + 1 >= k_end_b:
-                        s[j, 3] = float32(-math.inf)
-            for j in range(NT):
-                m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
-                m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
+                mask_scores(s, 0, NT, start_n, t, k_end_a, k_end_b)
+            m_ij_a, m_ij_b = row_max(s, 0, NT, float32(-math.inf), float32(-math.inf))  # this lane's columns
             # >>> exercise 08-a: the row maxima m_ij_a, m_ij_b over the quad of lanes that hold the rows
             m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
             m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
@@ -252,15 +241,8 @@ def build_kernel(L, dtype="float16") -> KernelConfig:
             # -- update m_i and l_i (per-lane partial sums)
             m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a)
             m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b)
-            sum_a = float32(0.0)
-            sum_b = float32(0.0)
-            for j in range(NT):
-                s[j, 0] = exp2(cuda.fma(s[j, 0], scale, -m_ref_a))  # one FFMA, one MUFU.EX2 (ptx/exp2.ptx)
-                s[j, 1] = exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
-                s[j, 2] = exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
-                s[j, 3] = exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
-                sum_a += s[j, 0] + s[j, 1]
-                sum_b += s[j, 2] + s[j, 3]
+            # p = exp2(s · scale - m_ref): one FFMA, one MUFU.EX2 (ptx/exp2.ptx) a score
+            sum_a, sum_b = exp_and_sum(s, 0, NT, scale, m_ref_a, m_ref_b, float32(0.0), float32(0.0))
             l_a = l_a * alpha_a + sum_a
             l_b = l_b * alpha_b + sum_b
             m_a = m_new_a

@@ -85,11 +85,11 @@ from functools import lru_cache
 from numba import cuda, float32, int32, uint32, uint64
 
 from ..arch import operands, ptx
-from .common import LOG2E, PTX_TYPE
+from .common import LOG2E, PTX_TYPE, make_pack_a, zero_tiles
 from .p08_wgmma import ATOM, GROUP, ROW, WG_M
 from .p11_backward import (DTYPES, HEAD_DIMS, STATIC_SMEM_BYTES, Backward, build_delta_kernel, first_row,
-                           load_row_stats, make_as_a_fragments, make_p_and_ds, make_red_pair,
-                           make_store_dk_dv, row_stats, run_on_host, tile_count, views_of, zero)
+                           load_row_stats, make_p_and_ds, make_red_pair,
+                           make_store_dk_dv, row_stats, run_on_host, tile_count, views_of)
 
 ID = "12"
 NAME = "backward_wgmma"
@@ -247,7 +247,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     descriptor, SW128 = operands.matrix_descriptor, operands.SWIZZLE_128B
     as_tuple, store_tuple = operands.as_tuple, operands.store_tuple
     copy_tile = make_copy_tile(L)  # phase 08's layout, phase 07's passes
-    as_a_fragments = make_as_a_fragments(pack, L["KS"])
+    pack_a = make_pack_a(pack, L["KS"])
     red_pair = make_red_pair(True)  # sm_90: a lane's two dQ columns in one reduction
     p_and_ds = make_p_and_ds(exp2, L["NT"], BLOCK_M, BLOCK_N)
     store_dk_dv = make_store_dk_dv(pack, L["ND"])
@@ -362,8 +362,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
             fence_proxy_async()  # the copies become visible to the tensor cores' reads ...
             cuda.syncthreads()  # ... once every thread has made them
 
-            zero(dk, ND)
-            zero(dv, ND)
+            zero_tiles(dk, ND)
+            zero_tiles(dv, ND)
             key_a = n0 + wg * 64 + warp * 16 + g  # this lane's keys (rows of Sᵀ): key_a and key_a + 8 ...
             first_a = first_row(key_a, seq_q, seq_k, causal)  # ... and the first query row that sees each
             first_b = first_row(key_a + 8, seq_q, seq_k, causal)
@@ -395,8 +395,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
 
                 # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments (phase 11's repacking), dO
                 # and Q MN-major (SBO: eight rows, now along k; LBO: from one atom of d to the next)
-                as_a_fragments(p_frag, s)
-                as_a_fragments(ds_frag, dp)
+                pack_a(p_frag, s)
+                pack_a(ds_frag, dp)
                 desc_do_mn = descriptor(do_tile, ATOM, GROUP, SW128)
                 desc_q_mn = descriptor(q_tile, ATOM, GROUP, SW128)
                 store_tuple(dv, pv_acc(as_tuple(p_frag, N_P), desc_do_mn, as_tuple(dv, N_O)))

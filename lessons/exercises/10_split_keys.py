@@ -32,9 +32,10 @@ from numba import cuda, float32, int32, int64, uint32, uint64
 
 from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
-from flashcore_numba.phases.common import (FULL_MASK, LN2, PTX_TYPE, KernelConfig, Splits, blocks_per_sm, cdiv, key_end, sm_count,
-                     softmax_rescale)
-from flashcore_numba.phases.p07_mma_sync import MMA_M, MMA_N, layout, make_copy_tile, unrolled
+from flashcore_numba.phases.common import (FULL_MASK, LN2, MMA_N, PTX_TYPE, KernelConfig, Splits, blocks_per_sm, cdiv, key_end,
+                     make_exp_and_sum, make_pack_a, mask_scores, quad_max, quad_sum, rescale_rows, row_max,
+                     sm_count, softmax_rescale, warp_max, warp_sum, zero_tiles)
+from flashcore_numba.phases.p07_mma_sync import MMA_M, layout, make_copy_tile, unrolled
 
 ID = "10"
 NAME = "split_keys"
@@ -158,176 +159,42 @@ def gpu_layout(HEAD_DIM: int) -> dict:
     return split_layout(HEAD_DIM, **TILES[HEAD_DIM])
 
 
-def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
-    """Phase 10's kernel, `warps` warps a block (block_warps() if None); with `paged`, the same kernel on a KV cache (flashcore_numba.inference): q and
-    the output as (B, S_q, H, D), K and V as pages (num_pages, page_size, H_kv, D) named by a block
-    table (B, pages per sequence), and each sequence's own length. Only where rows live and how many
-    keys a sequence has differ (the branches on PAGED, settled when the kernel is built)."""
+@cuda.jit(device=True, inline=True)
+def div32(a, b):
+    """a // b for values never negative and far below 2^31, divided in 32 bits: Numba types
+    shapes as int64, and a 64-bit division is a test of the high words, a 32-bit path and a
+    call to a division routine (the changelog's "Divisions by run-time values in 32 bits")."""
+    return int32(uint32(a) // uint32(b))
+
+
+@cuda.jit(device=True, inline=True)
+def mod32(a, b):
+    """a % b, as div32 divides."""
+    return int32(uint32(a) % uint32(b))
+
+
+@cuda.jit(device=True, inline=True)
+def packed_row(p, seq_q):
+    """(query head within the group, query row) of packed row p."""
+    hg = div32(p, seq_q)
+    return hg, p - hg * seq_q
+
+
+def make_loads(L, paged=False):
+    """(copy_tile, copy_q_rows, tile_pages, copy_kv): the copies into a warp's shared memory, by
+    cp.async. copy_tile is phase 07's (swizzled rows): Q's 16 packed rows, which in a (B, H, S_q, D)
+    array are consecutive rows; copy_q_rows the same rows from q (B, S_q, H, D) of a KV cache (paged);
+    copy_kv a tile of K and V into a stage, from a head or from the cache's pages (tile_pages: the
+    pages of a tile, read a tile ahead)."""
     PAGED = paged
-    STAGES = L["STAGES"]
-    WARPS = block_warps() if warps is None else warps
-    WARP_BYTES = L["SMEM_BYTES"]  # one warp's Q tile and stages of K and V; then its partial
-    WARP_FLOATS = WARP_BYTES // 4
-    THREADS = 32 * WARPS
-    mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
-    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
-    exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")
-    ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
-    ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
-    commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
-    # wait until the oldest of the groups in flight has landed: STAGES - 2 newer ones may still fly
-    wait_pending = ptx.function("cp_async.ptx", f"flashcore_cp_async_wait_{STAGES - 2}", "inline")
-    shared_address, global_address = operands.shared_address, operands.global_address
     copy_tile = make_copy_tile(L)
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
+    global_address = operands.global_address
     CHUNKS, ROWS_PER_PASS = L["CHUNKS"], L["ROWS_PER_PASS"]
     HEAD_DIM, BLOCK_N = L["HEAD_DIM"], L["BLOCK_N"]
     ROW = HEAD_DIM * 2  # bytes from a row of q, K or V to the next (copy_tile)
-    STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
-    NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
-    ROW_BYTES = STRIDE * 2  # a row in shared memory: the same as ROW, the rows being unpadded (split_layout)
-    # swizzled rows: every tile of a warp's memory starts at a multiple of a row, so that an XOR of
-    # an offset's bits within a row (`at`) moves it within the same row; and each warp's memory
-    # starts on a 128-byte line, so that the eight rows ldmatrix reads fall in eight banks
-    assert K_OFF % ROW_BYTES == 0 and V_OFF % ROW_BYTES == 0 and STAGE_BYTES % ROW_BYTES == 0
-    assert WARP_BYTES % 128 == 0
-    PAIRS = HEAD_DIM // 2  # output columns are written two at a time (one packed 32-bit word)
-    FAN_IN = fan_in()  # the blocks' partials per merge (the simulator's are fewer)
-    TEAM = max(FAN_IN, WARPS)  # the most members a team has (level 0's are the block's warps)
-    LSE_AT = BLOCK_M * HEAD_DIM  # in a warp's shared memory, after the loop: o (BLOCK_M, D), then lse
-    WEIGHT_AT = WARP_FLOATS - TEAM * BLOCK_M  # the merge's weights: at the end of warp 0's memory
-    assert LSE_AT + BLOCK_M <= WEIGHT_AT, "a warp's shared memory holds its partial and the weights"
-
-    @cuda.jit(device=True, inline=True)
-    def mma_into(c, j, a, kk, b0, b1):
-        """c[j] += a[kk] · b: one m16n8k16 product into n-tile j of the warp's accumulators."""
-        c[j, 0], c[j, 1], c[j, 2], c[j, 3] = mma(a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b0, b1,
-                                                 c[j, 0], c[j, 1], c[j, 2], c[j, 3])
-
-    @cuda.jit(device=True, inline=True)
-    def at(smem, rel, step):
-        """The lane's ldmatrix address `step` 16-column steps on from smem + rel (rel: its address
-        at step 0, from the start of the warp's memory). Unswizzled that would be 32 bytes on;
-        in a swizzled row it is the same row's chunk XOR 2 step: rel's chunk is c ^ (row % 8)
-        with c 0 or 1, and c + 2 step == c ^ 2 step (no carry). (As an XOR of rel, not of the
-        address: the warp's memory need not start at a multiple of a row.)"""
-        return smem + (rel ^ uint32(step * 32))
-
-    @cuda.jit(device=True, inline=True)
-    def qk_step(kk, args):
-        """k-step kk of s = q · kᵀ: NT n-tiles of 8 keys, two per ldmatrix (as phase 07)."""
-        s, q_frag, smem, k_rel = args
-        for jj in range(NT // 2):
-            b0, b1, b2, b3 = ldsm(at(smem, k_rel + jj * 16 * ROW_BYTES, kk))
-            mma_into(s, 2 * jj, q_frag, kk, b0, b1)
-            mma_into(s, 2 * jj + 1, q_frag, kk, b2, b3)
-
-    @cuda.jit(device=True, inline=True)
-    def pv_step(jj, args):
-        """Output columns 16 jj .. 16 jj + 15 of acc += p · v (as phase 07)."""
-        acc, p_frag, smem, v_rel = args
-        for kk in range(KP):
-            b0, b1, b2, b3 = ldsm_t(at(smem, v_rel + kk * 16 * ROW_BYTES, jj))
-            mma_into(acc, 2 * jj, p_frag, kk, b0, b1)
-            mma_into(acc, 2 * jj + 1, p_frag, kk, b2, b3)
-
-    # s = q · kᵀ as two chains of KQ / 2 k-steps, into two sets of accumulators added at the end:
-    # each chain of dependent mma.sync is half as long (the changelog's "Two chains for q · kᵀ")
-    qk_half = unrolled(qk_step, KQ // 2)
-    pv_steps = unrolled(pv_step, NO // 2)
-
-    @cuda.jit(device=True, inline=True)
-    def merge_member(i, args):
-        """Member i of a team, times its weight, into sums: columns col and col + 1 of tile row r. A
-        member past `last` reads the last one's slot again and adds nothing (a select, not 0 times
-        the value: an inf of v stays inf, not NaN)."""
-        sums, O_PART, weight, slot0, stride, last, row, r, col = args
-        slot = slot0 + min(i, last) * stride
-        w = weight[i * BLOCK_M + r]
-        xi = w * O_PART[slot, row, col]
-        yi = w * O_PART[slot, row, col + 1]
-        sums[0] += xi if i <= last else float32(0.0)
-        sums[1] += yi if i <= last else float32(0.0)
-
-    chain = unrolled(merge_member, FAN_IN)
-
-    @cuda.jit(device=True, inline=True)
-    def merge_members(O_PART, weight, slot0, stride, last, row, r, col):
-        """sum_i w_i o_i over a team's members 0 .. last, at columns col and col + 1 of tile row r
-        (the row `row` of the workspace): FAN_IN steps with no loop (`unrolled`), so that every
-        member's loads go out at once. (As a loop, NVVM unrolls it by four at most: the long decode
-        step took 73.4 us against 69.0, docs/tuning/10_trace/four_warps/run3.)"""
-        sums = cuda.local.array(2, float32)  # registers: constant indices
-        sums[0] = float32(0.0)
-        sums[1] = float32(0.0)
-        chain(0, (sums, O_PART, weight, slot0, stride, last, row, r, col))
-        return sums[0], sums[1]
-
-    @cuda.jit(device=True, inline=True)
-    def merge_weights(lse_i):
-        """(lse, w) of a row: lane i holds member i's lse_i (-inf past the team's members); lse =
-        log2(sum_i 2^lse_i), and this lane's weight w = 2^(lse_i - lse)."""
-        lse = float32(-math.inf)  # the log of an empty sum: no member saw a key of this row
-        w = float32(0.0)
-        # >>> exercise 10-a: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
-        # <<< exercise
-        return lse, w
-
-    @cuda.jit(device=True, inline=True)
-    def put_lse(LSE, LSE_PART, lse, r, last_level, slot, out_row, b, h0, seq_q, row0):
-        """A merged row's log-sum-exp: the output's (natural log) at the last level, if asked for,
-        else the slot's in the workspace."""
-        if not last_level:
-            LSE_PART[slot, out_row + r] = lse
-        elif LSE.shape[2] != 0:
-            hg, qi = packed_row(row0 + r, seq_q)
-            LSE[b, h0 + hg, qi] = lse * LN2
-
-    @cuda.jit(device=True, inline=True)
-    def put_merged(O, O_PART, x, y, r, col, last_level, slot, out_row, b, h0, seq_q, row0):
-        """Merged columns col, col + 1 of tile row r: to the output at the last level (packed), else
-        in the team's slot (this thread read the values it replaces already)."""
-        if last_level:
-            hg, qi = packed_row(row0 + r, seq_q)
-            if PAGED:
-                O[b, qi, h0 + hg, col // 2] = pack(x, y)
-            else:
-                O[b, h0 + hg, qi, col // 2] = pack(x, y)
-        else:
-            O_PART[slot, out_row + r, col] = x
-            O_PART[slot, out_row + r, col + 1] = y
-
-    @cuda.jit(device=True, inline=True)
-    def warp_max(x):
-        """The max of x over the 32 lanes, in every lane (a butterfly of shuffles, as phase 03's)."""
-        for offset in (16, 8, 4, 2, 1):
-            x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, offset))
-        return x
-
-    @cuda.jit(device=True, inline=True)
-    def warp_sum(x):
-        """The sum of x over the 32 lanes, in every lane."""
-        for offset in (16, 8, 4, 2, 1):
-            x += cuda.shfl_xor_sync(FULL_MASK, x, offset)
-        return x
-
-    @cuda.jit(device=True, inline=True)
-    def div32(a, b):
-        """a // b for values never negative and far below 2^31, divided in 32 bits: Numba types
-        shapes as int64, and a 64-bit division is a test of the high words, a 32-bit path and a
-        call to a division routine (the changelog's "Divisions by run-time values in 32 bits")."""
-        return int32(uint32(a) // uint32(b))
-
-    @cuda.jit(device=True, inline=True)
-    def mod32(a, b):
-        """a % b, as div32 divides."""
-        return int32(uint32(a) % uint32(b))
-
-    @cuda.jit(device=True, inline=True)
-    def packed_row(p, seq_q):
-        """(query head within the group, query row) of packed row p."""
-        hg = div32(p, seq_q)
-        return hg, p - hg * seq_q
+    K_OFF, V_OFF, STAGE_BYTES = L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
+    ROW_BYTES = L["STRIDE"] * 2  # a row in shared memory: ROW, the rows being unpadded (split_layout)
 
     @cuda.jit(device=True, inline=True)
     def row_dst(smem, offset, row, chunk):
@@ -425,6 +292,237 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
             copy_tile(smem, k_off, global_address(K), head_kv, key0, BLOCK_N, seq_k, lane, ROW)
             copy_tile(smem, v_off, global_address(V), head_kv, key0, BLOCK_N, seq_k, lane, ROW)
 
+    return copy_tile, copy_q_rows, tile_pages, copy_kv
+
+
+def make_products(L, dtype="float16"):
+    """(q_fragments, scores, pv_steps): phase 07's products for one warp of 16 rows, on swizzled rows.
+
+    - `q_fragments(q_frag, smem, q_lane)`: Q's A fragments, all KQ k-steps, held for the whole loop;
+    - `scores(s, s_hi, q_frag, smem, k_rel)`: s = q · kᵀ of the tile whose K is at smem + k_rel;
+    - `pv_steps(0, (acc, p_frag, smem, v_rel))`: acc += p · v.
+    The lane addresses (q_lane, k_rel, v_rel) are relative to the warp's memory, smem."""
+    mma = ptx.function("mma_sync.ptx", f"flashcore_mma_{PTX_TYPE[dtype]}", "inline")
+    ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
+    ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
+    NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
+    ROW_BYTES = L["STRIDE"] * 2
+
+    @cuda.jit(device=True, inline=True)
+    def mma_into(c, j, a, kk, b0, b1):
+        """c[j] += a[kk] · b: one m16n8k16 product into n-tile j of the warp's accumulators."""
+        c[j, 0], c[j, 1], c[j, 2], c[j, 3] = mma(a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b0, b1,
+                                                 c[j, 0], c[j, 1], c[j, 2], c[j, 3])
+
+    @cuda.jit(device=True, inline=True)
+    def at(smem, rel, step):
+        """The lane's ldmatrix address `step` 16-column steps on from smem + rel (rel: its address
+        at step 0, from the start of the warp's memory). Unswizzled that would be 32 bytes on;
+        in a swizzled row it is the same row's chunk XOR 2 step: rel's chunk is c ^ (row % 8)
+        with c 0 or 1, and c + 2 step == c ^ 2 step (no carry). (As an XOR of rel, not of the
+        address: the warp's memory need not start at a multiple of a row.)"""
+        return smem + (rel ^ uint32(step * 32))
+
+    @cuda.jit(device=True, inline=True)
+    def q_fragments(q_frag, smem, q_lane):
+        """Q's A fragments stay in registers: 16 rows are one m-tile."""
+        for kk in range(KQ):
+            a0, a1, a2, a3 = ldsm(at(smem, q_lane, kk))
+            q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = a0, a1, a2, a3
+
+    @cuda.jit(device=True, inline=True)
+    def qk_step(kk, args):
+        """k-step kk of s = q · kᵀ: NT n-tiles of 8 keys, two per ldmatrix (as phase 07)."""
+        s, q_frag, smem, k_rel = args
+        for jj in range(NT // 2):
+            b0, b1, b2, b3 = ldsm(at(smem, k_rel + jj * 16 * ROW_BYTES, kk))
+            mma_into(s, 2 * jj, q_frag, kk, b0, b1)
+            mma_into(s, 2 * jj + 1, q_frag, kk, b2, b3)
+
+    @cuda.jit(device=True, inline=True)
+    def pv_step(jj, args):
+        """Output columns 16 jj .. 16 jj + 15 of acc += p · v (as phase 07)."""
+        acc, p_frag, smem, v_rel = args
+        for kk in range(KP):
+            b0, b1, b2, b3 = ldsm_t(at(smem, v_rel + kk * 16 * ROW_BYTES, jj))
+            mma_into(acc, 2 * jj, p_frag, kk, b0, b1)
+            mma_into(acc, 2 * jj + 1, p_frag, kk, b2, b3)
+
+    # s = q · kᵀ as two chains of KQ / 2 k-steps, into two sets of accumulators added at the end:
+    # each chain of dependent mma.sync is half as long (the changelog's "Two chains for q · kᵀ")
+    qk_half = unrolled(qk_step, KQ // 2)
+
+    @cuda.jit(device=True, inline=True)
+    def scores(s, s_hi, q_frag, smem, k_rel):
+        """-- s = q · kᵀ: the lower half of the head dim into s, the upper into s_hi, then added."""
+        for j in range(NT):
+            for e in range(4):
+                s[j, e] = float32(0.0)
+                s_hi[j, e] = float32(0.0)
+        qk_half(0, (s, q_frag, smem, k_rel))
+        qk_half(KQ // 2, (s_hi, q_frag, smem, k_rel))
+        for j in range(NT):
+            for e in range(4):
+                s[j, e] += s_hi[j, e]
+
+    return q_fragments, scores, unrolled(pv_step, NO // 2)
+
+
+def make_softmax_tile(L, dtype="float16"):
+    """softmax_tile(...): the online softmax of one tile of scores of the warp's 16 rows."""
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
+    pack_a = make_pack_a(pack, L["KP"])
+    exp_and_sum = make_exp_and_sum(ptx.function("exp2.ptx", "flashcore_exp2", "inline"))
+    BLOCK_N, NT, NO = L["BLOCK_N"], L["NT"], L["NO"]
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_tile(s, p_frag, acc, start_n, t, k_end_a, k_end_b, scale, m_a, m_b, l_a, l_b, m_ref_a,
+                     m_ref_b):
+        """The scores s of the tile of keys from start_n become P, as A fragments in p_frag: the mask,
+        the rows' maxima, m_i moved (l_i and acc rescaled) when a row's max passed it by more than
+        RESCALE_MARGIN, p = exp2(s · scale - m_ref) added to l_i. Returns (m_a, m_b, l_a, l_b,
+        m_ref_a, m_ref_b): m_ref is what scores are measured against (softmax_rescale's)."""
+        if start_n + BLOCK_N > min(k_end_a, k_end_b):  # a key past a row's end: mask it
+            mask_scores(s, 0, NT, start_n, t, k_end_a, k_end_b)
+        m_ij_a, m_ij_b = row_max(s, 0, NT, float32(-math.inf), float32(-math.inf))
+        m_ij_a, m_ij_b = quad_max(m_ij_a, m_ij_b)
+        # rescale only when a row of the warp sees a score more than RESCALE_MARGIN above its
+        # m_i (a vote: the branch is the warp's, not a lane's); else m_i stays, and this tile's
+        # p are measured against it (written `not <=`, so that a NaN score rescales, as before)
+        grows = not (m_ij_a * scale <= m_a + float32(RESCALE_MARGIN)) or \
+            not (m_ij_b * scale <= m_b + float32(RESCALE_MARGIN))
+        if cuda.any_sync(FULL_MASK, int32(1) if grows else int32(0)) != 0:
+            m_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a * scale)
+            m_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b * scale)
+            l_a *= alpha_a
+            l_b *= alpha_b
+            rescale_rows(acc, NO, alpha_a, alpha_b)
+        l_a, l_b = exp_and_sum(s, 0, NT, scale, m_ref_a, m_ref_b, l_a, l_b)
+        pack_a(p_frag, s)
+        return m_a, m_b, l_a, l_b, m_ref_a, m_ref_b
+
+    return softmax_tile
+
+
+def make_partial(L, warps: int):
+    """store_partial(...): a warp's result over its range of keys, as a partial for the merge."""
+    HEAD_DIM, NO = L["HEAD_DIM"], L["NO"]
+    WARP_FLOATS = L["SMEM_BYTES"] // 4
+    LSE_AT = BLOCK_M * HEAD_DIM  # in a warp's shared memory, after the loop: o (BLOCK_M, D), then lse
+
+    @cuda.jit(device=True, inline=True)
+    def store_partial(smem_f, warp, g, t, acc, m_a, m_b, l_a, l_b):
+        """-- a partial result, o_s = acc / l_i and lse_s = m_i + log2(l_i), in the warp's own
+        shared memory (its stages are done with; the block's other warps may still be in their
+        loops): o (BLOCK_M, D) row by row, then lse (BLOCK_M). A row that saw no key: o = 0 and
+        lse = -inf, which the merge weighs by 0."""
+        # the rows' sums over the quad: each lane summed a quarter of each row's columns
+        l_a, l_b = quad_sum(l_a, l_b)
+        inv_a = float32(1.0) / l_a if l_a != float32(0.0) else float32(0.0)  # a row without keys: 0
+        inv_b = float32(1.0) / l_b if l_b != float32(0.0) else float32(0.0)
+        mine = warp * WARP_FLOATS  # the warp's partial
+        # every lane done reading the warp's memory before any lane overwrites it. The partial
+        # covers Q's tile and stage 0's first rows of K (16 and a part); the loop's syncwarp comes
+        # before each tile's reads, none after the last, so a last tile in stage 0 (and Q, in a
+        # warp with no keys, no loop) was read with nothing between those reads and these stores
+        # but shuffles, which order no memory (racecheck found it: docs/sanitizer/README.md)
+        cuda.syncwarp()
+        for j in range(NO):
+            col = j * MMA_N + 2 * t
+            smem_f[mine + g * HEAD_DIM + col] = acc[j, 0] * inv_a
+            smem_f[mine + g * HEAD_DIM + col + 1] = acc[j, 1] * inv_a
+            smem_f[mine + (g + 8) * HEAD_DIM + col] = acc[j, 2] * inv_b
+            smem_f[mine + (g + 8) * HEAD_DIM + col + 1] = acc[j, 3] * inv_b
+        if t == 0:
+            smem_f[mine + LSE_AT + g] = float32(-math.inf) if l_a == float32(0.0) else m_a + math.log2(l_a)
+            smem_f[mine + LSE_AT + g + 8] = \
+                float32(-math.inf) if l_b == float32(0.0) else m_b + math.log2(l_b)
+
+    return store_partial
+
+
+def make_merge(L, dtype="float16", paged=False, warps=WARPS):
+    """(merge_warps, merge_blocks): the merge of the partials, as a tree. Level 0 is the block
+    (`merge_warps`): once every warp has its partial in shared memory (a barrier), the block merges
+    them into its own partial, in the workspace. Then (`merge_blocks`) the blocks' partials are
+    gathered in teams of FAN_IN: the last block of a team to finish merges the team's partials into
+    the team's first slot (a partial of its own, with its own log-sum-exp), then the teams are
+    gathered in teams of FAN_IN in turn, and so on, until one team is left: its last block writes the
+    output. The merge is associative, so merging merges gives the same result, and the teams of a
+    level merge in parallel, each on its own SM."""
+    PAGED, WARPS = paged, warps
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
+    HEAD_DIM = L["HEAD_DIM"]
+    WARP_FLOATS = L["SMEM_BYTES"] // 4
+    THREADS = 32 * WARPS
+    PAIRS = HEAD_DIM // 2  # output columns are written two at a time (one packed 32-bit word)
+    FAN_IN = fan_in()  # the blocks' partials per merge (the simulator's are fewer)
+    TEAM = max(FAN_IN, WARPS)  # the most members a team has (level 0's are the block's warps)
+    LSE_AT = BLOCK_M * HEAD_DIM  # in a warp's shared memory, after the loop: o (BLOCK_M, D), then lse
+    WEIGHT_AT = WARP_FLOATS - TEAM * BLOCK_M  # the merge's weights: at the end of warp 0's memory
+    assert LSE_AT + BLOCK_M <= WEIGHT_AT, "a warp's shared memory holds its partial and the weights"
+
+    @cuda.jit(device=True, inline=True)
+    def merge_member(i, args):
+        """Member i of a team, times its weight, into sums: columns col and col + 1 of tile row r. A
+        member past `last` reads the last one's slot again and adds nothing (a select, not 0 times
+        the value: an inf of v stays inf, not NaN)."""
+        sums, O_PART, weight, slot0, stride, last, row, r, col = args
+        slot = slot0 + min(i, last) * stride
+        w = weight[i * BLOCK_M + r]
+        xi = w * O_PART[slot, row, col]
+        yi = w * O_PART[slot, row, col + 1]
+        sums[0] += xi if i <= last else float32(0.0)
+        sums[1] += yi if i <= last else float32(0.0)
+
+    chain = unrolled(merge_member, FAN_IN)
+
+    @cuda.jit(device=True, inline=True)
+    def merge_members(O_PART, weight, slot0, stride, last, row, r, col):
+        """sum_i w_i o_i over a team's members 0 .. last, at columns col and col + 1 of tile row r
+        (the row `row` of the workspace): FAN_IN steps with no loop (`unrolled`), so that every
+        member's loads go out at once. (As a loop, NVVM unrolls it by four at most: the long decode
+        step took 73.4 us against 69.0, docs/tuning/10_trace/four_warps/run3.)"""
+        sums = cuda.local.array(2, float32)  # registers: constant indices
+        sums[0] = float32(0.0)
+        sums[1] = float32(0.0)
+        chain(0, (sums, O_PART, weight, slot0, stride, last, row, r, col))
+        return sums[0], sums[1]
+
+    @cuda.jit(device=True, inline=True)
+    def merge_weights(lse_i):
+        """(lse, w) of a row: lane i holds member i's lse_i (-inf past the team's members); lse =
+        log2(sum_i 2^lse_i), and this lane's weight w = 2^(lse_i - lse)."""
+        lse = float32(-math.inf)  # the log of an empty sum: no member saw a key of this row
+        w = float32(0.0)
+        # >>> exercise 10-a: lse = log2 of the sum over the members of 2^lse_i (lane i holds member i's lse_i; subtract their max first), and this lane's weight w = 2^(lse_i - lse) (0 when no member saw a key)
+        # <<< exercise
+        return lse, w
+
+    @cuda.jit(device=True, inline=True)
+    def put_lse(LSE, LSE_PART, lse, r, last_level, slot, out_row, b, h0, seq_q, row0):
+        """A merged row's log-sum-exp: the output's (natural log) at the last level, if asked for,
+        else the slot's in the workspace."""
+        if not last_level:
+            LSE_PART[slot, out_row + r] = lse
+        elif LSE.shape[2] != 0:
+            hg, qi = packed_row(row0 + r, seq_q)
+            LSE[b, h0 + hg, qi] = lse * LN2
+
+    @cuda.jit(device=True, inline=True)
+    def put_merged(O, O_PART, x, y, r, col, last_level, slot, out_row, b, h0, seq_q, row0):
+        """Merged columns col, col + 1 of tile row r: to the output at the last level (packed), else
+        in the team's slot (this thread read the values it replaces already)."""
+        if last_level:
+            hg, qi = packed_row(row0 + r, seq_q)
+            if PAGED:
+                O[b, qi, h0 + hg, col // 2] = pack(x, y)
+            else:
+                O[b, h0 + hg, qi, col // 2] = pack(x, y)
+        else:
+            O_PART[slot, out_row + r, col] = x
+            O_PART[slot, out_row + r, col + 1] = y
+
     @cuda.jit(device=True, inline=True)
     def arrive(COUNTERS, counter, members, tid, done_s):
         """Count this block as one of the `members` blocks that COUNTERS[counter] waits for; True in
@@ -443,6 +541,114 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         if tid == 0:
             COUNTERS[counter] = 0  # every member of this launch has counted: ready for the next launch
         return True
+
+    @cuda.jit(device=True, inline=True)
+    def merge_warps(smem_f, weight, O, LSE, O_PART, LSE_PART, warp, lane, tid, n_rows, out_row, b, h0, seq_q,
+                    row0):
+        """Level 0: the block's warps' partials, in shared memory, merged into the block's own (its
+        slot of the workspace), or into the output when the block is the only one. Returns whether
+        this was the last level."""
+        slot = cuda.blockIdx.x  # the block's partial in the workspace
+        last_level = cuda.gridDim.x == 1  # one block: its merge is the output
+        cuda.syncthreads()  # every warp's partial is written
+        # each row's lse = log2(sum_w 2^lse_w) over the warps, lane w holding warp w's, and each
+        # warp's weight 2^(lse_w - lse), into shared memory: row r by warp r % WARPS
+        for r in range(warp, n_rows, WARPS):
+            lse, w = merge_weights(smem_f[lane * WARP_FLOATS + LSE_AT + r] if lane < WARPS
+                                   else float32(-math.inf))
+            if lane < WARPS:
+                weight[lane * BLOCK_M + r] = w
+            if lane == 0:
+                put_lse(LSE, LSE_PART, lse, r, last_level, slot, out_row, b, h0, seq_q, row0)
+        cuda.syncthreads()
+        # o = sum_w w_w o_w, two columns per thread
+        for idx in range(tid, n_rows * PAIRS, THREADS):
+            r, col = idx // PAIRS, 2 * (idx % PAIRS)
+            x = float32(0.0)
+            y = float32(0.0)
+            for i in range(WARPS):
+                w = weight[i * BLOCK_M + r]
+                x += w * smem_f[i * WARP_FLOATS + r * HEAD_DIM + col]
+                y += w * smem_f[i * WARP_FLOATS + r * HEAD_DIM + col + 1]
+            put_merged(O, O_PART, x, y, r, col, last_level, slot, out_row, b, h0, seq_q, row0)
+        return last_level
+
+    @cuda.jit(device=True, inline=True)
+    def merge_blocks(weight, done_s, O, LSE, O_PART, LSE_PART, COUNTERS, warp, lane, tid, n_rows, out_row, b,
+                     h0, seq_q, row0, counters):
+        """The levels across blocks, in teams of FAN_IN blocks' partials (counters: this row tile's
+        first counter); the last block of the last team writes the output."""
+        node = cuda.blockIdx.x  # this block's partial among this level's partials
+        count = cuda.gridDim.x  # partials at this level
+        stride = 1  # slots of O_PART from one partial of this level to the next
+        while True:
+            team = node // FAN_IN
+            first = team * FAN_IN  # the team's first partial: where its merge goes
+            members = min(FAN_IN, count - first)
+            last_level = count <= FAN_IN  # one team: its merge is the output
+            if not arrive(COUNTERS, counters + team, members, tid, done_s):
+                return  # another block of the team merges it
+            # each row's lse and the members' weights, as above: lane i holds member i's lse_i
+            for r in range(warp, n_rows, WARPS):
+                row = out_row + r
+                lse, w = merge_weights(LSE_PART[(first + lane) * stride, row] if lane < members
+                                       else float32(-math.inf))
+                if lane < FAN_IN:
+                    weight[lane * BLOCK_M + r] = w
+                if lane == 0:  # every lane has read the team's first lse: overwritten in place
+                    put_lse(LSE, LSE_PART, lse, r, last_level, first * stride, out_row, b, h0, seq_q, row0)
+            cuda.syncthreads()
+            # o = sum_i w_i o_i, two columns per thread, the members' loads all in flight (merge_members)
+            for idx in range(tid, n_rows * PAIRS, THREADS):
+                r, col = idx // PAIRS, 2 * (idx % PAIRS)
+                x, y = merge_members(O_PART, weight, first * stride, stride, members - 1, out_row + r, r, col)
+                put_merged(O, O_PART, x, y, r, col, last_level, first * stride, out_row, b, h0, seq_q, row0)
+            if last_level:
+                return
+            # the next level: this level's teams are its partials (the barrier in `arrive` keeps the
+            # next level's weights from being written before every thread has read these)
+            teams = (count + FAN_IN - 1) // FAN_IN
+            counters += teams  # past this level's counters
+            node = team
+            count = teams
+            stride *= FAN_IN
+
+    return merge_warps, merge_blocks, WEIGHT_AT, TEAM
+
+
+def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
+    """Phase 10's kernel, `warps` warps a block (block_warps() if None); with `paged`, the same kernel
+    on a KV cache (flashcore_numba.inference): q and the output as (B, S_q, H, D), K and V as pages
+    (num_pages, page_size, H_kv, D) named by a block table (B, pages per sequence), and each
+    sequence's own length. Only where rows live and how many keys a sequence has differ (the branches
+    on PAGED, settled when the kernel is built).
+
+    The roles, each a function of its own above: the copies (make_loads), the products
+    (make_products), the softmax of a tile (make_softmax_tile), a warp's partial (make_partial) and
+    the merge (make_merge); `attend` below is the algorithm that wires them, one block's work."""
+    PAGED = paged
+    STAGES = L["STAGES"]
+    WARPS = block_warps() if warps is None else warps
+    WARP_BYTES = L["SMEM_BYTES"]  # one warp's Q tile and stages of K and V; then its partial
+    commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
+    # wait until the oldest of the groups in flight has landed: STAGES - 2 newer ones may still fly
+    wait_pending = ptx.function("cp_async.ptx", f"flashcore_cp_async_wait_{STAGES - 2}", "inline")
+    shared_address, global_address = operands.shared_address, operands.global_address
+    copy_tile, copy_q_rows, tile_pages, copy_kv = make_loads(L, paged)
+    q_fragments, scores, pv_steps = make_products(L, dtype)
+    softmax_tile = make_softmax_tile(L, dtype)
+    store_partial = make_partial(L, WARPS)
+    merge_warps, merge_blocks, WEIGHT_AT, TEAM = make_merge(L, dtype, paged, WARPS)
+    HEAD_DIM, BLOCK_N = L["HEAD_DIM"], L["BLOCK_N"]
+    ROW = HEAD_DIM * 2  # bytes from a row of q, K or V to the next (copy_tile)
+    STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
+    NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
+    ROW_BYTES = STRIDE * 2  # a row in shared memory: the same as ROW, the rows being unpadded (split_layout)
+    # swizzled rows: every tile of a warp's memory starts at a multiple of a row, so that an XOR of
+    # an offset's bits within a row (`at`) moves it within the same row; and each warp's memory
+    # starts on a 128-byte line, so that the eight rows ldmatrix reads fall in eight banks
+    assert K_OFF % ROW_BYTES == 0 and V_OFF % ROW_BYTES == 0 and STAGE_BYTES % ROW_BYTES == 0
+    assert WARP_BYTES % 128 == 0
 
     @cuda.jit(device=True, inline=True)
     def attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE):
@@ -494,9 +700,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         s_hi = cuda.local.array((NT, 4), float32)  # q · kᵀ over the upper half of the head dim
         p_frag = cuda.local.array((KP, 4), uint32)
         acc = cuda.local.array((NO, 4), float32)
-        for j in range(NO):
-            for e in range(4):
-                acc[j, e] = float32(0.0)
+        zero_tiles(acc, NO)
         m_a = float32(-math.inf)
         m_b = float32(-math.inf)
         l_a = float32(0.0)
@@ -538,9 +742,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         # c ^ (lane % 8)
         sw = lane % 8
         q_lane = uint32((lane % 16) * ROW_BYTES + ((lane // 16) ^ sw) * 16)
-        for kk in range(KQ):  # Q's A fragments stay in registers: 16 rows are one m-tile
-            a0, a1, a2, a3 = ldsm(at(smem, q_lane, kk))
-            q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = a0, a1, a2, a3
+        q_fragments(q_frag, smem, q_lane)
         k_lane = uint32(((lane // 16) * 8 + lane % 8) * ROW_BYTES + (((lane // 8) % 2) ^ sw) * 16)
         v_lane = uint32((((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + ((lane // 16) ^ sw) * 16)
 
@@ -557,166 +759,26 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
                 if PAGED and whole_tiles and next_n + BLOCK_N < k_stop:  # the tile after: its pages now
                     pages = tile_pages(BLOCK_TABLE, b, next_n + BLOCK_N, seq_k, page_size, K.shape[0])
             commit()
-            for j in range(NT):
-                for e in range(4):
-                    s[j, e] = float32(0.0)
-                    s_hi[j, e] = float32(0.0)
-            qk_half(0, (s, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane))
-            qk_half(KQ // 2, (s_hi, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane))
-            for j in range(NT):
-                for e in range(4):
-                    s[j, e] += s_hi[j, e]
-            if start_n + BLOCK_N > min(k_end_a, k_end_b):  # a key past a row's end: mask it
-                for j in range(NT):
-                    col = start_n + j * MMA_N + 2 * t
-                    if col >= k_end_a:
-                        s[j, 0] = float32(-math.inf)
-                    if col + 1 >= k_end_a:
-                        s[j, 1] = float32(-math.inf)
-                    if col >= k_end_b:
-                        s[j, 2] = float32(-math.inf)
-                    if col + 1 >= k_end_b:
-                        s[j, 3] = float32(-math.inf)
-            m_ij_a = float32(-math.inf)
-            m_ij_b = float32(-math.inf)
-            for j in range(NT):
-                m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
-                m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
-            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
-            m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
-            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
-            m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
-            # rescale only when a row of the warp sees a score more than RESCALE_MARGIN above its
-            # m_i (a vote: the branch is the warp's, not a lane's); else m_i stays, and this tile's
-            # p are measured against it (written `not <=`, so that a NaN score rescales, as before)
-            grows = not (m_ij_a * scale <= m_a + float32(RESCALE_MARGIN)) or \
-                not (m_ij_b * scale <= m_b + float32(RESCALE_MARGIN))
-            if cuda.any_sync(FULL_MASK, int32(1) if grows else int32(0)) != 0:
-                m_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a * scale)
-                m_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b * scale)
-                l_a *= alpha_a
-                l_b *= alpha_b
-                for j in range(NO):
-                    acc[j, 0] *= alpha_a
-                    acc[j, 1] *= alpha_a
-                    acc[j, 2] *= alpha_b
-                    acc[j, 3] *= alpha_b
-            for j in range(NT):
-                s[j, 0] = exp2(cuda.fma(s[j, 0], scale, -m_ref_a))
-                s[j, 1] = exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
-                s[j, 2] = exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
-                s[j, 3] = exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
-                l_a += s[j, 0] + s[j, 1]
-                l_b += s[j, 2] + s[j, 3]
-            for kk in range(KP):
-                p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
-                p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
-                p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
-                p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+            scores(s, s_hi, q_frag, smem, uint32(K_OFF + stage * STAGE_BYTES) + k_lane)
+            m_a, m_b, l_a, l_b, m_ref_a, m_ref_b = softmax_tile(s, p_frag, acc, start_n, t, k_end_a, k_end_b,
+                                                                scale, m_a, m_b, l_a, l_b, m_ref_a, m_ref_b)
             pv_steps(0, (acc, p_frag, smem, uint32(V_OFF + stage * STAGE_BYTES) + v_lane))
             stage = stage + 1 if stage + 1 < STAGES else 0
 
-        # -- the rows' sums over the quad: each lane summed a quarter of each row's columns
-        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 1)
-        l_a += cuda.shfl_xor_sync(FULL_MASK, l_a, 2)
-        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 1)
-        l_b += cuda.shfl_xor_sync(FULL_MASK, l_b, 2)
-        inv_a = float32(1.0) / l_a if l_a != float32(0.0) else float32(0.0)  # a row without keys: 0
-        inv_b = float32(1.0) / l_b if l_b != float32(0.0) else float32(0.0)
+        store_partial(smem_f, warp, g, t, acc, m_a, m_b, l_a, l_b)
 
-        # -- a partial result, o_s = acc / l_i and lse_s = m_i + log2(l_i), in the warp's own
-        # shared memory (its stages are done with; the block's other warps may still be in their loops)
-        mine = warp * WARP_FLOATS  # the warp's partial: o (BLOCK_M, D) row by row, then lse (BLOCK_M)
-        # every lane done reading the warp's memory before any lane overwrites it. The partial
-        # covers Q's tile and stage 0's first rows of K (16 and a part); the loop's syncwarp comes
-        # before each tile's reads, none after the last, so a last tile in stage 0 (and Q, in a
-        # warp with no keys, no loop) was read with nothing between those reads and these stores
-        # but shuffles, which order no memory (racecheck found it: docs/sanitizer/README.md)
-        cuda.syncwarp()
-        for j in range(NO):
-            col = j * MMA_N + 2 * t
-            smem_f[mine + g * HEAD_DIM + col] = acc[j, 0] * inv_a
-            smem_f[mine + g * HEAD_DIM + col + 1] = acc[j, 1] * inv_a
-            smem_f[mine + (g + 8) * HEAD_DIM + col] = acc[j, 2] * inv_b
-            smem_f[mine + (g + 8) * HEAD_DIM + col + 1] = acc[j, 3] * inv_b
-        if t == 0:
-            smem_f[mine + LSE_AT + g] = float32(-math.inf) if l_a == float32(0.0) else m_a + math.log2(l_a)
-            smem_f[mine + LSE_AT + g + 8] = float32(-math.inf) if l_b == float32(0.0) else m_b + math.log2(l_b)
-
-        # -- merge, as a tree. Level 0 is the block: once every warp has its partial in shared
-        # memory (a barrier), the block merges them into its own partial, in the workspace. Then
-        # the blocks' partials are gathered in teams of FAN_IN: the last block of a team to finish
-        # merges the team's partials into the team's first slot (a partial of its own, with its
-        # own log-sum-exp), then the teams are gathered in teams of FAN_IN in turn, and so on,
-        # until one team is left: its last block writes the output. The merge is associative, so
-        # merging merges gives the same result, and the teams of a level merge in parallel, each
-        # on its own SM.
+        # -- merge, as a tree (make_merge): the block's warps, then the blocks, in teams
         weight = smem_f[WEIGHT_AT:WEIGHT_AT + TEAM * BLOCK_M]  # (TEAM, BLOCK_M), past warp 0's partial
         done_s = cuda.shared.array(1, int32)  # arrive's count, for the whole block
         n_rows = min(BLOCK_M, rows - row0)
         out_row = first_row + row0
-        slot = cuda.blockIdx.x  # the block's partial in the workspace
-        last_level = cuda.gridDim.x == 1  # one block: its merge is the output
-        cuda.syncthreads()  # every warp's partial is written
-        # each row's lse = log2(sum_w 2^lse_w) over the warps, lane w holding warp w's, and each
-        # warp's weight 2^(lse_w - lse), into shared memory: row r by warp r % WARPS
-        for r in range(warp, n_rows, WARPS):
-            lse, w = merge_weights(smem_f[lane * WARP_FLOATS + LSE_AT + r] if lane < WARPS else float32(-math.inf))
-            if lane < WARPS:
-                weight[lane * BLOCK_M + r] = w
-            if lane == 0:
-                put_lse(LSE, LSE_PART, lse, r, last_level, slot, out_row, b, h_kv * group, seq_q, row0)
-        cuda.syncthreads()
-        # o = sum_w w_w o_w, two columns per thread
-        for idx in range(tid, n_rows * PAIRS, THREADS):
-            r, col = idx // PAIRS, 2 * (idx % PAIRS)
-            x = float32(0.0)
-            y = float32(0.0)
-            for i in range(WARPS):
-                w = weight[i * BLOCK_M + r]
-                x += w * smem_f[i * WARP_FLOATS + r * HEAD_DIM + col]
-                y += w * smem_f[i * WARP_FLOATS + r * HEAD_DIM + col + 1]
-            put_merged(O, O_PART, x, y, r, col, last_level, slot, out_row, b, h_kv * group, seq_q, row0)
-        if last_level:
+        if merge_warps(smem_f, weight, O, LSE, O_PART, LSE_PART, warp, lane, tid, n_rows, out_row, b,
+                       h_kv * group, seq_q, row0):
             return
-
-        # -- the levels across blocks, in teams of FAN_IN blocks' partials
         per_tile = div32(COUNTERS.shape[0], cuda.gridDim.y * cuda.gridDim.z)  # merge_counters(blocks)
         counters = ((b * H_kv + h_kv) * row_tiles + tile) * per_tile  # this row tile's first counter
-        node = slot  # this block's partial among this level's partials
-        count = cuda.gridDim.x  # partials at this level
-        stride = 1  # slots of O_PART from one partial of this level to the next
-        while True:
-            team = node // FAN_IN
-            first = team * FAN_IN  # the team's first partial: where its merge goes
-            members = min(FAN_IN, count - first)
-            last_level = count <= FAN_IN  # one team: its merge is the output
-            if not arrive(COUNTERS, counters + team, members, tid, done_s):
-                return  # another block of the team merges it
-            # each row's lse and the members' weights, as above: lane i holds member i's lse_i
-            for r in range(warp, n_rows, WARPS):
-                row = out_row + r
-                lse, w = merge_weights(LSE_PART[(first + lane) * stride, row] if lane < members
-                                       else float32(-math.inf))
-                if lane < FAN_IN:
-                    weight[lane * BLOCK_M + r] = w
-                if lane == 0:  # every lane has read the team's first lse: overwritten in place
-                    put_lse(LSE, LSE_PART, lse, r, last_level, first * stride, out_row, b, h_kv * group, seq_q, row0)
-            cuda.syncthreads()
-            # o = sum_i w_i o_i, two columns per thread, the members' loads all in flight (merge_members)
-            for idx in range(tid, n_rows * PAIRS, THREADS):
-                r, col = idx // PAIRS, 2 * (idx % PAIRS)
-                x, y = merge_members(O_PART, weight, first * stride, stride, members - 1, out_row + r, r, col)
-                put_merged(O, O_PART, x, y, r, col, last_level, first * stride, out_row, b, h_kv * group, seq_q, row0)
-            if last_level:
-                return
-            # the next level: this level's teams are its partials (the barrier in `arrive` keeps the
-            # next level's weights from being written before every thread has read these)
-            teams = (count + FAN_IN - 1) // FAN_IN
-            counters += teams  # past this level's counters
-            node = team
-            count = teams
-            stride *= FAN_IN
+        merge_blocks(weight, done_s, O, LSE, O_PART, LSE_PART, COUNTERS, warp, lane, tid, n_rows, out_row, b,
+                     h_kv * group, seq_q, row0, counters)
 
     @cuda.jit
     def split_keys_attention(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS):
@@ -727,9 +789,9 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
         attend(Q, K, V, O, LSE, causal, qk_scale, O_PART, LSE_PART, COUNTERS, SEQLENS, BLOCK_TABLE)
 
     smem_bytes = smem_size(L, WARPS)
-    return KernelConfig(split_keys_kvcache if PAGED else split_keys_attention, block_m=BLOCK_M, n_threads=THREADS,
-                        smem_bytes=smem_bytes, packed_output=True, lse=True, kv_cache=PAGED,
-                        split_keys=make_splits(BLOCK_N, smem_bytes, FAN_IN, WARPS))
+    return KernelConfig(split_keys_kvcache if PAGED else split_keys_attention, block_m=BLOCK_M,
+                        n_threads=32 * WARPS, smem_bytes=smem_bytes, packed_output=True, lse=True,
+                        kv_cache=PAGED, split_keys=make_splits(BLOCK_N, smem_bytes, fan_in(), WARPS))
 
 
 @lru_cache(maxsize=None)

@@ -36,8 +36,9 @@ from numba import cuda, float32, int32, uint32, uint64
 from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.arch.smem import smem_per_block
-from flashcore_numba.phases.common import ELEMENT, FULL_MASK, LOG2E, PTX_TYPE, cdiv, key_end, launch
-from flashcore_numba.phases.p07_mma_sync import MMA_K, MMA_N, PAD, make_copy_tile, unrolled
+from flashcore_numba.phases.common import (ELEMENT, FULL_MASK, LOG2E, MMA_N, PTX_TYPE, cdiv, key_end, launch, make_pack_a,
+                     zero_tiles)
+from flashcore_numba.phases.p07_mma_sync import MMA_K, PAD, make_copy_tile, unrolled
 
 ID = "11"
 NAME = "backward"
@@ -344,25 +345,9 @@ class _Pieces:
                 mma_into(c, 2 * jj, a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b0, b1)
                 mma_into(c, 2 * jj + 1, a[kk, 0], a[kk, 1], a[kk, 2], a[kk, 3], b2, b3)
 
-        self.mma_into, self.as_a_fragments = mma_into, make_as_a_fragments(pack, KS)
+        self.mma_into, self.pack_a = mma_into, make_pack_a(pack, KS)
         self.abt_steps = unrolled(abt_step, L["KD"])
         self.ab_steps = unrolled(ab_step, L["ND"] // 2)
-
-
-def make_as_a_fragments(pack, KS: int):
-    """as_a_fragments(frag, c): KS k-steps of A fragments from the accumulators c (phase 12 too)."""
-
-    @cuda.jit(device=True, inline=True)
-    def as_a_fragments(frag, c):
-        """The accumulators of n-tiles 2kk and 2kk + 1 (rows g, g + 8; columns 2t, 2t + 1) are
-        k-step kk's A fragment, rounded to 16 bits: phase 07's repacking of P."""
-        for kk in range(KS):
-            frag[kk, 0] = pack(c[2 * kk, 0], c[2 * kk, 1])
-            frag[kk, 1] = pack(c[2 * kk, 2], c[2 * kk, 3])
-            frag[kk, 2] = pack(c[2 * kk + 1, 0], c[2 * kk + 1, 1])
-            frag[kk, 3] = pack(c[2 * kk + 1, 2], c[2 * kk + 1, 3])
-
-    return as_a_fragments
 
 
 def make_red_pair(wide_red: bool):
@@ -429,14 +414,6 @@ def make_store_dk_dv(pack, ND: int):
                 dV[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dv[j, 2], dv[j, 3])
 
     return store_dk_dv
-
-
-@cuda.jit(device=True, inline=True)
-def zero(c, n):
-    """Accumulators c[0 .. n-1] (four each) to 0."""
-    for j in range(n):
-        for e in range(4):
-            c[j, e] = float32(0.0)
 
 
 @cuda.jit(device=True, inline=True)
@@ -520,32 +497,66 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
     return delta_kernel
 
 
-def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = False):
-    """kv_kernel for layout L: dK and dV of BLOCK_N keys, and their share of dQ; wide_red (sm_90 and
-    newer): a lane's two adjacent dQ columns in one reduction (ptx/red.ptx). serial: the build for
-    deterministic=True, whose blocks loop over key blocks; the default build has a block per key
-    block and no loop (the loop costs instructions and registers where there are none to spare:
-    ptxas, sm_90a, 2400 instructions against 2392 at D = 64, and at D = 128 140 bytes spilled
-    per thread against 28 in run 9's measure; with today's nvJitLink 120 against 40 before dQ moved
-    a tile late, 100 against 100 since)."""
-    f = _Pieces(L, dtype)
-    mma_into, pack, exp2, ldsm_t = f.mma_into, f.pack, f.exp2, f.ldsm_t
-    copy_tile, copy_stream = f.copy_tile, f.copy_stream  # the own tiles (padded), the streamed ones (swizzled)
-    commit, wait_all, abt_steps, ab_steps, as_a_fragments = f.commit, f.wait_all, f.abt_steps, f.ab_steps, f.as_a_fragments
-    shared_address, global_address = operands.shared_address, operands.global_address
-    D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["STREAM_ROWS"]
-    ROW_BYTES, SROW, DS_ROW_BYTES, DS_OFF = L["ROW_BYTES"], L["STREAM_ROW_BYTES"], L["DS_ROW_BYTES"], L["DS_OFF"]
-    DS_BYTES, DS_BUFFERS = L["DS_BYTES"], L["DS_BUFFERS"]
-    OWN_A, OWN_B, STREAM_A, STREAM_B, STAGE = L["OWN_A"], L["OWN_B"], L["STREAM_A"], L["STREAM_B"], L["STAGE_BYTES"]
-    NT, KS, KO, ND = L["NT"], L["KS"], L["KO"], L["ND"]
-    ROW_GROUPS, DQ_CHUNKS = L["ROW_GROUPS"], L["DQ_CHUNKS"]
-    GLOBAL_ROW = D * 2  # bytes from a row of a head to the next in a (B, H, S, D) array
-    DQ_ROW = D * 4  # bytes from a row of dQ (float32) to the next
-    STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
+def make_tile_grads(L: dict, f: _Pieces):
+    """tile_grads(...): one query tile's part of the gradients of the warp's 16 keys."""
+    p_and_ds = make_p_and_ds(f.exp2, L["NT"], L["STREAM_ROWS"], L["OWN_ROWS"])
+    abt_steps, ab_steps, pack_a = f.abt_steps, f.ab_steps, f.pack_a
+    NT = L["NT"]
+
+    @cuda.jit(device=True, inline=True)
+    def tile_grads(s, dp, p_frag, ds_frag, dk, dv, k_warp, v_warp, q_tile, do_tile, b_lane, bt_lane, lse2_s,
+                   delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale):
+        """The query tile in `stage` (rows m0 .., Q at q_tile, dO at do_tile) against the warp's 16
+        keys and values (k_warp, v_warp): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, then Pᵀ from the rows' saved
+        log-sum-exp and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i), then dV += Pᵀ dO and dK += dSᵀ Q. Pᵀ and dSᵀ are left
+        as A fragments in p_frag and ds_frag (dSᵀ's go on to dQ)."""
+        # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, the warp's 16 keys against the tile's BLOCK_M rows
+        zero_tiles(s, NT)
+        zero_tiles(dp, NT)
+        abt_steps(0, (s, k_warp, q_tile + b_lane))
+        abt_steps(0, (dp, v_warp, do_tile + b_lane))
+
+        # -- Pᵀ = 2^(s · qk_scale − L_i log2 e) in place of Sᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i) in place of dPᵀ
+        p_and_ds(s, dp, lse2_s, delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale)
+
+        # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments, dO and Q by ldmatrix.trans
+        pack_a(p_frag, s)
+        pack_a(ds_frag, dp)
+        ab_steps(0, (dv, p_frag, do_tile + bt_lane))
+        ab_steps(0, (dk, ds_frag, q_tile + bt_lane))
+
+    return tile_grads
+
+
+def make_dq(L: dict, f: _Pieces, wide_red: bool):
+    """(stash_ds, tile_dq): dQ += scale · dS K, the share of a query tile's dQ that the block's keys
+    give, added to dQ in global memory by float32 reductions (ptx/red.ptx; wide_red: a lane's two
+    adjacent columns in one, sm_90 and newer). Every warp computed dSᵀ for its own 16 keys; dQ needs
+    all the block's keys for each query row, so dSᵀ goes through shared memory (`stash_ds`), and the
+    warps then share the tile's dQ by row and column groups (`tile_dq`)."""
+    mma_into, ldsm_t = f.mma_into, f.ldsm_t
     red_pair = make_red_pair(wide_red)
-    p_and_ds = make_p_and_ds(exp2, NT, BLOCK_M, BLOCK_N)
-    store_dk_dv = make_store_dk_dv(pack, ND)
-    SERIAL = serial
+    ROW_BYTES, DS_ROW_BYTES, DS_OFF, DS_BYTES = L["ROW_BYTES"], L["DS_ROW_BYTES"], L["DS_OFF"], L["DS_BYTES"]
+    KS, KO, ROW_GROUPS, DQ_CHUNKS = L["KS"], L["KO"], L["ROW_GROUPS"], L["DQ_CHUNKS"]
+    OWN_A, DS_BUFFERS = L["OWN_A"], L["DS_BUFFERS"]
+    DQ_ROW = L["HEAD_DIM"] * 4  # bytes from a row of dQ (float32) to the next
+
+    @cuda.jit(device=True, inline=True)
+    def stash_ds(smem_h, prev_s, ds_frag, stage, warp, g, t, tid, h, m0):
+        """-- dSᵀ to shared memory, buffer `stage` (of two), for dQ = dS K by row and column groups of
+        the warps during the next tile (tile_dq; the last tile's after the loop): its A fragments are
+        already its 16-bit pairs (rows g and g + 8, columns 16 kk + 2t and 16 kk + 8 + 2t). 32-bit
+        words, indexed unsigned: a signed index gets a negative-index check. prev_s[buffer] says whose
+        dSᵀ it is (query head h, first row m0)."""
+        buffer = stage if DS_BUFFERS == 2 else 0
+        ds_row = uint32((DS_OFF + buffer * DS_BYTES + (warp * 16 + g) * DS_ROW_BYTES) // 4 + t)
+        for kk in range(KS):
+            smem_h[ds_row + uint32(kk * 8)] = ds_frag[kk, 0]
+            smem_h[ds_row + uint32(8 * DS_ROW_BYTES // 4 + kk * 8)] = ds_frag[kk, 1]
+            smem_h[ds_row + uint32(kk * 8 + 4)] = ds_frag[kk, 2]
+            smem_h[ds_row + uint32(8 * DS_ROW_BYTES // 4 + kk * 8 + 4)] = ds_frag[kk, 3]
+        if tid == 0:  # whose dSᵀ it is (a slot per buffer: the tile before's is still being read)
+            prev_s[buffer, 0], prev_s[buffer, 1] = h, m0
 
     @cuda.jit(device=True, inline=True)
     def dq_columns(jj, args):
@@ -553,7 +564,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         added to dQ in global memory: two pairs of float32 reductions per lane and n-tile."""
         dq_head, row_a, col0, seq_q, t, ds_frag, k_rows, scale = args
         c = cuda.local.array((2, 4), float32)
-        zero(c, 2)
+        zero_tiles(c, 2)
         for kk in range(KO):
             b0, b1, b2, b3 = ldsm_t(k_rows + kk * 16 * ROW_BYTES + jj * 32)
             mma_into(c, 0, ds_frag[kk, 0], ds_frag[kk, 1], ds_frag[kk, 2], ds_frag[kk, 3], b0, b1)
@@ -583,6 +594,16 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         dq_steps(0, (dq_head, m0 + dq_rows + lane // 4, dq_cols, seq_q, t, dsq_frag,
                      smem + OWN_A + bt_own + dq_cols * 2, scale))
 
+    return stash_ds, tile_dq
+
+
+def make_query_stream(L: dict, f: _Pieces):
+    """fetch_queries(...): the query tiles that stream past a block's keys, two stages of them."""
+    copy_stream, commit = f.copy_stream, f.commit  # the streamed tiles: swizzled rows
+    global_address = operands.global_address
+    BLOCK_M, STREAM_A, STREAM_B, STAGE = L["STREAM_ROWS"], L["STREAM_A"], L["STREAM_B"], L["STAGE_BYTES"]
+    GLOBAL_ROW = L["HEAD_DIM"] * 2  # bytes from a row of a head to the next in a (B, H, S, D) array
+
     @cuda.jit(device=True, inline=True)
     def fetch_queries(smem, stage, Q, dO, b, h, m0, tid):
         """Start copying rows m0 .. m0 + BLOCK_M − 1 of query head h, of Q and of dO, into `stage`."""
@@ -590,6 +611,52 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         head_q = uint64(((b * Q.shape[1] + h) * seq_q) * GLOBAL_ROW)
         copy_stream(smem, STREAM_A + stage * STAGE, global_address(Q), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
         copy_stream(smem, STREAM_B + stage * STAGE, global_address(dO), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
+
+    @cuda.jit(device=True, inline=True)
+    def fetch_next(smem, it, n_tiles, stage, Q, dO, LSE, DELTA, b, h, m0, m_first, seq_q, tid):
+        """-- the query tile after tile `it` (rows m0 .. of head h) flies into the other stage while
+        `it` is computed: the next rows of this head, or the first of the group's next head. Its
+        L_i and Δ_i are loaded into registers now and looked at only at the end of this tile: a
+        load here that fed shared memory, or a compare, at once would stall the warp for the whole
+        trip to global memory. Returns (h_next, m_next, lse_next, delta_next)."""
+        h_next, m_next = (h, m0 + BLOCK_M) if m0 + BLOCK_M < seq_q else (h + 1, m_first)
+        lse_next, delta_next = float32(0.0), float32(0.0)
+        if it + 1 < n_tiles:
+            fetch_queries(smem, 1 - stage, Q, dO, b, h_next, m_next, tid)
+            commit()
+            if tid < BLOCK_M:
+                lse_next, delta_next = load_row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
+        return h_next, m_next, lse_next, delta_next
+
+    return fetch_queries, fetch_next
+
+
+def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = False):
+    """kv_kernel for layout L: dK and dV of BLOCK_N keys, and their share of dQ; wide_red (sm_90 and
+    newer): a lane's two adjacent dQ columns in one reduction (ptx/red.ptx). serial: the build for
+    deterministic=True, whose blocks loop over key blocks; the default build has a block per key
+    block and no loop (the loop costs instructions and registers where there are none to spare:
+    ptxas, sm_90a, 2400 instructions against 2392 at D = 64, and at D = 128 140 bytes spilled
+    per thread against 28 in run 9's measure; with today's nvJitLink 120 against 40 before dQ moved
+    a tile late, 100 against 100 since).
+
+    The roles, each a function of its own above: the warp's products (_Pieces), a query tile's
+    gradients (make_tile_grads), dQ (make_dq) and the query stream (make_query_stream); kv_kernel
+    below is the algorithm that wires them, one block's work."""
+    f = _Pieces(L, dtype)
+    copy_tile, commit, wait_all = f.copy_tile, f.commit, f.wait_all  # the own tiles (padded)
+    tile_grads = make_tile_grads(L, f)
+    stash_ds, tile_dq = make_dq(L, f, wide_red)
+    fetch_queries, fetch_next = make_query_stream(L, f)
+    store_dk_dv = make_store_dk_dv(f.pack, L["ND"])
+    shared_address, global_address = operands.shared_address, operands.global_address
+    D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["STREAM_ROWS"]
+    ROW_BYTES, SROW, DS_BUFFERS = L["ROW_BYTES"], L["STREAM_ROW_BYTES"], L["DS_BUFFERS"]
+    OWN_A, OWN_B, NT, KS, KO, ND = L["OWN_A"], L["OWN_B"], L["NT"], L["KS"], L["KO"], L["ND"]
+    STREAM_A, STREAM_B, STAGE = L["STREAM_A"], L["STREAM_B"], L["STAGE_BYTES"]
+    GLOBAL_ROW = D * 2  # bytes from a row of a head to the next in a (B, H, S, D) array
+    STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
+    SERIAL = serial
 
     @cuda.jit
     def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale):
@@ -670,58 +737,24 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
             wait_all()
             cuda.syncthreads()
 
-            zero(dk, ND)
-            zero(dv, ND)
+            zero_tiles(dk, ND)
+            zero_tiles(dv, ND)
             key_a = n0 + warp * 16 + g  # this lane's keys (rows of Sᵀ): key_a and key_a + 8 ...
             first_a = first_row(key_a, seq_q, seq_k, causal)  # ... and the first query row that sees each
             first_b = first_row(key_a + 8, seq_q, seq_k, causal)
 
             for it in range(n_tiles):
                 stage = it % 2
-                # -- the next query tile flies into the other stage meanwhile: the next rows of this
-                # head, or the first of the group's next head. Its L_i and Δ_i are loaded into registers
-                # now and looked at only at the end of this tile: a load here that fed shared memory,
-                # or a compare, at once would stall the warp for the whole trip to global memory
-                h_next, m_next = (h, m0 + BLOCK_M) if m0 + BLOCK_M < seq_q else (h + 1, m_first)
-                lse_next, delta_next = float32(0.0), float32(0.0)
-                if it + 1 < n_tiles:
-                    fetch_queries(smem, 1 - stage, Q, dO, b, h_next, m_next, tid)
-                    commit()
-                    if tid < BLOCK_M:
-                        lse_next, delta_next = load_row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
+                h_next, m_next, lse_next, delta_next = fetch_next(smem, it, n_tiles, stage, Q, dO, LSE, DELTA,
+                                                                  b, h, m0, m_first, seq_q, tid)
                 q_tile = smem + STREAM_A + stage * STAGE
                 do_tile = smem + STREAM_B + stage * STAGE
 
-                # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, the warp's 16 keys against the tile's BLOCK_M rows
-                zero(s, NT)
-                zero(dp, NT)
-                abt_steps(0, (s, k_warp, q_tile + b_lane))
-                abt_steps(0, (dp, v_warp, do_tile + b_lane))
-
-                # -- Pᵀ = 2^(s · qk_scale − L_i log2 e) in place of Sᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i) in place of dPᵀ
-                p_and_ds(s, dp, lse2_s, delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale)
-
-                # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments, dO and Q by ldmatrix.trans
-                as_a_fragments(p_frag, s)
-                as_a_fragments(ds_frag, dp)
-                ab_steps(0, (dv, p_frag, do_tile + bt_lane))
-                ab_steps(0, (dk, ds_frag, q_tile + bt_lane))
-
-                # -- dSᵀ to shared memory, buffer `stage` (of two), for dQ = dS K by row and column
-                # groups of the warps during the next tile (tile_dq; the last tile's after the loop):
-                # its A fragments are already its 16-bit pairs (rows g and g + 8, columns 16 kk + 2t
-                # and 16 kk + 8 + 2t). 32-bit words, indexed unsigned: a signed index gets a
-                # negative-index check
-                buffer = stage if DS_BUFFERS == 2 else 0
-                ds_row = uint32((DS_OFF + buffer * DS_BYTES + (warp * 16 + g) * DS_ROW_BYTES) // 4 + t)
-                for kk in range(KS):
-                    smem_h[ds_row + uint32(kk * 8)] = ds_frag[kk, 0]
-                    smem_h[ds_row + uint32(8 * DS_ROW_BYTES // 4 + kk * 8)] = ds_frag[kk, 1]
-                    smem_h[ds_row + uint32(kk * 8 + 4)] = ds_frag[kk, 2]
-                    smem_h[ds_row + uint32(8 * DS_ROW_BYTES // 4 + kk * 8 + 4)] = ds_frag[kk, 3]
-                if tid == 0:  # whose dSᵀ it is (a slot per buffer: the tile before's is still being read)
-                    prev_s[buffer, 0], prev_s[buffer, 1] = h, m0
-
+                # -- this tile's Pᵀ and dSᵀ, and its part of dV and dK (Pᵀ dO, dSᵀ Q)
+                tile_grads(s, dp, p_frag, ds_frag, dk, dv, k_warp, v_warp, q_tile, do_tile, b_lane, bt_lane,
+                           lse2_s, delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b,
+                           qk_scale)
+                stash_ds(smem_h, prev_s, ds_frag, stage, warp, g, t, tid, h, m0)
                 if DS_BUFFERS == 2:
                     # -- dQ of the tile before, whose dSᵀ every warp stored before the barrier that
                     # ended it: added here, one tile late, not behind a barrier between this tile's
