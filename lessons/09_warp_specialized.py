@@ -122,7 +122,6 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
 # %%
 from flashcore_numba.arch import tma
 from flashcore_numba.course import notebooks
-from flashcore_numba.phases import p08_wgmma
 from flashcore_numba.phases import p09_warp_specialized as phase
 
 lesson = notebooks.Lesson("09")
@@ -233,15 +232,35 @@ lesson.show_source(phase.Build)
 print(phase.BUILDS)
 
 # %% [markdown]
-# Against phase 08's kernel: the `cp.async` copies and the block barriers are gone, and the kernel is
-# split by role, as FlashAttention-3 splits its own: the softmax of a tile (phase 08's), the work
-# scheduler (`next_unit`, `query_block`: which query block comes next), the `producer` (TMA loads of Q,
-# K and V into the ring), a consumer's `turn` (the products of one tile and its softmax) and the
-# `consumer` (its tiles, then the epilogue). The `kernel` at the end only sets the barriers up and hands
-# warpgroup 0 to the producer, the others to the consumer.
+# Against phase 08's kernel the `cp.async` copies and the block barriers are gone, and the kernel is
+# split by role, as FlashAttention-3 splits its own, each role a function you can read alone. First
+# the kernel itself: `build_kernel` makes the roles and wires them; its `attend` sets the barriers up
+# and hands warpgroup 0 to the producer, the others to the consumer.
 
 # %%
-lesson.show_diff(p08_wgmma.build_kernel, phase.build_kernel)
+lesson.show_source(phase.build_kernel)
+
+# %% [markdown]
+# The producer: the work scheduler (`next_unit`, `query_block`: which query block comes next) and the
+# TMA loads of Q, K and V into the ring of stages.
+
+# %%
+lesson.show_source(phase.make_scheduler, phase.make_producer)
+
+# %% [markdown]
+# A consumer's turns at the tensor cores: tile 0's S alone, then each `turn` (S of tile n and P·V of
+# tile n − 1, issued together, then the softmax of tile n while P·V runs on). The softmax of a tile is
+# phase 08's, on the same fragment helpers of `phases/common.py`.
+
+# %%
+lesson.show_source(phase.make_turns, phase.make_softmax_tile)
+
+# %% [markdown]
+# The consumer: query block after query block, its tiles in turns (those no row masks, then those
+# that cross the diagonal), the tiles its rows never see passed, the last P·V, the epilogue.
+
+# %%
+lesson.show_source(phase.make_consumer)
 
 # %% [markdown]
 # ## Is it correct?

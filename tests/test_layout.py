@@ -20,6 +20,10 @@ back (at any depth, through any number of modules) can only be read, and importe
 
 And a definition the package shares has one home: each name of SHARED is assigned at module
 level in exactly one module, and every other user imports it from there.
+
+And a kernel reads as its roles: no function of phases/ is longer than MAX_PHASE_FUNCTION_LINES,
+nested functions counted in the one that holds them (a kernel's closure that grew to hold all of
+its roles fails, as phase 09's and 10's did at 543 and 574 lines).
 """
 
 from __future__ import annotations
@@ -263,6 +267,7 @@ def test_imports_without_a_circle_pass():
 # name -> the module that defines it; every other module imports it from there
 SHARED = {
     "FULL_MASK": f"{PACKAGE}.phases.common",  # the warp's 32 lanes, for shuffles and votes
+    "MMA_N": f"{PACKAGE}.phases.common",  # the columns of an n-tile of the accumulator layout
     "PTX_TYPE": f"{PACKAGE}.phases.common",  # a dtype's name in PTX, beside ELEMENT
     "REFERENCE_SHAPE": f"{PACKAGE}.measure.bench",  # the shape of the ladder
     "repo_root": f"{PACKAGE}.measure.records",  # where docs/bench/ and lessons/ are
@@ -350,3 +355,45 @@ def test_no_private_name_is_imported_across_modules():
                 found += [f"{path.relative_to(root)}: from {'.' * node.level}{node.module or ''} import {a.name}"
                           for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
     assert not found, "\n".join(found)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels that read like the algorithm
+# ---------------------------------------------------------------------------------------------
+MAX_PHASE_FUNCTION_LINES = 300
+SPLIT_IT = ("give its roles functions of their own (factories at module level that return device functions, "
+            "as the phases' make_* do) and let it only wire them together")
+
+
+def long_functions(source: str, where: str, limit: int = MAX_PHASE_FUNCTION_LINES) -> list[str]:
+    """Every function (or method, or function nested in another) of `source` longer than `limit`
+    lines, from its `def` to its last line: nested functions count in the one that holds them too."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > limit:
+                found.append(f"{where}:{node.lineno} {node.name} is {lines} lines, more than {limit}: "
+                             f"{SPLIT_IT}")
+    return found
+
+
+def test_no_phase_function_is_longer_than_the_limit():
+    """No function of phases/ over MAX_PHASE_FUNCTION_LINES lines: a kernel's roles (the producer, the
+    softmax of a tile, the epilogue, ...) are functions a reader can find and read alone, and the
+    closure that holds the compile-time constants only wires them together."""
+    found = []
+    for path in sorted((PACKAGE_DIR / "phases").glob("*.py")):
+        found += long_functions(path.read_text(encoding="utf-8"), str(path.relative_to(PACKAGE_DIR.parent)))
+    assert not found, "\n".join(found)
+
+
+def test_a_long_function_is_caught():
+    """The checker itself: a function over the limit is found, also when most of its length is a
+    function nested in it (which is found too when it is itself over the limit); one at the limit is not."""
+    source = "def outer():\n    def inner():\n" + "".join(f"        x{i} = {i}\n" for i in range(4)) + \
+        "    return inner\n"  # outer: 7 lines, inner: 5
+    assert long_functions(source, "a.py", limit=7) == []
+    assert long_functions(source, "a.py", limit=5) == [f"a.py:1 outer is 7 lines, more than 5: {SPLIT_IT}"]
+    names = [problem.split(" is ")[0] for problem in long_functions(source, "a.py", limit=4)]
+    assert names == ["a.py:1 outer", "a.py:2 inner"]

@@ -33,8 +33,9 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.sim import simulator_enabled
-from flashcore_numba.phases.common import (FULL_MASK, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end, packed_span, softmax_rescale,
-                     store_lse, uidx)
+from flashcore_numba.phases.common import (FULL_MASK, MMA_N, PTX_TYPE, KernelConfig, fragment_epilogue_16b, key_end,
+                     make_exp_and_sum, make_pack_a, mask_scores, packed_span, quad_max, rescale_rows, row_max,
+                     softmax_rescale, store_lse, uidx, zero_tiles)
 from flashcore_numba.phases.tracing import wait_hooks
 
 ID = "09"
@@ -58,7 +59,7 @@ BLOCK_N = 128
 ROW = 128  # bytes of one row of a 128-byte-swizzle atom (64 fp16)
 ATOM = WG_M * ROW  # 64 rows of one atom, 8192 bytes: a Q atom, and one TMA box
 GROUP = 8 * ROW  # eight rows: the SBO of every descriptor here
-MMA_N, MMA_K = 8, 16
+MMA_K = 16  # the k-step of P's A fragments (MMA_N, 8 columns: common.py)
 # per head dim: consumer warpgroups (warpgroup 0 is the producer), and the registers per thread a
 # consumer raises itself to (the most the block's 65536 leave once the producer is down to 24)
 CONSUMERS = {64: 3, 128: 2}
@@ -142,85 +143,13 @@ BUILDS = {
 }
 
 
-def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> KernelConfig:
-    """The kernel of layout L, with the ideas `build` (a Build) names. Its parts, in this order:
-    the softmax of a tile (as in phase 08), the ring's position, the work scheduler (which query
-    block comes next), the producer (TMA loads of Q, K and V), a consumer's turn and the consumer
-    (the products, the softmax, the epilogue), then the kernel, which hands warpgroup 0 to the
-    producer and the others to the consumer. build.trace: the diagnostic build of
-    phases/tracing.py, every barrier wait timed (docs/tuning/09_stalls.txt); it computes what the
-    plain build computes. With `varlen`, the same kernel on sequences of their own lengths packed end
-    to end (flashcore_numba.inference.attention_varlen, as phase 07's): a unit past its sequence's
-    rows is passed over, and each sequence's rows are found from its offsets (the branches on VARLEN)."""
-    VARLEN = varlen
-    kind = PTX_TYPE[dtype]
-    HEAD_DIM = L["HEAD_DIM"]
-    shape = f"d{HEAD_DIM}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D
-    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_{shape}_{kind}", "inline")
-    # P·V adds into O in place: P's fragments and O's registers travel as two tuples
-    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_{shape}_{kind}", "inline", tuples=True)
-    # intra-warpgroup overlap: the products issued, not awaited; the waits come later (see the loop)
-    qk_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_issue_{shape}_{kind}", "inline")
-    pv_acc_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_issue_{shape}_{kind}", "inline", tuples=True)
-    wait_s = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_s_n{BLOCK_N}", "inline", tuples=True)
-    wait_o = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_o_{shape}", "inline", tuples=True)
-    fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
-    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{kind}x2", "inline")
-    exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")  # one MUFU.EX2, no subnormal fix-ups
-    mbar_init = ptx.function("tma.ptx", "flashcore_mbarrier_init", "inline")
-    fence_mbar_init = ptx.function("tma.ptx", "flashcore_fence_mbarrier_init", "inline")
-    expect_tx = ptx.function("tma.ptx", "flashcore_mbarrier_arrive_expect_tx", "inline")
-    arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
-    tma_load = ptx.function("tma.ptx", "flashcore_tma_load_3d", "inline")
-    regs_inc = ptx.function("warpgroup.ptx", f"flashcore_setmaxnreg_inc_{L['CONSUMER_REGISTERS']}", "inline")
-    regs_dec = ptx.function("warpgroup.ptx", "flashcore_setmaxnreg_dec_24", "inline")
-    bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
-    shared_address, map_address, descriptor = operands.shared_address, operands.map_address, operands.matrix_descriptor
-    global_address = operands.global_address
-    as_tuple, store_tuple = operands.as_tuple, operands.store_tuple
-    SW128 = operands.SWIZZLE_128B
-    BLOCK_M, STAGES, ATOMS = L["BLOCK_M"], L["STAGES"], L["ATOMS"]
-    TILE_BYTES, RING_OFF, STAGE_BYTES, BARS_OFF = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"], L["BARS_OFF"]
-    INFO = L["INFO_OFF"] // 4  # the info slots (two words per consumer), in words of smem_h
-    KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
-    NT, KP, NO = L["NT"], L["KP"], L["NO"]
-    st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
-    store_rows, store_rows_at = fragment_epilogue_16b(pack, NO, st_global_v4)  # 16-byte stores of O (common.py)
-    HALF = NT // 2  # S's column blocks are walked in two halves: see mask_and_max
-    N_P, N_O = 4 * KP, 4 * NO  # registers per thread of P's fragments, of O
-    Q_WG_WORDS = TILE_BYTES // 4
-    CONSUMERS = L["CONSUMERS"]
-    PASS_UNSEEN = L["PASS_UNSEEN"]
-    CONSUMER_THREADS = 128 * CONSUMERS
-    LAUNCH_BOUNDS = L["LAUNCH_BOUNDS"]
-    # the build's choices, as constants the compiler folds (a branch on one is compiled out)
-    TURNS, OVERLAP = build.turns, build.overlap
-    RELEASE_Q_EARLY, UNIFORM_C = build.release_q_early, build.uniform_c
-    # the barrier waits, timed in the trace build (tracing.py; docs/tuning/09_stalls.txt), and the
-    # trace's marks, which compile to nothing in every other build
-    wait, bar_sync, trace_mark, trace_save, SMEM_BYTES = wait_hooks(
-        ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline"),
-        ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline"), build.trace, L["SMEM_BYTES"], BARS_OFF,
-        STAGES, CONSUMERS)
-    TAIL_OFF = (SMEM_BYTES + 7) // 8 * 8  # (varlen) the producer's own barrier, last (load_kv_alone)
-    if VARLEN:
-        SMEM_BYTES = TAIL_OFF + 8
-
-    # ---------------- the softmax of a tile: phase 08's, on S of BLOCK_N keys ----------------------
-    @cuda.jit(device=True, inline=True)
-    def rescale(acc, alpha_a, alpha_b):
-        """acc = alpha · acc, before the next P·V adds to it (rows a: registers 0, 1; rows b: 2, 3)."""
-        for j in range(NO):
-            acc[j, 0] *= alpha_a
-            acc[j, 1] *= alpha_a
-            acc[j, 2] *= alpha_b
-            acc[j, 3] *= alpha_b
-
-    @cuda.jit(device=True, inline=True)
-    def add_pv(acc, p_frag, desc_v, alpha_a, alpha_b):
-        """acc = alpha · acc + P·V of one tile: the rescale, then the wgmma adds into acc in place."""
-        rescale(acc, alpha_a, alpha_b)
-        store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
+def make_softmax_tile(L, dtype="float16"):
+    """(softmax_tile, pack_a): phase 08's online softmax on S of BLOCK_N keys, and P's fragments."""
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
+    pack_a = make_pack_a(pack, L["KP"])
+    # p = exp2(s · scale - m) by one MUFU.EX2 a score, no subnormal fix-ups (common.py)
+    exp_and_sum = make_exp_and_sum(ptx.function("exp2.ptx", "flashcore_exp2", "inline"))
+    HALF = L["NT"] // 2  # S's column blocks are walked in two halves: see mask_and_max
 
     @cuda.jit(device=True, inline=True)
     def mask_and_max(s, j0, masked, start_n, t, k_end_a, k_end_b, m_ij_a, m_ij_b):
@@ -231,42 +160,8 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
         cost D = 64, which runs every tile through this code, 8 % of its speed
         (docs/tuning/09_history.md)."""
         if masked:
-            for j in range(j0, j0 + HALF):
-                col = start_n + j * MMA_N + 2 * t
-                if col >= k_end_a:
-                    s[j, 0] = float32(-math.inf)
-                if col + 1 >= k_end_a:
-                    s[j, 1] = float32(-math.inf)
-                if col >= k_end_b:
-                    s[j, 2] = float32(-math.inf)
-                if col + 1 >= k_end_b:
-                    s[j, 3] = float32(-math.inf)
-        for j in range(j0, j0 + HALF):
-            m_ij_a = max(m_ij_a, max(s[j, 0], s[j, 1]))
-            m_ij_b = max(m_ij_b, max(s[j, 2], s[j, 3]))
-        return m_ij_a, m_ij_b
-
-    @cuda.jit(device=True, inline=True)
-    def exp_and_sum(s, j0, scale, m_ref_a, m_ref_b, sum_a, sum_b):
-        """Column blocks j0 .. j0 + HALF - 1: p = exp2(s · scale - m), the rows' sums taken."""
-        for j in range(j0, j0 + HALF):
-            s[j, 0] = exp2(cuda.fma(s[j, 0], scale, -m_ref_a))
-            s[j, 1] = exp2(cuda.fma(s[j, 1], scale, -m_ref_a))
-            s[j, 2] = exp2(cuda.fma(s[j, 2], scale, -m_ref_b))
-            s[j, 3] = exp2(cuda.fma(s[j, 3], scale, -m_ref_b))
-            sum_a += s[j, 0] + s[j, 1]
-            sum_b += s[j, 2] + s[j, 3]
-        return sum_a, sum_b
-
-    @cuda.jit(device=True, inline=True)
-    def pack_p(s, p_frag):
-        """P's A fragments from S's accumulators: the accumulators of column blocks 2kk and 2kk + 1
-        are k-step kk's A (two fp32 -> one 16-bit pair per register)."""
-        for kk in range(KP):
-            p_frag[kk, 0] = pack(s[2 * kk, 0], s[2 * kk, 1])
-            p_frag[kk, 1] = pack(s[2 * kk, 2], s[2 * kk, 3])
-            p_frag[kk, 2] = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
-            p_frag[kk, 3] = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+            mask_scores(s, j0, HALF, start_n, t, k_end_a, k_end_b)
+        return row_max(s, j0, HALF, m_ij_a, m_ij_b)
 
     @cuda.jit(device=True, inline=True)
     def softmax_tile(s, start_n, t, k_end_a, k_end_b, scale, m_a, m_b, l_a, l_b, may_mask):
@@ -278,19 +173,22 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
         m_ij_a, m_ij_b = mask_and_max(s, 0, masked, start_n, t, k_end_a, k_end_b,
                                       float32(-math.inf), float32(-math.inf))
         m_ij_a, m_ij_b = mask_and_max(s, HALF, masked, start_n, t, k_end_a, k_end_b, m_ij_a, m_ij_b)
-        m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 1))
-        m_ij_a = max(m_ij_a, cuda.shfl_xor_sync(FULL_MASK, m_ij_a, 2))
-        m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 1))
-        m_ij_b = max(m_ij_b, cuda.shfl_xor_sync(FULL_MASK, m_ij_b, 2))
+        m_ij_a, m_ij_b = quad_max(m_ij_a, m_ij_b)
         m_ij_a *= scale
         m_ij_b *= scale
         m_new_a, m_ref_a, alpha_a = softmax_rescale(m_a, m_ij_a)
         m_new_b, m_ref_b, alpha_b = softmax_rescale(m_b, m_ij_b)
-        sum_a, sum_b = exp_and_sum(s, 0, scale, m_ref_a, m_ref_b, float32(0.0), float32(0.0))
-        sum_a, sum_b = exp_and_sum(s, HALF, scale, m_ref_a, m_ref_b, sum_a, sum_b)
+        sum_a, sum_b = exp_and_sum(s, 0, HALF, scale, m_ref_a, m_ref_b, float32(0.0), float32(0.0))
+        sum_a, sum_b = exp_and_sum(s, HALF, HALF, scale, m_ref_a, m_ref_b, sum_a, sum_b)
         return m_new_a, m_new_b, l_a * alpha_a + sum_a, l_b * alpha_b + sum_b, alpha_a, alpha_b
 
-    # ---------------- the ring of K/V stages and the barriers ----------------------------------------
+    return softmax_tile, pack_a
+
+
+def make_ring(L):
+    """(advance, barriers): the ring of K/V stages, and where its mbarriers (and Q's) are."""
+    STAGES, CONSUMERS, BARS_OFF = L["STAGES"], L["CONSUMERS"], L["BARS_OFF"]
+
     @cuda.jit(device=True, inline=True)
     def advance(stage, phase):
         """The ring position after (stage, phase): the next stage, and the parity of its use, which
@@ -314,14 +212,21 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
         q_full = empty + 8 * STAGES
         return full, empty, q_full, q_full + 8 * CONSUMERS
 
-    # ---------------- the work scheduler: which query block comes next ------------------------------
-    # The work is units of one query block, numbered head after head and within a head from the last
-    # block down (under a causal mask the last query rows see the most keys: the longest units go
-    # first). Block x takes unit x, then whichever unit the counter hands out next: a grid of one
-    # block per SM when persistent, else of one block per unit (which then finds no unit left). The
-    # producer asks; a consumer learns which query block comes from its info slot.
-    # (32-bit unsigned arithmetic throughout: after setmaxnreg.dec the producer has 24 registers,
-    # and Numba's default 64-bit integers take two each)
+    return advance, barriers
+
+
+def make_scheduler(L):
+    """(next_unit, query_block): which query block comes next.
+
+    The work is units of one query block, numbered head after head and within a head from the last
+    block down (under a causal mask the last query rows see the most keys: the longest units go
+    first). Block x takes unit x, then whichever unit the counter hands out next: a grid of one
+    block per SM when persistent, else of one block per unit (which then finds no unit left). The
+    producer asks; a consumer learns which query block comes from its info slot. (32-bit unsigned
+    arithmetic throughout: after setmaxnreg.dec the producer has 24 registers, and Numba's default
+    64-bit integers take two each)"""
+    BLOCK_M = L["BLOCK_M"]
+
     @cuda.jit(device=True, inline=True)
     def next_unit(counter, n_units):
         """The unit this block takes after its current one: one atomic addition on the counter in
@@ -341,7 +246,27 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
         row0 = int32((n_m - uint32(1) - unit % n_m) * uint32(BLOCK_M))
         return bh, row0
 
-    # ---------------- the producer: TMA loads, one thread of warpgroup 0 ----------------------------
+    return next_unit, query_block
+
+
+def make_producer(L, varlen, hooks, tail_off):
+    """producer(...): the TMA loads, by one thread of warpgroup 0. hooks: the kernel's barrier waits
+    and trace marks (tracing.wait_hooks); tail_off: (varlen) where the producer's own barrier is."""
+    VARLEN = varlen
+    wait, _, trace_mark, trace_save = hooks
+    expect_tx = ptx.function("tma.ptx", "flashcore_mbarrier_arrive_expect_tx", "inline")
+    tma_load = ptx.function("tma.ptx", "flashcore_tma_load_3d", "inline")
+    map_address = operands.map_address
+    advance, _ = make_ring(L)
+    next_unit, query_block = make_scheduler(L)
+    BLOCK_M, CONSUMERS, ATOMS = L["BLOCK_M"], L["CONSUMERS"], L["ATOMS"]
+    TILE_BYTES, RING_OFF, STAGE_BYTES = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"]
+    KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
+    INFO = L["INFO_OFF"] // 4  # the info slots (two words per consumer), in words of smem_h
+    TAIL_OFF = tail_off
+    fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
+    arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
+
     @cuda.jit(device=True, inline=True)
     def load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q, q_first, plane_q):
         """The query block's Q by TMA, consumer after consumer, each tile once its consumer has
@@ -462,7 +387,62 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
             expect_tx(q_full + 8 * i, uint32(0))
         trace_save(counter)
 
-    # ---------------- the consumers: warpgroup c owns query rows row0 + 64c .. + 63 ------------------
+    return producer
+
+
+def make_turns(L, dtype="float16", build=None, hooks=None):
+    """(first_tile, turn, add_pv): a consumer warpgroup's steps through its tiles, each a turn at the
+    tensor cores (wgmma from shared memory, ptx/wgmma.ptx) and the softmax of the tile. hooks: the
+    kernel's barrier waits and trace marks (tracing.wait_hooks)."""
+    kind = PTX_TYPE[dtype]
+    shape = f"d{L['HEAD_DIM']}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D
+    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_{shape}_{kind}", "inline")
+    # P·V adds into O in place: P's fragments and O's registers travel as two tuples
+    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_{shape}_{kind}", "inline", tuples=True)
+    # intra-warpgroup overlap: the products issued, not awaited; the waits come later (see `turn`)
+    qk_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_issue_{shape}_{kind}", "inline")
+    pv_acc_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_issue_{shape}_{kind}", "inline",
+                                tuples=True)
+    wait_s = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_s_n{BLOCK_N}", "inline", tuples=True)
+    wait_o = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_o_{shape}", "inline", tuples=True)
+    arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
+    bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
+    wait, bar_sync, _, _ = hooks
+    descriptor, as_tuple, store_tuple = operands.matrix_descriptor, operands.as_tuple, operands.store_tuple
+    SW128 = operands.SWIZZLE_128B
+    softmax_tile, pack_a = make_softmax_tile(L, dtype)
+    _, barriers = make_ring(L)
+    CONSUMERS, RING_OFF, STAGE_BYTES = L["CONSUMERS"], L["RING_OFF"], L["STAGE_BYTES"]
+    KV_BYTES, KV_ATOM, NO = L["KV_BYTES"], L["KV_ATOM"], L["NO"]
+    N_P, N_O = 4 * L["KP"], 4 * NO  # registers per thread of P's fragments, of O
+    # the build's choices, as constants the compiler folds (a branch on one is compiled out)
+    TURNS, OVERLAP, RELEASE_Q_EARLY = build.turns, build.overlap, build.release_q_early
+
+    @cuda.jit(device=True, inline=True)
+    def add_pv(acc, p_frag, desc_v, alpha_a, alpha_b):
+        """acc = alpha · acc + P·V of one tile: the rescale, then the wgmma adds into acc in place."""
+        rescale_rows(acc, NO, alpha_a, alpha_b)
+        store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
+
+    @cuda.jit(device=True, inline=True)
+    def first_tile(smem, full, q_empty, stage, phase, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, m_a,
+                   m_b, l_a, l_b, n_mine):
+        """-- tile 0 of a query block, in ring stage `stage`: its S alone (there is no P·V before
+        it), in this warpgroup's turn, then its softmax; returns the rows' new m_i, l_i and alpha."""
+        wait(full + 8 * stage, phase)
+        if TURNS:
+            bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
+        s_tile = qk(desc_q, descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128))
+        if TURNS:
+            bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
+        if RELEASE_Q_EARLY and n_mine == 1:
+            arrive(q_empty)  # the block's only S is done
+        store_tuple(s, s_tile)
+        m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, 0, t, k_end_a, k_end_b, scale,
+                                                            m_a, m_b, l_a, l_b, True)
+        pack_a(p_frag, s)
+        return m_a, m_b, l_a, l_b, alpha_a, alpha_b
+
     @cuda.jit(device=True, inline=True)
     def turn(smem, q_empty, n, stage, phase, prev, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a,
              l_b, alpha_a, alpha_b, may_mask, last):
@@ -481,7 +461,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
             bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
         if OVERLAP:  # both issued, neither awaited: S first, so that it is the first to finish
             s_tile = qk_issue(desc_q, desc_k)
-            rescale(acc, alpha_a, alpha_b)
+            rescale_rows(acc, NO, alpha_a, alpha_b)
             p_prev = as_tuple(p_frag, N_P)  # read by the tensor cores until wait_o
             o_tile = pv_acc_issue(p_prev, desc_v, as_tuple(acc, N_O))
         else:
@@ -503,8 +483,83 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
             arrive(empty + 8 * prev)
         # P's fragments after the wait: tile n - 1's are read by the tensor cores until then, and
         # the assembler gives tile n's the same registers
-        pack_p(s, p_frag)
+        pack_a(p_frag, s)
         return m_a, m_b, l_a, l_b, alpha_a, alpha_b
+
+    return first_tile, turn, add_pv
+
+
+def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
+    """consumer(...): a consumer warpgroup, query block after query block. hooks: the kernel's
+    barrier waits and trace marks (tracing.wait_hooks)."""
+    VARLEN = varlen
+    wait, bar_sync, trace_mark, trace_save = hooks
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
+    st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
+    store_rows, store_rows_at = fragment_epilogue_16b(pack, L["NO"], st_global_v4)  # 16-byte stores (common)
+    fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
+    arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
+    bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
+    descriptor, global_address = operands.matrix_descriptor, operands.global_address
+    SW128 = operands.SWIZZLE_128B
+    advance, _ = make_ring(L)
+    first_tile, turn, add_pv = make_turns(L, dtype, build, hooks)
+    HEAD_DIM, BLOCK_M, CONSUMERS, PASS_UNSEEN = L["HEAD_DIM"], L["BLOCK_M"], L["CONSUMERS"], L["PASS_UNSEEN"]
+    TILE_BYTES, RING_OFF, STAGE_BYTES = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"]
+    KV_BYTES, KV_ATOM, NT, KP, NO = L["KV_BYTES"], L["KV_ATOM"], L["NT"], L["KP"], L["NO"]
+    INFO = L["INFO_OFF"] // 4  # the info slots (two words per consumer), in words of smem_h
+    Q_WG_WORDS = TILE_BYTES // 4
+    TURNS, RELEASE_Q_EARLY, UNIFORM_C = build.turns, build.release_q_early, build.uniform_c
+
+    @cuda.jit(device=True, inline=True)
+    def block_rows(row0, c, warp, g, seq_q, seq_k, causal):
+        """This warpgroup's share of the query block from row0: the block's tiles (n_tiles), the
+        lane's rows a and b and the keys each sees (k_end), and the tiles its rows see (n_mine)."""
+        block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
+        n_tiles = (block_k_end + BLOCK_N - 1) // BLOCK_N
+        row_a = row0 + c * WG_M + warp * 16 + g
+        row_b = row_a + 8
+        k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
+        k_end_b = key_end(min(row_b, seq_q - 1), seq_q, seq_k, causal)
+        n_mine = n_tiles  # the tiles this warpgroup's rows see: its last row sees the most keys
+        if PASS_UNSEEN:
+            last = min(row0 + c * WG_M + WG_M, seq_q) - 1
+            n_mine = (key_end(last, seq_q, seq_k, causal) + BLOCK_N - 1) // BLOCK_N
+            if row0 + c * WG_M >= seq_q:  # rows all past the last query row (the last block of a
+                n_mine = 0  # head when BLOCK_M does not divide S_q): nothing to compute
+        return n_tiles, row_a, row_b, k_end_a, k_end_b, n_mine
+
+    @cuda.jit(device=True, inline=True)
+    def pass_unseen(full, empty, n_mine, n_tiles, stage, phase, c):
+        """-- tiles no row of this warpgroup sees (n_mine .. n_tiles - 1): pass the turn, free the
+        stage; returns the ring position after them."""
+        for n in range(n_mine, n_tiles):
+            if TURNS:
+                bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
+                bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
+            # not read, but waited for: without turns (09-ws) nothing else keeps a consumer from
+            # running a whole ring ahead, and an arrival for the stage's next use would count
+            # towards this one
+            wait(full + 8 * stage, phase)
+            arrive(empty + 8 * stage)
+            stage, phase = advance(stage, phase)
+        return stage, phase
+
+    @cuda.jit(device=True, inline=True)
+    def store_block(O, LSE, b, h, n_heads, q_first, row_a, row_b, seq_q, t, acc, m_a, m_b, l_a, l_b):
+        """-- epilogue (common.py): phase 08's sums over the quad and o = acc / l_i, then a transpose
+        within the quad and one 16-byte store per 8 columns; the other consumers' turns go on
+        meanwhile, and the producer loads the next block. Then each row's log-sum-exp, when LSE has
+        rows (return_lse)."""
+        if VARLEN:  # O (1, total_q, H, D / 2) and LSE (1, H, total_q): the sequence's rows from q_first
+            store_rows_at(global_address(O) + uint64((q_first * n_heads + h) * HEAD_DIM * 2),
+                          uint64(n_heads * HEAD_DIM * 2), row_a, row_b, seq_q, t, acc, l_a, l_b)
+            if LSE.shape[2] != 0:
+                store_lse(LSE, 0, h, q_first + row_a, q_first + row_b, q_first + seq_q, t, l_a, l_b, m_a, m_b)
+        else:
+            store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
+            if LSE.shape[2] != 0:  # return_lse: each row's log-sum-exp too (common.py)
+                store_lse(LSE, b, h, row_a, row_b, seq_q, t, l_a, l_b, m_a, m_b)
 
     @cuda.jit(device=True, inline=True)
     def consumer(smem_h, smem, full, empty, q_full, q_empty, O, LSE, causal, qk_scale, counter, tid, wg, n_heads,
@@ -555,21 +610,11 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
             if VARLEN:  # the block's sequence: its rows from q_first, its own lengths (clamped as the producer's)
                 q_first, seq_q = packed_span(CU_Q, b, O.shape[1])
                 _, seq_k = packed_span(CU_K, b, total_k)
-            block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
-            n_tiles = (block_k_end + BLOCK_N - 1) // BLOCK_N
-            row_a = row0 + c * WG_M + warp * 16 + g
-            row_b = row_a + 8
-            k_end_a = key_end(min(row_a, seq_q - 1), seq_q, seq_k, causal)
-            k_end_b = key_end(min(row_b, seq_q - 1), seq_q, seq_k, causal)
-            n_mine = n_tiles  # the tiles this warpgroup's rows see: its last row sees the most keys
-            if PASS_UNSEEN:
-                last = min(row0 + c * WG_M + WG_M, seq_q) - 1
-                n_mine = (key_end(last, seq_q, seq_k, causal) + BLOCK_N - 1) // BLOCK_N
-                if row0 + c * WG_M >= seq_q:  # rows all past the last query row (the last block of a
-                    n_mine = 0  # head when BLOCK_M does not divide S_q): nothing to compute
-            for j in range(NO):
-                for e in range(4):
-                    acc[j, e] = float32(0.0)
+            else:
+                q_first = 0
+            n_tiles, row_a, row_b, k_end_a, k_end_b, n_mine = block_rows(row0, c, warp, g, seq_q, seq_k,
+                                                                         causal)
+            zero_tiles(acc, NO)
             m_a = float32(-math.inf)
             m_b = float32(-math.inf)
             l_a = float32(0.0)
@@ -585,18 +630,9 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
 
             prev = stage  # the stage of the tile before (of the last tile, after the loops)
             if n_mine > 0:  # -- tile 0: S alone, there is no P·V before it
-                wait(full + 8 * stage, phase)
-                if TURNS:
-                    bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
-                s_tile = qk(desc_q, descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128))
-                if TURNS:
-                    bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
-                if RELEASE_Q_EARLY and n_mine == 1:
-                    arrive(q_empty)  # the block's only S is done
-                store_tuple(s, s_tile)
-                m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, 0, t, k_end_a, k_end_b, scale,
-                                                                    m_a, m_b, l_a, l_b, True)
-                pack_p(s, p_frag)
+                m_a, m_b, l_a, l_b, alpha_a, alpha_b = first_tile(
+                    smem, full, q_empty, stage, phase, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, m_a,
+                    m_b, l_a, l_b, n_mine)
                 prev = stage
                 stage, phase = advance(stage, phase)
 
@@ -617,16 +653,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
                                                             alpha_a, alpha_b, True, n == n_mine - 1)
                 prev = stage
                 stage, phase = advance(stage, phase)
-            for n in range(n_mine, n_tiles):  # tiles no row here sees: pass the turn, free the stage
-                if TURNS:
-                    bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
-                    bar_arrive(uint32(TURN + (c + 1) % CONSUMERS), uint32(TURN_THREADS))
-                # not read, but waited for: without turns (09-ws) nothing else keeps a consumer from
-                # running a whole ring ahead, and an arrival for the stage's next use would count
-                # towards this one
-                wait(full + 8 * stage, phase)
-                arrive(empty + 8 * stage)
-                stage, phase = advance(stage, phase)
+            stage, phase = pass_unseen(full, empty, n_mine, n_tiles, stage, phase, c)
             if not RELEASE_Q_EARLY or n_mine == 0:  # every S of this block is done (here: none)
                 arrive(q_empty)
 
@@ -635,24 +662,51 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
                 add_pv(acc, p_frag, desc_v, alpha_a, alpha_b)
                 arrive(empty + 8 * prev)
 
-            # -- epilogue (common.py): phase 08's sums over the quad and o = acc / l_i, then a transpose
-            # within the quad and one 16-byte store per 8 columns; the other consumers' turns go on
-            # meanwhile, and the producer loads the next block
-            if VARLEN:  # O (1, total_q, H, D / 2) and LSE (1, H, total_q): the sequence's rows from q_first
-                store_rows_at(global_address(O) + uint64((q_first * n_heads + h) * HEAD_DIM * 2),
-                              uint64(n_heads * HEAD_DIM * 2), row_a, row_b, seq_q, t, acc, l_a, l_b)
-                if LSE.shape[2] != 0:
-                    store_lse(LSE, 0, h, q_first + row_a, q_first + row_b, q_first + seq_q, t, l_a, l_b, m_a, m_b)
-            else:
-                store_rows(O, b, h, row_a, row_b, seq_q, t, acc, l_a, l_b)
-                if LSE.shape[2] != 0:  # return_lse: each row's log-sum-exp too (common.py)
-                    store_lse(LSE, b, h, row_a, row_b, seq_q, t, l_a, l_b, m_a, m_b)
+            store_block(O, LSE, b, h, n_heads, q_first, row_a, row_b, seq_q, t, acc, m_a, m_b, l_a, l_b)
 
         if TURNS and c == 0:
             # the last consumer opened one turn more than consumer 0 took (its first arrival): take
             # it, so that no barrier is left half-arrived when the block exits
             bar_sync(uint32(TURN), uint32(TURN_THREADS))
         trace_save(counter)
+
+    return consumer
+
+
+def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> KernelConfig:
+    """The kernel of layout L, with the ideas `build` (a Build) names. Its roles are functions of
+    their own, above: the softmax of a tile (make_softmax_tile, as in phase 08), the ring's position
+    (make_ring), the work scheduler (make_scheduler: which query block comes next), the producer
+    (make_producer: TMA loads of Q, K and V), a consumer's turns (make_turns) and the consumer
+    (make_consumer: the products, the softmax, the epilogue). Here they are wired together: `attend`
+    sets up the barriers and hands warpgroup 0 to the producer and the others to the consumer.
+    build.trace: the diagnostic build of phases/tracing.py, every barrier wait timed
+    (docs/tuning/09_stalls.txt); it computes what the plain build computes. With `varlen`, the same
+    kernel on sequences of their own lengths packed end to end
+    (flashcore_numba.inference.attention_varlen, as phase 07's): a unit past its sequence's rows is
+    passed over, and each sequence's rows are found from its offsets (the branches on VARLEN)."""
+    VARLEN = varlen
+    mbar_init = ptx.function("tma.ptx", "flashcore_mbarrier_init", "inline")
+    fence_mbar_init = ptx.function("tma.ptx", "flashcore_fence_mbarrier_init", "inline")
+    regs_inc = ptx.function("warpgroup.ptx", f"flashcore_setmaxnreg_inc_{L['CONSUMER_REGISTERS']}", "inline")
+    regs_dec = ptx.function("warpgroup.ptx", "flashcore_setmaxnreg_dec_24", "inline")
+    shared_address = operands.shared_address
+    BLOCK_M, STAGES, CONSUMERS = L["BLOCK_M"], L["STAGES"], L["CONSUMERS"]
+    CONSUMER_THREADS = 128 * CONSUMERS
+    LAUNCH_BOUNDS = L["LAUNCH_BOUNDS"]
+    # the barrier waits, timed in the trace build (tracing.py; docs/tuning/09_stalls.txt), and the
+    # trace's marks, which compile to nothing in every other build
+    wait, bar_sync, trace_mark, trace_save, SMEM_BYTES = wait_hooks(
+        ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline"),
+        ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline"), build.trace, L["SMEM_BYTES"],
+        L["BARS_OFF"], STAGES, CONSUMERS)
+    hooks = (wait, bar_sync, trace_mark, trace_save)
+    TAIL_OFF = (SMEM_BYTES + 7) // 8 * 8  # (varlen) the producer's own barrier, last (load_kv_alone)
+    if VARLEN:
+        SMEM_BYTES = TAIL_OFF + 8
+    _, barriers = make_ring(L)
+    producer = make_producer(L, varlen, hooks, TAIL_OFF)
+    consumer = make_consumer(L, dtype, build, varlen, hooks)
 
     # ---------------- the kernel: warpgroup 0 produces, the others consume --------------------------
     @cuda.jit(device=True, inline=True)
