@@ -96,16 +96,10 @@ def test_every_tuning_file_is_linked_from_the_index_and_every_link_resolves():
             assert path.exists(), f"{page.relative_to(ROOT)} links {target}, which does not exist"
 
 
-# Citations of removed logs inside the kernels of phases 09-11 (comments and function docstrings),
-# which another branch is reorganizing: repointed to the histories when it lands. Each entry must
-# still be found (so the list shrinks as they are fixed), and nothing else may be missing.
-PENDING_CITATIONS = {
-    ("flashcore_numba/phases/p09_warp_specialized.py", "09_stalls.txt"),
-    ("flashcore_numba/phases/p10_split_keys.py", "10_swizzle/"),
-    ("flashcore_numba/phases/p10_split_keys.py", "10_trace/four_warps/run3"),
-    ("flashcore_numba/phases/p11_backward.py", "11_ab.txt"),
-    ("flashcore_numba/phases/p11_backward.py", "11_ncu.txt"),
-}
+# Citations of removed logs that are waiting to be repointed to the histories: each entry must still
+# be found (so the list shrinks as they are fixed), and nothing else may be missing. Empty since the
+# kernels of phases 09-11 cite their histories.
+PENDING_CITATIONS: set = set()  # (file, path) cited but no longer in docs/tuning
 
 
 def test_every_docs_tuning_path_named_in_the_repository_exists():

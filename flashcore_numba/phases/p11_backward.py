@@ -162,7 +162,7 @@ def layout(HEAD_DIM: int, warps: int, stream_rows: int, ds_buffers: int) -> dict
     # rows are D elements, swizzled. The own tiles are copied once a key block and read from the
     # same addresses every query tile: padded, each k-step is a constant offset from one register;
     # swizzled, each k-step's address is an XOR, which the compiler hoists out of the loop into
-    # registers of their own (swizzling them too ran up to 5 % slower at D = 128: 11_ab.txt run 8)
+    # registers of their own (swizzling them too ran up to 5 % slower at D = 128: docs/tuning/11_history.md)
     L["STRIDE"] = HEAD_DIM + PAD  # elements per own row (PAD: see phase 07)
     L["ROW_BYTES"] = row = L["STRIDE"] * 2
     L["STREAM_ROW_BYTES"] = srow = HEAD_DIM * 2
@@ -534,7 +534,7 @@ def tile_count(n_rows, rows_per_tile):
 def delta_rows_per_warp(HEAD_DIM: int) -> int:
     """delta_kernel's rows per warp: enough that each lane has 4 words of O and 4 of dO to load
     (2 rows at D = 128, 4 at D = 64). Loads in flight are what a kernel that only reads needs:
-    with one row a warp, D = 64 read 1.65 TB/s (docs/tuning/11_ab.txt, run 12)."""
+    with one row a warp, D = 64 read 1.65 TB/s (docs/tuning/11_history.md)."""
     return max(1, 256 // HEAD_DIM)
 
 
@@ -803,7 +803,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         # block per key block and stops after its first (the break at the end); the serial build
         # walks its share. A while loop, not range(x, end, gridDim.x): Numba's range with a step
         # known only at run time keeps its trip count's values in registers across the loop, which
-        # cost the serial build a spill at D = 64 (docs/tuning/11_ab.txt, run 5)
+        # cost the serial build a spill at D = 64 (docs/tuning/11_history.md)
         key_block = cuda.blockIdx.x
         while key_block < tile_count(seq_k, BLOCK_N):
             n0 = key_block * BLOCK_N
@@ -848,7 +848,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                     # -- dQ of the tile before, whose dSᵀ every warp stored before the barrier that
                     # ended it: added here, one tile late, not behind a barrier between this tile's
                     # dSᵀ and its dQ, where every warp waited for the slowest one's dSᵀ (7 % of
-                    # kv_kernel's stall samples, docs/tuning/11_ncu.txt). Its buffer is the other one
+                    # kv_kernel's stall samples, docs/tuning/11_history.md). Its buffer is the other one
                     if it > 0:
                         tile_dq(smem, 1 - stage, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag,
                                 bt_own, scale)

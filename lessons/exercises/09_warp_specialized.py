@@ -681,7 +681,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
     (make_consumer: the products, the softmax, the epilogue). Here they are wired together: `attend`
     sets up the barriers and hands warpgroup 0 to the producer and the others to the consumer.
     build.trace: the diagnostic build of phases/tracing.py, every barrier wait timed
-    (docs/tuning/09_stalls.txt); it computes what the plain build computes. With `varlen`, the same
+    (docs/tuning/09_history.md); it computes what the plain build computes. With `varlen`, the same
     kernel on sequences of their own lengths packed end to end
     (flashcore_numba.inference.attention_varlen, as phase 07's): a unit past its sequence's rows is
     passed over, and each sequence's rows are found from its offsets (the branches on VARLEN)."""
@@ -694,7 +694,7 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
     BLOCK_M, STAGES, CONSUMERS = L["BLOCK_M"], L["STAGES"], L["CONSUMERS"]
     CONSUMER_THREADS = 128 * CONSUMERS
     LAUNCH_BOUNDS = L["LAUNCH_BOUNDS"]
-    # the barrier waits, timed in the trace build (tracing.py; docs/tuning/09_stalls.txt), and the
+    # the barrier waits, timed in the trace build (tracing.py; docs/tuning/09_history.md), and the
     # trace's marks, which compile to nothing in every other build
     wait, bar_sync, trace_mark, trace_save, SMEM_BYTES = wait_hooks(
         ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline"),

@@ -137,7 +137,7 @@ def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
     A padded row (D + 8 elements) straddles 128-byte lines of shared memory, and a warp's
     cp.async of 512 bytes of such rows was split into more requests than those bytes need (phase 11
     counted 24 L2 sectors where 16 do, docs/tuning/11_layout/). Phase 10 does little but copy,
-    and swizzled rows made it 4-6 % faster at every decode shape (docs/tuning/10_swizzle/)."""
+    and swizzled rows made it 4-6 % faster at every decode shape (docs/tuning/10_history.md)."""
     assert 2 <= stages <= 4, "cp.async.wait_group takes its count as an immediate: ptx/cp_async.ptx has 0 to 2"
     L = layout(HEAD_DIM, block_m=BLOCK_M, warps=1, block_n=block_n)
     row = HEAD_DIM * 2
@@ -482,7 +482,7 @@ def make_merge(L, dtype="float16", paged=False, warps=WARPS):
         """sum_i w_i o_i over a team's members 0 .. last, at columns col and col + 1 of tile row r
         (the row `row` of the workspace): FAN_IN steps with no loop (`unrolled`), so that every
         member's loads go out at once. (As a loop, NVVM unrolls it by four at most: the long decode
-        step took 73.4 us against 69.0, docs/tuning/10_trace/four_warps/run3.)"""
+        step took 73.4 us against 69.0, docs/tuning/10_history.md.)"""
         sums = cuda.local.array(2, float32)  # registers: constant indices
         sums[0] = float32(0.0)
         sums[1] = float32(0.0)
