@@ -104,7 +104,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
 
 # %%
 from flashcore_numba.course import notebooks
-from flashcore_numba.phases import common, p06_wmma
+from flashcore_numba.phases import p06_wmma
 from flashcore_numba.phases import p07_mma_sync as phase
 
 lesson = notebooks.Lesson("07")
@@ -182,6 +182,8 @@ lesson.show_source(phase.make_softmax_tile, phase.make_epilogue)
 # the mask of a tile, this lane's part of the rows' maxima, exp2 with the rows' sums, the rescale of O.
 
 # %%
+from flashcore_numba.phases import common
+
 lesson.show_source(common.mask_scores, common.row_max, common.make_exp_and_sum, common.rescale_rows)
 
 # %% [markdown]

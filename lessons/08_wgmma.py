@@ -93,6 +93,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
 
 # %%
 from flashcore_numba.course import notebooks
+from flashcore_numba.phases import p07_mma_sync
 from flashcore_numba.phases import p08_wgmma as phase
 
 lesson = notebooks.Lesson("08")

@@ -122,6 +122,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
 # %%
 from flashcore_numba.arch import tma
 from flashcore_numba.course import notebooks
+from flashcore_numba.phases import p08_wgmma
 from flashcore_numba.phases import p09_warp_specialized as phase
 
 lesson = notebooks.Lesson("09")

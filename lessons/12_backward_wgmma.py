@@ -77,6 +77,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
 
 # %%
 from flashcore_numba.course import notebooks
+from flashcore_numba.phases import p11_backward
 from flashcore_numba.phases import p12_backward_wgmma as phase
 
 lesson = notebooks.Lesson("12")
