@@ -229,7 +229,8 @@ def test_a_missing_barrier_before_the_block_counter_is_read_fails_in_seconds(tmp
     assert time.monotonic() - started < 120
     assert result.status == "fail" and "raised BarrierError" in result.detail, result.detail
     assert "left the kernel (they never arrive)" in result.detail
-    assert re.search(rf"waits? at (a warp collective|cuda.syncthreads)[^:]*: {re.escape(path.name)}:\d+ \(`",
+    # the wait is named where it is (a shared helper may hold the shuffle) and traced to the student's lines
+    assert re.search(rf"waits? at (a warp collective|cuda.syncthreads)[^\n]*{re.escape(path.name)}:\d+ \(`",
                      result.detail), result.detail
     assert "flashcore_regions" not in result.detail  # the student's lines, not the spliced copy's
 

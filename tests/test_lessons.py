@@ -193,11 +193,11 @@ def test_listings_show_only_this_lessons_regions_empty(capsys):
     against the previous phase keeps that phase's code), and say which they cut."""
     from flashcore_numba.phases import p10_split_keys, p11_backward, p12_backward_wgmma
 
-    notebooks.Lesson("10").show_source(p10_split_keys.build_kernel)
+    notebooks.Lesson("10").show_source(p10_split_keys.make_merge)  # where the regions are since the roles split
     out = capsys.readouterr().out
     assert _leaked_regions(out, ["10-a", "10-b"]) == [] and "# >>> exercise 10-b:" in out
     assert "done = done_s[0]" not in out and "regions 10-a, 10-b shown empty" in out
-    notebooks.Lesson("12").show_diff(p11_backward.build_kv_kernel, p12_backward_wgmma.build_kv_kernel)
+    notebooks.Lesson("12").show_diff(p11_backward.make_dq, p12_backward_wgmma.build_kv_kernel)  # 11-c is in make_dq
     out = capsys.readouterr().out
     assert _leaked_regions(out, ["12-a", "12-b", "12-c"]) == [] and "region" in out.splitlines()[-1]
     assert "# >>> exercise 11-c:" in out and "red_pair(at, c[n, 0] * scale" in out  # phase 11's own, kept
