@@ -13,12 +13,13 @@ from .arch import sim as _sim
 
 _sim.install()  # the simulator gains warp shuffles; a no-op on a real GPU
 
-from .api import attention, register_torch_op  # noqa: E402
+from .api import attention  # noqa: E402
 from .inference import attention_kvcache, attention_varlen  # noqa: E402
 from .phases import BEST, PHASES, get_phase  # noqa: E402
 from .reference import check_close, lowp_attention, reference_attention  # noqa: E402
+from .runtime.torch_ops import register_torch_op  # noqa: E402
 
-register_torch_op()  # torch.compile sees attention() as the op flashcore::attention (api.py)
+register_torch_op()  # torch.compile sees attention() as the op flashcore::attention (runtime/torch_ops.py)
 
 __version__ = "0.1.0"
 __all__ = ["attention", "attention_kvcache", "attention_varlen", "PHASES", "BEST", "get_phase", "reference_attention", "lowp_attention",

@@ -15,29 +15,27 @@ name and says what was expected and what was given.
 The call on torch tensors is the one users make in a loop, so it costs what its kernel costs
 (runtime/): the first call of a problem (its shapes, dtype, device, flags and scale) validates it
 all and makes its plan; a later call of the same problem checks only what could make it
-different (the key of `_torch_call`), then fills in the pointers and launches on torch's current
+different (the key of `torch_call`), then fills in the pointers and launches on torch's current
 stream. No host synchronization, no allocation outside torch's caching allocator: a call can be
 captured in a CUDA graph. Under torch.compile the call is the custom op flashcore::attention
-(`torch.ops.flashcore.attention`), so a compiled model has no graph break there.
+(`torch.ops.flashcore.attention`), so a compiled model has no graph break there; that op and
+attention()'s autograd are runtime/torch_ops.py.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import math
 import numbers
-import sys
-import warnings
 
 import numpy as np
 
 from .arch.sim import simulator_enabled
-from .runtime.inputs import current_stream, describe, is_torch, torch_module, torch_to_kernel
 from .phases import PHASES, build, cc_reason, get_phase, min_cc, supports_gqa, supports_lse
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E
 from .reference import default_scale
+from .runtime import torch_ops  # the torch glue (it calls back into this module: torch_call)
+from .runtime.inputs import current_stream, describe, is_torch, torch_module, torch_to_kernel
 from .runtime.plan import Plans
 
 
@@ -85,7 +83,7 @@ def _validate(ops, phase, causal, scale, return_lse=False):
         if not op.contiguous:
             raise ValueError(f"{op.name}: expected a contiguous (row-major B, H, S, D) layout; "
                              f"make one with .contiguous() or np.ascontiguousarray")
-    B, H, Sq, D = q.shape
+    B, H, _, D = q.shape
     for op in (k, v):
         if op.shape[0] != B:
             raise ValueError(f"{op.name}: batch size {op.shape[0]} differs from q's {B} (shape {op.shape})")
@@ -134,6 +132,29 @@ def best_for_this_gpu():
     return max(runnable, key=lambda p: p.ID) if runnable else best
 
 
+_BACKWARD_CHECKED: set = set()  # (phase, q's device) where require_backward has passed
+
+
+def require_backward(phase, device=None) -> None:
+    """A call that needs gradients must run a phase that writes the log-sum-exp: "best" does, unless
+    the GPU is too old for phase 07. Checked before the call, and inside flashcore::attention_train (runtime/torch_ops.py),
+    which runs eagerly even under torch.compile (numba's device queries cannot be traced). With the
+    tensors' device given, a phase that passed for it once is not asked about again (the question
+    costs about 9 us of Numba's device queries, docs/tuning/call_path.md run 11). Where a phase
+    without the LSE slipped through, the forward's validation (return_lse) still refuses it."""
+    key = (phase, device) if isinstance(phase, (str, int)) and device is not None else None
+    if key in _BACKWARD_CHECKED:
+        return
+    resolved = best_for_this_gpu() if phase == "best" else get_phase(phase)
+    if not supports_lse(resolved):
+        raise ValueError(f"q: requires grad, but phase {resolved.ID} has no backward pass (the backward "
+                         f"recomputes the softmax from the forward's log-sum-exp, which phases 07 on write); "
+                         f"pick phase='best' or 07 on, or call it under torch.no_grad()")
+    if key is not None:
+        _BACKWARD_CHECKED.add(key)
+
+
+
 # Where "best" on the H100 (phase 09) hands over to phase 08: nowhere since commit e167d50. Its
 # sweep records (docs/bench/*_sweep_*.json) have 09 ahead of 08 at every length, causal or not, D = 64
 # and 128; the last point where 08 kept the work, D = 64 causal S = 512, went from level (182 and 183
@@ -168,16 +189,12 @@ def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int, rows_per_kv_h
 
 
 # ---------------------------------------------------------------------------------------------
-# torch tensors: a plan per problem, and the custom op
+# torch tensors: a plan per problem (the custom ops and autograd around it: runtime/torch_ops.py)
 # ---------------------------------------------------------------------------------------------
-_PLANS = Plans()  # the key of a call (see _torch_call) -> its runtime.Plan
-_BACKWARD_PLANS = Plans()  # the backward's plans (runtime/backward.py), by problem
-_OP = None
-_OP_LSE = None
-_OP_TRAIN = None
+_PLANS = Plans()  # the key of a call (see torch_call) -> its runtime.Plan
 
 
-def _torch_call(q, k, v, causal, scale, phase, return_lse=False):
+def torch_call(q, k, v, causal, scale, phase, return_lse=False):
     """attention() on torch tensors: the plan of this problem, made on its first call.
 
     This is the path a model's loop takes on every call, so each line here is paid per call
@@ -185,7 +202,7 @@ def _torch_call(q, k, v, causal, scale, phase, return_lse=False):
     stream comes from torch's raw accessor, and nothing is built that the plan already holds."""
     torch = torch_module()
     if torch.compiler.is_compiling():  # torch.compile traces the custom op, not the launch
-        return _custom_op(return_lse)(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase))
+        return torch_ops.custom_op(return_lse)(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase))
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     # everything the validation looks at, so that a call with the same key passes as the first did
     # (devices by index: comparing two torch.device objects costs a microsecond each)
@@ -219,253 +236,6 @@ def make_plan(q, k, v, causal, scale, phase, return_lse=False):
 
     return Plan(kernel.ID, ops[0].shape[3], ops[0].dtype, ops[0].shape, ops[1].shape, bool(causal), qk_scale,
                 q.device.index or 0, return_lse=bool(return_lse))
-
-
-def _custom_op(return_lse: bool = False):
-    """flashcore::attention (and flashcore::attention_lse, the call with return_lse=True, which
-    returns the pair), registered on first use: what torch.compile sees of attention()."""
-    global _OP, _OP_LSE
-    if _OP is None:
-        import torch
-
-        # the schemas spelled out: this module's annotations are strings (from __future__ import annotations)
-        args = "(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str phase)"
-
-        @torch.library.custom_op("flashcore::attention", mutates_args=(), schema=f"{args} -> Tensor")
-        def attention_op(q, k, v, causal, scale, phase):
-            return _torch_call(q, k, v, causal, scale, phase)
-
-        @attention_op.register_fake
-        def _(q, k, v, causal, scale, phase):
-            return torch.empty_like(q)
-
-        @torch.library.custom_op("flashcore::attention_lse", mutates_args=(), schema=f"{args} -> (Tensor, Tensor)")
-        def attention_lse_op(q, k, v, causal, scale, phase):
-            return _torch_call(q, k, v, causal, scale, phase, True)
-
-        @attention_lse_op.register_fake
-        def _(q, k, v, causal, scale, phase):
-            return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
-
-        _OP, _OP_LSE = attention_op, attention_lse_op
-    return _OP_LSE if return_lse else _OP
-
-
-def _train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
-    """attention() on torch tensors that need gradients: the forward keeps O and the LSE, and
-    backward() runs the backward kernels (phase 12's on Hopper, phase 11's elsewhere:
-    autograd_backward_phase) through flashcore::attention_train."""
-    if not isinstance(deterministic, (bool, np.bool_)):
-        raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
-    # only an imported torch can be tracing this call: the phase is checked first, before torch is
-    # imported, so that a phase without a backward is refused by name even where torch is absent
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.compiler.is_compiling():  # traced: the op checks the phase when it runs
-        out, lse = _train_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase),
-                               bool(deterministic))
-    else:
-        _require_backward(phase, q.device)
-        out, lse = _train_function().apply(q, k, v, causal, scale, phase, bool(deterministic))
-    return (out, lse) if return_lse else out
-
-
-_BACKWARD_CHECKED: set = set()  # (phase, q's device) where _require_backward has passed
-
-
-def _require_backward(phase, device=None) -> None:
-    """A call that needs gradients must run a phase that writes the log-sum-exp: "best" does, unless
-    the GPU is too old for phase 07. Checked before the call, and inside flashcore::attention_train,
-    which runs eagerly even under torch.compile (numba's device queries cannot be traced). With the
-    tensors' device given, a phase that passed for it once is not asked about again (the question
-    costs about 9 us of Numba's device queries, docs/tuning/call_path.md run 11). Where a phase
-    without the LSE slipped through, the forward's validation (return_lse) still refuses it."""
-    key = (phase, device) if isinstance(phase, (str, int)) and device is not None else None
-    if key in _BACKWARD_CHECKED:
-        return
-    resolved = best_for_this_gpu() if phase == "best" else get_phase(phase)
-    if not supports_lse(resolved):
-        raise ValueError(f"q: requires grad, but phase {resolved.ID} has no backward pass (the backward "
-                         f"recomputes the softmax from the forward's log-sum-exp, which phases 07 on write); "
-                         f"pick phase='best' or 07 on, or call it under torch.no_grad()")
-    if key is not None:
-        _BACKWARD_CHECKED.add(key)
-
-
-_AUTOGRAD_BACKWARD: dict = {}  # device index -> the backward phase autograd runs there
-
-
-def autograd_backward_phase(cc) -> str:
-    """The backward phase attention()'s autograd runs on a GPU of compute capability `cc`: "12"
-    (its kv_kernel on wgmma) on Hopper, where it is the faster (docs/tuning/12_history.md, the
-    records under docs/bench/backward/), and "11" (mma.sync) on every other GPU from sm_80."""
-    from .phases import backward_phase, cc_reason
-
-    return "12" if cc_reason(backward_phase("12"), cc) is None else "11"
-
-
-def attention_backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase=None):
-    """(dq, dk, dv) of q's dtype from the backward kernels (phases/p11_backward.py): dk and dv are
-    written in q's dtype, dq is summed in float32 and converted here. The launches go through the
-    problem's BackwardPlan (runtime/backward.py), made on its first backward: no Numba dispatch per
-    call, every buffer from torch's caching allocator. phase: "11" or "12" (phase 12's kv_kernel,
-    wgmma, Hopper only); None, as autograd calls it: the tensors' GPU's (autograd_backward_phase)."""
-    torch = torch_module()
-    device = q.device.index or 0
-    if phase is None:  # as autograd calls it: the backward of the tensors' GPU, asked once per device
-        if device not in _AUTOGRAD_BACKWARD:
-            _AUTOGRAD_BACKWARD[device] = autograd_backward_phase(torch.cuda.get_device_capability(device))
-        phase = _AUTOGRAD_BACKWARD[device]
-    D = q.shape[-1]
-    scale = default_scale(D) if scale is None else float(scale)
-    # the kernels copy 16 bytes at a time: a tensor off a 16-byte boundary (autograd's gradient may be
-    # a view) is copied to one that is not
-    operands = [_on_16_bytes(x.detach().to(q.dtype).contiguous()) for x in (q, k, v, out, dout)]
-    lse = lse.detach().float().contiguous()
-    dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    dk, dv = torch.empty_like(operands[1]), torch.empty_like(operands[2])
-    if q.shape[2] == 0 or k.shape[2] == 0:  # nothing to recompute: every gradient is 0
-        return dq.zero_().to(q.dtype), dk.zero_(), dv.zero_()
-    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    key = (D, q.dtype, tuple(q.shape), tuple(k.shape), bool(causal), scale, bool(deterministic), dlse is not None,
-           device, phase)
-    plan = _BACKWARD_PLANS.get(key)
-    if plan is None:
-        from .runtime import BackwardPlan
-
-        plan = _BACKWARD_PLANS.keep(key, BackwardPlan(D, str(q.dtype).replace("torch.", ""), tuple(q.shape),
-                                                      tuple(k.shape), bool(causal), scale, bool(deterministic),
-                                                      dlse is not None, device, phase))
-    # deterministic=True with fewer (batch, K/V head) pairs than SMs: dQ summed in parts, in torch's memory
-    sums = torch.empty((plan.parts, *q.shape), dtype=torch.float32, device=q.device) if plan.parts > 1 else None
-    extra = None if dlse is None else dlse.detach().float().contiguous()
-    # in the device's context, from any thread (autograd runs the backward on a thread of its own)
-    plan(*operands, lse, dq, dk, dv, delta, current_stream(device), dq_sums=sums, dlse=extra)
-    return dq.to(q.dtype), dk, dv
-
-
-def _on_16_bytes(t):
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
-_FUNCTION = None
-
-
-def _train_function():
-    """attention()'s autograd in eager mode: a torch.autograd.Function around the forward and the
-    backward that flashcore::attention_train and flashcore::attention_backward run under
-    torch.compile. Eagerly, torch's custom-op machinery cost the host about 140 us of a forward with
-    grad and 600 us of a forward and backward at B=1 H=16 S=128 D=64, where the launches take 12 and
-    55 (docs/tuning/call_path.md run 11). A gradient that does not reach the loss comes as None (no
-    materialized zeros): an unused lse costs the backward nothing."""
-    global _FUNCTION
-    if _FUNCTION is None:
-        import torch
-
-        class AttentionFunction(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, q, k, v, causal, scale, phase, deterministic):
-                out, lse = _torch_call(q, k, v, causal, scale, phase, True)  # grad is off in here
-                ctx.save_for_backward(q, k, v, out, lse)
-                ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
-                ctx.set_materialize_grads(False)
-                return out, lse
-
-            @staticmethod
-            def backward(ctx, dout, dlse):
-                if dout is None and dlse is None:
-                    return (None,) * 7
-                q, k, v, out, lse = ctx.saved_tensors
-                dout = torch.zeros_like(out) if dout is None else dout.contiguous()  # only the lse was used
-                grads = attention_backward(q, k, v, out, lse, dout, dlse, ctx.causal, ctx.scale, ctx.deterministic)
-                return (*grads, None, None, None, None)
-
-        _FUNCTION = AttentionFunction
-    return _FUNCTION
-
-
-def _train_op():
-    """flashcore::attention_train, with its backward registered (flashcore::attention_backward):
-    what a call that needs gradients runs under torch.compile (eagerly, `_train_function`)."""
-    global _OP_TRAIN
-    if _OP_TRAIN is None:
-        import torch
-
-        args = "(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str phase, bool deterministic)"
-
-        @torch.library.custom_op("flashcore::attention_train", mutates_args=(), schema=f"{args} -> (Tensor, Tensor)")
-        def train_op(q, k, v, causal, scale, phase, deterministic):
-            _require_backward(phase)
-            with torch.no_grad():
-                return _torch_call(q.detach(), k.detach(), v.detach(), causal, scale, phase, True)
-
-        @train_op.register_fake
-        def _(q, k, v, causal, scale, phase, deterministic):
-            return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
-
-        @torch.library.custom_op("flashcore::attention_backward", mutates_args=(),
-                                 schema="(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, "
-                                        "Tensor? dlse, bool causal, float? scale, bool deterministic) "
-                                        "-> (Tensor, Tensor, Tensor)")
-        def backward_op(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
-            return attention_backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic)
-
-        @backward_op.register_fake
-        def _(q, k, v, out, lse, dout, dlse, causal, scale, deterministic):
-            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-        def setup_context(ctx, inputs, output):
-            q, k, v, causal, scale, _, deterministic = inputs
-            ctx.save_for_backward(q, k, v, *output)
-            ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
-
-        def backward(ctx, dout, dlse):
-            q, k, v, out, lse = ctx.saved_tensors
-            dq, dk, dv = backward_op(q, k, v, out, lse, dout.contiguous(), dlse, ctx.causal, ctx.scale,
-                                     ctx.deterministic)
-            return dq, dk, dv, None, None, None, None
-
-        train_op.register_autograd(backward, setup_context=setup_context)
-        _OP_TRAIN = train_op
-    return _OP_TRAIN
-
-
-def _register_ops() -> None:
-    _custom_op()
-    _train_op()
-
-
-def register_torch_op() -> None:
-    """Register the ops (flashcore::attention and its LSE form; flashcore::attention_train and
-    flashcore::attention_backward, what a compiled call that needs gradients runs) as soon as torch
-    is imported: at once when it is, else right after its import (a one-shot import hook), never by
-    importing it here. torch.compile cannot register an op while it traces, so the ops must exist
-    before the first compiled call; eager calls do not register them (they run without them)."""
-    if "torch" in sys.modules:
-        _register_ops()
-        return
-
-    class AfterTorchImport(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "torch":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec("torch")
-            if spec is not None and spec.loader is not None:
-                exec_module = spec.loader.exec_module
-
-                def exec_and_register(module):
-                    exec_module(module)
-                    try:
-                        _register_ops()
-                    except Exception as e:  # noqa: BLE001 - never break the import of torch
-                        warnings.warn(f"flashcore_numba: torch.compile will not see attention() as one op "
-                                      f"({type(e).__name__}: {e})", stacklevel=2)
-
-                spec.loader.exec_module = exec_and_register
-            return spec
-
-    if not any(type(f).__name__ == "AfterTorchImport" for f in sys.meta_path):
-        sys.meta_path.insert(0, AfterTorchImport())
 
 
 def _resolve(q, k, v, causal, scale, phase, return_lse=False):
@@ -520,8 +290,11 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
     """
     if is_torch(q):
         if (q.requires_grad or k.requires_grad or v.requires_grad) and _grad_enabled():
-            return _train_call(q, k, v, causal, scale, phase, return_lse, deterministic)
-        return _torch_call(q, k, v, causal, scale, phase, return_lse)
+            shape = getattr(q, "shape", ())
+            if scale is None and len(shape):  # the backward takes the number the forward used
+                scale = default_scale(shape[-1])
+            return torch_ops.train_call(q, k, v, causal, scale, phase, return_lse, deterministic)
+        return torch_call(q, k, v, causal, scale, phase, return_lse)
     return _launch(q, k, v, causal, scale, phase, return_lse)
 
 
@@ -557,3 +330,6 @@ def _launch(q, k, v, causal, scale, phase, return_lse=False):
     dout = cuda.device_array(q.shape, dtype=q.dtype)
     config.launch(dq, dk, dv, dout, causal, qk_scale, lse=lse)
     return (dout.copy_to_host(), lse.copy_to_host()) if return_lse else dout.copy_to_host()
+
+
+torch_ops.connect(torch_call, require_backward)  # the custom ops and autograd run this module's call

@@ -198,6 +198,8 @@ def test_eager_gradients_go_through_one_forward_and_one_backward(monkeypatch):
     used, dout zeros where only the LSE is). The launches are stood in for: no GPU here."""
     torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
     from flashcore_numba import api
+    from flashcore_numba.reference import default_scale
+    from flashcore_numba.runtime import torch_ops
 
     calls = []
 
@@ -210,9 +212,9 @@ def test_eager_gradients_go_through_one_forward_and_one_backward(monkeypatch):
                       deterministic))
         return torch.full_like(q, 1.0), torch.full_like(k, 2.0), torch.full_like(v, 3.0)
 
-    monkeypatch.setattr(api, "_torch_call", forward)
-    monkeypatch.setattr(api, "attention_backward", backward)
-    monkeypatch.setattr(api, "_require_backward", lambda phase, device=None: calls.append(("check", phase)))
+    monkeypatch.setattr(torch_ops, "_forward", forward)
+    monkeypatch.setattr(torch_ops, "attention_backward", backward)
+    monkeypatch.setattr(torch_ops, "_check_backward", lambda phase, device=None: calls.append(("check", phase)))
     q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float16, requires_grad=True) for _ in range(3))
     out = api.attention(q, k, v, causal=True, scale=0.5, phase="07", deterministic=True)
     assert out.grad_fn is not None and torch.equal(out, q.detach() * 2)
@@ -229,11 +231,11 @@ def test_eager_gradients_go_through_one_forward_and_one_backward(monkeypatch):
     (3 * lse).sum().backward()
     _, dout, dlse, causal, scale, deterministic = calls[2]
     assert torch.equal(dout, torch.zeros_like(q)) and torch.equal(dlse, torch.full(q.shape[:3], 3.0))
-    assert (causal, scale, deterministic) == (False, None, False)
+    assert (causal, scale, deterministic) == (False, default_scale(8), False)  # the default, resolved for the backward
 
 
 def test_the_backward_check_asks_the_gpu_once_per_phase_and_device(monkeypatch):
-    """_require_backward remembers a phase that passed on a device (Numba's device query costs about
+    """require_backward remembers a phase that passed on a device (Numba's device query costs about
     9 us a call); a phase that fails is asked about, and refused, every time."""
     from flashcore_numba import api
 
@@ -241,12 +243,12 @@ def test_the_backward_check_asks_the_gpu_once_per_phase_and_device(monkeypatch):
     monkeypatch.setattr(api, "_BACKWARD_CHECKED", set())
     monkeypatch.setattr(api, "best_for_this_gpu", lambda: asked.append("best") or api.get_phase("07"))
     for _ in range(3):
-        api._require_backward("best", "cuda:0")
-    api._require_backward("best", "cuda:1")
+        api.require_backward("best", "cuda:0")
+    api.require_backward("best", "cuda:1")
     assert asked == ["best", "best"]
     for _ in range(2):
         with pytest.raises(ValueError, match=r"^q: requires grad, but phase 03"):
-            api._require_backward("03", "cuda:0")
+            api.require_backward("03", "cuda:0")
     assert ("03", "cuda:0") not in api._BACKWARD_CHECKED
 
 

@@ -528,7 +528,7 @@ def test_backward_benchmark_writes_a_valid_record(tmp_path):
 
     from numba import cuda
 
-    from flashcore_numba.api import autograd_backward_phase
+    from flashcore_numba.runtime.torch_ops import autograd_backward_phase
     from flashcore_numba.cli import main
     from flashcore_numba.measure import records
 

@@ -157,7 +157,7 @@ def test_wgmma_backward_kernels_compiled_for_the_h100(wgmma_backward_reports):
 
 # ---------------------------------------------------------------------------------------------
 # On a GPU (Hopper: wgmma exists there alone), through the backward's plan as `flashcore bench
-# --backward` runs phase 12 (api.attention_backward)
+# --backward` runs phase 12 (torch_ops.attention_backward)
 # ---------------------------------------------------------------------------------------------
 def _on_hopper():
     from numba import cuda
@@ -174,13 +174,14 @@ def test_wgmma_backward_matches_torch_on_gpu(shape, seq_k, heads_kv, causal, dty
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     if not _on_hopper():
         pytest.skip("phase 12 runs on Hopper (sm_90) alone")
-    from flashcore_numba import api, attention
+    from flashcore_numba import attention
+    from flashcore_numba.runtime import torch_ops
 
     q, k, v = (torch.tensor(x, device="cuda").to(getattr(torch, dtype))
                for x in random_qkv(shape, seq_k, heads_kv=heads_kv, dtype=np.float32))
     do = torch.randn(q.shape, device="cuda", dtype=q.dtype)
     out, lse = attention(q, k, v, causal=causal, scale=0.2, return_lse=True)
-    got = api.attention_backward(q, k, v, out, lse, do, None, causal, 0.2, False, "12")
+    got = torch_ops.attention_backward(q, k, v, out, lse, do, None, causal, 0.2, False, "12")
     close_to_torchs_gradients(list(got), q, k, v, do, causal, 0.2, dtype)
 
 
@@ -193,12 +194,13 @@ def test_wgmma_backward_deterministic_is_bit_identical_on_gpu(head_dim):
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     if not _on_hopper():
         pytest.skip("phase 12 runs on Hopper (sm_90) alone")
-    from flashcore_numba import api, attention
+    from flashcore_numba import attention
+    from flashcore_numba.runtime import torch_ops
 
     q, k, v = (torch.randn(2, 4, 300, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
     do = torch.randn_like(q)
     out, lse = attention(q, k, v, causal=True, return_lse=True)
-    runs = [api.attention_backward(q, k, v, out, lse, do, None, True, None, det, phase)
+    runs = [torch_ops.attention_backward(q, k, v, out, lse, do, None, True, head_dim ** -0.5, det, phase)
             for det, phase in ((True, "12"), (True, "12"), (False, "12"), (False, "11"))]
     assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
     for other in runs[2:]:

@@ -557,13 +557,14 @@ def test_a_call_finds_its_plan_by_its_key(monkeypatch):
 
 
 def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
-    """attention()'s backward (api.attention_backward) makes a problem's BackwardPlan once and finds it again;
+    """attention()'s backward (torch_ops.attention_backward) makes a problem's BackwardPlan once and finds it again;
     another flag, or another backward phase (phase 12's kv_kernel), is another plan; the plan gets every
     buffer in the inputs' dtype and contiguous, and a (parts, *q.shape) float32 buffer where it sums dQ
     in parts; an empty sequence gives zeros with no plan. CPU tensors and a stand-in plan (no GPU
     here): what is tested is the call, not the launch."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
-    from flashcore_numba import api, runtime
+    from flashcore_numba import runtime
+    from flashcore_numba.runtime import torch_ops
 
     made, calls = [], []
 
@@ -581,10 +582,10 @@ def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
             dv.fill_(3.0)
 
     monkeypatch.setattr(runtime, "BackwardPlan", StandInPlan)
-    monkeypatch.setattr(api, "current_stream", lambda device: 0)
+    monkeypatch.setattr(torch_ops, "current_stream", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(api, "_BACKWARD_PLANS", Plans())
-    monkeypatch.setattr(api, "_AUTOGRAD_BACKWARD", {})
+    monkeypatch.setattr(torch_ops, "_BACKWARD_PLANS", Plans())
+    monkeypatch.setattr(torch_ops, "_AUTOGRAD_BACKWARD", {})
     asked = []  # the devices whose capability autograd's choice of backward asked for
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or (8, 0))
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
@@ -592,33 +593,33 @@ def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
     lse = torch.zeros(1, 2, 8)
     dout = torch.zeros(1, 2, 64, 8, dtype=torch.float32).transpose(2, 3)  # another dtype, not contiguous
     for _ in range(2):
-        dq, dk, dv = api.attention_backward(q, k, v, q, lse, dout, None, True, None, False)
+        dq, dk, dv = torch_ops.attention_backward(q, k, v, q, lse, dout, None, True, 0.125, False)
     assert len(made) == 1 and made[0] == (64, "float16", (1, 2, 8, 64), (1, 1, 9, 64), True, 0.125, False, False, 0,
                                           "11")
     assert calls[-1] == (torch.float16, True, torch.float32, None, False)
     assert dq.dtype == torch.float16 and bool((dq == 1).all() and (dk == 2).all() and (dv == 3).all())
-    api.attention_backward(q, k, v, q, lse, dout, lse, True, None, True)  # deterministic, with the LSE's gradient
+    torch_ops.attention_backward(q, k, v, q, lse, dout, lse, True, 0.125, True)  # deterministic, with the LSE's gradient
     assert len(made) == 2 and calls[-1] == (torch.float16, True, torch.float32, (3, 1, 2, 8, 64), True)
     assert asked == [0], asked  # autograd's backward phase, chosen once per device (an sm_80 GPU: 11)
-    api.attention_backward(q, k, v, q, lse, dout, None, True, None, False, "12")
+    torch_ops.attention_backward(q, k, v, q, lse, dout, None, True, 0.125, False, "12")
     assert len(made) == 3 and made[-1][-1] == "12"
     empty = torch.zeros(1, 1, 0, 64, dtype=torch.float16)
-    dq, dk, dv = api.attention_backward(q, empty, empty, q, lse, dout, None, False, None, False)
+    dq, dk, dv = torch_ops.attention_backward(q, empty, empty, q, lse, dout, None, False, 0.125, False)
     assert len(made) == 3 and not dq.any() and dk.shape == empty.shape
     # on Hopper autograd runs phase 12's backward
-    monkeypatch.setattr(api, "_AUTOGRAD_BACKWARD", {})
-    monkeypatch.setattr(api, "_BACKWARD_PLANS", Plans())
+    monkeypatch.setattr(torch_ops, "_AUTOGRAD_BACKWARD", {})
+    monkeypatch.setattr(torch_ops, "_BACKWARD_PLANS", Plans())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
-    api.attention_backward(q, k, v, q, lse, dout, None, True, None, False)
+    torch_ops.attention_backward(q, k, v, q, lse, dout, None, True, 0.125, False)
     assert len(made) == 4 and made[-1][-1] == "12"
 
 
 def test_autograd_runs_phase_12s_backward_on_hopper_only():
     """wgmma exists on sm_90 alone: Hopper gets phase 12's backward, every other GPU phase 11's."""
-    from flashcore_numba import api
+    from flashcore_numba.runtime import torch_ops
 
-    assert api.autograd_backward_phase((9, 0)) == "12"
-    assert [api.autograd_backward_phase(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))] == ["11"] * 5
+    assert torch_ops.autograd_backward_phase((9, 0)) == "12"
+    assert [torch_ops.autograd_backward_phase(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))] == ["11"] * 5
 
 
 def test_torch_compile_traces_a_call_that_needs_gradients_as_the_training_op():

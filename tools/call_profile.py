@@ -18,6 +18,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashcore_numba import api, attention
+from flashcore_numba.runtime import torch_ops
 
 
 def us(fn, n=200, reps=9):
@@ -68,8 +69,8 @@ rows = {
  "q.device.index": lambda: q.device.index,
  "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
  # the backward (phase 11) as attention()'s autograd calls it, through its plan (runtime/backward.py)
- "backward (api.attention_backward)": lambda: api.attention_backward(q, k, v, out9, lse9, out9, None, False, None, False),
- "backward, deterministic": lambda: api.attention_backward(q, k, v, out9, lse9, out9, None, False, None, True),
+ "backward (torch_ops.attention_backward)": lambda: torch_ops.attention_backward(q, k, v, out9, lse9, out9, None, False, q.shape[-1] ** -0.5, False),
+ "backward, deterministic": lambda: torch_ops.attention_backward(q, k, v, out9, lse9, out9, None, False, q.shape[-1] ** -0.5, True),
  "sdpa flash backward": lambda: torch.autograd.grad(sdpa_out, leaves, out9, retain_graph=True),
  # a training step's calls: the forward with grad (flashcore::attention_train and its autograd
  # node), and forward and backward together
@@ -81,7 +82,7 @@ rows = {
 # the rows of SDPA's flash backend run inside one sdpa_kernel context: entering it costs several us
 IN_FLASH = {"sdpa flash with grad (forward)", "sdpa flash forward + backward"}
 # rows of several launches each take smaller batches, so that a batch fits the launch queue
-FEWER = {"backward (api.attention_backward)": 100, "backward, deterministic": 100, "sdpa flash backward": 100,
+FEWER = {"backward (torch_ops.attention_backward)": 100, "backward, deterministic": 100, "sdpa flash backward": 100,
          "attention() forward + backward": 50, "sdpa flash forward + backward": 50}
 for name, fn in rows.items():
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name in IN_FLASH else contextlib.nullcontext():

@@ -13,7 +13,7 @@ by, plus bench's atol (reference.check_close). Then timed, kernel time, L2 flush
   its products on wgmma);
 - `sdpa_flash`, `sdpa_cudnn`: torch's autograd.grad through SDPA's flash and cuDNN backends, the
   forward's graph kept (retain_graph), so only their backward is timed;
-- `11-step` (on Hopper `12-step`: autograd runs phase 12's backward there, api.autograd_backward_phase),
+- `11-step` (on Hopper `12-step`: autograd runs phase 12's backward there, runtime/torch_ops.autograd_backward_phase),
   `sdpa_flash-step`, `sdpa_cudnn-step`: one training step of attention alone, forward and backward
   (the gradients taken by autograd.grad, so no .grad accumulates between launches).
 
@@ -33,7 +33,7 @@ import sys
 
 import numpy as np
 
-from ..reference import check_close
+from ..reference import check_close, default_scale
 from .bench import PEERS, Problem, Timing, raised, call_times, capped, open_device, set_timing
 from .records import Result, build_record, default_records_dir, gpu_slug, nvidia_smi, provenance, unavailable
 
@@ -137,7 +137,8 @@ def backward_rows(device) -> list[tuple[str, bool]]:
 def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timing=Timing(), seed: int | None = None,
                            device=None, command=None, progress=None) -> dict:
     """The whole protocol on one problem (see the module docstring), returned as a record."""
-    from ..api import attention, attention_backward, autograd_backward_phase
+    from ..api import attention
+    from ..runtime.torch_ops import attention_backward, autograd_backward_phase
 
     device = device or open_device()
     if device.kind != "torch":
@@ -172,7 +173,8 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
         result = Result(name, "phase", f"The backward on {on} ({how})")
 
         def launch(deterministic=deterministic, phase=phase):
-            return attention_backward(q, k, v, out, lse, do, None, problem.causal, None, deterministic, phase)
+            return attention_backward(q, k, v, out, lse, do, None, problem.causal, default_scale(problem.D), deterministic,
+                                      phase)
 
         try:
             _gate(result, launch(), ref, lowp)

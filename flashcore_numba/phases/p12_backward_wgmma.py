@@ -75,7 +75,7 @@ Measured effect (written by `flashcore report` from the backward records' rows 1
     [measured:end]
     Its registers and spills are those ptxas reports for sm_90a (measure/machine_code.py). Faster
     than phase 11 at every reference problem (the rows above), so attention()'s autograd runs this
-    phase's backward on Hopper (api.autograd_backward_phase); docs/tuning/12_history.md has the A/B.
+    phase's backward on Hopper (runtime/torch_ops.autograd_backward_phase); docs/tuning/12_history.md has the A/B.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@
                    three or four launches settled once per problem
     precompile.py  `flashcore compile`: kernels compiled ahead of time into the kernel cache
                    (arch/cache.py), so that a new process loads instead of compiling
+    torch_ops.py   what torch sees of attention(): the custom ops torch.compile traces
+                   (flashcore::attention, ::attention_train, ::attention_backward), the autograd
+                   Function of an eager call with gradients, and the backward's call
 
 api.attention validates a call, finds its plan (or makes it) and runs it.
 """
