@@ -367,7 +367,7 @@ def function(filename: str, name: str, route: str = "link", tuples: bool = False
                          f"before the wait")
     if simulator_enabled():
         # importing them registers the emulations (they import arch/emulation.py, never this module)
-        from . import sim_exp2, sim_mma, sim_store, sim_tma, sim_trace, sim_wgmma, sim_warpgroup, sim_wmma  # noqa: F401
+        from . import sim_bulk, sim_exp2, sim_mma, sim_store, sim_tma, sim_trace, sim_wgmma, sim_warpgroup, sim_wmma  # noqa: F401
 
         pyfunc = registered(name)
         if pyfunc is None:

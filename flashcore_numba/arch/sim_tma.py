@@ -122,7 +122,14 @@ def tma_load_3d(dst, tmap, col, row, plane, bar):
     flat = smem.view(np.uint8).reshape(-1)
     for c, t in zip(chunks, target):
         flat[dst.offset + t:dst.offset + t + 16] = data[c:c + 16]
+    complete_tx(bar, data.size)
+
+
+def complete_tx(bar, nbytes: int):
+    """`nbytes` of an asynchronous copy have landed: the transaction count of mbarrier `bar` goes
+    down by them (the phase completes if nothing else is pending). The TMA loads here and the bulk
+    loads of sim_bulk end with it."""
     b = _barrier(bar)
     with b.cond:
-        b.tx -= data.size
+        b.tx -= int(nbytes)
         b._complete_if_done()
