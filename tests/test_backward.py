@@ -693,3 +693,56 @@ def test_backward_peers_flex_by_name_through_the_cli(stand_ins, tmp_path):
     assert names[()] == ["sdpa_flash", "sdpa_cudnn", "11-step", "sdpa_flash-step", "sdpa_cudnn-step"]
     assert names["--peers", "flash,flex"] == ["sdpa_flash", "flex_attention", "11-step", "sdpa_flash-step",
                                               "flex_attention-step"]
+
+
+def test_the_report_reads_flex_attention_from_backward_records(stand_ins, tmp_path):
+    """A backward record with FlexAttention's rows (made by the run with stand-ins, its config then set
+    to a reference problem): the README headline's backward row shows FlexAttention's figure where it
+    said "not measured", the backward table lists both its rows beside SDPA flash's, and a phase's
+    "Measured effect" never takes flex_attention-step for the step autograd ran. Without the rows, the
+    cell says "not measured"."""
+    import torch
+
+    import flashcore_numba.api
+    from flashcore_numba.measure import backward, bench, records, report
+
+    def attention_backward(q, k, v, out, lse, do, dlse, causal, scale, deterministic, phase):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        out = flashcore_numba.api.attention(*leaves, causal=causal)  # the stand-in: SDPA's math
+        return torch.autograd.grad(out, leaves, do)
+
+    stand_ins.setattr(flashcore_numba.api, "attention_backward", attention_backward)
+    stand_ins.setattr(backward, "backward_rows", lambda device: [("12", False)])  # as on Hopper
+    problem = bench.Problem(1, 2, 16, 16, 64)
+    record = backward.run_backward_benchmark(problem, peer_names=["sdpa_flash", "sdpa_cudnn", "flex_attention"],
+                                             device=StandInDevice(), command=["x"], seed=2)
+    B, H, S, D = bench.REFERENCE_SHAPE
+    record["config"].update(B=B, H=H, S_q=S, S_k=S, D=D)
+    rows = {r["name"]: r for r in record["results"]}
+    assert rows["12"]["correct"] and rows["flex_attention"]["correct"], record["results"]
+
+    def headline(record):
+        folder = tmp_path / record["created"].replace(":", "")
+        records.write_record(record, folder / "backward" / "r.json")
+        lines = report.headline_table([], records.load_records(folder / "backward"), folder, None,
+                                      folder / "docs" / "performance.md")
+        header = next(line for line in lines if line.startswith("| pass, phase"))
+        row = next(line for line in lines if line.startswith("| backward, 12 (TFLOPS) | [B=16 H=16"))
+        return dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+
+    cells = headline(record)
+    assert cells["FlexAttention"] == bench.format_tflops(rows["flex_attention"]["tflops"]), cells
+    assert cells["SDPA cuDNN"] == bench.format_tflops(rows["sdpa_cudnn"]["tflops"]), cells
+    without = dict(record, created="2026-01-02T00:00:00",
+                   results=[r for r in record["results"] if not r["name"].startswith("flex_attention")])
+    assert headline(without)["FlexAttention"] == report.NOT_MEASURED_CELL
+
+    lines = report.backward_table(records.load_records(tmp_path / record["created"].replace(":", "") / "backward"),
+                                  tmp_path)
+    flex = [line for line in lines if "| flex_attention" in line]
+    assert [line.split("|")[2].split(":")[0].strip() for line in flex] == ["flex_attention", "flex_attention-step"]
+    assert all(line.endswith("| 1.00× | — |") for line in flex), flex  # the same stand-in time as SDPA flash's
+    # a run whose autograd step (11's, off Hopper) did not pass: no step of a peer is named in its place
+    failed = dict(record, results=[r for r in record["results"] if r["name"] != "11-step"], _path="r.json")
+    block = " ".join(line.strip() for line in report.backward_measured_lines([failed], "12"))
+    assert "12-step not timed (r.json)" in block and "flex_attention-step" not in block, block
