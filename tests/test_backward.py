@@ -543,6 +543,25 @@ def test_backward_benchmark_writes_a_valid_record(tmp_path):
     assert all(r["correct"] for r in record["results"] if r["kind"] == "phase"), record["results"]
 
 
+@pytest.mark.gpu
+def test_backward_benchmark_flex_peer_on_gpu(tmp_path):
+    """`--peers flex` with GQA and causal: FlexAttention's backward and its step pass the gradient
+    oracle and are timed, or are recorded unavailable with the reason (no triton, a compile that
+    fails); never a crash, never a figure for a gradient that failed."""
+    pytest.importorskip("torch", reason=NO_TORCH)
+    import json
+
+    from flashcore_numba.cli import main
+
+    out = tmp_path / "backward" / "flex.json"
+    assert main(["bench", "--backward", "--shape", "1,4,256,64", "--kv-heads", "2", "--causal", "--repeats", "20",
+                 "--peers", "flex", "--out", str(out)]) == 0
+    rows = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    for name in ("flex_attention", "flex_attention-step"):
+        r = rows[name]
+        assert (r["correct"] and r["median_ms"]) if r["available"] else r["reason"], r
+
+
 # ---------------------------------------------------------------------------------------------
 # FlexAttention's backward as a peer (measure/backward.py), without a GPU: stand-ins for the device
 # ---------------------------------------------------------------------------------------------
