@@ -177,16 +177,17 @@ def _build_parser() -> Parser:
                        help="--tail and --calls: at most about S seconds of GPU time per kernel (default 5)")
     bench.add_argument("--warmup", type=_positive_int, default=3)
     bench.add_argument("--peers", type=parse_peers, default=None,
-                       help="peers to compare: torch SDPA's backends flash,cudnn,efficient,math (the default), and flex "
-                            "(FlexAttention, torch.compile'd: a compile per shape first), or none")
+                       help="peers to compare: torch SDPA's backends flash,cudnn,efficient,math (the "
+                            "default; --backward: flash,cudnn), and flex (FlexAttention, torch.compile'd: a "
+                            "compile per shape first, so never a default), or none")
     bench.add_argument("--varlen", type=lambda t: _positive_ints(t, 3), default=None, metavar="N,LO,HI",
                        help="packed sequences (attention_varlen): N of random lengths LO..HI, H and D from "
                             "--shape, beside a dense batch of as many tokens and SDPA on the padded batch; "
                             "the record goes to docs/bench/varlen/")
     bench.add_argument("--backward", action="store_true",
                        help="the backward pass (phase 11, attention()'s autograd) on --shape beside SDPA's flash "
-                            "and cuDNN backward, and one training step each; the record goes to "
-                            "docs/bench/backward/")
+                            "and cuDNN backward (--peers flash,cudnn,flex adds FlexAttention's), and one "
+                            "training step each; the record goes to docs/bench/backward/")
     bench.add_argument("--kvcache", type=lambda t: _positive_ints(t, 3), default=None, metavar="B,LO,HI",
                        help="a decode step against a KV cache (attention_kvcache): B sequences of random lengths "
                             "LO..HI, one query row each, H and D from --shape, H_kv from --kv-heads; contiguous "

@@ -541,3 +541,227 @@ def test_backward_benchmark_writes_a_valid_record(tmp_path):
     step = f"{autograd_backward_phase(cuda.get_current_device().compute_capability)}-step"  # 12-step on Hopper
     assert names[:2] == ["11", "11-deterministic"] and step in names and "sdpa_flash" in names, names
     assert all(r["correct"] for r in record["results"] if r["kind"] == "phase"), record["results"]
+
+
+@pytest.mark.gpu
+def test_backward_benchmark_flex_peer_on_gpu(tmp_path):
+    """`--peers flex` with GQA and causal: FlexAttention's backward and its step pass the gradient
+    oracle and are timed, or are recorded unavailable with the reason (no triton, a compile that
+    fails); never a crash, never a figure for a gradient that failed."""
+    pytest.importorskip("torch", reason=NO_TORCH)
+    import json
+
+    from flashcore_numba.cli import main
+
+    out = tmp_path / "backward" / "flex.json"
+    assert main(["bench", "--backward", "--shape", "1,4,256,64", "--kv-heads", "2", "--causal", "--repeats", "20",
+                 "--peers", "flex", "--out", str(out)]) == 0
+    rows = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    for name in ("flex_attention", "flex_attention-step"):
+        r = rows[name]
+        assert (r["correct"] and r["median_ms"]) if r["available"] else r["reason"], r
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention's backward as a peer (measure/backward.py), without a GPU: stand-ins for the device
+# ---------------------------------------------------------------------------------------------
+class StandInDevice:
+    """What run_backward_benchmark asks of bench.TorchDevice, on the CPU: small float32 torch tensors,
+    SDPA's math backend wherever a GPU backend would run (FlexAttention's too), fixed timings. Each
+    sdpa call notes its backend and torch's donated_buffer setting at the call; `flex_raises` is
+    raised by FlexAttention's call, as a compile that fails raises."""
+
+    kind, name, cc, torch_cuda = "torch", "Stand-in GPU", (8, 0), None
+
+    def __init__(self, flex_raises=None):
+        import torch
+
+        self.torch, self.flex_raises, self.calls = torch, flex_raises, []
+
+    def inputs(self, problem, seed):
+        g = self.torch.Generator().manual_seed(seed)
+        kv = (problem.B, problem.heads_kv, problem.S_k, problem.D)
+        return None, (self.torch.randn(problem.B, problem.H, problem.S_q, problem.D, generator=g),
+                      self.torch.randn(kv, generator=g), self.torch.randn(kv, generator=g))
+
+    def sdpa(self, backend, q, k, v, problem):
+        from torch._functorch import config
+
+        self.calls.append((backend, config.donated_buffer))
+        if backend == "FLEX" and self.flex_raises is not None:
+            raise self.flex_raises
+        return self.torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=problem.causal, enable_gqa=k.shape[1] != q.shape[1])
+
+    def time_ms(self, launch, timing):
+        launch()  # a second backward on the peer's graph: retain_graph kept it
+        return [1.0, 2.0, 3.0]
+
+    def release(self):
+        pass
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """attention() as SDPA's math (our kernels' rows need a GPU and are left out: backward_rows is
+    empty), and triton reported installed, so that FlexAttention's rows are the peer's to pass or fail."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    import importlib.machinery
+    import importlib.util
+
+    import flashcore_numba.api
+    from flashcore_numba.measure import backward
+
+    def attention(q, k, v, causal=False, return_lse=False):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                               enable_gqa=k.shape[1] != q.shape[1])
+        return (out, None) if return_lse else out
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: importlib.machinery.ModuleSpec(name, None)
+                        if name == "triton" else find_spec(name, *a))
+    monkeypatch.setattr(flashcore_numba.api, "attention", attention)
+    monkeypatch.setattr(backward, "backward_rows", lambda device: [])
+    return monkeypatch
+
+
+def test_flex_backward_rows_are_gated_and_timed_with_stand_ins(stand_ins):
+    """--peers flex adds flex_attention (the backward alone, on a retained graph compiled without
+    donated buffers) and flex_attention-step, each gated by the gradient oracle and timed with the
+    FLOPs the SDPA peers' rows count; a record of the schema."""
+    from torch._functorch import config
+
+    from flashcore_numba.measure import backward, bench, records
+
+    problem = bench.Problem(1, 4, 24, 24, 64, causal=True, H_kv=2)  # GQA through enable_gqa
+    device = StandInDevice()
+    donated = config.donated_buffer
+    record = backward.run_backward_benchmark(problem, peer_names=["sdpa_flash", "flex_attention"], device=device,
+                                             command=["flashcore", "bench", "--backward"], seed=3)
+    assert records.validate_record(record) == []
+    rows = {r["name"]: r for r in record["results"]}
+    assert list(rows) == ["sdpa_flash", "flex_attention", "11-step", "sdpa_flash-step", "flex_attention-step"]
+    flex, step = rows["flex_attention"], rows["flex_attention-step"]
+    assert flex["kind"] == step["kind"] == "peer" and flex["correct"] and step["correct"], (flex, step)
+    assert flex["title"] == "torch FlexAttention, torch.compile'd, backward"
+    assert flex["median_ms"] == 2.0 and flex["tflops"] == pytest.approx(rows["sdpa_flash"]["tflops"])
+    assert step["tflops"] == pytest.approx(backward.STEP_FLOPS / backward.BACKWARD_FLOPS * flex["tflops"])
+    assert "dq: " in flex["message"] and "dv: " in flex["message"]
+    # the forward whose graph the backward row retains ran with donated buffers off; the setting is restored
+    flex_calls = [setting for backend, setting in device.calls if backend == "FLEX"]
+    assert flex_calls[0] is False and config.donated_buffer == donated, device.calls
+    assert all(setting == donated for backend, setting in device.calls if backend != "FLEX")
+
+
+def test_flex_backward_unavailable_says_why_and_the_run_goes_on(stand_ins):
+    """Where FlexAttention cannot run, its two rows are recorded unavailable with the reason (a torch
+    without it, no triton, a compile that fails), never a crash, and the other peers are timed."""
+    import sys
+
+    from flashcore_numba.measure import backward, bench, records
+
+    problem = bench.Problem(1, 2, 16, 16, 64)
+    peers = ["flex_attention", "sdpa_flash"]
+
+    def run(device):
+        record = backward.run_backward_benchmark(problem, peer_names=peers, device=device, command=["x"], seed=1)
+        assert records.validate_record(record) == []
+        rows = {r["name"]: r for r in record["results"]}
+        assert rows["sdpa_flash"]["correct"] and rows["sdpa_flash-step"]["correct"], rows
+        flex = [rows["flex_attention"], rows["flex_attention-step"]]
+        assert all(r["available"] is False and r["median_ms"] is None for r in flex), flex
+        return [r["reason"] for r in flex]
+
+    # a compile that fails: the exception is the reason
+    failed = run(StandInDevice(flex_raises=RuntimeError("BackendCompilerFailed: triton could not compile\nmore")))
+    assert failed == ["RuntimeError: BackendCompilerFailed: triton could not compile"] * 2, failed
+    # no triton: said before anything is compiled, and FlexAttention is never called
+    stand_ins.setitem(sys.modules, "triton", None)
+    device = StandInDevice()
+    reasons = run(device)
+    assert all(r.startswith("no triton: torch.compile builds FlexAttention's kernels") for r in reasons), reasons
+    assert "FLEX" not in [backend for backend, _ in device.calls]
+    forward, launch = bench.check_peer("flex_attention", device, None, problem, None, None)  # the forward's bench
+    assert launch is None and forward.available is False and forward.reason == reasons[0]
+    # a torch without FlexAttention (before 2.5)
+    stand_ins.setitem(sys.modules, "torch.nn.attention.flex_attention", None)
+    reasons = run(StandInDevice())
+    assert all("has no FlexAttention (torch >= 2.5)" in r for r in reasons), reasons
+    assert bench.flex_skip_reason(device.torch) == reasons[0]
+
+
+def test_backward_peers_flex_by_name_through_the_cli(stand_ins, tmp_path):
+    """`flashcore bench --backward` compares SDPA's flash and cuDNN backward by default (FlexAttention
+    compiles per shape first, so it is asked for, as in the forward's bench); `--peers flash,flex` gives
+    sdpa_flash and flex_attention, each with its step row, in the record the command writes."""
+    import json
+
+    from flashcore_numba import cli
+    from flashcore_numba.measure import backward, bench
+
+    assert backward.BACKWARD_PEERS == ("sdpa_flash", "sdpa_cudnn")
+    assert cli.parse_peers("flash,flex") == ["sdpa_flash", "flex_attention"]
+    stand_ins.setattr(cli, "kernel_target", lambda: "gpu")
+    stand_ins.setattr(bench, "open_device", StandInDevice)
+    stand_ins.setenv("COLUMNS", "250")
+    names = {}
+    for peers in ([], ["--peers", "flash,flex"]):
+        out = tmp_path / f"{len(peers)}.json"
+        assert cli.main(["bench", "--backward", "--shape", "1,2,16,64", *peers, "--out", str(out)]) == 0
+        names[tuple(peers)] = [r["name"] for r in json.loads(out.read_text())["results"]]
+    assert names[()] == ["sdpa_flash", "sdpa_cudnn", "11-step", "sdpa_flash-step", "sdpa_cudnn-step"]
+    assert names["--peers", "flash,flex"] == ["sdpa_flash", "flex_attention", "11-step", "sdpa_flash-step",
+                                              "flex_attention-step"]
+
+
+def test_the_report_reads_flex_attention_from_backward_records(stand_ins, tmp_path):
+    """A backward record with FlexAttention's rows (made by the run with stand-ins, its config then set
+    to a reference problem): the README headline's backward row shows FlexAttention's figure where it
+    said "not measured", the backward table lists both its rows beside SDPA flash's, and a phase's
+    "Measured effect" never takes flex_attention-step for the step autograd ran. Without the rows, the
+    cell says "not measured"."""
+    import torch
+
+    import flashcore_numba.api
+    from flashcore_numba.measure import backward, bench, records, report
+
+    def attention_backward(q, k, v, out, lse, do, dlse, causal, scale, deterministic, phase):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        out = flashcore_numba.api.attention(*leaves, causal=causal)  # the stand-in: SDPA's math
+        return torch.autograd.grad(out, leaves, do)
+
+    stand_ins.setattr(flashcore_numba.api, "attention_backward", attention_backward)
+    stand_ins.setattr(backward, "backward_rows", lambda device: [("12", False)])  # as on Hopper
+    problem = bench.Problem(1, 2, 16, 16, 64)
+    record = backward.run_backward_benchmark(problem, peer_names=["sdpa_flash", "sdpa_cudnn", "flex_attention"],
+                                             device=StandInDevice(), command=["x"], seed=2)
+    B, H, S, D = bench.REFERENCE_SHAPE
+    record["config"].update(B=B, H=H, S_q=S, S_k=S, D=D)
+    rows = {r["name"]: r for r in record["results"]}
+    assert rows["12"]["correct"] and rows["flex_attention"]["correct"], record["results"]
+
+    def headline(record):
+        folder = tmp_path / record["created"].replace(":", "")
+        records.write_record(record, folder / "backward" / "r.json")
+        lines = report.headline_table([], records.load_records(folder / "backward"), folder, None,
+                                      folder / "docs" / "performance.md")
+        header = next(line for line in lines if line.startswith("| pass, phase"))
+        row = next(line for line in lines if line.startswith("| backward, 12 (TFLOPS) | [B=16 H=16"))
+        return dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+
+    cells = headline(record)
+    assert cells["FlexAttention"] == bench.format_tflops(rows["flex_attention"]["tflops"]), cells
+    assert cells["SDPA cuDNN"] == bench.format_tflops(rows["sdpa_cudnn"]["tflops"]), cells
+    without = dict(record, created="2026-01-02T00:00:00",
+                   results=[r for r in record["results"] if not r["name"].startswith("flex_attention")])
+    assert headline(without)["FlexAttention"] == report.NOT_MEASURED_CELL
+
+    lines = report.backward_table(records.load_records(tmp_path / record["created"].replace(":", "") / "backward"),
+                                  tmp_path)
+    flex = [line for line in lines if "| flex_attention" in line]
+    assert [line.split("|")[2].split(":")[0].strip() for line in flex] == ["flex_attention", "flex_attention-step"]
+    assert all(line.endswith("| 1.00× | — |") for line in flex), flex  # the same stand-in time as SDPA flash's
+    # a run whose autograd step (11's, off Hopper) did not pass: no step of a peer is named in its place
+    failed = dict(record, results=[r for r in record["results"] if r["name"] != "11-step"], _path="r.json")
+    block = " ".join(line.strip() for line in report.backward_measured_lines([failed], "12"))
+    assert "12-step not timed (r.json)" in block and "flex_attention-step" not in block, block

@@ -13,9 +13,16 @@ by, plus bench's atol (reference.check_close). Then timed, kernel time, L2 flush
   its products on wgmma);
 - `sdpa_flash`, `sdpa_cudnn`: torch's autograd.grad through SDPA's flash and cuDNN backends, the
   forward's graph kept (retain_graph), so only their backward is timed;
+- `flex_attention`, when asked for (`--peers flash,cudnn,flex`; not a default peer, as in the forward's
+  bench: torch.compile builds its kernels for each shape first): the same through torch's FlexAttention
+  as bench's peer runs it (TorchDevice.flex: flex_attention compiled once, causal as a block mask
+  aligned bottom-right, GQA by enable_gqa), compiled without donated buffers (`retained_graph`).
+  Where it cannot run (torch before 2.5, no triton, a compile that fails) its rows are recorded
+  unavailable with the reason;
 - `11-step` (on Hopper `12-step`: autograd runs phase 12's backward there, runtime/torch_ops.autograd_backward_phase),
-  `sdpa_flash-step`, `sdpa_cudnn-step`: one training step of attention alone, forward and backward
-  (the gradients taken by autograd.grad, so no .grad accumulates between launches).
+  `sdpa_flash-step`, `sdpa_cudnn-step` (and `flex_attention-step`): one training step of attention
+  alone, forward and backward (the gradients taken by autograd.grad, so no .grad accumulates between
+  launches).
 
 With --calls N each row also gets its *call time*: the same launch back to back, as a training loop
 calls it, host time included where the GPU waits for it (bench.call_times; the `-step` rows are what
@@ -29,15 +36,17 @@ docs/performance.md.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import numpy as np
 
 from ..reference import check_close, default_scale
-from .bench import PEERS, Problem, Timing, raised, call_times, capped, open_device, set_timing
+from .bench import (PEERS, Problem, Timing, raised, call_times, capped, flex_skip_reason, open_device,
+                    set_timing)
 from .records import Result, build_record, default_records_dir, gpu_slug, nvidia_smi, provenance, unavailable
 
-BACKWARD_PEERS = ("sdpa_flash", "sdpa_cudnn")
+BACKWARD_PEERS = ("sdpa_flash", "sdpa_cudnn")  # the default; flex_attention is asked for by name (--peers)
 BACKWARD_FLOPS = 2.5  # x the forward's: five products of the same size where the forward has two
 STEP_FLOPS = 1 + BACKWARD_FLOPS
 FLOPS_RULE = (f"the backward rows count {BACKWARD_FLOPS} x the forward's FLOPs, the -step rows (forward and backward) "
@@ -125,6 +134,21 @@ def check_backward(problem: Problem, seed: int | None = None, *, deterministic: 
     return result
 
 
+def retained_graph(backend: str):
+    """Where a peer's backward is timed again and again on one forward's graph (retain_graph): for
+    FlexAttention, whose backward torch.compile builds, the graph is compiled without donated buffers.
+    A compiled backward may reuse the memory of what the forward saved for it (the log-sum-exp), and
+    torch refuses retain_graph for such a backward, which would overwrite what its next run reads. The
+    -step rows, a fresh forward each, run the same compiled graph."""
+    try:
+        from torch._functorch import config
+    except ImportError:
+        config = None
+    if backend != "FLEX" or not hasattr(config, "donated_buffer"):  # a torch without the setting donates none
+        return contextlib.nullcontext()
+    return config.patch(donated_buffer=False)
+
+
 def backward_rows(device) -> list[tuple[str, bool]]:
     """(backward phase, deterministic) of each row of ours: phase 11's two builds, and on Hopper
     (the device's cc 9.0) phase 12's, whose kv_kernel runs on wgmma."""
@@ -184,21 +208,26 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
             result.correct, result.message = False, f"raised {raised(e)}"
         results.append(result)
         device.release()
+    skip = {name: flex_skip_reason(torch) if PEERS[name][0] == "FLEX" else None for name in peer_names}
     for name in peer_names:
         step(name)
         backend, title = PEERS[name]
         title = f"{title}, backward"
+        if skip[name]:
+            results.append(unavailable(name, "peer", title, skip[name]))
+            continue
         leaves = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
         try:
-            peer_out = device.sdpa(backend, *leaves, problem)
+            with retained_graph(backend):
+                peer_out = device.sdpa(backend, *leaves, problem)
 
-            def launch(peer_out=peer_out, leaves=leaves):
-                return torch.autograd.grad(peer_out, leaves, do, retain_graph=True)
+                def launch(peer_out=peer_out, leaves=leaves):
+                    return torch.autograd.grad(peer_out, leaves, do, retain_graph=True)
 
-            result = Result(name, "peer", title)
-            _gate(result, launch(), ref, lowp)
-            if result.correct:
-                timed(result, launch, backward_flops)
+                result = Result(name, "peer", title)
+                _gate(result, launch(), ref, lowp)
+                if result.correct:
+                    timed(result, launch, backward_flops)
         except Exception as e:  # noqa: BLE001 - a backend that cannot run says why
             results.append(unavailable(name, "peer", title, raised(e)))
             continue
@@ -209,13 +238,16 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
     leaves = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
     autograd = autograd_backward_phase(device.cc)  # the backward attention()'s autograd runs on this GPU
     steps = {f"{autograd}-step": ("phase", f"attention() forward and backward (phase {autograd}'s), one training step",
-                                  lambda: attention(*leaves, causal=problem.causal))}
+                                  lambda: attention(*leaves, causal=problem.causal), None)}
     for name in peer_names:
         backend, title = PEERS[name]
         steps[f"{name}-step"] = ("peer", f"{title}, forward and backward",
-                                 lambda backend=backend: device.sdpa(backend, *leaves, problem))
-    for name, (kind, title, forward) in steps.items():
+                                 lambda backend=backend: device.sdpa(backend, *leaves, problem), skip[name])
+    for name, (kind, title, forward, why) in steps.items():
         step(name)
+        if why:
+            results.append(unavailable(name, "peer", title, why))
+            continue
         result = Result(name, kind, title)
 
         def launch(forward=forward):

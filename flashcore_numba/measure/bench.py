@@ -46,6 +46,8 @@ events are used; there are no peers and no ceiling, and the record says so.
 from __future__ import annotations
 
 import gc
+import importlib
+import importlib.util
 import sys
 import time
 import warnings
@@ -684,6 +686,20 @@ def raised(e: Exception) -> str:
     return f"{type(e).__name__}: {first}"[:300]
 
 
+def flex_skip_reason(torch) -> str | None:
+    """Why torch's FlexAttention cannot run here, or None: it came with torch 2.5
+    (torch.nn.attention.flex_attention), and torch.compile builds its kernels with triton. A compile
+    that fails all the same raises where the peer is called, and its row says so."""
+    try:
+        importlib.import_module("torch.nn.attention.flex_attention")
+    except ImportError as e:
+        return f"torch {torch.__version__} has no FlexAttention (torch >= 2.5): {raised(e)}"
+    triton = sys.modules["triton"] if "triton" in sys.modules else importlib.util.find_spec("triton")
+    if triton is None:  # not installed, or its import blocked (None in sys.modules)
+        return "no triton: torch.compile builds FlexAttention's kernels with triton, which is not installed"
+    return None
+
+
 def phase_skip_reason(phase, problem: Problem, device) -> str | None:
     """Why `phase` cannot run `problem` on `device`, or None."""
     allowed = phase_registry.dtypes(phase)
@@ -761,6 +777,8 @@ def check_peer(name: str, device, qkv, problem: Problem, ref, lowp):
 
     if backend != "FLEX" and not hasattr(SDPBackend, backend):
         return unavailable(name, "peer", title, f"this torch has no SDPBackend.{backend}"), None
+    if backend == "FLEX" and (why := flex_skip_reason(device.torch)):
+        return unavailable(name, "peer", title, why), None
     q, k, v = qkv
     try:
         # torch says why a backend refuses an input in warnings; keep them for the reason

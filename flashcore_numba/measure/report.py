@@ -272,8 +272,9 @@ def performance_table(nc, c, readme_dir: Path, plots: list[Path], others=(), lat
 # ---------------------------------------------------------------------------------------------
 # The README's headline: one table on one GPU
 # ---------------------------------------------------------------------------------------------
-# (result name, column title) of the peers the headline sets every row beside; a peer no record of
-# the row has is "not measured", never left out
+# (result name, column title) of the peers the headline sets every row beside, read from the row's own
+# record, forward or backward (bench --backward names FlexAttention's backward flex_attention too); a
+# peer no record of the row has is "not measured", never left out
 HEADLINE_PEERS = (("sdpa_flash", "SDPA flash (FlashAttention-2)"), ("sdpa_cudnn", "SDPA cuDNN"),
                   ("flex_attention", "FlexAttention"))
 HEADLINE_HEAD_DIMS = (64, 128)  # the reference problems: REFERENCE_SHAPE at each head dim, causal and not
@@ -431,8 +432,9 @@ def _by_gpu(records) -> list[tuple[str, list[dict]]]:
 
 def backward_table(records, readme_dir) -> list[str]:
     """The backward records (docs/bench/backward/, measure/backward.py), a table per GPU: per
-    problem, phases 11's and 12's backward (atomics and deterministic) and SDPA's flash and cuDNN backward,
-    then one training step (forward and backward) of each; TFLOPS as FlashAttention counts them."""
+    problem, phases 11's and 12's backward (atomics and deterministic) and SDPA's flash and cuDNN backward
+    (and FlexAttention's, where the run had it), then one training step (forward and backward) of each;
+    TFLOPS as FlashAttention counts them."""
     if not records:
         return []
     lines = ["", "#### The backward pass (phases 11 and 12: attention()'s autograd runs 12 on Hopper, 11 elsewhere)"]
@@ -986,7 +988,7 @@ def backward_measured_lines(records, phase_id: str = "11") -> list[str]:
                 r = timed.get(name)
                 if r is None:
                     why = ""
-                    ran = [x for x in timed if x.endswith("-step") and not x.startswith("sdpa")]
+                    ran = [x for x, row in timed.items() if x.endswith("-step") and row["kind"] == "phase"]
                     if name.endswith("-step") and ran:  # this GPU's autograd ran the other phase's backward
                         why = f" (autograd ran {ran[0]})"
                     figures.append(f"{name} not timed{why}")
