@@ -724,13 +724,14 @@ def test_the_report_reads_flex_attention_from_backward_records(stand_ins, tmp_pa
 
     import flashcore_numba.api
     from flashcore_numba.measure import backward, bench, records, report
+    from flashcore_numba.runtime import torch_ops
 
     def attention_backward(q, k, v, out, lse, do, dlse, causal, scale, deterministic, phase):
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
         out = flashcore_numba.api.attention(*leaves, causal=causal)  # the stand-in: SDPA's math
         return torch.autograd.grad(out, leaves, do)
 
-    stand_ins.setattr(flashcore_numba.api, "attention_backward", attention_backward)
+    stand_ins.setattr(torch_ops, "attention_backward", attention_backward)
     stand_ins.setattr(backward, "backward_rows", lambda device: [("12", False)])  # as on Hopper
     problem = bench.Problem(1, 2, 16, 16, 64)
     record = backward.run_backward_benchmark(problem, peer_names=["sdpa_flash", "sdpa_cudnn", "flex_attention"],
