@@ -14,6 +14,13 @@ and returns what its fixture hands to its tests. The tests that read such jobs (
 fixture named in BACKGROUND_FIXTURES) run last, so that the jobs have had the whole session to
 finish. The jobs run at a lower priority (nice 10) than the tests of this process.
 
+Tests marked `beside`: long simulator runs (whole modules say so with pytestmark) that a child
+pytest runs in the same pool, beside this process's tests, instead of this process: each such
+test of this session then reads its outcome (passed, failed with the child's report, skipped with
+its reason) from the child, last. A CPU session only, and never inside that child (FLASHCORE_BESIDE_REPORT
+names the child's file of outcomes); on a GPU, or run alone (`pytest tests/test_varlen.py::test_x`
+where every selected test is `beside`), they run here as any test.
+
 In a GPU session only the modules that say BACKGROUND_ON_GPU start theirs (test_exercises: the
 graders, whose GPU work is timing kernels). They take turns with this process's tests: each GPU
 test holds the graders' timing lock (course.student.gpu_timing_lock) while it runs, so that no
@@ -23,11 +30,15 @@ their time, overlaps the rest of the suite.
 
 import ast
 import functools
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 if sys.version_info < (3, 13):
     # On CPython 3.11 and 3.12 the counter that ast.parse uses to check its own recursion is one per
@@ -61,9 +72,18 @@ BACKGROUND_FIXTURES = {"runs", "executed", "flashcore_run", "compiler_run", "rep
 BACKGROUND = pytest.StashKey[tuple]()
 
 
+BESIDE = pytest.StashKey[object]()
+BESIDE_REPORT = "FLASHCORE_BESIDE_REPORT"  # set in the child that runs the `beside` tests: its outcomes' file
+
+
+def _waits(item) -> bool:
+    """Does this test wait for a background job (a fixture of BACKGROUND_FIXTURES, or the child run)?"""
+    return bool(BACKGROUND_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("beside"))
+
+
 def pytest_collection_modifyitems(config, items):
     # the tests waiting for background jobs last (a stable sort keeps the order)
-    items.sort(key=lambda item: bool(BACKGROUND_FIXTURES & set(getattr(item, "fixturenames", ()))))
+    items.sort(key=_waits)
     if not simulator_enabled():
         from numba import cuda
 
@@ -93,11 +113,63 @@ def pytest_collection_finish(session):
         modules = [m for m in modules if on_gpu and getattr(m, "BACKGROUND_ON_GPU", False)]
     # the pool runs jobs in the order they come: a module whose jobs are the longest (the lessons)
     # says so with BACKGROUND_FIRST, so that its jobs start at once and the short ones fill in around them
+    beside = [item for item in session.items if item.get_closest_marker("beside")]
+    if simulator_enabled() and BESIDE_REPORT not in os.environ and 0 < len(beside) < len(session.items):
+        session.config.stash[BESIDE] = BesideRun(beside, pool, session.config.rootpath)  # the longest job: first
     for module in sorted(modules, key=lambda m: not getattr(m, "BACKGROUND_FIRST", False)):
         start = getattr(module, "start_background", None)
         if start is not None:
             started[module.__name__] = start(session.items, pool)
     session.config.stash[BACKGROUND] = (pool, started)
+
+
+class BesideRun:
+    """The child pytest that runs this session's `beside` tests (see the module docstring), started
+    in the pool; each of those tests here reads its outcome instead of running."""
+
+    def __init__(self, items, pool, root):
+        self.outcomes_file = Path(tempfile.mkdtemp(prefix="beside")) / "outcomes.json"
+        self.root = root
+        nodeids = [item.nodeid for item in items]
+        self.done = pool.submit(self.run, nodeids)
+        for item in items:  # here, no fixture and no test body: the child runs both
+            item.setup = lambda: None
+            item.runtest = functools.partial(self.read, item.nodeid)
+
+    def run(self, nodeids):
+        env = dict(os.environ, **{BESIDE_REPORT: str(self.outcomes_file)})
+        # -m "": the tests named, whatever their markers (the session chose them: `-m slow` chooses slow ones)
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "", *nodeids],
+                              cwd=self.root, env=env, capture_output=True, text=True)
+
+    def read(self, nodeid):
+        done = self.done.result()
+        outcomes = json.loads(self.outcomes_file.read_text()) if self.outcomes_file.exists() else {}
+        if nodeid not in outcomes:
+            pytest.fail(f"the child run of the `beside` tests did not report {nodeid} (exit status "
+                        f"{done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}", pytrace=False)
+        outcome, text = outcomes[nodeid]
+        if outcome == "skipped":
+            pytest.skip(text)
+        if outcome == "failed":
+            pytest.fail(f"(run in the child pytest beside this one)\n{text}", pytrace=False)
+
+
+_OUTCOMES: dict = {}  # in the child: nodeid -> (outcome, the report's text)
+
+
+def pytest_runtest_logreport(report):
+    """In the child that runs the `beside` tests: each test's outcome, the worst of its phases."""
+    if BESIDE_REPORT not in os.environ:
+        return
+    previous = _OUTCOMES.get(report.nodeid, ("passed", ""))
+    if report.failed:
+        _OUTCOMES[report.nodeid] = ("failed", f"{previous[1]}{report.when}: {report.longreprtext}\n")
+    elif report.skipped and previous[0] == "passed":
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _OUTCOMES[report.nodeid] = ("skipped", reason.removeprefix("Skipped: "))
+    else:
+        _OUTCOMES.setdefault(report.nodeid, previous)
 
 
 class TimedPool(ThreadPoolExecutor):
@@ -220,6 +292,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_sessionfinish(session):
+    if BESIDE_REPORT in os.environ:  # the child of a BesideRun: its outcomes for the parent
+        Path(os.environ[BESIDE_REPORT]).write_text(json.dumps(_OUTCOMES), encoding="utf-8")
     pool, started = session.config.stash.get(BACKGROUND, (None, {}))
     for jobs in started.values():
         close = getattr(jobs, "close", None)

@@ -1302,3 +1302,37 @@ def test_the_serving_table_of_a_record():
     table = [line for line in lines if line.startswith("| 64 ")]
     assert len(table) == 1, lines
     assert table[0] == "| 64 | 1024 | 100 (200); 20 | 101 (202); 20 | 99 (198); 20 | 90 (180); 20 (cudnn) | 0.90× |"
+
+
+@pytest.mark.skipif(not simulator_enabled(), reason="the `beside` tests run in a child only in a CPU session")
+def test_beside_tests_run_in_a_child_and_report_here(tmp_path):
+    """Tests marked `beside` (conftest.py) run in a child pytest beside the session's own tests, and
+    each reports here what it did there: a pass, a failure with the child's assertion, a skip with
+    its reason; the unmarked test runs here. A probe file in tests/ (the root's conftest applies),
+    run by a pytest of its own."""
+    probe = ROOT / "tests" / f"beside_probe_{os.getpid()}.py"
+    probe.write_text(
+        "import os\n"
+        "import pytest\n"
+        "HERE = os.environ.get('FLASHCORE_BESIDE_REPORT')\n"
+        "def test_here():\n"
+        "    assert HERE is None\n"
+        "@pytest.mark.beside\n"
+        "def test_passes_in_the_child():\n"
+        "    assert HERE is not None\n"
+        "@pytest.mark.beside\n"
+        "def test_fails_in_the_child():\n"
+        "    assert 1 + 1 == 3, 'the child saw two'\n"
+        "@pytest.mark.beside\n"
+        "def test_skips_in_the_child():\n"
+        "    pytest.skip('nothing to do there')\n", encoding="utf-8")
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "FLASHCORE_BESIDE_REPORT"}
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(probe)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        probe.unlink()
+    out = done.stdout
+    assert "1 failed, 2 passed, 1 skipped" in out, out + done.stderr[-2000:]
+    assert "run in the child pytest beside this one" in out and "the child saw two" in out, out
+    assert "nothing to do there" in out, out

@@ -7,6 +7,8 @@ import pytest
 from flashcore_numba import attention_kvcache, check_close
 from flashcore_numba.reference import reference_kvcache
 
+pytestmark = pytest.mark.beside  # long simulator runs: a child pytest runs them on the second core (conftest.py)
+
 
 def make_cache(B, S_q, H, H_kv, D, lengths, page_size=None, spare_pages=3, seed=0):
     """q (B, S_q, H, D) and a cache holding `lengths` keys per sequence: contiguous (B, capacity,

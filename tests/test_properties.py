@@ -23,6 +23,8 @@ from flashcore_numba.phases import KERNELS, PHASES, build
 from flashcore_numba.phases.common import LOG2E
 from flashcore_numba.reference import default_scale, random_qkv, reference_lse
 
+pytestmark = pytest.mark.beside  # long simulator runs: a child pytest runs them on the second core (conftest.py)
+
 ON_GPU = not simulator_enabled()
 # the simulator runs every phase (variants share their phase's emulated code); a GPU every kernel
 IDS = list(KERNELS) if ON_GPU else list(PHASES)
