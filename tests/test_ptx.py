@@ -81,6 +81,21 @@ def test_every_ptx_file_documents_its_abi(path):
         assert before[-2].startswith("//") or before[-1].startswith("//"), f"{path.name}: {name} is undocumented"
 
 
+@pytest.mark.parametrize("path", PTX_FILES, ids=lambda p: p.name)
+def test_every_function_is_read_and_declares_numbas_return_slot(path):
+    """Every `.visible .func` of the file is one the reader finds (a header it cannot read would leave
+    the function out of both routes), and every one declares `func_retval0`: Numba's call passes a
+    64-bit slot even for a function returning None, and a definition without it is a call whose
+    prototype differs from the definition's on the link route (nvJitLink warns and links it anyway)."""
+    import re
+
+    headers = re.findall(r"^\.visible \.func\b[^\n]*", path.read_text(), flags=re.M)
+    found = ptx.parse(path)
+    assert len(found) == len(headers), f"{path.name}: {len(headers)} functions, {len(found)} read"
+    without = [h for h in headers if "func_retval0" not in h]
+    assert not without, f"{path.name}: no return slot in {without}"
+
+
 def test_parse_wmma():
     from numba import types
 
