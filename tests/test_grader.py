@@ -214,7 +214,12 @@ def test_a_missing_barrier_before_the_block_counter_is_read_fails_in_seconds(tmp
     read the count before thread 0 wrote it, disagree on whether their block merges, and the merging
     ones wait at the merge's warp shuffles for lanes that left. It took 605 s (a time-out) and ended
     in "BrokenBarrierError: tid=[54, 0, 0] ctaid=[1, 0, 0]"; now the region check fails within
-    seconds, naming the lines of the student's file where threads wait and who left."""
+    seconds, naming the lines of the student's file where threads wait and who left.
+
+    A race shows only in the runs where a thread reads before thread 0 writes, and the simulator's
+    threads run in the order the operating system gives them: a run where every thread read late
+    computes the right answer (once in a full suite, under load). So up to three runs, each of its
+    own seed; every run that fails must fail as described, and one must."""
     import re
     import time
 
@@ -224,9 +229,12 @@ def test_a_missing_barrier_before_the_block_counter_is_read_fails_in_seconds(tmp
     assert solution.count(barrier) == 1
     path = tmp_path / exercises.stub_name(phase)
     path.write_text(solution.replace(barrier, "        done = done_s[0]\n"), encoding="utf-8")
-    started = time.monotonic()
-    result = grade.start("10", path, seed=5).run(_region_check("10", label))
-    assert time.monotonic() - started < 120
+    for seed in (5, 6, 7):
+        started = time.monotonic()
+        result = grade.start("10", path, seed=seed).run(_region_check("10", label))
+        assert time.monotonic() - started < 120
+        if result.status != "pass":
+            break
     assert result.status == "fail" and "raised BarrierError" in result.detail, result.detail
     assert "left the kernel (they never arrive)" in result.detail
     # the wait is named where it is (a shared helper may hold the shuffle) and traced to the student's lines
