@@ -7,6 +7,7 @@ The executed notebooks are written to a temporary folder, never over the committ
 
 from __future__ import annotations
 
+import difflib
 import re
 import shutil
 import tempfile
@@ -348,9 +349,12 @@ def test_lesson_executes(pid, executed):
             f"lessons/{notebooks.lesson_stem(pid)}.ipynb has never run its cell {kept.source!r}: execute the "
             f"lesson on a GPU (flashcore lessons --execute --only {pid})")
         if lessons.is_listing(kept):
-            assert lessons.plain_text(kept.get("outputs", [])) == lessons.plain_text(fresh.outputs), (
+            shown, now = lessons.plain_text(kept.get("outputs", [])), lessons.plain_text(fresh.outputs)
+            assert shown == now, (
                 f"lessons/{notebooks.lesson_stem(pid)}.ipynb shows a stale listing in its cell "
-                f"{kept.source!r}: run `flashcore lessons --listings --only {pid}`")
+                f"{kept.source!r}: run `flashcore lessons --listings --only {pid}`\n" + "\n".join(
+                    difflib.unified_diff("\n".join(shown).splitlines(), "\n".join(now).splitlines(), "committed",
+                                         "this run", lineterm="", n=1)))
 
 
 @pytest.mark.parametrize("pid", ["00"])
