@@ -139,12 +139,13 @@ class BesideRun:
     def run(self, nodeids):
         env = dict(os.environ, **{BESIDE_REPORT: str(self.outcomes_file)})
         # -m "": the tests named, whatever their markers (the session chose them: `-m slow` chooses slow ones)
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "", *nodeids],
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "", *nodeids],
                               cwd=self.root, env=env, capture_output=True, text=True)
+        outcomes = json.loads(self.outcomes_file.read_text()) if self.outcomes_file.exists() else {}
+        return done, outcomes  # read once, when the child ends
 
     def read(self, nodeid):
-        done = self.done.result()
-        outcomes = json.loads(self.outcomes_file.read_text()) if self.outcomes_file.exists() else {}
+        done, outcomes = self.done.result()
         if nodeid not in outcomes:
             pytest.fail(f"the child run of the `beside` tests did not report {nodeid} (exit status "
                         f"{done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}", pytrace=False)

@@ -137,8 +137,9 @@ _BACKWARD_CHECKED: set = set()  # (phase, q's device) where require_backward has
 
 def require_backward(phase, device=None) -> None:
     """A call that needs gradients must run a phase that writes the log-sum-exp: "best" does, unless
-    the GPU is too old for phase 07. Checked before the call, and inside flashcore::attention_train (runtime/torch_ops.py),
-    which runs eagerly even under torch.compile (numba's device queries cannot be traced). With the
+    the GPU is too old for phase 07. Checked before the call, and inside flashcore::attention_train
+    (runtime/torch_ops.py), which runs eagerly even under torch.compile (numba's device queries
+    cannot be traced). With the
     tensors' device given, a phase that passed for it once is not asked about again (the question
     costs about 9 us of Numba's device queries, docs/tuning/call_path.md run 11). Where a phase
     without the LSE slipped through, the forward's validation (return_lse) still refuses it."""
@@ -152,7 +153,6 @@ def require_backward(phase, device=None) -> None:
                          f"pick phase='best' or 07 on, or call it under torch.no_grad()")
     if key is not None:
         _BACKWARD_CHECKED.add(key)
-
 
 
 # Where "best" on the H100 (phase 09) hands over to phase 08: nowhere since commit e167d50. Its
