@@ -209,11 +209,15 @@ def test_paired_call_times_alternate_the_call_and_the_launch():
 
 
 class _ScriptedClock:
-    """A device for queued_times whose sleeps last what was asked; `slow_host_s` makes the host take
-    that long per launch in the first measured batch, longer than the GPU's sleep."""
+    """A device for queued_times whose sleeps last what was asked, and a host clock of its own (so the
+    test does not depend on how busy the machine is): a launch takes the host 1 µs, or `slow_host_s` in
+    the first measured batch, longer than the GPU's sleep."""
 
     def __init__(self, slow_host_s=0.0):
-        self.sleeps, self.slow_host_s, self.launches = [], slow_host_s, 0
+        self.sleeps, self.slow_host_s, self.launches, self.now = [], slow_host_s, 0, 0.0
+
+    def perf_counter(self):
+        return self.now
 
     def event(self):
         return SimpleNamespace(ms=None)
@@ -235,17 +239,17 @@ class _ScriptedClock:
 
     def launch(self):
         self.launches += 1
-        if self.slow_host_s and len(self.sleeps) == 1:
-            import time
-
-            time.sleep(self.slow_host_s)
+        slow = self.slow_host_s and len(self.sleeps) == 1
+        self.now += self.slow_host_s if slow else 1e-6
 
 
-def test_queued_times_drops_a_batch_the_host_could_have_entered():
+def test_queued_times_drops_a_batch_the_host_could_have_entered(monkeypatch):
     clock = _ScriptedClock()
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=clock.perf_counter))
     assert bench.queued_times(clock, clock.launch, 45, flush=True, batch=20) == [1.0] * 45
     assert len(clock.sleeps) == 3 and clock.launches == 20 + 45  # one batch to size the sleep, then 20, 20, 5
     slow = _ScriptedClock(slow_host_s=0.01)  # 20 launches of 10 ms: longer than a sleep sized on a fast batch
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=slow.perf_counter))
     assert bench.queued_times(slow, slow.launch, 20, flush=False, batch=20) == [1.0] * 20
     assert len(slow.sleeps) == 2 and slow.sleeps[1] == 2 * slow.sleeps[0]  # dropped, then again behind twice the sleep
 
