@@ -30,9 +30,11 @@ import numbers
 import numpy as np
 
 from .arch.sim import simulator_enabled
-from .phases import PHASES, build, cc_reason, get_phase, min_cc, supports_gqa, supports_lse
+from .phases import (PHASES, build, cc_reason, get_phase, head_dims_text, min_cc, supports_gqa, supports_head_dim,
+                     supports_lse)
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E
+from .phases.p11_backward import HEAD_DIMS as BACKWARD_HEAD_DIMS
 from .reference import default_scale
 from .runtime import torch_ops  # the torch glue (it calls back into this module: torch_call)
 from .runtime.inputs import current_stream, describe, is_torch, torch_module, torch_to_kernel
@@ -97,9 +99,11 @@ def _validate(ops, phase, causal, scale, return_lse=False):
                              f"head counts (grouped-query attention arrives with phase 07)")
         if H % k.shape[1]:
             raise ValueError(f"k: {k.shape[1]} key/value heads must divide q's {H} heads")
-    if D not in phase.HEAD_DIMS:
-        raise ValueError(f"q: head dim {D} is not supported by phase {phase.ID}; "
-                         f"supported: {', '.join(map(str, phase.HEAD_DIMS))}")
+    if not supports_head_dim(phase, D):
+        wider = PHASES["07"]  # the phase built for every head dim it can be
+        also = "" if phase is wider else f"; phase 07 takes {head_dims_text(wider)}"
+        raise ValueError(f"q: head dim {D} is not supported by phase {phase.ID} (it takes {head_dims_text(phase)})"
+                         f"{also}")
 
 
 def require_device(phase):
@@ -116,33 +120,47 @@ def require_device(phase):
         raise RuntimeError(f"{reason}; pass phase='best' for the fastest phase this GPU can run")
 
 
-def best_for_this_gpu():
-    """"best": the registry's best kernel, or on a GPU that cannot run it the newest phase it can."""
+def best_for_this_gpu(head_dim=None):
+    """"best": the registry's best kernel, or on a GPU that cannot run it the newest phase it can.
+    With `head_dim`, the newest of those built for it: phase 07 for the head dims other than 64 and
+    128 (phases.supports_head_dim); where none is, the answer without it (the validation says why)."""
     best = get_phase("best")
-    if simulator_enabled():
-        return best
-    from numba import cuda
+    cc = None
+    if not simulator_enabled():
+        from numba import cuda
 
-    if not cuda.is_available():
-        return best  # require_device says what to do
-    cc = tuple(cuda.get_current_device().compute_capability)
-    if cc_reason(best, cc) is None:
-        return best
-    runnable = [p for p in PHASES.values() if cc_reason(p, cc) is None and not getattr(p, "DECODE", False)]
-    return max(runnable, key=lambda p: p.ID) if runnable else best
+        if cuda.is_available():  # (else require_device says what to do)
+            cc = tuple(cuda.get_current_device().compute_capability)
+
+    def runs(p, with_head_dim=True):
+        return ((cc is None or cc_reason(p, cc) is None)
+                and (not with_head_dim or head_dim is None or supports_head_dim(p, head_dim)))
+
+    for with_head_dim in (True, False):
+        if runs(best, with_head_dim):
+            return best
+        runnable = [p for p in PHASES.values() if runs(p, with_head_dim) and not getattr(p, "DECODE", False)]
+        if runnable:
+            return max(runnable, key=lambda p: p.ID)
+    return best
 
 
 _BACKWARD_CHECKED: set = set()  # (phase, q's device) where require_backward has passed
 
 
-def require_backward(phase, device=None) -> None:
+def require_backward(phase, device=None, head_dim=None) -> None:
     """A call that needs gradients must run a phase that writes the log-sum-exp: "best" does, unless
     the GPU is too old for phase 07. Checked before the call, and inside flashcore::attention_train
     (runtime/torch_ops.py), which runs eagerly even under torch.compile (numba's device queries
     cannot be traced). With the
     tensors' device given, a phase that passed for it once is not asked about again (the question
     costs about 9 us of Numba's device queries, docs/tuning/call_path.md run 11). Where a phase
-    without the LSE slipped through, the forward's validation (return_lse) still refuses it."""
+    without the LSE slipped through, the forward's validation (return_lse) still refuses it. With
+    `head_dim`, it must be one the backward is built for (BACKWARD_HEAD_DIMS)."""
+    if head_dim is not None and head_dim not in BACKWARD_HEAD_DIMS:
+        raise ValueError(f"q: requires grad, but the backward is built for head dims "
+                         f"{' and '.join(map(str, BACKWARD_HEAD_DIMS))}, not {head_dim} (the forward takes it); "
+                         f"call it under torch.no_grad() for the forward alone")
     key = (phase, device) if isinstance(phase, (str, int)) and device is not None else None
     if key in _BACKWARD_CHECKED:
         return
@@ -181,7 +199,8 @@ def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int, rows_per_kv_h
     else `phase` (the newest the GPU runs), or phase 08 where the records have it faster than phase
     09 (SHORT_SEQUENCES_TO_08)."""
     decode = PHASES["10"]
-    if rows_per_kv_head <= DECODE_ROWS and tuple(min_cc(phase)) >= tuple(min_cc(decode)):
+    if (rows_per_kv_head <= DECODE_ROWS and tuple(min_cc(phase)) >= tuple(min_cc(decode))
+            and supports_head_dim(decode, head_dim)):
         return decode  # a GPU that runs `phase` runs phase 10 too
     if phase.ID == "09" and seq_k <= SHORT_SEQUENCES_TO_08.get((head_dim, bool(causal)), 0):
         return PHASES["08"]
@@ -241,8 +260,11 @@ def make_plan(q, k, v, causal, scale, phase, return_lse=False):
 def _resolve(q, k, v, causal, scale, phase, return_lse=False):
     """(kernel, described operands, qk_scale) of a call, or the error that names its bad argument."""
     best = isinstance(phase, str) and phase == "best"
-    phase = best_for_this_gpu() if best else get_phase(phase)
+    if not best:
+        phase = get_phase(phase)
     ops = tuple(describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    if best:  # the newest phase the GPU runs that is built for q's head dim
+        phase = best_for_this_gpu(ops[0].shape[-1] if len(ops[0].shape) == 4 else None)
     _validate(ops, phase, causal, scale, return_lse)
     _, H, S_q, D = ops[0].shape
     if best and not simulator_enabled():  # the simulator has no speed to choose by

@@ -48,7 +48,7 @@ import numpy as np
 from . import api
 from .arch import tma
 from .runtime.inputs import current_stream, describe, is_torch, torch_module
-from .phases import build_kvcache, build_varlen
+from .phases import PHASES, build_kvcache, build_varlen, head_dims_text, supports_head_dim
 from .phases import p07_mma_sync as p07
 from .phases import p10_split_keys as p10
 from .phases.common import LOG2E, cdiv, no_lse, split_workspace
@@ -122,8 +122,8 @@ def _operands(named, ndim: int, phase):
         if op.dtype != qd.dtype:
             raise TypeError(f"{op.name}: dtype {op.dtype} differs from q's {qd.dtype}")
     D = qd.shape[-1]
-    if D not in phase.HEAD_DIMS:
-        raise ValueError(f"q: head dim {D} is not supported; supported: {', '.join(map(str, phase.HEAD_DIMS))}")
+    if not supports_head_dim(phase, D):
+        raise ValueError(f"q: head dim {D} is not supported; supported: {head_dims_text(phase)}")
     return ops
 
 
@@ -322,11 +322,16 @@ def _launch(config, splits, arrays, extra, lse, causal, qk_scale, stream):
 VARLEN_PHASES = ("07", "09")
 
 
-def _varlen_phase(phase) -> str:
+def _varlen_phase(phase, head_dim=None) -> str:
+    """The phase attention_varlen runs: 09 where "best" is 09 or newer and it is built for the head dim
+    (64 and 128), else 07 (any multiple of 8 up to 256)."""
     if phase == "best":
-        return "09" if api.best_for_this_gpu().ID >= "09" else "07"
+        return "09" if api.best_for_this_gpu(head_dim).ID >= "09" else "07"
     if phase not in VARLEN_PHASES:
         raise ValueError(f"phase: attention_varlen runs phase {' or '.join(VARLEN_PHASES)} (or 'best'), got {phase!r}")
+    if head_dim is not None and not supports_head_dim(PHASES[phase], head_dim):
+        raise ValueError(f"q: head dim {head_dim} is not supported by phase {phase} (it takes "
+                         f"{head_dims_text(PHASES[phase])}); phase 07 takes {head_dims_text(p07)}")
     return phase
 
 
@@ -430,9 +435,10 @@ def _varlen_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse)
         raise
     if plan is None:
-        phase_id = _varlen_phase(phase)
+        _varlen_phase(phase)
         _, _, H, D, qd = _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                           scale, return_lse)
+        phase_id = _varlen_phase(phase, D)
         api.require_device(api.get_phase(phase_id))
         from .runtime import VarlenPlan
 
@@ -481,9 +487,10 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     if is_torch(q):
         return _varlen_torch_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                                       return_lse, phase, out, validate)
-    phase_id = _varlen_phase(phase)
+    _varlen_phase(phase)
     B, total_q, H, D, qd = _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                             causal, scale, return_lse)
+    phase_id = _varlen_phase(phase, D)
     if validate or VALIDATE:
         _check_varlen_values(cu_seqlens_q, cu_seqlens_k, total_q, k.shape[0], max_seqlen_q, max_seqlen_k)
     if out is not None:

@@ -705,8 +705,8 @@ def phase_skip_reason(phase, problem: Problem, device) -> str | None:
     allowed = phase_registry.dtypes(phase)
     if problem.dtype not in allowed:
         return f"phase {phase.ID} supports {', '.join(allowed)} only, not {problem.dtype}"
-    if problem.D not in phase.HEAD_DIMS:
-        return f"phase {phase.ID} supports head dim {', '.join(map(str, phase.HEAD_DIMS))}, not {problem.D}"
+    if not phase_registry.supports_head_dim(phase, problem.D):
+        return f"phase {phase.ID} supports head dim {phase_registry.head_dims_text(phase)}, not {problem.D}"
     if problem.H_kv is not None and not phase_registry.supports_gqa(phase):
         return f"phase {phase.ID} needs as many K/V heads as query heads (no grouped-query attention)"
     if not simulator_enabled():

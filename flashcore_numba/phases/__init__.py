@@ -189,6 +189,18 @@ def supports_gqa(phase: ModuleType) -> bool:
     return getattr(phase, "GQA", False)
 
 
+def supports_head_dim(phase, head_dim) -> bool:
+    """Whether `phase` is built for head dim `head_dim`: one of its HEAD_DIMS, or for a phase that
+    takes more (phase 07: `runs_head_dim`, any multiple of 8 up to 256), whatever that says."""
+    runs = getattr(phase, "runs_head_dim", None)
+    return bool(runs(head_dim)) if runs is not None else head_dim in phase.HEAD_DIMS
+
+
+def head_dims_text(phase) -> str:
+    """The head dims `phase` takes, as a sentence's end: "64, 128", or phase 07's HEAD_DIMS_TEXT."""
+    return getattr(phase, "HEAD_DIMS_TEXT", None) or ", ".join(map(str, phase.HEAD_DIMS))
+
+
 def supports_lse(phase: ModuleType) -> bool:
     """Whether the phase's kernels can write each row's log-sum-exp (`return_lse`; 07 on)."""
     return getattr(phase, "LSE", False)

@@ -336,7 +336,7 @@ def rotate4(x0, x1, x2, x3, k):
     return (y2 if two else y0), (y3 if two else y1), (y0 if two else y2), (y1 if two else y3)
 
 
-def fragment_epilogue_16b(pack, n_blocks, st_global_v4):
+def fragment_epilogue_16b(pack, n_blocks, st_global_v4, n_out=None):
     """The epilogue of phases 07 and 09: what `fragment_epilogue` writes, in 16-byte stores
     (`st_global_v4`: ptx/store.ptx's flashcore_st_global_v4, one STG.E.128).
 
@@ -345,12 +345,17 @@ def fragment_epilogue_16b(pack, n_blocks, st_global_v4):
     transposes its 4 x 4 words, so that lane t ends up with all four words of block 4G + t, 16
     contiguous bytes, and stores them at once. The transpose takes three shuffles: in round k
     (1, 2, 3) every lane sends the word that lane t + k needs and receives, from lane t - k, its
-    own word t - k. n_blocks must be a multiple of 4 (D = 64 and 128: 8 and 16 blocks).
+    own word t - k. n_blocks must be a multiple of 4 (D = 64 and 128: 8 and 16 blocks). Where O's rows
+    are narrower than the tiles (`n_out` blocks of 8 columns, fewer than n_blocks: a head dim rounded
+    up), a lane whose block lies past them stores nothing.
     O is viewed as uint32 pairs and must start on a 16-byte boundary (the launch checks it).
     Returns (store_rows, store_rows_at): O's rows found from (b, h) in a (B, H, S, D / 2) array, or
     from an address and a stride.
     """
     assert n_blocks % 4 == 0, "the quad transposes groups of four 8-column blocks"
+    N_OUT = n_blocks if n_out is None else n_out
+    assert 0 < N_OUT <= n_blocks
+    NARROW = N_OUT < n_blocks  # (settled when the kernel is built)
 
     @cuda.jit(device=True, inline=True)
     def store_row(row_address, valid, t, acc, e, inv):
@@ -370,7 +375,8 @@ def fragment_epilogue_16b(pack, n_blocks, st_global_v4):
             # word s is got_((t - s) % 4): in order s = 0 .. 3 that is (got_0, got_3, got_2, got_1)
             # rotated by (4 - t) % 4
             w0, w1, w2, w3 = rotate4(send0, got3, got2, got1, (4 - t) & 3)
-            if valid:  # every lane shuffles above; only rows before seq_q are written
+            if valid and (not NARROW or 4 * G + t < N_OUT):  # every lane shuffles above; only rows
+                # before seq_q are written, and only O's columns
                 st_global_v4(row_address + uint64(16 * (4 * G + t)), w0, w1, w2, w3)
 
     @cuda.jit(device=True, inline=True)

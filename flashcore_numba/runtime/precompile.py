@@ -91,6 +91,7 @@ def kernels_to_compile(kernel_ids, head_dims, dtypes) -> list[tuple[str, int, st
     head dims and dtypes it lists; an id of EXTRA_KERNELS, those of its phase)."""
     from ..phases import LESSONS, get_phase
     from ..phases import dtypes as phase_dtypes
+    from ..phases import supports_head_dim
 
     items = []
     for kernel_id in kernel_ids:
@@ -101,7 +102,7 @@ def kernels_to_compile(kernel_ids, head_dims, dtypes) -> list[tuple[str, int, st
             kernel_id = kernel.ID
         for head_dim in head_dims:
             for dtype in dtypes:
-                if head_dim in kernel.HEAD_DIMS and dtype in phase_dtypes(kernel):
+                if supports_head_dim(kernel, head_dim) and dtype in phase_dtypes(kernel):
                     items.append((kernel_id, int(head_dim), dtype))
     return items
 

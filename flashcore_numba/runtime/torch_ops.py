@@ -87,7 +87,7 @@ def train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
         out, lse = _train_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase),
                                bool(deterministic))
     else:
-        _check_backward(phase, q.device)
+        _check_backward(phase, q.device, q.shape[-1])
         out, lse = _train_function().apply(q, k, v, causal, scale, phase, bool(deterministic))
     return (out, lse) if return_lse else out
 
@@ -196,7 +196,7 @@ def _train_op():
 
         @torch.library.custom_op("flashcore::attention_train", mutates_args=(), schema=f"{args} -> (Tensor, Tensor)")
         def train_op(q, k, v, causal, scale, phase, deterministic):
-            _check_backward(phase)
+            _check_backward(phase, None, q.shape[-1])
             with torch.no_grad():
                 return _forward(q.detach(), k.detach(), v.detach(), causal, scale, phase, True)
 

@@ -65,35 +65,70 @@ SIM_TILES = {  # the simulator runs one Python thread per CUDA thread: one warp 
     128: dict(block_m=32, block_n=32, warps=1),  # Q read again at every k-step
 }
 
+# Other head dims (models use 32 to 256: ViTs 40 and 80, Phi-3 96, Gemma 256). The tiles are laid out
+# for D rounded up to a multiple of 32, D_TILE (as FlashAttention-2 rounds D up to its tile sizes):
+# the columns past D are zero in shared memory (the copies fill them with zeros), so they add nothing
+# to q·kᵀ, and the output columns past D are never stored. The tile shape follows from the
+# registers: a lane holds M_TILES * D_TILE / 2 accumulators of O, so up to D_TILE = 128 a warp keeps
+# two m-tiles, with D = 64's tiles below 64 and D = 128's above; past 128 each of 8 warps takes one
+# m-tile of the 128 rows (at D_TILE = 256: 128 accumulators, as two m-tiles at D = 128), 48 keys per
+# tile. Assembled for sm_90a (flashcore_numba.measure.machine_code), none spills: D = 32 189
+# registers, 96 235, 160 164, 192 167, 256 240 (with 64 keys per tile D = 32 spills and D = 96 takes
+# 247). These shapes are chosen from registers alone: they are not yet timed against other shapes.
+MAX_HEAD_DIM = 256
+HEAD_DIMS_TEXT = "any multiple of 8 from 8 to 256"
+
+
+def runs_head_dim(HEAD_DIM: int) -> bool:
+    """Whether the kernel is built for head dim HEAD_DIM: a multiple of 8 (rows of whole 16-byte
+    chunks, the unit of every copy and store) up to MAX_HEAD_DIM."""
+    return isinstance(HEAD_DIM, int) and 0 < HEAD_DIM <= MAX_HEAD_DIM and HEAD_DIM % 8 == 0
+
+
+def tile_head_dim(HEAD_DIM: int) -> int:
+    """D_TILE: the head dim the tiles are laid out for, HEAD_DIM rounded up to a multiple of 32."""
+    return -(-HEAD_DIM // 32) * 32
+
 
 def tiles(HEAD_DIM: int) -> dict:
-    return (SIM_TILES if simulator_enabled() else TILES)[HEAD_DIM]
+    D_TILE = tile_head_dim(HEAD_DIM)
+    if D_TILE in (64, 128):
+        return (SIM_TILES if simulator_enabled() else TILES)[D_TILE]
+    if simulator_enabled():
+        return dict(block_m=32, block_n=32, warps=1)
+    if D_TILE < 128:
+        return TILES[64 if D_TILE < 64 else 128]
+    return dict(block_m=128, block_n=48, warps=8)  # one m-tile per warp: D_TILE / 2 accumulators of O
 
 
 def layout(HEAD_DIM, block_m, block_n, warps):
     """Every derived constant. Shared memory holds fp16 rows of STRIDE elements: Q (BLOCK_M rows),
-    then two stages of K and V (BLOCK_N rows each); offsets are in bytes."""
-    assert block_m % (MMA_M * warps) == 0 and block_n % MMA_K == 0 and HEAD_DIM % MMA_K == 0
-    L = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=block_n, NUM_WARPS=warps)
+    then two stages of K and V (BLOCK_N rows each); offsets are in bytes. The tiles are D_TILE
+    columns wide (HEAD_DIM rounded up to a multiple of 32), of which HEAD_DIM come from global memory."""
+    D_TILE = tile_head_dim(HEAD_DIM)
+    assert block_m % (MMA_M * warps) == 0 and block_n % MMA_K == 0 and D_TILE % MMA_K == 0
+    L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, BLOCK_M=block_m, BLOCK_N=block_n, NUM_WARPS=warps)
     L["M_TILES"] = block_m // (MMA_M * warps)  # m-tiles of 16 rows per warp
     L["WARP_ROWS"] = MMA_M * L["M_TILES"]
     L["N_THREADS"] = 32 * warps
-    L["STRIDE"] = HEAD_DIM + PAD  # fp16 elements per shared-memory row
+    L["STRIDE"] = D_TILE + PAD  # fp16 elements per shared-memory row
     row_bytes = L["STRIDE"] * 2
     L["Q_OFF"] = 0
     L["K_OFF"] = block_m * row_bytes
     L["V_OFF"] = L["K_OFF"] + block_n * row_bytes
     L["STAGE_BYTES"] = 2 * block_n * row_bytes  # stage s: K at K_OFF + s*STAGE_BYTES, V at V_OFF + ...
     L["SMEM_BYTES"] = L["K_OFF"] + 2 * L["STAGE_BYTES"]
-    L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row
-    L["ROWS_PER_PASS"] = L["N_THREADS"] // L["CHUNKS"]  # rows the block's threads copy in one pass
+    L["CHUNKS"] = D_TILE // 8  # 16-byte chunks per row in shared memory
+    L["GLOBAL_CHUNKS"] = HEAD_DIM // 8  # ... and in global memory (fewer where D_TILE > HEAD_DIM)
+    L["CHUNK_LANES"] = 1 << (L["CHUNKS"] - 1).bit_length()  # threads per row: CHUNKS up to a power of two
+    L["ROWS_PER_PASS"] = L["N_THREADS"] // L["CHUNK_LANES"]  # rows the block's threads copy in one pass
     assert block_m % L["ROWS_PER_PASS"] == 0 and block_n % L["ROWS_PER_PASS"] == 0
     L["NT"] = block_n // MMA_N  # n-tiles of S per m-tile (8 keys each)
-    L["KQ"] = HEAD_DIM // MMA_K  # k-steps of Q·Kᵀ
+    L["KQ"] = D_TILE // MMA_K  # k-steps of Q·Kᵀ
     # k-steps of Q fragments a lane holds: all of them for the whole loop, or the current one
     L["Q_STEPS"] = L["KQ"] if L["M_TILES"] * L["KQ"] * 4 <= Q_REGS else 1
     L["KP"] = block_n // MMA_K  # k-steps of P·V
-    L["NO"] = HEAD_DIM // MMA_N  # n-tiles of O (8 columns each)
+    L["NO"] = D_TILE // MMA_N  # n-tiles of O (8 columns each)
     return L
 
 
@@ -106,16 +141,23 @@ def make_copy_tile(L):
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
     CHUNKS, STRIDE, ROWS_PER_PASS = L["CHUNKS"], L["STRIDE"], L["ROWS_PER_PASS"]
     SWIZZLE = L.get("SWIZZLE", False)
+    # a head dim that is not a power of two times 8 (96, 160, ...): CHUNK_LANES threads per row, the
+    # lanes past CHUNKS idle; a head dim rounded up (D_TILE > HEAD_DIM): the chunks past
+    # GLOBAL_CHUNKS copy 0 bytes, which fills them with zeros (from the row's first chunk, a real
+    # address). Both are settled when the kernel is built: D = 64 and 128 have neither.
+    LANES = L.get("CHUNK_LANES", CHUNKS)
+    GLOBAL_CHUNKS = L.get("GLOBAL_CHUNKS", CHUNKS)
+    IDLE_LANES, ZERO_CHUNKS = LANES > CHUNKS, GLOBAL_CHUNKS < CHUNKS
     # swizzled, a pass ROWS_PER_PASS rows on moves r % 8 by (i * ROWS_PER_PASS) % 8: 0 where
     # ROWS_PER_PASS is a multiple of 8 (phase 11's 8-warp blocks); else (phase 10's one-warp copies,
     # the simulator's blocks) that is a flip: r is less than ROWS_PER_PASS, a power of two, so
     # (r + i * ROWS_PER_PASS) % 8 == (r % 8) ^ ((i * ROWS_PER_PASS) % 8), which flips bits 4-6 of
     # the row's offset (rows of at least 128 bytes, `offset` a multiple of a row)
     assert not SWIZZLE or (STRIDE == CHUNKS * 8 and CHUNKS >= 8  # unpadded rows, 128 bytes or more
-                           and ROWS_PER_PASS & (ROWS_PER_PASS - 1) == 0)
+                           and ROWS_PER_PASS & (ROWS_PER_PASS - 1) == 0 and LANES == GLOBAL_CHUNKS == CHUNKS)
     FLIP = SWIZZLE and ROWS_PER_PASS % 8 != 0
-    ROW_BYTES = STRIDE * 2  # a row in shared memory; in global memory a row is CHUNKS * 16 bytes, the
-    # next one row_stride bytes on
+    ROW_BYTES = STRIDE * 2  # a row in shared memory; in global memory a row is GLOBAL_CHUNKS * 16 bytes,
+    # the next one row_stride bytes on
 
     @cuda.jit(device=True, inline=True)
     def pass_dst(smem, rel, i):
@@ -130,22 +172,28 @@ def make_copy_tile(L):
         """Start copying rows row0 .. row0+n_rows-1 of one head (at src_base + head_bytes, its rows
         row_stride bytes apart: D * 2 in a (B, H, S, D) array) to smem+offset.
 
-        Thread tid copies chunk tid % CHUNKS of rows tid // CHUNKS, + ROWS_PER_PASS, + 2 ROWS_PER_PASS...
+        Thread tid copies chunk tid % LANES of rows tid // LANES, + ROWS_PER_PASS, + 2 ROWS_PER_PASS...
         A tile that lies inside the sequence needs no check: each copy is at a fixed offset from one
         address, which the copy instruction adds itself. In the last tile a row past seq_len copies
         0 bytes and is zero-filled (its address is clamped to a real row).
         """
-        r, chunk = tid // CHUNKS, tid % CHUNKS
+        r, chunk = tid // LANES, tid % LANES
+        if IDLE_LANES and chunk >= CHUNKS:  # (a lane past the row: nothing to copy)
+            return
+        col_bytes = uint32(16)
         src = src_base + head_bytes + uint64(chunk * 16)
+        if ZERO_CHUNKS and chunk >= GLOBAL_CHUNKS:  # a column past D: 0 bytes, zero-filled
+            col_bytes = uint32(0)
+            src = src_base + head_bytes
         rel = offset + r * ROW_BYTES + ((chunk ^ (r % 8)) if SWIZZLE else chunk) * 16
         if row0 + n_rows <= seq_len:
             src += uint64(row0 + r) * uint64(row_stride)
             for i in range(n_rows // ROWS_PER_PASS):
-                copy16(pass_dst(smem, rel, i), src + uint64(i * ROWS_PER_PASS * row_stride), uint32(16))
+                copy16(pass_dst(smem, rel, i), src + uint64(i * ROWS_PER_PASS * row_stride), col_bytes)
         else:
             for i in range(n_rows // ROWS_PER_PASS):
                 row = row0 + r + i * ROWS_PER_PASS
-                n_bytes = uint32(16) if row < seq_len else uint32(0)
+                n_bytes = col_bytes if row < seq_len else uint32(0)
                 row_src = src + uint64(min(row, seq_len - 1)) * uint64(row_stride)
                 copy16(pass_dst(smem, rel, i), row_src, n_bytes)
 
@@ -305,7 +353,8 @@ def make_epilogue(L, dtype="float16", varlen=False):
     """store_block(...): the warp's rows of O, and of LSE when it is asked for."""
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
     st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
-    store_rows, store_rows_at = fragment_epilogue_16b(pack, L["NO"], st_global_v4)  # 16-byte stores (common)
+    # 16-byte stores (common), of the HEAD_DIM / 8 blocks of a row that O has
+    store_rows, store_rows_at = fragment_epilogue_16b(pack, L["NO"], st_global_v4, L["HEAD_DIM"] // MMA_N)
     global_address = operands.global_address
     M_TILES, VARLEN = L["M_TILES"], varlen
 
@@ -491,4 +540,6 @@ def build(HEAD_DIM: int, dtype: str = "float16", varlen: bool = False) -> Kernel
     kernel on packed sequences of their own lengths (flashcore_numba.inference.attention_varlen)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 07 builds {' and '.join(DTYPES)}, not {dtype!r}")
+    if not runs_head_dim(HEAD_DIM):
+        raise ValueError(f"head dim: phase 07 builds {HEAD_DIMS_TEXT}, not {HEAD_DIM!r}")
     return build_kernel(layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype, varlen)

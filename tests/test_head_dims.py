@@ -1,0 +1,162 @@
+"""Head dims other than 64 and 128: phase 07 builds any multiple of 8 up to 256 (its tiles laid out
+for D rounded up to a multiple of 32, the columns past D zero), and attention(), attention_varlen and
+`flashcore compile` send such a head dim there.
+
+In the simulator (GPU: the `gpu` tests at the end). Every case has tails (S_q and S_k not multiples
+of the tile), grouped-query heads and a poisoned output: a store past a row's D columns lands in the
+next row, which the reference then catches (and past the last one, outside the array). The default
+run takes head dims of each kind: below 32, rounded up to 64, 96 (twelve chunks a row, not a power
+of two), past 128 (one m-tile per warp) and 256; every multiple of 8 from 8 to 256 is the slow sweep.
+"""
+
+import numpy as np
+import pytest
+
+from flashcore_numba import check_close, lowp_attention, reference_attention
+from flashcore_numba.phases import PHASES, head_dims_text, supports_head_dim
+from flashcore_numba.phases import p07_mma_sync as p07
+from flashcore_numba.reference import random_qkv
+
+pytestmark = pytest.mark.beside  # long simulator runs: a child pytest runs them on the second core (conftest.py)
+
+DEFAULT = (24, 40, 96, 160, 256)
+SWEEP = [pytest.param(D, marks=pytest.mark.slow) for D in range(8, 257, 8) if D not in DEFAULT]
+
+
+def run_poisoned(q, k, v, causal, config=None):
+    """Phase 07 at q's head dim into an output of NaN; what it wrote."""
+    from numba import cuda
+
+    from flashcore_numba.phases.common import LOG2E
+
+    D = q.shape[-1]
+    out = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
+    config = config or p07.build(D)
+    config.launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal, LOG2E / np.sqrt(D))
+    return out.copy_to_host()
+
+
+def check_head_dim(D, causal, seed=None):
+    q, k, v = random_qkv((1, 2, 37, D), 45, heads_kv=1, seed=seed)  # tails; two query heads on one k/v head
+    out = run_poisoned(q, k, v, causal)
+    k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    verdict = check_close(out, reference_attention(q, k2, v2, causal=causal), lowp_attention(q, k2, v2, causal=causal))
+    assert verdict.ok, f"phase 07 D={D} causal={causal}: {verdict.message}"
+
+
+@pytest.mark.parametrize("D", [*DEFAULT, *SWEEP])
+def test_phase07_runs_every_head_dim(D):
+    check_head_dim(D, causal=D % 16 == 8)  # causal and not, alternately over the sweep
+
+
+@pytest.mark.parametrize("D", [96, pytest.param(256, marks=pytest.mark.slow)])
+def test_phase07_every_head_dim_causal_and_not(D):
+    check_head_dim(D, causal=D % 16 != 8)  # the other setting of the sweep's
+
+
+def test_the_layout_of_a_rounded_up_head_dim():
+    """D = 40: the tiles are 64 columns wide (D = 64's shapes), 5 of a row's 8 chunks from global memory;
+    D = 96: twelve chunks a row, copied by 16 lanes a row (4 idle); D = 160: one m-tile per warp."""
+    L = p07.layout(40, **p07.TILES[64])
+    assert (L["D_TILE"], L["CHUNKS"], L["GLOBAL_CHUNKS"], L["CHUNK_LANES"], L["NO"]) == (64, 8, 5, 8, 8)
+    L = p07.layout(96, **p07.TILES[128])
+    assert (L["D_TILE"], L["CHUNKS"], L["GLOBAL_CHUNKS"], L["CHUNK_LANES"], L["ROWS_PER_PASS"]) == (96, 12, 12, 16, 8)
+    L = p07.layout(160, 128, 48, 8)  # (the GPU's tiles: the simulator's are one warp)
+    assert (L["M_TILES"], L["N_THREADS"], L["KQ"], L["NO"]) == (1, 256, 10, 20)
+    assert L["SMEM_BYTES"] <= 227 * 1024
+
+
+def test_head_dims_a_phase_takes():
+    assert [D for D in range(1, 300) if p07.runs_head_dim(D)] == list(range(8, 257, 8))
+    assert supports_head_dim(PHASES["07"], 96) and not supports_head_dim(PHASES["09"], 96)
+    assert not supports_head_dim(PHASES["07"], 100) and not supports_head_dim(PHASES["07"], 264)
+    assert head_dims_text(PHASES["09"]) == "64, 128" and "multiple of 8" in head_dims_text(PHASES["07"])
+    with pytest.raises(ValueError, match="head dim: phase 07 builds any multiple of 8 from 8 to 256, not 100"):
+        p07.build(100)
+
+
+def test_best_runs_phase_07_where_the_newer_phases_are_not_built_for_the_head_dim():
+    from flashcore_numba import api
+
+    assert api.best_for_this_gpu(96).ID == "07" and api.best_for_this_gpu(256).ID == "07"
+    assert api.best_for_this_gpu(64).ID == api.best_for_this_gpu().ID != "07"
+    assert api.best_for_this_gpu(100).ID == api.best_for_this_gpu().ID  # none takes it: the validation says why
+    # a decode shape: phase 10 takes 64 and 128 only
+    assert api.best_for_shape(PHASES["07"], 96, False, 1000, rows_per_kv_head=1).ID == "07"
+    assert api.best_for_shape(PHASES["09"], 64, False, 1000, rows_per_kv_head=1).ID == "10"
+
+
+def test_attention_runs_a_head_dim_of_96_on_best():
+    from flashcore_numba import attention
+
+    q, k, v = random_qkv((1, 2, 20, 96), 33, heads_kv=1)
+    out, lse = attention(q, k, v, causal=True, return_lse=True)
+    k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    verdict = check_close(out, reference_attention(q, k2, v2, causal=True), lowp_attention(q, k2, v2, causal=True))
+    assert verdict.ok, verdict.message
+    assert lse.shape == (1, 2, 20) and np.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("D, phase, message", [
+    (100, "best", r"q: head dim 100 is not supported by phase \d\d \(it takes .*\); phase 07 takes any multiple of 8"),
+    (100, "07", r"q: head dim 100 is not supported by phase 07 \(it takes any multiple of 8 from 8 to 256\)$"),
+    (96, "09", r"q: head dim 96 is not supported by phase 09 \(it takes 64, 128\); phase 07 takes any multiple"),
+    (264, "07", r"q: head dim 264 is not supported by phase 07"),
+])
+def test_a_head_dim_no_phase_takes_is_refused_by_name(D, phase, message):
+    from flashcore_numba import attention
+
+    q = np.zeros((1, 1, 4, D), np.float16)
+    with pytest.raises(ValueError, match=message):
+        attention(q, q, q, phase=phase)
+
+
+def test_the_backward_refuses_other_head_dims_before_the_forward():
+    from flashcore_numba import api
+
+    with pytest.raises(ValueError, match="q: requires grad, but the backward is built for head dims 64 and 128, not "
+                                         "96 .*torch.no_grad"):
+        api.require_backward("best", None, 96)
+    api.require_backward("best", None, 128)
+
+
+def test_varlen_runs_a_head_dim_of_80_on_phase_07():
+    from flashcore_numba.inference import _varlen_phase, attention_varlen
+    from flashcore_numba.reference import reference_varlen
+
+    rng = np.random.default_rng()
+    lengths = [19, 0, 34]
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    q = rng.standard_normal((int(cu[-1]), 2, 80)).astype(np.float16)
+    k = rng.standard_normal((int(cu[-1]), 1, 80)).astype(np.float16)
+    v = rng.standard_normal((int(cu[-1]), 1, 80)).astype(np.float16)
+    assert _varlen_phase("best", 80) == "07"
+    out = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+    ref, _, lowp = reference_varlen(q, k, v, cu, cu, causal=True, lowp_dtype=np.float16)
+    verdict = check_close(out, ref, lowp)
+    assert verdict.ok, verdict.message
+    with pytest.raises(ValueError, match="q: head dim 80 is not supported by phase 09"):
+        attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), phase="09")
+
+
+def test_compile_lists_phase_07_at_every_head_dim_asked_for():
+    from flashcore_numba.runtime import precompile
+
+    items = precompile.kernels_to_compile(["07", "09", "07-varlen"], [96, 128], ["float16"])
+    assert ("07", 96, "float16") in items and ("07-varlen", 96, "float16") in items
+    assert ("09", 96, "float16") not in items and ("09", 128, "float16") in items
+
+
+# ---------------------------------------------------------------------------------------------
+# On the GPU (FLASHCORE_GPU=1 python3 -m pytest -m gpu): the real tiles, longer sequences
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", range(8, 257, 8))
+def test_phase07_every_head_dim_on_gpu(D):
+    for causal, (S_q, S_k) in ((False, (300, 450)), (True, (517, 517))):
+        q, k, v = random_qkv((2, 4, S_q, D), S_k, heads_kv=2)
+        out = run_poisoned(q, k, v, causal)
+        k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+        verdict = check_close(out, reference_attention(q, k2, v2, causal=causal),
+                              lowp_attention(q, k2, v2, causal=causal))
+        assert verdict.ok, f"phase 07 D={D} causal={causal}: {verdict.message}"
