@@ -146,8 +146,9 @@ lesson.show_ptx("mma_sync.ptx", "flashcore_mma_f16")
 lesson.show_ptx("ldmatrix.ptx", "flashcore_ldmatrix_x4")
 
 # %% [markdown]
-# The copy of a tile by `cp.async`. A tile is 16-byte chunks; thread t copies chunk t % CHUNKS of
-# every ROWS_PER_PASS-th row. Only the last tile of a sequence can reach past its end, so only that
+# The copy of a tile by `cp.async`. A tile is 16-byte chunks; thread t copies chunk t % LANES of
+# every ROWS_PER_PASS-th row (LANES is the row's chunks, CHUNKS, rounded up to a power of two: they
+# differ at head dims such as 96, see the [appendix](#appendix-tuning-notes)). Only the last tile of a sequence can reach past its end, so only that
 # tile checks each row (and zero-fills the rows past the end). Every other tile takes the first
 # branch, where a thread's copies sit at fixed offsets from one address and the copy instruction adds
 # the offset itself. Why that split matters: [appendix](#appendix-tuning-notes).
@@ -271,6 +272,23 @@ lesson.show_solution()
 # kernel is built, one inlined call per k-step: [NVVM](../docs/glossary.md#nvvm) had left a loop of 16 `mma` per step
 # rolled, each waiting on the `ldmatrix` just before it. And a tile's scores are straight-line code
 # from the products to one vote per warp: the mask is one branch around the whole tile.
+#
+# ### Other head dims: how the tiles follow from D
+#
+# Models use head dims from 32 to 256 (ViTs 40 and 80, Phi-3 96, Gemma 256), and this kernel is
+# built for any multiple of 8 up to 256. Two functions decide its tiles. The tiles are laid out for D
+# rounded up to a multiple of 32, the extra columns zero; and the tile shape follows from the
+# registers, since a lane holds M_TILES x D_TILE / 2 accumulators of O:
+
+# %%
+lesson.show_source(phase.tile_head_dim, phase.gpu_tiles)
+
+# %% [markdown]
+# The rest adapts by itself: `layout` derives every count from D_TILE, the copy gives a row
+# CHUNKS rounded up to a power of two of lanes (at D = 96, 12 chunks and 16 lanes, four idle) and
+# copies 0 bytes, which the copy fills with zeros, into the columns past D, and the epilogue stores
+# only the output's D columns. On a GPU that runs phase 09, `attention(phase="best")` runs this
+# phase at a head dim phase 09 is not built for.
 #
 # ### The copy's checks
 #

@@ -65,16 +65,7 @@ SIM_TILES = {  # the simulator runs one Python thread per CUDA thread: one warp 
     128: dict(block_m=32, block_n=32, warps=1),  # Q read again at every k-step
 }
 
-# Other head dims (models use 32 to 256: ViTs 40 and 80, Phi-3 96, Gemma 256). The tiles are laid out
-# for D rounded up to a multiple of 32, D_TILE (as FlashAttention-2 rounds D up to its tile sizes):
-# the columns past D are zero in shared memory (the copies fill them with zeros), so they add nothing
-# to q·kᵀ, and the output columns past D are never stored. The tile shape follows from the
-# registers: a lane holds M_TILES * D_TILE / 2 accumulators of O, so up to D_TILE = 128 a warp keeps
-# two m-tiles, with D = 64's tiles below 64 and D = 128's above; past 128 each of 8 warps takes one
-# m-tile of the 128 rows (at D_TILE = 256: 128 accumulators, as two m-tiles at D = 128), 48 keys per
-# tile. Assembled for sm_90a (flashcore_numba.measure.machine_code), none spills: D = 32 189
-# registers, 96 235, 160 164, 192 167, 256 240 (with 64 keys per tile D = 32 spills and D = 96 takes
-# 247). These shapes are chosen from registers alone: they are not yet timed against other shapes.
+# Other head dims (models use 32 to 256: ViTs 40 and 80, Phi-3 96, Gemma 256): `gpu_tiles`.
 MAX_HEAD_DIM = 256
 HEAD_DIMS_TEXT = "any multiple of 8 from 8 to 256"
 
@@ -86,19 +77,38 @@ def runs_head_dim(HEAD_DIM: int) -> bool:
 
 
 def tile_head_dim(HEAD_DIM: int) -> int:
-    """D_TILE: the head dim the tiles are laid out for, HEAD_DIM rounded up to a multiple of 32."""
+    """D_TILE: the head dim the tiles are laid out for, HEAD_DIM rounded up to a multiple of 32 (as
+    FlashAttention-2 rounds D up to its tile sizes). The columns past HEAD_DIM are zero in shared
+    memory (the copies fill them with zeros), so they add nothing to q·kᵀ, and the output's columns
+    past HEAD_DIM are never stored: D = 40 costs what D = 64 costs."""
     return -(-HEAD_DIM // 32) * 32
 
 
-def tiles(HEAD_DIM: int) -> dict:
+def gpu_tiles(HEAD_DIM: int) -> dict:
+    """The tile shape on the GPU: block_m query rows in `warps` warps, block_n keys per tile.
+
+    It follows from the registers. A lane holds M_TILES x D_TILE / 2 accumulators of O (M_TILES =
+    block_m / (16 warps) m-tiles of 16 rows per warp), and 255 registers are all a thread has. Up to
+    D_TILE = 128 a warp keeps two m-tiles (each K or V fragment it reads feeds two products), with
+    D = 64's tiles below 64 and D = 128's above. Past 128, eight warps take one m-tile each of the
+    block's 128 rows: at D_TILE = 256 that is 128 accumulators, as two m-tiles hold at D = 128, with
+    48 keys per tile. Assembled for sm_90a (flashcore_numba.measure.machine_code), none spills: D = 32
+    189 registers, 40 242, 96 235, 160 164, 192 169, 224 236, 256 240 (with 64 keys per tile D = 32 spills and
+    D = 96 takes 247). These shapes are chosen from registers alone: they are not yet timed against
+    other shapes."""
     D_TILE = tile_head_dim(HEAD_DIM)
-    if D_TILE in (64, 128):
-        return (SIM_TILES if simulator_enabled() else TILES)[D_TILE]
+    if D_TILE <= 128:
+        return TILES[64 if D_TILE <= 64 else 128]
+    return dict(block_m=128, block_n=48, warps=8)  # one m-tile per warp
+
+
+def tiles(HEAD_DIM: int) -> dict:
+    """The tile shape where the kernel runs: the GPU's (gpu_tiles), or in the simulator one warp of
+    two m-tiles, 32 keys per tile."""
+    D_TILE = tile_head_dim(HEAD_DIM)
     if simulator_enabled():
-        return dict(block_m=32, block_n=32, warps=1)
-    if D_TILE < 128:
-        return TILES[64 if D_TILE < 64 else 128]
-    return dict(block_m=128, block_n=48, warps=8)  # one m-tile per warp: D_TILE / 2 accumulators of O
+        return SIM_TILES.get(D_TILE, dict(block_m=32, block_n=32, warps=1))
+    return gpu_tiles(HEAD_DIM)
 
 
 def layout(HEAD_DIM, block_m, block_n, warps):
