@@ -31,7 +31,7 @@ import numpy as np
 
 from .arch.sim import simulator_enabled
 from .phases import (PHASES, build, cc_reason, get_phase, head_dims_text, min_cc, supports_gqa, supports_head_dim,
-                     supports_lse)
+                     supports_lse, supports_value_dim)
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E
 from .phases.p11_backward import HEAD_DIMS as BACKWARD_HEAD_DIMS
@@ -89,8 +89,12 @@ def _validate(ops, phase, causal, scale, return_lse=False):
     for op in (k, v):
         if op.shape[0] != B:
             raise ValueError(f"{op.name}: batch size {op.shape[0]} differs from q's {B} (shape {op.shape})")
-        if op.shape[3] != D:
-            raise ValueError(f"{op.name}: head dim {op.shape[3]} differs from q's {D} (shape {op.shape})")
+    if k.shape[3] != D:
+        raise ValueError(f"k: head dim {k.shape[3]} differs from q's {D} (shape {k.shape})")
+    if v.shape[3] != D and not supports_value_dim(phase):  # (MLA: phase 07 takes v's head dim of its own)
+        raise ValueError(f"v: head dim {v.shape[3]} differs from q's {D} (shape {v.shape}); phase {phase.ID} "
+                         f"takes one head dim for q, k and v (phase 07 takes v's of its own: "
+                         f"{head_dims_text(PHASES['07'])})")
     if v.shape[1:3] != k.shape[1:3]:
         raise ValueError(f"v: heads and length {v.shape[1:3]} differ from k's {k.shape[1:3]}")
     if k.shape[1] != H:
@@ -99,11 +103,12 @@ def _validate(ops, phase, causal, scale, return_lse=False):
                              f"head counts (grouped-query attention arrives with phase 07)")
         if H % k.shape[1]:
             raise ValueError(f"k: {k.shape[1]} key/value heads must divide q's {H} heads")
-    if not supports_head_dim(phase, D):
-        wider = PHASES["07"]  # the phase built for every head dim it can be
-        also = "" if phase is wider else f"; phase 07 takes {head_dims_text(wider)}"
-        raise ValueError(f"q: head dim {D} is not supported by phase {phase.ID} (it takes {head_dims_text(phase)})"
-                         f"{also}")
+    for op in (q, v):
+        if not supports_head_dim(phase, op.shape[3]):
+            wider = PHASES["07"]  # the phase built for every head dim it can be
+            also = "" if phase is wider else f"; phase 07 takes {head_dims_text(wider)}"
+            raise ValueError(f"{op.name}: head dim {op.shape[3]} is not supported by phase {phase.ID} (it takes "
+                             f"{head_dims_text(phase)}){also}")
 
 
 def require_device(phase):
@@ -120,10 +125,11 @@ def require_device(phase):
         raise RuntimeError(f"{reason}; pass phase='best' for the fastest phase this GPU can run")
 
 
-def best_for_this_gpu(head_dim=None):
+def best_for_this_gpu(head_dim=None, value_dim=None):
     """"best": the registry's best kernel, or on a GPU that cannot run it the newest phase it can.
     With `head_dim`, the newest of those built for it: phase 07 for the head dims other than 64 and
-    128 (phases.supports_head_dim); where none is, the answer without it (the validation says why)."""
+    128 (phases.supports_head_dim), and for a `value_dim` (v's head dim) other than head_dim; where
+    none is, the answer without them (the validation says why)."""
     best = get_phase("best")
     cc = None
     if not simulator_enabled():
@@ -133,8 +139,11 @@ def best_for_this_gpu(head_dim=None):
             cc = tuple(cuda.get_current_device().compute_capability)
 
     def runs(p, with_head_dim=True):
+        own_value_dim = value_dim is not None and value_dim != head_dim
         return ((cc is None or cc_reason(p, cc) is None)
-                and (not with_head_dim or head_dim is None or supports_head_dim(p, head_dim)))
+                and (not with_head_dim or head_dim is None or supports_head_dim(p, head_dim))
+                and (not with_head_dim or not own_value_dim or (supports_value_dim(p)
+                                                                and supports_head_dim(p, value_dim))))
 
     for with_head_dim in (True, False):
         if runs(best, with_head_dim):
@@ -148,7 +157,7 @@ def best_for_this_gpu(head_dim=None):
 _BACKWARD_CHECKED: set = set()  # (phase, q's device) where require_backward has passed
 
 
-def require_backward(phase, device=None, head_dim=None) -> None:
+def require_backward(phase, device=None, head_dim=None, value_dim=None) -> None:
     """A call that needs gradients must run a phase that writes the log-sum-exp: "best" does, unless
     the GPU is too old for phase 07. Checked before the call, and inside flashcore::attention_train
     (runtime/torch_ops.py), which runs eagerly even under torch.compile (numba's device queries
@@ -156,11 +165,16 @@ def require_backward(phase, device=None, head_dim=None) -> None:
     tensors' device given, a phase that passed for it once is not asked about again (the question
     costs about 9 us of Numba's device queries, docs/tuning/call_path.md run 11). Where a phase
     without the LSE slipped through, the forward's validation (return_lse) still refuses it. With
-    `head_dim`, it must be one the backward is built for (BACKWARD_HEAD_DIMS)."""
+    `head_dim`, it must be one the backward is built for (BACKWARD_HEAD_DIMS), and v's (`value_dim`)
+    the same."""
     if head_dim is not None and head_dim not in BACKWARD_HEAD_DIMS:
         raise ValueError(f"q: requires grad, but the backward is built for head dims "
                          f"{' and '.join(map(str, BACKWARD_HEAD_DIMS))}, not {head_dim} (the forward takes it); "
                          f"call it under torch.no_grad() for the forward alone")
+    if value_dim is not None and head_dim is not None and value_dim != head_dim:
+        raise ValueError(f"v: requires grad, but the backward takes one head dim for q, k and v, not {head_dim} "
+                         f"and {value_dim} (the forward takes them); call it under torch.no_grad() for the "
+                         f"forward alone")
     key = (phase, device) if isinstance(phase, (str, int)) and device is not None else None
     if key in _BACKWARD_CHECKED:
         return
@@ -237,7 +251,8 @@ def torch_call(q, k, v, causal, scale, phase, return_lse=False):
         plan = _PLANS.keep(key, make_plan(q, k, v, causal, scale, phase, return_lse))
     if plan is _NUMBA_LAUNCH:
         return _launch(q, k, v, causal, scale, phase, return_lse)
-    out = torch.empty_like(q)  # q is contiguous (the key says so): so is out
+    # q is contiguous (the key says so): so is out; v's head dim where it has one of its own (MLA)
+    out = torch.empty_like(q) if plan.out_shape is None else q.new_empty(plan.out_shape)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     plan(q, k, v, out, current_stream(plan.device_index), lse)  # in the device's context, from any thread
     return (out, lse) if return_lse else out
@@ -254,7 +269,7 @@ def make_plan(q, k, v, causal, scale, phase, return_lse=False):
     from .runtime import Plan
 
     return Plan(kernel.ID, ops[0].shape[3], ops[0].dtype, ops[0].shape, ops[1].shape, bool(causal), qk_scale,
-                q.device.index or 0, return_lse=bool(return_lse))
+                q.device.index or 0, return_lse=bool(return_lse), value_dim=ops[2].shape[3])
 
 
 def _resolve(q, k, v, causal, scale, phase, return_lse=False):
@@ -263,8 +278,9 @@ def _resolve(q, k, v, causal, scale, phase, return_lse=False):
     if not best:
         phase = get_phase(phase)
     ops = tuple(describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
-    if best:  # the newest phase the GPU runs that is built for q's head dim
-        phase = best_for_this_gpu(ops[0].shape[-1] if len(ops[0].shape) == 4 else None)
+    if best:  # the newest phase the GPU runs that is built for q's head dim (and v's)
+        dims = [op.shape[-1] if len(op.shape) == 4 else None for op in (ops[0], ops[2])]
+        phase = best_for_this_gpu(*dims)
     _validate(ops, phase, causal, scale, return_lse)
     _, H, S_q, D = ops[0].shape
     if best and not simulator_enabled():  # the simulator has no speed to choose by
@@ -324,14 +340,15 @@ def _launch(q, k, v, causal, scale, phase, return_lse=False):
     """Validate and launch through Numba: NumPy arrays, Numba device arrays, and the simulator."""
     phase, ops, qk_scale = _resolve(q, k, v, causal, scale, phase, return_lse)
     B, H, Sq, D = ops[0].shape
-    config = build(phase, D, ops[0].dtype)
+    Dv = ops[2].shape[3]  # the output's head dim: v's (MLA: other than q's)
+    config = build(phase, D, ops[0].dtype, value_dim=Dv)
     kind = ops[0].kind
 
     if kind == "torch":
         import torch
         from numba import cuda
 
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty((B, H, Sq, Dv), dtype=q.dtype, device=q.device)
         lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if return_lse else None
         with cuda.gpus[q.device.index or 0]:
             stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
@@ -344,12 +361,12 @@ def _launch(q, k, v, causal, scale, phase, return_lse=False):
 
     lse = cuda.device_array((B, H, Sq), dtype=np.float32) if return_lse else None
     if kind == "numba":
-        out = cuda.device_array(q.shape, dtype=q.dtype)
+        out = cuda.device_array((B, H, Sq, Dv), dtype=q.dtype)
         config.launch(q, k, v, out, causal, qk_scale, lse=lse)
         return (out, lse) if return_lse else out
 
     dq, dk, dv = (cuda.to_device(x) for x in (q, k, v))
-    dout = cuda.device_array(q.shape, dtype=q.dtype)
+    dout = cuda.device_array((B, H, Sq, Dv), dtype=q.dtype)
     config.launch(dq, dk, dv, dout, causal, qk_scale, lse=lse)
     return (dout.copy_to_host(), lse.copy_to_host()) if return_lse else dout.copy_to_host()
 

@@ -217,7 +217,7 @@ def test_eager_gradients_go_through_one_forward_and_one_backward(monkeypatch):
 
     monkeypatch.setattr(torch_ops, "_forward", forward)
     monkeypatch.setattr(torch_ops, "attention_backward", backward)
-    monkeypatch.setattr(torch_ops, "_check_backward", lambda phase, device=None, head_dim=None: calls.append(("check", phase)))
+    monkeypatch.setattr(torch_ops, "_check_backward", lambda phase, device=None, head_dim=None, value_dim=None: calls.append(("check", phase)))
     q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float16, requires_grad=True) for _ in range(3))
     out = api.attention(q, k, v, causal=True, scale=0.5, phase="07", deterministic=True)
     assert out.grad_fn is not None and torch.equal(out, q.detach() * 2)
@@ -244,7 +244,7 @@ def test_the_backward_check_asks_the_gpu_once_per_phase_and_device(monkeypatch):
 
     asked = []
     monkeypatch.setattr(api, "_BACKWARD_CHECKED", set())
-    monkeypatch.setattr(api, "best_for_this_gpu", lambda head_dim=None: asked.append("best") or api.get_phase("07"))
+    monkeypatch.setattr(api, "best_for_this_gpu", lambda *dims: asked.append("best") or api.get_phase("07"))
     for _ in range(3):
         api.require_backward("best", "cuda:0")
     api.require_backward("best", "cuda:1")
@@ -398,7 +398,7 @@ def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
         raise RuntimeError("stop")
 
     monkeypatch.setattr(api, "simulator_enabled", lambda: False)
-    monkeypatch.setattr(api, "best_for_this_gpu", lambda head_dim=None: api.get_phase("09"))
+    monkeypatch.setattr(api, "best_for_this_gpu", lambda *dims: api.get_phase("09"))
     monkeypatch.setattr(api, "require_device", stop)
     shapes = ((512, True, 64), (4096, True, 64), (1024, False, 64), (512, False, 128), (1, True, 64))
     for table, expected in (({}, ["09", "09", "09", "09", "10"]), ({(64, True): 512}, ["08", "09", "09", "09", "10"])):

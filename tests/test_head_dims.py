@@ -2,8 +2,9 @@
 for D rounded up to a multiple of 32, the columns past D zero), and attention(), attention_varlen and
 `flashcore compile` send such a head dim there.
 
-In the simulator (GPU: the `gpu` tests at the end). Every case has tails (S_q and S_k not multiples
-of the tile), grouped-query heads and a poisoned output: a store past a row's D columns lands in the
+In the simulator (GPU: the `gpu` tests). Every case has tails (S_q and S_k not multiples
+of the tile), grouped-query heads and a poisoned output (and, further down, v with a head dim of its
+own, as MLA has): a store past a row's D columns lands in the
 next row, which the reference then catches (and past the last one, outside the array). The default
 run takes head dims of each kind: below 32, rounded up to 64, 96 (twelve chunks a row, not a power
 of two), past 128 (one m-tile per warp) and 256; every multiple of 8 from 8 to 256 is the slow sweep.
@@ -12,7 +13,7 @@ of two), past 128 (one m-tile per warp) and 256; every multiple of 8 from 8 to 2
 import numpy as np
 import pytest
 
-from flashcore_numba import check_close, lowp_attention, reference_attention
+from flashcore_numba import attention, check_close, lowp_attention, reference_attention
 from flashcore_numba.phases import PHASES, head_dims_text, supports_head_dim
 from flashcore_numba.phases import p07_mma_sync as p07
 from flashcore_numba.reference import random_qkv
@@ -87,8 +88,6 @@ def test_best_runs_phase_07_where_the_newer_phases_are_not_built_for_the_head_di
 
 
 def test_attention_runs_a_head_dim_of_96_on_best():
-    from flashcore_numba import attention
-
     q, k, v = random_qkv((1, 2, 20, 96), 33, heads_kv=1)
     out, lse = attention(q, k, v, causal=True, return_lse=True)
     k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
@@ -104,8 +103,6 @@ def test_attention_runs_a_head_dim_of_96_on_best():
     (264, "07", r"q: head dim 264 is not supported by phase 07"),
 ])
 def test_a_head_dim_no_phase_takes_is_refused_by_name(D, phase, message):
-    from flashcore_numba import attention
-
     q = np.zeros((1, 1, 4, D), np.float16)
     with pytest.raises(ValueError, match=message):
         attention(q, q, q, phase=phase)
@@ -160,3 +157,100 @@ def test_phase07_every_head_dim_on_gpu(D):
         verdict = check_close(out, reference_attention(q, k2, v2, causal=causal),
                               lowp_attention(q, k2, v2, causal=causal))
         assert verdict.ok, f"phase 07 D={D} causal={causal}: {verdict.message}"
+
+
+# ---------------------------------------------------------------------------------------------
+# A value head dim of its own (MLA: 192 for q and k, 128 for v and the output)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("D, Dv, causal", [(192, 128, True), (64, 256, False),
+                                           pytest.param(96, 40, True, marks=pytest.mark.slow)])
+def test_phase07_takes_a_value_head_dim_of_its_own(D, Dv, causal):
+    """q and k of head dim D, v of Dv: the output is (B, H, S_q, Dv). (64, 256): a narrow K beside a
+    wide V; (96, 40): a V rounded up, its copy given more lanes than its chunks."""
+    rng = np.random.default_rng()
+    q = rng.standard_normal((1, 2, 37, D)).astype(np.float16)
+    k = rng.standard_normal((1, 1, 45, D)).astype(np.float16)
+    v = rng.standard_normal((1, 1, 45, Dv)).astype(np.float16)
+    out = run_poisoned_mla(q, k, v, causal)
+    k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    verdict = check_close(out, reference_attention(q, k2, v2, causal=causal), lowp_attention(q, k2, v2, causal=causal))
+    assert out.shape == (1, 2, 37, Dv) and verdict.ok, f"D={D} Dv={Dv}: {verdict.message}"
+
+
+def run_poisoned_mla(q, k, v, causal):
+    from numba import cuda
+
+    from flashcore_numba.phases.common import LOG2E
+
+    D, Dv = q.shape[-1], v.shape[-1]
+    out = cuda.to_device(np.full((*q.shape[:3], Dv), np.nan, dtype=np.float16))
+    p07.build(D, value_dim=Dv).launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal,
+                                      LOG2E / np.sqrt(D))
+    return out.copy_to_host()
+
+
+def test_attention_with_a_value_head_dim_of_its_own_runs_phase_07():
+    from flashcore_numba import api
+
+    q, k, _ = random_qkv((1, 2, 20, 192), 27, heads_kv=1)
+    v = np.random.default_rng().standard_normal((1, 1, 27, 128)).astype(np.float16)
+    out, lse = attention(q, k, v, causal=True, return_lse=True)
+    k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    verdict = check_close(out, reference_attention(q, k2, v2, causal=True), lowp_attention(q, k2, v2, causal=True))
+    assert out.shape == (1, 2, 20, 128) and verdict.ok, verdict.message
+    assert api.best_for_this_gpu(192, 128).ID == "07" and api.best_for_this_gpu(128, 128).ID != "07"
+    assert api.best_for_this_gpu(128, 64).ID == "07"
+
+
+@pytest.mark.parametrize("Dv, phase, message", [
+    (64, "09", r"v: head dim 64 differs from q's 128 .*; phase 09 takes one head dim for q, k and v \(phase 07 "
+               r"takes v's of its own: any multiple of 8"),
+    (100, "07", r"v: head dim 100 is not supported by phase 07"),
+    (100, "best", r"v: head dim 100 differs from q's 128"),
+])
+def test_a_value_head_dim_no_phase_takes_is_refused_by_name(Dv, phase, message):
+    q = np.zeros((1, 1, 4, 128), np.float16)
+    with pytest.raises(ValueError, match=message):
+        attention(q, q, np.zeros((1, 1, 4, Dv), np.float16), phase=phase)
+
+
+def test_the_backward_and_varlen_refuse_a_value_head_dim_of_their_own():
+    from flashcore_numba import api
+    from flashcore_numba.inference import attention_varlen
+
+    with pytest.raises(ValueError, match="v: requires grad, but the backward takes one head dim for q, k and v, not "
+                                         "128 and 64"):
+        api.require_backward("best", None, 128, 64)
+    q = np.zeros((8, 1, 192), np.float16)
+    cu = np.array([0, 8], np.int32)
+    with pytest.raises(ValueError, match="v: shape"):
+        attention_varlen(q, q, np.zeros((8, 1, 128), np.float16), cu, cu, 8, 8)
+
+
+def test_a_value_head_dim_has_its_own_cache_identity():
+    from flashcore_numba.phases import build
+
+    assert build(PHASES["07"], 192, "float16", value_dim=128).cache_key == ("07", 192, "float16", 128)
+    assert build(PHASES["07"], 192, "float16", value_dim=192).cache_key == ("07", 192, "float16")
+    with pytest.raises(ValueError, match="value head dim: phase 09 takes one head dim"):
+        build(PHASES["09"], 128, "float16", value_dim=64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, Dv", [(96, 96), (256, 256), (40, 40), (192, 128)])
+def test_attention_on_torch_at_other_head_dims_on_gpu(D, Dv):
+    """attention() on CUDA tensors (the plan's driver launch): phase 07 through "best", the output of
+    v's head dim, against the float64 reference; and the call again on the same plan."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng()
+    q = rng.standard_normal((2, 8, 300, D)).astype(np.float16)
+    k = rng.standard_normal((2, 4, 333, D)).astype(np.float16)
+    v = rng.standard_normal((2, 4, 333, Dv)).astype(np.float16)
+    k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    for causal in (False, True):
+        ref, lowp = reference_attention(q, k2, v2, causal=causal), lowp_attention(q, k2, v2, causal=causal)
+        for _ in range(2):
+            out = attention(*(torch.from_numpy(x).cuda() for x in (q, k, v)), causal=causal)
+            assert tuple(out.shape) == (2, 8, 300, Dv)
+            verdict = check_close(out.cpu().numpy(), ref, lowp)
+            assert verdict.ok, f"D={D} Dv={Dv} causal={causal}: {verdict.message}"

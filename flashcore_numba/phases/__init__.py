@@ -111,7 +111,7 @@ def dtypes(phase: ModuleType) -> tuple[str, ...]:
     return getattr(phase, "DTYPES", DEFAULT_DTYPES)
 
 
-def build(phase, head_dim: int, dtype: str = "float16"):
+def build(phase, head_dim: int, dtype: str = "float16", value_dim: int | None = None):
     """`phase.build(head_dim)`, or for another dtype `phase.build(head_dim, dtype=dtype)`.
 
     Phases 01-06 build fp16 kernels only and take no dtype; a phase whose DTYPES lists more
@@ -121,12 +121,19 @@ def build(phase, head_dim: int, dtype: str = "float16"):
     """
     if dtype not in dtypes(phase):
         raise ValueError(f"dtype: phase {phase.ID} supports {' and '.join(dtypes(phase))}, not {dtype}")
-    config = phase.build(head_dim) if dtype == DEFAULT_DTYPES[0] else phase.build(head_dim, dtype=dtype)
+    value_dim = None if value_dim == head_dim else value_dim
+    if value_dim is not None:  # V and O of a head dim of their own (MLA): phase 07 (supports_value_dim)
+        if not supports_value_dim(phase):
+            raise ValueError(f"value head dim: phase {phase.ID} takes one head dim for q, k and v")
+        config = phase.build(head_dim, dtype=dtype, value_dim=value_dim)
+    else:
+        config = phase.build(head_dim) if dtype == DEFAULT_DTYPES[0] else phase.build(head_dim, dtype=dtype)
     if not isinstance(config, KernelConfig):
         return config
     keyed = _KEYED.get(config)
     if keyed is None:  # the same kernel, named: its compiled code is kept on disk under this name (arch/cache.py)
-        keyed = _KEYED[config] = dataclasses.replace(config, cache_key=(phase.ID, int(head_dim), dtype))
+        identity = (phase.ID, int(head_dim), dtype) + (() if value_dim is None else (int(value_dim),))
+        keyed = _KEYED[config] = dataclasses.replace(config, cache_key=identity)
     return keyed
 
 
@@ -194,6 +201,12 @@ def supports_head_dim(phase, head_dim) -> bool:
     takes more (phase 07: `runs_head_dim`, any multiple of 8 up to 256), whatever that says."""
     runs = getattr(phase, "runs_head_dim", None)
     return bool(runs(head_dim)) if runs is not None else head_dim in phase.HEAD_DIMS
+
+
+def supports_value_dim(phase) -> bool:
+    """Whether `phase` takes v (and writes the output) with a head dim of its own, as MLA's 192 for q
+    and k and 128 for v: phase 07 (VALUE_HEAD_DIM)."""
+    return getattr(phase, "VALUE_HEAD_DIM", False)
 
 
 def head_dims_text(phase) -> str:

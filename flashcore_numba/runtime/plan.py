@@ -142,14 +142,18 @@ def load(config, dtype: str, device_index: int):
 
 
 class Plan:
-    """One problem's launch, settled; `plan(q, k, v, out, stream)` runs it on those tensors."""
+    """One problem's launch, settled; `plan(q, k, v, out, stream)` runs it on those tensors. `out_shape`:
+    the output's shape where it is not q's (v's head dim of its own, `value_dim`: MLA), else None."""
+
+    out_shape = None
 
     def __init__(self, kernel_id: str, head_dim: int, dtype: str, q_shape, k_shape, causal: bool, qk_scale: float,
-                 device_index: int, return_lse: bool = False):
+                 device_index: int, return_lse: bool = False, value_dim: int | None = None):
         import torch
         from numba import cuda
 
-        config = build(get_phase(kernel_id), head_dim, dtype)
+        value_dim = head_dim if value_dim is None else value_dim
+        config = build(get_phase(kernel_id), head_dim, dtype, value_dim=value_dim)
         with cuda.gpus[device_index]:
             self.grid = (tuple(config.grid(tuple(q_shape), causal, tuple(k_shape))) + (1, 1))[:3]
             self.splits = config.split_keys(tuple(q_shape), tuple(k_shape), causal) if config.split_keys else None
@@ -160,8 +164,11 @@ class Plan:
         self.tma_box = config.tma_box
         self.looping = config.work_units is not None
         B, H, S, D = q_shape
-        out = ArrayArg((B, H, S, D // 2), 4) if config.packed_output else ArrayArg(tuple(q_shape), 2)
-        args = [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(k_shape), 2), ArrayArg(tuple(k_shape), 2), out]
+        v_shape = (*tuple(k_shape)[:3], value_dim)
+        if value_dim != D:
+            self.out_shape = (B, H, S, value_dim)
+        out = ArrayArg((B, H, S, value_dim // 2), 4) if config.packed_output else ArrayArg((B, H, S, value_dim), 2)
+        args = [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(k_shape), 2), ArrayArg(v_shape, 2), out]
         self.return_lse = return_lse
         if config.lse:  # the (B, H, S_q) float32 log-sum-exp, or an empty array with no address
             args.append(ArrayArg((B, H, S) if return_lse else (0, 0, 0), 4))

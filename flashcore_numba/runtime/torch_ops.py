@@ -60,7 +60,7 @@ def custom_op(return_lse: bool = False):
 
         @attention_op.register_fake
         def _(q, k, v, causal, scale, phase):
-            return torch.empty_like(q)
+            return q.new_empty((*q.shape[:-1], v.shape[-1]))  # v's head dim (MLA: other than q's)
 
         @torch.library.custom_op("flashcore::attention_lse", mutates_args=(), schema=f"{args} -> (Tensor, Tensor)")
         def attention_lse_op(q, k, v, causal, scale, phase):
@@ -68,7 +68,7 @@ def custom_op(return_lse: bool = False):
 
         @attention_lse_op.register_fake
         def _(q, k, v, causal, scale, phase):
-            return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+            return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)
 
         _OP, _OP_LSE = attention_op, attention_lse_op
     return _OP_LSE if return_lse else _OP
@@ -87,7 +87,7 @@ def train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
         out, lse = _train_op()(q, k, v, causal, scale, phase if isinstance(phase, str) else str(phase),
                                bool(deterministic))
     else:
-        _check_backward(phase, q.device, q.shape[-1])
+        _check_backward(phase, q.device, q.shape[-1], v.shape[-1])
         out, lse = _train_function().apply(q, k, v, causal, scale, phase, bool(deterministic))
     return (out, lse) if return_lse else out
 
@@ -196,7 +196,7 @@ def _train_op():
 
         @torch.library.custom_op("flashcore::attention_train", mutates_args=(), schema=f"{args} -> (Tensor, Tensor)")
         def train_op(q, k, v, causal, scale, phase, deterministic):
-            _check_backward(phase, None, q.shape[-1])
+            _check_backward(phase, None, q.shape[-1], v.shape[-1])
             with torch.no_grad():
                 return _forward(q.detach(), k.detach(), v.detach(), causal, scale, phase, True)
 

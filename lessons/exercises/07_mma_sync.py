@@ -68,6 +68,7 @@ SIM_TILES = {  # the simulator runs one Python thread per CUDA thread: one warp 
 # Other head dims (models use 32 to 256: ViTs 40 and 80, Phi-3 96, Gemma 256): `gpu_tiles`.
 MAX_HEAD_DIM = 256
 HEAD_DIMS_TEXT = "any multiple of 8 from 8 to 256"
+VALUE_HEAD_DIM = True  # v (and the output) may have a head dim of its own (MLA: 192 for q and k, 128 for v)
 
 
 def runs_head_dim(HEAD_DIM: int) -> bool:
@@ -84,7 +85,7 @@ def tile_head_dim(HEAD_DIM: int) -> int:
     return -(-HEAD_DIM // 32) * 32
 
 
-def gpu_tiles(HEAD_DIM: int) -> dict:
+def gpu_tiles(HEAD_DIM: int, V_DIM: int | None = None) -> dict:
     """The tile shape on the GPU: block_m query rows in `warps` warps, block_n keys per tile.
 
     It follows from the registers. A lane holds M_TILES x D_TILE / 2 accumulators of O (M_TILES =
@@ -95,51 +96,70 @@ def gpu_tiles(HEAD_DIM: int) -> dict:
     48 keys per tile. Assembled for sm_90a (flashcore_numba.measure.machine_code), none spills: D = 32
     189 registers, 40 242, 96 235, 160 164, 192 169, 224 236, 256 240 (with 64 keys per tile D = 32 spills and
     D = 96 takes 247). These shapes are chosen from registers alone: they are not yet timed against
-    other shapes."""
-    D_TILE = tile_head_dim(HEAD_DIM)
+    other shapes. With V_DIM (V's and O's head dim, MLA), the wider of the two decides."""
+    D_TILE = tile_head_dim(max(HEAD_DIM, V_DIM or HEAD_DIM))
     if D_TILE <= 128:
         return TILES[64 if D_TILE <= 64 else 128]
     return dict(block_m=128, block_n=48, warps=8)  # one m-tile per warp
 
 
-def tiles(HEAD_DIM: int) -> dict:
+def tiles(HEAD_DIM: int, V_DIM: int | None = None) -> dict:
     """The tile shape where the kernel runs: the GPU's (gpu_tiles), or in the simulator one warp of
     two m-tiles, 32 keys per tile."""
     D_TILE = tile_head_dim(HEAD_DIM)
     if simulator_enabled():
         return SIM_TILES.get(D_TILE, dict(block_m=32, block_n=32, warps=1))
-    return gpu_tiles(HEAD_DIM)
+    return gpu_tiles(HEAD_DIM, V_DIM)
 
 
-def layout(HEAD_DIM, block_m, block_n, warps):
+def layout(HEAD_DIM, block_m, block_n, warps, V_DIM=None):
     """Every derived constant. Shared memory holds fp16 rows of STRIDE elements: Q (BLOCK_M rows),
     then two stages of K and V (BLOCK_N rows each); offsets are in bytes. The tiles are D_TILE
-    columns wide (HEAD_DIM rounded up to a multiple of 32), of which HEAD_DIM come from global memory."""
+    columns wide (HEAD_DIM rounded up to a multiple of 32), of which HEAD_DIM come from global memory.
+    V_DIM: the head dim of V and O where it differs from Q's and K's (MLA: 192 and 128), its rows
+    V_STRIDE elements; L["V_COPY"] holds what copies V (make_copy_tile), or None where V's rows are K's."""
     D_TILE = tile_head_dim(HEAD_DIM)
+    V_DIM = HEAD_DIM if V_DIM is None else V_DIM
+    DV_TILE = tile_head_dim(V_DIM)
     assert block_m % (MMA_M * warps) == 0 and block_n % MMA_K == 0 and D_TILE % MMA_K == 0
-    L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, BLOCK_M=block_m, BLOCK_N=block_n, NUM_WARPS=warps)
+    L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, V_DIM=V_DIM, DV_TILE=DV_TILE, BLOCK_M=block_m, BLOCK_N=block_n,
+             NUM_WARPS=warps)
     L["M_TILES"] = block_m // (MMA_M * warps)  # m-tiles of 16 rows per warp
     L["WARP_ROWS"] = MMA_M * L["M_TILES"]
     L["N_THREADS"] = 32 * warps
     L["STRIDE"] = D_TILE + PAD  # fp16 elements per shared-memory row
-    row_bytes = L["STRIDE"] * 2
+    L["V_STRIDE"] = DV_TILE + PAD  # ... of V's rows
+    row_bytes, v_row_bytes = L["STRIDE"] * 2, L["V_STRIDE"] * 2
     L["Q_OFF"] = 0
     L["K_OFF"] = block_m * row_bytes
     L["V_OFF"] = L["K_OFF"] + block_n * row_bytes
-    L["STAGE_BYTES"] = 2 * block_n * row_bytes  # stage s: K at K_OFF + s*STAGE_BYTES, V at V_OFF + ...
+    L["STAGE_BYTES"] = block_n * (row_bytes + v_row_bytes)  # stage s: K at K_OFF + s*STAGE_BYTES, V at V_OFF + ...
     L["SMEM_BYTES"] = L["K_OFF"] + 2 * L["STAGE_BYTES"]
-    L["CHUNKS"] = D_TILE // 8  # 16-byte chunks per row in shared memory
-    L["GLOBAL_CHUNKS"] = HEAD_DIM // 8  # ... and in global memory (fewer where D_TILE > HEAD_DIM)
-    L["CHUNK_LANES"] = 1 << (L["CHUNKS"] - 1).bit_length()  # threads per row: CHUNKS up to a power of two
-    L["ROWS_PER_PASS"] = L["N_THREADS"] // L["CHUNK_LANES"]  # rows the block's threads copy in one pass
+    L.update(copy_layout(HEAD_DIM, D_TILE, L["N_THREADS"], (block_m, block_n)))  # how the threads copy a row
     assert block_m % L["ROWS_PER_PASS"] == 0 and block_n % L["ROWS_PER_PASS"] == 0
+    L["V_COPY"] = None
+    if V_DIM != HEAD_DIM:
+        L["V_COPY"] = dict(STRIDE=L["V_STRIDE"], **copy_layout(V_DIM, DV_TILE, L["N_THREADS"], (block_n,)))
+        assert block_n % L["V_COPY"]["ROWS_PER_PASS"] == 0
     L["NT"] = block_n // MMA_N  # n-tiles of S per m-tile (8 keys each)
     L["KQ"] = D_TILE // MMA_K  # k-steps of Q·Kᵀ
     # k-steps of Q fragments a lane holds: all of them for the whole loop, or the current one
     L["Q_STEPS"] = L["KQ"] if L["M_TILES"] * L["KQ"] * 4 <= Q_REGS else 1
     L["KP"] = block_n // MMA_K  # k-steps of P·V
-    L["NO"] = D_TILE // MMA_N  # n-tiles of O (8 columns each)
+    L["NO"] = DV_TILE // MMA_N  # n-tiles of O (8 columns each)
     return L
+
+
+def copy_layout(dim: int, tile_dim: int, n_threads: int, tile_rows: tuple) -> dict:
+    """How make_copy_tile copies rows of `dim` elements into rows `tile_dim` wide: CHUNKS 16-byte chunks
+    a row in shared memory, GLOBAL_CHUNKS of them from global memory (fewer where `dim` was rounded
+    up), CHUNK_LANES threads a row (CHUNKS up to a power of two, or more where a pass of
+    ROWS_PER_PASS rows would not divide the tiles' rows, `tile_rows`: a narrow V beside a wide K)."""
+    chunks = tile_dim // 8
+    lanes = 1 << (chunks - 1).bit_length()
+    while any(rows % (n_threads // lanes) for rows in tile_rows):
+        lanes *= 2
+    return dict(CHUNKS=chunks, GLOBAL_CHUNKS=dim // 8, CHUNK_LANES=lanes, ROWS_PER_PASS=n_threads // lanes)
 
 
 def make_copy_tile(L):
@@ -249,7 +269,7 @@ def make_products(L, dtype="float16"):
     ldsm = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4", "inline")
     ldsm_t = ptx.function("ldmatrix.ptx", "flashcore_ldmatrix_x4_trans", "inline")
     M_TILES, NT, KQ, KP, NO, Q_STEPS = L["M_TILES"], L["NT"], L["KQ"], L["KP"], L["NO"], L["Q_STEPS"]
-    ROW_BYTES = L["STRIDE"] * 2
+    ROW_BYTES, V_ROW_BYTES = L["STRIDE"] * 2, L["V_STRIDE"] * 2
 
     @cuda.jit(device=True, inline=True)
     def mma_into(c, mt, j, a, kk, b0, b1):
@@ -288,7 +308,7 @@ def make_products(L, dtype="float16"):
         fragment serves the M_TILES m-tiles."""
         acc, p_frag, v_tile = args
         for kk in range(KP):
-            b0, b1, b2, b3 = ldsm_t(v_tile + kk * 16 * ROW_BYTES + jj * 32)
+            b0, b1, b2, b3 = ldsm_t(v_tile + kk * 16 * V_ROW_BYTES + jj * 32)
             for mt in range(M_TILES):
                 mma_into(acc, mt, 2 * jj, p_frag, kk, b0, b1)
                 mma_into(acc, mt, 2 * jj + 1, p_frag, kk, b2, b3)
@@ -363,8 +383,8 @@ def make_epilogue(L, dtype="float16", varlen=False):
     """store_block(...): the warp's rows of O, and of LSE when it is asked for."""
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
     st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
-    # 16-byte stores (common), of the HEAD_DIM / 8 blocks of a row that O has
-    store_rows, store_rows_at = fragment_epilogue_16b(pack, L["NO"], st_global_v4, L["HEAD_DIM"] // MMA_N)
+    # 16-byte stores (common), of the V_DIM / 8 blocks of a row that O has
+    store_rows, store_rows_at = fragment_epilogue_16b(pack, L["NO"], st_global_v4, L["V_DIM"] // MMA_N)
     global_address = operands.global_address
     M_TILES, VARLEN = L["M_TILES"], varlen
 
@@ -399,18 +419,21 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
     (make_products), the softmax of a tile (make_softmax_tile) and the epilogue (make_epilogue);
     `attend` below is the algorithm that wires them, one block's work."""
     VARLEN = varlen
+    OWN_V = L["V_COPY"] is not None  # V's head dim differs from K's (MLA): copied by copy_v, rows of V_DIM
+    assert not (VARLEN and OWN_V), "packed sequences take one head dim for q, k and v"
     commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
     wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
     shared_address, global_address = operands.shared_address, operands.global_address
     copy_tile = make_copy_tile(L)
+    copy_v = make_copy_tile(dict(L, **L["V_COPY"])) if OWN_V else copy_tile
     q_fragments, qk_steps, pv_steps = make_products(L, dtype)
     softmax_tile = make_softmax_tile(L, dtype)
     store_block = make_epilogue(L, dtype, varlen)
-    HEAD_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"]
+    HEAD_DIM, V_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["V_DIM"], L["BLOCK_M"], L["BLOCK_N"]
     M_TILES, WARP_ROWS = L["M_TILES"], L["WARP_ROWS"]
     STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KP, NO, Q_STEPS = L["NT"], L["KP"], L["NO"], L["Q_STEPS"]
-    N_THREADS, ROW_BYTES = L["N_THREADS"], STRIDE * 2
+    N_THREADS, ROW_BYTES, V_ROW_BYTES = L["N_THREADS"], STRIDE * 2, L["V_STRIDE"] * 2
 
     @cuda.jit(device=True, inline=True)
     def attend(Q, K, V, O, LSE, causal, qk_scale, CU_Q, CU_K):
@@ -444,6 +467,9 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
             head_q = uint64(((b * Q.shape[1] + h) * seq_q) * HEAD_DIM * 2)
             head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * HEAD_DIM * 2)
             q_first = 0
+        head_v, v_stride = head_kv, kv_stride
+        if OWN_V:  # V's rows are V_DIM elements
+            head_v, v_stride = uint64(((b * K.shape[1] + h_kv) * seq_k) * V_DIM * 2), V_DIM * 2
 
         # The lane's rows in m-tile mt: row_a = g and row_b = g + 8 of its 16 (elements 0, 1 and 2, 3
         # of every accumulator tile); m_i and l_i of each, per m-tile
@@ -474,7 +500,7 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
         copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, seq_q, tid, q_stride)
         if not VARLEN or seq_k > 0:  # (a sequence with no key has no row to copy from)
             copy_tile(smem, K_OFF, global_address(K), head_kv, 0, BLOCK_N, seq_k, tid, kv_stride)
-            copy_tile(smem, V_OFF, global_address(V), head_kv, 0, BLOCK_N, seq_k, tid, kv_stride)
+            copy_v(smem, V_OFF, global_address(V), head_v, 0, BLOCK_N, seq_k, tid, v_stride)
         commit()
         wait_all()
         cuda.syncthreads()
@@ -495,7 +521,7 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
         # K fragments of two n-tiles per ldmatrix: lane l gives key 8 (l // 16) + l % 8, dims 8 ((l // 8) % 2)
         k_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
         # V fragments (transposed) of two n-tiles: key 8 ((l // 8) % 2) + l % 8, dims 8 (l // 16)
-        v_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
+        v_lane = (((lane // 8) % 2) * 8 + lane % 8) * V_ROW_BYTES + (lane // 16) * 16
 
         stage = 0
         for start_n in range(int32(0), block_k_end, int32(BLOCK_N)):  # 32-bit: fewer registers
@@ -503,8 +529,8 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
             if next_n < block_k_end:  # -- the next tile flies into the other stage meanwhile
                 copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
                           seq_k, tid, kv_stride)
-                copy_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_kv, next_n, BLOCK_N,
-                          seq_k, tid, kv_stride)
+                copy_v(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_v, next_n, BLOCK_N,
+                       seq_k, tid, v_stride)
                 commit()
             k_tile = smem + K_OFF + stage * STAGE_BYTES + k_lane
             v_tile = smem + V_OFF + stage * STAGE_BYTES + v_lane
@@ -545,11 +571,17 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
 
 
 @lru_cache(maxsize=None)
-def build(HEAD_DIM: int, dtype: str = "float16", varlen: bool = False) -> KernelConfig:
+def build(HEAD_DIM: int, dtype: str = "float16", varlen: bool = False, value_dim: int | None = None) -> KernelConfig:
     """The kernel for head dim HEAD_DIM and `dtype` ("float16" or "bfloat16"); with `varlen`, the same
-    kernel on packed sequences of their own lengths (flashcore_numba.inference.attention_varlen)."""
+    kernel on packed sequences of their own lengths (flashcore_numba.inference.attention_varlen); with
+    `value_dim`, V and O of that head dim, Q and K of HEAD_DIM (MLA: 192 and 128)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 07 builds {' and '.join(DTYPES)}, not {dtype!r}")
-    if not runs_head_dim(HEAD_DIM):
-        raise ValueError(f"head dim: phase 07 builds {HEAD_DIMS_TEXT}, not {HEAD_DIM!r}")
-    return build_kernel(layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype, varlen)
+    for name, dim in (("head dim", HEAD_DIM), ("value head dim", value_dim)):
+        if dim is not None and not runs_head_dim(dim):
+            raise ValueError(f"{name}: phase 07 builds {HEAD_DIMS_TEXT}, not {dim!r}")
+    value_dim = None if value_dim == HEAD_DIM else value_dim
+    if varlen and value_dim is not None:
+        raise ValueError(f"value head dim: packed sequences take one head dim for q, k and v, not {HEAD_DIM} "
+                         f"and {value_dim}")
+    return build_kernel(layout(HEAD_DIM, **tiles(HEAD_DIM, value_dim), V_DIM=value_dim), dtype, varlen)
