@@ -254,3 +254,18 @@ def test_attention_on_torch_at_other_head_dims_on_gpu(D, Dv):
             assert tuple(out.shape) == (2, 8, 300, Dv)
             verdict = check_close(out.cpu().numpy(), ref, lowp)
             assert verdict.ok, f"D={D} Dv={Dv} causal={causal}: {verdict.message}"
+
+
+@pytest.mark.parametrize("D", [pytest.param(96, marks=pytest.mark.slow), 200])
+def test_phase07_bf16_at_other_head_dims(D):
+    """bf16 (the same kernel with the bf16 mma and conversions), inputs rounded to bf16 first; the
+    yardstick is the same attention rounded to bf16 (tests/test_phases.py's bf16 test)."""
+    from test_phases import run_bf16
+
+    from flashcore_numba.reference import round_to
+
+    q, k, v = (round_to(x, "bfloat16") for x in random_qkv((1, 1, 33, D), 41, dtype=np.float32))
+    out = run_bf16("07", q, k, v, True)
+    verdict = check_close(out, reference_attention(q, k, v, causal=True),
+                          lowp_attention(q, k, v, causal=True, dtype="bfloat16"))
+    assert verdict.ok, f"phase 07 bf16 D={D}: {verdict.message}"
