@@ -38,7 +38,8 @@ def run_poisoned(q, k, v, causal, config=None):
 
 
 def check_head_dim(D, causal, seed=None):
-    q, k, v = random_qkv((1, 2, 37, D), 45, heads_kv=1, seed=seed)  # tails; two query heads on one k/v head
+    # 20 query rows (fewer than a block), 40 keys (a tile and a tail); two query heads on one k/v head
+    q, k, v = random_qkv((1, 2, 20, D), 40, heads_kv=1, seed=seed)
     out = run_poisoned(q, k, v, causal)
     k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
     verdict = check_close(out, reference_attention(q, k2, v2, causal=causal), lowp_attention(q, k2, v2, causal=causal))
@@ -168,13 +169,13 @@ def test_phase07_takes_a_value_head_dim_of_its_own(D, Dv, causal):
     """q and k of head dim D, v of Dv: the output is (B, H, S_q, Dv). (64, 256): a narrow K beside a
     wide V; (96, 40): a V rounded up, its copy given more lanes than its chunks."""
     rng = np.random.default_rng()
-    q = rng.standard_normal((1, 2, 37, D)).astype(np.float16)
-    k = rng.standard_normal((1, 1, 45, D)).astype(np.float16)
-    v = rng.standard_normal((1, 1, 45, Dv)).astype(np.float16)
+    q = rng.standard_normal((1, 2, 20, D)).astype(np.float16)
+    k = rng.standard_normal((1, 1, 40, D)).astype(np.float16)
+    v = rng.standard_normal((1, 1, 40, Dv)).astype(np.float16)
     out = run_poisoned_mla(q, k, v, causal)
     k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
     verdict = check_close(out, reference_attention(q, k2, v2, causal=causal), lowp_attention(q, k2, v2, causal=causal))
-    assert out.shape == (1, 2, 37, Dv) and verdict.ok, f"D={D} Dv={Dv}: {verdict.message}"
+    assert out.shape == (1, 2, 20, Dv) and verdict.ok, f"D={D} Dv={Dv}: {verdict.message}"
 
 
 def run_poisoned_mla(q, k, v, causal):
@@ -264,7 +265,7 @@ def test_phase07_bf16_at_other_head_dims(D):
 
     from flashcore_numba.reference import round_to
 
-    q, k, v = (round_to(x, "bfloat16") for x in random_qkv((1, 1, 33, D), 41, dtype=np.float32))
+    q, k, v = (round_to(x, "bfloat16") for x in random_qkv((1, 1, 20, D), 40, dtype=np.float32))
     out = run_bf16("07", q, k, v, True)
     verdict = check_close(out, reference_attention(q, k, v, causal=True),
                           lowp_attention(q, k, v, causal=True, dtype="bfloat16"))
