@@ -6,6 +6,8 @@ docs/tuning/02-05_history.md. Run on a GPU machine:
 
     python3 tools/sweep_tiles.py [phases|sweep|all]      # D=64;  D=128 python3 tools/sweep_tiles.py sweep
     python3 tools/sweep_tiles.py 07                      # phase 07's (BLOCK_M, BLOCK_N, warps); D=128 too
+    D=96 python3 tools/sweep_tiles.py 07                 # any head dim phase 07 builds (p07.gpu_tiles), and
+                                                         # torch SDPA's default dispatch beside it
 """
 import sys, time, math, json, os, dataclasses
 import numpy as np, torch
@@ -83,10 +85,27 @@ if which == "07":
     P07 = {64: [(64, 32, 4, 0), (128, 64, 8, 0), (128, 64, 8, 128), (64, 64, 4, 0), (128, 64, 4, 0),
                 (128, 32, 4, 0)],
            128: [(64, 32, 4, 0), (64, 64, 4, 0), (128, 64, 8, 0), (128, 64, 8, 128)]}
-    for bm, bn, nw, cap in P07[D]:
+    # other head dims: gpu_tiles' choice first (from registers alone), then its neighbours
+    wide = p7.tile_head_dim(D) > 128
+    others = [(128, 48, 8, 0), (128, 32, 8, 0), (128, 64, 8, 0), (64, 32, 4, 0)] if wide else \
+             [(128, 64, 4, 0), (128, 48, 4, 0), (128, 32, 4, 0), (64, 32, 4, 0)]
+    chosen = tuple(p7.gpu_tiles(D)[key] for key in ("block_m", "block_n", "warps")) + (0,)
+    for bm, bn, nw, cap in P07.get(D) or [chosen] + [c for c in others if c != chosen]:
         L = p7.layout(D, bm, bn, nw)
         cfg = p7.build_kernel(L)
         run(f"07 D{D} bm{bm} bn{bn} w{nw} m_tiles{L['M_TILES']}" + (f" cap{cap}" if cap else ""),
             capped(cfg, cap) if cap else cfg)
+if which == "07":  # torch SDPA as it dispatches by itself (FlashAttention-2 or cuDNN at most head dims)
+    for causal in (False, True):
+        f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        f(); torch.cuda.synchronize()
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        for _ in range(10):
+            f()
+        en.record(); torch.cuda.synchronize()
+        ms = st.elapsed_time(en) / 10
+        line = f"sdpa D{D} {'causal' if causal else 'nc'} {4 * B * H * S * S * D * (0.5 if causal else 1) / ms / 1e9:7.2f} TF"
+        print(line, flush=True); rows.append(line)
 print("\n==== summary ====")
 for r in rows: print(r)
