@@ -162,6 +162,9 @@ def _build_parser() -> Parser:
     bench.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     bench.add_argument("--kv-heads", type=_positive_int, default=None,
                        help="K/V heads, fewer than H for grouped-query attention (default: H)")
+    bench.add_argument("--value-dim", type=_positive_int, default=None, metavar="D_V",
+                       help="v's (and the output's) head dim where it is not D's, as MLA's 128 beside D = 192 "
+                            "(phase 07 and the SDPA backends that take it)")
     bench.add_argument("--sweep", action="store_true",
                        help="run S = 512 .. 16384 (powers of two), keeping B*S of --shape")
     bench.add_argument("--sweep-s", type=_positive_ints, default=None,
@@ -630,7 +633,11 @@ def cmd_bench(args) -> int:
     shape = args.shape or bench.REFERENCE_SHAPE
     if args.kv_heads is not None and shape[1] % args.kv_heads:
         raise CLIError(f"--kv-heads {args.kv_heads}: must divide the {shape[1]} query heads of --shape")
-    problem = bench.Problem.from_shape(shape, dtype=dtype, causal=args.causal, kv_heads=args.kv_heads)
+    problem = bench.Problem.from_shape(shape, dtype=dtype, causal=args.causal, kv_heads=args.kv_heads,
+                                       value_dim=args.value_dim)
+    if problem.D_v is not None and (args.first_call or args.backward or args.varlen or args.kvcache
+                                    or args.serving):
+        raise CLIError("--value-dim: the forward's benchmark only (one head dim for q, k and v elsewhere)")
     if args.seq_k is not None:
         problem = dataclasses.replace(problem, S_k=args.seq_k)
     if args.first_call:

@@ -414,16 +414,16 @@ def scaled_to_logits(q, k, logits: float):
     return q * factor, k * factor
 
 
-def random_qkv(shape_q, seq_k=None, *, seed=None, dtype=np.float16, scale=1.0, heads_kv=None):
+def random_qkv(shape_q, seq_k=None, *, seed=None, dtype=np.float16, scale=1.0, heads_kv=None, value_dim=None):
     """Fresh random (q, k, v) NumPy arrays of shape (B, H, S, D), normal * `scale`; k and v
-    have `heads_kv` heads when given (grouped-query attention)."""
+    have `heads_kv` heads when given (grouped-query attention), v `value_dim` columns when given (MLA)."""
     B, H, Sq, D = shape_q
     Sk = Sq if seq_k is None else seq_k
     rng = np.random.default_rng(seed)
     Hk = H if heads_kv is None else heads_kv
     q = (rng.standard_normal((B, H, Sq, D)) * scale).astype(dtype)
     k = (rng.standard_normal((B, Hk, Sk, D)) * scale).astype(dtype)
-    v = rng.standard_normal((B, Hk, Sk, D)).astype(dtype)
+    v = rng.standard_normal((B, Hk, Sk, value_dim or D)).astype(dtype)
     return q, k, v
 
 

@@ -242,7 +242,7 @@ def test_a_value_head_dim_has_its_own_cache_identity():
 def test_attention_on_torch_at_other_head_dims_on_gpu(D, Dv):
     """attention() on CUDA tensors (the plan's driver launch): phase 07 through "best", the output of
     v's head dim, against the float64 reference; and the call again on the same plan."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
     rng = np.random.default_rng()
     q = rng.standard_normal((2, 8, 300, D)).astype(np.float16)
     k = rng.standard_normal((2, 4, 333, D)).astype(np.float16)
@@ -270,3 +270,33 @@ def test_phase07_bf16_at_other_head_dims(D):
     verdict = check_close(out, reference_attention(q, k, v, causal=True),
                           lowp_attention(q, k, v, causal=True, dtype="bfloat16"))
     assert verdict.ok, f"phase 07 bf16 D={D}: {verdict.message}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark of such a problem (`flashcore bench --shape 16,16,2048,192 --value-dim 128` on a GPU)
+# ---------------------------------------------------------------------------------------------
+def test_a_problem_with_a_value_head_dim_of_its_own():
+    from flashcore_numba.measure import bench
+
+    p = bench.Problem(2, 4, 128, 128, 192, D_v=128)
+    assert p.tag == "b2h4s128d192v128_fp16" and "D=192 D_v=128" in p.describe() and p.as_dict()["D_v"] == 128
+    assert p.flops == (bench.attention_flops(2, 4, 128, 128, 192, False) + bench.attention_flops(2, 4, 128, 128, 128,
+                                                                                                   False)) // 2
+    assert p.kv_bytes == 2 * 4 * 128 * (192 + 128) * 2
+    same = bench.Problem(2, 4, 128, 128, 192, D_v=192)
+    assert same.D_v is None and "D_v" not in same.as_dict() and same.tag == "b2h4s128d192_fp16"
+
+
+@pytest.mark.skipif(not p07.simulator_enabled(), reason="uses the CUDA simulator")
+def test_the_benchmark_runs_phase_07_at_a_value_head_dim_and_says_why_not_the_others():
+    from test_harness import FakeTimedDevice
+
+    from flashcore_numba.measure import bench, records
+
+    problem = bench.Problem(1, 2, 16, 16, 64, causal=True, D_v=32)
+    record = bench.run_benchmark(problem, phase_ids=["05", "07"], peer_names=[], timing=bench.Timing(1, 3),
+                                 device=FakeTimedDevice())
+    assert records.validate_record(record) == [] and record["config"]["D_v"] == 32
+    p05, p07_result = record["results"]
+    assert p05["available"] is False and "one head dim for q, k and v" in p05["reason"]
+    assert p07_result["correct"] is True, p07_result["message"]

@@ -90,7 +90,8 @@ PEER_NAMES = {"flex": "flex_attention"}  # --peers' short names that are no "sdp
 class Problem:
     """One attention problem: q is (B, H, S_q, D), k and v are (B, H_kv, S_k, D).
 
-    H_kv is None when k and v have H heads too; fewer is grouped-query attention (MQA at 1).
+    H_kv is None when k and v have H heads too; fewer is grouped-query attention (MQA at 1). D_v is
+    None when v has D columns too; another is v's (and the output's) head dim of its own (MLA).
     """
 
     B: int
@@ -101,38 +102,48 @@ class Problem:
     dtype: str = "float16"
     causal: bool = False
     H_kv: int | None = None
+    D_v: int | None = None
 
     def __post_init__(self):
         if self.H_kv is not None and (self.H_kv < 1 or self.H % self.H_kv):
             raise ValueError(f"H_kv: {self.H_kv} key/value heads must divide the {self.H} query heads")
         if self.H_kv == self.H:
             object.__setattr__(self, "H_kv", None)  # one spelling of "no grouping"
+        if self.D_v == self.D:
+            object.__setattr__(self, "D_v", None)  # and of "v's head dim is q's"
 
     @classmethod
-    def from_shape(cls, shape, *, dtype="float16", causal=False, kv_heads=None) -> Problem:
+    def from_shape(cls, shape, *, dtype="float16", causal=False, kv_heads=None, value_dim=None) -> Problem:
         B, H, S, D = shape
-        return cls(B, H, S, S, D, dtype, bool(causal), kv_heads)
+        return cls(B, H, S, S, D, dtype, bool(causal), kv_heads, value_dim)
 
     @property
     def heads_kv(self) -> int:
         return self.H if self.H_kv is None else self.H_kv
 
+    @property
+    def value_dim(self) -> int:
+        """v's head dim, the output's: D_v, or D."""
+        return self.D if self.D_v is None else self.D_v
+
     def as_dict(self) -> dict:
-        """The record's "config"; H_kv only when K/V heads are grouped (older records lack it)."""
+        """The record's "config"; H_kv only when K/V heads are grouped (older records lack it), D_v only
+        when v has a head dim of its own."""
         d = asdict(self)
-        if d["H_kv"] is None:
-            del d["H_kv"]
+        for key in ("H_kv", "D_v"):
+            if d[key] is None:
+                del d[key]
         return d
 
     @property
     def flops(self) -> int:
-        return attention_flops(self.B, self.H, self.S_q, self.S_k, self.D, self.causal)
+        return attention_flops(self.B, self.H, self.S_q, self.S_k, self.D, self.causal, self.D_v)
 
     @property
     def kv_bytes(self) -> int:
         """Bytes of K and V: what a kernel must read at least once, the work of a decode step."""
         itemsize = 2  # fp16 and bf16
-        return 2 * self.B * self.heads_kv * self.S_k * self.D * itemsize
+        return self.B * self.heads_kv * self.S_k * (self.D + self.value_dim) * itemsize
 
     @property
     def tag(self) -> str:
@@ -140,13 +151,15 @@ class Problem:
         s = f"s{self.S_q}" if self.S_q == self.S_k else f"s{self.S_q}k{self.S_k}"
         dtype = SHORT_DTYPE.get(self.dtype, self.dtype)
         kv = "" if self.H_kv is None else f"kv{self.H_kv}"
-        return f"b{self.B}h{self.H}{kv}{s}d{self.D}_{dtype}" + ("_causal" if self.causal else "")
+        dv = "" if self.D_v is None else f"v{self.D_v}"
+        return f"b{self.B}h{self.H}{kv}{s}d{self.D}{dv}_{dtype}" + ("_causal" if self.causal else "")
 
     def describe(self) -> str:
         s = f"S={self.S_q}" if self.S_q == self.S_k else f"S_q={self.S_q} S_k={self.S_k}"
         dtype = SHORT_DTYPE.get(self.dtype, self.dtype)
         kv = "" if self.H_kv is None else f" H_kv={self.H_kv}"
-        return f"B={self.B} H={self.H}{kv} {s} D={self.D} {dtype}" + (" causal" if self.causal else "")
+        dv = "" if self.D_v is None else f" D_v={self.D_v}"
+        return f"B={self.B} H={self.H}{kv} {s} D={self.D}{dv} {dtype}" + (" causal" if self.causal else "")
 
 
 def visible_pairs(S_q: int, S_k: int, causal: bool) -> int:
@@ -160,14 +173,17 @@ def visible_pairs(S_q: int, S_k: int, causal: bool) -> int:
     return int(np.clip(rows + 1 + (S_k - S_q), 0, S_k).sum())
 
 
-def attention_flops(B: int, H: int, S_q: int, S_k: int, D: int, causal: bool) -> int:
-    """FLOPs of one forward pass: 2·D for q·k and 2·D for p·v per visible pair.
+def attention_flops(B: int, H: int, S_q: int, S_k: int, D: int, causal: bool, D_v: int | None = None) -> int:
+    """FLOPs of one forward pass: 2·D for q·k and 2·D for p·v per visible pair (2·D_v for p·v where v
+    has a head dim of its own: the products' sum, counted as 4·(D + D_v) / 2).
 
     Non-causal: 4·B·H·S_q·S_k·D. Causal with S_q == S_k: exactly half of that, the convention
     of the FlashAttention papers and torch's benchmarks, so our TFLOPS compare with theirs
     (the exact count, S(S+1)/2 pairs, differs by 1/S). Causal with S_q != S_k: no convention
     exists, so the visible pairs are counted exactly.
     """
+    if D_v is not None and D_v != D:
+        return (attention_flops(B, H, S_q, S_k, D, causal) + attention_flops(B, H, S_q, S_k, D_v, causal)) // 2
     if causal and S_q == S_k:
         return 2 * B * H * S_q * S_k * D
     return 4 * B * H * D * visible_pairs(S_q, S_k, causal)
@@ -374,11 +390,11 @@ class NumbaDevice:
             raise ValueError(f"dtype: {problem.dtype} needs torch (NumPy has no bfloat16); "
                              f"install torch or use fp16")
         host = random_qkv((problem.B, problem.H, problem.S_q, problem.D), problem.S_k, seed=seed,
-                          heads_kv=problem.heads_kv)
+                          heads_kv=problem.heads_kv, value_dim=problem.D_v)
         return host, tuple(self.cuda.to_device(x) for x in host)
 
-    def poisoned_output(self, q):
-        return self.cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
+    def poisoned_output(self, q, value_dim=None):
+        return self.cuda.to_device(np.full((*q.shape[:3], value_dim or q.shape[3]), np.nan, dtype=np.float16))
 
     def kernel_arrays(self, *arrays):
         return arrays
@@ -462,12 +478,12 @@ class TorchDevice:
         torch = self.torch
         dtype = getattr(torch, problem.dtype)
         host = random_qkv((problem.B, problem.H, problem.S_q, problem.D), problem.S_k, seed=seed,
-                          dtype=np.float32, heads_kv=problem.heads_kv)
+                          dtype=np.float32, heads_kv=problem.heads_kv, value_dim=problem.D_v)
         qkv = tuple(torch.from_numpy(x).to(self.device, dtype) for x in host)
         return None, qkv
 
-    def poisoned_output(self, q):
-        return self.torch.full_like(q, float("nan"))
+    def poisoned_output(self, q, value_dim=None):
+        return q.new_full((*q.shape[:3], value_dim or q.shape[3]), float("nan"))
 
     def kernel_arrays(self, *tensors):
         from ..api import torch_to_kernel
@@ -497,7 +513,7 @@ class TorchDevice:
         q, k, v = device_qkv
         if problem.H_kv is not None:  # the oracle sees every query head's K/V head spelled out
             k, v = (x.repeat_interleave(problem.H // problem.H_kv, dim=1) for x in (k, v))
-        shape = (problem.B, problem.H, problem.S_q, problem.D)
+        shape = (problem.B, problem.H, problem.S_q, problem.value_dim)
         ref, lowp = np.empty(shape), np.empty(shape)
         backends = torch.backends.cuda
         can_reduce = hasattr(backends, "allow_fp16_bf16_reduction_math_sdp")
@@ -707,6 +723,10 @@ def phase_skip_reason(phase, problem: Problem, device) -> str | None:
         return f"phase {phase.ID} supports {', '.join(allowed)} only, not {problem.dtype}"
     if not phase_registry.supports_head_dim(phase, problem.D):
         return f"phase {phase.ID} supports head dim {phase_registry.head_dims_text(phase)}, not {problem.D}"
+    if problem.D_v is not None and not phase_registry.supports_value_dim(phase):
+        return f"phase {phase.ID} takes one head dim for q, k and v, not D={problem.D} and D_v={problem.D_v}"
+    if not phase_registry.supports_head_dim(phase, problem.value_dim):
+        return f"phase {phase.ID} supports head dim {phase_registry.head_dims_text(phase)}, not D_v={problem.D_v}"
     if problem.H_kv is not None and not phase_registry.supports_gqa(phase):
         return f"phase {phase.ID} needs as many K/V heads as query heads (no grouped-query attention)"
     if not simulator_enabled():
@@ -743,9 +763,9 @@ def check_phase(phase, device, qkv, problem: Problem, ref, lowp):
         return unavailable(phase.ID, "phase", phase.TITLE, reason), None
     qk_scale = default_scale(problem.D) * LOG2E
     try:
-        config = phase_registry.build(phase, problem.D, problem.dtype)
+        config = phase_registry.build(phase, problem.D, problem.dtype, value_dim=problem.D_v)
         result.dynamic_smem_bytes = int(config.smem_bytes)
-        out = device.poisoned_output(qkv[0])
+        out = device.poisoned_output(qkv[0], problem.D_v)
         arrays = device.kernel_arrays(*qkv, out)
         stream = device.stream
 

@@ -63,12 +63,12 @@ def _shape_key(record) -> tuple:
     """Everything of the problem except the causal flag, plus the GPU."""
     c = record["config"]
     return (record["provenance"]["gpu_name"], c["B"], c["H"], c["S_q"], c["S_k"], c["D"], c["dtype"],
-            c.get("H_kv"))
+            c.get("H_kv"), c.get("D_v"))
 
 
 def _is_reference_shape(record) -> bool:
     B, H, S, D = REFERENCE_SHAPE
-    return _shape_key(record)[1:] == (B, H, S, S, D, "float16", None)
+    return _shape_key(record)[1:] == (B, H, S, S, D, "float16", None, None)
 
 
 def _preference(record) -> tuple:
@@ -108,8 +108,8 @@ def other_ladders(records, anchor) -> list[tuple]:
                and sum(x["kind"] == "phase" for x in r["results"]) > 1]  # a ladder, not one kernel's latency
     pairs = []
     def order(key):  # fp16 first, then bf16, then grouped-query shapes; by head dim within each
-        gpu, B, H, S_q, S_k, D, dtype, H_kv = key
-        return (H_kv is not None, dtype != "float16", D, S_q, S_k, B, H, str(dtype), H_kv or 0)
+        gpu, B, H, S_q, S_k, D, dtype, H_kv, D_v = key
+        return (H_kv is not None, dtype != "float16", D, D_v or 0, S_q, S_k, B, H, str(dtype), H_kv or 0)
 
     for key in sorted({_shape_key(r) for r in singles}, key=order):
         pairs.append(_latest_pair([r for r in singles if _shape_key(r) == key]))
@@ -284,8 +284,8 @@ NOT_MEASURED_CELL = "not measured"
 def _reference_problem(record, D: int, causal: bool) -> bool:
     B, H, S, _ = REFERENCE_SHAPE
     c = record["config"]
-    return ((c["B"], c["H"], c["S_q"], c["S_k"], c["D"], c["dtype"], c.get("H_kv"), c["causal"])
-            == (B, H, S, S, D, "float16", None, causal))
+    return ((c["B"], c["H"], c["S_q"], c["S_k"], c["D"], c["dtype"], c.get("H_kv"), c.get("D_v"), c["causal"])
+            == (B, H, S, S, D, "float16", None, None, causal))
 
 
 def _decode_step(record) -> bool:
@@ -1093,7 +1093,7 @@ SPREAD = MEAN_OVER_MEDIAN - 1  # beyond 5 % a median is not taken at its word
 
 
 def _point_key(gpu, config) -> tuple:
-    return (gpu, *(config.get(k) for k in ("B", "H", "H_kv", "S_q", "S_k", "D", "dtype", "causal")))
+    return (gpu, *(config.get(k) for k in ("B", "H", "H_kv", "S_q", "S_k", "D", "D_v", "dtype", "causal")))
 
 
 def _timings_by_shape(records) -> dict:
