@@ -300,3 +300,18 @@ def test_the_benchmark_runs_phase_07_at_a_value_head_dim_and_says_why_not_the_ot
     p05, p07_result = record["results"]
     assert p05["available"] is False and "one head dim for q, k and v" in p05["reason"]
     assert p07_result["correct"] is True, p07_result["message"]
+
+
+def test_the_custom_ops_fake_gives_the_output_v_s_head_dim():
+    """Under torch.compile the op is traced on fake tensors: its output must have v's head dim (MLA)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from flashcore_numba.runtime import torch_ops
+
+    with FakeTensorMode():
+        q, k = torch.empty(1, 2, 8, 192, dtype=torch.float16), torch.empty(1, 1, 8, 192, dtype=torch.float16)
+        v = torch.empty(1, 1, 8, 128, dtype=torch.float16)
+        out = torch_ops.custom_op(False)(q, k, v, True, None, "best")
+        out_lse, lse = torch_ops.custom_op(True)(q, k, v, True, None, "best")
+    assert tuple(out.shape) == tuple(out_lse.shape) == (1, 2, 8, 128) and tuple(lse.shape) == (1, 2, 8)
