@@ -31,7 +31,7 @@ import numpy as np
 
 from .arch.sim import simulator_enabled
 from .phases import (PHASES, build, cc_reason, get_phase, head_dims_text, min_cc, supports_gqa, supports_head_dim,
-                     supports_lse, supports_value_dim)
+                     supports_lse, supports_value_dim, unsupported_head_dim)
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E
 from .phases.p11_backward import HEAD_DIMS as BACKWARD_HEAD_DIMS
@@ -105,10 +105,7 @@ def _validate(ops, phase, causal, scale, return_lse=False):
             raise ValueError(f"k: {k.shape[1]} key/value heads must divide q's {H} heads")
     for op in (q, v):
         if not supports_head_dim(phase, op.shape[3]):
-            wider = PHASES["07"]  # the phase built for every head dim it can be
-            also = "" if phase is wider else f"; phase 07 takes {head_dims_text(wider)}"
-            raise ValueError(f"{op.name}: head dim {op.shape[3]} is not supported by phase {phase.ID} (it takes "
-                             f"{head_dims_text(phase)}){also}")
+            raise ValueError(unsupported_head_dim(op.name, op.shape[3], phase))
 
 
 def require_device(phase):
@@ -138,20 +135,15 @@ def best_for_this_gpu(head_dim=None, value_dim=None):
         if cuda.is_available():  # (else require_device says what to do)
             cc = tuple(cuda.get_current_device().compute_capability)
 
-    def runs(p, with_head_dim=True):
-        own_value_dim = value_dim is not None and value_dim != head_dim
-        return ((cc is None or cc_reason(p, cc) is None)
-                and (not with_head_dim or head_dim is None or supports_head_dim(p, head_dim))
-                and (not with_head_dim or not own_value_dim or (supports_value_dim(p)
-                                                                and supports_head_dim(p, value_dim))))
+    def built_for(p):  # the head dims asked for
+        if head_dim is not None and not supports_head_dim(p, head_dim):
+            return False
+        return value_dim in (None, head_dim) or (supports_value_dim(p) and supports_head_dim(p, value_dim))
 
-    for with_head_dim in (True, False):
-        if runs(best, with_head_dim):
-            return best
-        runnable = [p for p in PHASES.values() if runs(p, with_head_dim) and not getattr(p, "DECODE", False)]
-        if runnable:
-            return max(runnable, key=lambda p: p.ID)
-    return best
+    # best first, then the newest phases: those this GPU runs
+    runnable = [p for p in (best, *sorted(PHASES.values(), key=lambda p: p.ID, reverse=True))
+                if (cc is None or cc_reason(p, cc) is None) and not getattr(p, "DECODE", False)]
+    return next((p for p in runnable if built_for(p)), runnable[0] if runnable else best)
 
 
 _BACKWARD_CHECKED: set = set()  # (phase, q's device) where require_backward has passed

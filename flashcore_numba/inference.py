@@ -48,7 +48,7 @@ import numpy as np
 from . import api
 from .arch import tma
 from .runtime.inputs import current_stream, describe, is_torch, torch_module
-from .phases import PHASES, build_kvcache, build_varlen, head_dims_text, supports_head_dim
+from .phases import PHASES, build_kvcache, build_varlen, head_dims_text, supports_head_dim, unsupported_head_dim
 from .phases import p07_mma_sync as p07
 from .phases import p10_split_keys as p10
 from .phases.common import LOG2E, cdiv, no_lse, split_workspace
@@ -322,16 +322,20 @@ def _launch(config, splits, arrays, extra, lse, causal, qk_scale, stream):
 VARLEN_PHASES = ("07", "09")
 
 
-def _varlen_phase(phase, head_dim=None) -> str:
+def _check_varlen_phase(phase) -> None:
+    """The phase argument names one attention_varlen runs (checked before the tensors)."""
+    if phase != "best" and phase not in VARLEN_PHASES:
+        raise ValueError(f"phase: attention_varlen runs phase {' or '.join(VARLEN_PHASES)} (or 'best'), got {phase!r}")
+
+
+def _varlen_phase(phase, head_dim: int) -> str:
     """The phase attention_varlen runs: 09 where "best" is 09 or newer and it is built for the head dim
     (64 and 128), else 07 (any multiple of 8 up to 256)."""
+    _check_varlen_phase(phase)
     if phase == "best":
         return "09" if api.best_for_this_gpu(head_dim).ID >= "09" else "07"
-    if phase not in VARLEN_PHASES:
-        raise ValueError(f"phase: attention_varlen runs phase {' or '.join(VARLEN_PHASES)} (or 'best'), got {phase!r}")
-    if head_dim is not None and not supports_head_dim(PHASES[phase], head_dim):
-        raise ValueError(f"q: head dim {head_dim} is not supported by phase {phase} (it takes "
-                         f"{head_dims_text(PHASES[phase])}); phase 07 takes {head_dims_text(p07)}")
+    if not supports_head_dim(PHASES[phase], head_dim):
+        raise ValueError(unsupported_head_dim("q", head_dim, PHASES[phase]))
     return phase
 
 
@@ -431,11 +435,11 @@ def _varlen_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
                type(causal), causal, type(scale), scale, type(return_lse), return_lse)
         plan = _PLANS.get(key)
     except (AttributeError, TypeError):  # not a tensor, or unhashable: the validation says which
-        _varlen_phase(phase)
+        _check_varlen_phase(phase)
         _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse)
         raise
     if plan is None:
-        _varlen_phase(phase)
+        _check_varlen_phase(phase)
         _, _, H, D, qd = _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                           scale, return_lse)
         phase_id = _varlen_phase(phase, D)
@@ -487,7 +491,7 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     if is_torch(q):
         return _varlen_torch_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                                       return_lse, phase, out, validate)
-    _varlen_phase(phase)
+    _check_varlen_phase(phase)
     B, total_q, H, D, qd = _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                             causal, scale, return_lse)
     phase_id = _varlen_phase(phase, D)

@@ -24,15 +24,16 @@ DEFAULT = (24, 40, 96, 160, 256)
 SWEEP = [pytest.param(D, marks=pytest.mark.slow) for D in range(8, 257, 8) if D not in DEFAULT]
 
 
-def run_poisoned(q, k, v, causal, config=None):
-    """Phase 07 at q's head dim into an output of NaN; what it wrote."""
+def run_poisoned(q, k, v, causal):
+    """Phase 07 at q's head dim (and v's, where it has one of its own) into an output of NaN; what it
+    wrote."""
     from numba import cuda
 
     from flashcore_numba.phases.common import LOG2E
 
-    D = q.shape[-1]
-    out = cuda.to_device(np.full(q.shape, np.nan, dtype=np.float16))
-    config = config or p07.build(D)
+    D, Dv = q.shape[-1], v.shape[-1]
+    out = cuda.to_device(np.full((*q.shape[:3], Dv), np.nan, dtype=np.float16))
+    config = p07.build(D, value_dim=None if Dv == D else Dv)
     config.launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal, LOG2E / np.sqrt(D))
     return out.copy_to_host()
 
@@ -172,22 +173,10 @@ def test_phase07_takes_a_value_head_dim_of_its_own(D, Dv, causal):
     q = rng.standard_normal((1, 2, 20, D)).astype(np.float16)
     k = rng.standard_normal((1, 1, 40, D)).astype(np.float16)
     v = rng.standard_normal((1, 1, 40, Dv)).astype(np.float16)
-    out = run_poisoned_mla(q, k, v, causal)
+    out = run_poisoned(q, k, v, causal)
     k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
     verdict = check_close(out, reference_attention(q, k2, v2, causal=causal), lowp_attention(q, k2, v2, causal=causal))
     assert out.shape == (1, 2, 20, Dv) and verdict.ok, f"D={D} Dv={Dv}: {verdict.message}"
-
-
-def run_poisoned_mla(q, k, v, causal):
-    from numba import cuda
-
-    from flashcore_numba.phases.common import LOG2E
-
-    D, Dv = q.shape[-1], v.shape[-1]
-    out = cuda.to_device(np.full((*q.shape[:3], Dv), np.nan, dtype=np.float16))
-    p07.build(D, value_dim=Dv).launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal,
-                                      LOG2E / np.sqrt(D))
-    return out.copy_to_host()
 
 
 def test_attention_with_a_value_head_dim_of_its_own_runs_phase_07():

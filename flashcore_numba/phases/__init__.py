@@ -214,6 +214,14 @@ def head_dims_text(phase) -> str:
     return getattr(phase, "HEAD_DIMS_TEXT", None) or ", ".join(map(str, phase.HEAD_DIMS))
 
 
+def unsupported_head_dim(name: str, head_dim: int, phase) -> str:
+    """The message refusing argument `name`'s head dim on `phase`: what that phase takes, and what
+    phase 07, the phase built for every head dim it can be, takes."""
+    wider = PHASES["07"]
+    also = "" if phase is wider else f"; phase 07 takes {head_dims_text(wider)}"
+    return f"{name}: head dim {head_dim} is not supported by phase {phase.ID} (it takes {head_dims_text(phase)}){also}"
+
+
 def supports_lse(phase: ModuleType) -> bool:
     """Whether the phase's kernels can write each row's log-sum-exp (`return_lse`; 07 on)."""
     return getattr(phase, "LSE", False)
