@@ -124,9 +124,9 @@ def require_device(phase):
 
 def best_for_this_gpu(head_dim=None, value_dim=None):
     """"best": the registry's best kernel, or on a GPU that cannot run it the newest phase it can.
-    With `head_dim`, the newest of those built for it: phase 07 for the head dims other than 64 and
-    128 (phases.supports_head_dim), and for a `value_dim` (v's head dim) other than head_dim; where
-    none is, the answer without them (the validation says why)."""
+    With `head_dim`, the newest of those built for it (phases.supports_head_dim): phase 09 up to 128,
+    phase 07 past it and for a `value_dim` (v's head dim) other than head_dim; where none is, the
+    answer without them (the validation says why)."""
     best = get_phase("best")
     cc = None
     if not simulator_enabled():

@@ -330,7 +330,7 @@ def _check_varlen_phase(phase) -> None:
 
 def _varlen_phase(phase, head_dim: int) -> str:
     """The phase attention_varlen runs: 09 where "best" is 09 or newer and it is built for the head dim
-    (64 and 128), else 07 (any multiple of 8 up to 256)."""
+    (any multiple of 8 up to 128), else 07 (any multiple of 8 up to 256)."""
     _check_varlen_phase(phase)
     if phase == "best":
         return "09" if api.best_for_this_gpu(head_dim).ID >= "09" else "07"

@@ -1,6 +1,7 @@
 """Head dims other than 64 and 128: phase 07 builds any multiple of 8 up to 256 (its tiles laid out
-for D rounded up to a multiple of 32, the columns past D zero), and attention(), attention_varlen and
-`flashcore compile` send such a head dim there.
+for D rounded up to a multiple of 32, the columns past D zero), phase 09 any up to 128 (on its 64- or
+128-column tiles, TMA's zero fill past D), and attention(), attention_varlen and `flashcore compile`
+send such a head dim to the newest of them.
 
 In the simulator (GPU: the `gpu` tests). Every case has tails (S_q and S_k not multiples
 of the tile), grouped-query heads and a poisoned output (and, further down, v with a head dim of its
@@ -24,27 +25,28 @@ DEFAULT = (24, 40, 96, 160, 256)
 SWEEP = [pytest.param(D, marks=pytest.mark.slow) for D in range(8, 257, 8) if D not in DEFAULT]
 
 
-def run_poisoned(q, k, v, causal):
-    """Phase 07 at q's head dim (and v's, where it has one of its own) into an output of NaN; what it
-    wrote."""
+def run_poisoned(q, k, v, causal, phase="07"):
+    """`phase` (07: at v's head dim too, where it has one of its own) at q's head dim, into an output
+    of NaN; what it wrote."""
     from numba import cuda
 
+    from flashcore_numba.phases import build
     from flashcore_numba.phases.common import LOG2E
 
     D, Dv = q.shape[-1], v.shape[-1]
     out = cuda.to_device(np.full((*q.shape[:3], Dv), np.nan, dtype=np.float16))
-    config = p07.build(D, value_dim=None if Dv == D else Dv)
+    config = build(PHASES[phase], D, value_dim=None if Dv == D else Dv)
     config.launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal, LOG2E / np.sqrt(D))
     return out.copy_to_host()
 
 
-def check_head_dim(D, causal, seed=None):
+def check_head_dim(D, causal, seed=None, phase="07"):
     # 20 query rows (fewer than a block), 40 keys (a tile and a tail); two query heads on one k/v head
     q, k, v = random_qkv((1, 2, 20, D), 40, heads_kv=1, seed=seed)
-    out = run_poisoned(q, k, v, causal)
+    out = run_poisoned(q, k, v, causal, phase)
     k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
     verdict = check_close(out, reference_attention(q, k2, v2, causal=causal), lowp_attention(q, k2, v2, causal=causal))
-    assert verdict.ok, f"phase 07 D={D} causal={causal}: {verdict.message}"
+    assert verdict.ok, f"phase {phase} D={D} causal={causal}: {verdict.message}"
 
 
 @pytest.mark.parametrize("D", [*DEFAULT, *SWEEP])
@@ -55,6 +57,14 @@ def test_phase07_runs_every_head_dim(D):
 @pytest.mark.parametrize("D", [96, pytest.param(256, marks=pytest.mark.slow)])
 def test_phase07_every_head_dim_causal_and_not(D):
     check_head_dim(D, causal=D % 16 != 8)  # the other setting of the sweep's
+
+
+@pytest.mark.parametrize("D", [24, 96] + [pytest.param(D, marks=pytest.mark.slow) for D in range(8, 129, 8)
+                                          if D not in (24, 64, 96, 128)])
+def test_phase09_runs_every_head_dim_up_to_128(D):
+    """Phase 09 on its 64- or 128-column tiles, TMA's zero fill past D: causal and not."""
+    for causal in (False, True):
+        check_head_dim(D, causal, phase="09")
 
 
 def test_the_layout_of_a_rounded_up_head_dim():
@@ -71,9 +81,11 @@ def test_the_layout_of_a_rounded_up_head_dim():
 
 def test_head_dims_a_phase_takes():
     assert [D for D in range(1, 300) if p07.runs_head_dim(D)] == list(range(8, 257, 8))
-    assert supports_head_dim(PHASES["07"], 96) and not supports_head_dim(PHASES["09"], 96)
+    assert [D for D in range(1, 300) if supports_head_dim(PHASES["09"], D)] == list(range(8, 129, 8))
+    assert supports_head_dim(PHASES["07"], 160) and not supports_head_dim(PHASES["09"], 160)
     assert not supports_head_dim(PHASES["07"], 100) and not supports_head_dim(PHASES["07"], 264)
-    assert head_dims_text(PHASES["09"]) == "64, 128" and "multiple of 8" in head_dims_text(PHASES["07"])
+    assert head_dims_text(PHASES["09"]) == "any multiple of 8 from 8 to 128"
+    assert head_dims_text(PHASES["10"]) == "64, 128" and "multiple of 8" in head_dims_text(PHASES["07"])
     with pytest.raises(ValueError, match="head dim: phase 07 builds any multiple of 8 from 8 to 256, not 100"):
         p07.build(100)
 
@@ -81,8 +93,8 @@ def test_head_dims_a_phase_takes():
 def test_best_runs_phase_07_where_the_newer_phases_are_not_built_for_the_head_dim():
     from flashcore_numba import api
 
-    assert api.best_for_this_gpu(96).ID == "07" and api.best_for_this_gpu(256).ID == "07"
-    assert api.best_for_this_gpu(64).ID == api.best_for_this_gpu().ID != "07"
+    assert api.best_for_this_gpu(160).ID == "07" and api.best_for_this_gpu(256).ID == "07"
+    assert api.best_for_this_gpu(64).ID == api.best_for_this_gpu(96).ID == api.best_for_this_gpu().ID != "07"
     assert api.best_for_this_gpu(100).ID == api.best_for_this_gpu().ID  # none takes it: the validation says why
     # a decode shape: phase 10 takes 64 and 128 only
     assert api.best_for_shape(PHASES["07"], 96, False, 1000, rows_per_kv_head=1).ID == "07"
@@ -101,7 +113,9 @@ def test_attention_runs_a_head_dim_of_96_on_best():
 @pytest.mark.parametrize("D, phase, message", [
     (100, "best", r"q: head dim 100 is not supported by phase \d\d \(it takes .*\); phase 07 takes any multiple of 8"),
     (100, "07", r"q: head dim 100 is not supported by phase 07 \(it takes any multiple of 8 from 8 to 256\)$"),
-    (96, "09", r"q: head dim 96 is not supported by phase 09 \(it takes 64, 128\); phase 07 takes any multiple"),
+    (160, "09", r"q: head dim 160 is not supported by phase 09 \(it takes any multiple of 8 from 8 to 128\); "
+                r"phase 07 takes any multiple"),
+    (96, "10", r"q: head dim 96 is not supported by phase 10 \(it takes 64, 128\); phase 07 takes any multiple"),
     (264, "07", r"q: head dim 264 is not supported by phase 07"),
 ])
 def test_a_head_dim_no_phase_takes_is_refused_by_name(D, phase, message):
@@ -119,46 +133,51 @@ def test_the_backward_refuses_other_head_dims_before_the_forward():
     api.require_backward("best", None, 128)
 
 
-def test_varlen_runs_a_head_dim_of_80_on_phase_07():
+@pytest.mark.parametrize("D, phase", [(80, "09"), (200, "07")])
+def test_varlen_runs_other_head_dims_on_the_newest_phase_built_for_them(D, phase):
+    """attention_varlen at D = 80 on phase 09 (rounded up to its 128-column tiles, an empty sequence
+    beside the others), at D = 200 on phase 07, which alone takes it."""
     from flashcore_numba.inference import _varlen_phase, attention_varlen
     from flashcore_numba.reference import reference_varlen
 
     rng = np.random.default_rng()
     lengths = [19, 0, 34]
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    q = rng.standard_normal((int(cu[-1]), 2, 80)).astype(np.float16)
-    k = rng.standard_normal((int(cu[-1]), 1, 80)).astype(np.float16)
-    v = rng.standard_normal((int(cu[-1]), 1, 80)).astype(np.float16)
-    assert _varlen_phase("best", 80) == "07"
+    q = rng.standard_normal((int(cu[-1]), 2, D)).astype(np.float16)
+    k = rng.standard_normal((int(cu[-1]), 1, D)).astype(np.float16)
+    v = rng.standard_normal((int(cu[-1]), 1, D)).astype(np.float16)
+    assert _varlen_phase("best", D) == phase
     out = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
     ref, _, lowp = reference_varlen(q, k, v, cu, cu, causal=True, lowp_dtype=np.float16)
     verdict = check_close(out, ref, lowp)
     assert verdict.ok, verdict.message
-    with pytest.raises(ValueError, match="q: head dim 80 is not supported by phase 09"):
-        attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), phase="09")
+    if phase == "07":
+        with pytest.raises(ValueError, match=f"q: head dim {D} is not supported by phase 09"):
+            attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), phase="09")
 
 
 def test_compile_lists_phase_07_at_every_head_dim_asked_for():
     from flashcore_numba.runtime import precompile
 
-    items = precompile.kernels_to_compile(["07", "09", "07-varlen"], [96, 128], ["float16"])
+    items = precompile.kernels_to_compile(["07", "09", "07-varlen"], [96, 128, 160], ["float16"])
     assert ("07", 96, "float16") in items and ("07-varlen", 96, "float16") in items
-    assert ("09", 96, "float16") not in items and ("09", 128, "float16") in items
+    assert ("09", 96, "float16") in items and ("09", 128, "float16") in items
+    assert ("07", 160, "float16") in items and ("09", 160, "float16") not in items
 
 
 # ---------------------------------------------------------------------------------------------
 # On the GPU (FLASHCORE_GPU=1 python3 -m pytest -m gpu): the real tiles, longer sequences
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", range(8, 257, 8))
-def test_phase07_every_head_dim_on_gpu(D):
+@pytest.mark.parametrize("phase, D", [("07", D) for D in range(8, 257, 8)] + [("09", D) for D in range(8, 129, 8)])
+def test_every_head_dim_on_gpu(phase, D):
     for causal, (S_q, S_k) in ((False, (300, 450)), (True, (517, 517))):
         q, k, v = random_qkv((2, 4, S_q, D), S_k, heads_kv=2)
-        out = run_poisoned(q, k, v, causal)
+        out = run_poisoned(q, k, v, causal, phase)
         k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
         verdict = check_close(out, reference_attention(q, k2, v2, causal=causal),
                               lowp_attention(q, k2, v2, causal=causal))
-        assert verdict.ok, f"phase 07 D={D} causal={causal}: {verdict.message}"
+        assert verdict.ok, f"phase {phase} D={D} causal={causal}: {verdict.message}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +248,8 @@ def test_a_value_head_dim_has_its_own_cache_identity():
 @pytest.mark.gpu
 @pytest.mark.parametrize("D, Dv", [(96, 96), (256, 256), (40, 40), (192, 128)])
 def test_attention_on_torch_at_other_head_dims_on_gpu(D, Dv):
-    """attention() on CUDA tensors (the plan's driver launch): phase 07 through "best", the output of
+    """attention() on CUDA tensors (the plan's driver launch): through "best" (phase 09 at D = 96 and
+    40 on Hopper, else phase 07), the output of
     v's head dim, against the float64 reference; and the call again on the same plan."""
     torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
     rng = np.random.default_rng()

@@ -103,7 +103,8 @@ from .tracing import wait_hooks
 ID = "09"
 NAME = "warp_specialized"
 TITLE = "Hopper TMA + warp specialization: a producer warpgroup, consumers taking turns"
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)  # the tile configurations; any other head dim runs on the next one up (runs_head_dim)
+HEAD_DIMS_TEXT = "any multiple of 8 from 8 to 128"
 DTYPES = ("float16", "bfloat16")
 GQA = True
 LSE = True  # return_lse: the kernel can write each row's log-sum-exp (common.store_lse)
@@ -133,20 +134,35 @@ TURN_THREADS = 256  # a turn barrier completes with its consumer (sync) and the 
 WG_SYNC = 4  # named barriers WG_SYNC + c: consumer c's 128 threads only
 
 
+def runs_head_dim(HEAD_DIM: int) -> bool:
+    """Whether the kernel is built for head dim HEAD_DIM: a multiple of 8 (TMA reads rows of whole
+    16-byte chunks, and the epilogue stores them) up to 128, the widest tile configuration."""
+    return isinstance(HEAD_DIM, int) and 0 < HEAD_DIM <= max(HEAD_DIMS) and HEAD_DIM % 8 == 0
+
+
+def tile_head_dim(HEAD_DIM: int) -> int:
+    """D_TILE: the tile configuration a head dim runs on, the first of HEAD_DIMS that holds it. TMA
+    fills the columns of a box past the tensor's last one with zeros, so Q and K's extra columns add
+    nothing to q·kᵀ, and V's give output columns the epilogue never stores: D = 96 costs what
+    D = 128 costs, in time and in shared memory (as FlashAttention-2 rounds D up to its tiles)."""
+    return min(d for d in HEAD_DIMS if d >= HEAD_DIM)
+
+
 def layout(HEAD_DIM):
     """Every derived constant. Shared memory: Q (BLOCK_M rows, one 64-row tile per consumer), the
-    ring of STAGES K/V stages, then the mbarriers; tiles are D / 64 swizzled atoms, 1024-aligned
+    ring of STAGES K/V stages, then the mbarriers; tiles are D_TILE / 64 swizzled atoms, 1024-aligned
     (an atom of a K or V tile has BLOCK_N rows: BLOCK_N / 64 TMA boxes one below the other)."""
-    consumers = SIM_CONSUMERS if simulator_enabled() else CONSUMERS[HEAD_DIM]
-    L = dict(HEAD_DIM=HEAD_DIM, CONSUMERS=consumers, BLOCK_M=WG_M * consumers, BLOCK_N=BLOCK_N,
+    D_TILE = tile_head_dim(HEAD_DIM)
+    consumers = SIM_CONSUMERS if simulator_enabled() else CONSUMERS[D_TILE]
+    L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, CONSUMERS=consumers, BLOCK_M=WG_M * consumers, BLOCK_N=BLOCK_N,
              N_THREADS=128 * (1 + consumers))
     L["LAUNCH_BOUNDS"] = (L["N_THREADS"], 1)  # one block per SM: 65536 / N_THREADS registers at launch
     L["CONSUMER_REGISTERS"] = CONSUMER_REGISTERS[consumers]
-    L["ATOMS"] = HEAD_DIM // 64  # TMA boxes (64 columns) per tile row
-    L["TILE_BYTES"] = WG_M * HEAD_DIM * 2  # one consumer's 64-row tile of Q
-    L["KV_BYTES"] = BLOCK_N * HEAD_DIM * 2  # one K or V tile
+    L["ATOMS"] = D_TILE // 64  # TMA boxes (64 columns) per tile row
+    L["TILE_BYTES"] = WG_M * D_TILE * 2  # one consumer's 64-row tile of Q
+    L["KV_BYTES"] = BLOCK_N * D_TILE * 2  # one K or V tile
     L["KV_ATOM"] = BLOCK_N * ROW  # one atom of a K or V tile: BLOCK_N rows of 128 bytes
-    L["STAGES"] = STAGES[HEAD_DIM]
+    L["STAGES"] = STAGES[D_TILE]
     # a consumer passes the tiles its rows never see: under a causal mask, a block with more rows
     # than a tile has keys streams tiles that only its later consumers need (D = 64: 192 rows, 128
     # keys). Kept in the simulator (BLOCK_M = BLOCK_N there) so that the pass stays tested
@@ -159,7 +175,8 @@ def layout(HEAD_DIM):
     L["SMEM_BYTES"] = L["INFO_OFF"] + 8 * consumers  # per consumer: its query block's first row and plane
     L["NT"] = BLOCK_N // MMA_N  # 8-column blocks of S
     L["KP"] = BLOCK_N // MMA_K  # k-steps of P·V
-    L["NO"] = HEAD_DIM // MMA_N  # 8-column blocks of O
+    L["NO"] = D_TILE // MMA_N  # 8-column blocks of O's tile
+    L["N_OUT"] = HEAD_DIM // MMA_N  # of them, those O has (the epilogue stores these)
     return L
 
 
@@ -460,7 +477,7 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
     tensor cores (wgmma from shared memory, ptx/wgmma.ptx) and the softmax of the tile. hooks: the
     kernel's barrier waits and trace marks (tracing.wait_hooks)."""
     kind = PTX_TYPE[dtype]
-    shape = f"d{L['HEAD_DIM']}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D
+    shape = f"d{L['D_TILE']}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D_TILE
     qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_{shape}_{kind}", "inline")
     # P·V adds into O in place: P's fragments and O's registers travel as two tuples
     pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_{shape}_{kind}", "inline", tuples=True)
@@ -561,7 +578,8 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
     wait, bar_sync, trace_mark, trace_save = hooks
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
     st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
-    store_rows, store_rows_at = fragment_epilogue_16b(pack, L["NO"], st_global_v4)  # 16-byte stores (common)
+    # 16-byte stores (common.py), of O's columns only
+    store_rows, store_rows_at = fragment_epilogue_16b(pack, L["NO"], st_global_v4, L["N_OUT"])
     fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
     arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
     bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
