@@ -59,10 +59,10 @@ def test_phase07_every_head_dim_causal_and_not(D):
     check_head_dim(D, causal=D % 16 != 8)  # the other setting of the sweep's
 
 
-@pytest.mark.parametrize("D", [24, 96] + [pytest.param(D, marks=pytest.mark.slow) for D in range(8, 129, 8)
-                                          if D not in (24, 64, 96, 128)])
-def test_phase09_runs_every_head_dim_up_to_128(D):
-    """Phase 09 on its 64- or 128-column tiles, TMA's zero fill past D: causal and not."""
+@pytest.mark.parametrize("D", [24, 96, 192, 232] + [pytest.param(D, marks=pytest.mark.slow) for D in range(8, 257, 8)
+                                                    if D not in (24, 64, 96, 128, 192, 232)])
+def test_phase09_runs_every_head_dim(D):
+    """Phase 09 on its 64-, 128-, 192- or 256-column tiles, TMA's zero fill past D: causal and not."""
     for causal in (False, True):
         check_head_dim(D, causal, phase="09")
 
@@ -81,23 +81,23 @@ def test_the_layout_of_a_rounded_up_head_dim():
 
 def test_head_dims_a_phase_takes():
     assert [D for D in range(1, 300) if p07.runs_head_dim(D)] == list(range(8, 257, 8))
-    assert [D for D in range(1, 300) if supports_head_dim(PHASES["09"], D)] == list(range(8, 129, 8))
-    assert supports_head_dim(PHASES["07"], 160) and not supports_head_dim(PHASES["09"], 160)
+    assert [D for D in range(1, 300) if supports_head_dim(PHASES["09"], D)] == list(range(8, 257, 8))
     assert not supports_head_dim(PHASES["07"], 100) and not supports_head_dim(PHASES["07"], 264)
-    assert head_dims_text(PHASES["09"]) == "any multiple of 8 from 8 to 128"
+    assert head_dims_text(PHASES["09"]) == "any multiple of 8 from 8 to 256"
     assert head_dims_text(PHASES["10"]) == "64, 128" and "multiple of 8" in head_dims_text(PHASES["07"])
     with pytest.raises(ValueError, match="head dim: phase 07 builds any multiple of 8 from 8 to 256, not 100"):
         p07.build(100)
 
 
-def test_best_runs_phase_07_where_the_newer_phases_are_not_built_for_the_head_dim():
+def test_best_runs_the_newest_phase_built_for_the_head_dim():
     from flashcore_numba import api
 
-    assert api.best_for_this_gpu(160).ID == "07" and api.best_for_this_gpu(256).ID == "07"
-    assert api.best_for_this_gpu(64).ID == api.best_for_this_gpu(96).ID == api.best_for_this_gpu().ID != "07"
+    assert api.best_for_this_gpu(64).ID == api.best_for_this_gpu(96).ID == api.best_for_this_gpu(256).ID \
+        == api.best_for_this_gpu().ID != "07"
     assert api.best_for_this_gpu(100).ID == api.best_for_this_gpu().ID  # none takes it: the validation says why
-    # a decode shape: phase 10 takes 64 and 128 only
+    # a decode shape: phase 10 takes 64 and 128 only, the one "best" picks runs the rest
     assert api.best_for_shape(PHASES["07"], 96, False, 1000, rows_per_kv_head=1).ID == "07"
+    assert api.best_for_shape(PHASES["09"], 96, False, 1000, rows_per_kv_head=1).ID == "09"
     assert api.best_for_shape(PHASES["09"], 64, False, 1000, rows_per_kv_head=1).ID == "10"
 
 
@@ -113,7 +113,7 @@ def test_attention_runs_a_head_dim_of_96_on_best():
 @pytest.mark.parametrize("D, phase, message", [
     (100, "best", r"q: head dim 100 is not supported by phase \d\d \(it takes .*\); phase 07 takes any multiple of 8"),
     (100, "07", r"q: head dim 100 is not supported by phase 07 \(it takes any multiple of 8 from 8 to 256\)$"),
-    (160, "09", r"q: head dim 160 is not supported by phase 09 \(it takes any multiple of 8 from 8 to 128\); "
+    (264, "09", r"q: head dim 264 is not supported by phase 09 \(it takes any multiple of 8 from 8 to 256\); "
                 r"phase 07 takes any multiple"),
     (96, "10", r"q: head dim 96 is not supported by phase 10 \(it takes 64, 128\); phase 07 takes any multiple"),
     (264, "07", r"q: head dim 264 is not supported by phase 07"),
@@ -133,10 +133,10 @@ def test_the_backward_refuses_other_head_dims_before_the_forward():
     api.require_backward("best", None, 128)
 
 
-@pytest.mark.parametrize("D, phase", [(80, "09"), (200, "07")])
+@pytest.mark.parametrize("D, phase", [(80, "09"), (200, "09")])
 def test_varlen_runs_other_head_dims_on_the_newest_phase_built_for_them(D, phase):
-    """attention_varlen at D = 80 on phase 09 (rounded up to its 128-column tiles, an empty sequence
-    beside the others), at D = 200 on phase 07, which alone takes it."""
+    """attention_varlen at D = 80 on phase 09 (rounded up to its 128-column tiles), at D = 200 (its
+    256-column tiles, 64 keys a tile), an empty sequence beside the others."""
     from flashcore_numba.inference import _varlen_phase, attention_varlen
     from flashcore_numba.reference import reference_varlen
 
@@ -151,25 +151,24 @@ def test_varlen_runs_other_head_dims_on_the_newest_phase_built_for_them(D, phase
     ref, _, lowp = reference_varlen(q, k, v, cu, cu, causal=True, lowp_dtype=np.float16)
     verdict = check_close(out, ref, lowp)
     assert verdict.ok, verdict.message
-    if phase == "07":
-        with pytest.raises(ValueError, match=f"q: head dim {D} is not supported by phase 09"):
-            attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), phase="09")
+    out07 = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True, phase="07")
+    assert check_close(out07, ref, lowp).ok
 
 
-def test_compile_lists_phase_07_at_every_head_dim_asked_for():
+def test_compile_lists_each_phase_at_the_head_dims_it_takes():
     from flashcore_numba.runtime import precompile
 
-    items = precompile.kernels_to_compile(["07", "09", "07-varlen"], [96, 128, 160], ["float16"])
+    items = precompile.kernels_to_compile(["07", "09", "07-varlen", "10"], [96, 128, 160], ["float16"])
     assert ("07", 96, "float16") in items and ("07-varlen", 96, "float16") in items
-    assert ("09", 96, "float16") in items and ("09", 128, "float16") in items
-    assert ("07", 160, "float16") in items and ("09", 160, "float16") not in items
+    assert ("09", 96, "float16") in items and ("09", 160, "float16") in items
+    assert ("10", 128, "float16") in items and ("10", 160, "float16") not in items
 
 
 # ---------------------------------------------------------------------------------------------
 # On the GPU (FLASHCORE_GPU=1 python3 -m pytest -m gpu): the real tiles, longer sequences
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("phase, D", [("07", D) for D in range(8, 257, 8)] + [("09", D) for D in range(8, 129, 8)])
+@pytest.mark.parametrize("phase, D", [(phase, D) for phase in ("07", "09") for D in range(8, 257, 8)])
 def test_every_head_dim_on_gpu(phase, D):
     for causal, (S_q, S_k) in ((False, (300, 450)), (True, (517, 517))):
         q, k, v = random_qkv((2, 4, S_q, D), S_k, heads_kv=2)

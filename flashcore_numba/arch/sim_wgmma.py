@@ -224,12 +224,19 @@ for _kind in ("f16", "bf16"):
         # issued, not awaited: the emulation computes at once; nothing writes the operands before the wait
         emulation(f"flashcore_wgmma_qk_issue_d{_D}_n128_{_kind}")(_qk(_D, _kind, 128))
         emulation(f"flashcore_wgmma_pv_acc_issue_d{_D}_n128_{_kind}")(_pv_acc(_D, _kind, 128))
+    for _D in (192, 256):  # phase 09's 64-key tiles at the widest head dims
+        for _twin in ("", "_issue"):
+            emulation(f"flashcore_wgmma_qk{_twin}_d{_D}_n64_{_kind}")(_qk(_D, _kind, 64))
+            emulation(f"flashcore_wgmma_pv_acc{_twin}_d{_D}_n64_{_kind}")(_pv_acc(_D, _kind, 64))
 
 
-@emulation("flashcore_wgmma_wait_s_n128")
 def wait_s(acc):
     """wgmma.wait_group 1: S is ready (it was computed at its issue); handed back unchanged."""
     return acc
+
+
+for _n in (64, 128):
+    emulation(f"flashcore_wgmma_wait_s_n{_n}")(wait_s)
 
 
 def _wait_o(frags, acc):
@@ -237,8 +244,8 @@ def _wait_o(frags, acc):
     return acc
 
 
-for _D in (64, 128):
-    emulation(f"flashcore_wgmma_wait_o_d{_D}_n128")(_wait_o)
+for _D, _n in ((64, 128), (128, 128), (192, 64), (256, 64)):
+    emulation(f"flashcore_wgmma_wait_o_d{_D}_n{_n}")(_wait_o)
 
 
 @emulation("flashcore_fence_proxy_async")
