@@ -175,11 +175,19 @@ def test_a_lesson_shows_its_regions_empty_until_the_solution(pid, capsys):
     assert len(at) == 1 and exercise and at[0] > exercise[-1], (
         f"lesson {pid}: one `lesson.show_solution()` cell, after the `lesson.exercise()` cell")
     labels = [r.label for r in notebooks.Lesson(pid).regions()]
+    # a solution's own lines: those the student's stub does not have (the region's markers aside, a
+    # listing that printed them would give the answer away)
+    stub = notebooks.exercise_path(pid).read_text(encoding="utf-8")
+    own = {line.strip() for region in notebooks.Lesson(pid).regions() for line in region.solution
+           if len(line.strip()) >= 12 and not line.strip().startswith("#") and line.strip() not in stub}
     for cell in code[:at[0]]:
         text = "\n".join(lessons.plain_text(cell.get("outputs", [])))
         assert not _leaked_regions(text, labels), (
             f"lessons/{notebooks.lesson_stem(pid)}.ipynb shows the solution of {_leaked_regions(text, labels)} in "
             f"its cell {cell.source!r} (run `flashcore lessons --listings --only {pid}`)")
+        shown_early = sorted(line for line in own if line in text)
+        assert not shown_early, (f"lessons/{notebooks.lesson_stem(pid)}.ipynb prints solution lines {shown_early} "
+                                 f"in its cell {cell.source!r}, before the exercise's solution")
     notebooks.Lesson(pid).show_solution()
     shown = "\n".join(lessons.plain_text(code[at[0]].get("outputs", [])))
     assert shown == capsys.readouterr().out.rstrip("\n"), (

@@ -231,3 +231,16 @@ def test_the_course_extra_brings_the_disassembler():
     assert '"cuda-toolkit[nvdisasm]==13.*"' in course, course
     if importlib.util.find_spec("jupyterlab") is not None and sys.platform in ("linux", "win32"):
         assert find_disassembler() is not None, "the course extra is installed, but no nvdisasm is found"
+
+
+def test_a_sass_cell_without_a_disassembler_says_what_to_install(capsys):
+    """Where no nvdisasm or cuobjdump is found, the lessons' SASS cell prints how to get one (the course
+    extra) instead of failing, and points back to the PTX."""
+    from types import SimpleNamespace
+
+    from flashcore_numba.course.notebooks import Lesson
+
+    no_sass = SimpleNamespace(reports=lambda: {"09": {"ptx": ".version 8.0"}}, main_id="09")
+    Lesson.sass(no_sass, ["WGMMA"])
+    out = capsys.readouterr().out
+    assert "No SASS here: it needs nvdisasm" in out and 'pip install -e ".[course]"' in out and "PTX" in out
