@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 # the notebook tools are the `notebooks` extra: without them these tests skip, saying which is missing
-for _module in ("nbformat", "nbclient", "jupytext"):
+# (IPython.display too: the listings print through it. Imported here, before the session's background
+# lessons start their threads: an import of IPython racing one in another thread raised KeyError)
+for _module in ("nbformat", "nbclient", "jupytext", "IPython.display"):
     pytest.importorskip(_module, reason=f"{_module} is not installed (pip install -e '.[notebooks]')",
                         exc_type=ImportError)
 import nbformat  # noqa: E402

@@ -149,7 +149,8 @@ def tile_head_dim(HEAD_DIM: int) -> int:
     """D_TILE: the tile configuration a head dim runs on, the first (64, 128, 192, 256) that holds it. TMA
     fills the columns of a box past the tensor's last one with zeros, so Q and K's extra columns add
     nothing to q·kᵀ, and V's give output columns the epilogue never stores: D = 96 costs what
-    D = 128 costs, in time and in shared memory (as FlashAttention-2 rounds D up to its tiles)."""
+    D = 128 costs in tensor-core work and shared memory (as FlashAttention-2 rounds D up to its
+    tiles), though TMA reads only its 96 columns from global memory."""
     return min(d for d in KEYS_PER_TILE if d >= HEAD_DIM)
 
 

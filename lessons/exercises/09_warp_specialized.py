@@ -41,7 +41,8 @@ from flashcore_numba.phases.tracing import wait_hooks
 ID = "09"
 NAME = "warp_specialized"
 TITLE = "Hopper TMA + warp specialization: a producer warpgroup, consumers taking turns"
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)  # the course's head dims; any other multiple of 8 up to 256 runs too (runs_head_dim)
+HEAD_DIMS_TEXT = "any multiple of 8 from 8 to 256"
 DTYPES = ("float16", "bfloat16")
 GQA = True
 LSE = True  # return_lse: the kernel can write each row's log-sum-exp (common.store_lse)
@@ -53,41 +54,64 @@ VARIANTS = {
 }
 
 WG_M = 64  # rows of one wgmma: a consumer warpgroup's share of the query block
-# keys per tile: twice phase 08's, which halves the turns, barrier waits and wgmma waits per key.
-# It fits in registers because P·V adds into the accumulator in place (no second O-sized tile)
-BLOCK_N = 128
+# The tile configurations, by D_TILE (the head dim a tile holds; tile_head_dim), and their keys
+# per tile, BLOCK_N: at D = 64 and 128 twice phase 08's, which halves the turns, barrier waits and
+# wgmma waits per key. It fits in registers because P·V adds into the accumulator in place (no
+# second O-sized tile). At D = 192 and 256 a consumer's O takes D / 2 registers a thread (96, 128):
+# there S of 64 keys (32 registers) is what fits beside it, and K/V tiles of 64 keys fit shared memory
+KEYS_PER_TILE = {64: 128, 128: 128, 192: 64, 256: 64}
 ROW = 128  # bytes of one row of a 128-byte-swizzle atom (64 fp16)
 ATOM = WG_M * ROW  # 64 rows of one atom, 8192 bytes: a Q atom, and one TMA box
 GROUP = 8 * ROW  # eight rows: the SBO of every descriptor here
 MMA_K = 16  # the k-step of P's A fragments (MMA_N, 8 columns: common.py)
 # per head dim: consumer warpgroups (warpgroup 0 is the producer), and the registers per thread a
 # consumer raises itself to (the most the block's 65536 leave once the producer is down to 24)
-CONSUMERS = {64: 3, 128: 2}
+CONSUMERS = {64: 3, 128: 2, 192: 2, 256: 2}
 CONSUMER_REGISTERS = {2: 240, 3: 160}
 SIM_CONSUMERS = 2  # in the simulator (one Python thread per CUDA thread): 384 threads at any D
-STAGES = {64: 4, 128: 3}  # K/V ring depth: at D = 128 three stages of 64 KB fill shared memory
+# K/V ring depth: as many stages as shared memory holds beside Q (227 KB): at D = 128 three of
+# 64 KB, at D = 192 three of 48 KB, at D = 256 two of 64 KB
+STAGES = {64: 4, 128: 3, 192: 3, 256: 2}
 TURN = 1  # named barriers TURN + c: consumer c's turn at the tensor cores
 TURN_THREADS = 256  # a turn barrier completes with its consumer (sync) and the one before (arrive)
 WG_SYNC = 4  # named barriers WG_SYNC + c: consumer c's 128 threads only
 
 
+def runs_head_dim(HEAD_DIM: int) -> bool:
+    """Whether the kernel is built for head dim HEAD_DIM: a multiple of 8 (TMA reads rows of whole
+    16-byte chunks, and the epilogue stores them) up to 256, the widest tile configuration."""
+    return isinstance(HEAD_DIM, int) and 0 < HEAD_DIM <= max(KEYS_PER_TILE) and HEAD_DIM % 8 == 0
+
+
+def tile_head_dim(HEAD_DIM: int) -> int:
+    """D_TILE: the tile configuration a head dim runs on, the first (64, 128, 192, 256) that holds it. TMA
+    fills the columns of a box past the tensor's last one with zeros, so Q and K's extra columns add
+    nothing to q·kᵀ, and V's give output columns the epilogue never stores: D = 96 costs what
+    D = 128 costs in tensor-core work and shared memory (as FlashAttention-2 rounds D up to its
+    tiles), though TMA reads only its 96 columns from global memory."""
+    return min(d for d in KEYS_PER_TILE if d >= HEAD_DIM)
+
+
 def layout(HEAD_DIM):
     """Every derived constant. Shared memory: Q (BLOCK_M rows, one 64-row tile per consumer), the
-    ring of STAGES K/V stages, then the mbarriers; tiles are D / 64 swizzled atoms, 1024-aligned
+    ring of STAGES K/V stages, then the mbarriers; tiles are D_TILE / 64 swizzled atoms, 1024-aligned
     (an atom of a K or V tile has BLOCK_N rows: BLOCK_N / 64 TMA boxes one below the other)."""
-    consumers = SIM_CONSUMERS if simulator_enabled() else CONSUMERS[HEAD_DIM]
-    L = dict(HEAD_DIM=HEAD_DIM, CONSUMERS=consumers, BLOCK_M=WG_M * consumers, BLOCK_N=BLOCK_N,
+    D_TILE = tile_head_dim(HEAD_DIM)
+    consumers = SIM_CONSUMERS if simulator_enabled() else CONSUMERS[D_TILE]
+    BLOCK_N = KEYS_PER_TILE[D_TILE]
+    L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, CONSUMERS=consumers, BLOCK_M=WG_M * consumers, BLOCK_N=BLOCK_N,
              N_THREADS=128 * (1 + consumers))
     L["LAUNCH_BOUNDS"] = (L["N_THREADS"], 1)  # one block per SM: 65536 / N_THREADS registers at launch
     L["CONSUMER_REGISTERS"] = CONSUMER_REGISTERS[consumers]
-    L["ATOMS"] = HEAD_DIM // 64  # TMA boxes (64 columns) per tile row
-    L["TILE_BYTES"] = WG_M * HEAD_DIM * 2  # one consumer's 64-row tile of Q
-    L["KV_BYTES"] = BLOCK_N * HEAD_DIM * 2  # one K or V tile
+    L["ATOMS"] = D_TILE // 64  # TMA boxes (64 columns) per tile row
+    L["TILE_BYTES"] = WG_M * D_TILE * 2  # one consumer's 64-row tile of Q
+    L["KV_BYTES"] = BLOCK_N * D_TILE * 2  # one K or V tile
     L["KV_ATOM"] = BLOCK_N * ROW  # one atom of a K or V tile: BLOCK_N rows of 128 bytes
-    L["STAGES"] = STAGES[HEAD_DIM]
+    L["STAGES"] = STAGES[D_TILE]
     # a consumer passes the tiles its rows never see: under a causal mask, a block with more rows
     # than a tile has keys streams tiles that only its later consumers need (D = 64: 192 rows, 128
-    # keys). Kept in the simulator (BLOCK_M = BLOCK_N there) so that the pass stays tested
+    # keys; D = 256: 128 rows, 64 keys). Kept in the simulator (BLOCK_M = BLOCK_N there at D <= 128)
+    # so that the pass stays tested
     L["PASS_UNSEEN"] = L["BLOCK_M"] > BLOCK_N or simulator_enabled()
     L["Q_OFF"] = 0
     L["RING_OFF"] = consumers * L["TILE_BYTES"]
@@ -97,7 +121,8 @@ def layout(HEAD_DIM):
     L["SMEM_BYTES"] = L["INFO_OFF"] + 8 * consumers  # per consumer: its query block's first row and plane
     L["NT"] = BLOCK_N // MMA_N  # 8-column blocks of S
     L["KP"] = BLOCK_N // MMA_K  # k-steps of P·V
-    L["NO"] = HEAD_DIM // MMA_N  # 8-column blocks of O
+    L["NO"] = D_TILE // MMA_N  # 8-column blocks of O's tile
+    L["N_OUT"] = HEAD_DIM // MMA_N  # of them, those O has (the epilogue stores these)
     return L
 
 
@@ -145,6 +170,7 @@ BUILDS = {
 
 def make_softmax_tile(L, dtype="float16"):
     """(softmax_tile, pack_a): phase 08's online softmax on S of BLOCK_N keys, and P's fragments."""
+    BLOCK_N = L["BLOCK_N"]
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
     pack_a = make_pack_a(pack, L["KP"])
     # p = exp2(s · scale - m) by one MUFU.EX2 a score, no subnormal fix-ups (common.py)
@@ -259,7 +285,7 @@ def make_producer(L, varlen, hooks, tail_off):
     map_address = operands.map_address
     advance, _ = make_ring(L)
     next_unit, query_block = make_scheduler(L)
-    BLOCK_M, CONSUMERS, ATOMS = L["BLOCK_M"], L["CONSUMERS"], L["ATOMS"]
+    BLOCK_M, BLOCK_N, CONSUMERS, ATOMS = L["BLOCK_M"], L["BLOCK_N"], L["CONSUMERS"], L["ATOMS"]
     TILE_BYTES, RING_OFF, STAGE_BYTES = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"]
     KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
     INFO = L["INFO_OFF"] // 4  # the info slots (two words per consumer), in words of smem_h
@@ -395,7 +421,8 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
     tensor cores (wgmma from shared memory, ptx/wgmma.ptx) and the softmax of the tile. hooks: the
     kernel's barrier waits and trace marks (tracing.wait_hooks)."""
     kind = PTX_TYPE[dtype]
-    shape = f"d{L['HEAD_DIM']}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D
+    BLOCK_N = L["BLOCK_N"]
+    shape = f"d{L['D_TILE']}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D_TILE
     qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_{shape}_{kind}", "inline")
     # P·V adds into O in place: P's fragments and O's registers travel as two tuples
     pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_{shape}_{kind}", "inline", tuples=True)
@@ -496,7 +523,8 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
     wait, bar_sync, trace_mark, trace_save = hooks
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
     st_global_v4 = ptx.function("store.ptx", "flashcore_st_global_v4", "inline")  # one STG.E.128
-    store_rows, store_rows_at = fragment_epilogue_16b(pack, L["NO"], st_global_v4)  # 16-byte stores (common)
+    # 16-byte stores (common.py), of O's columns only
+    store_rows, store_rows_at = fragment_epilogue_16b(pack, L["NO"], st_global_v4, L["N_OUT"])
     fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
     arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
     bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
@@ -504,7 +532,8 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
     SW128 = operands.SWIZZLE_128B
     advance, _ = make_ring(L)
     first_tile, turn, add_pv = make_turns(L, dtype, build, hooks)
-    HEAD_DIM, BLOCK_M, CONSUMERS, PASS_UNSEEN = L["HEAD_DIM"], L["BLOCK_M"], L["CONSUMERS"], L["PASS_UNSEEN"]
+    HEAD_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"]
+    CONSUMERS, PASS_UNSEEN = L["CONSUMERS"], L["PASS_UNSEEN"]
     TILE_BYTES, RING_OFF, STAGE_BYTES = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"]
     KV_BYTES, KV_ATOM, NT, KP, NO = L["KV_BYTES"], L["KV_ATOM"], L["NT"], L["KP"], L["NO"]
     INFO = L["INFO_OFF"] // 4  # the info slots (two words per consumer), in words of smem_h
