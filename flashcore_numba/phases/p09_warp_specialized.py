@@ -69,6 +69,14 @@ Why the hardware rewards it
     five K/V stages, ex2.approx.f16x2, two consumers at D = 64, a share of the exp2s on the FMA
     pipe): docs/tuning/09_history.md.
 
+Other head dims
+    Every multiple of 8 up to 256 runs on the first tile configuration that holds it (D_TILE: 64,
+    128, 192 or 256 columns, `tile_head_dim`); TMA fills the columns past D with zeros and the
+    epilogue stores only O's. At D_TILE = 192 and 256 a consumer's O takes 96 and 128 registers a
+    thread, so a tile has 64 keys there (S: 32 registers) and the ring holds what shared memory
+    leaves beside Q: three stages at 192, two at 256 (`KEYS_PER_TILE`, `STAGES`). The PTX at D = 64
+    and 128 is unchanged by this.
+
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 519 TFLOPS (1.38x phase 08),
