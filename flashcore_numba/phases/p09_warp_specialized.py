@@ -178,7 +178,6 @@ def layout(HEAD_DIM):
     D_TILE = tile_head_dim(HEAD_DIM)
     consumers = SIM_CONSUMERS if simulator_enabled() else CONSUMERS[D_TILE]
     BLOCK_N = KEYS_PER_TILE[D_TILE]
-    L["RESCALE_LATE"] = D_TILE in RESCALE_LATE
     L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, CONSUMERS=consumers, BLOCK_M=WG_M * consumers, BLOCK_N=BLOCK_N,
              N_THREADS=128 * (1 + consumers))
     L["LAUNCH_BOUNDS"] = (L["N_THREADS"], 1)  # one block per SM: 65536 / N_THREADS registers at launch
@@ -188,6 +187,7 @@ def layout(HEAD_DIM):
     L["KV_BYTES"] = BLOCK_N * D_TILE * 2  # one K or V tile
     L["KV_ATOM"] = BLOCK_N * ROW  # one atom of a K or V tile: BLOCK_N rows of 128 bytes
     L["STAGES"] = STAGES[D_TILE]
+    L["RESCALE_LATE"] = D_TILE in RESCALE_LATE
     # a consumer passes the tiles its rows never see: under a causal mask, a block with more rows
     # than a tile has keys streams tiles that only its later consumers need (D = 64: 192 rows, 128
     # keys; D = 256: 128 rows, 64 keys). Kept in the simulator (BLOCK_M = BLOCK_N there at D <= 128)
