@@ -310,6 +310,20 @@ def test_the_benchmark_runs_phase_07_at_a_value_head_dim_and_says_why_not_the_ot
     assert p07_result["correct"] is True, p07_result["message"]
 
 
+def test_the_report_shows_the_committed_records_of_other_head_dims():
+    """docs/performance.md has a table per committed head-dim record, the MLA one too (only phase 07
+    runs it: a one-phase record that is no ladder), phase 09 and cuDNN side by side where both ran."""
+    from pathlib import Path
+
+    from flashcore_numba.measure import records, report
+
+    bench_dir = Path(__file__).resolve().parents[1] / "docs" / "bench"
+    committed = [r for r in records.load_records(bench_dir) if "sweep" not in r]
+    anchor, _ = report.ladder_records(committed)
+    shown = {report._describe(pair[0]["config"]) for pair in report.other_ladders(committed, anchor) if pair[0]}
+    assert {"B=16 H=16 S=2048 D=96 fp16", "B=16 H=16 S=2048 D=256 fp16", "B=16 H=16 S=2048 D=192 D_v=128 fp16"} <= shown
+
+
 def test_the_custom_ops_fake_gives_the_output_v_s_head_dim():
     """Under torch.compile the op is traced on fake tensors: its output must have v's head dim (MLA)."""
     torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")

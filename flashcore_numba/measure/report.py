@@ -105,7 +105,8 @@ def other_ladders(records, anchor) -> list[tuple]:
     singles = [r for r in records if "sweep" not in r
                and r["provenance"]["gpu_name"] == anchor["provenance"]["gpu_name"]
                and _shape_key(r) != _shape_key(anchor)
-               and sum(x["kind"] == "phase" for x in r["results"]) > 1]  # a ladder, not one kernel's latency
+               # a ladder, not one kernel's latency; or a problem only one phase runs (v's own head dim)
+               and (sum(x["kind"] == "phase" for x in r["results"]) > 1 or r["config"].get("D_v"))]
     pairs = []
     def order(key):  # fp16 first, then bf16, then grouped-query shapes; by head dim within each
         gpu, B, H, S_q, S_k, D, dtype, H_kv, D_v = key

@@ -78,11 +78,21 @@ Why the hardware rewards it
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
     NVIDIA H100 80GB HBM3, 2026-12-06, B=16 H=16 S=2048 D=64 fp16: 338 TFLOPS (4.74x 06-inline),
-    causal 286 TFLOPS (4.67x 06-inline); 242 registers, 0 B local memory. At B=16 H=16 S=2048 D=128
-    fp16: 361 TFLOPS (5.98x 06-inline), causal 312 TFLOPS (5.91x 06-inline). At B=16 H=32 H_kv=8
-    S=2048 D=64 fp16: 346 TFLOPS, causal 299 TFLOPS
-    (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
+    causal 286 TFLOPS (4.67x 06-inline); 242 registers, 0 B local memory. At B=16 H=16 S=2048 D=96
+    fp16: 352 TFLOPS, causal 297 TFLOPS. At B=16 H=16 S=2048 D=128 fp16: 361 TFLOPS (5.98x
+    06-inline), causal 312 TFLOPS (5.91x 06-inline). At B=16 H=16 S=2048 D=192 fp16: 242 TFLOPS,
+    causal 217 TFLOPS. At B=16 H=16 S=2048 D=192 D_v=128 fp16: 260 TFLOPS, causal 232 TFLOPS. At
+    B=16 H=16 S=2048 D=256 fp16: 281 TFLOPS, causal 254 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64
+    fp16: 346 TFLOPS, causal 299 TFLOPS (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16_causal_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_causal_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_p07.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_causal_p07.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_causal_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16[_causal].json). Every shape and dtype measured:
     docs/performance.md.
     [measured:end]
@@ -160,9 +170,9 @@ def gpu_tiles(HEAD_DIM: int, V_DIM: int | None = None) -> dict:
     block's 128 rows: at D_TILE = 256 that is 128 accumulators, as two m-tiles hold at D = 128, with
     48 keys per tile. Assembled for sm_90a (flashcore_numba.measure.machine_code), none spills: D = 32
     189 registers, 40 242, 96 235, 160 164, 192 169, 224 236, 256 240 (with 128 keys per tile D = 32
-    spills 88 bytes; with 64, D = 96 takes 247). These shapes are chosen from registers alone: they
-    are not yet timed against other shapes. With V_DIM (V's and O's head dim, MLA), the wider of the
-    two decides (192 and 128: 167 registers)."""
+    spills 88 bytes; with 64, D = 96 takes 247). These shapes are chosen from registers alone: no
+    other shape has been timed beside them (their records: docs/performance.md). With V_DIM (V's and
+    O's head dim, MLA), the wider of the two decides (192 and 128: 167 registers)."""
     D_TILE = tile_head_dim(max(HEAD_DIM, V_DIM or HEAD_DIM))
     if D_TILE <= 128:
         return TILES[64 if D_TILE <= 64 else 128]

@@ -70,12 +70,10 @@ Why the hardware rewards it
     pipe): docs/tuning/09_history.md.
 
 Other head dims
-    Every multiple of 8 up to 256 runs on the first tile configuration that holds it (D_TILE: 64,
-    128, 192 or 256 columns, `tile_head_dim`); TMA fills the columns past D with zeros and the
-    epilogue stores only O's. At D_TILE = 192 and 256 a consumer's O takes 96 and 128 registers a
-    thread, so a tile has 64 keys there (S: 32 registers) and the ring holds what shared memory
-    leaves beside Q: three stages at 192, two at 256 (`KEYS_PER_TILE`, `STAGES`). The PTX at D = 64
-    and 128 is unchanged by this.
+    Any multiple of 8 up to 256 runs on the first tile configuration that holds it (64, 128, 192 or
+    256 columns, `tile_head_dim`), TMA's zero fill past D; at 192 and 256, O takes 96 and 128
+    registers a thread, so a tile has 64 keys and the ring what shared memory leaves beside Q
+    (`KEYS_PER_TILE`, `STAGES`, `RESCALE_LATE`; docs/tuning/09_history.md, "Other head dims").
 
 Measured effect (written by `flashcore report` from the committed record; do not edit by hand)
     [measured:begin]
@@ -84,10 +82,19 @@ Measured effect (written by `flashcore report` from the committed record; do not
     (0.92x phase 09, SLOWER than phase 09), causal 357 TFLOPS (0.87x phase 09, SLOWER than phase
     09). 09-turns: 408 TFLOPS (0.86x 09-overlap, SLOWER than 09-overlap), causal 315 TFLOPS (0.88x
     09-overlap, SLOWER than 09-overlap). 09-ws: 451 TFLOPS (1.10x 09-turns), causal 347 TFLOPS
-    (1.10x 09-turns). At B=16 H=16 S=2048 D=128 fp16: 659 TFLOPS (1.73x phase 08), causal 556 TFLOPS
-    (1.73x phase 08). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 539 TFLOPS (1.40x phase 08), causal 426
+    (1.10x 09-turns). At B=16 H=16 S=2048 D=96 fp16: 526 TFLOPS (1.49x phase 07), causal 433 TFLOPS
+    (1.46x phase 07). At B=16 H=16 S=2048 D=128 fp16: 659 TFLOPS (1.73x phase 08), causal 556 TFLOPS
+    (1.73x phase 08). At B=16 H=16 S=2048 D=192 fp16: 657 TFLOPS (2.71x phase 07), causal 551 TFLOPS
+    (2.55x phase 07). At B=16 H=16 S=2048 D=256 fp16: 472 TFLOPS (1.68x phase 07), causal 440 TFLOPS
+    (1.73x phase 07). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 539 TFLOPS (1.40x phase 08), causal 426
     TFLOPS (1.31x phase 08) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16_causal_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_causal_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_causal_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16[_causal].json). Every shape and dtype measured:
     docs/performance.md.
     [measured:end]

@@ -95,9 +95,9 @@ def gpu_tiles(HEAD_DIM: int, V_DIM: int | None = None) -> dict:
     block's 128 rows: at D_TILE = 256 that is 128 accumulators, as two m-tiles hold at D = 128, with
     48 keys per tile. Assembled for sm_90a (flashcore_numba.measure.machine_code), none spills: D = 32
     189 registers, 40 242, 96 235, 160 164, 192 169, 224 236, 256 240 (with 128 keys per tile D = 32
-    spills 88 bytes; with 64, D = 96 takes 247). These shapes are chosen from registers alone: they
-    are not yet timed against other shapes. With V_DIM (V's and O's head dim, MLA), the wider of the
-    two decides (192 and 128: 167 registers)."""
+    spills 88 bytes; with 64, D = 96 takes 247). These shapes are chosen from registers alone: no
+    other shape has been timed beside them (their records: docs/performance.md). With V_DIM (V's and
+    O's head dim, MLA), the wider of the two decides (192 and 128: 167 registers)."""
     D_TILE = tile_head_dim(max(HEAD_DIM, V_DIM or HEAD_DIM))
     if D_TILE <= 128:
         return TILES[64 if D_TILE <= 64 else 128]

@@ -64,6 +64,15 @@ ROW = 128  # bytes of one row of a 128-byte-swizzle atom (64 fp16)
 ATOM = WG_M * ROW  # 64 rows of one atom, 8192 bytes: a Q atom, and one TMA box
 GROUP = 8 * ROW  # eight rows: the SBO of every descriptor here
 MMA_K = 16  # the k-step of P's A fragments (MMA_N, 8 columns: common.py)
+# The tile configurations that rescale O (acc *= alpha, when the running max moves) late: at the end
+# of the turn that computed alpha, right after O's wait (as FlashAttention-3 does), instead of just
+# before the next P·V is issued. There, between the two issues, S (32 registers) and P (16) are
+# already held by the tensor cores and the rescaled O is a new value that must land in the wgmma's
+# accumulator registers: ptxas kept the loop's O in other registers and copied it out and back in
+# every tile (128 moves), which at D = 256 did not fit in 240 registers (432 B of spills). Rescaled
+# after the wait, O goes from one wgmma to the next in the same registers. D <= 192 keeps the
+# rescale where its records were measured
+RESCALE_LATE = (256,)
 # per head dim: consumer warpgroups (warpgroup 0 is the producer), and the registers per thread a
 # consumer raises itself to (the most the block's 65536 leave once the producer is down to 24)
 CONSUMERS = {64: 3, 128: 2, 192: 2, 256: 2}
@@ -108,6 +117,7 @@ def layout(HEAD_DIM):
     L["KV_BYTES"] = BLOCK_N * D_TILE * 2  # one K or V tile
     L["KV_ATOM"] = BLOCK_N * ROW  # one atom of a K or V tile: BLOCK_N rows of 128 bytes
     L["STAGES"] = STAGES[D_TILE]
+    L["RESCALE_LATE"] = D_TILE in RESCALE_LATE
     # a consumer passes the tiles its rows never see: under a causal mask, a block with more rows
     # than a tile has keys streams tiles that only its later consumers need (D = 64: 192 rows, 128
     # keys; D = 256: 128 rows, 64 keys). Kept in the simulator (BLOCK_M = BLOCK_N there at D <= 128)
@@ -435,6 +445,7 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
     arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
     bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
     wait, bar_sync, _, _ = hooks
+    RESCALE_LATE = L["RESCALE_LATE"]  # O rescaled at the end of a turn, not before a P·V (see RESCALE_LATE)
     descriptor, as_tuple, store_tuple = operands.matrix_descriptor, operands.as_tuple, operands.store_tuple
     SW128 = operands.SWIZZLE_128B
     softmax_tile, pack_a = make_softmax_tile(L, dtype)
@@ -447,8 +458,10 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
 
     @cuda.jit(device=True, inline=True)
     def add_pv(acc, p_frag, desc_v, alpha_a, alpha_b):
-        """acc = alpha · acc + P·V of one tile: the rescale, then the wgmma adds into acc in place."""
-        rescale_rows(acc, NO, alpha_a, alpha_b)
+        """acc = alpha · acc + P·V of one tile: the rescale, then the wgmma adds into acc in place
+        (RESCALE_LATE: acc += P·V, the rescale was done at the end of the tile's turn)."""
+        if not RESCALE_LATE:
+            rescale_rows(acc, NO, alpha_a, alpha_b)
         store_tuple(acc, pv_acc(as_tuple(p_frag, N_P), desc_v, as_tuple(acc, N_O)))
 
     @cuda.jit(device=True, inline=True)
@@ -488,7 +501,8 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
             bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
         if OVERLAP:  # both issued, neither awaited: S first, so that it is the first to finish
             s_tile = qk_issue(desc_q, desc_k)
-            rescale_rows(acc, NO, alpha_a, alpha_b)
+            if not RESCALE_LATE:
+                rescale_rows(acc, NO, alpha_a, alpha_b)
             p_prev = as_tuple(p_frag, N_P)  # read by the tensor cores until wait_o
             o_tile = pv_acc_issue(p_prev, desc_v, as_tuple(acc, N_O))
         else:
@@ -508,6 +522,9 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
         if OVERLAP:
             store_tuple(acc, wait_o(p_prev, o_tile))  # P·V of tile n - 1 is done
             arrive(empty + 8 * prev)
+        if RESCALE_LATE:  # tile n's alpha, applied now that O holds tiles 0 .. n - 1; tile 0's never
+            # is (first_tile): O is zero there
+            rescale_rows(acc, NO, alpha_a, alpha_b)
         # P's fragments after the wait: tile n - 1's are read by the tensor cores until then, and
         # the assembler gives tile n's the same registers
         pack_a(p_frag, s)
