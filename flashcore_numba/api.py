@@ -91,10 +91,11 @@ def _validate(ops, phase, causal, scale, return_lse=False):
             raise ValueError(f"{op.name}: batch size {op.shape[0]} differs from q's {B} (shape {op.shape})")
     if k.shape[3] != D:
         raise ValueError(f"k: head dim {k.shape[3]} differs from q's {D} (shape {k.shape})")
-    if v.shape[3] != D and not supports_value_dim(phase):  # (MLA: phase 07 takes v's head dim of its own)
+    if v.shape[3] != D and not supports_value_dim(phase, D, v.shape[3]):  # (MLA: 07 and 09 take v's of its own)
+        takes = ("takes one head dim for q, k and v" if not supports_value_dim(phase)
+                 else f"does not take v's head dim {v.shape[3]} beside q's {D}")
         raise ValueError(f"v: head dim {v.shape[3]} differs from q's {D} (shape {v.shape}); phase {phase.ID} "
-                         f"takes one head dim for q, k and v (phase 07 takes v's of its own: "
-                         f"{head_dims_text(PHASES['07'])})")
+                         f"{takes} (phase 07 takes v's of its own: {head_dims_text(PHASES['07'])})")
     if v.shape[1:3] != k.shape[1:3]:
         raise ValueError(f"v: heads and length {v.shape[1:3]} differ from k's {k.shape[1:3]}")
     if k.shape[1] != H:
@@ -138,7 +139,8 @@ def best_for_this_gpu(head_dim=None, value_dim=None):
     def built_for(p):  # the head dims asked for
         if head_dim is not None and not supports_head_dim(p, head_dim):
             return False
-        return value_dim in (None, head_dim) or (supports_value_dim(p) and supports_head_dim(p, value_dim))
+        return value_dim in (None, head_dim) or (supports_value_dim(p, head_dim or value_dim, value_dim)
+                                                  and supports_head_dim(p, value_dim))
 
     # best first, then the newest phases: those this GPU runs
     runnable = [p for p in (best, *sorted(PHASES.values(), key=lambda p: p.ID, reverse=True))

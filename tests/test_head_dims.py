@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from flashcore_numba import attention, check_close, lowp_attention, reference_attention
-from flashcore_numba.phases import PHASES, head_dims_text, supports_head_dim
+from flashcore_numba.phases import PHASES, head_dims_text, supports_head_dim, supports_value_dim
 from flashcore_numba.phases import p07_mma_sync as p07
 from flashcore_numba.reference import random_qkv
 
@@ -35,7 +35,10 @@ def run_poisoned(q, k, v, causal, phase="07"):
 
     D, Dv = q.shape[-1], v.shape[-1]
     out = cuda.to_device(np.full((*q.shape[:3], Dv), np.nan, dtype=np.float16))
-    config = build(PHASES[phase], D, value_dim=None if Dv == D else Dv)
+    if phase == "09" and Dv != D:  # (phase 09's own value head dim: built, not yet offered by attention())
+        config = PHASES["09"].build(D, value_dim=Dv)
+    else:
+        config = build(PHASES[phase], D, value_dim=None if Dv == D else Dv)
     config.launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal, LOG2E / np.sqrt(D))
     return out.copy_to_host()
 
@@ -197,6 +200,45 @@ def test_phase07_takes_a_value_head_dim_of_its_own(D, Dv, causal):
     assert out.shape == (1, 2, 20, Dv) and verdict.ok, f"D={D} Dv={Dv}: {verdict.message}"
 
 
+@pytest.mark.parametrize("D, Dv", [(192, 128), pytest.param(256, 136, marks=pytest.mark.slow)])
+def test_phase09_takes_a_value_head_dim_of_its_own(D, Dv):
+    """Phase 09 with V narrower than K (MLA's 128 beside 192): V's tile has fewer atoms in a stage,
+    P·V and the epilogue are V's width; several tiles of keys, causal and not, two heads on one."""
+    rng = np.random.default_rng()
+    for causal in (False, True):
+        q, k, _ = random_qkv((1, 2, 150, D), 270, heads_kv=1)
+        v = rng.standard_normal((1, 1, 270, Dv)).astype(np.float16)
+        out = run_poisoned(q, k, v, causal, "09")
+        k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+        verdict = check_close(out, reference_attention(q, k2, v2, causal=causal), lowp_attention(q, k2, v2, causal=causal))
+        assert out.shape == (1, 2, 150, Dv) and verdict.ok, f"phase 09 D={D} Dv={Dv} causal={causal}: {verdict.message}"
+
+
+def test_the_value_head_dims_phase_09_takes():
+    from flashcore_numba.phases import p09_warp_specialized as p09
+
+    assert p09.runs_value_dim(192, 128) and p09.runs_value_dim(256, 136) and p09.runs_value_dim(96, 96)
+    assert not p09.runs_value_dim(128, 64) and not p09.runs_value_dim(192, 64) and not p09.runs_value_dim(192, 200)
+    assert not supports_value_dim(PHASES["09"])  # not offered by attention() before its GPU tests
+    with pytest.raises(ValueError, match="value head dim: phase 09 takes v's head dim of its own where"):
+        p09.build(128, value_dim=64)
+    L = p09.layout(192, 128)
+    assert (L["ATOMS"], L["V_ATOMS"], L["NO"], L["N_OUT"]) == (3, 2, 16, 16)
+    assert L["STAGE_BYTES"] == L["BLOCK_N"] * (192 + 128) * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, Dv", [(192, 128), (256, 136)])
+def test_phase09_value_head_dim_on_gpu(D, Dv):
+    for causal, (S_q, S_k) in ((False, (300, 450)), (True, (517, 517))):
+        q, k, _ = random_qkv((2, 4, S_q, D), S_k, heads_kv=2)
+        v = np.random.default_rng().standard_normal((2, 2, S_k, Dv)).astype(np.float16)
+        out = run_poisoned(q, k, v, causal, "09")
+        k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+        verdict = check_close(out, reference_attention(q, k2, v2, causal=causal), lowp_attention(q, k2, v2, causal=causal))
+        assert verdict.ok, f"phase 09 D={D} Dv={Dv} causal={causal}: {verdict.message}"
+
+
 def test_attention_with_a_value_head_dim_of_its_own_runs_phase_07():
     from flashcore_numba import api
 
@@ -240,7 +282,7 @@ def test_a_value_head_dim_has_its_own_cache_identity():
 
     assert build(PHASES["07"], 192, "float16", value_dim=128).cache_key == ("07", 192, "float16", 128)
     assert build(PHASES["07"], 192, "float16", value_dim=192).cache_key == ("07", 192, "float16")
-    with pytest.raises(ValueError, match="value head dim: phase 09 takes one head dim"):
+    with pytest.raises(ValueError, match="value head dim: phase 09 does not take v's head dim 64 beside q's 128"):
         build(PHASES["09"], 128, "float16", value_dim=64)
 
 

@@ -228,6 +228,7 @@ for _kind in ("f16", "bf16"):
         for _twin in ("", "_issue"):
             emulation(f"flashcore_wgmma_qk{_twin}_d{_D}_n64_{_kind}")(_qk(_D, _kind, 64))
             emulation(f"flashcore_wgmma_pv_acc{_twin}_d{_D}_n64_{_kind}")(_pv_acc(_D, _kind, 64))
+    emulation(f"flashcore_wgmma_pv_acc_issue_d128_n64_{_kind}")(_pv_acc(128, _kind, 64))  # (V of MLA's 128)
 
 
 def wait_s(acc):
@@ -244,7 +245,7 @@ def _wait_o(frags, acc):
     return acc
 
 
-for _D, _n in ((64, 128), (128, 128), (192, 64), (256, 64)):
+for _D, _n in ((64, 128), (128, 128), (128, 64), (192, 64), (256, 64)):
     emulation(f"flashcore_wgmma_wait_o_d{_D}_n{_n}")(_wait_o)
 
 

@@ -123,8 +123,9 @@ def build(phase, head_dim: int, dtype: str = "float16", value_dim: int | None = 
         raise ValueError(f"dtype: phase {phase.ID} supports {' and '.join(dtypes(phase))}, not {dtype}")
     value_dim = None if value_dim == head_dim else value_dim
     if value_dim is not None:  # V and O of a head dim of their own (MLA): phase 07 (supports_value_dim)
-        if not supports_value_dim(phase):
-            raise ValueError(f"value head dim: phase {phase.ID} takes one head dim for q, k and v")
+        if not supports_value_dim(phase, head_dim, value_dim):
+            raise ValueError(f"value head dim: phase {phase.ID} does not take v's head dim {value_dim} beside "
+                             f"q's {head_dim}")
         config = phase.build(head_dim, dtype=dtype, value_dim=value_dim)
     else:
         config = phase.build(head_dim) if dtype == DEFAULT_DTYPES[0] else phase.build(head_dim, dtype=dtype)
@@ -203,10 +204,16 @@ def supports_head_dim(phase, head_dim) -> bool:
     return bool(runs(head_dim)) if runs is not None else head_dim in phase.HEAD_DIMS
 
 
-def supports_value_dim(phase) -> bool:
+def supports_value_dim(phase, head_dim=None, value_dim=None) -> bool:
     """Whether `phase` takes v (and writes the output) with a head dim of its own, as MLA's 192 for q
-    and k and 128 for v: phase 07 (VALUE_HEAD_DIM)."""
-    return getattr(phase, "VALUE_HEAD_DIM", False)
+    and k and 128 for v (VALUE_HEAD_DIM: phases 07 and 09); with both head dims, whether it takes
+    that pair (phase 09's `runs_value_dim`, where it has one)."""
+    if not getattr(phase, "VALUE_HEAD_DIM", False):
+        return False
+    runs = getattr(phase, "runs_value_dim", None)
+    if runs is None or head_dim is None or value_dim is None:
+        return True
+    return bool(runs(head_dim, value_dim))
 
 
 def head_dims_text(phase) -> str:

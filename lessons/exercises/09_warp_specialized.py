@@ -43,6 +43,10 @@ NAME = "warp_specialized"
 TITLE = "Hopper TMA + warp specialization: a producer warpgroup, consumers taking turns"
 HEAD_DIMS = (64, 128)  # the course's head dims; any other multiple of 8 up to 256 runs too (runs_head_dim)
 HEAD_DIMS_TEXT = "any multiple of 8 from 8 to 256"
+# v (and the output) with a head dim of its own where runs_value_dim says so (MLA's 128 beside 192):
+# built and tested in the simulator; attention() and "best" take it once its GPU tests have run
+# (tests/test_head_dims.py), until then `build(..., value_dim=...)` alone
+VALUE_HEAD_DIM = False
 DTYPES = ("float16", "bfloat16")
 GQA = True
 LSE = True  # return_lse: the kernel can write each row's log-sum-exp (common.store_lse)
@@ -92,6 +96,16 @@ def runs_head_dim(HEAD_DIM: int) -> bool:
     return isinstance(HEAD_DIM, int) and 0 < HEAD_DIM <= max(KEYS_PER_TILE) and HEAD_DIM % 8 == 0
 
 
+def runs_value_dim(HEAD_DIM: int, V_DIM: int) -> bool:
+    """Whether the kernel is built for V (and O) of head dim V_DIM beside Q and K of HEAD_DIM, as
+    DeepSeek's MLA has (192 and 128): where Q and K need the 192- or 256-column tiles (64-key tiles)
+    and V's tile is 128 columns or more, but no wider than K's. The tile configuration is K's."""
+    if not (runs_head_dim(HEAD_DIM) and runs_head_dim(V_DIM)):
+        return False
+    d_tile, v_tile = tile_head_dim(HEAD_DIM), tile_head_dim(V_DIM)
+    return V_DIM == HEAD_DIM or (d_tile > 128 and 128 <= v_tile <= d_tile)
+
+
 def tile_head_dim(HEAD_DIM: int) -> int:
     """D_TILE: the tile configuration a head dim runs on, the first (64, 128, 192, 256) that holds it. TMA
     fills the columns of a box past the tensor's last one with zeros, so Q and K's extra columns add
@@ -101,20 +115,25 @@ def tile_head_dim(HEAD_DIM: int) -> int:
     return min(d for d in KEYS_PER_TILE if d >= HEAD_DIM)
 
 
-def layout(HEAD_DIM):
+def layout(HEAD_DIM, V_DIM=None):
     """Every derived constant. Shared memory: Q (BLOCK_M rows, one 64-row tile per consumer), the
     ring of STAGES K/V stages, then the mbarriers; tiles are D_TILE / 64 swizzled atoms, 1024-aligned
-    (an atom of a K or V tile has BLOCK_N rows: BLOCK_N / 64 TMA boxes one below the other)."""
-    D_TILE = tile_head_dim(HEAD_DIM)
+    (an atom of a K or V tile has BLOCK_N rows: BLOCK_N / 64 TMA boxes one below the other).
+    V_DIM: V's and O's head dim where it is not Q's and K's (runs_value_dim): V's tile is DV_TILE
+    columns, its V_ATOMS atoms after K's in a stage."""
+    V_DIM = HEAD_DIM if V_DIM is None else V_DIM
+    D_TILE, DV_TILE = tile_head_dim(HEAD_DIM), tile_head_dim(V_DIM)
     consumers = SIM_CONSUMERS if simulator_enabled() else CONSUMERS[D_TILE]
     BLOCK_N = KEYS_PER_TILE[D_TILE]
-    L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, CONSUMERS=consumers, BLOCK_M=WG_M * consumers, BLOCK_N=BLOCK_N,
-             N_THREADS=128 * (1 + consumers))
+    L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, V_DIM=V_DIM, DV_TILE=DV_TILE, CONSUMERS=consumers,
+             BLOCK_M=WG_M * consumers, BLOCK_N=BLOCK_N, N_THREADS=128 * (1 + consumers))
     L["LAUNCH_BOUNDS"] = (L["N_THREADS"], 1)  # one block per SM: 65536 / N_THREADS registers at launch
     L["CONSUMER_REGISTERS"] = CONSUMER_REGISTERS[consumers]
     L["ATOMS"] = D_TILE // 64  # TMA boxes (64 columns) per tile row
+    L["V_ATOMS"] = DV_TILE // 64  # of V's
     L["TILE_BYTES"] = WG_M * D_TILE * 2  # one consumer's 64-row tile of Q
-    L["KV_BYTES"] = BLOCK_N * D_TILE * 2  # one K or V tile
+    L["KV_BYTES"] = BLOCK_N * D_TILE * 2  # one K tile (or V tile: V_BYTES), where V's starts in a stage
+    L["V_BYTES"] = BLOCK_N * DV_TILE * 2
     L["KV_ATOM"] = BLOCK_N * ROW  # one atom of a K or V tile: BLOCK_N rows of 128 bytes
     L["STAGES"] = STAGES[D_TILE]
     L["RESCALE_LATE"] = D_TILE in RESCALE_LATE
@@ -125,14 +144,14 @@ def layout(HEAD_DIM):
     L["PASS_UNSEEN"] = L["BLOCK_M"] > BLOCK_N or simulator_enabled()
     L["Q_OFF"] = 0
     L["RING_OFF"] = consumers * L["TILE_BYTES"]
-    L["STAGE_BYTES"] = 2 * L["KV_BYTES"]  # K, then V
+    L["STAGE_BYTES"] = L["KV_BYTES"] + L["V_BYTES"]  # K, then V
     L["BARS_OFF"] = L["RING_OFF"] + L["STAGES"] * L["STAGE_BYTES"]
     L["INFO_OFF"] = L["BARS_OFF"] + 8 * (2 * L["STAGES"] + 2 * consumers)  # full[], empty[], q_full[], q_empty[]
     L["SMEM_BYTES"] = L["INFO_OFF"] + 8 * consumers  # per consumer: its query block's first row and plane
     L["NT"] = BLOCK_N // MMA_N  # 8-column blocks of S
     L["KP"] = BLOCK_N // MMA_K  # k-steps of P·V
-    L["NO"] = D_TILE // MMA_N  # 8-column blocks of O's tile
-    L["N_OUT"] = HEAD_DIM // MMA_N  # of them, those O has (the epilogue stores these)
+    L["NO"] = DV_TILE // MMA_N  # 8-column blocks of O's tile
+    L["N_OUT"] = V_DIM // MMA_N  # of them, those O has (the epilogue stores these)
     return L
 
 
@@ -295,7 +314,7 @@ def make_producer(L, varlen, hooks, tail_off):
     map_address = operands.map_address
     advance, _ = make_ring(L)
     next_unit, query_block = make_scheduler(L)
-    BLOCK_M, BLOCK_N, CONSUMERS, ATOMS = L["BLOCK_M"], L["BLOCK_N"], L["CONSUMERS"], L["ATOMS"]
+    BLOCK_M, BLOCK_N, CONSUMERS, ATOMS, V_ATOMS = L["BLOCK_M"], L["BLOCK_N"], L["CONSUMERS"], L["ATOMS"], L["V_ATOMS"]
     TILE_BYTES, RING_OFF, STAGE_BYTES = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"]
     KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
     INFO = L["INFO_OFF"] // 4  # the info slots (two words per consumer), in words of smem_h
@@ -340,7 +359,8 @@ def make_producer(L, varlen, hooks, tail_off):
                     row += int32(k_first)
                 at = a * KV_ATOM + box * ATOM
                 tma_load(k_tile + at, map_k, col, row, plane_kv, bar)
-                tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, bar)
+                if a < V_ATOMS:  # (V narrower than K, as MLA's: fewer atoms)
+                    tma_load(k_tile + KV_BYTES + at, map_v, col, row, plane_kv, bar)
 
     @cuda.jit(device=True, inline=True)
     def load_kv_alone(smem, smem_d, full, stage, n, plane_kv, map_k, map_v, k_first, seq_k, tail_parity):
@@ -354,7 +374,7 @@ def make_producer(L, varlen, hooks, tail_off):
         load_kv(smem, tail, stage, n, plane_kv, map_k, map_v, k_first)
         wait(tail, tail_parity)
         v_words = (RING_OFF + stage * STAGE_BYTES + KV_BYTES) // 8  # the stage's V tile, in 8-byte words
-        for a in range(ATOMS):  # atom a: columns 64a .. 64a + 63, a row of 128 bytes each (any swizzle)
+        for a in range(V_ATOMS):  # atom a: columns 64a .. 64a + 63, a row of 128 bytes each (any swizzle)
             for r in range(seq_k - n * BLOCK_N, BLOCK_N):
                 row = v_words + (a * KV_ATOM + r * ROW) // 8
                 for w in range(ROW // 8):
@@ -433,15 +453,16 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
     kind = PTX_TYPE[dtype]
     BLOCK_N = L["BLOCK_N"]
     shape = f"d{L['D_TILE']}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D_TILE
+    v_shape = f"d{L['DV_TILE']}_n{BLOCK_N}"  # P·V's: DV_TILE, V's columns (MLA's 128 beside 192)
     qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_{shape}_{kind}", "inline")
     # P·V adds into O in place: P's fragments and O's registers travel as two tuples
-    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_{shape}_{kind}", "inline", tuples=True)
+    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_{v_shape}_{kind}", "inline", tuples=True)
     # intra-warpgroup overlap: the products issued, not awaited; the waits come later (see `turn`)
     qk_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_issue_{shape}_{kind}", "inline")
-    pv_acc_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_issue_{shape}_{kind}", "inline",
+    pv_acc_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_issue_{v_shape}_{kind}", "inline",
                                 tuples=True)
     wait_s = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_s_n{BLOCK_N}", "inline", tuples=True)
-    wait_o = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_o_{shape}", "inline", tuples=True)
+    wait_o = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_o_{v_shape}", "inline", tuples=True)
     arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
     bar_arrive = ptx.function("warpgroup.ptx", "flashcore_bar_arrive", "inline")
     wait, bar_sync, _, _ = hooks
@@ -549,7 +570,7 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
     SW128 = operands.SWIZZLE_128B
     advance, _ = make_ring(L)
     first_tile, turn, add_pv = make_turns(L, dtype, build, hooks)
-    HEAD_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"]
+    V_DIM, BLOCK_M, BLOCK_N = L["V_DIM"], L["BLOCK_M"], L["BLOCK_N"]
     CONSUMERS, PASS_UNSEEN = L["CONSUMERS"], L["PASS_UNSEEN"]
     TILE_BYTES, RING_OFF, STAGE_BYTES = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"]
     KV_BYTES, KV_ATOM, NT, KP, NO = L["KV_BYTES"], L["KV_ATOM"], L["NT"], L["KP"], L["NO"]
@@ -598,8 +619,8 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
         meanwhile, and the producer loads the next block. Then each row's log-sum-exp, when LSE has
         rows (return_lse)."""
         if VARLEN:  # O (1, total_q, H, D / 2) and LSE (1, H, total_q): the sequence's rows from q_first
-            store_rows_at(global_address(O) + uint64((q_first * n_heads + h) * HEAD_DIM * 2),
-                          uint64(n_heads * HEAD_DIM * 2), row_a, row_b, seq_q, t, acc, l_a, l_b)
+            store_rows_at(global_address(O) + uint64((q_first * n_heads + h) * V_DIM * 2),
+                          uint64(n_heads * V_DIM * 2), row_a, row_b, seq_q, t, acc, l_a, l_b)
             if LSE.shape[2] != 0:
                 store_lse(LSE, 0, h, q_first + row_a, q_first + row_b, q_first + seq_q, t, l_a, l_b, m_a, m_b)
         else:
@@ -815,12 +836,25 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
 
 
 @lru_cache(maxsize=None)
-def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16", varlen: bool = False) -> KernelConfig:
+def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16", varlen: bool = False,
+          value_dim: int | None = None) -> KernelConfig:
     """The kernel for head dim HEAD_DIM and `dtype`; `variant` "ws" (no turns), "turns" (no overlap) or
     "overlap" (not persistent: one block per query block); with `varlen`, on packed sequences
-    (flashcore_numba.inference.attention_varlen)."""
+    (flashcore_numba.inference.attention_varlen); with `value_dim`, V and O of that head dim
+    (runs_value_dim: MLA's 128 beside 192)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 09 builds {' and '.join(DTYPES)}, not {dtype!r}")
     if variant not in (None, *VARIANTS):
         raise ValueError(f"variant: expected None or one of {', '.join(VARIANTS)}, got {variant!r}")
-    return build_kernel(layout(HEAD_DIM), dtype, BUILDS[variant], varlen)
+    if not runs_head_dim(HEAD_DIM):
+        raise ValueError(f"head dim: phase 09 builds {HEAD_DIMS_TEXT}, not {HEAD_DIM!r}")
+    value_dim = None if value_dim == HEAD_DIM else value_dim
+    if value_dim is not None:
+        if varlen:
+            raise ValueError(f"value head dim: packed sequences take one head dim for q, k and v, not "
+                             f"{HEAD_DIM} and {value_dim}")
+        if not runs_value_dim(HEAD_DIM, value_dim):
+            raise ValueError(f"value head dim: phase 09 takes v's head dim of its own where q's needs the "
+                             f"192- or 256-column tiles and v's is 128 columns or more but no wider, not "
+                             f"{value_dim} beside {HEAD_DIM}")
+    return build_kernel(layout(HEAD_DIM, value_dim), dtype, BUILDS[variant], varlen)
