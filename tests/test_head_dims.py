@@ -214,6 +214,16 @@ def test_phase09_takes_a_value_head_dim_of_its_own(D, Dv):
         assert out.shape == (1, 2, 150, Dv) and verdict.ok, f"phase 09 D={D} Dv={Dv} causal={causal}: {verdict.message}"
 
 
+def test_the_grader_sizes_phase_09s_cases_by_its_tiles():
+    """The key tile is per head dim now (KEYS_PER_TILE): the grader reads it from `tiles`, so that its
+    cases still span two key tiles (with 16 keys, as for an untiled phase, the stub passed large_logits)."""
+    from flashcore_numba.course import grade
+    from flashcore_numba.phases import p09_warp_specialized as p09
+
+    assert grade.tile_sizes(p09, 64) == (p09.build(64).block_m, 128)
+    assert p09.tiles(256)["block_n"] == 64 and p09.tiles(96) == p09.tiles(128)
+
+
 def test_the_value_head_dims_phase_09_takes():
     from flashcore_numba.phases import p09_warp_specialized as p09
 

@@ -115,6 +115,13 @@ def tile_head_dim(HEAD_DIM: int) -> int:
     return min(d for d in KEYS_PER_TILE if d >= HEAD_DIM)
 
 
+def tiles(HEAD_DIM: int) -> dict:
+    """The tile shape built at head dim HEAD_DIM: query rows per block (WG_M per consumer) and keys per
+    tile, as phase 07's `tiles` names them (the grader sizes its cases by them)."""
+    L = layout(HEAD_DIM)
+    return dict(block_m=L["BLOCK_M"], block_n=L["BLOCK_N"])
+
+
 def layout(HEAD_DIM, V_DIM=None):
     """Every derived constant. Shared memory: Q (BLOCK_M rows, one 64-row tile per consumer), the
     ring of STAGES K/V stages, then the mbarriers; tiles are D_TILE / 64 swizzled atoms, 1024-aligned
