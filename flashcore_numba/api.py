@@ -139,7 +139,7 @@ def best_for_this_gpu(head_dim=None, value_dim=None):
     def built_for(p):  # the head dims asked for
         if head_dim is not None and not supports_head_dim(p, head_dim):
             return False
-        return value_dim in (None, head_dim) or (supports_value_dim(p, head_dim or value_dim, value_dim)
+        return value_dim in (None, head_dim) or (supports_value_dim(p, head_dim, value_dim)
                                                   and supports_head_dim(p, value_dim))
 
     # best first, then the newest phases: those this GPU runs

@@ -724,9 +724,9 @@ def phase_skip_reason(phase, problem: Problem, device) -> str | None:
     if not phase_registry.supports_head_dim(phase, problem.D):
         return f"phase {phase.ID} supports head dim {phase_registry.head_dims_text(phase)}, not {problem.D}"
     if problem.D_v is not None and not phase_registry.supports_value_dim(phase, problem.D, problem.D_v):
-        return f"phase {phase.ID} does not take D={problem.D} beside D_v={problem.D_v}" if \
-            phase_registry.supports_value_dim(phase) else \
-            f"phase {phase.ID} takes one head dim for q, k and v, not D={problem.D} and D_v={problem.D_v}"
+        if phase_registry.supports_value_dim(phase):
+            return f"phase {phase.ID} does not take D={problem.D} beside D_v={problem.D_v}"
+        return f"phase {phase.ID} takes one head dim for q, k and v, not D={problem.D} and D_v={problem.D_v}"
     if not phase_registry.supports_head_dim(phase, problem.value_dim):
         return f"phase {phase.ID} supports head dim {phase_registry.head_dims_text(phase)}, not D_v={problem.D_v}"
     if problem.H_kv is not None and not phase_registry.supports_gqa(phase):
