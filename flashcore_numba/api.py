@@ -125,9 +125,9 @@ def require_device(phase):
 
 def best_for_this_gpu(head_dim=None, value_dim=None):
     """"best": the registry's best kernel, or on a GPU that cannot run it the newest phase it can.
-    With `head_dim`, the newest of those built for it (phases.supports_head_dim): phase 09 up to 128,
-    phase 07 past it and for a `value_dim` (v's head dim) other than head_dim; where none is, the
-    answer without them (the validation says why)."""
+    With `head_dim`, the newest of those built for it (phases.supports_head_dim), and with a `value_dim`
+    (v's head dim) other than head_dim, for that pair (phases.supports_value_dim: 09 where its tiles
+    take it, 07 otherwise); where none is, the answer without them (the validation says why)."""
     best = get_phase("best")
     cc = None
     if not simulator_enabled():

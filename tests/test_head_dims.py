@@ -35,10 +35,7 @@ def run_poisoned(q, k, v, causal, phase="07"):
 
     D, Dv = q.shape[-1], v.shape[-1]
     out = cuda.to_device(np.full((*q.shape[:3], Dv), np.nan, dtype=np.float16))
-    if phase == "09" and Dv != D:  # (phase 09's own value head dim: built, not yet offered by attention())
-        config = PHASES["09"].build(D, value_dim=Dv)
-    else:
-        config = build(PHASES[phase], D, value_dim=None if Dv == D else Dv)
+    config = build(PHASES[phase], D, value_dim=None if Dv == D else Dv)
     config.launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal, LOG2E / np.sqrt(D))
     return out.copy_to_host()
 
@@ -229,7 +226,7 @@ def test_the_value_head_dims_phase_09_takes():
 
     assert p09.runs_value_dim(192, 128) and p09.runs_value_dim(256, 136) and p09.runs_value_dim(96, 96)
     assert not p09.runs_value_dim(128, 64) and not p09.runs_value_dim(192, 64) and not p09.runs_value_dim(192, 200)
-    assert not supports_value_dim(PHASES["09"])  # not offered by attention() before its GPU tests
+    assert supports_value_dim(PHASES["09"], 192, 128) and not supports_value_dim(PHASES["09"], 128, 64)
     with pytest.raises(ValueError, match="value head dim: phase 09 takes v's head dim of its own where"):
         p09.build(128, value_dim=64)
     L = p09.layout(192, 128)
@@ -249,7 +246,7 @@ def test_phase09_value_head_dim_on_gpu(D, Dv):
         assert verdict.ok, f"phase 09 D={D} Dv={Dv} causal={causal}: {verdict.message}"
 
 
-def test_attention_with_a_value_head_dim_of_its_own_runs_phase_07():
+def test_attention_with_a_value_head_dim_of_its_own_runs_phase_09_where_its_tiles_take_it():
     from flashcore_numba import api
 
     q, k, _ = random_qkv((1, 2, 20, 192), 27, heads_kv=1)
@@ -258,13 +255,14 @@ def test_attention_with_a_value_head_dim_of_its_own_runs_phase_07():
     k2, v2 = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
     verdict = check_close(out, reference_attention(q, k2, v2, causal=True), lowp_attention(q, k2, v2, causal=True))
     assert out.shape == (1, 2, 20, 128) and verdict.ok, verdict.message
-    assert api.best_for_this_gpu(192, 128).ID == "07" and api.best_for_this_gpu(128, 128).ID != "07"
-    assert api.best_for_this_gpu(128, 64).ID == "07"
+    assert api.best_for_this_gpu(192, 128).ID == "09" and api.best_for_this_gpu(128, 128).ID == "09"
+    assert api.best_for_this_gpu(128, 64).ID == "07" and api.best_for_this_gpu(64, 256).ID == "07"
 
 
 @pytest.mark.parametrize("Dv, phase, message", [
-    (64, "09", r"v: head dim 64 differs from q's 128 .*; phase 09 takes one head dim for q, k and v \(phase 07 "
-               r"takes v's of its own: any multiple of 8"),
+    (64, "09", r"v: head dim 64 differs from q's 128 .*; phase 09 does not take v's head dim 64 beside q's 128 "
+               r"\(phase 07 takes v's of its own: any multiple of 8"),
+    (64, "08", r"v: head dim 64 differs from q's 128 .*; phase 08 takes one head dim for q, k and v"),
     (100, "07", r"v: head dim 100 is not supported by phase 07"),
     (100, "best", r"v: head dim 100 differs from q's 128"),
 ])
@@ -297,10 +295,10 @@ def test_a_value_head_dim_has_its_own_cache_identity():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D, Dv", [(96, 96), (256, 256), (40, 40), (192, 128)])
+@pytest.mark.parametrize("D, Dv", [(96, 96), (256, 256), (40, 40), (192, 128), (256, 136), (64, 256)])
 def test_attention_on_torch_at_other_head_dims_on_gpu(D, Dv):
-    """attention() on CUDA tensors (the plan's driver launch): through "best" (phase 09 at D = 96 and
-    40 on Hopper, else phase 07), the output of
+    """attention() on CUDA tensors (the plan's driver launch): through "best" (phase 09 on Hopper,
+    MLA's pairs included where its tiles take them; phase 07 elsewhere and for 64/256), the output of
     v's head dim, against the float64 reference; and the call again on the same plan."""
     torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
     rng = np.random.default_rng()

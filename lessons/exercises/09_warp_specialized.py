@@ -43,10 +43,8 @@ NAME = "warp_specialized"
 TITLE = "Hopper TMA + warp specialization: a producer warpgroup, consumers taking turns"
 HEAD_DIMS = (64, 128)  # the course's head dims; any other multiple of 8 up to 256 runs too (runs_head_dim)
 HEAD_DIMS_TEXT = "any multiple of 8 from 8 to 256"
-# v (and the output) with a head dim of its own where runs_value_dim says so (MLA's 128 beside 192):
-# built and tested in the simulator; attention() and "best" take it once its GPU tests have run
-# (tests/test_head_dims.py), until then `build(..., value_dim=...)` alone
-VALUE_HEAD_DIM = False
+# v (and the output) with a head dim of its own where runs_value_dim says so (MLA's 128 beside 192)
+VALUE_HEAD_DIM = True
 DTYPES = ("float16", "bfloat16")
 GQA = True
 LSE = True  # return_lse: the kernel can write each row's log-sum-exp (common.store_lse)
