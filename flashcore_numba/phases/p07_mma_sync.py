@@ -89,8 +89,8 @@ Measured effect (written by `flashcore report` from the committed record; do not
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
     nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_causal_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_p07.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_causal_p07.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_causal_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_causal_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16[_causal].json). Every shape and dtype measured:

@@ -85,14 +85,17 @@ Measured effect (written by `flashcore report` from the committed record; do not
     (1.10x 09-turns). At B=16 H=16 S=2048 D=96 fp16: 526 TFLOPS (1.49x phase 07), causal 433 TFLOPS
     (1.46x phase 07). At B=16 H=16 S=2048 D=128 fp16: 659 TFLOPS (1.73x phase 08), causal 556 TFLOPS
     (1.73x phase 08). At B=16 H=16 S=2048 D=192 fp16: 657 TFLOPS (2.71x phase 07), causal 551 TFLOPS
-    (2.55x phase 07). At B=16 H=16 S=2048 D=256 fp16: 472 TFLOPS (1.68x phase 07), causal 440 TFLOPS
-    (1.73x phase 07). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 539 TFLOPS (1.40x phase 08), causal 426
-    TFLOPS (1.31x phase 08) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
+    (2.55x phase 07). At B=16 H=16 S=2048 D=192 D_v=128 fp16: 625 TFLOPS (2.41x phase 07), causal
+    532 TFLOPS (2.30x phase 07). At B=16 H=16 S=2048 D=256 fp16: 472 TFLOPS (1.68x phase 07), causal
+    440 TFLOPS (1.73x phase 07). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 539 TFLOPS (1.40x phase 08),
+    causal 426 TFLOPS (1.31x phase 08) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
     nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16_causal_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
     nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_causal_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_causal_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_causal_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16[_causal].json). Every shape and dtype measured:

@@ -54,13 +54,13 @@ Measured effect (written by `flashcore report` from the backward records' rows 1
     [measured:begin]
     The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
     as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, 2026-12-06, TFLOPS: B=16 H=16
-    S=2048 D=64 fp16: 12 300 (1.21x SDPA flash, 1.27x phase 11), 12-deterministic 220 (0.89x SDPA
-    flash, 0.97x phase 11), 12-step 337 (1.29x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal: 12
-    250 (1.28x SDPA flash, 1.24x phase 11), 12-deterministic 195 (1.00x SDPA flash, 1.00x phase 11),
-    12-step 282 (1.33x SDPA flash); B=16 H=16 S=2048 D=128 fp16: 12 330 (1.23x SDPA flash, 1.29x
+    S=2048 D=64 fp16: 12 300 (1.21x SDPA flash, 1.27x phase 11), 12-deterministic 221 (0.89x SDPA
+    flash, 0.97x phase 11), 12-step 339 (1.30x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal: 12
+    250 (1.28x SDPA flash, 1.24x phase 11), 12-deterministic 197 (1.00x SDPA flash, 1.00x phase 11),
+    12-step 281 (1.33x SDPA flash); B=16 H=16 S=2048 D=128 fp16: 12 330 (1.23x SDPA flash, 1.29x
     phase 11), 12-deterministic 220 (0.82x SDPA flash, 1.00x phase 11), 12-step 385 (1.34x SDPA
-    flash); B=16 H=16 S=2048 D=128 fp16 causal: 12 283 (1.28x SDPA flash, 1.29x phase 11),
-    12-deterministic 193 (0.87x SDPA flash, 1.01x phase 11), 12-step 324 (1.36x SDPA flash). NVIDIA
+    flash); B=16 H=16 S=2048 D=128 fp16 causal: 12 283 (1.27x SDPA flash, 1.29x phase 11),
+    12-deterministic 194 (0.88x SDPA flash, 1.01x phase 11), 12-step 324 (1.35x SDPA flash). NVIDIA
     H200, 2026-12-01, TFLOPS: B=16 H=16 S=2048 D=64 fp16: 12 301 (1.20x SDPA flash, 1.28x phase 11),
     12-deterministic 285 (1.14x SDPA flash, 1.23x phase 11), 12-step 342 (1.31x SDPA flash); B=16
     H=16 S=2048 D=64 fp16 causal: 12 256 (1.28x SDPA flash, 1.26x phase 11), 12-deterministic 245
