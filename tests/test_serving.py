@@ -38,22 +38,28 @@ def _fresh_process(script: str) -> dict:
 def test_a_first_backward_given_its_gradient():
     """autograd's device thread has done no CUDA work when attention's node is the first work it runs
     (torch.autograd.grad with an explicit gradient): the backward's launches must still find the
-    device's context, and the gradients match SDPA's."""
+    device's context, and the gradients match SDPA's. The context stays current on that thread
+    after them: q's projection (a matmul, cuBLAS) runs its backward there next, and cuBLAS warns
+    when it finds no current context."""
     r = _fresh_process("""
-        import json, torch
+        import json, warnings, torch
         from flashcore_numba import attention
         q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.float16, requires_grad=True)
                    for _ in range(3))
-        out = attention(q, k, v, causal=True)
+        w = torch.eye(64, device="cuda", dtype=torch.float16, requires_grad=True)  # q's projection
+        out = attention(q @ w, k, v, causal=True)
         grad = torch.randn_like(out)
-        got = torch.autograd.grad(out, (q, k, v), grad)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = torch.autograd.grad(out, (q, k, v), grad)
         qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
         ref = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=True)
         want = torch.autograd.grad(ref, (qf, kf, vf), grad.float())
         errors = [float((g.float() - w).abs().max() / w.abs().max()) for g, w in zip(got, want)]
-        print(json.dumps({"errors": errors}))
+        print(json.dumps({"errors": errors, "warnings": [str(c.message) for c in caught]}))
     """)
     assert max(r["errors"]) < 1e-2, r  # relative to the largest gradient: fp16 against float32
+    assert not [m for m in r["warnings"] if "context" in m], r["warnings"]
 
 
 def test_every_entry_point_from_a_new_thread():

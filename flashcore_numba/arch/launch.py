@@ -225,7 +225,8 @@ def primary_context(device_index: int) -> int:
 
 def make_current(context: int) -> int:
     """Make `context` the calling thread's current context; returns the one that was current (0 for
-    none), which `restore` puts back. One driver call when it already is (about 0.2 us)."""
+    none), which `restore` puts back where there was one. One driver call when it already is
+    (about 0.2 us)."""
     lib, current = _libcuda(), ctypes.c_void_p()
     _check_code(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
     previous = current.value or 0
@@ -235,8 +236,12 @@ def make_current(context: int) -> int:
 
 
 def restore(previous: int, context: int) -> None:
-    """Undo `make_current(context)`, which returned `previous`."""
-    if previous != context:
+    """Undo `make_current(context)`, which returned `previous`: another context is made current again;
+    a thread that had none keeps `context`, the device's primary context. That is the context CUDA's
+    runtime (torch's) binds to such a thread at its first call anyway, and taking it away again made
+    cuBLAS warn "no current CUDA context" in the next torch op of autograd's backward thread, the
+    thread where the backward's plan launches."""
+    if previous and previous != context:
         _check_code(_libcuda().cuCtxSetCurrent(previous or None), "cuCtxSetCurrent")
 
 
