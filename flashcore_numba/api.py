@@ -330,39 +330,67 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, phas
     return _launch(q, k, v, causal, scale, phase, return_lse)
 
 
-def _launch(q, k, v, causal, scale, phase, return_lse=False):
-    """Validate and launch through Numba: NumPy arrays, Numba device arrays, and the simulator."""
-    phase, ops, qk_scale = _resolve(q, k, v, causal, scale, phase, return_lse)
-    B, H, Sq, D = ops[0].shape
-    Dv = ops[2].shape[3]  # the output's head dim: v's (MLA: other than q's)
-    config = build(phase, D, ops[0].dtype, value_dim=Dv)
-    kind = ops[0].kind
+_ARRAY_PLANS = Plans()  # attention() on NumPy and Numba arrays on a GPU: the plans, by problem
 
-    if kind == "torch":
+
+def _launch(q, k, v, causal, scale, phase, return_lse=False):
+    """attention() on NumPy arrays and Numba device arrays: validated, then on a GPU the problem's plan,
+    as torch tensors get (runtime/plan.py: the driver's launch on the default stream, the plan's
+    memory Numba's; NumPy arrays copied to the device and the output back). The simulator has no
+    driver: there, and for torch tensors there, Numba's launch."""
+    phase, ops, qk_scale = _resolve(q, k, v, causal, scale, phase, return_lse)
+    if simulator_enabled():
+        return _simulated(q, k, v, causal, phase, ops, qk_scale, return_lse)
+    from numba import cuda
+
+    from .runtime import Plan
+    from .runtime.inputs import DeviceArray
+
+    B, H, S_q, D = ops[0].shape
+    Dv = ops[2].shape[3]  # the output's head dim: v's (MLA: other than q's)
+    device_index = cuda.get_current_device().id
+    key = (phase.ID, D, ops[0].dtype, ops[0].shape, ops[1].shape, bool(causal), qk_scale, device_index,
+           bool(return_lse))
+    plan = _ARRAY_PLANS.get((key, Dv))
+    if plan is None:
+        plan = _ARRAY_PLANS.keep((key, Dv), Plan(*key, value_dim=Dv, torch_memory=False))
+    host = ops[0].kind == "numpy"
+    with cuda.gpus[device_index]:
+        if host:
+            q, k, v = (cuda.to_device(x) for x in (q, k, v))
+        out = cuda.device_array((B, H, S_q, Dv), dtype=np.dtype(ops[0].dtype))
+        lse = cuda.device_array((B, H, S_q), dtype=np.float32) if return_lse else None
+        plan(DeviceArray(q), DeviceArray(k), DeviceArray(v), DeviceArray(out), 0,
+             None if lse is None else DeviceArray(lse))
+        if host:
+            out, lse = out.copy_to_host(), None if lse is None else lse.copy_to_host()
+    return (out, lse) if return_lse else out
+
+
+def _simulated(q, k, v, causal, phase, ops, qk_scale, return_lse):
+    """The simulator's launch: Numba's, of the phase's build (NumPy, Numba and torch arrays)."""
+    B, H, Sq, D = ops[0].shape
+    Dv = ops[2].shape[3]
+    config = build(phase, D, ops[0].dtype, value_dim=Dv)
+    from numba import cuda
+
+    if ops[0].kind == "torch":
         import torch
-        from numba import cuda
 
         out = torch.empty((B, H, Sq, Dv), dtype=q.dtype, device=q.device)
         lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if return_lse else None
-        with cuda.gpus[q.device.index or 0]:
-            stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
-            arrays = [torch_to_kernel(t) for t in (q, k, v, out)]
-            config.launch(*arrays, causal, qk_scale, stream=stream,
-                          lse=None if lse is None else cuda.as_cuda_array(lse))
+        arrays = [torch_to_kernel(t) for t in (q, k, v, out)]
+        config.launch(*arrays, causal, qk_scale, lse=None if lse is None else cuda.as_cuda_array(lse))
         return (out, lse) if return_lse else out
-
-    from numba import cuda
-
+    host = ops[0].kind == "numpy"
+    if host:
+        q, k, v = (cuda.to_device(x) for x in (q, k, v))
+    out = cuda.device_array((B, H, Sq, Dv), dtype=q.dtype)
     lse = cuda.device_array((B, H, Sq), dtype=np.float32) if return_lse else None
-    if kind == "numba":
-        out = cuda.device_array((B, H, Sq, Dv), dtype=q.dtype)
-        config.launch(q, k, v, out, causal, qk_scale, lse=lse)
-        return (out, lse) if return_lse else out
-
-    dq, dk, dv = (cuda.to_device(x) for x in (q, k, v))
-    dout = cuda.device_array((B, H, Sq, Dv), dtype=q.dtype)
-    config.launch(dq, dk, dv, dout, causal, qk_scale, lse=lse)
-    return (dout.copy_to_host(), lse.copy_to_host()) if return_lse else dout.copy_to_host()
+    config.launch(q, k, v, out, causal, qk_scale, lse=lse)
+    if host:
+        out, lse = out.copy_to_host(), None if lse is None else lse.copy_to_host()
+    return (out, lse) if return_lse else out
 
 
 torch_ops.connect(torch_call, require_backward)  # the custom ops and autograd run this module's call

@@ -47,7 +47,8 @@ import numpy as np
 
 from . import api
 from .arch import tma
-from .runtime.inputs import current_stream, describe, is_torch, torch_module
+from .arch.sim import simulator_enabled
+from .runtime.inputs import DeviceArray, current_stream, describe, is_torch, torch_module
 from .phases import PHASES, build_kvcache, build_varlen, head_dims_text, supports_head_dim, unsupported_head_dim
 from .phases import p07_mma_sync as p07
 from .phases import p10_split_keys as p10
@@ -267,14 +268,16 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
             plan(q, k_cache, v_cache, cache_seqlens, block_table, out, current_stream(plan.device_index), lse)
 
         return launch, out, lse
-    config = build_kvcache(D, qd.dtype)
+    if out is not None:
+        raise ValueError("out: only with torch tensors")
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
+    if not simulator_enabled():
+        return _kvcache_arrays(qd, q, k_cache, v_cache, cache_seqlens, block_table, causal, qk_scale, return_lse)
+    config = build_kvcache(D, qd.dtype)
     # the grid and the workspace as for a dense problem whose keys are the cache's capacity
     splits = config.split_keys((B, H, S_q, D), (B, H_kv, capacity, D), causal)
     from numba import cuda
 
-    if out is not None:
-        raise ValueError("out: only with torch tensors")
     host = qd.kind == "numpy"
     dev = (lambda x: cuda.to_device(np.ascontiguousarray(x))) if host else (lambda x: x)
     # (B, 1), made by reshape: arange(B)[:, None] has a zero stride that Numba's device array calls
@@ -289,6 +292,45 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
         _launch(config, splits, arrays + [out], extra, lse, causal, qk_scale, 0)
 
     return launch, out, lse
+def _kvcache_arrays(qd, q, k_cache, v_cache, cache_seqlens, block_table, causal, qk_scale, return_lse):
+    """(launch, out, lse) of attention_kvcache on NumPy or Numba arrays on a GPU: the problem's plan,
+    as torch tensors get (runtime/kvcache.py), its memory Numba's, on the default stream."""
+    from numba import cuda
+
+    from .runtime import KVCachePlan
+
+    B, S_q, H, D = qd.shape
+    paged = block_table is not None
+    device_index = cuda.get_current_device().id
+    key = ("kvcache-arrays", D, qd.dtype, tuple(q.shape), tuple(k_cache.shape),
+           tuple(block_table.shape) if paged else None, bool(causal), qk_scale, device_index, bool(return_lse))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.keep(key, KVCachePlan(*key[1:], torch_memory=False))
+    with cuda.gpus[device_index]:
+        q, k_cache, v_cache, cache_seqlens, block_table = _on_device(qd, q, k_cache, v_cache, cache_seqlens,
+                                                                     block_table)
+        out = cuda.device_array(qd.shape, dtype=np.dtype(qd.dtype))
+        lse = cuda.device_array((B, H, S_q), dtype=np.float32) if return_lse else None
+    arrays = (q, k_cache, v_cache, cache_seqlens, block_table, DeviceArray(out))
+    lse_array = None if lse is None else DeviceArray(lse)
+
+    def launch():
+        plan(*arrays, 0, lse_array)
+
+    return launch, out, lse
+
+
+def _on_device(qd, *arrays):
+    """NumPy arrays copied to the device (Numba device arrays as they are), each as a plan takes it
+    (inputs.DeviceArray); None stays None."""
+    from numba import cuda
+
+    host = qd.kind == "numpy"
+    return [None if x is None else DeviceArray(cuda.to_device(np.ascontiguousarray(x)) if host else x)
+            for x in arrays]
+
+
 def _torch_out(q, out):
     """The output tensor of a torch call: a new one like q, or the caller's `out`, checked."""
     if out is None:
@@ -499,10 +541,13 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         _check_varlen_values(cu_seqlens_q, cu_seqlens_k, total_q, k.shape[0], max_seqlen_q, max_seqlen_k)
     if out is not None:
         raise ValueError("out: only with torch tensors")
-    config = build_varlen(phase_id, D, qd.dtype)
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
     max_seqlen_q = int(max_seqlen_q)
     launches = B > 0 and total_q > 0 and max_seqlen_q > 0
+    if not simulator_enabled():
+        return _varlen_arrays(qd, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, qk_scale, return_lse,
+                              phase_id, launches)
+    config = build_varlen(phase_id, D, qd.dtype)
     if config.work_units is None:
         grid = (cdiv(max_seqlen_q, config.block_m), H, B)
     else:  # phase 09: its units of work, one block per SM when it is persistent
@@ -522,6 +567,36 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     def launch():
         if launches:
             launch_kernel(config.kernel, grid, config.n_threads, config.smem_bytes, args, 0, config.cache_key)
+
+    return launch, out, lse
+
+
+def _varlen_arrays(qd, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, qk_scale, return_lse, phase_id,
+                   launches):
+    """(launch, out, lse) of attention_varlen on NumPy or Numba arrays on a GPU: the plan of this kind of
+    problem, as torch tensors get (runtime/varlen.py), its memory Numba's, on the default stream.
+    out starts at zero and lse at -inf: rows past the last sequence are written by no block."""
+    from numba import cuda
+
+    from .runtime import VarlenPlan
+
+    total_q, H, D = qd.shape
+    device_index = cuda.get_current_device().id
+    key = ("varlen-arrays", phase_id, D, qd.dtype, H, k.shape[1], bool(causal), qk_scale, device_index,
+           bool(return_lse))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.keep(key, VarlenPlan(*key[1:], torch_memory=False))
+    with cuda.gpus[device_index]:
+        arrays = _on_device(qd, q, k, v, cu_seqlens_q, cu_seqlens_k)
+        out = cuda.to_device(np.zeros((1, *qd.shape), dtype=np.dtype(qd.dtype)))
+        lse = cuda.to_device(np.full((1, H, total_q), -np.inf, np.float32)) if return_lse else None
+    output = DeviceArray(out.reshape(qd.shape))
+    lse_array = None if lse is None else DeviceArray(lse)
+
+    def launch():
+        if launches:
+            plan(*arrays, max_seqlen_q, output, 0, lse_array)
 
     return launch, out, lse
 

@@ -697,3 +697,44 @@ def test_a_gpu_session_notes_each_kernel_numba_compiles():
     assert d.compile(sig) == "kernel" and d.compile(sig) == "kernel"
     assert len(noted) == 1 and noted[0][0].startswith("test_a_gpu_session_notes_each_kernel_numba_compiles.")
     assert "tests/test_runtime.py" in noted[0][0]
+
+
+@pytest.mark.gpu
+def test_numpy_and_numba_arrays_launch_through_plans_on_a_gpu(monkeypatch):
+    """On a GPU every entry point launches through runtime/'s plans, NumPy and Numba device arrays
+    included: Numba's launch (phases/common.launch and KernelConfig.launch) is the simulator's alone,
+    so here it raises. attention() (phases 03, 07 and, on Hopper, 09 with its tensor maps; a Numba
+    array in, a Numba array out), attention_kvcache (paged and contiguous) and attention_varlen (07,
+    09), each against the float64 reference; a second call finds its plan."""
+    from numba import cuda
+    from test_inference import check as check_kvcache
+    from test_inference import make_cache
+    from test_varlen import check as check_varlen
+    from test_varlen import packed
+
+    from flashcore_numba import api, attention, check_close, inference
+    from flashcore_numba.phases import common
+    from flashcore_numba.reference import lowp_attention, reference_attention
+
+    def numba_launch(*args, **kwargs):
+        raise AssertionError("a launch through Numba's dispatcher on a GPU")
+
+    monkeypatch.setattr(common, "launch", numba_launch)
+    monkeypatch.setattr(inference, "launch_kernel", numba_launch)
+    monkeypatch.setattr(common.KernelConfig, "launch", numba_launch)
+    hopper = tuple(cuda.get_current_device().compute_capability) == (9, 0)
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((2, 4, 150, 64)).astype(np.float16) for _ in range(3))
+    ref, lowp = reference_attention(q, k, v, causal=True), lowp_attention(q, k, v, causal=True)
+    for phase in ("03", "07", *(("09",) if hopper else ())):
+        for _ in range(2):
+            verdict = check_close(attention(q, k, v, causal=True, phase=phase), ref, lowp)
+            assert verdict.ok, f"phase {phase}: {verdict.message}"
+    plans = len(api._ARRAY_PLANS)
+    out = attention(*(cuda.to_device(x) for x in (q, k, v)), causal=True, phase="07")
+    assert cuda.is_cuda_array(out) and check_close(out.copy_to_host(), ref, lowp).ok
+    assert len(api._ARRAY_PLANS) == plans  # the same problem: the NumPy call's plan
+    check_kvcache(*make_cache(B=3, S_q=1, H=4, H_kv=2, D=64, lengths=[70, 1, 33]))
+    check_kvcache(*make_cache(B=2, S_q=3, H=4, H_kv=1, D=128, lengths=[500, 0], page_size=64))
+    for phase in ("07", *(("09",) if hopper else ())):
+        check_varlen(*packed([100, 0, 37, 260]), causal=True, phase=phase)

@@ -57,6 +57,23 @@ def describe(name: str, x) -> Operand:
                     f"got {type(x).__name__}")
 
 
+class DeviceArray:
+    """A Numba device array as a plan takes arrays: its address by data_ptr() and its shape, as a torch
+    tensor gives them (runtime/plan.py), and its __cuda_array_interface__ (the tensor maps read it)."""
+
+    __slots__ = ("array", "shape")
+
+    def __init__(self, array):
+        self.array, self.shape = array, tuple(array.shape)
+
+    def data_ptr(self) -> int:
+        return self.array.__cuda_array_interface__["data"][0]
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return self.array.__cuda_array_interface__
+
+
 def torch_to_kernel(t):
     """A torch CUDA tensor as the Numba device array a kernel takes: the same memory.
 

@@ -26,18 +26,19 @@ from ..arch import launch as driver
 from ..arch import scratch
 from ..arch.launch import ArgSlots, ArrayArg, ScalarArg
 from ..phases import build_kvcache
-from .plan import ALIGNMENT_MASK, load, misaligned
+from .inputs import DeviceArray
+from .plan import ALIGNMENT_MASK, load, memory_device, misaligned
 
 # the array arguments a call writes: q, k_cache, v_cache, out, lse, the workspace's three, the lengths, the table
 ARRAYS = (0, 1, 2, 3, 4, 7, 8, 9, 10, 11)
 
 
 class KVCachePlan:
-    """One attention_kvcache problem's launch; `plan(...)` runs it on tensors of those shapes."""
+    """One attention_kvcache problem's launch; `plan(...)` runs it on tensors of those shapes
+    (`torch_memory=False`: on NumPy or Numba arrays, runtime/plan.py)."""
 
     def __init__(self, head_dim: int, dtype: str, q_shape, cache_shape, table_shape, causal: bool, qk_scale: float,
-                 device_index: int, return_lse: bool = False):
-        import torch
+                 device_index: int, return_lse: bool = False, torch_memory: bool = True):
         from numba import cuda
 
         B, S_q, H, D = q_shape
@@ -49,10 +50,10 @@ class KVCachePlan:
             # the grid and the workspace as for a dense problem whose keys are the cache's capacity
             self.splits = config.split_keys((B, H, S_q, D), (B, H_kv, capacity, D), causal)
         self.kernel, cached = load(config, dtype, device_index)
-        self.device_index, self.device = device_index, torch.device("cuda", device_index)
+        self.device_index, self.device = device_index, memory_device(device_index, torch_memory)
         self.return_lse = return_lse
         # a contiguous cache: page b of the "pool" k_cache is sequence b's whole cache
-        self.table = None if paged else torch.arange(B, dtype=torch.int32, device=self.device).reshape(B, 1)
+        self.table = None if paged else self._pages_in_order(B)
         args = [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(cache_shape), 2), ArrayArg(tuple(cache_shape), 2),
                 ArrayArg((B, S_q, H, D // 2), 4),  # O as uint32 pairs of 16-bit values
                 ArrayArg((B, H, S_q) if return_lse else (0, 0, 0), 4),
@@ -68,17 +69,28 @@ class KVCachePlan:
         self._workspaces: dict = {}  # stream -> the addresses of its split workspace
         self._lock = threading.Lock()
 
+    def _pages_in_order(self, B: int):
+        """The block table of a contiguous cache, (B, 1) of 0 .. B - 1, in the plan's memory."""
+        if self.device is not None:
+            import torch
+
+            return torch.arange(B, dtype=torch.int32, device=self.device).reshape(B, 1)
+        from numba import cuda
+
+        with cuda.gpus[self.device_index]:
+            return DeviceArray(cuda.to_device(np.arange(B, dtype=np.int32).reshape(B, 1)))
+
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, stream: int, lse=None) -> None:
         qkvo = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr())
         if (qkvo[0] | qkvo[1] | qkvo[2] | qkvo[3]) & ALIGNMENT_MASK:
             misaligned("q, k_cache, v_cache, out", (q, k_cache, v_cache, out))
         table = self.table if block_table is None else block_table
-        workspace = self._workspaces.get(stream)
-        if workspace is None:  # the stream's workspace (arch/scratch.py), kept by the plan from then on
-            workspace = self._workspaces[stream] = scratch.split_workspace(self.splits, self.device_index, stream,
-                                                                           self.device).addresses
         previous = driver.make_current(self.context)
         try:
+            workspace = self._workspaces.get(stream)
+            if workspace is None:  # the stream's workspace (arch/scratch.py), kept by the plan from then on
+                workspace = self._workspaces[stream] = scratch.split_workspace(self.splits, self.device_index, stream,
+                                                                               self.device).addresses
             with self._lock:  # the slots are this plan's: one launch packs them at a time
                 self.slots.set_pointers(ARRAYS, (*qkvo, lse.data_ptr() if self.return_lse else 0, *workspace,
                                                  cache_seqlens.data_ptr(), table.data_ptr()))

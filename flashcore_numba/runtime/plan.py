@@ -18,6 +18,11 @@ call, the tensor maps of q, k and v (built on the first call that uses those add
 found by them; their device copy is made on the stream, from pinned host memory, so a CUDA graph
 captures it). Nothing in a call synchronizes with the host or allocates outside torch's caching
 allocator.
+
+NumPy arrays and Numba device arrays take the same plans on a GPU (api.attention, inference.py):
+made with `torch_memory=False`, a plan takes its own memory (scratch, tensor maps) from Numba's
+allocator and torch is never imported; the arrays come as inputs.DeviceArray (a torch tensor's
+data_ptr() and shape), and the call runs on the default stream (0), as Numba's own launches do.
 """
 
 from __future__ import annotations
@@ -98,10 +103,12 @@ class DeviceMaps:
     arrays' addresses (and whatever else `key` holds): built on the first call that uses them, their
     device copy made on torch's current stream (the launch's) from pinned host memory, so that a
     CUDA graph captures it; the last MAPS_KEPT kept. `describe` turns the arrays into what
-    arch/tma.head_map_words takes (describe_heads: (B, H, S, D); describe_packed: packed rows)."""
+    arch/tma.head_map_words takes (describe_heads: (B, H, S, D); describe_packed: packed rows).
+    With `device` None (a plan of NumPy or Numba arrays), the copy is Numba's, on the default stream
+    the launch runs on: it is ordered before the launch, and nothing captures those calls."""
 
-    def __init__(self, device, box, describe):
-        self.device, self.box, self.describe = device, box, describe
+    def __init__(self, device, box, describe, device_index: int = 0):
+        self.device, self.box, self.describe, self.device_index = device, box, describe, device_index
         self._kept: OrderedDict = OrderedDict()  # key -> (maps on the device, pinned source, address)
         self._last_key, self._last = None, 0  # a model's loop passes the same buffers again and again
 
@@ -110,22 +117,39 @@ class DeviceMaps:
             return self._last
         found = self._kept.get(key)
         if found is None:
-            import torch
-
             from ..arch.tma import head_map_words
 
-            words = head_map_words(self.describe(arrays), self.box)
-            host = torch.from_numpy(words.view(np.int64)).pin_memory()
-            device = torch.empty(host.shape, dtype=torch.int64, device=self.device)
-            device.copy_(host, non_blocking=True)  # on torch's current stream, the launch's: ordered before it
-            # the pinned source lives as long as its copy may be pending
-            found = self._kept[key] = (device, host, device.data_ptr())
+            words = head_map_words(self.describe(arrays), self.box).view(np.int64)
+            if self.device is None:
+                from numba import cuda
+
+                with cuda.gpus[self.device_index]:
+                    device = cuda.to_device(words)
+                found = self._kept[key] = (device, None, device.device_ctypes_pointer.value)
+            else:
+                import torch
+
+                host = torch.from_numpy(words).pin_memory()
+                device = torch.empty(host.shape, dtype=torch.int64, device=self.device)
+                device.copy_(host, non_blocking=True)  # on torch's current stream, the launch's: ordered before it
+                # the pinned source lives as long as its copy may be pending
+                found = self._kept[key] = (device, host, device.data_ptr())
             if len(self._kept) > MAPS_KEPT:
                 self._kept.popitem(last=False)
         else:
             self._kept.move_to_end(key)
         self._last_key, self._last = key, found[2]
         return found[2]
+
+
+def memory_device(device_index: int, torch_memory: bool):
+    """Where a plan's own memory comes from: the torch.device of torch's caching allocator for a plan
+    of torch tensors (a CUDA graph's capture takes it from the graph's pool), None for Numba's."""
+    if not torch_memory:
+        return None
+    import torch
+
+    return torch.device("cuda", device_index)
 
 
 def load(config, dtype: str, device_index: int):
@@ -143,13 +167,14 @@ def load(config, dtype: str, device_index: int):
 
 class Plan:
     """One problem's launch, settled; `plan(q, k, v, out, stream)` runs it on those tensors. `out_shape`:
-    the output's shape where it is not q's (v's head dim of its own, `value_dim`: MLA), else None."""
+    the output's shape where it is not q's (v's head dim of its own, `value_dim`: MLA), else None.
+    `torch_memory=False`: a plan of NumPy or Numba arrays (memory_device)."""
 
     out_shape = None
 
     def __init__(self, kernel_id: str, head_dim: int, dtype: str, q_shape, k_shape, causal: bool, qk_scale: float,
-                 device_index: int, return_lse: bool = False, value_dim: int | None = None):
-        import torch
+                 device_index: int, return_lse: bool = False, value_dim: int | None = None,
+                 torch_memory: bool = True):
         from numba import cuda
 
         value_dim = head_dim if value_dim is None else value_dim
@@ -160,7 +185,7 @@ class Plan:
         self.kernel, cached = load(config, dtype, device_index)
         self.block, self.smem = config.n_threads, config.smem_bytes
         self.device_index = device_index
-        self.device = torch.device("cuda", device_index)
+        self.device = memory_device(device_index, torch_memory)
         self.tma_box = config.tma_box
         self.looping = config.work_units is not None
         B, H, S, D = q_shape
@@ -189,7 +214,7 @@ class Plan:
         if self.tma_box:
             from ..arch.tma import describe_heads
 
-            self.maps = DeviceMaps(self.device, self.tma_box, describe_heads)
+            self.maps = DeviceMaps(self.device, self.tma_box, describe_heads, device_index)
         # the array arguments a call writes, in the order of its addresses: q, k, v, out, lse (phases
         # 07 on), the maps (09), then the scratch
         self.has_lse = bool(config.lse)
@@ -211,14 +236,14 @@ class Plan:
         addresses = [*qkv, out.data_ptr()]
         if self.has_lse:  # the kernel takes an LSE array: the caller's, or the empty one (no address)
             addresses.append(lse.data_ptr() if self.return_lse else 0)
-        if self.tma_box:
-            addresses.append(self.maps.address(qkv, (q, k, v)))
-        scratch_addresses = self._scratch.get(stream)
-        if scratch_addresses is None:  # the stream's scratch (arch/scratch.py), kept by the plan from then on
-            scratch_addresses = self._scratch[stream] = self._scratch_of(stream)
         context = self.context
         previous = driver.make_current(context)
         try:
+            if self.tma_box:
+                addresses.append(self.maps.address(qkv, (q, k, v)))
+            scratch_addresses = self._scratch.get(stream)
+            if scratch_addresses is None:  # the stream's scratch (arch/scratch.py), kept by the plan from then on
+                scratch_addresses = self._scratch[stream] = self._scratch_of(stream)
             with self._lock:  # the slots are this plan's: one launch packs them at a time
                 self.slots.set_pointers(self.arrays, (*addresses, *scratch_addresses))
                 self.launch(stream)

@@ -26,20 +26,20 @@ from ..arch import scratch
 from ..arch.launch import ArgSlots, ArrayArg, ScalarArg
 from ..phases import build_varlen
 from ..phases.common import cdiv, sm_count
-from .plan import ALIGNMENT_MASK, DeviceMaps, load, misaligned
+from .plan import ALIGNMENT_MASK, DeviceMaps, load, memory_device, misaligned
 
 
 class VarlenPlan:
-    """One kind of attention_varlen problem's launch; `plan(...)` runs it on any packed lengths."""
+    """One kind of attention_varlen problem's launch; `plan(...)` runs it on any packed lengths
+    (`torch_memory=False`: on NumPy or Numba arrays, runtime/plan.py)."""
 
     def __init__(self, phase_id: str, head_dim: int, dtype: str, H: int, H_kv: int, causal: bool, qk_scale: float,
-                 device_index: int, return_lse: bool = False):
-        import torch
+                 device_index: int, return_lse: bool = False, torch_memory: bool = True):
         from numba import cuda
 
         config = self.config = build_varlen(phase_id, head_dim, dtype)
         self.kernel, cached = load(config, dtype, device_index)
-        self.device_index, self.device = device_index, torch.device("cuda", device_index)
+        self.device_index, self.device = device_index, memory_device(device_index, torch_memory)
         self.H, self.H_kv, self.D, self.causal = H, H_kv, head_dim, bool(causal)
         self.return_lse = return_lse
         self.tma = config.tma_box is not None
@@ -48,7 +48,7 @@ class VarlenPlan:
                 self.sms = sm_count()
             from ..arch.tma import describe_packed
 
-            self.maps = DeviceMaps(self.device, config.tma_box, describe_packed)
+            self.maps = DeviceMaps(self.device, config.tma_box, describe_packed, device_index)
         D = head_dim
         # shapes for one packed row each; every call writes its own lengths
         args = [ArrayArg((1, 1, H, D), 2), ArrayArg((1, 1, H_kv, D), 2), ArrayArg((1, 1, H_kv, D), 2),
