@@ -1340,3 +1340,13 @@ def test_beside_tests_run_in_a_child_and_report_here(tmp_path):
     assert "1 failed, 2 passed, 1 skipped" in out, out + done.stderr[-2000:]
     assert "run in the child pytest beside this one" in out and "the child saw two" in out, out
     assert "nothing to do there" in out, out
+
+
+def test_a_docstring_names_a_record_and_its_causal_twin_once():
+    """A record and its causal twin are one name in a measured-effect block, the causal flag before
+    the phases' suffix where the record has one; a causal record alone keeps its name."""
+    from flashcore_numba.measure.report import _file_list
+
+    assert _file_list(["a_fp16.json", "a_fp16_causal.json", "b_fp16_p07-09.json", "b_fp16_causal_p07-09.json",
+                       "c_fp16_causal_p07.json", "d_fp16_p09.json"]) == \
+        "a_fp16[_causal].json, b_fp16[_causal]_p07-09.json, c_fp16_causal_p07.json, d_fp16_p09.json"

@@ -27,6 +27,7 @@ read side, for the lessons.
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -895,16 +896,20 @@ def _variant_ids(phase_id: str, *records) -> list[str]:
     return sorted(ids)
 
 
+_PHASES_SUFFIX = re.compile(r"^(.*?)(_p\d[\w-]*)?\.json$")  # 'x_fp16' and '_p07-09' of 'x_fp16_p07-09.json'
+
+
 def _file_list(names) -> str:
     """Record file names for a docstring, a non-causal record and its causal twin as one:
-    'x_fp16[_causal].json'."""
+    'x_fp16[_causal].json', 'x_fp16[_causal]_p07-09.json' (the causal flag comes before the phases)."""
     names = list(dict.fromkeys(names))
     out = []
     for name in names:
-        twin = name.replace(".json", "_causal.json")
-        if name.endswith("_causal.json") and name.replace("_causal.json", ".json") in names:
+        head, phases = _PHASES_SUFFIX.match(name).groups(default="")
+        if head.endswith("_causal") and f"{head[:-len('_causal')]}{phases}.json" in names:
             continue  # written with its twin
-        out.append(name.replace(".json", "[_causal].json") if twin in names else name)
+        twin = f"{head}_causal{phases}.json"
+        out.append(f"{head}[_causal]{phases}.json" if twin in names else name)
     return ", ".join(out)
 
 

@@ -84,15 +84,11 @@ Measured effect (written by `flashcore report` from the committed record; do not
     causal 217 TFLOPS. At B=16 H=16 S=2048 D=192 D_v=128 fp16: 260 TFLOPS, causal 232 TFLOPS. At
     B=16 H=16 S=2048 D=256 fp16: 281 TFLOPS, causal 254 TFLOPS. At B=16 H=32 H_kv=8 S=2048 D=64
     fp16: 346 TFLOPS, causal 299 TFLOPS (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16_causal_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16[_causal]_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_causal_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_causal_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_causal_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16[_causal]_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16[_causal]_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16[_causal]_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16[_causal].json). Every shape and dtype measured:
     docs/performance.md.
     [measured:end]

@@ -89,15 +89,11 @@ Measured effect (written by `flashcore report` from the committed record; do not
     532 TFLOPS (2.30x phase 07). At B=16 H=16 S=2048 D=256 fp16: 472 TFLOPS (1.68x phase 07), causal
     440 TFLOPS (1.73x phase 07). At B=16 H=32 H_kv=8 S=2048 D=64 fp16: 539 TFLOPS (1.40x phase 08),
     causal 426 TFLOPS (1.31x phase 08) (nvidia-h100-80gb-hbm3_b16h16s2048d64_fp16[_causal].json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16_causal_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d96_fp16[_causal]_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h16s2048d128_fp16[_causal].json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16_causal_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16_causal_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_p07-09.json,
-    nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16_causal_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192_fp16[_causal]_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d192v128_fp16[_causal]_p07-09.json,
+    nvidia-h100-80gb-hbm3_b16h16s2048d256_fp16[_causal]_p07-09.json,
     nvidia-h100-80gb-hbm3_b16h32kv8s2048d64_fp16[_causal].json). Every shape and dtype measured:
     docs/performance.md.
     [measured:end]
