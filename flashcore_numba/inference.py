@@ -299,6 +299,7 @@ def _kvcache_arrays(qd, q, k_cache, v_cache, cache_seqlens, block_table, causal,
 
     from .runtime import KVCachePlan
 
+    api.require_device(p10)
     B, S_q, H, D = qd.shape
     paged = block_table is not None
     device_index = cuda.get_current_device().id
@@ -580,6 +581,7 @@ def _varlen_arrays(qd, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal
 
     from .runtime import VarlenPlan
 
+    api.require_device(api.get_phase(phase_id))
     total_q, H, D = qd.shape
     device_index = cuda.get_current_device().id
     key = ("varlen-arrays", phase_id, D, qd.dtype, H, k.shape[1], bool(causal), qk_scale, device_index,
