@@ -349,11 +349,12 @@ def _launch(q, k, v, causal, scale, phase, return_lse=False):
     B, H, S_q, D = ops[0].shape
     Dv = ops[2].shape[3]  # the output's head dim: v's (MLA: other than q's)
     device_index = cuda.get_current_device().id
-    key = (phase.ID, D, ops[0].dtype, ops[0].shape, ops[1].shape, bool(causal), qk_scale, device_index,
-           bool(return_lse))
-    plan = _ARRAY_PLANS.get((key, Dv))
+    # the problem as Plan takes it: every argument but the memory's owner
+    problem = (phase.ID, D, ops[0].dtype, ops[0].shape, ops[1].shape, bool(causal), qk_scale, device_index,
+               bool(return_lse), Dv)
+    plan = _ARRAY_PLANS.get(problem)
     if plan is None:
-        plan = _ARRAY_PLANS.keep((key, Dv), Plan(*key, value_dim=Dv, torch_memory=False))
+        plan = _ARRAY_PLANS.keep(problem, Plan(*problem, torch_memory=False))
     host = ops[0].kind == "numpy"
     with cuda.gpus[device_index]:
         if host:
