@@ -247,7 +247,10 @@ class GraderRuns:
             cwd = REPO
             argv.append(str(Path(phase.__file__).relative_to(REPO)))
         else:  # the default path, lessons/exercises/NN_<name>.py, holding the generated stub
-            cwd = self.workdir / pid
+            # a folder per run: the stub and the wrong answer of one phase are graded side by side,
+            # and a grader reads its file again for each region check (in one folder, the wrong
+            # answer's file replaced the stub's halfway through the stub's run)
+            cwd = self.workdir / f"{pid}_{variant}"
             stub = exercises.stub_path(phase, cwd / "lessons" / "exercises")
             stub.parent.mkdir(parents=True, exist_ok=True)
             source = exercises.stub_source(phase)
@@ -424,6 +427,17 @@ STUB_REGION_SAYS = {
 }
 REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in LESSONS.values()
            for r in exercises.phase_regions(phase)]
+
+
+def test_each_grader_run_grades_a_file_of_its_own(tmp_path):
+    """A phase's stub and its wrong answer are graded side by side, and a grader reads the file again
+    for each region check: written to one path, the wrong answer replaced the stub halfway through
+    the stub's run (CI once saw 09-b's stub graded as the wrong answer, its diagnosis gone)."""
+    runs = GraderRuns.__new__(GraderRuns)  # the commands alone: no grader started
+    runs.workdir, runs.checks = tmp_path, {}
+    (_, stub_cwd, _, _), (_, wrong_cwd, _, _) = runs._command("09", "stub"), runs._command("09", "wrong")
+    stub, wrong = (exercises.stub_path(LESSONS["09"], cwd / "lessons" / "exercises") for cwd in (stub_cwd, wrong_cwd))
+    assert stub != wrong and stub.read_text() == exercises.stub_source(LESSONS["09"]) != wrong.read_text()
 
 
 @pytest.mark.slow
