@@ -292,6 +292,8 @@ def kvcache_launcher(q, k_cache, v_cache, cache_seqlens, block_table=None, *, ca
         _launch(config, splits, arrays + [out], extra, lse, causal, qk_scale, 0)
 
     return launch, out, lse
+
+
 def _kvcache_arrays(qd, q, k_cache, v_cache, cache_seqlens, block_table, causal, qk_scale, return_lse):
     """(launch, out, lse) of attention_kvcache on NumPy or Numba arrays on a GPU: the problem's plan,
     as torch tensors get (runtime/kvcache.py), its memory Numba's, on the default stream."""
