@@ -30,8 +30,8 @@ import numbers
 import numpy as np
 
 from .arch.sim import simulator_enabled
-from .phases import (PHASES, build, cc_reason, get_phase, head_dims_text, min_cc, supports_gqa, supports_head_dim,
-                     supports_lse, supports_value_dim, unsupported_head_dim)
+from .phases import (PHASES, VARIANTS, build, cc_reason, get_phase, head_dims_text, min_cc, supports_gqa,
+                     supports_head_dim, supports_lse, supports_value_dim, unsupported_head_dim)
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E
 from .phases.p11_backward import HEAD_DIMS as BACKWARD_HEAD_DIMS
@@ -201,15 +201,16 @@ SHORT_SEQUENCES_TO_08 = {}
 DECODE_ROWS = 16
 
 
-def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int, rows_per_kv_head: int):
+def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int, rows_per_kv_head: int, kv_heads: int = 1):
     """The kernel "best" runs at this shape: phase 10 where each K/V head has few query rows
-    (`rows_per_kv_head`, its query heads times S_q, at most DECODE_ROWS) and the GPU runs phase 10;
-    else `phase` (the newest the GPU runs), or phase 08 where the records have it faster than phase
-    09 (SHORT_SEQUENCES_TO_08)."""
+    (`rows_per_kv_head`, its query heads times S_q, at most DECODE_ROWS) and the GPU runs phase 10,
+    built as its variant "batch" where the batch's `kv_heads` (B x H_kv, a row tile each) fill the
+    GPU (p10.batch_fills_gpu); else `phase` (the newest the GPU runs), or phase 08 where the records
+    have it faster than phase 09 (SHORT_SEQUENCES_TO_08)."""
     decode = PHASES["10"]
     if (rows_per_kv_head <= DECODE_ROWS and tuple(min_cc(phase)) >= tuple(min_cc(decode))
-            and supports_head_dim(decode, head_dim)):
-        return decode  # a GPU that runs `phase` runs phase 10 too
+            and supports_head_dim(decode, head_dim)):  # a GPU that runs `phase` runs phase 10 too
+        return VARIANTS["10-batch"] if decode.batch_fills_gpu(kv_heads) else decode
     if phase.ID == "09" and seq_k <= SHORT_SEQUENCES_TO_08.get((head_dim, bool(causal)), 0):
         return PHASES["08"]
     return phase
@@ -278,7 +279,8 @@ def _resolve(q, k, v, causal, scale, phase, return_lse=False):
     _validate(ops, phase, causal, scale, return_lse)
     _, H, S_q, D = ops[0].shape
     if best and not simulator_enabled():  # the simulator has no speed to choose by
-        phase = best_for_shape(phase, D, causal, ops[1].shape[2], rows_per_kv_head=H // ops[1].shape[1] * S_q)
+        phase = best_for_shape(phase, D, causal, ops[1].shape[2], rows_per_kv_head=H // ops[1].shape[1] * S_q,
+                               kv_heads=ops[0].shape[0] * ops[1].shape[1])
     require_device(phase)
     qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
     return phase, ops, qk_scale

@@ -342,20 +342,25 @@ def test_best_for_shape_keeps_09_everywhere_and_hands_over_only_where_the_table_
     assert api.best_for_shape(PHASES["07"], 64, True, 512, 512).ID == "07", "only phase 09 hands over"
 
 
-def test_best_hands_decoding_to_phase_10():
+def test_best_hands_decoding_to_phase_10(monkeypatch):
     """Where a K/V head has at most DECODE_ROWS query rows (its group's heads times S_q), "best" runs
-    phase 10 (split keys), on any GPU whose best phase is 07 or later, however many K/V heads the
-    batch has; with more rows, the ladder."""
+    phase 10 (split keys), on any GPU whose best phase is 07 or later: its variant "batch" (two warps
+    a block) where the batch's K/V heads, a row tile each, are at least the SMs, the four-warp build
+    below; with more rows, the ladder."""
     from flashcore_numba import api
-    from flashcore_numba.phases import KERNELS, PHASES
+    from flashcore_numba.phases import KERNELS, PHASES, common
 
+    monkeypatch.setattr(common, "sm_count_override", 132)  # an H100's SMs
     assert api.DECODE_ROWS == 16
     for best in ("07", "08", "09", "09-ws"):
         for rows in (1, 4, 16):
             assert api.best_for_shape(KERNELS[best], 128, True, 4096, rows).ID == "10", (best, rows)
         assert api.best_for_shape(KERNELS[best], 128, True, 4096, 17).ID == best
-        assert api.best_for_shape(KERNELS[best], 128, False, 2048, 1).ID == "10"  # 256 K/V heads or 8: the same
-    assert api.best_for_shape(PHASES["05"], 64, False, 4096, 1).ID == "05", "phase 10 needs sm_80"
+        assert api.best_for_shape(KERNELS[best], 128, True, 4096, 17, kv_heads=512).ID == best
+        assert api.best_for_shape(KERNELS[best], 128, False, 2048, 1, kv_heads=131).ID == "10"
+        for kv_heads in (132, 512, 2048):  # the SMs; B = 64 and 256 at H_kv = 8
+            assert api.best_for_shape(KERNELS[best], 128, False, 2048, 1, kv_heads=kv_heads).ID == "10-batch"
+    assert api.best_for_shape(PHASES["05"], 64, False, 4096, 1, kv_heads=512).ID == "05", "phase 10 needs sm_80"
 
 
 def _decode_records():
@@ -390,6 +395,7 @@ def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
     """attention(phase="best") off the simulator: validation first, then best_for_shape picks the
     kernel that runs (stopped here at require_device, which sees the choice)."""
     from flashcore_numba import api
+    from flashcore_numba.phases import common
 
     chosen = []
 
@@ -400,6 +406,7 @@ def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
     monkeypatch.setattr(api, "simulator_enabled", lambda: False)
     monkeypatch.setattr(api, "best_for_this_gpu", lambda *dims: api.get_phase("09"))
     monkeypatch.setattr(api, "require_device", stop)
+    monkeypatch.setattr(common, "sm_count_override", 132)  # an H100's SMs
     shapes = ((512, True, 64), (4096, True, 64), (1024, False, 64), (512, False, 128), (1, True, 64))
     for table, expected in (({}, ["09", "09", "09", "09", "10"]), ({(64, True): 512}, ["08", "09", "09", "09", "10"])):
         monkeypatch.setattr(api, "SHORT_SEQUENCES_TO_08", table)  # today's (empty) and one that hands over
@@ -412,6 +419,10 @@ def test_attention_best_dispatches_by_shape_on_a_gpu(monkeypatch):
     with pytest.raises(RuntimeError, match="stop"):
         api.attention(q, q, q, phase="09")  # a phase asked for by name is never swapped
     assert chosen[-1] == "09"
+    q = np.zeros((66, 2, 1, 64), np.float16)  # a decode step of 132 K/V heads, as many as the SMs
+    with pytest.raises(RuntimeError, match="stop"):
+        api.attention(q, q, q)
+    assert chosen[-1] == "10-batch"
 
 
 # ---------------------------------------------------------------------------------------------

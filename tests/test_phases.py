@@ -395,7 +395,7 @@ def split_config(D, splits, dtype="float16"):
 
     from flashcore_numba.phases import p10_split_keys as p10
 
-    config = p10.build(D, dtype)
+    config = p10.build(D, dtype=dtype)
     return dataclasses.replace(config, split_keys=partial(config.split_keys, splits=splits))
 
 
@@ -565,3 +565,28 @@ def test_phase10_grid_packs_a_groups_rows():
     assert config.grid((2, 32, 1, 64), False, (2, 8, 500, 64)) == (1, 8, 2)  # 4 rows per K/V head
     assert config.grid((2, 32, 5, 64), False, (2, 8, 500, 64)) == (1, 16, 2)  # 20 rows: 2 tiles
     assert split_config(64, 6).grid((1, 16, 1, 64), True, (1, 16, 4096, 64)) == (6, 16, 1)
+
+
+def test_phase10_batch_variant_holds_two_blocks_an_sm(monkeypatch):
+    """The variant "batch" as the GPU builds it: BATCH_WARPS warps a block, whose shared memory lets
+    two blocks share an H100's SM where the four-warp build holds one; "batch_fills_gpu" hands it a
+    problem whose row tiles are at least the SMs. In the simulator it is the phase's own build
+    (SIM_WARPS), and gives the reference's answer."""
+    from flashcore_numba.phases import KERNELS, common
+    from flashcore_numba.phases import p10_split_keys as p10
+    from flashcore_numba.phases.common import H100_SM_LIMITS, blocks_per_sm
+
+    assert p10.BATCH_WARPS < p10.WARPS and set(p10.VARIANTS) == {"batch"}
+    for D in p10.HEAD_DIMS:
+        L = p10.gpu_layout(D)
+        assert blocks_per_sm(p10.smem_size(L, p10.WARPS), H100_SM_LIMITS) == 1, D
+        assert blocks_per_sm(p10.smem_size(L, p10.BATCH_WARPS), H100_SM_LIMITS) == 2, D
+    monkeypatch.setattr(common, "sm_count_override", 132)
+    assert not p10.batch_fills_gpu(131) and p10.batch_fills_gpu(132) and p10.batch_fills_gpu(2048)
+    with pytest.raises(ValueError, match="variant"):
+        p10.build(64, "wide")
+    monkeypatch.setattr(common, "sm_count_override", None)
+    q, k, v = random_qkv((3, 4, 1, 64), 40, seed=None, heads_kv=2)
+    out = run_phase("10", q, k, v, True, KERNELS["10-batch"].build(64))
+    verdict = check_close(out, reference_attention(q, k, v, causal=True), lowp_attention(q, k, v, causal=True))
+    assert verdict.ok, verdict.message

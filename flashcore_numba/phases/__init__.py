@@ -142,12 +142,14 @@ _KEYED: dict = {}  # a phase's config -> the same config with its cache key
 
 
 @functools.lru_cache(maxsize=None)
-def build_kvcache(head_dim: int, dtype: str = "float16") -> KernelConfig:
-    """attention_kvcache's kernel (flashcore_numba.inference): phase 10 built `paged`, kept in the
-    disk cache as ("10-kvcache", head dim, dtype). One config per kernel, made once: every call
-    asks for it."""
-    config = PHASES["10"].build(head_dim, dtype, paged=True)
-    return dataclasses.replace(config, cache_key=("10-kvcache", int(head_dim), dtype))
+def build_kvcache(head_dim: int, dtype: str = "float16", variant: str | None = None) -> KernelConfig:
+    """attention_kvcache's kernel (flashcore_numba.inference): phase 10 built `paged` (its variant
+    "batch" for batches that fill the GPU, p10.batch_fills_gpu), kept in the disk cache as
+    ("10-kvcache", head dim, dtype) or ("10-batch-kvcache", ...). One config per kernel, made once:
+    every call asks for it."""
+    config = PHASES["10"].build(head_dim, variant, dtype=dtype, paged=True)
+    name = "10-kvcache" if variant is None else f"10-{variant}-kvcache"
+    return dataclasses.replace(config, cache_key=(name, int(head_dim), dtype))
 
 
 @functools.lru_cache(maxsize=None)

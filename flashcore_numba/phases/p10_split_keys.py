@@ -57,6 +57,13 @@ What changed from phase 07
     each warp's range at least MIN_TILES_PER_SPLIT tiles, at most MAX_SPLITS ranges; one block
     per row tile where those already fill the GPU (`split_count`). With one block the path is the
     same: its first merge writes the output.
+    **Batches whose row tiles fill the GPU (variant "batch")**: there a block of four warps, one
+    an SM, waits for its first tiles and merges with nothing else on its SM to cover it. Built
+    with two warps a block (BATCH_WARPS), two blocks share an SM and each warp's range is twice as
+    long; "best" and attention_kvcache run it where B x H_kv row tiles are at least the SMs
+    (`batch_fills_gpu`). In an H100's A/B it was faster on the KV cache at every such batch (by
+    5 % at B=64 H=32 H_kv=8 S_k=1024), and level or faster on dense K and V
+    (docs/tuning/10_history.md, "Two warps a block").
     Built `paged`, the same kernel reads a KV cache (flashcore_numba.inference.attention_kvcache):
     q as (B, S_q, H, D), K and V as pages named by a block table, one length per sequence. Only
     where a row lives (copy_q_rows, copy_kv_pages) and how many keys a sequence has change; a
@@ -120,6 +127,8 @@ BLOCK_M = MMA_M  # one m-tile of packed rows per block: one warp
 TILES = {64: dict(block_n=64, stages=3), 128: dict(block_n=32, stages=3)}
 SIM_TILES = {64: dict(block_n=16, stages=3), 128: dict(block_n=16, stages=3)}  # the simulator: short tiles
 WARPS = 4  # warps per block, each on its own range of keys: one block an SM (its shared memory)
+BATCH_WARPS = 2  # the variant "batch": two warps a block, two blocks an SM (batch_fills_gpu)
+VARIANTS = {"batch": "Split keys, two warps a block: for batches whose row tiles fill the GPU"}
 SIM_WARPS = 2  # the simulator: two, so that its blocks merge their warps too
 MIN_TILES_PER_SPLIT = 4  # a warp's range at least: its fixed costs (Q's load, the first tile's wait)
 SIM_MIN_TILES_PER_SPLIT = 1  # the simulator: any problem of two tiles or more splits (and merges)
@@ -142,6 +151,14 @@ def fan_in() -> int:
 
 def block_warps() -> int:
     return SIM_WARPS if simulator_enabled() else WARPS
+
+
+def batch_fills_gpu(row_tiles: int) -> bool:
+    """Whether a problem of `row_tiles` row tiles (B x H_kv x tiles of packed rows; a decode step has
+    one a K/V head) runs the variant "batch": where the row tiles are at least the GPU's SMs, so
+    that the four-warp build would run one block per row tile, one an SM, unsplit. Below that the
+    four-warp build splits the keys and is faster (an H100's A/B: docs/tuning/10_history.md)."""
+    return row_tiles >= sm_count()
 
 
 def merge_counters(n_splits: int, fan: int) -> int:
@@ -866,10 +883,14 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
 
 
 @lru_cache(maxsize=None)
-def build(HEAD_DIM: int, dtype: str = "float16", paged: bool = False) -> KernelConfig:
-    """The kernel for head dim HEAD_DIM and `dtype` ("float16" or "bfloat16"); with `paged`, the
-    same kernel reading a KV cache (flashcore_numba.inference.attention_kvcache)."""
+def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16", paged: bool = False) -> KernelConfig:
+    """The kernel for head dim HEAD_DIM and `dtype` ("float16" or "bfloat16"), four warps a block, or
+    BATCH_WARPS with `variant` "batch" (the simulator's blocks have SIM_WARPS either way); with
+    `paged`, the same kernel reading a KV cache (flashcore_numba.inference.attention_kvcache)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 10 builds {' and '.join(DTYPES)}, not {dtype!r}")
+    if variant not in (None, *VARIANTS):
+        raise ValueError(f"variant: expected None or one of {', '.join(VARIANTS)}, got {variant!r}")
     L = split_layout(HEAD_DIM, **tiles(HEAD_DIM))
-    return build_kernel(L, dtype, paged)
+    warps = BATCH_WARPS if variant == "batch" and not simulator_enabled() else None
+    return build_kernel(L, dtype, paged, warps)

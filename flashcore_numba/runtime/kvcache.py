@@ -1,8 +1,9 @@
 """attention_kvcache's plan: a decode step against a KV cache, settled once per problem.
 
-What runtime/plan.py does for attention(), for phase 10 built `paged` (phases.build_kvcache): the
-kernel loaded, the grid and the workspace's shapes worked out for the cache's capacity, every
-parameter but the addresses packed. A call writes the addresses of q, the caches, the output, the
+What runtime/plan.py does for attention(), for phase 10 built `paged` (phases.build_kvcache; its
+variant "batch", two warps a block, where the batch's row tiles fill the GPU): the kernel loaded,
+the grid and the workspace's shapes worked out for the cache's capacity, every parameter but the
+addresses packed. A call writes the addresses of q, the caches, the output, the
 lengths and the block table, and launches on torch's current stream:
 
     plan = KVCachePlan(128, "float16", q.shape, k_cache.shape, block_table.shape, causal=True,
@@ -26,6 +27,7 @@ from ..arch import launch as driver
 from ..arch import scratch
 from ..arch.launch import ArgSlots, ArrayArg, ScalarArg
 from ..phases import build_kvcache
+from ..phases import p10_split_keys as p10
 from .inputs import DeviceArray
 from .plan import ALIGNMENT_MASK, load, memory_device, misaligned
 
@@ -45,8 +47,10 @@ class KVCachePlan:
         _, page_size, H_kv, _ = cache_shape
         paged = table_shape is not None
         capacity = table_shape[1] * page_size if paged else page_size
-        config = build_kvcache(head_dim, dtype)
         with cuda.gpus[device_index]:
+            # one row tile a K/V head of each sequence (decode rows: at most p10.BLOCK_M of them)
+            row_tiles = B * H_kv * -(-(H // H_kv) * S_q // p10.BLOCK_M)
+            config = build_kvcache(head_dim, dtype, "batch" if p10.batch_fills_gpu(row_tiles) else None)
             # the grid and the workspace as for a dense problem whose keys are the cache's capacity
             self.splits = config.split_keys((B, H, S_q, D), (B, H_kv, capacity, D), causal)
         self.kernel, cached = load(config, dtype, device_index)

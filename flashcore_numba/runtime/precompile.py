@@ -22,10 +22,12 @@ def _of_config(config, dtype: str) -> list:
 
 
 def _kvcache_kernels(head_dim: int, dtype: str, cc) -> list:
-    """attention_kvcache's kernel (phases.build_kvcache)."""
+    """attention_kvcache's kernels (phases.build_kvcache): phase 10 built paged, and its variant
+    "batch" (KVCachePlan runs it for batches that fill the GPU)."""
     from ..phases import build_kvcache
 
-    return _of_config(build_kvcache(head_dim, dtype), dtype)
+    return _of_config(build_kvcache(head_dim, dtype), dtype) + _of_config(build_kvcache(head_dim, dtype, "batch"),
+                                                                           dtype)
 
 
 def _varlen_kernels(phase_id: str):
