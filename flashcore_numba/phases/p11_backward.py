@@ -81,7 +81,7 @@ do not edit by hand)
     S=2048 D=64 fp16: 11 236 (0.95x SDPA flash), 11-deterministic 228 (0.92x SDPA flash), 11-step
     not timed (autograd ran 12-step); B=16 H=16 S=2048 D=64 fp16 causal: 11 202 (1.03x SDPA flash),
     11-deterministic 196 (1.00x SDPA flash), 11-step not timed (autograd ran 12-step); B=16 H=16
-    S=2048 D=128 fp16: 11 255 (0.95x SDPA flash), 11-deterministic 221 (0.82x SDPA flash), 11-step
+    S=2048 D=128 fp16: 11 255 (0.96x SDPA flash), 11-deterministic 223 (0.83x SDPA flash), 11-step
     not timed (autograd ran 12-step); B=16 H=16 S=2048 D=128 fp16 causal: 11 219 (0.99x SDPA flash),
     11-deterministic 192 (0.87x SDPA flash), 11-step not timed (autograd ran 12-step). NVIDIA H200,
     2026-12-01, TFLOPS: B=16 H=16 S=2048 D=64 fp16: 11 236 (0.94x SDPA flash), 11-deterministic 232

@@ -57,8 +57,8 @@ Measured effect (written by `flashcore report` from the backward records' rows 1
     S=2048 D=64 fp16: 12 300 (1.21x SDPA flash, 1.27x phase 11), 12-deterministic 221 (0.89x SDPA
     flash, 0.97x phase 11), 12-step 339 (1.30x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal: 12
     250 (1.28x SDPA flash, 1.24x phase 11), 12-deterministic 197 (1.00x SDPA flash, 1.00x phase 11),
-    12-step 281 (1.33x SDPA flash); B=16 H=16 S=2048 D=128 fp16: 12 330 (1.23x SDPA flash, 1.29x
-    phase 11), 12-deterministic 220 (0.82x SDPA flash, 1.00x phase 11), 12-step 385 (1.34x SDPA
+    12-step 281 (1.33x SDPA flash); B=16 H=16 S=2048 D=128 fp16: 12 331 (1.24x SDPA flash, 1.29x
+    phase 11), 12-deterministic 222 (0.83x SDPA flash, 0.99x phase 11), 12-step 383 (1.33x SDPA
     flash); B=16 H=16 S=2048 D=128 fp16 causal: 12 283 (1.27x SDPA flash, 1.29x phase 11),
     12-deterministic 194 (0.88x SDPA flash, 1.01x phase 11), 12-step 324 (1.35x SDPA flash). NVIDIA
     H200, 2026-12-01, TFLOPS: B=16 H=16 S=2048 D=64 fp16: 12 301 (1.20x SDPA flash, 1.28x phase 11),
