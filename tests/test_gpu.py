@@ -396,6 +396,24 @@ def test_split_keys_decoding_through_torch(shape, seq_k, heads_kv, causal, dtype
         assert splits.grid[0] > 1, f"{what}: a long decode step must split"
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_batched_decoding_runs_the_batch_build(dtype):
+    """A decode step whose K/V heads (a row tile each) are at least the GPU's SMs: "best" runs phase
+    10's variant "batch" (two warps a block, two blocks an SM), one block a row tile, unsplit; its
+    output and LSE against the float64 reference."""
+    pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba import api
+    from flashcore_numba.phases.common import sm_count
+
+    B = -(-sm_count() // 8) + 2  # K/V heads past the SMs, at H_kv = 8
+    q, k, v = _torch_qkv((B, 32, 1, 128), 1000, dtype=dtype, heads_kv=8)
+    assert api._resolve(q, k, v, True, None, "best")[0].ID == "10-batch"
+    assert build(KERNELS["10-batch"], 128, dtype).split_keys(tuple(q.shape), tuple(k.shape), True).grid[0] == 1
+    out, lse = attention(q, k, v, causal=True, return_lse=True)
+    _check_torch(out, q, k, v, True, f"B={B} H=32 H_kv=8 S_k=1000 {dtype}")
+    _check_lse(lse, q, k, True, what=f"B={B} {dtype}")
+
+
 def test_return_lse_at_the_reference_shape_and_with_a_scale():
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     q, k, v = _torch_qkv((16, 16, 2048, 64))

@@ -207,6 +207,27 @@ def test_random_caches_on_gpu():
     run()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [None, 64])
+def test_batches_that_fill_the_gpu_run_the_batch_build(page_size):
+    """A decode batch whose K/V heads (a row tile each) are at least the GPU's SMs runs phase 10's
+    variant "batch" (two warps a block), contiguous and paged, ragged and causal with 2 drafted rows:
+    the plan says so, and the answer is the reference's."""
+    from flashcore_numba.phases import p10_split_keys as p10
+    from flashcore_numba.phases.common import sm_count
+    from flashcore_numba.runtime.kvcache import KVCachePlan
+
+    H_kv = 4
+    B = -(-sm_count() // H_kv) + 1
+    assert p10.batch_fills_gpu(B * H_kv) and not p10.batch_fills_gpu(2 * H_kv)
+    lengths = np.random.default_rng(1).integers(0, 300, B)
+    q, k, v, lengths, table = make_cache(B=B, S_q=2, H=8, H_kv=H_kv, D=64, lengths=lengths, page_size=page_size)
+    plan = KVCachePlan(64, "float16", q.shape, k.shape, None if table is None else table.shape, True, 0.1, 0,
+                       torch_memory=False)
+    assert plan.launch._dims[3] == 32 * p10.BATCH_WARPS, plan.launch._dims  # threads a block
+    check(q, k, v, lengths, table, causal=True)
+
+
 def test_the_readme_table_of_a_kvcache_record(tmp_path):
     """report.kvcache_table: each cache in µs, GB/s and % of the copy, the paged ones beside the contiguous."""
     from flashcore_numba.measure import bench, records, report
