@@ -376,6 +376,38 @@ lesson.show_solution()
 # per SM); after `setmaxnreg` the consumers run with 240. ptxas honours `setmaxnreg` only when it knows
 # the count at entry (the kernel's launch bounds) and compiles the whole program (Numba's [LTO](../docs/glossary.md#lto) route).
 #
+# ### Other head dims: how the tile configuration follows from D
+#
+# Models use head dims from 32 to 256 (ViTs 40 and 80, Phi-3 96, DeepSeek's MLA 192, Gemma 256).
+# Phase 09 runs any multiple of 8 up to 256 on one of four tile configurations, by D_TILE, the first
+# of 64, 128, 192 and 256 columns that holds D: TMA fills a box's columns past the tensor's last one
+# with zeros, so the extra columns of Q and K add nothing to q·kᵀ, and V's give output columns the
+# epilogue never stores. D = 96 costs what D = 128 costs on the tensor cores and in shared memory,
+# though only its 96 columns are read from global memory.
+#
+# Each configuration is two budgets worked out by hand, the constants at the top of the module:
+#
+# * **Registers.** A consumer warpgroup (128 threads) keeps its 64 query rows of O in fp32 registers:
+#   64 × D_TILE / 128 = D_TILE / 2 a thread. S of a tile of BLOCK_N keys takes BLOCK_N / 2 more, and P,
+#   repacked to 16 bits, half of that. After `setmaxnreg` a consumer has 240 registers where there are
+#   two consumers and 160 where there are three (`CONSUMER_REGISTERS`: what the block's 65536 leave
+#   once the producer is down to 24). So D_TILE = 64 affords three consumers (192 query rows) with
+#   tiles of 128 keys; 128 two consumers with 128 keys (O 64 + S 64); but at 192 and 256 O alone takes
+#   96 and 128 registers, and S of 64 keys (`KEYS_PER_TILE`) is what fits beside it.
+# * **Shared memory** (227 KB a block). Q is consumers × 64 rows × D_TILE × 2 bytes, and each stage of
+#   the ring a K and a V tile, 2 × BLOCK_N × D_TILE × 2 bytes; the ring gets as many stages as fit
+#   beside Q (`STAGES`): three of 64 KB at D_TILE = 128, three of 48 KB at 192, two of 64 KB at 256.
+#   At 64 four stages; a fifth fits and was measured level ([tuning history](../docs/tuning/09_history.md)).
+#
+# The rest follows from D_TILE in `layout`: atoms of 64 columns per tile row (one TMA box each), the
+# offsets of Q, the ring and the mbarriers, and the counts of the products' steps. At 256 the first
+# build spilled: the fix (rescale O after its wait, `RESCALE_LATE`) and what still holds D = 256 behind
+# cuDNN are in the tuning history's "Other head dims".
+
+# %%
+lesson.show_source(phase.tile_head_dim, phase.layout)
+
+# %% [markdown]
 # ### What the timing rows say
 #
 # What the rows say, and what is missing: the overlap within a warpgroup pays at both head dims

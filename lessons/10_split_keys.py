@@ -228,6 +228,25 @@ timings = lesson.timing()
 lesson.plot_timing(timings)
 
 # %% [markdown]
+# ### When the batch alone fills the GPU: the variant "batch"
+#
+# A server decodes many sequences at once. At B = 64 with 8 K/V heads a step has 512 row tiles, more
+# than an H100's 132 SMs, so `split_count` splits nothing: one block a row tile, its four warps each
+# on a quarter of the keys. Four warps with three stages each fill an SM's shared memory, so such a
+# block runs alone on its SM: while it waits for its first tiles, and while it merges its warps'
+# partials, nothing else there reads memory. Built with two warps a block (`BATCH_WARPS`), two blocks
+# share each SM and each warp's range of keys is twice as long; one block's waits are the other's
+# reading time. It is the same kernel (`build_kernel`'s `warps`), a variant of the phase, and
+# `attention(phase="best")` and `attention_kvcache` run it where the row tiles are at least the SMs.
+# At this lesson's single sequence it would split the keys further and run slower (the timing above,
+# where it was measured); the serving table in [docs/performance.md](../docs/performance.md) has the
+# batches, and the [tuning history](../docs/tuning/10_history.md) ("Two warps a block") the A/B of
+# seven tile shapes that chose it.
+
+# %%
+lesson.show_source(phase.batch_fills_gpu, phase.build)
+
+# %% [markdown]
 # ## What changed in the machine code
 
 # %%

@@ -501,7 +501,7 @@ def test_the_simulator_compiles_phase_09s_variants_only_on_a_gpu():
     assert "06-inline" in notebooks.Lesson("06")._compiled_ids()
     # lesson 10 is phase 07's loop split across blocks: its machine code beside 07's, timed beside 09 too
     lesson = notebooks.Lesson("10")
-    assert lesson._ids() == ["09", "07", "10"]
+    assert lesson._ids() == ["09", "07", "10", "10-batch"]
     assert lesson._compiled_ids() == (lesson._ids() if lesson.on_gpu else ["07", "10"])
 
 
