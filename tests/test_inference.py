@@ -250,3 +250,15 @@ def test_the_readme_table_of_a_kvcache_record(tmp_path):
     assert "| title 10-kvcache | 10 | 2000 | 66.7% |  |" in text, text
     assert "| title 10-kvcache-p64 | 10 | 1905 | 63.5% | 1.05× its time |" in text, text
     assert "3000 GB/s" in text and "(kvcache/r.json)" in text
+
+
+@pytest.mark.parametrize("D", [pytest.param(96, id="D=96"), pytest.param(40, id="D=40", marks=pytest.mark.slow)])
+def test_kvcache_kernel_at_other_head_dims(D, monkeypatch):
+    """Phase 10's paged build at a head dim rounded up to its tiles (p10.tile_head_dim): the copies
+    from q's and the cache's rows of D values fill the rest with zeros. attention_kvcache takes 64
+    and 128 only so far (HEAD_DIMS); the test lets D through to reach the kernel."""
+    from flashcore_numba.phases import p10_split_keys as p10
+
+    monkeypatch.setattr(p10, "HEAD_DIMS", (64, 128, D))
+    check(*make_cache(B=2, S_q=2, H=4, H_kv=2, D=D, lengths=[45, 20], page_size=16), causal=True)
+    check(*make_cache(B=2, S_q=1, H=2, H_kv=1, D=D, lengths=[33, 0]), causal=False)

@@ -590,3 +590,44 @@ def test_phase10_batch_variant_holds_two_blocks_an_sm(monkeypatch):
     out = run_phase("10", q, k, v, True, KERNELS["10-batch"].build(64))
     verdict = check_close(out, reference_attention(q, k, v, causal=True), lowp_attention(q, k, v, causal=True))
     assert verdict.ok, verdict.message
+
+
+@pytest.mark.parametrize("D", [
+    pytest.param(40, id="D=40: 64-column tiles"),
+    pytest.param(96, id="D=96: 128-column tiles"),
+    pytest.param(160, id="D=160: 256-column tiles", marks=pytest.mark.slow),
+    pytest.param(256, id="D=256", marks=pytest.mark.slow),
+])
+def test_phase10_other_head_dims_round_up_their_tiles(D):
+    """Phase 10's kernel at a head dim of neither course size: its tiles hold D_TILE columns (64, 128
+    or 256: tile_head_dim), the copies fill the columns past D with zeros and the partials keep D;
+    split across 3 ranges, causal, GQA, on poisoned output, against the reference. (`attention()`
+    and attention_kvcache still take 64 and 128 only: HEAD_DIMS.)"""
+    from numba import cuda
+
+    from flashcore_numba.phases import p10_split_keys as p10
+    from flashcore_numba.phases.common import LOG2E
+
+    assert p10.tile_head_dim(D) == {40: 64, 96: 128, 160: 256, 256: 256}[D]
+    assert p10.HEAD_DIMS == (64, 128)
+    q, k, v = random_qkv((1, 4, 2, D), 70, seed=None, heads_kv=2)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    config = split_config(D, 3)
+    config.launch(*(cuda.to_device(x) for x in (q, k, v)), out, True, LOG2E * 0.3)
+    verdict = check_close(out.copy_to_host(), reference_attention(q, k, v, causal=True, scale=0.3),
+                          lowp_attention(q, k, v, causal=True, scale=0.3))
+    assert verdict.ok, verdict.message
+
+
+def test_phase10_tiles_of_every_head_dim_fit_an_sm():
+    """On the GPU, each D_TILE's block of four warps fits one SM's shared memory (227 KB a block), and
+    the variant "batch", two warps, fits twice."""
+    from flashcore_numba.phases import p10_split_keys as p10
+    from flashcore_numba.phases.common import H100_SM_LIMITS, blocks_per_sm
+
+    for D in range(8, 257, 8):
+        L = p10.gpu_layout(D)
+        assert L["STRIDE"] == p10.tile_head_dim(D) and L["GLOBAL_CHUNKS"] * 8 == D, D
+        assert p10.smem_size(L, p10.WARPS) <= 227 * 1024, D
+        assert blocks_per_sm(p10.smem_size(L, p10.WARPS), H100_SM_LIMITS) == 1, D
+        assert blocks_per_sm(p10.smem_size(L, p10.BATCH_WARPS), H100_SM_LIMITS) == 2, D

@@ -256,7 +256,7 @@ def make_copy_tile(L):
     # (r + i * ROWS_PER_PASS) % 8 == (r % 8) ^ ((i * ROWS_PER_PASS) % 8), which flips bits 4-6 of
     # the row's offset (rows of at least 128 bytes, `offset` a multiple of a row)
     assert not SWIZZLE or (STRIDE == CHUNKS * 8 and CHUNKS >= 8  # unpadded rows, 128 bytes or more
-                           and ROWS_PER_PASS & (ROWS_PER_PASS - 1) == 0 and LANES == GLOBAL_CHUNKS == CHUNKS)
+                           and ROWS_PER_PASS & (ROWS_PER_PASS - 1) == 0 and LANES == CHUNKS)
     FLIP = SWIZZLE and ROWS_PER_PASS % 8 != 0
     ROW_BYTES = STRIDE * 2  # a row in shared memory; in global memory a row is GLOBAL_CHUNKS * 16 bytes,
     # the next one row_stride bytes on

@@ -35,12 +35,13 @@ from flashcore_numba.arch.sim import simulator_enabled
 from flashcore_numba.phases.common import (FULL_MASK, LN2, MMA_N, PTX_TYPE, KernelConfig, Splits, blocks_per_sm, cdiv, key_end,
                      make_exp_and_sum, make_pack_a, mask_scores, quad_max, quad_sum, rescale_rows, row_max,
                      sm_count, softmax_rescale, warp_max, warp_sum, zero_tiles)
-from flashcore_numba.phases.p07_mma_sync import MMA_M, layout, make_copy_tile, unrolled
+from flashcore_numba.phases.p07_mma_sync import MMA_M, copy_layout, layout, make_copy_tile, unrolled
 
 ID = "10"
 NAME = "split_keys"
 TITLE = "Split keys: one decode step across many blocks, merged by the log-sum-exp"
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)  # what attention() and attention_kvcache run here; the kernel builds any multiple of 8
+# up to 256 on tiles of 64, 128 or 256 columns (tile_head_dim), checked in the simulator, not yet on a GPU
 DTYPES = ("float16", "bfloat16")
 GQA = True
 LSE = True
@@ -55,9 +56,9 @@ BUILDS_ON = "07"  # its tile loop is phase 07's: the lesson compares their machi
 LESSON_PROBLEM = dict(B=1, H=32, S_q=1, S_k=8192, D=128, H_kv=8)
 
 BLOCK_M = MMA_M  # one m-tile of packed rows per block: one warp
-# a warp's Q and 3 stages of K and V: 50 and 52 KB
-TILES = {64: dict(block_n=64, stages=3), 128: dict(block_n=32, stages=3)}
-SIM_TILES = {64: dict(block_n=16, stages=3), 128: dict(block_n=16, stages=3)}  # the simulator: short tiles
+# by D_TILE (tile_head_dim): a warp's Q and 3 stages of K and V, 50, 52 and 56 KB
+TILES = {64: dict(block_n=64, stages=3), 128: dict(block_n=32, stages=3), 256: dict(block_n=16, stages=3)}
+SIM_TILES = {d: dict(block_n=16, stages=3) for d in TILES}  # the simulator: short tiles
 WARPS = 4  # warps per block, each on its own range of keys: one block an SM (its shared memory)
 BATCH_WARPS = 2  # the variant "batch": two warps a block, two blocks an SM (batch_fills_gpu)
 VARIANTS = {"batch": "Split keys, two warps a block: for batches whose row tiles fill the GPU"}
@@ -73,8 +74,17 @@ SIM_SLOTS = 8  # the simulator's "GPU": blocks it holds at once, so that small p
 RESCALE_MARGIN = 8.0
 
 
+def tile_head_dim(HEAD_DIM: int) -> int:
+    """D_TILE: the columns a row of a tile has in shared memory, HEAD_DIM rounded up to 64, 128 or
+    256. The swizzle moves a row's 16-byte chunks within groups of eight, so a row is a power of two
+    of such groups (the copies' passes: rows of whole lanes). The columns past HEAD_DIM are copied
+    as zeros, add nothing to q·kᵀ, and are never stored; a decode step reads only HEAD_DIM columns
+    from memory, which is its time."""
+    return max(64, 1 << (HEAD_DIM - 1).bit_length())
+
+
 def tiles(HEAD_DIM: int) -> dict:
-    return (SIM_TILES if simulator_enabled() else TILES)[HEAD_DIM]
+    return (SIM_TILES if simulator_enabled() else TILES)[tile_head_dim(HEAD_DIM)]
 
 
 def fan_in() -> int:
@@ -149,9 +159,11 @@ def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
     counted 24 L2 sectors where 16 do, docs/tuning/11_layout/). Phase 10 does little but copy,
     and swizzled rows made it 4-6 % faster at every decode shape (docs/tuning/10_history.md)."""
     assert 2 <= stages <= 4, "cp.async.wait_group takes its count as an immediate: ptx/cp_async.ptx has 0 to 2"
-    L = layout(HEAD_DIM, block_m=BLOCK_M, warps=1, block_n=block_n)
-    row = HEAD_DIM * 2
-    L.update(SWIZZLE=True, STRIDE=HEAD_DIM, K_OFF=BLOCK_M * row, V_OFF=(BLOCK_M + block_n) * row,
+    D_TILE = tile_head_dim(HEAD_DIM)
+    L = layout(D_TILE, block_m=BLOCK_M, warps=1, block_n=block_n)
+    L.update(copy_layout(HEAD_DIM, D_TILE, 32, (BLOCK_M, block_n)), HEAD_DIM=HEAD_DIM)  # HEAD_DIM from memory
+    row = D_TILE * 2
+    L.update(SWIZZLE=True, STRIDE=D_TILE, K_OFF=BLOCK_M * row, V_OFF=(BLOCK_M + block_n) * row,
              STAGE_BYTES=2 * block_n * row)
     L["STAGES"] = stages
     L["SMEM_BYTES"] = L["K_OFF"] + stages * L["STAGE_BYTES"]
@@ -166,7 +178,7 @@ def smem_size(L, warps: int) -> int:
 
 def gpu_layout(HEAD_DIM: int) -> dict:
     """The layout the GPU kernel has (the simulator's tiles are smaller)."""
-    return split_layout(HEAD_DIM, **TILES[HEAD_DIM])
+    return split_layout(HEAD_DIM, **TILES[tile_head_dim(HEAD_DIM)])
 
 
 @cuda.jit(device=True, inline=True)
@@ -201,10 +213,22 @@ def make_loads(L, paged=False):
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
     global_address = operands.global_address
     CHUNKS, ROWS_PER_PASS = L["CHUNKS"], L["ROWS_PER_PASS"]
+    GLOBAL_CHUNKS = L["GLOBAL_CHUNKS"]  # a row's chunks in memory: CHUNKS, or fewer (D rounded up: D_TILE)
+    ZERO_CHUNKS = GLOBAL_CHUNKS < CHUNKS
     HEAD_DIM, BLOCK_N = L["HEAD_DIM"], L["BLOCK_N"]
     ROW = HEAD_DIM * 2  # bytes from a row of q, K or V to the next (copy_tile)
     K_OFF, V_OFF, STAGE_BYTES = L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
-    ROW_BYTES = L["STRIDE"] * 2  # a row in shared memory: ROW, the rows being unpadded (split_layout)
+    ROW_BYTES = L["STRIDE"] * 2  # a row in shared memory: D_TILE columns, unpadded (split_layout)
+
+    @cuda.jit(device=True, inline=True)
+    def lane_chunk(lane):
+        """(row of a pass, chunk of the row, its byte offset in memory's row, bytes to copy) of a
+        lane: 16 bytes, or for a chunk past HEAD_DIM (D rounded up to D_TILE) 0 bytes from the row's
+        first, which cp.async fills with zeros."""
+        r, chunk = lane // CHUNKS, lane % CHUNKS
+        if ZERO_CHUNKS and chunk >= GLOBAL_CHUNKS:
+            return r, chunk, 0, uint32(0)
+        return r, chunk, chunk * 16, uint32(16)
 
     @cuda.jit(device=True, inline=True)
     def row_dst(smem, offset, row, chunk):
@@ -218,13 +242,12 @@ def make_loads(L, paged=False):
         h0 + p // S_q], D contiguous values; a row past `rows` is zero-filled (0 bytes copied)."""
         H = Q.shape[2]
         base = global_address(Q)
-        r, chunk = lane // CHUNKS, lane % CHUNKS
+        r, chunk, chunk_bytes, size = lane_chunk(lane)
         for i in range(BLOCK_M // ROWS_PER_PASS):
             p = row0 + r + i * ROWS_PER_PASS
             hg, qi = packed_row(min(p, rows - 1), seq_q)
-            src = base + uint64(((b * seq_q + qi) * H + h0 + hg) * HEAD_DIM * 2 + chunk * 16)
-            copy16(row_dst(smem, 0, r + i * ROWS_PER_PASS, chunk), src,
-                   uint32(16) if p < rows else uint32(0))
+            src = base + uint64(((b * seq_q + qi) * H + h0 + hg) * HEAD_DIM * 2 + chunk_bytes)
+            copy16(row_dst(smem, 0, r + i * ROWS_PER_PASS, chunk), src, size if p < rows else uint32(0))
 
     @cuda.jit(device=True, inline=True)
     def page_of(BLOCK_TABLE, b, i, num_pages):
@@ -254,8 +277,8 @@ def make_loads(L, paged=False):
         page_size, H_kv = K.shape[1], K.shape[2]
         p0, p1, first, boundary = pages
         key_bytes = int64(H_kv * HEAD_DIM * 2)  # from a key's row to the next one's in the pool
-        r, chunk = lane // CHUNKS, lane % CHUNKS
-        lane_bytes = int64(h_kv * HEAD_DIM * 2 + chunk * 16)  # this lane's 16 bytes of the key's head
+        r, chunk, chunk_bytes, lane_size = lane_chunk(lane)
+        lane_bytes = int64(h_kv * HEAD_DIM * 2 + chunk_bytes)  # this lane's 16 bytes of the key's head
         at0 = (p0 * page_size - first) * key_bytes + lane_bytes
         at1 = (p1 * page_size - boundary) * key_bytes + lane_bytes
         kb, vb = global_address(K), global_address(V)
@@ -263,7 +286,7 @@ def make_loads(L, paged=False):
             j = key0 + r + i * ROWS_PER_PASS
             jj = min(j, seq_k - 1)
             at = uint64((at0 if jj < boundary else at1) + jj * key_bytes)
-            size = uint32(16) if j < seq_k else uint32(0)
+            size = lane_size if j < seq_k else uint32(0)
             copy16(row_dst(smem, k_off, r + i * ROWS_PER_PASS, chunk), kb + at, size)
             copy16(row_dst(smem, v_off, r + i * ROWS_PER_PASS, chunk), vb + at, size)
 
@@ -274,8 +297,8 @@ def make_loads(L, paged=False):
         D), any page size; a key past seq_k is zero-filled. Each key's page read once for both."""
         page_size, H_kv = K.shape[1], K.shape[2]
         key_bytes = int64(H_kv * HEAD_DIM * 2)
-        r, chunk = lane // CHUNKS, lane % CHUNKS
-        lane_bytes = int64(h_kv * HEAD_DIM * 2 + chunk * 16)
+        r, chunk, chunk_bytes, lane_size = lane_chunk(lane)
+        lane_bytes = int64(h_kv * HEAD_DIM * 2 + chunk_bytes)
         kb, vb = global_address(K), global_address(V)
         for i in range(BLOCK_N // ROWS_PER_PASS):
             j = key0 + r + i * ROWS_PER_PASS
@@ -283,7 +306,7 @@ def make_loads(L, paged=False):
             logical = div32(jj, page_size)  # the key's page in the sequence
             page = page_of(BLOCK_TABLE, b, logical, K.shape[0])
             at = uint64((page * page_size + jj - logical * page_size) * key_bytes + lane_bytes)
-            size = uint32(16) if j < seq_k else uint32(0)
+            size = lane_size if j < seq_k else uint32(0)
             copy16(row_dst(smem, k_off, r + i * ROWS_PER_PASS, chunk), kb + at, size)
             copy16(row_dst(smem, v_off, r + i * ROWS_PER_PASS, chunk), vb + at, size)
 
@@ -416,7 +439,8 @@ def make_softmax_tile(L, dtype="float16"):
 
 def make_partial(L, warps: int):
     """store_partial(...): a warp's result over its range of keys, as a partial for the merge."""
-    HEAD_DIM, NO = L["HEAD_DIM"], L["NO"]
+    HEAD_DIM = L["HEAD_DIM"]
+    OUT_TILES = HEAD_DIM // MMA_N
     WARP_FLOATS = L["SMEM_BYTES"] // 4
     LSE_AT = BLOCK_M * HEAD_DIM  # in a warp's shared memory, after the loop: o (BLOCK_M, D), then lse
 
@@ -437,7 +461,7 @@ def make_partial(L, warps: int):
         # warp with no keys, no loop) was read with nothing between those reads and these stores
         # but shuffles, which order no memory (racecheck found it: docs/sanitizer/README.md)
         cuda.syncwarp()
-        for j in range(NO):
+        for j in range(OUT_TILES):  # the n-tiles of O's HEAD_DIM columns (those past it are 0)
             col = j * MMA_N + 2 * t
             smem_f[mine + g * HEAD_DIM + col] = acc[j, 0] * inv_a
             smem_f[mine + g * HEAD_DIM + col + 1] = acc[j, 1] * inv_a
@@ -653,7 +677,7 @@ def build_kernel(L, dtype="float16", paged=False, warps=None) -> KernelConfig:
     ROW = HEAD_DIM * 2  # bytes from a row of q, K or V to the next (copy_tile)
     STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
     NT, KQ, KP, NO = L["NT"], L["KQ"], L["KP"], L["NO"]
-    ROW_BYTES = STRIDE * 2  # a row in shared memory: the same as ROW, the rows being unpadded (split_layout)
+    ROW_BYTES = STRIDE * 2  # a row in shared memory: D_TILE columns, unpadded (ROW where D is D_TILE)
     # swizzled rows: every tile of a warp's memory starts at a multiple of a row, so that an XOR of
     # an offset's bits within a row (`at`) moves it within the same row; and each warp's memory
     # starts on a 128-byte line, so that the eight rows ldmatrix reads fall in eight banks
