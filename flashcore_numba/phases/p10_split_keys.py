@@ -48,7 +48,7 @@ What changed from phase 07
       reader with phase 10's copies reads the long decode step's K and V as fast as cuDNN's kernel
       does attention on them, where phase 10's kernel took a third longer, one warp per
       scheduler issuing every 6.2 cycles, each instruction waiting on the one before. So q · kᵀ
-      is summed in two chains over the halves of the head dim (`qk_half`), and a warp rescales
+      is summed in two chains over the halves of the head dim (`qk_lo`, `qk_hi`), and a warp rescales
       acc and l_i only when a row's new scores pass its m_i by more than RESCALE_MARGIN = 8 (a
       warp vote, `cuda.any_sync`): until then p = 2^(s - m_i) may reach 2^8, which fp16 and bf16
       hold, and acc, l_i and the log-sum-exp stay relative to the same m_i: the same function.
@@ -233,6 +233,10 @@ def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
     row = D_TILE * 2
     L.update(SWIZZLE=True, STRIDE=D_TILE, K_OFF=BLOCK_M * row, V_OFF=(BLOCK_M + block_n) * row,
              STAGE_BYTES=2 * block_n * row)
+    # the products stop at D's columns: q·kᵀ's k-steps of 16 and O's n-tiles in pairs (one ldmatrix
+    # of V a pair) past them would multiply only the zeros past D (D = 96: 6 k-steps of 8, 12 n-tiles
+    # of 16)
+    L.update(KQ=-(-HEAD_DIM // 16), NO=2 * -(-HEAD_DIM // 16))
     L["STAGES"] = stages
     L["SMEM_BYTES"] = L["K_OFF"] + stages * L["STAGE_BYTES"]
     return L
@@ -449,9 +453,12 @@ def make_products(L, dtype="float16"):
             mma_into(acc, 2 * jj, p_frag, kk, b0, b1)
             mma_into(acc, 2 * jj + 1, p_frag, kk, b2, b3)
 
-    # s = q · kᵀ as two chains of KQ / 2 k-steps, into two sets of accumulators added at the end:
-    # each chain of dependent mma.sync is half as long (the changelog's "Two chains for q · kᵀ")
-    qk_half = unrolled(qk_step, KQ // 2)
+    # s = q · kᵀ as two chains of k-steps, into two sets of accumulators added at the end: each
+    # chain of dependent mma.sync is half as long (the changelog's "Two chains for q · kᵀ"); where
+    # KQ is odd (D = 40: 3) the first chain takes one more
+    KQ_LO = (KQ + 1) // 2
+    qk_lo = unrolled(qk_step, KQ_LO)
+    qk_hi = unrolled(qk_step, max(KQ - KQ_LO, 1))  # (KQ = 1, D <= 16: not called)
 
     @cuda.jit(device=True, inline=True)
     def scores(s, s_hi, q_frag, smem, k_rel):
@@ -460,8 +467,9 @@ def make_products(L, dtype="float16"):
             for e in range(4):
                 s[j, e] = float32(0.0)
                 s_hi[j, e] = float32(0.0)
-        qk_half(0, (s, q_frag, smem, k_rel))
-        qk_half(KQ // 2, (s_hi, q_frag, smem, k_rel))
+        qk_lo(0, (s, q_frag, smem, k_rel))
+        if KQ > 1:
+            qk_hi(KQ_LO, (s_hi, q_frag, smem, k_rel))
         for j in range(NT):
             for e in range(4):
                 s[j, e] += s_hi[j, e]

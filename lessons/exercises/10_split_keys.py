@@ -165,6 +165,10 @@ def split_layout(HEAD_DIM: int, block_n: int, stages: int) -> dict:
     row = D_TILE * 2
     L.update(SWIZZLE=True, STRIDE=D_TILE, K_OFF=BLOCK_M * row, V_OFF=(BLOCK_M + block_n) * row,
              STAGE_BYTES=2 * block_n * row)
+    # the products stop at D's columns: q·kᵀ's k-steps of 16 and O's n-tiles in pairs (one ldmatrix
+    # of V a pair) past them would multiply only the zeros past D (D = 96: 6 k-steps of 8, 12 n-tiles
+    # of 16)
+    L.update(KQ=-(-HEAD_DIM // 16), NO=2 * -(-HEAD_DIM // 16))
     L["STAGES"] = stages
     L["SMEM_BYTES"] = L["K_OFF"] + stages * L["STAGE_BYTES"]
     return L
@@ -381,9 +385,12 @@ def make_products(L, dtype="float16"):
             mma_into(acc, 2 * jj, p_frag, kk, b0, b1)
             mma_into(acc, 2 * jj + 1, p_frag, kk, b2, b3)
 
-    # s = q · kᵀ as two chains of KQ / 2 k-steps, into two sets of accumulators added at the end:
-    # each chain of dependent mma.sync is half as long (the changelog's "Two chains for q · kᵀ")
-    qk_half = unrolled(qk_step, KQ // 2)
+    # s = q · kᵀ as two chains of k-steps, into two sets of accumulators added at the end: each
+    # chain of dependent mma.sync is half as long (the changelog's "Two chains for q · kᵀ"); where
+    # KQ is odd (D = 40: 3) the first chain takes one more
+    KQ_LO = (KQ + 1) // 2
+    qk_lo = unrolled(qk_step, KQ_LO)
+    qk_hi = unrolled(qk_step, max(KQ - KQ_LO, 1))  # (KQ = 1, D <= 16: not called)
 
     @cuda.jit(device=True, inline=True)
     def scores(s, s_hi, q_frag, smem, k_rel):
@@ -392,8 +399,9 @@ def make_products(L, dtype="float16"):
             for e in range(4):
                 s[j, e] = float32(0.0)
                 s_hi[j, e] = float32(0.0)
-        qk_half(0, (s, q_frag, smem, k_rel))
-        qk_half(KQ // 2, (s_hi, q_frag, smem, k_rel))
+        qk_lo(0, (s, q_frag, smem, k_rel))
+        if KQ > 1:
+            qk_hi(KQ_LO, (s_hi, q_frag, smem, k_rel))
         for j in range(NT):
             for e in range(4):
                 s[j, e] += s_hi[j, e]
