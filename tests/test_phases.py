@@ -593,7 +593,7 @@ def test_phase10_batch_variant_holds_two_blocks_an_sm(monkeypatch):
 
 
 @pytest.mark.parametrize("D", [
-    pytest.param(40, id="D=40: 64-column tiles"),
+    pytest.param(40, id="D=40: 64-column tiles", marks=pytest.mark.slow),
     pytest.param(96, id="D=96: 128-column tiles"),
     pytest.param(160, id="D=160: 256-column tiles", marks=pytest.mark.slow),
     pytest.param(256, id="D=256", marks=pytest.mark.slow),
