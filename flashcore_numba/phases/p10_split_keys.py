@@ -61,9 +61,8 @@ What changed from phase 07
     an SM, waits for its first tiles and merges with nothing else on its SM to cover it. Built
     with two warps a block (BATCH_WARPS), two blocks share an SM and each warp's range is twice as
     long; "best" and attention_kvcache run it where B x H_kv row tiles are at least the SMs
-    (`batch_fills_gpu`). In an H100's A/B it was faster on the KV cache at every such batch (by
-    5 % at B=64 H=32 H_kv=8 S_k=1024), and level or faster on dense K and V
-    (docs/tuning/10_history.md, "Two warps a block").
+    (`batch_fills_gpu`). In an H100's A/B it was faster on the KV cache at every such batch, and
+    level or faster on dense K and V (docs/tuning/10_history.md, "Two warps a block").
     Built `paged`, the same kernel reads a KV cache (flashcore_numba.inference.attention_kvcache):
     q as (B, S_q, H, D), K and V as pages named by a block table, one length per sequence. Only
     where a row lives (copy_q_rows, copy_kv_pages) and how many keys a sequence has change; a
