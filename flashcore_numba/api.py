@@ -204,13 +204,13 @@ DECODE_ROWS = 16
 def best_for_shape(phase, head_dim: int, causal: bool, seq_k: int, rows_per_kv_head: int, kv_heads: int = 1):
     """The kernel "best" runs at this shape: phase 10 where each K/V head has few query rows
     (`rows_per_kv_head`, its query heads times S_q, at most DECODE_ROWS) and the GPU runs phase 10,
-    built as its variant "batch" where the batch's `kv_heads` (B x H_kv, a row tile each) fill the
+    built as its variant "batch" where the row tiles of the batch's `kv_heads` (B x H_kv) fill the
     GPU (p10.batch_fills_gpu); else `phase` (the newest the GPU runs), or phase 08 where the records
     have it faster than phase 09 (SHORT_SEQUENCES_TO_08)."""
     decode = PHASES["10"]
     if (rows_per_kv_head <= DECODE_ROWS and tuple(min_cc(phase)) >= tuple(min_cc(decode))
             and supports_head_dim(decode, head_dim)):  # a GPU that runs `phase` runs phase 10 too
-        return VARIANTS["10-batch"] if decode.batch_fills_gpu(kv_heads) else decode
+        return VARIANTS["10-batch"] if decode.batch_fills_gpu(kv_heads, rows_per_kv_head) else decode
     if phase.ID == "09" and seq_k <= SHORT_SEQUENCES_TO_08.get((head_dim, bool(causal)), 0):
         return PHASES["08"]
     return phase

@@ -244,7 +244,7 @@ lesson.plot_timing(timings)
 # seven tile shapes that chose it.
 
 # %%
-lesson.show_source(phase.batch_fills_gpu, phase.build)
+lesson.show_source(phase.row_tile_count, phase.batch_fills_gpu, phase.build)
 
 # %% [markdown]
 # ## What changed in the machine code

@@ -219,7 +219,8 @@ def test_batches_that_fill_the_gpu_run_the_batch_build(page_size):
 
     H_kv = 4
     B = -(-sm_count() // H_kv) + 1
-    assert p10.batch_fills_gpu(B * H_kv) and not p10.batch_fills_gpu(2 * H_kv)
+    rows = 2 * 2  # a K/V head's rows: 2 query heads x S_q = 2
+    assert p10.batch_fills_gpu(B * H_kv, rows) and not p10.batch_fills_gpu(2 * H_kv, rows)
     lengths = np.random.default_rng(1).integers(0, 300, B)
     q, k, v, lengths, table = make_cache(B=B, S_q=2, H=8, H_kv=H_kv, D=64, lengths=lengths, page_size=page_size)
     plan = KVCachePlan(64, "float16", q.shape, k.shape, None if table is None else table.shape, True, 0.1, 0,

@@ -582,7 +582,8 @@ def test_phase10_batch_variant_holds_two_blocks_an_sm(monkeypatch):
         assert blocks_per_sm(p10.smem_size(L, p10.WARPS), H100_SM_LIMITS) == 1, D
         assert blocks_per_sm(p10.smem_size(L, p10.BATCH_WARPS), H100_SM_LIMITS) == 2, D
     monkeypatch.setattr(common, "sm_count_override", 132)
-    assert not p10.batch_fills_gpu(131) and p10.batch_fills_gpu(132) and p10.batch_fills_gpu(2048)
+    assert not p10.batch_fills_gpu(131, 1) and p10.batch_fills_gpu(132, 1) and p10.batch_fills_gpu(2048, 16)
+    assert p10.batch_fills_gpu(66, 20) and not p10.batch_fills_gpu(65, 16)  # 20 rows: two row tiles a head
     with pytest.raises(ValueError, match="variant"):
         p10.build(64, "wide")
     monkeypatch.setattr(common, "sm_count_override", None)

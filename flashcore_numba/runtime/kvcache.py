@@ -48,9 +48,8 @@ class KVCachePlan:
         paged = table_shape is not None
         capacity = table_shape[1] * page_size if paged else page_size
         with cuda.gpus[device_index]:
-            # one row tile a K/V head of each sequence (decode rows: at most p10.BLOCK_M of them)
-            row_tiles = B * H_kv * -(-(H // H_kv) * S_q // p10.BLOCK_M)
-            config = build_kvcache(head_dim, dtype, "batch" if p10.batch_fills_gpu(row_tiles) else None)
+            batch = p10.batch_fills_gpu(B * H_kv, (H // H_kv) * S_q)
+            config = build_kvcache(head_dim, dtype, "batch" if batch else None)
             # the grid and the workspace as for a dense problem whose keys are the cache's capacity
             self.splits = config.split_keys((B, H, S_q, D), (B, H_kv, capacity, D), causal)
         self.kernel, cached = load(config, dtype, device_index)

@@ -95,12 +95,17 @@ def block_warps() -> int:
     return SIM_WARPS if simulator_enabled() else WARPS
 
 
-def batch_fills_gpu(row_tiles: int) -> bool:
-    """Whether a problem of `row_tiles` row tiles (B x H_kv x tiles of packed rows; a decode step has
-    one a K/V head) runs the variant "batch": where the row tiles are at least the GPU's SMs, so
-    that the four-warp build would run one block per row tile, one an SM, unsplit. Below that the
+def row_tile_count(kv_heads: int, rows_per_kv_head: int) -> int:
+    """The problem's row tiles, a block each before any split: `kv_heads` (B x H_kv) times the tiles
+    of BLOCK_M packed rows of one K/V head (its query heads times S_q; a decode step has one)."""
+    return kv_heads * cdiv(rows_per_kv_head, BLOCK_M)
+
+
+def batch_fills_gpu(kv_heads: int, rows_per_kv_head: int) -> bool:
+    """Whether a problem runs the variant "batch": where its row tiles are at least the GPU's SMs,
+    so that the four-warp build would run one block per row tile, one an SM, unsplit. Below that the
     four-warp build splits the keys and is faster (an H100's A/B: docs/tuning/10_history.md)."""
-    return row_tiles >= sm_count()
+    return row_tile_count(kv_heads, rows_per_kv_head) >= sm_count()
 
 
 def merge_counters(n_splits: int, fan: int) -> int:
@@ -137,14 +142,14 @@ def make_splits(block_n: int, smem_bytes: int, fan: int, warps: int):
     def splits_of(q_shape, k_shape, causal, splits=None) -> Splits:
         B, H, S_q, D = q_shape
         H_kv, S_k = k_shape[1], k_shape[2]
-        row_tiles = cdiv((H // H_kv) * S_q, BLOCK_M)  # tiles of packed rows per K/V head
-        blocks = B * H_kv * row_tiles
+        tiles_per_head = cdiv((H // H_kv) * S_q, BLOCK_M)  # tiles of packed rows per K/V head
+        blocks = row_tile_count(B * H_kv, (H // H_kv) * S_q)
         if splits is None:
             min_tiles = SIM_MIN_TILES_PER_SPLIT if simulator_enabled() else MIN_TILES_PER_SPLIT
             splits = split_count(blocks, cdiv(S_k, block_n), sm_count() * blocks_per_sm(smem_bytes), min_tiles,
                                  warps)
         # a partial per block in the workspace (a block merges its warps' in shared memory)
-        return Splits((splits, row_tiles * H_kv, B), (splits, B * H * S_q, D), (splits, B * H * S_q),
+        return Splits((splits, tiles_per_head * H_kv, B), (splits, B * H * S_q, D), (splits, B * H * S_q),
                       blocks * merge_counters(splits, fan))
 
     return splits_of
