@@ -179,6 +179,30 @@ def test_every_head_dim_on_gpu(phase, D):
         assert verdict.ok, f"phase {phase} D={D} causal={causal}: {verdict.message}"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", range(8, 257, 8))
+def test_phase10_every_head_dim_on_gpu(D):
+    """Phase 10 (decode) at every head dim on its real tiles (64, 128 or 256 columns), both builds:
+    one query row of 8 heads on 2 K/V heads against 3000 keys (the split rule cuts them across
+    blocks and warps, and the merge adds them up), then 5 drafted rows (20 packed rows a K/V head:
+    two row tiles, the second part empty), causal and not, on poisoned output."""
+    from numba import cuda
+
+    from flashcore_numba.phases import KERNELS, build
+    from flashcore_numba.phases.common import LOG2E
+
+    for variant in ("10", "10-batch"):
+        config = build(KERNELS[variant], D)  # named: `flashcore compile` can put it in the kernel cache
+        for causal, S_q in ((False, 1), (True, 5)):
+            q, k, v = random_qkv((2, 8, S_q, D), 3000, heads_kv=2)
+            out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+            config.launch(*(cuda.to_device(x) for x in (q, k, v)), out, causal, LOG2E / np.sqrt(D))
+            k4, v4 = np.repeat(k, 4, axis=1), np.repeat(v, 4, axis=1)
+            verdict = check_close(out.copy_to_host(), reference_attention(q, k4, v4, causal=causal),
+                                  lowp_attention(q, k4, v4, causal=causal))
+            assert verdict.ok, f"{variant} D={D} causal={causal}: {verdict.message}"
+
+
 # ---------------------------------------------------------------------------------------------
 # A value head dim of its own (MLA: 192 for q and k, 128 for v and the output)
 # ---------------------------------------------------------------------------------------------

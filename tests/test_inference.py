@@ -229,6 +229,20 @@ def test_batches_that_fill_the_gpu_run_the_batch_build(page_size):
     check(q, k, v, lengths, table, causal=True)
 
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [40, 96, 160, 192, 256])
+def test_kvcache_kernel_at_other_head_dims_on_gpu(D, monkeypatch):
+    """attention_kvcache's kernels (four warps and "batch") at head dims rounded up to phase 10's
+    tiles, on the GPU: ragged caches of up to 2000 keys, contiguous and paged, causal with drafted
+    rows. (The test lets D through HEAD_DIMS, as its simulator twin does.)"""
+    from flashcore_numba.phases import p10_split_keys as p10
+
+    monkeypatch.setattr(p10, "HEAD_DIMS", (64, 128, D))
+    lengths = np.random.default_rng(D).integers(0, 2000, 5)
+    check(*make_cache(B=5, S_q=3, H=8, H_kv=2, D=D, lengths=lengths, page_size=64), causal=True)
+    check(*make_cache(B=5, S_q=1, H=8, H_kv=2, D=D, lengths=lengths), causal=False)
+
 def test_the_readme_table_of_a_kvcache_record(tmp_path):
     """report.kvcache_table: each cache in µs, GB/s and % of the copy, the paged ones beside the contiguous."""
     from flashcore_numba.measure import bench, records, report
