@@ -84,7 +84,8 @@ def test_head_dims_a_phase_takes():
     assert [D for D in range(1, 300) if supports_head_dim(PHASES["09"], D)] == list(range(8, 257, 8))
     assert not supports_head_dim(PHASES["07"], 100) and not supports_head_dim(PHASES["07"], 264)
     assert head_dims_text(PHASES["09"]) == "any multiple of 8 from 8 to 256"
-    assert head_dims_text(PHASES["10"]) == "64, 128" and "multiple of 8" in head_dims_text(PHASES["07"])
+    assert [D for D in range(1, 300) if supports_head_dim(PHASES["10"], D)] == list(range(8, 257, 8))
+    assert head_dims_text(PHASES["10"]) == "any multiple of 8 from 8 to 256" and "multiple of 8" in head_dims_text(PHASES["07"])
     with pytest.raises(ValueError, match="head dim: phase 07 builds any multiple of 8 from 8 to 256, not 100"):
         p07.build(100)
 
@@ -95,10 +96,11 @@ def test_best_runs_the_newest_phase_built_for_the_head_dim():
     assert api.best_for_this_gpu(64).ID == api.best_for_this_gpu(96).ID == api.best_for_this_gpu(256).ID \
         == api.best_for_this_gpu().ID != "07"
     assert api.best_for_this_gpu(100).ID == api.best_for_this_gpu().ID  # none takes it: the validation says why
-    # a decode shape: phase 10 takes 64 and 128 only, the one "best" picks runs the rest
-    assert api.best_for_shape(PHASES["07"], 96, False, 1000, rows_per_kv_head=1).ID == "07"
-    assert api.best_for_shape(PHASES["09"], 96, False, 1000, rows_per_kv_head=1).ID == "09"
-    assert api.best_for_shape(PHASES["09"], 64, False, 1000, rows_per_kv_head=1).ID == "10"
+    # a decode shape runs phase 10 at every head dim it takes
+    for D in (64, 96, 256):
+        assert api.best_for_shape(PHASES["09"], D, False, 1000, rows_per_kv_head=1).ID == "10"
+        assert api.best_for_shape(PHASES["07"], D, False, 1000, rows_per_kv_head=1).ID == "10"
+    assert api.best_for_shape(PHASES["09"], 96, False, 1000, rows_per_kv_head=64).ID == "09"
 
 
 def test_attention_runs_a_head_dim_of_96_on_best():
@@ -115,7 +117,8 @@ def test_attention_runs_a_head_dim_of_96_on_best():
     (100, "07", r"q: head dim 100 is not supported by phase 07 \(it takes any multiple of 8 from 8 to 256\)$"),
     (264, "09", r"q: head dim 264 is not supported by phase 09 \(it takes any multiple of 8 from 8 to 256\); "
                 r"phase 07 takes any multiple"),
-    (96, "10", r"q: head dim 96 is not supported by phase 10 \(it takes 64, 128\); phase 07 takes any multiple"),
+    (100, "10", r"q: head dim 100 is not supported by phase 10 \(it takes any multiple of 8 from 8 to 256\); "
+                r"phase 07 takes any multiple"),
     (264, "07", r"q: head dim 264 is not supported by phase 07"),
 ])
 def test_a_head_dim_no_phase_takes_is_refused_by_name(D, phase, message):
@@ -158,10 +161,12 @@ def test_varlen_runs_other_head_dims_on_the_newest_phase_built_for_them(D, phase
 def test_compile_lists_each_phase_at_the_head_dims_it_takes():
     from flashcore_numba.runtime import precompile
 
-    items = precompile.kernels_to_compile(["07", "09", "07-varlen", "10"], [96, 128, 160], ["float16"])
+    items = precompile.kernels_to_compile(["07", "09", "07-varlen", "10", "10-kvcache", "11"], [96, 128, 160],
+                                          ["float16"])
     assert ("07", 96, "float16") in items and ("07-varlen", 96, "float16") in items
     assert ("09", 96, "float16") in items and ("09", 160, "float16") in items
-    assert ("10", 128, "float16") in items and ("10", 160, "float16") not in items
+    assert ("10", 128, "float16") in items and ("10", 160, "float16") in items and ("10-kvcache", 96, "float16") in items
+    assert ("11", 128, "float16") in items and ("11", 96, "float16") not in items
 
 
 # ---------------------------------------------------------------------------------------------

@@ -232,13 +232,10 @@ def test_batches_that_fill_the_gpu_run_the_batch_build(page_size):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [40, 96, 160, 192, 256])
-def test_kvcache_kernel_at_other_head_dims_on_gpu(D, monkeypatch):
+def test_kvcache_kernel_at_other_head_dims_on_gpu(D):
     """attention_kvcache's kernels (four warps and "batch") at head dims rounded up to phase 10's
     tiles, on the GPU: ragged caches of up to 2000 keys, contiguous and paged, causal with drafted
-    rows. (The test lets D through HEAD_DIMS, as its simulator twin does.)"""
-    from flashcore_numba.phases import p10_split_keys as p10
-
-    monkeypatch.setattr(p10, "HEAD_DIMS", (64, 128, D))
+    rows."""
     lengths = np.random.default_rng(D).integers(0, 2000, 5)
     check(*make_cache(B=5, S_q=3, H=8, H_kv=2, D=D, lengths=lengths, page_size=64), causal=True)
     check(*make_cache(B=5, S_q=1, H=8, H_kv=2, D=D, lengths=lengths), causal=False)
@@ -268,12 +265,9 @@ def test_the_readme_table_of_a_kvcache_record(tmp_path):
 
 
 @pytest.mark.parametrize("D", [pytest.param(96, id="D=96"), pytest.param(40, id="D=40", marks=pytest.mark.slow)])
-def test_kvcache_kernel_at_other_head_dims(D, monkeypatch):
+def test_kvcache_kernel_at_other_head_dims(D):
     """Phase 10's paged build at a head dim rounded up to its tiles (p10.tile_head_dim): the copies
     from q's and the cache's rows of D values fill the rest with zeros. attention_kvcache takes 64
-    and 128 only so far (HEAD_DIMS); the test lets D through to reach the kernel."""
-    from flashcore_numba.phases import p10_split_keys as p10
-
-    monkeypatch.setattr(p10, "HEAD_DIMS", (64, 128, D))
+    and 128 on the course's tiles, any other multiple of 8 up to 256 on these (runs_head_dim)."""
     check(*make_cache(B=2, S_q=2, H=4, H_kv=2, D=D, lengths=[45, 20], page_size=16), causal=True)
     check(*make_cache(B=2, S_q=1, H=2, H_kv=1, D=D, lengths=[33, 0]), causal=False)

@@ -602,15 +602,14 @@ def test_phase10_batch_variant_holds_two_blocks_an_sm(monkeypatch):
 def test_phase10_other_head_dims_round_up_their_tiles(D):
     """Phase 10's kernel at a head dim of neither course size: its tiles hold D_TILE columns (64, 128
     or 256: tile_head_dim), the copies fill the columns past D with zeros and the partials keep D;
-    split across 3 ranges, causal, GQA, on poisoned output, against the reference. (`attention()`
-    and attention_kvcache still take 64 and 128 only: HEAD_DIMS.)"""
+    split across 3 ranges, causal, GQA, on poisoned output, against the reference."""
     from numba import cuda
 
     from flashcore_numba.phases import p10_split_keys as p10
     from flashcore_numba.phases.common import LOG2E
 
     assert p10.tile_head_dim(D) == {40: 64, 96: 128, 160: 256, 256: 256}[D]
-    assert p10.HEAD_DIMS == (64, 128)
+    assert p10.runs_head_dim(D) and not p10.runs_head_dim(D + 4)
     q, k, v = random_qkv((1, 4, 2, D), 70, seed=None, heads_kv=2)
     out = cuda.to_device(np.full(q.shape, np.nan, np.float16))
     config = split_config(D, 3)

@@ -107,8 +107,8 @@ from .p07_mma_sync import MMA_M, copy_layout, layout, make_copy_tile, unrolled
 ID = "10"
 NAME = "split_keys"
 TITLE = "Split keys: one decode step across many blocks, merged by the log-sum-exp"
-HEAD_DIMS = (64, 128)  # what attention() and attention_kvcache run here; the kernel builds any multiple of 8
-# up to 256 on tiles of 64, 128 or 256 columns (tile_head_dim), checked in the simulator, not yet on a GPU
+HEAD_DIMS = (64, 128)  # the course's head dims; any other multiple of 8 up to 256 runs too (runs_head_dim)
+HEAD_DIMS_TEXT = "any multiple of 8 from 8 to 256"
 DTYPES = ("float16", "bfloat16")
 GQA = True
 LSE = True
@@ -139,6 +139,12 @@ SIM_SLOTS = 8  # the simulator's "GPU": blocks it holds at once, so that small p
 # The running maxima move only when a score passes them by more than this (log2 units): until then
 # p = 2^(s - m_ref) stays at most 2^8 = 256, which fp16 and bf16 hold, and acc is not rescaled
 RESCALE_MARGIN = 8.0
+
+
+def runs_head_dim(HEAD_DIM: int) -> bool:
+    """Whether the kernel is built for head dim HEAD_DIM: a multiple of 8 (its copies move rows of
+    whole 16-byte chunks) up to 256, the widest tiles (TILES)."""
+    return isinstance(HEAD_DIM, int) and 0 < HEAD_DIM <= max(TILES) and HEAD_DIM % 8 == 0
 
 
 def tile_head_dim(HEAD_DIM: int) -> int:
@@ -927,6 +933,8 @@ def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16", pag
         raise ValueError(f"dtype: phase 10 builds {' and '.join(DTYPES)}, not {dtype!r}")
     if variant not in (None, *VARIANTS):
         raise ValueError(f"variant: expected None or one of {', '.join(VARIANTS)}, got {variant!r}")
+    if not runs_head_dim(HEAD_DIM):
+        raise ValueError(f"head dim: phase 10 builds {HEAD_DIMS_TEXT}, not {HEAD_DIM!r}")
     L = split_layout(HEAD_DIM, **tiles(HEAD_DIM))
     warps = BATCH_WARPS if variant == "batch" and not simulator_enabled() else None
     return build_kernel(L, dtype, paged, warps)
