@@ -253,8 +253,9 @@ def test_backward_kernels_compiled_for_the_h100(backward_reports):
 def test_backward_refuses_other_head_dims():
     from flashcore_numba.phases import p11_backward
 
-    with pytest.raises(ValueError, match="head dim: the backward is built for"):
-        p11_backward.build(96)
+    for D in (100, 136):  # not a multiple of 8; wider than a warp's dK and dV hold
+        with pytest.raises(ValueError, match=f"head dim: the backward is built for multiples of 8 up to 128, not {D}"):
+            p11_backward.build(D)
     with pytest.raises(ValueError, match="dtype: the backward builds float16 and bfloat16, not 'float32'"):
         p11_backward.build(64, "float32")
 

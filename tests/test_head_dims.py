@@ -209,6 +209,57 @@ def test_phase10_every_head_dim_on_gpu(D):
 
 
 # ---------------------------------------------------------------------------------------------
+# The backward (phase 11) at head dims up to 128: its tiles 64 or 128 columns wide
+# ---------------------------------------------------------------------------------------------
+def check_backward_head_dim(D, shape, seq_k, heads_kv, causal, deterministic, dtype="float16"):
+    from test_backward import both_references, gradients_close, run_backward
+
+    from flashcore_numba.reference import reference_lse, round_to
+
+    q, k, v = (round_to(x, dtype) for x in random_qkv((*shape, D), seq_k, heads_kv=heads_kv, dtype=np.float32))
+    do = round_to(np.random.default_rng().standard_normal(q.shape), dtype)
+    o = reference_attention(q, k, v, causal=causal, scale=0.3)
+    lse = reference_lse(q, k, causal=causal, scale=0.3)
+    got = run_backward(q, k, v, o, do, lse, dtype, causal=causal, scale=0.3, deterministic=deterministic)
+    gradients_close(got, *both_references(q, k, v, do, dtype, causal=causal, scale=0.3))
+
+
+@pytest.mark.parametrize("D, causal, deterministic", [
+    pytest.param(40, True, False, id="D=40 causal"),
+    pytest.param(96, False, True, id="D=96 deterministic"),
+    pytest.param(8, True, True, id="D=8", marks=pytest.mark.slow),
+    pytest.param(120, True, False, id="D=120", marks=pytest.mark.slow),
+])
+def test_phase11_backward_at_other_head_dims(D, causal, deterministic):
+    """Phase 11's kernels at a head dim rounded up to their 64- or 128-column tiles (tile_head_dim):
+    Q, K, V and dO copied with zeros past D, Δ summed over D's columns alone, dQ, dK and dV stored
+    in D's columns only (the outputs start as NaN: a column left unwritten fails, one written past D
+    lands in the next row), GQA 2, tails of both lengths, against the float64 gradients."""
+    from flashcore_numba.phases import p11_backward as p11
+
+    assert p11.tile_head_dim(D) == (64 if D <= 64 else 128) and p11.runs_head_dim(D)
+    check_backward_head_dim(D, (1, 4, 19), 23, 2, causal, deterministic)
+
+
+def test_the_head_dims_the_backward_builds():
+    from flashcore_numba.phases import p11_backward as p11
+
+    assert [D for D in range(1, 300) if p11.runs_head_dim(D)] == list(range(8, 129, 8))
+    L = p11.layout(96, 8, 64, 2)
+    assert (L["D_TILE"], L["CHUNKS"], L["GLOBAL_CHUNKS"], L["ND"], L["KD"]) == (128, 16, 12, 16, 8)
+    assert p11.HEAD_DIMS == (64, 128)  # what attention()'s autograd runs so far
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", range(8, 129, 8))
+def test_phase11_backward_every_head_dim_on_gpu(D):
+    """Phase 11's backward at every head dim it builds, on its real blocks (8 warps, 128 keys):
+    several key blocks and query tiles, causal with tails and not, GQA 2, atomics and deterministic."""
+    check_backward_head_dim(D, (2, 4, 300), 450, 2, False, False)
+    check_backward_head_dim(D, (1, 4, 517), 517, 2, True, True, dtype="bfloat16")
+
+
+# ---------------------------------------------------------------------------------------------
 # A value head dim of its own (MLA: 192 for q and k, 128 for v and the output)
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("D, Dv, causal", [(192, 128, True), (64, 256, False),

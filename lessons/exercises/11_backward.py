@@ -43,7 +43,8 @@ from flashcore_numba.phases.p07_mma_sync import MMA_K, PAD, make_copy_tile, unro
 ID = "11"
 NAME = "backward"
 TITLE = "The backward pass: dQ, dK and dV recomputed from the log-sum-exp"
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)  # the course's head dims, and what attention()'s autograd runs here
+MAX_HEAD_DIM = 128  # the kernels build any multiple of 8 up to this, on 64- or 128-column tiles (tile_head_dim)
 DTYPES = ("float16", "bfloat16")
 MIN_CC = (8, 0)
 BACKWARD = True  # its exercise is graded by its gradients (course/grade_backward.py), not by an output
@@ -65,6 +66,21 @@ NO_ROW = 1 << 30  # kv_kernel's mask limits: a row index above (and, negated, be
 STATIC_SMEM_BYTES = 2048  # kv_kernel's static shared memory (the rows' stats, prev_s) and then some
 
 
+def runs_head_dim(HEAD_DIM: int) -> bool:
+    """Whether the kernels build head dim HEAD_DIM: a multiple of 8 (rows of whole 16-byte chunks,
+    the unit of every copy) up to MAX_HEAD_DIM (past it a warp's dK and dV, D / 2 registers each at
+    16 keys, and its Sᵀ and dPᵀ no longer fit a thread's 255)."""
+    return isinstance(HEAD_DIM, int) and 0 < HEAD_DIM <= MAX_HEAD_DIM and HEAD_DIM % 8 == 0
+
+
+def tile_head_dim(HEAD_DIM: int) -> int:
+    """D_TILE: the columns a tile's rows hold in shared memory, HEAD_DIM rounded up to 64 or 128. The
+    streamed tiles are swizzled within groups of eight 16-byte chunks, so a row is one or two such
+    groups. The copies fill the columns past HEAD_DIM with zeros: they add nothing to Sᵀ, dPᵀ or dQ,
+    and the gradients' columns past HEAD_DIM are never stored. D = 96 costs what D = 128 costs."""
+    return 64 if HEAD_DIM <= 64 else 128
+
+
 def ds_buffers_for(HEAD_DIM: int, cc: tuple) -> int:
     """2 (dQ one tile late, kv_kernel's faster build) where the full-size kernel's shared memory with
     two dSᵀ buffers fits one block on a GPU of compute capability cc, else 1 (dQ behind a barrier
@@ -79,9 +95,11 @@ def layout(HEAD_DIM: int, warps: int, stream_rows: int, ds_buffers: int) -> dict
     Shared memory holds the own tiles' 16-bit rows of STRIDE elements (padded, as phase 07's),
     the streamed tiles' rows of HEAD_DIM elements (swizzled: chunk c of row r at chunk c ^ (r % 8),
     make_copy_tile), then `ds_buffers` buffers of dSᵀ (OWN_ROWS rows of STREAM_ROWS, padded;
-    kv_kernel's dQ: two where the GPU has room for them, `ds_buffers_for`); offsets are in bytes."""
+    kv_kernel's dQ: two where the GPU has room for them, `ds_buffers_for`); offsets are in bytes.
+    Rows and products are D_TILE wide (tile_head_dim): HEAD_DIM of them come from global memory."""
     own = 16 * warps
-    L = dict(HEAD_DIM=HEAD_DIM, WARPS=warps, N_THREADS=32 * warps, OWN_ROWS=own, STREAM_ROWS=stream_rows,
+    D_TILE = tile_head_dim(HEAD_DIM)
+    L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, WARPS=warps, N_THREADS=32 * warps, OWN_ROWS=own, STREAM_ROWS=stream_rows,
              DS_BUFFERS=ds_buffers)
     # The streamed tiles are copied every query tile, and padded rows (144 bytes at D = 64) cost
     # cp.async 24 L2 sectors and 10.5 shared-memory wavefronts a warp where 16 and 4 do: a row
@@ -90,9 +108,9 @@ def layout(HEAD_DIM: int, warps: int, stream_rows: int, ds_buffers: int) -> dict
     # same addresses every query tile: padded, each k-step is a constant offset from one register;
     # swizzled, each k-step's address is an XOR, which the compiler hoists out of the loop into
     # registers of their own (swizzling them too ran up to 5 % slower at D = 128: docs/tuning/11_history.md)
-    L["STRIDE"] = HEAD_DIM + PAD  # elements per own row (PAD: see phase 07)
+    L["STRIDE"] = D_TILE + PAD  # elements per own row (PAD: see phase 07)
     L["ROW_BYTES"] = row = L["STRIDE"] * 2
-    L["STREAM_ROW_BYTES"] = srow = HEAD_DIM * 2
+    L["STREAM_ROW_BYTES"] = srow = D_TILE * 2
     L["OWN_A"], L["OWN_B"] = 0, own * row
     L["STREAM_A"] = 2 * own * row  # stage s: tile A at STREAM_A + s * STAGE_BYTES, B at STREAM_B + ...
     L["STREAM_B"] = L["STREAM_A"] + stream_rows * srow
@@ -103,18 +121,19 @@ def layout(HEAD_DIM: int, warps: int, stream_rows: int, ds_buffers: int) -> dict
     L["DS_ROW_BYTES"] = (stream_rows + PAD) * 2
     L["DS_BYTES"] = own * L["DS_ROW_BYTES"]  # tile it's dSᵀ at DS_OFF + (it % ds_buffers) * DS_BYTES
     L["SMEM_BYTES"] = L["DS_OFF"] + ds_buffers * L["DS_BYTES"]
-    L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row (make_copy_tile)
+    L["CHUNKS"] = D_TILE // 8  # 16-byte chunks per row (make_copy_tile) ...
+    L["GLOBAL_CHUNKS"] = HEAD_DIM // 8  # ... of which these come from global memory, the rest zeros
     L["ROWS_PER_PASS"] = L["N_THREADS"] // L["CHUNKS"]
     assert own % L["ROWS_PER_PASS"] == 0 and stream_rows % L["ROWS_PER_PASS"] == 0
     L["NT"] = stream_rows // MMA_N  # n-tiles of a warp's Sᵀ (or S): 8 streamed rows each
     L["KS"] = stream_rows // MMA_K  # k-steps over the streamed rows (dV, dK)
     L["KO"] = own // MMA_K  # k-steps over the own rows (kv_kernel's dQ = dS K)
-    L["KD"] = HEAD_DIM // MMA_K  # k-steps over the head dim
-    L["ND"] = HEAD_DIM // MMA_N  # n-tiles of a gradient's row block (8 columns each)
+    L["KD"] = D_TILE // MMA_K  # k-steps over the head dim
+    L["ND"] = D_TILE // MMA_N  # n-tiles of a gradient's row block (8 columns each)
     L["ROW_GROUPS"] = stream_rows // 16  # kv_kernel's dQ: warps by 16 query rows ...
     L["COL_GROUPS"] = warps // L["ROW_GROUPS"]  # ... and by HEAD_DIM / COL_GROUPS columns
-    assert warps % L["ROW_GROUPS"] == 0 and HEAD_DIM % (16 * L["COL_GROUPS"]) == 0
-    L["DQ_CHUNKS"] = HEAD_DIM // L["COL_GROUPS"] // 16  # a warp's 16-column chunks of dQ
+    assert warps % L["ROW_GROUPS"] == 0 and D_TILE % (16 * L["COL_GROUPS"]) == 0
+    L["DQ_CHUNKS"] = D_TILE // L["COL_GROUPS"] // 16  # a warp's 16-column chunks of dQ
     return L
 
 
@@ -239,15 +258,15 @@ def _sum_parts_kernel(PARTS, OUT):
 
 
 def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Backward:
-    """The backward kernels for head dim HEAD_DIM (64 or 128) and `dtype` ("float16", "bfloat16"), for
-    compute capability `cc` (default: the current GPU's; in the simulator, or with no GPU, where
-    nothing launches, the H100's 9.0): from 9.0 on, kv_kernel adds two dQ columns per instruction
-    (`red_pair`)."""
+    """The backward kernels for head dim HEAD_DIM (64 or 128, or any other runs_head_dim takes) and
+    `dtype` ("float16", "bfloat16"), for compute capability `cc` (default: the current GPU's; in the
+    simulator, or with no GPU, where nothing launches, the H100's 9.0): from 9.0 on, kv_kernel adds
+    two dQ columns per instruction (`red_pair`)."""
     if cc is None:
         on_gpu = not simulator_enabled() and cuda.is_available()
         cc = tuple(cuda.get_current_device().compute_capability) if on_gpu else (9, 0)
-    if HEAD_DIM not in HEAD_DIMS:
-        raise ValueError(f"head dim: the backward is built for {HEAD_DIMS}, not {HEAD_DIM}")
+    if not runs_head_dim(HEAD_DIM):
+        raise ValueError(f"head dim: the backward is built for multiples of 8 up to {MAX_HEAD_DIM}, not {HEAD_DIM}")
     return _build(HEAD_DIM, dtype, tuple(cc)[:2] >= (9, 0), ds_buffers_for(HEAD_DIM, cc))
 
 
@@ -314,7 +333,7 @@ class _Pieces:
         self.commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
         self.wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
         self.copy_tile = make_copy_tile(L)  # the own tiles, padded
-        self.copy_stream = make_copy_tile(dict(L, STRIDE=L["HEAD_DIM"], SWIZZLE=True))  # streamed, swizzled
+        self.copy_stream = make_copy_tile(dict(L, STRIDE=L["D_TILE"], SWIZZLE=True))  # streamed, swizzled
         NT, KS, SROW = L["NT"], L["KS"], L["STREAM_ROW_BYTES"]
 
         @cuda.jit(device=True, inline=True)
@@ -397,15 +416,17 @@ def make_p_and_ds(exp2, NT: int, BLOCK_M: int, BLOCK_N: int):
     return p_and_ds
 
 
-def make_store_dk_dv(pack, ND: int):
-    """store_dk_dv(...): a block's dK and dV written at the end of its key block (phase 12 too)."""
+def make_store_dk_dv(pack, ND: int, HEAD_DIM: int | None = None):
+    """store_dk_dv(...): a block's dK and dV written at the end of its key block (phase 12 too); with
+    HEAD_DIM narrower than the ND n-tiles, the n-tiles past it (a rounded-up tile's) are not stored."""
+    N_STORED = ND if HEAD_DIM is None else HEAD_DIM // MMA_N  # n-tiles of columns that exist
 
     @cuda.jit(device=True, inline=True)
     def store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale):
         """dK = scale · Σ dSᵀ Q and dV of the lane's keys key_a and key_a + 8 (rows g, g + 8 of its
         warp's accumulators), in the inputs' type, two columns per 32-bit store (an unsigned column:
         a signed one is checked for < 0, checks the serial build keeps in registers)."""
-        for j in range(ND):
+        for j in range(N_STORED):
             if key_a < seq_k:
                 dK[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dk[j, 0] * scale, dk[j, 1] * scale)
                 dV[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dv[j, 0], dv[j, 1])
@@ -463,7 +484,9 @@ def delta_rows_per_warp(HEAD_DIM: int) -> int:
 def build_delta_kernel(HEAD_DIM: int, dtype: str):
     """delta_kernel: Δ_i from O and dO, read as 32-bit pairs of 16-bit values."""
     unpack = ptx.function("mma_sync.ptx", f"flashcore_unpack_{PTX_TYPE[dtype]}x2", "inline")
-    WORDS = HEAD_DIM // 64  # 32-bit words of a row each lane reads (two elements a word)
+    WORDS = -(-HEAD_DIM // 64)  # 32-bit words of a row each lane reads (two elements a word) ...
+    ROW_WORDS = HEAD_DIM // 2
+    PART_WORD = HEAD_DIM % 64 != 0  # ... the last of them only in lanes below ROW_WORDS % 32 (D = 96: 16)
     ROWS = delta_rows_per_warp(HEAD_DIM)
 
     @cuda.jit
@@ -540,6 +563,7 @@ def make_dq(L: dict, f: _Pieces, wide_red: bool):
     KS, KO, ROW_GROUPS, DQ_CHUNKS = L["KS"], L["KO"], L["ROW_GROUPS"], L["DQ_CHUNKS"]
     OWN_A, DS_BUFFERS = L["OWN_A"], L["DS_BUFFERS"]
     DQ_ROW = L["HEAD_DIM"] * 4  # bytes from a row of dQ (float32) to the next
+    HEAD_DIM, ROUNDED = L["HEAD_DIM"], L["D_TILE"] != L["HEAD_DIM"]  # dQ's columns past HEAD_DIM: not added
 
     @cuda.jit(device=True, inline=True)
     def stash_ds(smem_h, prev_s, ds_frag, stage, warp, g, t, tid, h, m0):
@@ -572,6 +596,8 @@ def make_dq(L: dict, f: _Pieces, wide_red: bool):
         for n in range(2):
             col = col0 + jj * 16 + n * 8 + 2 * t
             at = dq_head + uint64(row_a * DQ_ROW + col * 4)  # dQ[b, h, row_a, col]
+            if ROUNDED and col >= HEAD_DIM:  # a column of the tile past the head dim
+                continue
             # >>> exercise 11-c: add this lane's four dQ values (times scale) to dQ in global memory by reductions, only in the rows that exist (row < seq_q)
             # <<< exercise
 
@@ -648,7 +674,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     tile_grads = make_tile_grads(L, f)
     stash_ds, tile_dq = make_dq(L, f, wide_red)
     fetch_queries, fetch_next = make_query_stream(L, f)
-    store_dk_dv = make_store_dk_dv(f.pack, L["ND"])
+    store_dk_dv = make_store_dk_dv(f.pack, L["ND"], L["HEAD_DIM"])
     shared_address, global_address = operands.shared_address, operands.global_address
     D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["STREAM_ROWS"]
     ROW_BYTES, SROW, DS_BUFFERS = L["ROW_BYTES"], L["STREAM_ROW_BYTES"], L["DS_BUFFERS"]
