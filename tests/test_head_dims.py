@@ -211,8 +211,10 @@ def test_phase10_every_head_dim_on_gpu(D):
 # ---------------------------------------------------------------------------------------------
 # The backward (phase 11) at head dims up to 128: its tiles 64 or 128 columns wide
 # ---------------------------------------------------------------------------------------------
-def check_backward_head_dim(D, shape, seq_k, heads_kv, causal, deterministic, dtype="float16"):
+def check_backward_head_dim(D, shape, seq_k, heads_kv, causal, deterministic, dtype="float16", phase="11"):
     from test_backward import both_references, gradients_close, run_backward
+
+    from flashcore_numba.phases import p11_backward, p12_backward_wgmma
 
     from flashcore_numba.reference import reference_lse, round_to
 
@@ -220,7 +222,9 @@ def check_backward_head_dim(D, shape, seq_k, heads_kv, causal, deterministic, dt
     do = round_to(np.random.default_rng().standard_normal(q.shape), dtype)
     o = reference_attention(q, k, v, causal=causal, scale=0.3)
     lse = reference_lse(q, k, causal=causal, scale=0.3)
-    got = run_backward(q, k, v, o, do, lse, dtype, causal=causal, scale=0.3, deterministic=deterministic)
+    module = {"11": p11_backward, "12": p12_backward_wgmma}[phase]
+    got = run_backward(q, k, v, o, do, lse, dtype, causal=causal, scale=0.3, deterministic=deterministic,
+                       backward=module.backward)
     gradients_close(got, *both_references(q, k, v, do, dtype, causal=causal, scale=0.3))
 
 
@@ -250,13 +254,34 @@ def test_the_head_dims_the_backward_builds():
     assert p11.HEAD_DIMS == (64, 128)  # what attention()'s autograd runs so far
 
 
+@pytest.mark.parametrize("D, causal, deterministic", [
+    pytest.param(40, True, True, id="D=40 causal deterministic"),
+    pytest.param(96, False, False, id="D=96"),
+    pytest.param(120, True, False, id="D=120", marks=pytest.mark.slow),
+])
+def test_phase12_backward_at_other_head_dims(D, causal, deterministic):
+    """Phase 12's (wgmma) at a head dim rounded up to its 64- or 128-column tiles: the copies into
+    the swizzled atoms fill the columns past D with zeros, and dQ's pieces add only D's columns."""
+    from flashcore_numba.phases import p12_backward_wgmma as p12
+
+    L = p12.layout(D, p12.WARPGROUPS, p12.query_rows(D))
+    assert L["D_TILE"] == (64 if D <= 64 else 128) and L["GLOBAL_CHUNKS"] == D // 8
+    check_backward_head_dim(D, (1, 4, 19), 23, 2, causal, deterministic, phase="12")
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("phase", ["11", "12"])
 @pytest.mark.parametrize("D", range(8, 129, 8))
-def test_phase11_backward_every_head_dim_on_gpu(D):
-    """Phase 11's backward at every head dim it builds, on its real blocks (8 warps, 128 keys):
-    several key blocks and query tiles, causal with tails and not, GQA 2, atomics and deterministic."""
-    check_backward_head_dim(D, (2, 4, 300), 450, 2, False, False)
-    check_backward_head_dim(D, (1, 4, 517), 517, 2, True, True, dtype="bfloat16")
+def test_backward_every_head_dim_on_gpu(D, phase):
+    """The backward (phase 11, and phase 12 on Hopper) at every head dim it builds, on its real
+    blocks: several key blocks and query tiles, causal with tails and not, GQA 2, atomics and
+    deterministic, fp16 and bf16."""
+    from numba import cuda
+
+    if phase == "12" and cuda.get_current_device().compute_capability != (9, 0):
+        pytest.skip("phase 12 runs on Hopper (compute capability 9.0) only")
+    check_backward_head_dim(D, (2, 4, 300), 450, 2, False, False, phase=phase)
+    check_backward_head_dim(D, (1, 4, 517), 517, 2, True, True, dtype="bfloat16", phase=phase)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,8 +34,8 @@ from flashcore_numba.arch import operands, ptx
 from flashcore_numba.phases.common import LOG2E, PTX_TYPE, make_pack_a, zero_tiles
 from flashcore_numba.phases.p08_wgmma import ATOM, GROUP, ROW, WG_M
 from flashcore_numba.phases.p11_backward import (DTYPES, HEAD_DIMS, STATIC_SMEM_BYTES, Backward, build_delta_kernel, first_row,
-                           load_row_stats, make_p_and_ds, make_red_pair,
-                           make_store_dk_dv, row_stats, run_on_host, tile_count, views_of)
+                           load_row_stats, make_p_and_ds, make_red_pair, make_store_dk_dv, row_stats,
+                           run_on_host, runs_head_dim, tile_count, tile_head_dim, views_of)
 
 ID = "12"
 NAME = "backward_wgmma"
@@ -51,8 +51,9 @@ WARPGROUPS = 2
 
 def query_rows(HEAD_DIM: int) -> int:
     """BLOCK_M, the rows of a streamed query tile: 128 at D = 64, 64 at D = 128 (so that Sᵀ and dPᵀ,
-    BLOCK_M / 2 registers each, and dK and dV, D / 2 each, fit one thread's 255)."""
-    return 128 if HEAD_DIM == 64 else 64
+    BLOCK_M / 2 registers each, and dK and dV, D / 2 each, fit one thread's 255); another head dim
+    takes the tiles of the one it rounds up to (phase 11's tile_head_dim)."""
+    return 128 if tile_head_dim(HEAD_DIM) == 64 else 64
 
 
 def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
@@ -61,16 +62,19 @@ def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
     (block_m rows each), then dSᵀ (a row per key, block_m / 64 atoms of BLOCK_N rows); all in the
     128-byte swizzle of phase 08, offsets in bytes, each a multiple of 1024. At D = 128 two buffers
     of dSᵀ: the serial build's dQ runs a tile late there, as phase 11's, from the buffer not being
-    written (`dq_late`); the default build uses the first."""
+    written (`dq_late`); the default build uses the first. Rows and products are D_TILE wide
+    (phase 11's tile_head_dim: 64 or 128), of which HEAD_DIM come from global memory."""
     own = WG_M * warpgroups
-    L = dict(HEAD_DIM=HEAD_DIM, WARPGROUPS=warpgroups, N_THREADS=128 * warpgroups, OWN_ROWS=own,
-             STREAM_ROWS=block_m, DS_BUFFERS=2 if HEAD_DIM == 128 else 1, BLOCK_M=block_m)
-    L["CHUNKS"] = HEAD_DIM // 8  # 16-byte chunks per row (make_copy_tile)
-    L["KV_TILE"] = WG_M * HEAD_DIM * 2  # one warpgroup's 64 rows of K (or V)
-    L["K_OFF"], L["V_OFF"] = 0, own * HEAD_DIM * 2
-    L["STREAM_TILE"] = block_m * HEAD_DIM * 2  # a query tile of Q (or dO)
+    D_TILE = tile_head_dim(HEAD_DIM)
+    L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, WARPGROUPS=warpgroups, N_THREADS=128 * warpgroups, OWN_ROWS=own,
+             STREAM_ROWS=block_m, DS_BUFFERS=2 if D_TILE == 128 else 1, BLOCK_M=block_m)
+    L["CHUNKS"] = D_TILE // 8  # 16-byte chunks per row (make_copy_tile) ...
+    L["GLOBAL_CHUNKS"] = HEAD_DIM // 8  # ... of which these come from global memory, the rest zeros
+    L["KV_TILE"] = WG_M * D_TILE * 2  # one warpgroup's 64 rows of K (or V)
+    L["K_OFF"], L["V_OFF"] = 0, own * D_TILE * 2
+    L["STREAM_TILE"] = block_m * D_TILE * 2  # a query tile of Q (or dO)
     L["STAGE_BYTES"] = 2 * L["STREAM_TILE"]  # stage s: Q at Q_OFF + s * STAGE_BYTES, dO a tile on
-    L["Q_OFF"] = 2 * own * HEAD_DIM * 2
+    L["Q_OFF"] = 2 * own * D_TILE * 2
     L["DS_OFF"] = L["Q_OFF"] + 2 * L["STAGE_BYTES"]
     L["DS_ATOM"] = own * ROW  # dSᵀ: 64 query rows (one atom's 128 bytes) of every key
     L["DS_BYTES"] = own * block_m * 2  # dSᵀ buffer i at DS_OFF + i * DS_BYTES
@@ -78,14 +82,14 @@ def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
     assert all(L[k] % 1024 == 0 for k in ("V_OFF", "Q_OFF", "STAGE_BYTES", "DS_OFF", "DS_ATOM", "DS_BYTES"))
     # make_copy_tile lays rows out in tiles of 64, each D / 64 atoms: a query tile of 128 rows is one
     # run of rows down its atom only at D = 64 (its k-steps, 2048 bytes each, walk straight on)
-    assert HEAD_DIM == 64 or block_m == 64
+    assert D_TILE == 64 or block_m == 64
     assert (own * L["CHUNKS"]) % L["N_THREADS"] == 0 and (block_m * L["CHUNKS"]) % L["N_THREADS"] == 0
     L["NT"] = block_m // 8  # 8-column blocks of a warpgroup's Sᵀ (its 64 keys x block_m query rows)
     L["KS"] = block_m // 16  # k-steps of dV += Pᵀ dO (Pᵀ's A fragments)
-    L["ND"] = HEAD_DIM // 8  # 8-column blocks of dK and dV
+    L["ND"] = D_TILE // 8  # 8-column blocks of dK and dV
     # dQ's tile (block_m x D) in 64 x 64 pieces, dealt out to the warpgroups: piece p is query rows
     # 64 (p // COL_BLOCKS) .., columns 64 (p % COL_BLOCKS) ..; each a sum over the block's keys
-    L["COL_BLOCKS"] = HEAD_DIM // 64
+    L["COL_BLOCKS"] = D_TILE // 64
     L["PIECES"] = (block_m // 64) * L["COL_BLOCKS"]
     assert L["PIECES"] % warpgroups == 0
     L["WG_PIECES"] = L["PIECES"] // warpgroups
@@ -104,8 +108,8 @@ def _build(HEAD_DIM: int, dtype: str) -> Backward:
 def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Backward:
     """Phase 11's Backward with this phase's kv_kernel, for head dim 64 or 128; cc, if given, must
     be Hopper's (9, 0): wgmma runs nowhere else."""
-    if HEAD_DIM not in HEAD_DIMS:
-        raise ValueError(f"head dim: the backward is built for {HEAD_DIMS}, not {HEAD_DIM}")
+    if not runs_head_dim(HEAD_DIM):
+        raise ValueError(f"head dim: the backward is built for multiples of 8 up to 128, not {HEAD_DIM}")
     if cc is not None and tuple(cc)[:2] != MIN_CC:
         raise ValueError(f"cc: phase 12 runs on compute capability 9.0 only (wgmma), not {tuple(cc)[:2]}")
     return _build(HEAD_DIM, dtype)
@@ -133,9 +137,11 @@ def make_copy_tile(L: dict):
     loop, those addresses took 8 registers a copy here and were spilled (ptxas, sm_90a)."""
     copy16 = ptx.function("cp_async.ptx", "flashcore_cp_async_16", "inline")
     CHUNKS, N_THREADS, TILE_BYTES = L["CHUNKS"], L["N_THREADS"], L["KV_TILE"]
+    GLOBAL_CHUNKS = L["GLOBAL_CHUNKS"]
+    ZERO_CHUNKS = GLOBAL_CHUNKS < CHUNKS  # a head dim rounded up: the chunks past it are zero-filled
     ROWS_PER_PASS = N_THREADS // CHUNKS
     assert ROWS_PER_PASS % 8 == 0 and WG_M % ROWS_PER_PASS == 0
-    ROW_BYTES = CHUNKS * 16  # a row in global memory
+    ROW_BYTES = GLOBAL_CHUNKS * 16  # a row in global memory
 
     @cuda.jit(device=True, inline=True)
     def pass_offset(i):
@@ -147,16 +153,20 @@ def make_copy_tile(L: dict):
         """Start copying rows row0 .. row0+n_rows-1 of one head (at src_base + head_bytes) to smem+offset.
         A row past seq_len copies 0 bytes and is zero-filled (its address is clamped to a real row)."""
         r, chunk = tid // CHUNKS, tid % CHUNKS
+        col_bytes = uint32(16)
         src = src_base + head_bytes + uint64(chunk * 16)
+        if ZERO_CHUNKS and chunk >= GLOBAL_CHUNKS:  # a column past D: 0 bytes (from a real address)
+            col_bytes = uint32(0)
+            src = src_base + head_bytes
         dst = smem + offset + (chunk // 8) * ATOM + r * ROW + ((chunk % 8) ^ (r % 8)) * 16
         if row0 + n_rows <= seq_len:
             src += uint64(row0 + r) * uint64(ROW_BYTES)
             for i in range(n_rows // ROWS_PER_PASS):
-                copy16(dst + pass_offset(i), src + uint64(i * ROWS_PER_PASS * ROW_BYTES), uint32(16))
+                copy16(dst + pass_offset(i), src + uint64(i * ROWS_PER_PASS * ROW_BYTES), col_bytes)
         else:
             for i in range(n_rows // ROWS_PER_PASS):
                 row = row0 + r + i * ROWS_PER_PASS
-                n_bytes = uint32(16) if row < seq_len else uint32(0)
+                n_bytes = col_bytes if row < seq_len else uint32(0)
                 copy16(dst + pass_offset(i), src + uint64(min(row, seq_len - 1)) * uint64(ROW_BYTES), n_bytes)
 
     return copy_tile
@@ -177,10 +187,11 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     each tile's dQ one tile late (`dq_late`)."""
     kind = PTX_TYPE[dtype]
     D, BLOCK_N, BLOCK_M = L["HEAD_DIM"], L["OWN_ROWS"], L["BLOCK_M"]
+    D_TILE = L["D_TILE"]
     # the products (ptx/wgmma.ptx): Sᵀ and dPᵀ over BLOCK_M query rows (n), dV and dK over them (k)
     n_q = "" if BLOCK_M == 64 else f"_n{BLOCK_M}"
-    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{D}{n_q}_{kind}", "inline")
-    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d{D}_n{BLOCK_M}_{kind}", "inline",
+    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{D_TILE}{n_q}_{kind}", "inline")
+    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d{D_TILE}_n{BLOCK_M}_{kind}", "inline",
                           tuples=True)
     dq_first = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_{kind}", "inline")
     dq_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_acc_{kind}", "inline", tuples=True)
@@ -196,7 +207,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     pack_a = make_pack_a(pack, L["KS"])
     red_pair = make_red_pair(True)  # sm_90: a lane's two dQ columns in one reduction
     p_and_ds = make_p_and_ds(exp2, L["NT"], BLOCK_M, BLOCK_N)
-    store_dk_dv = make_store_dk_dv(pack, L["ND"])
+    store_dk_dv = make_store_dk_dv(pack, L["ND"], D)
     KV_TILE, K_OFF, V_OFF, Q_OFF = L["KV_TILE"], L["K_OFF"], L["V_OFF"], L["Q_OFF"]
     STREAM_TILE, STAGE, DS_OFF, DS_ATOM = L["STREAM_TILE"], L["STAGE_BYTES"], L["DS_OFF"], L["DS_ATOM"]
     DS_BYTES = L["DS_BYTES"]
@@ -206,6 +217,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     N_P, N_O, N_DQ = 4 * KS, 4 * ND, 32  # registers of P's fragments, of dK (or dV), of a dQ piece
     GLOBAL_ROW = D * 2  # bytes from a row of a head to the next in a (B, H, S, D) array
     DQ_ROW = D * 4  # bytes from a row of dQ (float32) to the next
+    ROUNDED = D_TILE != D  # dQ's columns past D: not added
     STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
     DS_ATOM_WORDS, ROW_WORDS = DS_ATOM // 4, ROW // 4
     SERIAL = serial
@@ -234,7 +246,12 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
             # <<< exercise
             # register 4j + e: row 16 warp + g (+8), column 8 j + 2t (+1) of the piece
             row_a = m0 + r0 + warp * 16 + g
+            # a rounded-up tile's columns past the head dim are not added: the piece's n-tiles below
+            if ROUNDED:
+                n_cols = uint32(D - c0)
             for j in range(8):
+                if ROUNDED and uint32(j * 8) >= n_cols:
+                    continue
                 # dQ[b, h, row_a, col]
                 at = dq_head + uint64(row_a * DQ_ROW + (c0 + j * 8 + 2 * t) * 4)
                 if row_a < seq_q:
