@@ -65,6 +65,33 @@ def test_wgmma_backward_over_several_blocks_and_tiles(deterministic):
     gradients_close(got, *both_references(q, k, v, do, causal=True))
 
 
+@pytest.mark.parametrize("D, shape, seq_k, heads_kv, causal, dtype", [
+    pytest.param(64, (1, 4, 150, 64), 140, 2, True, "float16", id="D=64 GQA 2 causal: a tile's second piece past the rows"),
+    pytest.param(128, (2, 2, 70, 128), 200, 1, False, "bfloat16", id="D=128 MQA bf16: pieces by columns"),
+    pytest.param(96, (1, 2, 19, 96), 23, 1, True, "float16", id="D=96 rounded up", marks=pytest.mark.slow),
+])
+def test_the_bulk_dq_build_matches_the_reference_gradients(D, shape, seq_k, heads_kv, causal, dtype):
+    """The build "bulk dQ" (DqOfTiles): each warpgroup's 64 x 64 piece of dQ staged in shared
+    memory (swizzled) and added to a workspace of whole pieces by one bulk reduction, then dQ written
+    from the workspace. At D = 64 a tile's two pieces are its two halves of rows (the second of the
+    last tile lies past S_q and is skipped); at D = 128 its two halves of columns. deterministic=True
+    on the same build runs the serial kernel and phase 12's reductions, and gives the same gradients."""
+    from flashcore_numba.phases import p12_backward_wgmma as p12
+
+    bw = p12.build(D, dtype, bulk_dq=True)
+    assert bw.dq_of_tiles is not None and bw.cache_id("12-kv")[-1] == "bulk dQ"
+    assert p12.smem_bytes(D) + 2 * p12.PIECE_BYTES == bw.kv["SMEM_BYTES"] + p12.STATIC_SMEM_BYTES
+    q, k, v = (round_to(x, dtype) for x in random_qkv(shape, seq_k, heads_kv=heads_kv, dtype=np.float32))
+    do = round_to(np.random.default_rng().standard_normal(q.shape), dtype)
+    o = reference_attention(q, k, v, causal=causal, scale=0.3)
+    lse = reference_lse(q, k, causal=causal, scale=0.3)
+    want = both_references(q, k, v, do, dtype, causal=causal, scale=0.3)
+    for deterministic in (False, True):
+        got = run_wgmma_backward(q, k, v, o, do, lse, dtype, causal=causal, scale=0.3, deterministic=deterministic,
+                                 bulk_dq=True)
+        gradients_close(got, *want)
+
+
 def test_wgmma_backward_takes_the_gradient_of_the_lse():
     """dLSE joins dS as in phase 11 (Δ's kernel is phase 11's): with it the gradients match."""
     q, k, v = random_qkv((1, 2, 12, 64), 30, heads_kv=1)
@@ -206,6 +233,20 @@ def test_wgmma_backward_deterministic_is_bit_identical_on_gpu(head_dim):
     assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
     for other in runs[2:]:
         assert all((a.float() - b.float()).abs().max().item() < 1e-2 for a, b in zip(runs[0], other))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, dtype", [(64, "float16"), (128, "bfloat16"), (96, "float16")])
+def test_the_bulk_dq_build_on_gpu(D, dtype):
+    """The build "bulk dQ" on an H100: several key blocks and query tiles, causal with tails, GQA 2,
+    against the float64 gradients."""
+    if not _on_hopper():
+        pytest.skip("phase 12 runs on Hopper (sm_90) alone")
+    q, k, v = (round_to(x, dtype) for x in random_qkv((2, 4, 517, D), 517, heads_kv=2, dtype=np.float32))
+    do = round_to(np.random.default_rng().standard_normal(q.shape), dtype)
+    o, lse = reference_attention(q, k, v, causal=True, scale=0.3), reference_lse(q, k, causal=True, scale=0.3)
+    got = run_wgmma_backward(q, k, v, o, do, lse, dtype, causal=True, scale=0.3, bulk_dq=True)
+    gradients_close(got, *both_references(q, k, v, do, dtype, causal=True, scale=0.3))
 
 
 def test_phase_12s_measured_effect_comes_from_its_rows_of_the_backward_records(tmp_path):

@@ -149,6 +149,10 @@ class Backward:
     kv_kernel: object  # a block per key block, dQ by atomics
     kv_kernel_serial: object  # deterministic=True: a block per part of dQ, its key blocks in turn
     phase: str = ID  # whose kv_kernel it is: "11", or "12" (phase 12 builds it on wgmma, the rest is this one's)
+    # phase 12's build "bulk dQ" (an A/B, not yet what attention() runs): with atomics, kv_kernel adds
+    # each dQ piece into a float32 workspace of whole tiles by one bulk reduction, and `dq_of_tiles`
+    # (that build's) writes dQ from it
+    dq_of_tiles: object = None
 
     def kv_id(self, deterministic: bool) -> str:
         """The id of the kv_kernel a backward launches: "11-kv", or its serial build "11-kv-serial"."""
@@ -162,7 +166,7 @@ class Backward:
             return (kernel_id,)
         if kernel_id.startswith(f"{self.phase}-kv"):
             return (kernel_id, self.head_dim, self.dtype, "red.v2" if self.wide_red else "red",
-                    f"dS x{self.kv['DS_BUFFERS']}")
+                    f"dS x{self.kv['DS_BUFFERS']}") + (("bulk dQ",) if self.dq_of_tiles is not None else ())
         return (kernel_id, self.head_dim, self.dtype)
 
     def delta_grid(self, B: int, H: int, S_q: int) -> tuple:
@@ -211,7 +215,9 @@ class Backward:
         key_blocks = cdiv(S_k, kv["OWN_ROWS"])
         if parts is None or not deterministic:
             parts = self.dq_parts(B, H_kv, S_k, deterministic)
-        if parts == 1:
+        if self.dq_of_tiles is not None and not deterministic:  # the build "bulk dQ": a workspace of whole tiles
+            sums = self.dq_of_tiles.workspace(B, H, S_q, stream)
+        elif parts == 1:
             sums = dQ.reshape((1, *dQ.shape))
         else:
             sums = dq_sums if dq_sums is not None else cuda.device_array((parts, *dQ.shape), np.float32, stream=stream)
@@ -222,7 +228,9 @@ class Backward:
         launch(kernel, (parts if deterministic else key_blocks, H_kv, B), kv["N_THREADS"], kv["SMEM_BYTES"],
                (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale)),
                stream, self.cache_id(self.kv_id(deterministic)))
-        if parts > 1:
+        if self.dq_of_tiles is not None and not deterministic:
+            self.dq_of_tiles.write(sums, dQ, stream)
+        elif parts > 1:
             flat = dQ.reshape(dQ.size)
             launch(_sum_parts_kernel, cdiv(flat.size, SUM_THREADS), SUM_THREADS, 0,
                    (sums.reshape((parts, flat.size)), flat), stream, self.cache_id("11-sum"))

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
 from flashcore_numba.arch import operands, ptx
-from flashcore_numba.phases.common import LOG2E, PTX_TYPE, make_pack_a, zero_tiles
+from flashcore_numba.phases.common import LOG2E, PTX_TYPE, cdiv, launch, make_pack_a, zero_tiles
 from flashcore_numba.phases.p08_wgmma import ATOM, GROUP, ROW, WG_M
 from flashcore_numba.phases.p11_backward import (DTYPES, HEAD_DIMS, STATIC_SMEM_BYTES, Backward, build_delta_kernel, first_row,
                            load_row_stats, make_p_and_ds, make_red_pair, make_store_dk_dv, row_stats,
@@ -47,6 +48,9 @@ BACKWARD = True  # graded by its gradients, as phase 11
 # Python threads): with one warpgroup a block would never add a second half of keys to dQ (dq_acc)
 # nor run a second warpgroup's offsets, and its tests would not see them wrong.
 WARPGROUPS = 2
+PIECE = 64  # dQ's pieces are 64 x 64: the build "bulk dQ" stages one a warpgroup, PIECE_BYTES of float32
+PIECE_BYTES = PIECE * PIECE * 4
+WG_BAR = 1  # named barriers WG_BAR + wg: warpgroup wg's 128 threads only (the build "bulk dQ")
 
 
 def query_rows(HEAD_DIM: int) -> int:
@@ -56,7 +60,7 @@ def query_rows(HEAD_DIM: int) -> int:
     return 128 if tile_head_dim(HEAD_DIM) == 64 else 64
 
 
-def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
+def layout(HEAD_DIM: int, warpgroups: int, block_m: int, bulk_dq: bool = False) -> dict:
     """Every derived constant of kv_kernel. Shared memory holds K and V (a 64-row tile per
     warpgroup each, D / 64 swizzled atoms of 64 rows), two stages of the streamed Q and dO tiles
     (block_m rows each), then dSᵀ (a row per key, block_m / 64 atoms of BLOCK_N rows); all in the
@@ -93,26 +97,67 @@ def layout(HEAD_DIM: int, warpgroups: int, block_m: int) -> dict:
     L["PIECES"] = (block_m // 64) * L["COL_BLOCKS"]
     assert L["PIECES"] % warpgroups == 0
     L["WG_PIECES"] = L["PIECES"] // warpgroups
+    L["BULK_DQ"] = bulk_dq
+    if bulk_dq:  # a float32 piece of dQ a warpgroup, staged for its bulk reduction, after the rest
+        L["DQ_STAGE_OFF"] = L["SMEM_BYTES"]
+        L["SMEM_BYTES"] += warpgroups * PIECE_BYTES
     return L
 
 
 @lru_cache(maxsize=None)
-def _build(HEAD_DIM: int, dtype: str) -> Backward:
+def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool = False) -> Backward:
     if dtype not in DTYPES:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
-    L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM))
+    L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM), bulk_dq)
     return Backward(HEAD_DIM, dtype, True, L, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel(L, dtype),
-                    build_kv_kernel(L, dtype, serial=True), phase=ID)
+                    build_kv_kernel(dict(L, BULK_DQ=False), dtype, serial=True), phase=ID,
+                    dq_of_tiles=DqOfTiles(L["D_TILE"]) if bulk_dq else None)
 
 
-def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Backward:
+class DqOfTiles:
+    """The build "bulk dQ": kv_kernel adds each 64 x 64 piece of dQ, staged in shared memory, into a
+    float32 workspace by one bulk reduction (ptx/bulk.ptx) instead of a `red` per pair of columns.
+    A piece is contiguous there (16 KB): the workspace holds a head's dQ as ⌈S_q / 64⌉ x D_TILE / 64
+    pieces, each 64 rows of 64 floats whose 16-byte chunk c of row r lies at chunk c ^ (r % 8) (so
+    that a warp's stores into the staged piece spread over the banks). `write` then gives dQ
+    (B, H, S_q, D) from it. The serial build (deterministic=True) keeps phase 12's reductions: the
+    TMA unit's additions come in no order a thread sets."""
+
+    def __init__(self, d_tile: int):
+        self.d_tile = d_tile
+
+    def workspace(self, B: int, H: int, S_q: int, stream=0):
+        """The float32 workspace, shaped as kv_kernel's dQ argument (1, B, H, rows, D_TILE): rows
+        ⌈S_q / 64⌉ x 64, so that every piece, a tile's last rows too, lies inside it."""
+        return cuda.device_array((1, B, H, cdiv(S_q, PIECE) * PIECE, self.d_tile), np.float32, stream=stream)
+
+    def write(self, acc, dQ, stream=0) -> None:
+        """dQ (B, H, S_q, D) float32 from the workspace `acc`: a thread an element."""
+        launch(_dq_of_tiles_kernel, cdiv(dQ.size, 256), 256, 0, (acc.reshape(acc.size), dQ), stream)
+
+
+@cuda.jit
+def _dq_of_tiles_kernel(ACC, DQ):
+    """DQ[b, h, row, col] = the workspace's element of it (DqOfTiles: pieces of 64 x 64, chunks swizzled)."""
+    i = cuda.grid(1)
+    B, H, S_q, D = DQ.shape
+    if i < B * H * S_q * D:
+        col, row, bh = i % D, (i // D) % S_q, i // (D * S_q)
+        m_pieces = (S_q + PIECE - 1) // PIECE  # a head's pieces down, and across:
+        col_blocks = ACC.shape[0] // (B * H * m_pieces * PIECE * PIECE)
+        piece = (bh * m_pieces + row // PIECE) * col_blocks + col // PIECE
+        r, c = row % PIECE, col % PIECE
+        DQ[bh // H, bh % H, row, col] = ACC[piece * PIECE * PIECE + r * PIECE + (((c // 4) ^ (r % 8)) * 4) + c % 4]
+
+
+def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_dq: bool = False) -> Backward:
     """Phase 11's Backward with this phase's kv_kernel, for head dim 64 or 128; cc, if given, must
-    be Hopper's (9, 0): wgmma runs nowhere else."""
+    be Hopper's (9, 0): wgmma runs nowhere else. bulk_dq: the build "bulk dQ" (DqOfTiles)."""
     if not runs_head_dim(HEAD_DIM):
         raise ValueError(f"head dim: the backward is built for multiples of 8 up to 128, not {HEAD_DIM}")
     if cc is not None and tuple(cc)[:2] != MIN_CC:
         raise ValueError(f"cc: phase 12 runs on compute capability 9.0 only (wgmma), not {tuple(cc)[:2]}")
-    return _build(HEAD_DIM, dtype)
+    return _build(HEAD_DIM, dtype, bool(bulk_dq))
 
 
 def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> dict:
@@ -121,9 +166,10 @@ def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> d
 
 
 def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
-             deterministic: bool = False, dlse=None, dtype: str = "float16", parts: int | None = None):
+             deterministic: bool = False, dlse=None, dtype: str = "float16", parts: int | None = None,
+             bulk_dq: bool = False):
     """p11_backward.backward with this phase's kv_kernel: (dq as float32, dk, dv as 16-bit) NumPy arrays."""
-    return run_on_host(build(q.shape[-1], dtype), q, k, v, o, do, lse, causal=causal, scale=scale,
+    return run_on_host(build(q.shape[-1], dtype, bulk_dq=bulk_dq), q, k, v, o, do, lse, causal=causal, scale=scale,
                        deterministic=deterministic, dlse=dlse, parts=parts)
 
 
@@ -222,6 +268,14 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     DS_ATOM_WORDS, ROW_WORDS = DS_ATOM // 4, ROW // 4
     SERIAL = serial
     LATE = dq_late(serial, L)
+    BULK = L["BULK_DQ"] and not serial  # the build "bulk dQ" (DqOfTiles): its default kernel
+    if BULK:
+        bulk_reduce = ptx.function("bulk.ptx", "flashcore_bulk_reduce_add_f32", "inline")
+        bulk_commit = ptx.function("bulk.ptx", "flashcore_bulk_commit_group", "inline")
+        bulk_wait_read = ptx.function("bulk.ptx", "flashcore_bulk_wait_group_read_0", "inline")
+        fence_shared = ptx.function("bulk.ptx", "flashcore_fence_proxy_async_shared", "inline")
+        bar_sync = ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline")
+        DQ_STAGE_OFF = L["DQ_STAGE_OFF"]
 
     @cuda.jit(device=True, inline=True)
     def fetch_queries(smem, stage, Q, dO, b, h, m0, tid):
@@ -231,6 +285,34 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
         copy_tile(smem, Q_OFF + stage * STAGE, global_address(Q), head_q, m0, BLOCK_M, seq_q, tid)
         copy_tile(smem, Q_OFF + stage * STAGE + STREAM_TILE, global_address(dO), head_q, m0, BLOCK_M, seq_q,
                   tid)
+
+    @cuda.jit(device=True, inline=True)
+    def stage_piece(smem, dq, h, row0, c0, dq_address, b, H, seq_q, wg, warp, g, t, scale):
+        """(bulk dQ) The warpgroup's piece of dQ (rows row0 .., columns c0 ..; times scale) into its
+        staging buffer, then one thread adds the whole 16 KB to the workspace by one bulk reduction.
+        The thread that issued the last one first waits until it has read the buffer."""
+        issuer = warp == 0 and g == 0 and t == 0
+        if issuer:
+            bulk_wait_read()
+        bar_sync(uint32(WG_BAR + wg), uint32(128))  # the buffer is free
+        stage_f = cuda.shared.array(0, float32, alignment=1024)  # the same memory as smem_h, as float32
+        base = uint32((DQ_STAGE_OFF + wg * PIECE_BYTES) // 4)
+        for j in range(8):  # column 8 j + 2t of the piece: chunk 2 j + t // 2, swizzled by the row
+            for half in range(2):  # rows g and g + 8 of the warp's 16 (r % 8 is g for both)
+                r = warp * 16 + g + 8 * half
+                at = base + uint32(r * PIECE + (((2 * j + t // 2) ^ g) * 4) + (t % 2) * 2)
+                stage_f[at] = dq[j, 2 * half] * scale
+                stage_f[at + uint32(1)] = dq[j, 2 * half + 1] * scale
+        fence_shared()  # the stores, visible to the bulk reduction's reads ...
+        bar_sync(uint32(WG_BAR + wg), uint32(128))  # ... once the warpgroup has made them
+        if issuer:
+            m_pieces = uint32((seq_q + PIECE - 1) // PIECE)
+            col_blocks = uint32(COL_BLOCKS)
+            piece = ((uint32(b) * uint32(H) + uint32(h)) * m_pieces + uint32(row0 // PIECE)) * col_blocks \
+                + uint32(c0 // PIECE)
+            bulk_reduce(dq_address + uint64(piece) * uint64(PIECE_BYTES), smem + uint32(DQ_STAGE_OFF + wg * PIECE_BYTES),
+                        uint32(PIECE_BYTES))
+            bulk_commit()
 
     @cuda.jit(device=True, inline=True)
     def tile_dq(smem, buffer, h, m0, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale):
@@ -244,6 +326,10 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
             k_atom = smem + K_OFF + (c0 // 64) * ATOM
             # >>> exercise 12-a: the piece's dQ = dS K into dq: dq_first over the block's first 64 keys, dq_acc adding each next 64
             # <<< exercise
+            if BULK:
+                if m0 + r0 < seq_q:  # (a piece below the last row has nothing to add)
+                    stage_piece(smem, dq, h, m0 + r0, c0, dq_address, b, H, seq_q, wg, warp, g, t, scale)
+                continue
             # register 4j + e: row 16 warp + g (+8), column 8 j + 2t (+1) of the piece
             row_a = m0 + r0 + warp * 16 + g
             # a rounded-up tile's columns past the head dim are not added: the piece's n-tiles below
@@ -393,6 +479,8 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
 
             # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type (phase 11's)
             store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale)
+            if BULK and tid % 128 == 0:
+                bulk_wait_read()  # the last reduction has read its buffer before the block ends
             if not SERIAL:
                 break  # a block per key block: one trip
             cuda.syncthreads()  # every warp done with K and V before the next key block's copies
