@@ -297,12 +297,13 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
         bar_sync(uint32(WG_BAR + wg), uint32(128))  # the buffer is free
         stage_f = cuda.shared.array(0, float32, alignment=1024)  # the same memory as smem_h, as float32
         base = uint32((DQ_STAGE_OFF + wg * PIECE_BYTES) // 4)
+        row_a = base + uint32((warp * 16 + g) * PIECE + (t % 2) * 2)  # rows g and g + 8 (both r % 8 = g)
         for j in range(8):  # column 8 j + 2t of the piece: chunk 2 j + t // 2, swizzled by the row
-            for half in range(2):  # rows g and g + 8 of the warp's 16 (r % 8 is g for both)
-                r = warp * 16 + g + 8 * half
-                at = base + uint32(r * PIECE + (((2 * j + t // 2) ^ g) * 4) + (t % 2) * 2)
-                stage_f[at] = dq[j, 2 * half] * scale
-                stage_f[at + uint32(1)] = dq[j, 2 * half + 1] * scale
+            at = row_a + uint32(((2 * j + t // 2) ^ g) * 4)
+            stage_f[at] = dq[j, 0] * scale
+            stage_f[at + uint32(1)] = dq[j, 1] * scale
+            stage_f[at + uint32(8 * PIECE)] = dq[j, 2] * scale
+            stage_f[at + uint32(8 * PIECE + 1)] = dq[j, 3] * scale
         fence_shared()  # the stores, visible to the bulk reduction's reads ...
         bar_sync(uint32(WG_BAR + wg), uint32(128))  # ... once the warpgroup has made them
         if issuer:
