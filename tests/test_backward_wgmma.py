@@ -92,6 +92,24 @@ def test_the_bulk_dq_build_matches_the_reference_gradients(D, shape, seq_k, head
         gradients_close(got, *want)
 
 
+@pytest.mark.parametrize("D, bulk_dq", [pytest.param(64, True, id="D=64 with bulk dQ"),
+                                        pytest.param(128, False, id="D=128", marks=pytest.mark.slow)])
+def test_the_overlap_build_matches_the_reference_gradients(D, bulk_dq):
+    """The build "overlap": Sᵀ and dPᵀ issued back to back (qk_issue) and handed back by wait_s and
+    wait_last; with atomics and deterministic, GQA 2, causal with tails (at D = 64 with bulk dQ too)."""
+    from flashcore_numba.phases import p12_backward_wgmma as p12
+
+    assert p12.build(D, overlap=True).cache_id("12-kv")[-1] == "overlap"
+    q, k, v = (round_to(x, "float16") for x in random_qkv((1, 4, 150, D), 140, heads_kv=2, dtype=np.float32))
+    do = round_to(np.random.default_rng().standard_normal(q.shape), "float16")
+    o, lse = reference_attention(q, k, v, causal=True, scale=0.3), reference_lse(q, k, causal=True, scale=0.3)
+    want = both_references(q, k, v, do, causal=True, scale=0.3)
+    for deterministic in (False, True):
+        got = run_wgmma_backward(q, k, v, o, do, lse, causal=True, scale=0.3, deterministic=deterministic,
+                                 bulk_dq=bulk_dq, overlap=True)
+        gradients_close(got, *want)
+
+
 def test_wgmma_backward_takes_the_gradient_of_the_lse():
     """dLSE joins dS as in phase 11 (Δ's kernel is phase 11's): with it the gradients match."""
     q, k, v = random_qkv((1, 2, 12, 64), 30, heads_kv=1)
@@ -237,15 +255,17 @@ def test_wgmma_backward_deterministic_is_bit_identical_on_gpu(head_dim):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D, dtype", [(64, "float16"), (128, "bfloat16"), (96, "float16")])
-def test_the_bulk_dq_build_on_gpu(D, dtype):
-    """The build "bulk dQ" on an H100: several key blocks and query tiles, causal with tails, GQA 2,
-    against the float64 gradients."""
+@pytest.mark.parametrize("bulk_dq, overlap", [(True, False), (False, True), (True, True)],
+                         ids=["bulk_dq", "overlap", "bulk_dq+overlap"])
+def test_phase12_builds_on_gpu(D, dtype, bulk_dq, overlap):
+    """The builds "bulk dQ" and "overlap" on an H100: several key blocks and query tiles, causal with
+    tails, GQA 2, against the float64 gradients."""
     if not _on_hopper():
         pytest.skip("phase 12 runs on Hopper (sm_90) alone")
     q, k, v = (round_to(x, dtype) for x in random_qkv((2, 4, 517, D), 517, heads_kv=2, dtype=np.float32))
     do = round_to(np.random.default_rng().standard_normal(q.shape), dtype)
     o, lse = reference_attention(q, k, v, causal=True, scale=0.3), reference_lse(q, k, causal=True, scale=0.3)
-    got = run_wgmma_backward(q, k, v, o, do, lse, dtype, causal=True, scale=0.3, bulk_dq=True)
+    got = run_wgmma_backward(q, k, v, o, do, lse, dtype, causal=True, scale=0.3, bulk_dq=bulk_dq, overlap=overlap)
     gradients_close(got, *both_references(q, k, v, do, dtype, causal=True, scale=0.3))
 
 

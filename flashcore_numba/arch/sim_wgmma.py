@@ -214,6 +214,7 @@ def _dq(kind: str, accumulate: bool):
 for _kind in ("f16", "bf16"):
     for _D in (64, 128):
         emulation(f"flashcore_wgmma_qk_d{_D}_{_kind}")(_qk(_D, _kind))
+        emulation(f"flashcore_wgmma_qk_issue_d{_D}_{_kind}")(_qk(_D, _kind))  # phase 12's build "overlap"
         emulation(f"flashcore_wgmma_pv_d{_D}_{_kind}")(_pv(_D, _kind))
         emulation(f"flashcore_wgmma_pv_acc_d{_D}_n64_{_kind}")(_pv_acc(_D, _kind, 64))  # phase 12's dV, dK
     emulation(f"flashcore_wgmma_dq_{_kind}")(_dq(_kind, False))  # phase 12's dQ
@@ -238,6 +239,7 @@ def wait_s(acc):
 
 for _n in (64, 128):
     emulation(f"flashcore_wgmma_wait_s_n{_n}")(wait_s)
+    emulation(f"flashcore_wgmma_wait_last_n{_n}")(wait_s)  # wait_group 0: the same (computed at its issue)
 
 
 def _wait_o(frags, acc):

@@ -115,7 +115,7 @@ def query_rows(HEAD_DIM: int) -> int:
     return 128 if tile_head_dim(HEAD_DIM) == 64 else 64
 
 
-def layout(HEAD_DIM: int, warpgroups: int, block_m: int, bulk_dq: bool = False) -> dict:
+def layout(HEAD_DIM: int, warpgroups: int, block_m: int, bulk_dq: bool = False, overlap: bool = False) -> dict:
     """Every derived constant of kv_kernel. Shared memory holds K and V (a 64-row tile per
     warpgroup each, D / 64 swizzled atoms of 64 rows), two stages of the streamed Q and dO tiles
     (block_m rows each), then dSᵀ (a row per key, block_m / 64 atoms of BLOCK_N rows); all in the
@@ -152,7 +152,7 @@ def layout(HEAD_DIM: int, warpgroups: int, block_m: int, bulk_dq: bool = False) 
     L["PIECES"] = (block_m // 64) * L["COL_BLOCKS"]
     assert L["PIECES"] % warpgroups == 0
     L["WG_PIECES"] = L["PIECES"] // warpgroups
-    L["BULK_DQ"] = bulk_dq
+    L["BULK_DQ"], L["OVERLAP"] = bulk_dq, overlap
     if bulk_dq:  # a float32 piece of dQ a warpgroup, staged for its bulk reduction, after the rest
         L["DQ_STAGE_OFF"] = L["SMEM_BYTES"]
         L["SMEM_BYTES"] += warpgroups * PIECE_BYTES
@@ -160,10 +160,10 @@ def layout(HEAD_DIM: int, warpgroups: int, block_m: int, bulk_dq: bool = False) 
 
 
 @lru_cache(maxsize=None)
-def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool = False) -> Backward:
+def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool = False, overlap: bool = False) -> Backward:
     if dtype not in DTYPES:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
-    L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM), bulk_dq)
+    L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM), bulk_dq, overlap)
     return Backward(HEAD_DIM, dtype, True, L, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel(L, dtype),
                     build_kv_kernel(dict(L, BULK_DQ=False), dtype, serial=True), phase=ID,
                     dq_of_tiles=DqOfTiles(L["D_TILE"]) if bulk_dq else None)
@@ -205,14 +205,17 @@ def _dq_of_tiles_kernel(ACC, DQ):
         DQ[bh // H, bh % H, row, col] = ACC[piece * PIECE * PIECE + r * PIECE + (((c // 4) ^ (r % 8)) * 4) + c % 4]
 
 
-def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_dq: bool = False) -> Backward:
+def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_dq: bool = False,
+          overlap: bool = False) -> Backward:
     """Phase 11's Backward with this phase's kv_kernel, for head dim 64 or 128; cc, if given, must
-    be Hopper's (9, 0): wgmma runs nowhere else. bulk_dq: the build "bulk dQ" (DqOfTiles)."""
+    be Hopper's (9, 0): wgmma runs nowhere else. Two builds to A/B (docs/tuning/12_history.md), not
+    yet what attention() runs: bulk_dq, dQ by bulk reductions (DqOfTiles); overlap, Sᵀ and dPᵀ
+    issued back to back and awaited once (qk_issue, wait_s, wait_last)."""
     if not runs_head_dim(HEAD_DIM):
         raise ValueError(f"head dim: the backward is built for multiples of 8 up to 128, not {HEAD_DIM}")
     if cc is not None and tuple(cc)[:2] != MIN_CC:
         raise ValueError(f"cc: phase 12 runs on compute capability 9.0 only (wgmma), not {tuple(cc)[:2]}")
-    return _build(HEAD_DIM, dtype, bool(bulk_dq))
+    return _build(HEAD_DIM, dtype, bool(bulk_dq), bool(overlap))
 
 
 def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> dict:
@@ -222,9 +225,9 @@ def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> d
 
 def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
              deterministic: bool = False, dlse=None, dtype: str = "float16", parts: int | None = None,
-             bulk_dq: bool = False):
+             bulk_dq: bool = False, overlap: bool = False):
     """p11_backward.backward with this phase's kv_kernel: (dq as float32, dk, dv as 16-bit) NumPy arrays."""
-    return run_on_host(build(q.shape[-1], dtype, bulk_dq=bulk_dq), q, k, v, o, do, lse, causal=causal, scale=scale,
+    return run_on_host(build(q.shape[-1], dtype, bulk_dq=bulk_dq, overlap=overlap), q, k, v, o, do, lse, causal=causal, scale=scale,
                        deterministic=deterministic, dlse=dlse, parts=parts)
 
 
@@ -292,6 +295,11 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     # the products (ptx/wgmma.ptx): Sᵀ and dPᵀ over BLOCK_M query rows (n), dV and dK over them (k)
     n_q = "" if BLOCK_M == 64 else f"_n{BLOCK_M}"
     qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{D_TILE}{n_q}_{kind}", "inline")
+    OVERLAP = L["OVERLAP"]  # the build "overlap": Sᵀ and dPᵀ in flight together (qk_issue, then the waits)
+    if OVERLAP:
+        qk_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_issue_d{D_TILE}{n_q}_{kind}", "inline")
+        wait_s = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_s_n{BLOCK_M}", "inline", tuples=True)
+        wait_last = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_last_n{BLOCK_M}", "inline", tuples=True)
     pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d{D_TILE}_n{BLOCK_M}_{kind}", "inline",
                           tuples=True)
     dq_first = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_{kind}", "inline")
@@ -489,10 +497,17 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
 
                 # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: the warpgroup's 64 keys against the tile's BLOCK_M rows,
                 # both operands K-major through descriptors (SBO: eight rows; LBO unused)
-                # >>> exercise 12-b: Sᵀ into s and dPᵀ into dp: a qk call each, the warpgroup's K (V) rows against the query tile of Q (dO)
-                store_tuple(s, qk(desc_k, descriptor(q_tile, 16, GROUP, SW128)))
-                store_tuple(dp, qk(desc_v, descriptor(do_tile, 16, GROUP, SW128)))
-                # <<< exercise
+                if OVERLAP:  # (the build "overlap") both issued back to back, then awaited
+                    s_tile = qk_issue(desc_k, descriptor(q_tile, 16, GROUP, SW128))
+                    dp_tile = qk_issue(desc_v, descriptor(do_tile, 16, GROUP, SW128))
+                    store_tuple(s, wait_s(s_tile))
+                    store_tuple(dp, wait_last(dp_tile))
+                else:  # the shipped build: each product awaited before the next is issued
+                    pass  # (the block's statement while the exercise below is still to write)
+                    # >>> exercise 12-b: Sᵀ into s and dPᵀ into dp: a qk call each, the warpgroup's K (V) rows against the query tile of Q (dO)
+                    store_tuple(s, qk(desc_k, descriptor(q_tile, 16, GROUP, SW128)))
+                    store_tuple(dp, qk(desc_v, descriptor(do_tile, 16, GROUP, SW128)))
+                    # <<< exercise
 
                 # -- Pᵀ in place of Sᵀ, dSᵀ in place of dPᵀ: phase 11's step, on the same layout (column 2t
                 # (+1) of block j is query row m0 + 8 j + 2t (+1))

@@ -166,7 +166,8 @@ class Backward:
             return (kernel_id,)
         if kernel_id.startswith(f"{self.phase}-kv"):
             return (kernel_id, self.head_dim, self.dtype, "red.v2" if self.wide_red else "red",
-                    f"dS x{self.kv['DS_BUFFERS']}") + (("bulk dQ",) if self.dq_of_tiles is not None else ())
+                    f"dS x{self.kv['DS_BUFFERS']}") + (("bulk dQ",) if self.dq_of_tiles is not None else ()) \
+                + (("overlap",) if self.kv.get("OVERLAP") else ())  # phase 12's builds to A/B
         return (kernel_id, self.head_dim, self.dtype)
 
     def delta_grid(self, B: int, H: int, S_q: int) -> tuple:

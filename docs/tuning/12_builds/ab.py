@@ -1,34 +1,35 @@
-"""A/B of phase 12's backward with dQ added by per-pair reductions (the shipped build) and by one bulk
-reduction a 64 x 64 piece (the build "bulk dQ": p12_backward_wgmma.DqOfTiles), at the backward
-reference problems, both builds' Backward.run back to back in one process, six rounds in
-alternating order; their dQ, dK and dV compared first. From the repository root, on an H100:
+"""A/B of phase 12's backward builds: the shipped one ("red": dQ by per-pair reductions, Sᵀ and dPᵀ
+each awaited), "bulk" (dQ by one bulk reduction a 64 x 64 piece: p12_backward_wgmma.DqOfTiles),
+"overlap" (Sᵀ and dPᵀ issued back to back, awaited once) and both, at the backward reference
+problems, every build's Backward.run back to back in one process, six rounds in alternating order;
+their dQ, dK and dV compared with the shipped build's first. From the repository root, on an H100:
 
-    FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_bulk_dq/ab.py compile   # a process a kernel
-    FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_bulk_dq/ab.py time      # $OUT/bulk_dq_ab.json
+    FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_builds/ab.py compile   # a process a kernel
+    FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_builds/ab.py time      # $OUT/builds_ab.json
 """
 import json, math, os, sys, time
 import multiprocessing as mp
 
 PROBLEMS = [(16, 16, 2048, 64, False), (16, 16, 2048, 64, True), (16, 16, 2048, 128, False),
             (16, 16, 2048, 128, True)]
-BUILDS = {"red": False, "bulk": True}
+BUILDS = {"red": (False, False), "bulk": (True, False), "overlap": (False, True), "bulk+overlap": (True, True)}
 
 
 def compile_one(args):
-    D, bulk = args
+    D, (bulk, overlap) = args
     t0 = time.time()
     try:
         from numba.cuda.core import sigutils
         from flashcore_numba.arch.cache import cached_cubin
         from flashcore_numba.phases import p12_backward_wgmma as p12
         from flashcore_numba.phases.p11_backward import views_of
-        bw = p12.build(D, "float16", bulk_dq=bulk)
+        bw = p12.build(D, "float16", bulk_dq=bulk, overlap=overlap)
         for kernel_id, view in views_of(bw).items():
             argtypes, _ = sigutils.normalize_signature(view.types)
             cached_cubin(view.kernel, argtypes, bw.cache_id(kernel_id), (9, 0))
-        return D, bulk, round(time.time() - t0, 1), "ok"
+        return D, bulk, overlap, round(time.time() - t0, 1), "ok"
     except Exception as e:
-        return D, bulk, round(time.time() - t0, 1), repr(e)[:300]
+        return D, bulk, overlap, round(time.time() - t0, 1), repr(e)[:300]
 
 
 def compile_all():
@@ -63,8 +64,8 @@ def time_all():
         lse = lse.float().contiguous()
         scale = 1 / math.sqrt(D)
         grads, calls = {}, {}
-        for name, bulk in BUILDS.items():
-            bw = p12.build(D, "float16", bulk_dq=bulk)
+        for name, (bulk, overlap) in BUILDS.items():
+            bw = p12.build(D, "float16", bulk_dq=bulk, overlap=overlap)
             dq = torch.empty(B, H, S, D, device="cuda", dtype=torch.float32)
             dk, dv = torch.empty_like(k), torch.empty_like(v)
             delta = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
@@ -76,10 +77,12 @@ def time_all():
             call(); torch.cuda.synchronize()
             grads[name] = (dq.clone(), dk.clone(), dv.clone())
             calls[name] = call
-        errs = [(a.float() - b.float()).abs().max().item() for a, b in zip(grads["red"], grads["bulk"])]
-        print(f"B={B} H={H} S={S} D={D} causal={causal}: bulk vs red, max |diff| dq {errs[0]:.2e} dk {errs[1]:.2e} "
-              f"dv {errs[2]:.2e}", flush=True)
-        ok = all(e < 2e-2 for e in errs)
+        ok = True
+        for name in list(BUILDS)[1:]:
+            errs = [(a.float() - b.float()).abs().max().item() for a, b in zip(grads["red"], grads[name])]
+            print(f"B={B} H={H} S={S} D={D} causal={causal}: {name} vs red, max |diff| dq {errs[0]:.2e} "
+                  f"dk {errs[1]:.2e} dv {errs[2]:.2e}", flush=True)
+            ok = ok and all(e < 2e-2 for e in errs)
         got = {n: [] for n in calls}
         for r in range(6):
             for n in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
@@ -90,10 +93,10 @@ def time_all():
             rows.append(dict(B=B, H=H, S=S, D=D, causal=causal, build=n, ms=round(med[n], 4),
                              spread_ms=round(max(got[n]) - min(got[n]), 4), tflops=round(flops / med[n] / 1e9, 1),
                              vs_red=round(med["red"] / med[n], 3), agrees=ok, runs_ms=[round(x, 4) for x in got[n]]))
-            print(f"   {n:5s} {med[n]:.3f} ms  {flops / med[n] / 1e9:6.1f} TFLOPS  {med['red'] / med[n]:.3f}x red", flush=True)
+            print(f"   {n:12s} {med[n]:.3f} ms  {flops / med[n] / 1e9:6.1f} TFLOPS  {med['red'] / med[n]:.3f}x red", flush=True)
     gpu = torch.cuda.get_device_name()
     json.dump(dict(gpu=gpu, commit=os.environ.get("FLASHCORE_GIT_COMMIT"), rows=rows),
-              open(os.path.join(os.environ.get("OUT", "."), "bulk_dq_ab.json"), "w"), indent=1)
+              open(os.path.join(os.environ.get("OUT", "."), "builds_ab.json"), "w"), indent=1)
 
 
 if __name__ == "__main__":
