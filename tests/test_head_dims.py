@@ -166,7 +166,8 @@ def test_compile_lists_each_phase_at_the_head_dims_it_takes():
     assert ("07", 96, "float16") in items and ("07-varlen", 96, "float16") in items
     assert ("09", 96, "float16") in items and ("09", 160, "float16") in items
     assert ("10", 128, "float16") in items and ("10", 160, "float16") in items and ("10-kvcache", 96, "float16") in items
-    assert ("11", 128, "float16") in items and ("11", 96, "float16") not in items
+    # the backward's kernels build up to 128 (attention()'s autograd runs 64 and 128 so far)
+    assert ("11", 96, "float16") in items and ("11", 160, "float16") not in items
 
 
 # ---------------------------------------------------------------------------------------------

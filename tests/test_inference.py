@@ -110,7 +110,7 @@ def _errors(**changes):
     (dict(block_table=np.array([[0, 1], [2, 3]], np.int64)), TypeError, "block_table"),
     (dict(block_table=np.zeros((3, 2), np.int32)), ValueError, "block_table"),
     (dict(q=np.zeros((2, 1, 3, 64), np.float16)), ValueError, "k_cache"),
-    (dict(q=np.zeros((2, 1, 4, 96), np.float16)), ValueError, "q"),
+    (dict(q=np.zeros((2, 1, 4, 100), np.float16)), ValueError, "q"),  # no phase takes D = 100
     (dict(q=np.zeros((2, 1, 4, 64), np.float32)), TypeError, "q"),
     (dict(v_cache=np.zeros((3, 16, 2, 64), np.float16)), ValueError, "v_cache"),
     (dict(k_cache=np.zeros((20, 24, 2, 64), np.float16), v_cache=np.zeros((20, 24, 2, 64), np.float16)),
