@@ -66,7 +66,8 @@ def test_wgmma_backward_over_several_blocks_and_tiles(deterministic):
 
 
 @pytest.mark.parametrize("D, shape, seq_k, heads_kv, causal, dtype", [
-    pytest.param(64, (1, 4, 150, 64), 140, 2, True, "float16", id="D=64 GQA 2 causal: a tile's second piece past the rows"),
+    pytest.param(64, (1, 4, 150, 64), 140, 2, True, "float16", id="D=64 GQA 2 causal: a tile's second piece past the rows",
+                 marks=pytest.mark.slow),
     pytest.param(128, (2, 2, 70, 128), 200, 1, False, "bfloat16", id="D=128 MQA bf16: pieces by columns"),
     pytest.param(96, (1, 2, 19, 96), 23, 1, True, "float16", id="D=96 rounded up", marks=pytest.mark.slow),
 ])
@@ -92,15 +93,17 @@ def test_the_bulk_dq_build_matches_the_reference_gradients(D, shape, seq_k, head
         gradients_close(got, *want)
 
 
-@pytest.mark.parametrize("D, bulk_dq", [pytest.param(64, True, id="D=64 with bulk dQ"),
-                                        pytest.param(128, False, id="D=128", marks=pytest.mark.slow)])
-def test_the_overlap_build_matches_the_reference_gradients(D, bulk_dq):
+@pytest.mark.parametrize("D, bulk_dq, S", [pytest.param(64, True, 30, id="D=64 with bulk dQ"),
+                                           pytest.param(64, True, 150, id="D=64 with bulk dQ, 2 tiles",
+                                                        marks=pytest.mark.slow),
+                                           pytest.param(128, False, 150, id="D=128", marks=pytest.mark.slow)])
+def test_the_overlap_build_matches_the_reference_gradients(D, bulk_dq, S):
     """The build "overlap": Sᵀ and dPᵀ issued back to back (qk_issue) and handed back by wait_s and
     wait_last; with atomics and deterministic, GQA 2, causal with tails (at D = 64 with bulk dQ too)."""
     from flashcore_numba.phases import p12_backward_wgmma as p12
 
     assert p12.build(D, overlap=True).cache_id("12-kv")[-1] == "overlap"
-    q, k, v = (round_to(x, "float16") for x in random_qkv((1, 4, 150, D), 140, heads_kv=2, dtype=np.float32))
+    q, k, v = (round_to(x, "float16") for x in random_qkv((1, 4, S, D), S - 10, heads_kv=2, dtype=np.float32))
     do = round_to(np.random.default_rng().standard_normal(q.shape), "float16")
     o, lse = reference_attention(q, k, v, causal=True, scale=0.3), reference_lse(q, k, causal=True, scale=0.3)
     want = both_references(q, k, v, do, causal=True, scale=0.3)
