@@ -68,8 +68,9 @@ def test_wgmma_backward_over_several_blocks_and_tiles(deterministic):
 @pytest.mark.parametrize("D, shape, seq_k, heads_kv, causal, dtype", [
     pytest.param(64, (1, 4, 150, 64), 140, 2, True, "float16", id="D=64 GQA 2 causal: a tile's second piece past the rows",
                  marks=pytest.mark.slow),
-    pytest.param(128, (2, 2, 70, 128), 200, 1, False, "bfloat16", id="D=128 MQA bf16: pieces by columns"),
-    pytest.param(96, (1, 2, 19, 96), 23, 1, True, "float16", id="D=96 rounded up", marks=pytest.mark.slow),
+    pytest.param(128, (2, 2, 70, 128), 200, 1, False, "bfloat16", id="D=128 MQA bf16: pieces by columns",
+                 marks=pytest.mark.slow),
+    pytest.param(96, (1, 2, 19, 96), 23, 1, True, "float16", id="D=96 rounded up: pieces by columns"),
 ])
 def test_the_bulk_dq_build_matches_the_reference_gradients(D, shape, seq_k, heads_kv, causal, dtype):
     """The build "bulk dQ" (DqOfTiles): each warpgroup's 64 x 64 piece of dQ staged in shared
