@@ -542,3 +542,13 @@ def test_course_map_says_where_each_committed_notebook_ran():
     readme = (LESSONS / "README.md").read_text(encoding="utf-8")
     assert expected is not None and re.sub(r"\s+", " ", expected) in re.sub(r"\s+", " ", readme), (
         f"lessons/README.md should say where the committed notebooks ran: {expected!r}")
+
+
+def test_a_stream_split_into_messages_reads_as_one_text():
+    """A busy kernel may send one print's stdout in several messages; the listing checks compare the
+    text a reader sees, so consecutive messages of one stream are one text (stderr stays apart)."""
+    out = [{"output_type": "stream", "name": "stdout", "text": "The solution:"},
+           {"output_type": "stream", "name": "stdout", "text": "\nline\n"},
+           {"output_type": "stream", "name": "stderr", "text": "a warning\n"},
+           {"output_type": "execute_result", "data": {"text/plain": "42"}}]
+    assert lessons.plain_text(out) == ["The solution:\nline", "a warning", "42"]

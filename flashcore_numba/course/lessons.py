@@ -332,12 +332,20 @@ def is_listing(cell) -> bool:
 
 
 def plain_text(outputs) -> list[str]:
-    """The text a reader sees of a cell's outputs: each one's plain-text form (or printed text)."""
-    texts = []
+    """The text a reader sees of a cell's outputs: each one's plain-text form (or printed text). A
+    stream the kernel sent in several messages (a busy machine splits a cell's stdout where it
+    pleases, even mid-line) is one text, as the reader sees it."""
+    texts, stream = [], None
     for output in outputs:
         text = output.get("text", output.get("data", {}).get("text/plain", ""))
-        texts.append(("".join(text) if isinstance(text, list) else text).rstrip("\n"))
-    return texts
+        text = "".join(text) if isinstance(text, list) else text
+        name = output.get("name") if output.get("output_type") == "stream" else None
+        if name is not None and name == stream:
+            texts[-1] += text
+        else:
+            texts.append(text)
+        stream = name
+    return [text.rstrip("\n") for text in texts]
 
 
 def refresh_listings(sources=None, timeout: int = 600) -> list[str]:
