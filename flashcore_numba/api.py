@@ -34,7 +34,8 @@ from .phases import (PHASES, VARIANTS, build, cc_reason, get_phase, head_dims_te
                      supports_head_dim, supports_lse, supports_value_dim, unsupported_head_dim)
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E
-from .phases.p11_backward import HEAD_DIMS as BACKWARD_HEAD_DIMS
+from .phases.p11_backward import HEAD_DIMS_TEXT as BACKWARD_HEAD_DIMS_TEXT
+from .phases.p11_backward import runs_head_dim as backward_runs_head_dim
 from .reference import default_scale
 from .runtime import torch_ops  # the torch glue (it calls back into this module: torch_call)
 from .runtime.inputs import current_stream, describe, is_torch, torch_module, torch_to_kernel
@@ -159,11 +160,11 @@ def require_backward(phase, device=None, head_dim=None, value_dim=None) -> None:
     tensors' device given, a phase that passed for it once is not asked about again (the question
     costs about 9 us of Numba's device queries, docs/tuning/call_path.md run 11). Where a phase
     without the LSE slipped through, the forward's validation (return_lse) still refuses it. With
-    `head_dim`, it must be one the backward is built for (BACKWARD_HEAD_DIMS), and v's (`value_dim`)
-    the same."""
-    if head_dim is not None and head_dim not in BACKWARD_HEAD_DIMS:
-        raise ValueError(f"q: requires grad, but the backward is built for head dims "
-                         f"{' and '.join(map(str, BACKWARD_HEAD_DIMS))}, not {head_dim} (the forward takes it); "
+    `head_dim`, it must be one the backward builds (phases 11 and 12: any multiple of 8 up to 128),
+    and v's (`value_dim`) the same."""
+    if head_dim is not None and not backward_runs_head_dim(head_dim):
+        raise ValueError(f"q: requires grad, but the backward takes head dims {BACKWARD_HEAD_DIMS_TEXT}, "
+                         f"not {head_dim} (the forward takes it); "
                          f"call it under torch.no_grad() for the forward alone")
     if value_dim is not None and head_dim is not None and value_dim != head_dim:
         raise ValueError(f"v: requires grad, but the backward takes one head dim for q, k and v, not {head_dim} "

@@ -267,6 +267,8 @@ GPU_CASES = [
     pytest.param((2, 4, 300, 64), 300, 4, True, "float16", id="D=64 causal fp16"),
     pytest.param((1, 4, 200, 128), 450, 2, False, "bfloat16", id="D=128 GQA 2 S_q<S_k bf16"),
     pytest.param((1, 2, 130, 64), 70, 1, True, "float16", id="MQA causal S_q>S_k"),
+    pytest.param((2, 4, 260, 96), 333, 2, True, "float16", id="D=96 GQA 2 causal fp16"),
+    pytest.param((1, 4, 150, 40), 150, 4, False, "bfloat16", id="D=40 bf16"),
 ]
 
 

@@ -128,12 +128,16 @@ def test_a_head_dim_no_phase_takes_is_refused_by_name(D, phase, message):
 
 
 def test_the_backward_refuses_other_head_dims_before_the_forward():
+    """attention()'s autograd takes what phases 11 and 12 build, any multiple of 8 up to 128; past
+    it (or off the multiples of 8) a call that needs gradients is refused before its forward."""
     from flashcore_numba import api
 
-    with pytest.raises(ValueError, match="q: requires grad, but the backward is built for head dims 64 and 128, not "
-                                         "96 .*torch.no_grad"):
-        api.require_backward("best", None, 96)
-    api.require_backward("best", None, 128)
+    for D in (136, 256, 100):
+        with pytest.raises(ValueError, match=f"q: requires grad, but the backward takes head dims any multiple of 8 "
+                                             f"from 8 to 128, not {D} .*torch.no_grad"):
+            api.require_backward("best", None, D)
+    for D in (8, 40, 96, 128):
+        api.require_backward("best", None, D)
 
 
 @pytest.mark.parametrize("D, phase", [(80, "09"), (200, "09")])
@@ -252,7 +256,7 @@ def test_the_head_dims_the_backward_builds():
     assert [D for D in range(1, 300) if p11.runs_head_dim(D)] == list(range(8, 129, 8))
     L = p11.layout(96, 8, 64, 2)
     assert (L["D_TILE"], L["CHUNKS"], L["GLOBAL_CHUNKS"], L["ND"], L["KD"]) == (128, 16, 12, 16, 8)
-    assert p11.HEAD_DIMS == (64, 128)  # what attention()'s autograd runs so far
+    assert p11.HEAD_DIMS == (64, 128)  # the course's (its lesson and exercise)
 
 
 @pytest.mark.parametrize("D, causal, deterministic", [
