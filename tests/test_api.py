@@ -474,3 +474,26 @@ def test_lse_merges_attention_over_two_key_ranges():
     lse = np.logaddexp(l1, l2)
     merged = np.exp(l1 - lse)[..., None] * o1.astype(np.float64) + np.exp(l2 - lse)[..., None] * o2
     np.testing.assert_allclose(merged, whole, atol=2e-3)
+
+
+@pytest.mark.parametrize("D, phase", [(80, "09"), (200, "09")])
+def test_varlen_runs_other_head_dims_on_the_newest_phase_built_for_them(D, phase):
+    """(In this module, not test_head_dims.py, whose tests a child pytest runs on the second core: it
+    is the longer of the two halves of the default run.) attention_varlen at D = 80 on phase 09 (rounded up to its 128-column tiles), at D = 200 (its
+    256-column tiles, 64 keys a tile), an empty sequence beside the others."""
+    from flashcore_numba.inference import _varlen_phase, attention_varlen
+    from flashcore_numba.reference import reference_varlen
+
+    rng = np.random.default_rng()
+    lengths = [19, 0, 34]
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    q = rng.standard_normal((int(cu[-1]), 2, D)).astype(np.float16)
+    k = rng.standard_normal((int(cu[-1]), 1, D)).astype(np.float16)
+    v = rng.standard_normal((int(cu[-1]), 1, D)).astype(np.float16)
+    assert _varlen_phase("best", D) == phase
+    out = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+    ref, _, lowp = reference_varlen(q, k, v, cu, cu, causal=True, lowp_dtype=np.float16)
+    verdict = check_close(out, ref, lowp)
+    assert verdict.ok, verdict.message
+    out07 = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True, phase="07")
+    assert check_close(out07, ref, lowp).ok
