@@ -978,8 +978,10 @@ def backward_measured_lines(records, phase_id: str = "11") -> list[str]:
     """A backward phase's "Measured effect" block (11, or 12: its rows in the same records), from the
     backward records (docs/bench/backward/): per GPU, then per problem, the backward's TFLOPS with
     atomics and deterministic, and its share of SDPA flash's (phase 12's also of phase 11's, in the
-    same run). The commit is the record's, not the docstring's."""
-    records = [r for r in records if any(x["name"] == phase_id and x.get("tflops") for x in r["results"])]
+    same run). The commit is the record's, not the docstring's. The reference problems' head dims
+    only (HEADLINE_HEAD_DIMS): the records at other head dims are docs/performance.md's."""
+    records = [r for r in records if r["config"]["D"] in HEADLINE_HEAD_DIMS
+               and any(x["name"] == phase_id and x.get("tflops") for x in r["results"])]
     if not records:
         return [DOCSTRING_INDENT + NOT_MEASURED]
     parts, files = [], []

@@ -207,10 +207,11 @@ def _dq_of_tiles_kernel(ACC, DQ):
 
 def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_dq: bool = False,
           overlap: bool = False) -> Backward:
-    """Phase 11's Backward with this phase's kv_kernel, for head dim 64 or 128; cc, if given, must
-    be Hopper's (9, 0): wgmma runs nowhere else. Two builds to A/B (docs/tuning/12_history.md), not
-    yet what attention() runs: bulk_dq, dQ by bulk reductions (DqOfTiles); overlap, Sᵀ and dPᵀ
-    issued back to back and awaited once (qk_issue, wait_s, wait_last)."""
+    """Phase 11's Backward with this phase's kv_kernel, for any head dim runs_head_dim takes; cc, if
+    given, must be Hopper's (9, 0): wgmma runs nowhere else. Two builds that the A/B did not make
+    what attention() runs (docs/tuning/12_history.md, "The A/B of the four builds"): bulk_dq, dQ by
+    bulk reductions (DqOfTiles), slower; overlap, Sᵀ and dPᵀ issued back to back and awaited once
+    (qk_issue, wait_s, wait_last), level."""
     if not runs_head_dim(HEAD_DIM):
         raise ValueError(f"head dim: the backward is built for multiples of 8 up to 128, not {HEAD_DIM}")
     if cc is not None and tuple(cc)[:2] != MIN_CC:

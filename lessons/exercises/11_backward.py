@@ -43,8 +43,9 @@ from flashcore_numba.phases.p07_mma_sync import MMA_K, PAD, make_copy_tile, unro
 ID = "11"
 NAME = "backward"
 TITLE = "The backward pass: dQ, dK and dV recomputed from the log-sum-exp"
-HEAD_DIMS = (64, 128)  # the course's head dims, and what attention()'s autograd runs here
+HEAD_DIMS = (64, 128)  # the course's head dims
 MAX_HEAD_DIM = 128  # the kernels build any multiple of 8 up to this, on 64- or 128-column tiles (tile_head_dim)
+HEAD_DIMS_TEXT = "any multiple of 8 from 8 to 128"  # what attention()'s autograd takes (runs_head_dim)
 DTYPES = ("float16", "bfloat16")
 MIN_CC = (8, 0)
 BACKWARD = True  # its exercise is graded by its gradients (course/grade_backward.py), not by an output

@@ -6,6 +6,7 @@ their dQ, dK and dV compared with the shipped build's first. From the repository
 
     FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_builds/ab.py compile   # a process a kernel
     FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_builds/ab.py time      # $OUT/builds_ab.json
+    python3 docs/tuning/12_builds/ab.py table   # builds_ab.json beside this file, as 12_history.md shows it
 """
 import json, math, os, sys, time
 import multiprocessing as mp
@@ -99,6 +100,21 @@ def time_all():
               open(os.path.join(os.environ.get("OUT", "."), "builds_ab.json"), "w"), indent=1)
 
 
+def table(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "builds_ab.json")):
+    """The record as a Markdown table: a row a problem, each build's median ms and its speed over red."""
+    record = json.load(open(path))
+    builds = list(BUILDS)
+    lines = [f"{record['gpu']}, commit {record['commit']}: median ms of six rounds (speed over red)", "",
+             "| problem | " + " | ".join(builds) + " |", "|---" * (len(builds) + 1) + "|"]
+    problems = sorted({(r["B"], r["H"], r["S"], r["D"], r["causal"]) for r in record["rows"]}, key=lambda p: (p[3], p[4]))
+    for B, H, S, D, causal in problems:
+        cells = {r["build"]: r for r in record["rows"] if (r["B"], r["H"], r["S"], r["D"], r["causal"]) == (B, H, S, D, causal)}
+        row = [f"{cells[b]['ms']:.3f} ({cells[b]['vs_red']:.2f}x)" + ("" if cells[b]["agrees"] else " differs")
+               for b in builds]
+        lines.append(f"| B{B} H{H} S{S} D{D}{' causal' if causal else ''} | " + " | ".join(row) + " |")
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.getcwd())
-    compile_all() if sys.argv[1] == "compile" else time_all()
+    {"compile": compile_all, "time": time_all, "table": table}[sys.argv[1]]()
