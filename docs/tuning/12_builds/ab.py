@@ -7,6 +7,11 @@ their dQ, dK and dV compared with the shipped build's first. From the repository
     FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_builds/ab.py compile   # a process a kernel
     FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_builds/ab.py time      # $OUT/builds_ab.json
     python3 docs/tuning/12_builds/ab.py table   # builds_ab.json beside this file, as 12_history.md shows it
+
+and under ncu, one backward of phase 12 (shipped build) or of SDPA's cuDNN backend between
+cudaProfilerStart and Stop, after a warm-up (`ncu --profile-from-start off ...`):
+
+    python3 docs/tuning/12_builds/ab.py profile 128 12       # or: profile 128 cudnn
 """
 import json, math, os, sys, time
 import multiprocessing as mp
@@ -100,6 +105,43 @@ def time_all():
               open(os.path.join(os.environ.get("OUT", "."), "builds_ab.json"), "w"), indent=1)
 
 
+def profile(D, who, B=16, H=16, S=2048, causal=False):
+    """One backward at B, H, S, D of phase 12 (its Backward.run) or of SDPA's cuDNN backend, inside
+    cudaProfilerStart/Stop, after two unprofiled ones."""
+    import torch
+    from numba import cuda
+    from flashcore_numba import attention
+    from flashcore_numba.phases import p12_backward_wgmma as p12
+    D = int(D)
+    q, k, v = (torch.randn(B, H, S, D, device="cuda").half() for _ in range(3))
+    do = torch.randn_like(q)
+    if who == "12":
+        out, lse = attention(q, k, v, causal=causal, return_lse=True)
+        bw = p12.build(D, "float16")
+        dq = torch.empty(B, H, S, D, device="cuda", dtype=torch.float32)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        delta = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
+        a = [cuda.as_cuda_array(x) for x in (q, k, v, out, do, lse.float().contiguous(), dq, dk, dv, delta)]
+
+        def call():
+            bw.run(*a[:9], causal, 1 / math.sqrt(D), delta=a[9])
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        def call():
+            torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    for _ in range(2):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def table(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "builds_ab.json")):
     """The record as a Markdown table: a row a problem, each build's median ms and its speed over red."""
     record = json.load(open(path))
@@ -117,4 +159,4 @@ def table(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "builds_
 
 if __name__ == "__main__":
     sys.path.insert(0, os.getcwd())
-    {"compile": compile_all, "time": time_all, "table": table}[sys.argv[1]]()
+    {"compile": compile_all, "time": time_all, "table": table, "profile": profile}[sys.argv[1]](*sys.argv[2:])
