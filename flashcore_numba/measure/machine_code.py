@@ -53,19 +53,19 @@ REPORT_KEYS = ("registers", "spill_store_bytes", "spill_load_bytes", "stack_fram
 # Compile and assemble
 # ---------------------------------------------------------------------------------------------
 # the backward's kernels (no forward kernel: phases.LESSONS): phase 11's, and phase 12's kv_kernel on wgmma
-BACKWARD_KERNELS = ("11-kv", "11-kv-serial", "11-delta", "11-sum", "12-kv", "12-kv-serial")
+BACKWARD_KERNELS = ("11-kv", "11-kv-serial", "11-delta", "11-sum", "12-kv", "12-kv-serial", "13-kv")
 
 
 def kernel_config(kernel_id: str, head_dim: int, dtype: str = "float16"):
     """What compiles a kernel id: a forward kernel's KernelConfig ("07", "06-inline"), or one of the
     backward's kernels ("11-kv", "11-kv-serial", "11-delta", "11-sum": p11_backward.kernel_views;
-    "12-kv", "12-kv-serial": p12_backward_wgmma.kernel_views)."""
+    "12-kv", "12-kv-serial": p12_backward_wgmma.kernel_views; "13-kv": p13_backward_ws's, in progress)."""
     from ..phases import build, get_phase
 
     if kernel_id in BACKWARD_KERNELS:
-        from ..phases import p11_backward, p12_backward_wgmma
+        from ..phases import p11_backward, p12_backward_wgmma, p13_backward_ws
 
-        phase = p12_backward_wgmma if kernel_id.startswith("12-") else p11_backward
+        phase = {"12": p12_backward_wgmma, "13": p13_backward_ws}.get(kernel_id[:2], p11_backward)
         return phase.kernel_views(head_dim, dtype)[kernel_id]
     return build(get_phase(kernel_id), head_dim, dtype)
 

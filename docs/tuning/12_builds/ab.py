@@ -1,51 +1,63 @@
 """A/B of phase 12's backward builds: the shipped one ("red": dQ by per-pair reductions, Sᵀ and dPᵀ
 each awaited), "bulk" (dQ by one bulk reduction a 64 x 64 piece: p12_backward_wgmma.DqOfTiles),
-"overlap" (Sᵀ and dPᵀ issued back to back, awaited once) and both, at the backward reference
-problems, every build's Backward.run back to back in one process, six rounds in alternating order;
+"overlap" (Sᵀ and dPᵀ issued back to back, awaited once), both, and "ws" (phase 13 in progress:
+phase 12's kernel fed by a TMA producer warpgroup), at the backward reference problems, every build's Backward.run back to back in one process, six rounds in alternating order;
 their dQ, dK and dV compared with the shipped build's first. From the repository root, on an H100:
 
     FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_builds/ab.py compile   # a process a kernel
     FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_builds/ab.py time      # $OUT/builds_ab.json
     python3 docs/tuning/12_builds/ab.py table   # builds_ab.json beside this file, as 12_history.md shows it
 
-and under ncu, one backward of phase 12 (shipped build) or of SDPA's cuDNN backend between
+`compile red,ws` and `time red,ws` take the builds named (red first); AB_RECORD names the JSON file.
+
+and under ncu, one backward of phase 12 (shipped build), of phase 13 or of SDPA's cuDNN backend between
 cudaProfilerStart and Stop, after a warm-up (`ncu --profile-from-start off ...`):
 
-    python3 docs/tuning/12_builds/ab.py profile 128 12       # or: profile 128 cudnn
+    python3 docs/tuning/12_builds/ab.py profile 128 12       # or: profile 128 13, profile 128 cudnn
 """
 import json, math, os, sys, time
 import multiprocessing as mp
 
 PROBLEMS = [(16, 16, 2048, 64, False), (16, 16, 2048, 64, True), (16, 16, 2048, 128, False),
             (16, 16, 2048, 128, True)]
-BUILDS = {"red": (False, False), "bulk": (True, False), "overlap": (False, True), "bulk+overlap": (True, True)}
+BUILDS = {"red": (False, False), "bulk": (True, False), "overlap": (False, True), "bulk+overlap": (True, True),
+          "ws": "13"}  # ws: phase 13 (p13_backward_ws, in progress), phase 12's kernel fed by a TMA producer
+
+
+def backward_of(name, D):
+    """The Backward of build `name` at head dim D, fp16."""
+    from flashcore_numba.phases import p12_backward_wgmma as p12, p13_backward_ws as p13
+    if BUILDS[name] == "13":
+        return p13.build(D, "float16")
+    bulk, overlap = BUILDS[name]
+    return p12.build(D, "float16", bulk_dq=bulk, overlap=overlap)
 
 
 def compile_one(args):
-    D, (bulk, overlap) = args
+    D, name = args
     t0 = time.time()
     try:
         from numba.cuda.core import sigutils
         from flashcore_numba.arch.cache import cached_cubin
         from flashcore_numba.phases import p12_backward_wgmma as p12
         from flashcore_numba.phases.p11_backward import views_of
-        bw = p12.build(D, "float16", bulk_dq=bulk, overlap=overlap)
+        bw = backward_of(name, D)
         for kernel_id, view in views_of(bw).items():
             argtypes, _ = sigutils.normalize_signature(view.types)
             cached_cubin(view.kernel, argtypes, bw.cache_id(kernel_id), (9, 0))
-        return D, bulk, overlap, round(time.time() - t0, 1), "ok"
+        return D, name, round(time.time() - t0, 1), "ok"
     except Exception as e:
-        return D, bulk, overlap, round(time.time() - t0, 1), repr(e)[:300]
+        return D, name, round(time.time() - t0, 1), repr(e)[:300]
 
 
-def compile_all():
-    jobs = [(D, b) for D in (64, 128) for b in BUILDS.values()]
+def compile_all(names=",".join(BUILDS)):
+    jobs = [(D, n) for D in (64, 128) for n in names.split(",")]
     with mp.get_context("spawn").Pool(len(jobs)) as pool:
         for r in pool.imap_unordered(compile_one, jobs):
             print("compiled", r, flush=True)
 
 
-def time_all():
+def time_all(names=",".join(BUILDS)):
     import numpy as np
     import torch
     from numba import cuda
@@ -70,8 +82,8 @@ def time_all():
         lse = lse.float().contiguous()
         scale = 1 / math.sqrt(D)
         grads, calls = {}, {}
-        for name, (bulk, overlap) in BUILDS.items():
-            bw = p12.build(D, "float16", bulk_dq=bulk, overlap=overlap)
+        for name in names.split(","):
+            bw = backward_of(name, D)
             dq = torch.empty(B, H, S, D, device="cuda", dtype=torch.float32)
             dk, dv = torch.empty_like(k), torch.empty_like(v)
             delta = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
@@ -84,7 +96,7 @@ def time_all():
             grads[name] = (dq.clone(), dk.clone(), dv.clone())
             calls[name] = call
         ok = True
-        for name in list(BUILDS)[1:]:
+        for name in list(calls)[1:]:
             errs = [(a.float() - b.float()).abs().max().item() for a, b in zip(grads["red"], grads[name])]
             print(f"B={B} H={H} S={S} D={D} causal={causal}: {name} vs red, max |diff| dq {errs[0]:.2e} "
                   f"dk {errs[1]:.2e} dv {errs[2]:.2e}", flush=True)
@@ -102,7 +114,8 @@ def time_all():
             print(f"   {n:12s} {med[n]:.3f} ms  {flops / med[n] / 1e9:6.1f} TFLOPS  {med['red'] / med[n]:.3f}x red", flush=True)
     gpu = torch.cuda.get_device_name()
     json.dump(dict(gpu=gpu, commit=os.environ.get("FLASHCORE_GIT_COMMIT"), rows=rows),
-              open(os.path.join(os.environ.get("OUT", "."), "builds_ab.json"), "w"), indent=1)
+              open(os.path.join(os.environ.get("OUT", "."), os.environ.get("AB_RECORD", "builds_ab.json")), "w"),
+              indent=1)
 
 
 def profile(D, who, B=16, H=16, S=2048, causal=False):
@@ -115,9 +128,9 @@ def profile(D, who, B=16, H=16, S=2048, causal=False):
     D = int(D)
     q, k, v = (torch.randn(B, H, S, D, device="cuda").half() for _ in range(3))
     do = torch.randn_like(q)
-    if who == "12":
+    if who in ("12", "13"):
         out, lse = attention(q, k, v, causal=causal, return_lse=True)
-        bw = p12.build(D, "float16")
+        bw = backward_of("red" if who == "12" else "ws", D)
         dq = torch.empty(B, H, S, D, device="cuda", dtype=torch.float32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         delta = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
@@ -142,10 +155,11 @@ def profile(D, who, B=16, H=16, S=2048, causal=False):
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def table(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "builds_ab.json")):
+def table(name="builds_ab.json"):
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
     """The record as a Markdown table: a row a problem, each build's median ms and its speed over red."""
     record = json.load(open(path))
-    builds = list(BUILDS)
+    builds = [b for b in BUILDS if any(r["build"] == b for r in record["rows"])]
     lines = [f"{record['gpu']}, commit {record['commit']}: median ms of six rounds (speed over red)", "",
              "| problem | " + " | ".join(builds) + " |", "|---" * (len(builds) + 1) + "|"]
     problems = sorted({(r["B"], r["H"], r["S"], r["D"], r["causal"]) for r in record["rows"]}, key=lambda p: (p[3], p[4]))

@@ -1,0 +1,325 @@
+"""Phase 13 (in progress) — the backward warp-specialized: a TMA producer feeds the wgmma consumers.
+
+Not yet a rung of the course nor what attention()'s autograd runs: a build to A/B against phase 12
+(docs/tuning/12_history.md, "The A/B of the four builds", and issue "phase 13"). Its lesson,
+exercise and records come once it is the faster.
+
+What changed from phase 12
+    Phase 12's block is two warpgroups that do everything: each thread issues its share of the
+    cp.async copies of the next query tile (Q and dO), waits for its own, and the block meets at
+    a barrier before the tensor cores may read them. Here a third warpgroup, the *producer*
+    (warpgroup 0), does the copying, and phase 09's machinery carries it over to the backward:
+    - one thread of the producer loads the block's K and V (once) and then each query tile's Q
+      and dO by TMA (ptx/tma.ptx, boxes of 64 rows x 64 columns into phase 08's swizzled atoms:
+      the layout phase 12's copies made by hand), into a ring of two stages guarded by mbarriers:
+      "full" (the tile's bytes landed) and "empty" (every consumer thread is done with it);
+    - the consumers (warpgroups 1 and 2, phase 12's two) run phase 12's products and elementwise
+      step unchanged; they release a stage as soon as dK's product has read Q (before dQ), so the
+      producer refills it while they compute dQ;
+    - the barriers between the consumers (dSᵀ stored, the tile done) are named barriers of their
+      256 threads: the producer never waits at them;
+    - registers follow the work, as in phase 09: the producer drops to 24 (setmaxnreg.dec), the
+      consumers rise to 240.
+    The serial build (deterministic=True) is phase 12's.
+
+Why the hardware should reward it
+    A TMA load is one instruction for 8 KB, issued by one thread, and the copy engine swizzles,
+    zero-fills the rows past the sequence and the columns past D, and counts the bytes on the
+    mbarrier: the consumers spend no instructions or registers on addresses, and no consumer waits
+    at a block barrier for the slowest thread's copies. What it costs: the consumers' 240
+    registers (phase 12 has 255 a thread), and the mbarrier handshakes.
+
+Measured effect
+    Not measured yet.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from numba import cuda, float32, int32, uint32, uint64
+
+from ..arch import operands, ptx
+from ..arch.sim import simulator_enabled
+from .common import LOG2E, PTX_TYPE, make_pack_a, zero_tiles
+from .p08_wgmma import ATOM, GROUP, ROW, WG_M
+from .p11_backward import (DTYPES, Backward, build_delta_kernel, first_row, load_row_stats, make_p_and_ds,
+                           make_red_pair, make_store_dk_dv, row_stats, run_on_host, runs_head_dim, tile_count)
+from .p12_backward_wgmma import WARPGROUPS, build_kv_kernel, layout, query_rows
+
+ID = "13"
+NAME = "backward_ws"
+TITLE = "The backward warp-specialized: a TMA producer warpgroup feeds the wgmma consumers"
+MIN_CC = MAX_CC = (9, 0)  # wgmma, TMA, setmaxnreg: Hopper alone (sm_90a)
+BACKWARD = True
+
+CONSUMER_BAR = 1  # the named barrier of the consumers' 256 threads (0 is the block's)
+CONSUMER_REGISTERS = 240  # what the block's 65536 leave the consumers once the producer is down to 24
+STAGES = 2  # the ring of query tiles (Q and dO)
+
+
+def layout_ws(HEAD_DIM: int) -> dict:
+    """Phase 12's layout, and this build's: the threads of three warpgroups, and the mbarriers
+    after the rest of shared memory: kv_full (K and V landed), then full[s] and empty[s] of each
+    stage of the ring."""
+    L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM))
+    L["WS_THREADS"] = 128 * (WARPGROUPS + 1)
+    L["LAUNCH_BOUNDS"] = (L["WS_THREADS"], 1)  # one block per SM: 65536 / 384 = 168 registers at launch
+    L["BARS_OFF"] = L["SMEM_BYTES"]
+    L["SMEM_BYTES"] += 8 * (1 + 2 * STAGES)
+    L["KV_BYTES"] = 2 * L["OWN_ROWS"] * L["D_TILE"] * 2  # K and V of the block, as TMA counts them
+    return L
+
+
+@lru_cache(maxsize=None)
+def _build(HEAD_DIM: int, dtype: str) -> Backward:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
+    L = layout_ws(HEAD_DIM)
+    return Backward(HEAD_DIM, dtype, True, L, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel_ws(L, dtype),
+                    build_kv_kernel(L, dtype, serial=True), phase=ID)
+
+
+def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Backward:
+    """Phase 11's Backward with this phase's kv_kernel (its serial build phase 12's), for any head
+    dim runs_head_dim takes; cc, if given, must be Hopper's (9, 0)."""
+    if not runs_head_dim(HEAD_DIM):
+        raise ValueError(f"head dim: the backward is built for multiples of 8 up to 128, not {HEAD_DIM}")
+    if cc is not None and tuple(cc)[:2] != MIN_CC:
+        raise ValueError(f"cc: phase 13 runs on compute capability 9.0 only (wgmma, TMA), not {tuple(cc)[:2]}")
+    return _build(HEAD_DIM, dtype)
+
+
+def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
+             deterministic: bool = False, dlse=None, dtype: str = "float16", parts: int | None = None):
+    """p11_backward.backward with this phase's kv_kernel: (dq as float32, dk, dv as 16-bit) NumPy arrays."""
+    return run_on_host(build(q.shape[-1], dtype), q, k, v, o, do, lse, causal=causal, scale=scale,
+                       deterministic=deterministic, dlse=dlse, parts=parts)
+
+
+def make_producer(L: dict):
+    """producer(...): one thread's TMA loads: the block's K and V, then the query tiles' Q and dO
+    into the ring, in the order the consumers take them (the heads of the group in turn)."""
+    expect_tx = ptx.function("tma.ptx", "flashcore_mbarrier_arrive_expect_tx", "inline")
+    tma_load = ptx.function("tma.ptx", "flashcore_tma_load_3d", "inline")
+    wait = ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline")
+    map_address = operands.map_address
+    D_TILE, BLOCK_N, BLOCK_M = L["D_TILE"], L["OWN_ROWS"], L["BLOCK_M"]
+    ATOMS = D_TILE // 64  # atoms (TMA boxes) across a row of a tile
+    KV_TILE, K_OFF, V_OFF, Q_OFF = L["KV_TILE"], L["K_OFF"], L["V_OFF"], L["Q_OFF"]
+    STREAM_TILE, STAGE, KV_BYTES = L["STREAM_TILE"], L["STAGE_BYTES"], L["KV_BYTES"]
+
+    @cuda.jit(device=True, inline=True)
+    def load_rows(dst, map_, row0, n_rows, plane, bar):
+        """Rows row0 .. row0 + n_rows − 1 of plane `plane` into a tile at dst: 64 rows a box, each
+        D_TILE / 64 atoms (rows past the sequence and columns past D arrive as zeros)."""
+        for r in range(n_rows // 64):
+            for a in range(ATOMS):
+                tma_load(dst + r * KV_TILE + a * ATOM, map_, int32(64 * a), int32(row0 + 64 * r), int32(plane), bar)
+
+    @cuda.jit(device=True, inline=True)
+    def producer(smem, bars, maps, b, h_kv, n_heads, kv_heads, group, n0, m_first, n_tiles, seq_q):
+        kv_full = bars
+        full, empty = bars + 8, bars + 8 * (1 + STAGES)
+        map_q, map_k, map_v, map_do = (map_address(maps[0]), map_address(maps[1]), map_address(maps[2]),
+                                       map_address(maps[3]))
+        plane_kv = b * kv_heads + h_kv
+        expect_tx(kv_full, uint32(KV_BYTES))
+        load_rows(smem + K_OFF, map_k, n0, BLOCK_N, plane_kv, kv_full)
+        load_rows(smem + V_OFF, map_v, n0, BLOCK_N, plane_kv, kv_full)
+        h, m0 = h_kv * group, m_first
+        for it in range(n_tiles):
+            stage, use = it % STAGES, it // STAGES
+            # the consumers are done with this stage's last tile (a new barrier's "previous" phase,
+            # parity 1, counts as done: the first use of each stage does not wait)
+            wait(empty + 8 * stage, uint32((use % 2) ^ 1))
+            expect_tx(full + 8 * stage, uint32(2 * STREAM_TILE))
+            q_tile = smem + Q_OFF + stage * STAGE
+            load_rows(q_tile, map_q, m0, BLOCK_M, b * n_heads + h, full + 8 * stage)
+            load_rows(q_tile + STREAM_TILE, map_do, m0, BLOCK_M, b * n_heads + h, full + 8 * stage)
+            if m0 + BLOCK_M < seq_q:
+                m0 += BLOCK_M
+            else:
+                h, m0 = h + 1, m_first
+
+    return producer
+
+
+def make_tile_dq(L: dict, dtype: str):
+    """tile_dq(...): phase 12's dQ += scale · dS K of a tile, by per-pair reductions (its build
+    without bulk dQ): each consumer warpgroup its 64 x 64 pieces, over all BLOCK_N keys."""
+    kind = PTX_TYPE[dtype]
+    dq_first = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_{kind}", "inline")
+    dq_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_acc_{kind}", "inline", tuples=True)
+    descriptor, SW128 = operands.matrix_descriptor, operands.SWIZZLE_128B
+    as_tuple, store_tuple = operands.as_tuple, operands.store_tuple
+    red_pair = make_red_pair(True)
+    D, D_TILE = L["HEAD_DIM"], L["D_TILE"]
+    DS_OFF, DS_ATOM, K_OFF, KV_TILE = L["DS_OFF"], L["DS_ATOM"], L["K_OFF"], L["KV_TILE"]
+    WG_PIECES, COL_BLOCKS, KEY_HALVES = L["WG_PIECES"], L["COL_BLOCKS"], L["OWN_ROWS"] // 64
+    DQ_ROW, ROUNDED = D * 4, D_TILE != D
+
+    @cuda.jit(device=True, inline=True)
+    def tile_dq(smem, h, m0, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale):
+        dq_head = dq_address + uint64(((b * H + h) * seq_q) * DQ_ROW)
+        for piece in range(WG_PIECES):
+            p_id = wg + piece * WARPGROUPS
+            r0, c0 = (p_id // COL_BLOCKS) * 64, (p_id % COL_BLOCKS) * 64  # its query rows and columns
+            ds_atom = smem + DS_OFF + (r0 // 64) * DS_ATOM
+            k_atom = smem + K_OFF + (c0 // 64) * ATOM
+            store_tuple(dq, dq_first(descriptor(ds_atom, ATOM, GROUP, SW128), descriptor(k_atom, ATOM, GROUP, SW128)))
+            for half in range(1, KEY_HALVES):
+                store_tuple(dq, dq_acc(descriptor(ds_atom + half * WG_M * ROW, ATOM, GROUP, SW128),
+                                       descriptor(k_atom + half * KV_TILE, ATOM, GROUP, SW128), as_tuple(dq, 32)))
+            row_a = m0 + r0 + warp * 16 + g  # register 4j + e: row 16 warp + g (+8), column 8 j + 2t (+1)
+            if ROUNDED:
+                n_cols = uint32(D - c0)
+            for j in range(8):
+                if ROUNDED and uint32(j * 8) >= n_cols:
+                    continue
+                at = dq_head + uint64(row_a * DQ_ROW + (c0 + j * 8 + 2 * t) * 4)
+                if row_a < seq_q:
+                    red_pair(at, dq[j, 0] * scale, dq[j, 1] * scale)
+                if row_a + 8 < seq_q:
+                    red_pair(at + uint64(8 * DQ_ROW), dq[j, 2] * scale, dq[j, 3] * scale)
+
+    return tile_dq
+
+
+def build_kv_kernel_ws(L: dict, dtype: str):
+    """kv_kernel for layout L (layout_ws): warpgroup 0 produces (make_producer), warpgroups 1 and 2
+    consume: phase 12's products and elementwise step on the tiles the ring hands them."""
+    kind = PTX_TYPE[dtype]
+    D, BLOCK_N, BLOCK_M, D_TILE = L["HEAD_DIM"], L["OWN_ROWS"], L["BLOCK_M"], L["D_TILE"]
+    n_q = "" if BLOCK_M == 64 else f"_n{BLOCK_M}"
+    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{D_TILE}{n_q}_{kind}", "inline")
+    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d{D_TILE}_n{BLOCK_M}_{kind}", "inline", tuples=True)
+    fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
+    pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{kind}x2", "inline")
+    exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")
+    mbar_init = ptx.function("tma.ptx", "flashcore_mbarrier_init", "inline")
+    fence_mbar_init = ptx.function("tma.ptx", "flashcore_fence_mbarrier_init", "inline")
+    wait = ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline")
+    arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
+    bar_sync = ptx.function("warpgroup.ptx", "flashcore_bar_sync", "inline")
+    regs_inc = ptx.function("warpgroup.ptx", f"flashcore_setmaxnreg_inc_{CONSUMER_REGISTERS}", "inline")
+    regs_dec = ptx.function("warpgroup.ptx", "flashcore_setmaxnreg_dec_24", "inline")
+    shared_address, global_address = operands.shared_address, operands.global_address
+    descriptor, SW128 = operands.matrix_descriptor, operands.SWIZZLE_128B
+    as_tuple, store_tuple = operands.as_tuple, operands.store_tuple
+    producer = make_producer(L)
+    tile_dq = make_tile_dq(L, dtype)
+    pack_a = make_pack_a(pack, L["KS"])
+    p_and_ds = make_p_and_ds(exp2, L["NT"], BLOCK_M, BLOCK_N)
+    store_dk_dv = make_store_dk_dv(pack, L["ND"], D)
+    KV_TILE, K_OFF, V_OFF, Q_OFF = L["KV_TILE"], L["K_OFF"], L["V_OFF"], L["Q_OFF"]
+    STREAM_TILE, STAGE, DS_OFF, DS_ATOM = L["STREAM_TILE"], L["STAGE_BYTES"], L["DS_OFF"], L["DS_ATOM"]
+    NT, KS, ND, BARS_OFF = L["NT"], L["KS"], L["ND"], L["BARS_OFF"]
+    N_P, N_O = 4 * KS, 4 * ND
+    STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
+    DS_ATOM_WORDS, ROW_WORDS = DS_ATOM // 4, ROW // 4
+    CONSUMER_THREADS = 128 * WARPGROUPS
+
+    def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, maps):
+        """phase 12's kv_kernel (its arguments and grid, and the tensor maps of Q, K, V and dO),
+        warp-specialized: warpgroup 0 loads, warpgroups 1 and 2 compute."""
+        smem_h = cuda.shared.array(0, uint32, alignment=1024)
+        smem = shared_address(smem_h)
+        lse2_s = cuda.shared.array(STATS, float32)  # stage s, row r at s * BLOCK_M + r: L_i · log2 e
+        delta_s = cuda.shared.array(STATS, float32)  # and Δ_i
+        bars = smem + BARS_OFF  # kv_full, full[0..1], empty[0..1]
+        b, h_kv, key_block = cuda.blockIdx.z, cuda.blockIdx.y, cuda.blockIdx.x
+        H, seq_q, seq_k = Q.shape[1], Q.shape[2], K.shape[2]
+        group = int32(uint32(H) // uint32(K.shape[1]))  # 32-bit: see phase 12
+        n0 = key_block * BLOCK_N
+        first = max(0, n0 - (seq_k - seq_q)) if causal else 0
+        m_first = first - first % BLOCK_M
+        n_tiles = group * tile_count(seq_q - m_first, BLOCK_M)
+        if cuda.threadIdx.x == 0:  # one thread sets the barriers up; the block barrier publishes them
+            mbar_init(bars, uint32(1))
+            for s in range(STAGES):
+                mbar_init(bars + 8 + 8 * s, uint32(1))  # full[s]: the producer's arrival and the bytes
+                mbar_init(bars + 8 * (1 + STAGES) + 8 * s, uint32(CONSUMER_THREADS))  # empty[s]
+            fence_mbar_init()
+        cuda.syncthreads()
+        if cuda.threadIdx.x < 128:  # the producer's warpgroup: one thread loads, all give registers back
+            regs_dec()
+            if cuda.threadIdx.x == 0:
+                producer(smem, bars, maps, b, h_kv, H, K.shape[1], group, n0, m_first, n_tiles, seq_q)
+            return
+        regs_inc()
+        tid = cuda.threadIdx.x - 128  # a consumer thread, as phase 12 counts them
+        wg, warp, lane = tid // 128, (tid % 128) // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        qk_scale = scale * float32(LOG2E)
+        dq_address = global_address(dQ)
+        s = cuda.local.array((NT, 4), float32)
+        dp = cuda.local.array((NT, 4), float32)
+        p_frag = cuda.local.array((KS, 4), uint32)
+        ds_frag = cuda.local.array((KS, 4), uint32)
+        dk = cuda.local.array((ND, 4), float32)
+        dv = cuda.local.array((ND, 4), float32)
+        dq = cuda.local.array((8, 4), float32)
+        desc_k = descriptor(smem + K_OFF + wg * KV_TILE, 16, GROUP, SW128)
+        desc_v = descriptor(smem + V_OFF + wg * KV_TILE, 16, GROUP, SW128)
+        ds_row0 = uint32((DS_OFF + (wg * 64 + warp * 16 + g) * ROW) // 4 + t)
+        h, m0 = h_kv * group, m_first
+        if n_tiles > 0 and tid < BLOCK_M:
+            lse_0, delta_0 = load_row_stats(LSE, DELTA, b, h, m0 + tid, seq_q)
+            lse2_s[tid], delta_s[tid] = row_stats(lse_0, delta_0)
+        zero_tiles(dk, ND)
+        zero_tiles(dv, ND)
+        key_a = n0 + wg * 64 + warp * 16 + g
+        first_a = first_row(key_a, seq_q, seq_k, causal)
+        first_b = first_row(key_a + 8, seq_q, seq_k, causal)
+        bar_sync(uint32(CONSUMER_BAR), uint32(CONSUMER_THREADS))  # tile 0's row stats are stored
+        wait(bars, uint32(0))  # K and V have landed
+        for it in range(n_tiles):
+            stage = it % STAGES
+            h_next, m_next = (h, m0 + BLOCK_M) if m0 + BLOCK_M < seq_q else (h + 1, m_first)
+            lse_next, delta_next = float32(0.0), float32(0.0)
+            if it + 1 < n_tiles and tid < BLOCK_M:
+                lse_next, delta_next = load_row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
+            wait(bars + 8 + 8 * stage, uint32((it // STAGES) % 2))  # this tile's Q and dO have landed
+            q_tile = smem + Q_OFF + stage * STAGE
+            do_tile = q_tile + STREAM_TILE
+            # -- phase 12's tile: Sᵀ, dPᵀ; Pᵀ, dSᵀ; dV += Pᵀ dO, dK += dSᵀ Q
+            store_tuple(s, qk(desc_k, descriptor(q_tile, 16, GROUP, SW128)))
+            store_tuple(dp, qk(desc_v, descriptor(do_tile, 16, GROUP, SW128)))
+            p_and_ds(s, dp, lse2_s, delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale)
+            pack_a(p_frag, s)
+            pack_a(ds_frag, dp)
+            store_tuple(dv, pv_acc(as_tuple(p_frag, N_P), descriptor(do_tile, ATOM, GROUP, SW128), as_tuple(dv, N_O)))
+            store_tuple(dk, pv_acc(as_tuple(ds_frag, N_P), descriptor(q_tile, ATOM, GROUP, SW128), as_tuple(dk, N_O)))
+            arrive(bars + 8 * (1 + STAGES) + 8 * stage)  # done with Q and dO: the producer may refill the stage
+            # -- dSᵀ to shared memory (phase 12's swizzle), then dQ += scale · dS K
+            for kk in range(KS):
+                atom = uint32((kk // 4) * DS_ATOM_WORDS)
+                lo, hi = uint32(((2 * kk) % 8) ^ g) * 4, uint32(((2 * kk + 1) % 8) ^ g) * 4
+                smem_h[ds_row0 + atom + lo] = ds_frag[kk, 0]
+                smem_h[ds_row0 + uint32(8 * ROW_WORDS) + atom + lo] = ds_frag[kk, 1]
+                smem_h[ds_row0 + atom + hi] = ds_frag[kk, 2]
+                smem_h[ds_row0 + uint32(8 * ROW_WORDS) + atom + hi] = ds_frag[kk, 3]
+            fence_proxy_async()  # the stores become visible to the tensor cores ...
+            bar_sync(uint32(CONSUMER_BAR), uint32(CONSUMER_THREADS))  # ... once both consumers made them
+            tile_dq(smem, h, m0, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale)
+            if it + 1 < n_tiles and tid < BLOCK_M:
+                at = uint32((1 - stage) * BLOCK_M + tid)
+                lse2_s[at], delta_s[at] = row_stats(lse_next, delta_next)
+            bar_sync(uint32(CONSUMER_BAR), uint32(CONSUMER_THREADS))  # dSᵀ read, the next stats stored
+            h, m0 = h_next, m_next
+        store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale)
+
+    if simulator_enabled():
+        return cuda.jit(kv_kernel)
+    # 384 threads, one block per SM: ptxas budgets 168 registers a thread, which setmaxnreg then
+    # moves from the producer to the consumers (ptx/warpgroup.ptx)
+    return cuda.jit(launch_bounds=L["LAUNCH_BOUNDS"])(kv_kernel)
+
+
+def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> dict:
+    """"13-kv", "13-kv-serial" (phase 12's) and phase 11's "11-delta" and "11-sum", typed as
+    Backward.run launches them."""
+    from .p11_backward import views_of
+
+    return views_of(build(HEAD_DIM, dtype, cc))
