@@ -316,19 +316,22 @@ def test_phase_12s_measured_effect_comes_from_its_rows_of_the_backward_records(t
 # ---------------------------------------------------------------------------------------------
 # Phase 13 (in progress): phase 12's kv_kernel warp-specialized, a TMA producer feeding it
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("D, S, S_k, dtype", [
-    pytest.param(64, 150, 140, "float16", id="D=64, 2 query tiles"),
-    pytest.param(96, 70, 75, "bfloat16", id="D=96 rounded up, bf16, 2 query tiles", marks=pytest.mark.slow),
-    pytest.param(128, 130, 200, "float16", id="D=128, 3 query tiles, 2 key blocks", marks=pytest.mark.slow),
+@pytest.mark.parametrize("D, S, S_k, dtype, bulk_dq", [
+    pytest.param(64, 150, 140, "float16", True, id="D=64 bulk dQ, 2 query tiles"),
+    pytest.param(64, 150, 140, "float16", False, id="D=64, 2 query tiles", marks=pytest.mark.slow),
+    pytest.param(96, 70, 75, "bfloat16", False, id="D=96 rounded up, bf16", marks=pytest.mark.slow),
+    pytest.param(128, 130, 200, "float16", False, id="D=128, 3 query tiles, 2 key blocks", marks=pytest.mark.slow),
+    pytest.param(128, 200, 140, "float16", True, id="D=128 bulk dQ, 4 query tiles", marks=pytest.mark.slow),
 ])
-def test_phase13_matches_the_reference_gradients(D, S, S_k, dtype):
+def test_phase13_matches_the_reference_gradients(D, S, S_k, dtype, bulk_dq):
     """Phase 13's kv_kernel: the producer's TMA loads of K, V and each query tile's Q and dO through
     the two-stage ring (more query tiles than stages, so that a stage is refilled after its empty
-    barrier), GQA 2 (the group's heads in turn), causal with tails of both lengths; its serial build
-    (phase 12's) with deterministic=True."""
+    barrier), GQA 2 (the group's heads in turn), causal with tails of both lengths; with bulk_dq the
+    consumers' pieces of dQ through two slots each to the writer's bulk reductions (more pieces
+    than slots); its serial build (phase 12's) with deterministic=True."""
     from flashcore_numba.phases import p13_backward_ws as p13
 
-    bw = p13.build(D, dtype)
+    bw = p13.build(D, dtype, bulk_dq=bulk_dq)
     assert bw.cache_id("13-kv")[0] == "13-kv" and bw.kv["WS_THREADS"] == 384
     q, k, v = (round_to(x, dtype) for x in random_qkv((1, 4, S, D), S_k, heads_kv=2, dtype=np.float32))
     do = round_to(np.random.default_rng().standard_normal(q.shape), dtype)
@@ -336,13 +339,14 @@ def test_phase13_matches_the_reference_gradients(D, S, S_k, dtype):
     want = both_references(q, k, v, do, dtype, causal=True, scale=0.3)
     for deterministic in (False, True):
         got = run_backward(q, k, v, o, do, lse, dtype, causal=True, scale=0.3, deterministic=deterministic,
-                           backward=p13.backward)
+                           backward=p13.backward, bulk_dq=bulk_dq)
         gradients_close(got, *want)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bulk_dq", [False, True], ids=["red", "bulk dQ"])
 @pytest.mark.parametrize("D, dtype", [(64, "float16"), (128, "bfloat16"), (96, "float16"), (40, "float16")])
-def test_phase13_on_gpu(D, dtype):
+def test_phase13_on_gpu(D, dtype, bulk_dq):
     """Phase 13 on an H100: its producer's TMA loads (rows past the sequences and columns past D as
     zeros), the ring over several query tiles, several key blocks, causal with tails, GQA 2, and
     its serial build, against the float64 gradients."""
@@ -356,5 +360,5 @@ def test_phase13_on_gpu(D, dtype):
     want = both_references(q, k, v, do, dtype, causal=True, scale=0.3)
     for deterministic in (False, True):
         got = run_backward(q, k, v, o, do, lse, dtype, causal=True, scale=0.3, deterministic=deterministic,
-                           backward=p13.backward)
+                           backward=p13.backward, bulk_dq=bulk_dq)
         gradients_close(got, *want)

@@ -45,7 +45,7 @@ from .common import LOG2E, PTX_TYPE, make_pack_a, zero_tiles
 from .p08_wgmma import ATOM, GROUP, ROW, WG_M
 from .p11_backward import (DTYPES, Backward, build_delta_kernel, first_row, load_row_stats, make_p_and_ds,
                            make_red_pair, make_store_dk_dv, row_stats, run_on_host, runs_head_dim, tile_count)
-from .p12_backward_wgmma import WARPGROUPS, build_kv_kernel, layout, query_rows
+from .p12_backward_wgmma import PIECE, PIECE_BYTES, WARPGROUPS, DqOfTiles, build_kv_kernel, layout, query_rows
 
 ID = "13"
 NAME = "backward_ws"
@@ -56,45 +56,59 @@ BACKWARD = True
 CONSUMER_BAR = 1  # the named barrier of the consumers' 256 threads (0 is the block's)
 CONSUMER_REGISTERS = 240  # what the block's 65536 leave the consumers once the producer is down to 24
 STAGES = 2  # the ring of query tiles (Q and dO)
+DQ_SLOTS = 2  # bulk_dq: staged pieces of dQ a consumer, so that it stages the next while one is read
+DQ_WRITER = 32  # bulk_dq: the producer warpgroup's thread that adds the staged pieces (its warp 1)
 
 
-def layout_ws(HEAD_DIM: int) -> dict:
+def layout_ws(HEAD_DIM: int, bulk_dq: bool = False) -> dict:
     """Phase 12's layout, and this build's: the threads of three warpgroups, and the mbarriers
     after the rest of shared memory: kv_full (K and V landed), then full[s] and empty[s] of each
-    stage of the ring."""
+    stage of the ring. bulk_dq: before the mbarriers, DQ_SLOTS float32 pieces of dQ a consumer
+    (64 x 64, swizzled as p12_backward_wgmma.DqOfTiles stores them), and after them dq_full[c][i]
+    (consumer c staged its piece in slot i) and dq_empty[c][i] (the writer has read it)."""
     L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM))
+    assert L["WG_PIECES"] == 1  # a piece of dQ a consumer and tile (the writer counts on it)
     L["WS_THREADS"] = 128 * (WARPGROUPS + 1)
     L["LAUNCH_BOUNDS"] = (L["WS_THREADS"], 1)  # one block per SM: 65536 / 384 = 168 registers at launch
+    L["BULK_DQ"] = bulk_dq
+    if bulk_dq:
+        L["DQ_STAGE_OFF"] = L["SMEM_BYTES"]
+        L["SMEM_BYTES"] += WARPGROUPS * DQ_SLOTS * PIECE_BYTES
     L["BARS_OFF"] = L["SMEM_BYTES"]
-    L["SMEM_BYTES"] += 8 * (1 + 2 * STAGES)
+    L["DQ_BARS_OFF"] = L["BARS_OFF"] + 8 * (1 + 2 * STAGES)
+    L["SMEM_BYTES"] = L["DQ_BARS_OFF"] + (8 * 2 * WARPGROUPS * DQ_SLOTS if bulk_dq else 0)
     L["KV_BYTES"] = 2 * L["OWN_ROWS"] * L["D_TILE"] * 2  # K and V of the block, as TMA counts them
     return L
 
 
 @lru_cache(maxsize=None)
-def _build(HEAD_DIM: int, dtype: str) -> Backward:
+def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool) -> Backward:
     if dtype not in DTYPES:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
-    L = layout_ws(HEAD_DIM)
+    L = layout_ws(HEAD_DIM, bulk_dq)
     return Backward(HEAD_DIM, dtype, True, L, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel_ws(L, dtype),
-                    build_kv_kernel(L, dtype, serial=True), phase=ID)
+                    build_kv_kernel(dict(L, BULK_DQ=False), dtype, serial=True), phase=ID,
+                    dq_of_tiles=DqOfTiles(L["D_TILE"]) if bulk_dq else None)
 
 
-def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Backward:
+def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_dq: bool = False) -> Backward:
     """Phase 11's Backward with this phase's kv_kernel (its serial build phase 12's), for any head
-    dim runs_head_dim takes; cc, if given, must be Hopper's (9, 0)."""
+    dim runs_head_dim takes; cc, if given, must be Hopper's (9, 0). bulk_dq: each consumer stages
+    its pieces of dQ in shared memory and a thread of the producer's warpgroup adds them to a
+    workspace by bulk reductions (FA3's way; phase 12's DqOfTiles writes dQ from it after)."""
     if not runs_head_dim(HEAD_DIM):
         raise ValueError(f"head dim: the backward is built for multiples of 8 up to 128, not {HEAD_DIM}")
     if cc is not None and tuple(cc)[:2] != MIN_CC:
         raise ValueError(f"cc: phase 13 runs on compute capability 9.0 only (wgmma, TMA), not {tuple(cc)[:2]}")
-    return _build(HEAD_DIM, dtype)
+    return _build(HEAD_DIM, dtype, bool(bulk_dq))
 
 
 def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
-             deterministic: bool = False, dlse=None, dtype: str = "float16", parts: int | None = None):
+             deterministic: bool = False, dlse=None, dtype: str = "float16", parts: int | None = None,
+             bulk_dq: bool = False):
     """p11_backward.backward with this phase's kv_kernel: (dq as float32, dk, dv as 16-bit) NumPy arrays."""
-    return run_on_host(build(q.shape[-1], dtype), q, k, v, o, do, lse, causal=causal, scale=scale,
-                       deterministic=deterministic, dlse=dlse, parts=parts)
+    return run_on_host(build(q.shape[-1], dtype, bulk_dq=bulk_dq), q, k, v, o, do, lse, causal=causal,
+                       scale=scale, deterministic=deterministic, dlse=dlse, parts=parts)
 
 
 def make_producer(L: dict):
@@ -145,43 +159,121 @@ def make_producer(L: dict):
     return producer
 
 
+def make_dq_writer(L: dict):
+    """dq_writer(...) (bulk_dq): one thread of the producer's warpgroup adds each piece of dQ the
+    consumers stage to the workspace by one bulk reduction (ptx/bulk.ptx), in the order they stage
+    them, and frees its slot once the TMA unit has read it."""
+    wait = ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline")
+    arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
+    bulk_reduce = ptx.function("bulk.ptx", "flashcore_bulk_reduce_add_f32", "inline")
+    bulk_commit = ptx.function("bulk.ptx", "flashcore_bulk_commit_group", "inline")
+    bulk_wait_read = ptx.function("bulk.ptx", "flashcore_bulk_wait_group_read_0", "inline")
+    BLOCK_M, COL_BLOCKS, DQ_STAGE_OFF, DQ_BARS_OFF = L["BLOCK_M"], L["COL_BLOCKS"], L["DQ_STAGE_OFF"], L["DQ_BARS_OFF"]
+    EMPTY_OFF = DQ_BARS_OFF + 8 * WARPGROUPS * DQ_SLOTS
+
+    @cuda.jit(device=True, inline=True)
+    def add_piece(smem, dq_address, c, use, piece):
+        """Consumer c's staged piece number `use` (slot use % DQ_SLOTS) into workspace piece `piece`."""
+        slot = use % uint32(DQ_SLOTS)
+        at = uint32(c * DQ_SLOTS) + slot
+        wait(smem + uint32(DQ_BARS_OFF) + 8 * at, (use // uint32(DQ_SLOTS)) % uint32(2))
+        bulk_reduce(dq_address + uint64(piece) * uint64(PIECE_BYTES), smem + uint32(DQ_STAGE_OFF) + at * uint32(PIECE_BYTES),
+                    uint32(PIECE_BYTES))
+        bulk_commit()
+        bulk_wait_read()  # the slot is read: the consumer may stage into it again
+        arrive(smem + uint32(EMPTY_OFF) + 8 * at)
+
+    @cuda.jit(device=True, inline=True)
+    def dq_writer(smem, dq_address, b, H, h0, m_first, n_tiles, seq_q):
+        m_pieces = uint32((seq_q + PIECE - 1) // PIECE)  # a head's pieces down the rows
+        h, m0 = uint32(h0), uint32(m_first)
+        uses0, uses1 = uint32(0), uint32(0)  # pieces each consumer has staged so far
+        for it in range(n_tiles):
+            head = (uint32(b) * uint32(H) + h) * m_pieces
+            for c in range(WARPGROUPS):  # consumer c's piece p_id = c: its rows and columns (tile_dq)
+                r0, c0 = uint32((c // COL_BLOCKS) * 64), uint32((c % COL_BLOCKS) * 64)
+                if m0 + r0 < uint32(seq_q):  # (a piece below the last row is not staged)
+                    piece = (head + (m0 + r0) // uint32(PIECE)) * uint32(COL_BLOCKS) + c0 // uint32(64)
+                    if c == 0:
+                        add_piece(smem, dq_address, c, uses0, piece)
+                        uses0 += uint32(1)
+                    else:
+                        add_piece(smem, dq_address, c, uses1, piece)
+                        uses1 += uint32(1)
+            if m0 + uint32(BLOCK_M) < uint32(seq_q):
+                m0 += uint32(BLOCK_M)
+            else:
+                h, m0 = h + uint32(1), uint32(m_first)
+
+    return dq_writer
+
+
 def make_tile_dq(L: dict, dtype: str):
-    """tile_dq(...): phase 12's dQ += scale · dS K of a tile, by per-pair reductions (its build
-    without bulk dQ): each consumer warpgroup its 64 x 64 pieces, over all BLOCK_N keys."""
+    """tile_dq(...): phase 12's dQ += scale · dS K of a tile, each consumer warpgroup its 64 x 64
+    piece over all BLOCK_N keys; added by per-pair reductions (phase 12's default), or (bulk_dq)
+    staged in a slot for the writer. Returns the consumer's count of staged pieces."""
     kind = PTX_TYPE[dtype]
     dq_first = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_{kind}", "inline")
     dq_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_acc_{kind}", "inline", tuples=True)
+    wait = ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline")
+    arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
+    fence_shared = ptx.function("bulk.ptx", "flashcore_fence_proxy_async_shared", "inline")
     descriptor, SW128 = operands.matrix_descriptor, operands.SWIZZLE_128B
     as_tuple, store_tuple = operands.as_tuple, operands.store_tuple
     red_pair = make_red_pair(True)
     D, D_TILE = L["HEAD_DIM"], L["D_TILE"]
     DS_OFF, DS_ATOM, K_OFF, KV_TILE = L["DS_OFF"], L["DS_ATOM"], L["K_OFF"], L["KV_TILE"]
-    WG_PIECES, COL_BLOCKS, KEY_HALVES = L["WG_PIECES"], L["COL_BLOCKS"], L["OWN_ROWS"] // 64
-    DQ_ROW, ROUNDED = D * 4, D_TILE != D
+    COL_BLOCKS, KEY_HALVES = L["COL_BLOCKS"], L["OWN_ROWS"] // 64
+    DQ_ROW, ROUNDED, BULK = D * 4, D_TILE != D, L["BULK_DQ"]
+    if BULK:
+        DQ_STAGE_OFF, DQ_BARS_OFF = L["DQ_STAGE_OFF"], L["DQ_BARS_OFF"]
+        EMPTY_OFF = DQ_BARS_OFF + 8 * WARPGROUPS * DQ_SLOTS
 
     @cuda.jit(device=True, inline=True)
-    def tile_dq(smem, h, m0, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale):
+    def stage_piece(smem, stage_f, dq, wg, warp, g, t, scale, staged):
+        """(bulk_dq) The piece into the consumer's next slot, once the writer has read what was there
+        (p12's DqOfTiles layout: a row's 16-byte chunks swizzled by the row), then its arrival."""
+        slot = staged % uint32(DQ_SLOTS)
+        at = uint32(wg * DQ_SLOTS) + slot
+        wait(smem + uint32(EMPTY_OFF) + 8 * at, ((staged // uint32(DQ_SLOTS)) % uint32(2)) ^ uint32(1))
+        base = uint32((DQ_STAGE_OFF + wg * DQ_SLOTS * PIECE_BYTES) // 4) + slot * uint32(PIECE_BYTES // 4)
+        row_a = base + uint32((warp * 16 + g) * PIECE + (t % 2) * 2)  # rows g and g + 8 (both r % 8 = g)
+        for j in range(8):  # column 8 j + 2t of the piece: chunk 2 j + t // 2, swizzled by the row
+            a = row_a + uint32(((2 * j + t // 2) ^ g) * 4)
+            stage_f[a] = dq[j, 0] * scale
+            stage_f[a + uint32(1)] = dq[j, 1] * scale
+            stage_f[a + uint32(8 * PIECE)] = dq[j, 2] * scale
+            stage_f[a + uint32(8 * PIECE + 1)] = dq[j, 3] * scale
+        fence_shared()  # the stores, visible to the bulk reduction's reads
+        arrive(smem + uint32(DQ_BARS_OFF) + 8 * at)
+
+    @cuda.jit(device=True, inline=True)
+    def tile_dq(smem, stage_f, h, m0, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale, staged):
+        r0, c0 = (wg // COL_BLOCKS) * 64, (wg % COL_BLOCKS) * 64  # its piece's query rows and columns
+        ds_atom = smem + DS_OFF + (r0 // 64) * DS_ATOM
+        k_atom = smem + K_OFF + (c0 // 64) * ATOM
+        store_tuple(dq, dq_first(descriptor(ds_atom, ATOM, GROUP, SW128), descriptor(k_atom, ATOM, GROUP, SW128)))
+        for half in range(1, KEY_HALVES):
+            store_tuple(dq, dq_acc(descriptor(ds_atom + half * WG_M * ROW, ATOM, GROUP, SW128),
+                                   descriptor(k_atom + half * KV_TILE, ATOM, GROUP, SW128), as_tuple(dq, 32)))
+        if BULK:
+            if m0 + r0 < seq_q:  # (the writer skips the same pieces)
+                stage_piece(smem, stage_f, dq, wg, warp, g, t, scale, staged)
+                staged += uint32(1)
+            return staged
         dq_head = dq_address + uint64(((b * H + h) * seq_q) * DQ_ROW)
-        for piece in range(WG_PIECES):
-            p_id = wg + piece * WARPGROUPS
-            r0, c0 = (p_id // COL_BLOCKS) * 64, (p_id % COL_BLOCKS) * 64  # its query rows and columns
-            ds_atom = smem + DS_OFF + (r0 // 64) * DS_ATOM
-            k_atom = smem + K_OFF + (c0 // 64) * ATOM
-            store_tuple(dq, dq_first(descriptor(ds_atom, ATOM, GROUP, SW128), descriptor(k_atom, ATOM, GROUP, SW128)))
-            for half in range(1, KEY_HALVES):
-                store_tuple(dq, dq_acc(descriptor(ds_atom + half * WG_M * ROW, ATOM, GROUP, SW128),
-                                       descriptor(k_atom + half * KV_TILE, ATOM, GROUP, SW128), as_tuple(dq, 32)))
-            row_a = m0 + r0 + warp * 16 + g  # register 4j + e: row 16 warp + g (+8), column 8 j + 2t (+1)
-            if ROUNDED:
-                n_cols = uint32(D - c0)
-            for j in range(8):
-                if ROUNDED and uint32(j * 8) >= n_cols:
-                    continue
-                at = dq_head + uint64(row_a * DQ_ROW + (c0 + j * 8 + 2 * t) * 4)
-                if row_a < seq_q:
-                    red_pair(at, dq[j, 0] * scale, dq[j, 1] * scale)
-                if row_a + 8 < seq_q:
-                    red_pair(at + uint64(8 * DQ_ROW), dq[j, 2] * scale, dq[j, 3] * scale)
+        row_a = m0 + r0 + warp * 16 + g  # register 4j + e: row 16 warp + g (+8), column 8 j + 2t (+1)
+        if ROUNDED:
+            n_cols = uint32(D - c0)
+        for j in range(8):
+            if ROUNDED and uint32(j * 8) >= n_cols:
+                continue
+            at = dq_head + uint64(row_a * DQ_ROW + (c0 + j * 8 + 2 * t) * 4)
+            if row_a < seq_q:
+                red_pair(at, dq[j, 0] * scale, dq[j, 1] * scale)
+            if row_a + 8 < seq_q:
+                red_pair(at + uint64(8 * DQ_ROW), dq[j, 2] * scale, dq[j, 3] * scale)
+        return staged
 
     return tile_dq
 
@@ -209,12 +301,15 @@ def build_kv_kernel_ws(L: dict, dtype: str):
     as_tuple, store_tuple = operands.as_tuple, operands.store_tuple
     producer = make_producer(L)
     tile_dq = make_tile_dq(L, dtype)
+    BULK = L["BULK_DQ"]
+    if BULK:
+        dq_writer = make_dq_writer(L)
     pack_a = make_pack_a(pack, L["KS"])
     p_and_ds = make_p_and_ds(exp2, L["NT"], BLOCK_M, BLOCK_N)
     store_dk_dv = make_store_dk_dv(pack, L["ND"], D)
     KV_TILE, K_OFF, V_OFF, Q_OFF = L["KV_TILE"], L["K_OFF"], L["V_OFF"], L["Q_OFF"]
     STREAM_TILE, STAGE, DS_OFF, DS_ATOM = L["STREAM_TILE"], L["STAGE_BYTES"], L["DS_OFF"], L["DS_ATOM"]
-    NT, KS, ND, BARS_OFF = L["NT"], L["KS"], L["ND"], L["BARS_OFF"]
+    NT, KS, ND, BARS_OFF, DQ_BARS_OFF = L["NT"], L["KS"], L["ND"], L["BARS_OFF"], L["DQ_BARS_OFF"]
     N_P, N_O = 4 * KS, 4 * ND
     STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
     DS_ATOM_WORDS, ROW_WORDS = DS_ATOM // 4, ROW // 4
@@ -224,6 +319,7 @@ def build_kv_kernel_ws(L: dict, dtype: str):
         """phase 12's kv_kernel (its arguments and grid, and the tensor maps of Q, K, V and dO),
         warp-specialized: warpgroup 0 loads, warpgroups 1 and 2 compute."""
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
+        stage_f = cuda.shared.array(0, float32, alignment=1024)  # the same memory, as float32 (bulk_dq)
         smem = shared_address(smem_h)
         lse2_s = cuda.shared.array(STATS, float32)  # stage s, row r at s * BLOCK_M + r: L_i · log2 e
         delta_s = cuda.shared.array(STATS, float32)  # and Δ_i
@@ -240,12 +336,18 @@ def build_kv_kernel_ws(L: dict, dtype: str):
             for s in range(STAGES):
                 mbar_init(bars + 8 + 8 * s, uint32(1))  # full[s]: the producer's arrival and the bytes
                 mbar_init(bars + 8 * (1 + STAGES) + 8 * s, uint32(CONSUMER_THREADS))  # empty[s]
+            if BULK:
+                for i in range(WARPGROUPS * DQ_SLOTS):
+                    mbar_init(smem + DQ_BARS_OFF + 8 * i, uint32(128))  # dq_full: the consumer's threads
+                    mbar_init(smem + DQ_BARS_OFF + 8 * (WARPGROUPS * DQ_SLOTS + i), uint32(1))  # dq_empty
             fence_mbar_init()
         cuda.syncthreads()
         if cuda.threadIdx.x < 128:  # the producer's warpgroup: one thread loads, all give registers back
             regs_dec()
             if cuda.threadIdx.x == 0:
                 producer(smem, bars, maps, b, h_kv, H, K.shape[1], group, n0, m_first, n_tiles, seq_q)
+            if BULK and cuda.threadIdx.x == DQ_WRITER:
+                dq_writer(smem, global_address(dQ), b, H, h_kv * group, m_first, n_tiles, seq_q)
             return
         regs_inc()
         tid = cuda.threadIdx.x - 128  # a consumer thread, as phase 12 counts them
@@ -264,6 +366,7 @@ def build_kv_kernel_ws(L: dict, dtype: str):
         desc_v = descriptor(smem + V_OFF + wg * KV_TILE, 16, GROUP, SW128)
         ds_row0 = uint32((DS_OFF + (wg * 64 + warp * 16 + g) * ROW) // 4 + t)
         h, m0 = h_kv * group, m_first
+        staged = uint32(0)  # (bulk_dq) pieces of dQ this consumer has staged
         if n_tiles > 0 and tid < BLOCK_M:
             lse_0, delta_0 = load_row_stats(LSE, DELTA, b, h, m0 + tid, seq_q)
             lse2_s[tid], delta_s[tid] = row_stats(lse_0, delta_0)
@@ -302,7 +405,7 @@ def build_kv_kernel_ws(L: dict, dtype: str):
                 smem_h[ds_row0 + uint32(8 * ROW_WORDS) + atom + hi] = ds_frag[kk, 3]
             fence_proxy_async()  # the stores become visible to the tensor cores ...
             bar_sync(uint32(CONSUMER_BAR), uint32(CONSUMER_THREADS))  # ... once both consumers made them
-            tile_dq(smem, h, m0, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale)
+            staged = tile_dq(smem, stage_f, h, m0, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale, staged)
             if it + 1 < n_tiles and tid < BLOCK_M:
                 at = uint32((1 - stage) * BLOCK_M + tid)
                 lse2_s[at], delta_s[at] = row_stats(lse_next, delta_next)

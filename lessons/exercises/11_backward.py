@@ -227,8 +227,13 @@ class Backward:
                 raise ValueError(f"dq_sums: expected shape {(parts, *dQ.shape)}, got {tuple(sums.shape)}")
         _zero(sums, stream)
         kernel = self.kv_kernel_serial if deterministic else self.kv_kernel
-        launch(kernel, (parts if deterministic else key_blocks, H_kv, B), kv["N_THREADS"], kv["SMEM_BYTES"],
-               (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale)),
+        threads, args = kv["N_THREADS"], (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32),
+                                          causal, float32(scale))
+        if "WS_THREADS" in kv and not deterministic:  # phase 13: a producer warpgroup more, loading by TMA
+            from flashcore_numba.arch.tma import head_maps
+
+            threads, args = kv["WS_THREADS"], (*args, head_maps((Q, K, V, dO), (1, 64, 64)))
+        launch(kernel, (parts if deterministic else key_blocks, H_kv, B), threads, kv["SMEM_BYTES"], args,
                stream, self.cache_id(self.kv_id(deterministic)))
         if self.dq_of_tiles is not None and not deterministic:
             self.dq_of_tiles.write(sums, dQ, stream)
@@ -322,8 +327,11 @@ def views_of(bw: Backward) -> dict[str, CompiledView]:
     four, three = f"{e}[:,:,:,::1]", "float32[:,:,::1]"
     inputs = f"{four}, {four}, {four}, {four}, {three}, {three}, float32[:,:,:,:,::1]"
     kv = f"void({inputs}, uint32[:,:,:,::1], uint32[:,:,:,::1], boolean, float32)"
+    ws = "WS_THREADS" in bw.kv  # phase 13's kv_kernel: the tensor maps too, and its producer's threads
+    kv_ws = kv[:-1] + ", uint64[:,::1])" if ws else kv
     return {
-        bw.kv_id(False): CompiledView(bw.kv_kernel, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
+        bw.kv_id(False): CompiledView(bw.kv_kernel, kv_ws, bw.kv["WS_THREADS" if ws else "N_THREADS"],
+                                      bw.kv["SMEM_BYTES"], launch_bounds=bw.kv.get("LAUNCH_BOUNDS")),
         bw.kv_id(True): CompiledView(bw.kv_kernel_serial, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
         "11-delta": CompiledView(bw.delta_kernel, f"void(uint32[:,:,:,::1], uint32[:,:,:,::1], {three}, boolean, "
                                                   f"{three})", 32 * DELTA_WARPS, 0),
