@@ -8,7 +8,8 @@ their dQ, dK and dV compared with the shipped build's first. From the repository
     FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_builds/ab.py time      # $OUT/builds_ab.json
     python3 docs/tuning/12_builds/ab.py table   # builds_ab.json beside this file, as 12_history.md shows it
 
-`compile red,ws` and `time red,ws` take the builds named (red first); AB_RECORD names the JSON file.
+`compile red,ws,ws+bulk` and `time red,ws,ws+bulk` take the builds named (red first); AB_RECORD
+names the JSON file.
 
 and under ncu, one backward of phase 12 (shipped build), of phase 13 or of SDPA's cuDNN backend between
 cudaProfilerStart and Stop, after a warm-up (`ncu --profile-from-start off ...`):
@@ -21,14 +22,15 @@ import multiprocessing as mp
 PROBLEMS = [(16, 16, 2048, 64, False), (16, 16, 2048, 64, True), (16, 16, 2048, 128, False),
             (16, 16, 2048, 128, True)]
 BUILDS = {"red": (False, False), "bulk": (True, False), "overlap": (False, True), "bulk+overlap": (True, True),
-          "ws": "13"}  # ws: phase 13 (p13_backward_ws, in progress), phase 12's kernel fed by a TMA producer
+          "ws": "13", "ws+bulk": "13-bulk"}  # ws: phase 13 (p13_backward_ws, in progress), phase 12's kernel
+# fed by a TMA producer; ws+bulk: with dQ staged and added by the producer warpgroup's bulk reductions
 
 
 def backward_of(name, D):
     """The Backward of build `name` at head dim D, fp16."""
     from flashcore_numba.phases import p12_backward_wgmma as p12, p13_backward_ws as p13
-    if BUILDS[name] == "13":
-        return p13.build(D, "float16")
+    if BUILDS[name] in ("13", "13-bulk"):
+        return p13.build(D, "float16", bulk_dq=BUILDS[name] == "13-bulk")
     bulk, overlap = BUILDS[name]
     return p12.build(D, "float16", bulk_dq=bulk, overlap=overlap)
 
