@@ -20,7 +20,9 @@ What changed from phase 12
       256 threads: the producer never waits at them;
     - registers follow the work, as in phase 09: the producer drops to 24 (setmaxnreg.dec), the
       consumers rise to 240.
-    The serial build (deterministic=True) is phase 12's.
+    The serial build (deterministic=True) is warp-specialized too: a block takes its part's key
+    blocks in turn, and the producer loads the next K and V once the consumers say they are done
+    with the last (kv_empty); the ring's count runs on across key blocks.
 
 Why the hardware should reward it
     A TMA load is one instruction for 8 KB, issued by one thread, and the copy engine swizzles,
@@ -45,7 +47,7 @@ from .common import LOG2E, PTX_TYPE, make_pack_a, zero_tiles
 from .p08_wgmma import ATOM, GROUP, ROW, WG_M
 from .p11_backward import (DTYPES, Backward, build_delta_kernel, first_row, load_row_stats, make_p_and_ds,
                            make_red_pair, make_store_dk_dv, row_stats, run_on_host, runs_head_dim, tile_count)
-from .p12_backward_wgmma import PIECE, PIECE_BYTES, WARPGROUPS, DqOfTiles, build_kv_kernel, layout, query_rows
+from .p12_backward_wgmma import PIECE, PIECE_BYTES, WARPGROUPS, DqOfTiles, layout, query_rows
 
 ID = "13"
 NAME = "backward_ws"
@@ -62,8 +64,8 @@ DQ_WRITER = 32  # bulk_dq: the producer warpgroup's thread that adds the staged 
 
 def layout_ws(HEAD_DIM: int, bulk_dq: bool = False) -> dict:
     """Phase 12's layout, and this build's: the threads of three warpgroups, and the mbarriers
-    after the rest of shared memory: kv_full (K and V landed), then full[s] and empty[s] of each
-    stage of the ring. bulk_dq: before the mbarriers, DQ_SLOTS float32 pieces of dQ a consumer
+    after the rest of shared memory: kv_full (K and V landed) and kv_empty (the consumers are done
+    with them: serial), then full[s] and empty[s] of each stage of the ring. bulk_dq: before the mbarriers, DQ_SLOTS float32 pieces of dQ a consumer
     (64 x 64, swizzled as p12_backward_wgmma.DqOfTiles stores them), and after them dq_full[c][i]
     (consumer c staged its piece in slot i) and dq_empty[c][i] (the writer has read it)."""
     L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM))
@@ -75,7 +77,7 @@ def layout_ws(HEAD_DIM: int, bulk_dq: bool = False) -> dict:
         L["DQ_STAGE_OFF"] = L["SMEM_BYTES"]
         L["SMEM_BYTES"] += WARPGROUPS * DQ_SLOTS * PIECE_BYTES
     L["BARS_OFF"] = L["SMEM_BYTES"]
-    L["DQ_BARS_OFF"] = L["BARS_OFF"] + 8 * (1 + 2 * STAGES)
+    L["DQ_BARS_OFF"] = L["BARS_OFF"] + 8 * (2 + 2 * STAGES)
     L["SMEM_BYTES"] = L["DQ_BARS_OFF"] + (8 * 2 * WARPGROUPS * DQ_SLOTS if bulk_dq else 0)
     L["KV_BYTES"] = 2 * L["OWN_ROWS"] * L["D_TILE"] * 2  # K and V of the block, as TMA counts them
     return L
@@ -87,12 +89,12 @@ def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool) -> Backward:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
     L = layout_ws(HEAD_DIM, bulk_dq)
     return Backward(HEAD_DIM, dtype, True, L, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel_ws(L, dtype),
-                    build_kv_kernel(dict(L, BULK_DQ=False), dtype, serial=True), phase=ID,
+                    build_kv_kernel_ws(L, dtype, serial=True), phase=ID,
                     dq_of_tiles=DqOfTiles(L["D_TILE"]) if bulk_dq else None)
 
 
 def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_dq: bool = False) -> Backward:
-    """Phase 11's Backward with this phase's kv_kernel (its serial build phase 12's), for any head
+    """Phase 11's Backward with this phase's kv_kernel and its serial build, for any head
     dim runs_head_dim takes; cc, if given, must be Hopper's (9, 0). bulk_dq: each consumer stages
     its pieces of dQ in shared memory and a thread of the producer's warpgroup adds them to a
     workspace by bulk reductions (FA3's way; phase 12's DqOfTiles writes dQ from it after)."""
@@ -132,18 +134,21 @@ def make_producer(L: dict):
                 tma_load(dst + r * KV_TILE + a * ATOM, map_, int32(64 * a), int32(row0 + 64 * r), int32(plane), bar)
 
     @cuda.jit(device=True, inline=True)
-    def producer(smem, bars, maps, b, h_kv, n_heads, kv_heads, group, n0, m_first, n_tiles, seq_q):
-        kv_full = bars
-        full, empty = bars + 8, bars + 8 * (1 + STAGES)
+    def producer(smem, bars, maps, b, h_kv, n_heads, kv_heads, group, n0, m_first, n_tiles, seq_q, kb, done):
+        """The kb-th key block of the block (n0: its first key): K and V once the consumers are done
+        with the last ones, then its tiles, the ring's done + 0, 1, ...; returns the ring's count."""
+        kv_full, kv_empty = bars, bars + 8
+        full, empty = bars + 16, bars + 16 + 8 * STAGES
         map_q, map_k, map_v, map_do = (map_address(maps[0]), map_address(maps[1]), map_address(maps[2]),
                                        map_address(maps[3]))
         plane_kv = b * kv_heads + h_kv
+        wait(kv_empty, uint32((kb % 2) ^ 1))  # (a new barrier's "previous" phase counts as done)
         expect_tx(kv_full, uint32(KV_BYTES))
         load_rows(smem + K_OFF, map_k, n0, BLOCK_N, plane_kv, kv_full)
         load_rows(smem + V_OFF, map_v, n0, BLOCK_N, plane_kv, kv_full)
         h, m0 = h_kv * group, m_first
         for it in range(n_tiles):
-            stage, use = it % STAGES, it // STAGES
+            stage, use = (done + it) % STAGES, (done + it) // STAGES
             # the consumers are done with this stage's last tile (a new barrier's "previous" phase,
             # parity 1, counts as done: the first use of each stage does not wait)
             wait(empty + 8 * stage, uint32((use % 2) ^ 1))
@@ -155,6 +160,7 @@ def make_producer(L: dict):
                 m0 += BLOCK_M
             else:
                 h, m0 = h + 1, m_first
+        return done + n_tiles
 
     return producer
 
@@ -278,9 +284,11 @@ def make_tile_dq(L: dict, dtype: str):
     return tile_dq
 
 
-def build_kv_kernel_ws(L: dict, dtype: str):
+def build_kv_kernel_ws(L: dict, dtype: str, serial: bool = False):
     """kv_kernel for layout L (layout_ws): warpgroup 0 produces (make_producer), warpgroups 1 and 2
-    consume: phase 12's products and elementwise step on the tiles the ring hands them."""
+    consume (consume_block): phase 12's products and elementwise step on the tiles the ring hands
+    them. serial: the build for deterministic=True (phase 12's grid of dQ parts, a block's key
+    blocks in turn: the producer reloads K and V once the consumers are done with the last ones)."""
     kind = PTX_TYPE[dtype]
     D, BLOCK_N, BLOCK_M, D_TILE = L["HEAD_DIM"], L["OWN_ROWS"], L["BLOCK_M"], L["D_TILE"]
     n_q = "" if BLOCK_M == 64 else f"_n{BLOCK_M}"
@@ -300,8 +308,8 @@ def build_kv_kernel_ws(L: dict, dtype: str):
     descriptor, SW128 = operands.matrix_descriptor, operands.SWIZZLE_128B
     as_tuple, store_tuple = operands.as_tuple, operands.store_tuple
     producer = make_producer(L)
-    tile_dq = make_tile_dq(L, dtype)
-    BULK = L["BULK_DQ"]
+    tile_dq = make_tile_dq(dict(L, BULK_DQ=L["BULK_DQ"] and not serial), dtype)
+    BULK, SERIAL = L["BULK_DQ"] and not serial, serial
     if BULK:
         dq_writer = make_dq_writer(L)
     pack_a = make_pack_a(pack, L["KS"])
@@ -314,47 +322,18 @@ def build_kv_kernel_ws(L: dict, dtype: str):
     STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
     DS_ATOM_WORDS, ROW_WORDS = DS_ATOM // 4, ROW // 4
     CONSUMER_THREADS = 128 * WARPGROUPS
+    FULL, EMPTY = 16, 16 + 8 * STAGES  # from bars: kv_full, kv_empty, then full[s] and empty[s]
 
-    def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, maps):
-        """phase 12's kv_kernel (its arguments and grid, and the tensor maps of Q, K, V and dO),
-        warp-specialized: warpgroup 0 loads, warpgroups 1 and 2 compute."""
-        smem_h = cuda.shared.array(0, uint32, alignment=1024)
-        stage_f = cuda.shared.array(0, float32, alignment=1024)  # the same memory, as float32 (bulk_dq)
-        smem = shared_address(smem_h)
-        lse2_s = cuda.shared.array(STATS, float32)  # stage s, row r at s * BLOCK_M + r: L_i · log2 e
-        delta_s = cuda.shared.array(STATS, float32)  # and Δ_i
-        bars = smem + BARS_OFF  # kv_full, full[0..1], empty[0..1]
-        b, h_kv, key_block = cuda.blockIdx.z, cuda.blockIdx.y, cuda.blockIdx.x
-        H, seq_q, seq_k = Q.shape[1], Q.shape[2], K.shape[2]
-        group = int32(uint32(H) // uint32(K.shape[1]))  # 32-bit: see phase 12
-        n0 = key_block * BLOCK_N
-        first = max(0, n0 - (seq_k - seq_q)) if causal else 0
-        m_first = first - first % BLOCK_M
-        n_tiles = group * tile_count(seq_q - m_first, BLOCK_M)
-        if cuda.threadIdx.x == 0:  # one thread sets the barriers up; the block barrier publishes them
-            mbar_init(bars, uint32(1))
-            for s in range(STAGES):
-                mbar_init(bars + 8 + 8 * s, uint32(1))  # full[s]: the producer's arrival and the bytes
-                mbar_init(bars + 8 * (1 + STAGES) + 8 * s, uint32(CONSUMER_THREADS))  # empty[s]
-            if BULK:
-                for i in range(WARPGROUPS * DQ_SLOTS):
-                    mbar_init(smem + DQ_BARS_OFF + 8 * i, uint32(128))  # dq_full: the consumer's threads
-                    mbar_init(smem + DQ_BARS_OFF + 8 * (WARPGROUPS * DQ_SLOTS + i), uint32(1))  # dq_empty
-            fence_mbar_init()
-        cuda.syncthreads()
-        if cuda.threadIdx.x < 128:  # the producer's warpgroup: one thread loads, all give registers back
-            regs_dec()
-            if cuda.threadIdx.x == 0:
-                producer(smem, bars, maps, b, h_kv, H, K.shape[1], group, n0, m_first, n_tiles, seq_q)
-            if BULK and cuda.threadIdx.x == DQ_WRITER:
-                dq_writer(smem, global_address(dQ), b, H, h_kv * group, m_first, n_tiles, seq_q)
-            return
-        regs_inc()
-        tid = cuda.threadIdx.x - 128  # a consumer thread, as phase 12 counts them
+    @cuda.jit(device=True, inline=True)
+    def consume_block(smem, smem_h, stage_f, lse2_s, delta_s, bars, Q, LSE, DELTA, dK, dV, b, h_kv, group, n0,
+                      m_first, n_tiles, seq_k, causal, scale, dq_address, tid, kb, done, staged):
+        """A consumer thread's work on one key block (the kb-th of its block): dK and dV of its keys
+        over the block's n_tiles query tiles, the ring's tiles done + 0, 1, ...; returns the ring's
+        count after them, and (bulk_dq) of the pieces of dQ staged."""
+        H, seq_q = Q.shape[1], Q.shape[2]
         wg, warp, lane = tid // 128, (tid % 128) // 32, tid % 32
         g, t = lane // 4, lane % 4
         qk_scale = scale * float32(LOG2E)
-        dq_address = global_address(dQ)
         s = cuda.local.array((NT, 4), float32)
         dp = cuda.local.array((NT, 4), float32)
         p_frag = cuda.local.array((KS, 4), uint32)
@@ -366,24 +345,24 @@ def build_kv_kernel_ws(L: dict, dtype: str):
         desc_v = descriptor(smem + V_OFF + wg * KV_TILE, 16, GROUP, SW128)
         ds_row0 = uint32((DS_OFF + (wg * 64 + warp * 16 + g) * ROW) // 4 + t)
         h, m0 = h_kv * group, m_first
-        staged = uint32(0)  # (bulk_dq) pieces of dQ this consumer has staged
-        if n_tiles > 0 and tid < BLOCK_M:
+        if n_tiles > 0 and tid < BLOCK_M:  # tile 0's row stats, in its stage's slots
             lse_0, delta_0 = load_row_stats(LSE, DELTA, b, h, m0 + tid, seq_q)
-            lse2_s[tid], delta_s[tid] = row_stats(lse_0, delta_0)
+            lse2_s[(done % STAGES) * BLOCK_M + tid], delta_s[(done % STAGES) * BLOCK_M + tid] = row_stats(lse_0, delta_0)
         zero_tiles(dk, ND)
         zero_tiles(dv, ND)
         key_a = n0 + wg * 64 + warp * 16 + g
         first_a = first_row(key_a, seq_q, seq_k, causal)
         first_b = first_row(key_a + 8, seq_q, seq_k, causal)
         bar_sync(uint32(CONSUMER_BAR), uint32(CONSUMER_THREADS))  # tile 0's row stats are stored
-        wait(bars, uint32(0))  # K and V have landed
+        wait(bars, uint32(kb % 2))  # this key block's K and V have landed
         for it in range(n_tiles):
-            stage = it % STAGES
+            r = done + it  # the ring's count: stage r % 2, its use r // 2
+            stage = r % STAGES
             h_next, m_next = (h, m0 + BLOCK_M) if m0 + BLOCK_M < seq_q else (h + 1, m_first)
             lse_next, delta_next = float32(0.0), float32(0.0)
             if it + 1 < n_tiles and tid < BLOCK_M:
                 lse_next, delta_next = load_row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
-            wait(bars + 8 + 8 * stage, uint32((it // STAGES) % 2))  # this tile's Q and dO have landed
+            wait(bars + FULL + 8 * stage, uint32((r // STAGES) % 2))  # this tile's Q and dO have landed
             q_tile = smem + Q_OFF + stage * STAGE
             do_tile = q_tile + STREAM_TILE
             # -- phase 12's tile: Sᵀ, dPᵀ; Pᵀ, dSᵀ; dV += Pᵀ dO, dK += dSᵀ Q
@@ -394,7 +373,7 @@ def build_kv_kernel_ws(L: dict, dtype: str):
             pack_a(ds_frag, dp)
             store_tuple(dv, pv_acc(as_tuple(p_frag, N_P), descriptor(do_tile, ATOM, GROUP, SW128), as_tuple(dv, N_O)))
             store_tuple(dk, pv_acc(as_tuple(ds_frag, N_P), descriptor(q_tile, ATOM, GROUP, SW128), as_tuple(dk, N_O)))
-            arrive(bars + 8 * (1 + STAGES) + 8 * stage)  # done with Q and dO: the producer may refill the stage
+            arrive(bars + EMPTY + 8 * stage)  # done with Q and dO: the producer may refill the stage
             # -- dSᵀ to shared memory (phase 12's swizzle), then dQ += scale · dS K
             for kk in range(KS):
                 atom = uint32((kk // 4) * DS_ATOM_WORDS)
@@ -411,7 +390,71 @@ def build_kv_kernel_ws(L: dict, dtype: str):
                 lse2_s[at], delta_s[at] = row_stats(lse_next, delta_next)
             bar_sync(uint32(CONSUMER_BAR), uint32(CONSUMER_THREADS))  # dSᵀ read, the next stats stored
             h, m0 = h_next, m_next
+        arrive(bars + 8)  # done with K and V (dQ's last product read K): the next key block may load
         store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale)
+        return done + n_tiles, staged
+
+    @cuda.jit(device=True, inline=True)
+    def block_span(key_block, seq_q, seq_k, causal, group):
+        """Key block key_block's first key, the first query tile that sees it, and its tiles (the
+        heads of the group in turn)."""
+        n0 = key_block * BLOCK_N
+        first = max(0, n0 - (seq_k - seq_q)) if causal else 0
+        m_first = first - first % BLOCK_M
+        return n0, m_first, group * tile_count(seq_q - m_first, BLOCK_M)
+
+    def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, maps):
+        """phase 12's kv_kernel (its arguments and grid, and the tensor maps of Q, K, V and dO),
+        warp-specialized: warpgroup 0 loads, warpgroups 1 and 2 compute."""
+        smem_h = cuda.shared.array(0, uint32, alignment=1024)
+        stage_f = cuda.shared.array(0, float32, alignment=1024)  # the same memory, as float32 (bulk_dq)
+        smem = shared_address(smem_h)
+        lse2_s = cuda.shared.array(STATS, float32)  # stage s, row r at s * BLOCK_M + r: L_i · log2 e
+        delta_s = cuda.shared.array(STATS, float32)  # and Δ_i
+        bars = smem + BARS_OFF
+        b, h_kv = cuda.blockIdx.z, cuda.blockIdx.y
+        H, seq_q, seq_k = Q.shape[1], Q.shape[2], K.shape[2]
+        group = int32(uint32(H) // uint32(K.shape[1]))  # 32-bit: see phase 12
+        n_key_blocks = tile_count(seq_k, BLOCK_N)
+        if cuda.threadIdx.x == 0:  # one thread sets the barriers up; the block barrier publishes them
+            mbar_init(bars, uint32(1))  # kv_full: the producer's arrival and the bytes
+            mbar_init(bars + 8, uint32(CONSUMER_THREADS))  # kv_empty: every consumer thread's
+            for s in range(STAGES):
+                mbar_init(bars + FULL + 8 * s, uint32(1))
+                mbar_init(bars + EMPTY + 8 * s, uint32(CONSUMER_THREADS))
+            if BULK:
+                for i in range(WARPGROUPS * DQ_SLOTS):
+                    mbar_init(smem + DQ_BARS_OFF + 8 * i, uint32(128))  # dq_full: the consumer's threads
+                    mbar_init(smem + DQ_BARS_OFF + 8 * (WARPGROUPS * DQ_SLOTS + i), uint32(1))  # dq_empty
+            fence_mbar_init()
+        cuda.syncthreads()
+        key_block, kb, done = cuda.blockIdx.x, 0, 0  # (serial: this block's key blocks in turn)
+        if cuda.threadIdx.x < 128:  # the producer's warpgroup: one thread loads, all give registers back
+            regs_dec()
+            while key_block < n_key_blocks:
+                n0, m_first, n_tiles = block_span(key_block, seq_q, seq_k, causal, group)
+                if cuda.threadIdx.x == 0:
+                    done = producer(smem, bars, maps, b, h_kv, H, K.shape[1], group, n0, m_first, n_tiles, seq_q,
+                                    kb, done)
+                if BULK and cuda.threadIdx.x == DQ_WRITER:
+                    dq_writer(smem, global_address(dQ), b, H, h_kv * group, m_first, n_tiles, seq_q)
+                if not SERIAL:
+                    break
+                key_block, kb = key_block + cuda.gridDim.x, kb + 1
+            return
+        regs_inc()
+        dq_address = global_address(dQ)
+        if SERIAL:  # dQ's part blockIdx.x
+            dq_address += uint64(cuda.blockIdx.x) * uint64(dQ.strides[0])
+        staged = uint32(0)  # (bulk_dq) pieces of dQ this consumer has staged
+        while key_block < n_key_blocks:
+            n0, m_first, n_tiles = block_span(key_block, seq_q, seq_k, causal, group)
+            done, staged = consume_block(smem, smem_h, stage_f, lse2_s, delta_s, bars, Q, LSE, DELTA, dK, dV, b, h_kv,
+                                         group, n0, m_first, n_tiles, seq_k, causal, scale, dq_address,
+                                         cuda.threadIdx.x - 128, kb, done, staged)
+            if not SERIAL:
+                break
+            key_block, kb = key_block + cuda.gridDim.x, kb + 1
 
     if simulator_enabled():
         return cuda.jit(kv_kernel)
@@ -421,7 +464,7 @@ def build_kv_kernel_ws(L: dict, dtype: str):
 
 
 def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> dict:
-    """"13-kv", "13-kv-serial" (phase 12's) and phase 11's "11-delta" and "11-sum", typed as
+    """"13-kv", "13-kv-serial" and phase 11's "11-delta" and "11-sum", typed as
     Backward.run launches them."""
     from .p11_backward import views_of
 

@@ -229,7 +229,7 @@ class Backward:
         kernel = self.kv_kernel_serial if deterministic else self.kv_kernel
         threads, args = kv["N_THREADS"], (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32),
                                           causal, float32(scale))
-        if "WS_THREADS" in kv and not deterministic:  # phase 13: a producer warpgroup more, loading by TMA
+        if "WS_THREADS" in kv:  # phase 13: a producer warpgroup more, loading by TMA
             from flashcore_numba.arch.tma import head_maps
 
             threads, args = kv["WS_THREADS"], (*args, head_maps((Q, K, V, dO), (1, 64, 64)))
@@ -332,7 +332,8 @@ def views_of(bw: Backward) -> dict[str, CompiledView]:
     return {
         bw.kv_id(False): CompiledView(bw.kv_kernel, kv_ws, bw.kv["WS_THREADS" if ws else "N_THREADS"],
                                       bw.kv["SMEM_BYTES"], launch_bounds=bw.kv.get("LAUNCH_BOUNDS")),
-        bw.kv_id(True): CompiledView(bw.kv_kernel_serial, kv, bw.kv["N_THREADS"], bw.kv["SMEM_BYTES"]),
+        bw.kv_id(True): CompiledView(bw.kv_kernel_serial, kv_ws, bw.kv["WS_THREADS" if ws else "N_THREADS"],
+                                     bw.kv["SMEM_BYTES"], launch_bounds=bw.kv.get("LAUNCH_BOUNDS")),
         "11-delta": CompiledView(bw.delta_kernel, f"void(uint32[:,:,:,::1], uint32[:,:,:,::1], {three}, boolean, "
                                                   f"{three})", 32 * DELTA_WARPS, 0),
         "11-sum": CompiledView(_sum_parts_kernel, "void(float32[:,::1], float32[::1])", SUM_THREADS, 0),
