@@ -316,17 +316,19 @@ def test_phase_12s_measured_effect_comes_from_its_rows_of_the_backward_records(t
 # ---------------------------------------------------------------------------------------------
 # Phase 13 (in progress): phase 12's kv_kernel warp-specialized, a TMA producer feeding it
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("D, S, S_k, dtype, bulk_dq", [
-    pytest.param(64, 150, 140, "float16", True, id="D=64 bulk dQ, 2 query tiles"),
-    pytest.param(64, 150, 140, "float16", False, id="D=64, 2 query tiles", marks=pytest.mark.slow),
-    pytest.param(96, 70, 75, "bfloat16", False, id="D=96 rounded up, bf16", marks=pytest.mark.slow),
-    pytest.param(128, 130, 200, "float16", False, id="D=128, 3 query tiles, 2 key blocks", marks=pytest.mark.slow),
-    pytest.param(128, 200, 140, "float16", True, id="D=128 bulk dQ, 4 query tiles", marks=pytest.mark.slow),
+@pytest.mark.parametrize("D, S, S_k, heads, dtype, bulk_dq", [
+    pytest.param(64, 150, 140, (2, 1), "float16", True, id="D=64 bulk dQ, 2 query tiles, MQA"),
+    pytest.param(64, 150, 140, (4, 2), "float16", False, id="D=64, 2 query tiles", marks=pytest.mark.slow),
+    pytest.param(96, 70, 75, (4, 2), "bfloat16", False, id="D=96 rounded up, bf16", marks=pytest.mark.slow),
+    pytest.param(128, 130, 200, (4, 2), "float16", False, id="D=128, 3 query tiles, 2 key blocks",
+                 marks=pytest.mark.slow),
+    pytest.param(128, 200, 140, (4, 2), "float16", True, id="D=128 bulk dQ, 4 query tiles", marks=pytest.mark.slow),
 ])
-def test_phase13_matches_the_reference_gradients(D, S, S_k, dtype, bulk_dq):
+def test_phase13_matches_the_reference_gradients(D, S, S_k, heads, dtype, bulk_dq):
     """Phase 13's kv_kernel: the producer's TMA loads of K, V and each query tile's Q and dO through
     the two-stage ring (more query tiles than stages, so that a stage is refilled after its empty
-    barrier), GQA 2 (the group's heads in turn), causal with tails of both lengths; with bulk_dq the
+    barrier), two query heads a K/V head (the group's heads in turn), causal with tails of both
+    lengths (the default run's case on one K/V head: half the blocks); with bulk_dq the
     consumers' pieces of dQ through two slots each to the writer's bulk reductions (more pieces
     than slots); its serial build with deterministic=True, one block over every key block (parts=1:
     the producer reloads K and V after kv_empty, the ring's count runs on)."""
@@ -334,7 +336,7 @@ def test_phase13_matches_the_reference_gradients(D, S, S_k, dtype, bulk_dq):
 
     bw = p13.build(D, dtype, bulk_dq=bulk_dq)
     assert bw.cache_id("13-kv")[0] == "13-kv" and bw.kv["WS_THREADS"] == 384
-    check_phase13((1, 4, S, D), S_k, dtype, bulk_dq)
+    check_phase13((1, heads[0], S, D), S_k, dtype, bulk_dq, heads_kv=heads[1])
 
 
 @pytest.mark.gpu
@@ -349,12 +351,12 @@ def test_phase13_on_gpu(D, dtype, bulk_dq):
     check_phase13((2, 4, 517, D), 490, dtype, bulk_dq)
 
 
-def check_phase13(shape, seq_k, dtype, bulk_dq):
-    """Phase 13's gradients, with atomics and deterministic, causal, GQA 2, scale 0.3, against the
+def check_phase13(shape, seq_k, dtype, bulk_dq, heads_kv=2):
+    """Phase 13's gradients, with atomics and deterministic, causal, GQA, scale 0.3, against the
     float64 references (fresh inputs; run_on_host starts dQ, dK and dV as NaN)."""
     from flashcore_numba.phases import p13_backward_ws as p13
 
-    q, k, v = (round_to(x, dtype) for x in random_qkv(shape, seq_k, heads_kv=2, dtype=np.float32))
+    q, k, v = (round_to(x, dtype) for x in random_qkv(shape, seq_k, heads_kv=heads_kv, dtype=np.float32))
     do = round_to(np.random.default_rng().standard_normal(q.shape), dtype)
     o, lse = reference_attention(q, k, v, causal=True, scale=0.3), reference_lse(q, k, causal=True, scale=0.3)
     want = both_references(q, k, v, do, dtype, causal=True, scale=0.3)
