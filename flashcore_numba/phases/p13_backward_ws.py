@@ -22,7 +22,11 @@ What changed from phase 12
       consumers rise to 240.
     The serial build (deterministic=True) is warp-specialized too: a block takes its part's key
     blocks in turn, and the producer loads the next K and V once the consumers say they are done
-    with the last (kv_empty); the ring's count runs on across key blocks.
+    with the last (kv_empty); the ring's count runs on across key blocks. With bulk_dq (FA3's dQ)
+    the consumers no longer add dQ themselves: each stages its 64 x 64 piece in one of two slots
+    of shared memory, and a thread of the producer's warpgroup (warp 1) adds it to a float32
+    workspace by one bulk reduction (ptx/bulk.ptx) and frees the slot once the TMA unit has read
+    it; phase 12's DqOfTiles writes dQ from the workspace after.
 
 Why the hardware should reward it
     A TMA load is one instruction for 8 KB, issued by one thread, and the copy engine swizzles,
