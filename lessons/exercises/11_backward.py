@@ -227,13 +227,12 @@ class Backward:
                 raise ValueError(f"dq_sums: expected shape {(parts, *dQ.shape)}, got {tuple(sums.shape)}")
         _zero(sums, stream)
         kernel = self.kv_kernel_serial if deterministic else self.kv_kernel
-        threads, args = kv["N_THREADS"], (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32),
-                                          causal, float32(scale))
+        args = (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale))
         if "WS_THREADS" in kv:  # phase 13: a producer warpgroup more, loading by TMA
             from flashcore_numba.arch.tma import head_maps
 
-            threads, args = kv["WS_THREADS"], (*args, head_maps((Q, K, V, dO), (1, 64, 64)))
-        launch(kernel, (parts if deterministic else key_blocks, H_kv, B), threads, kv["SMEM_BYTES"], args,
+            args += (head_maps((Q, K, V, dO), (1, 64, 64)),)
+        launch(kernel, (parts if deterministic else key_blocks, H_kv, B), kv_threads(kv), kv["SMEM_BYTES"], args,
                stream, self.cache_id(self.kv_id(deterministic)))
         if self.dq_of_tiles is not None and not deterministic:
             self.dq_of_tiles.write(sums, dQ, stream)
@@ -320,6 +319,11 @@ def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> d
     return views_of(build(HEAD_DIM, dtype, cc=cc))
 
 
+def kv_threads(kv: dict) -> int:
+    """kv_kernel's threads a block: its warps', and phase 13's producer warpgroup's (WS_THREADS)."""
+    return kv.get("WS_THREADS", kv["N_THREADS"])
+
+
 def views_of(bw: Backward) -> dict[str, CompiledView]:
     """The kernels of a Backward (this phase's, or phase 12's: its kv_kernel under "12-kv"), typed as
     Backward.run launches them."""
@@ -327,13 +331,12 @@ def views_of(bw: Backward) -> dict[str, CompiledView]:
     four, three = f"{e}[:,:,:,::1]", "float32[:,:,::1]"
     inputs = f"{four}, {four}, {four}, {four}, {three}, {three}, float32[:,:,:,:,::1]"
     kv = f"void({inputs}, uint32[:,:,:,::1], uint32[:,:,:,::1], boolean, float32)"
-    ws = "WS_THREADS" in bw.kv  # phase 13's kv_kernel: the tensor maps too, and its producer's threads
-    kv_ws = kv[:-1] + ", uint64[:,::1])" if ws else kv
+    if "WS_THREADS" in bw.kv:  # phase 13's kv_kernel: the tensor maps too
+        kv = kv[:-1] + ", uint64[:,::1])"
+    threads, smem, bounds = kv_threads(bw.kv), bw.kv["SMEM_BYTES"], bw.kv.get("LAUNCH_BOUNDS")
     return {
-        bw.kv_id(False): CompiledView(bw.kv_kernel, kv_ws, bw.kv["WS_THREADS" if ws else "N_THREADS"],
-                                      bw.kv["SMEM_BYTES"], launch_bounds=bw.kv.get("LAUNCH_BOUNDS")),
-        bw.kv_id(True): CompiledView(bw.kv_kernel_serial, kv_ws, bw.kv["WS_THREADS" if ws else "N_THREADS"],
-                                     bw.kv["SMEM_BYTES"], launch_bounds=bw.kv.get("LAUNCH_BOUNDS")),
+        bw.kv_id(False): CompiledView(bw.kv_kernel, kv, threads, smem, launch_bounds=bounds),
+        bw.kv_id(True): CompiledView(bw.kv_kernel_serial, kv, threads, smem, launch_bounds=bounds),
         "11-delta": CompiledView(bw.delta_kernel, f"void(uint32[:,:,:,::1], uint32[:,:,:,::1], {three}, boolean, "
                                                   f"{three})", 32 * DELTA_WARPS, 0),
         "11-sum": CompiledView(_sum_parts_kernel, "void(float32[:,::1], float32[::1])", SUM_THREADS, 0),
