@@ -160,12 +160,12 @@ def require_backward(phase, device=None, head_dim=None, value_dim=None) -> None:
     tensors' device given, a phase that passed for it once is not asked about again (the question
     costs about 9 us of Numba's device queries, docs/tuning/call_path.md run 11). Where a phase
     without the LSE slipped through, the forward's validation (return_lse) still refuses it. With
-    `head_dim`, it must be one the backward builds (phases 11 and 12: any multiple of 8 up to 128),
+    `head_dim`, it must be one the backward builds (phase 11: any multiple of 8 up to 256),
     and v's (`value_dim`) the same."""
     if head_dim is not None and not backward_runs_head_dim(head_dim):
+        # the same head dims as the forward's phases 07-10: refused here, before any forward runs
         raise ValueError(f"q: requires grad, but the backward takes head dims {BACKWARD_HEAD_DIMS_TEXT}, "
-                         f"not {head_dim} (the forward takes it); "
-                         f"call it under torch.no_grad() for the forward alone")
+                         f"not {head_dim}")
     if value_dim is not None and head_dim is not None and value_dim != head_dim:
         raise ValueError(f"v: requires grad, but the backward takes one head dim for q, k and v, not {head_dim} "
                          f"and {value_dim} (the forward takes them); call it under torch.no_grad() for the "

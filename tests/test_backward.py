@@ -123,15 +123,17 @@ def test_deterministic_dq_in_parts(parts):
 
 @pytest.mark.parametrize("deterministic", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_backward_with_one_ds_buffer(deterministic):
-    """A GPU without room for two dSᵀ buffers (ds_buffers_for: an A100 at D = 128, a GeForce RTX
+    """A GPU without room for two dSᵀ buffers (kv_shape: an A100 at D = 128, a GeForce RTX
     card at D = 64) gets kv_kernel with one, each tile's dQ behind a barrier of its own instead of
     one tile late: right too, in both builds (the simulator runs what an RTX card gets at D = 64,
     its dQ by scalar `red`; its small blocks take the full-size kernel's choice). Three query
     tiles, two key blocks, the causal edge and GQA 2."""
     from flashcore_numba.phases import p11_backward
 
-    assert [p11_backward.ds_buffers_for(D, cc) for D in (64, 128) for cc in ((8, 0), (8, 6), (9, 0))] == \
+    assert [p11_backward.kv_shape(D, cc)[2] for D in (64, 128) for cc in ((8, 0), (8, 6), (9, 0))] == \
         [2, 1, 2, 1, 1, 2]
+    # past D = 128 half the keys a block: 64-row query tiles where one buffer fits beside them, else 32
+    assert [p11_backward.kv_shape(256, cc) for cc in ((8, 0), (9, 0))] == [(4, 32, 2), (4, 64, 2)]
     assert p11_backward.build(128, "float16", cc=(8, 0)).kv["DS_BUFFERS"] == 1
     assert p11_backward.build(64, "float16", cc=(8, 6)).kv["DS_BUFFERS"] == 1
     q, k, v = (round_to(x, "float16") for x in random_qkv((1, 2, 33, 64), 37, heads_kv=1, dtype=np.float32))
@@ -253,8 +255,8 @@ def test_backward_kernels_compiled_for_the_h100(backward_reports):
 def test_backward_refuses_other_head_dims():
     from flashcore_numba.phases import p11_backward
 
-    for D in (100, 136):  # not a multiple of 8; wider than a warp's dK and dV hold
-        with pytest.raises(ValueError, match=f"head dim: the backward is built for multiples of 8 up to 128, not {D}"):
+    for D in (100, 264):  # not a multiple of 8; wider than the widest tile
+        with pytest.raises(ValueError, match=f"head dim: the backward is built for multiples of 8 up to 256, not {D}"):
             p11_backward.build(D)
     with pytest.raises(ValueError, match="dtype: the backward builds float16 and bfloat16, not 'float32'"):
         p11_backward.build(64, "float32")
@@ -269,6 +271,8 @@ GPU_CASES = [
     pytest.param((1, 2, 130, 64), 70, 1, True, "float16", id="MQA causal S_q>S_k"),
     pytest.param((2, 4, 260, 96), 333, 2, True, "float16", id="D=96 GQA 2 causal fp16"),
     pytest.param((1, 4, 150, 40), 150, 4, False, "bfloat16", id="D=40 bf16"),
+    pytest.param((1, 4, 200, 256), 260, 2, True, "bfloat16", id="D=256 GQA 2 causal S_q<S_k bf16"),
+    pytest.param((2, 2, 150, 160), 150, 2, False, "float16", id="D=160 fp16"),
 ]
 
 

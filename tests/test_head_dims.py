@@ -128,15 +128,16 @@ def test_a_head_dim_no_phase_takes_is_refused_by_name(D, phase, message):
 
 
 def test_the_backward_refuses_other_head_dims_before_the_forward():
-    """attention()'s autograd takes what phases 11 and 12 build, any multiple of 8 up to 128; past
-    it (or off the multiples of 8) a call that needs gradients is refused before its forward."""
+    """attention()'s autograd takes what phase 11 builds, any multiple of 8 up to 256 (phase 12 on
+    Hopper up to 128); past it (or off the multiples of 8) a call that needs gradients is refused
+    before its forward."""
     from flashcore_numba import api
 
-    for D in (136, 256, 100):
+    for D in (264, 100):
         with pytest.raises(ValueError, match=f"q: requires grad, but the backward takes head dims any multiple of 8 "
-                                             f"from 8 to 128, not {D} .*torch.no_grad"):
+                                             f"from 8 to 256, not {D}$"):
             api.require_backward("best", None, D)
-    for D in (8, 40, 96, 128):
+    for D in (8, 40, 96, 128, 136, 256):
         api.require_backward("best", None, D)
 
 
@@ -216,24 +217,40 @@ def check_backward_head_dim(D, shape, seq_k, heads_kv, causal, deterministic, dt
     pytest.param(96, False, True, id="D=96 deterministic", marks=pytest.mark.slow),
     pytest.param(8, True, True, id="D=8", marks=pytest.mark.slow),
     pytest.param(120, True, False, id="D=120", marks=pytest.mark.slow),
+    pytest.param(200, True, False, id="D=200, two column parts"),
+    pytest.param(256, False, True, id="D=256 deterministic", marks=pytest.mark.slow),
 ])
 def test_phase11_backward_at_other_head_dims(D, causal, deterministic):
-    """Phase 11's kernels at a head dim rounded up to their 64- or 128-column tiles (tile_head_dim):
-    Q, K, V and dO copied with zeros past D, Δ summed over D's columns alone, dQ, dK and dV stored
-    in D's columns only (the outputs start as NaN: a column left unwritten fails, one written past D
-    lands in the next row), GQA 2, tails of both lengths, against the float64 gradients."""
+    """Phase 11's kernels at a head dim rounded up to their 64-, 128- or 256-column tiles
+    (tile_head_dim): Q, K, V and dO copied with zeros past D, Δ summed over D's columns alone, dQ,
+    dK and dV stored in D's columns only (the outputs start as NaN: a column left unwritten fails,
+    one written past D lands in the next row), GQA 2, tails of both lengths, against the float64
+    gradients. Past 128 two blocks share each key block's gradients by columns (column_parts), the
+    second's columns ending in the tail past D at 200."""
     from flashcore_numba.phases import p11_backward as p11
 
-    assert p11.tile_head_dim(D) == (64 if D <= 64 else 128) and p11.runs_head_dim(D)
-    check_backward_head_dim(D, (1, 4, 19), 23, 2, causal, deterministic)
+    assert p11.tile_head_dim(D) == (64 if D <= 64 else 128 if D <= 128 else 256) and p11.runs_head_dim(D)
+    # past 128 on one K/V head: the two column parts double the blocks, the simulator's time
+    shape, heads_kv = ((1, 2, 19), 1) if D > 128 else ((1, 4, 19), 2)
+    check_backward_head_dim(D, shape, 23, heads_kv, causal, deterministic)
 
 
 def test_the_head_dims_the_backward_builds():
     from flashcore_numba.phases import p11_backward as p11
 
-    assert [D for D in range(1, 300) if p11.runs_head_dim(D)] == list(range(8, 129, 8))
+    assert [D for D in range(1, 300) if p11.runs_head_dim(D)] == list(range(8, 257, 8))
     L = p11.layout(96, 8, 64, 2)
     assert (L["D_TILE"], L["CHUNKS"], L["GLOBAL_CHUNKS"], L["ND"], L["KD"]) == (128, 16, 12, 16, 8)
+    assert (L["COLUMN_PARTS"], L["PART_COLS"]) == (1, 128)
+    # past 128: 256-column rows, the gradients in two parts of 128 columns (a warp's dK and dV as at 128)
+    L = p11.layout(200, *p11.kv_shape(200, (9, 0)))
+    assert (L["D_TILE"], L["GLOBAL_CHUNKS"], L["COLUMN_PARTS"], L["PART_COLS"], L["ND"], L["KD"]) == \
+        (256, 25, 2, 128, 16, 16)
+    assert (L["WARPS"], L["STREAM_ROWS"], L["DS_BUFFERS"]) == (4, 64, 2)
+    assert p11.kv_grid(L, 3, 4, 2) == (3, 8, 2) and p11.kv_grid(p11.layout(128, 8, 64, 2), 3, 4, 2) == (3, 4, 2)
+    from flashcore_numba.phases import p12_backward_wgmma as p12  # on wgmma: up to 128
+
+    assert [D for D in range(1, 300) if p12.runs_head_dim(D)] == list(range(8, 129, 8))
     assert p11.HEAD_DIMS == (64, 128)  # the course's (its lesson and exercise)
 
 
@@ -253,12 +270,11 @@ def test_phase12_backward_at_other_head_dims(D, causal, deterministic):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("phase", ["11", "12"])
-@pytest.mark.parametrize("D", range(8, 129, 8))
+@pytest.mark.parametrize("D, phase", [(D, "11") for D in range(8, 257, 8)] + [(D, "12") for D in range(8, 129, 8)])
 def test_backward_every_head_dim_on_gpu(D, phase):
-    """The backward (phase 11, and phase 12 on Hopper) at every head dim it builds, on its real
-    blocks: several key blocks and query tiles, causal with tails and not, GQA 2, atomics and
-    deterministic, fp16 and bf16."""
+    """The backward (phase 11 up to 256, and phase 12 on Hopper up to 128) at every head dim it
+    builds, on its real blocks: several key blocks and query tiles, causal with tails and not, GQA
+    2, atomics and deterministic, fp16 and bf16."""
     from numba import cuda
 
     if phase == "12" and cuda.get_current_device().compute_capability != (9, 0):

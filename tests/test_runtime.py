@@ -181,6 +181,7 @@ BACKWARD_PLAN_CASES = [  # (q shape, k shape, causal, deterministic, parts, with
     ((2, 4, 77, 64), (2, 2, 130, 64), True, False, 1, False, "float16"),
     ((1, 2, 300, 128), (1, 1, 333, 128), False, True, 1, True, "bfloat16"),
     ((1, 2, 300, 64), (1, 1, 333, 64), True, True, 3, False, "float16"),
+    ((1, 2, 100, 200), (1, 1, 100, 200), True, False, 1, False, "float16"),  # past 128: phase 11 alone, 2 column parts
 ]
 
 
@@ -198,6 +199,8 @@ def test_backward_plan_launches_what_backward_run_launches():
 
     for (q_shape, k_shape, causal, deterministic, parts, with_dlse, dtype), phase in itertools.product(
             BACKWARD_PLAN_CASES, ("11", "12")):  # phase 12: phase 11's Backward, its kv_kernel on wgmma
+        if not backward_phase(phase).runs_head_dim(q_shape[3]):
+            continue
         bw = backward_phase(phase).build(q_shape[3], dtype, cc=(9, 0))
         views = backward_phase(phase).kernel_views(q_shape[3], dtype, cc=(9, 0))
         e = np.float16 if dtype == "float16" else np.int16
@@ -621,10 +624,13 @@ def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
 
 
 def test_autograd_runs_phase_12s_backward_on_hopper_only():
-    """wgmma exists on sm_90 alone: Hopper gets phase 12's backward, every other GPU phase 11's."""
+    """wgmma exists on sm_90 alone: Hopper gets phase 12's backward up to D = 128, every other GPU
+    and every head dim past 128 phase 11's (which splits the gradients' columns there)."""
     from flashcore_numba.runtime import torch_ops
 
     assert torch_ops.autograd_backward_phase((9, 0)) == "12"
+    assert [torch_ops.autograd_backward_phase((9, 0), D) for D in (8, 96, 128, 136, 192, 256)] == \
+        ["12"] * 3 + ["11"] * 3
     assert [torch_ops.autograd_backward_phase(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))] == ["11"] * 5
 
 

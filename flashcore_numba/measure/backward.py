@@ -236,7 +236,7 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
         device.release()
     # one training step of attention alone: forward and backward
     leaves = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
-    autograd = autograd_backward_phase(device.cc)  # the backward attention()'s autograd runs on this GPU
+    autograd = autograd_backward_phase(device.cc, problem.D)  # what attention()'s autograd runs on this GPU
     steps = {f"{autograd}-step": ("phase", f"attention() forward and backward (phase {autograd}'s), one training step",
                                   lambda: attention(*leaves, causal=problem.causal), None)}
     for name in peer_names:

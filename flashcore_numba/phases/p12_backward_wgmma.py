@@ -91,7 +91,8 @@ from .common import LOG2E, PTX_TYPE, cdiv, launch, make_pack_a, zero_tiles
 from .p08_wgmma import ATOM, GROUP, ROW, WG_M
 from .p11_backward import (DTYPES, HEAD_DIMS, STATIC_SMEM_BYTES, Backward, build_delta_kernel, first_row,
                            load_row_stats, make_p_and_ds, make_red_pair, make_store_dk_dv, row_stats,
-                           run_on_host, runs_head_dim, tile_count, tile_head_dim, views_of)
+                           run_on_host, tile_count, tile_head_dim, views_of)
+from .p11_backward import runs_head_dim as p11_runs_head_dim
 
 ID = "12"
 NAME = "backward_wgmma"
@@ -106,6 +107,13 @@ WARPGROUPS = 2
 PIECE = 64  # dQ's pieces are 64 x 64: the build "bulk dQ" stages one a warpgroup, PIECE_BYTES of float32
 PIECE_BYTES = PIECE * PIECE * 4
 WG_BAR = 1  # named barriers WG_BAR + wg: warpgroup wg's 128 threads only (the build "bulk dQ")
+MAX_HEAD_DIM = 128  # past it a warpgroup's dK and dV no longer fit its registers: phase 11 runs those
+
+
+def runs_head_dim(HEAD_DIM: int) -> bool:
+    """Whether this phase builds head dim HEAD_DIM: one phase 11 builds, up to MAX_HEAD_DIM (phase
+    11 splits the gradients' columns past 128 across blocks, `column_parts`; this one does not)."""
+    return p11_runs_head_dim(HEAD_DIM) and HEAD_DIM <= MAX_HEAD_DIM
 
 
 def query_rows(HEAD_DIM: int) -> int:
@@ -565,7 +573,7 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
                 tile_dq(smem, (n_tiles - 1) % 2, h_done, m_done, dq_address, b, H, seq_q, wg, warp, g, t, dq, scale)
 
             # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type (phase 11's)
-            store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale)
+            store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale, 0)
             if BULK and tid % 128 == 0:
                 bulk_wait_read()  # the last reduction has read its buffer before the block ends
             if not SERIAL:

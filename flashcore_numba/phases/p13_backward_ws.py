@@ -50,8 +50,8 @@ from ..arch.sim import simulator_enabled
 from .common import LOG2E, PTX_TYPE, make_pack_a, zero_tiles
 from .p08_wgmma import ATOM, GROUP, ROW, WG_M
 from .p11_backward import (DTYPES, Backward, build_delta_kernel, first_row, load_row_stats, make_p_and_ds,
-                           make_red_pair, make_store_dk_dv, row_stats, run_on_host, runs_head_dim, tile_count)
-from .p12_backward_wgmma import PIECE, PIECE_BYTES, WARPGROUPS, DqOfTiles, layout, query_rows
+                           make_red_pair, make_store_dk_dv, row_stats, run_on_host, tile_count)
+from .p12_backward_wgmma import PIECE, PIECE_BYTES, WARPGROUPS, DqOfTiles, layout, query_rows, runs_head_dim
 
 ID = "13"
 NAME = "backward_ws"
@@ -395,7 +395,7 @@ def build_kv_kernel_ws(L: dict, dtype: str, serial: bool = False):
             bar_sync(uint32(CONSUMER_BAR), uint32(CONSUMER_THREADS))  # dSᵀ read, the next stats stored
             h, m0 = h_next, m_next
         arrive(bars + 8)  # done with K and V (dQ's last product read K): the next key block may load
-        store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale)
+        store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale, 0)
         return done + n_tiles, staged
 
     @cuda.jit(device=True, inline=True)

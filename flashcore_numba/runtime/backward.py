@@ -67,7 +67,7 @@ def backward_launches(bw, q_shape, k_shape, causal: bool, scale: float, determin
                    ("out", "dout", "dlse" if with_dlse else "delta", "delta"))
     key_blocks = cdiv(S_k, kv["OWN_ROWS"])
     kv_words = (B, H_kv, S_k, D // 2)  # dK and dV as uint32 pairs
-    main = Launch(bw.kv_id(deterministic), (parts if deterministic else key_blocks, H_kv, B),
+    main = Launch(bw.kv_id(deterministic), p11.kv_grid(kv, parts if deterministic else key_blocks, H_kv, B),
                   kv["N_THREADS"], kv["SMEM_BYTES"],
                   [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(k_shape), 2), ArrayArg(tuple(k_shape), 2),
                    ArrayArg(tuple(q_shape), 2), ArrayArg(stats, 4), ArrayArg(stats, 4),

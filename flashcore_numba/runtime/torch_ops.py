@@ -92,16 +92,19 @@ def train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
     return (out, lse) if return_lse else out
 
 
-_AUTOGRAD_BACKWARD: dict = {}  # device index -> the backward phase autograd runs there
+_AUTOGRAD_BACKWARD: dict = {}  # (device index, head dim) -> the backward phase autograd runs there
 
 
-def autograd_backward_phase(cc) -> str:
-    """The backward phase attention()'s autograd runs on a GPU of compute capability `cc`: "12"
-    (its kv_kernel on wgmma) on Hopper, where it is the faster (docs/tuning/12_history.md, the
-    records under docs/bench/backward/), and "11" (mma.sync) on every other GPU from sm_80."""
+def autograd_backward_phase(cc, head_dim: int | None = None) -> str:
+    """The backward phase attention()'s autograd runs on a GPU of compute capability `cc` (for head
+    dim `head_dim`, or any up to 128): "12" (its kv_kernel on wgmma) on Hopper, where it is the
+    faster (docs/tuning/12_history.md, the records under docs/bench/backward/), up to its
+    MAX_HEAD_DIM; "11" (mma.sync) past it and on every other GPU from sm_80."""
     from ..phases import backward_phase, cc_reason
 
-    return "12" if cc_reason(backward_phase("12"), cc) is None else "11"
+    wgmma = backward_phase("12")
+    fits = head_dim is None or wgmma.runs_head_dim(head_dim)
+    return "12" if fits and cc_reason(wgmma, cc) is None else "11"
 
 
 def attention_backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase=None):
@@ -113,11 +116,11 @@ def attention_backward(q, k, v, out, lse, dout, dlse, causal, scale, determinist
     scale: the number the forward used (attention() resolves its default, 1/sqrt(D), before it)."""
     torch = torch_module()
     device = q.device.index or 0
-    if phase is None:  # as autograd calls it: the backward of the tensors' GPU, asked once per device
-        if device not in _AUTOGRAD_BACKWARD:
-            _AUTOGRAD_BACKWARD[device] = autograd_backward_phase(torch.cuda.get_device_capability(device))
-        phase = _AUTOGRAD_BACKWARD[device]
     D = q.shape[-1]
+    if phase is None:  # as autograd calls it: the backward of the tensors' GPU, asked once per device and D
+        if (device, D) not in _AUTOGRAD_BACKWARD:
+            _AUTOGRAD_BACKWARD[device, D] = autograd_backward_phase(torch.cuda.get_device_capability(device), D)
+        phase = _AUTOGRAD_BACKWARD[device, D]
     scale = float(scale)  # attention() resolves the default (1/sqrt(D)) before its forward
     # the kernels copy 16 bytes at a time: a tensor off a 16-byte boundary (autograd's gradient may be
     # a view) is copied to one that is not

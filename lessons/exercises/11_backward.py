@@ -44,8 +44,8 @@ ID = "11"
 NAME = "backward"
 TITLE = "The backward pass: dQ, dK and dV recomputed from the log-sum-exp"
 HEAD_DIMS = (64, 128)  # the course's head dims
-MAX_HEAD_DIM = 128  # the kernels build any multiple of 8 up to this, on 64- or 128-column tiles (tile_head_dim)
-HEAD_DIMS_TEXT = "any multiple of 8 from 8 to 128"  # what attention()'s autograd takes (runs_head_dim)
+MAX_HEAD_DIM = 256  # the kernels build any multiple of 8 up to this, on 64-, 128- or 256-column tiles (tile_head_dim)
+HEAD_DIMS_TEXT = "any multiple of 8 from 8 to 256"  # what attention()'s autograd takes (runs_head_dim)
 DTYPES = ("float16", "bfloat16")
 MIN_CC = (8, 0)
 BACKWARD = True  # its exercise is graded by its gradients (course/grade_backward.py), not by an output
@@ -54,6 +54,10 @@ BACKWARD = True  # its exercise is graded by its gradients (course/grade_backwar
 # streams query tiles of KV_BLOCK_M rows past them. The warps then share one query tile's
 # dQ = dS K, (KV_BLOCK_M / 16) row groups x (the rest) column groups.
 KV_WARPS, KV_BLOCK_M = 8, 64
+# Past D = 128 a block keeps half the keys (KV_WARPS_WIDE warps): its K and V rows are twice as long, and
+# shared memory holds 64 of each beside two stages of 64-row query tiles (32 where a GPU has less room)
+KV_WARPS_WIDE = 4
+PART_COLS = 128  # the most gradient columns a warp accumulates: dK and dV, PART_COLS / 2 registers each
 SIM = dict(kv_warps=2, kv_block_m=16)  # the simulator: fewer Python threads
 DELTA_WARPS = 4  # delta_kernel: warps per block, each taking delta_rows_per_warp rows
 # deterministic=True: a block per part of dQ, each part a float32 copy of dQ (see run): at most this
@@ -69,8 +73,7 @@ STATIC_SMEM_BYTES = 2048  # kv_kernel's static shared memory (the rows' stats, p
 
 def runs_head_dim(HEAD_DIM: int) -> bool:
     """Whether the kernels build head dim HEAD_DIM: a multiple of 8 (rows of whole 16-byte chunks,
-    the unit of every copy) up to MAX_HEAD_DIM (past it a warp's dK and dV, D / 2 registers each at
-    16 keys, and its Sᵀ and dPᵀ no longer fit a thread's 255)."""
+    the unit of every copy) up to MAX_HEAD_DIM (the widest tile, `tile_head_dim`)."""
     return isinstance(HEAD_DIM, int) and 0 < HEAD_DIM <= MAX_HEAD_DIM and HEAD_DIM % 8 == 0
 
 
@@ -79,15 +82,32 @@ def tile_head_dim(HEAD_DIM: int) -> int:
     streamed tiles are swizzled within groups of eight 16-byte chunks, so a row is one or two such
     groups. The copies fill the columns past HEAD_DIM with zeros: they add nothing to Sᵀ, dPᵀ or dQ,
     and the gradients' columns past HEAD_DIM are never stored. D = 96 costs what D = 128 costs."""
-    return 64 if HEAD_DIM <= 64 else 128
+    return 64 if HEAD_DIM <= 64 else 128 if HEAD_DIM <= 128 else 256
 
 
-def ds_buffers_for(HEAD_DIM: int, cc: tuple) -> int:
-    """2 (dQ one tile late, kv_kernel's faster build) where the full-size kernel's shared memory with
-    two dSᵀ buffers fits one block on a GPU of compute capability cc, else 1 (dQ behind a barrier
-    of its own: an A100 at D = 128, a GeForce RTX card at D = 64)."""
-    need = layout(HEAD_DIM, KV_WARPS, KV_BLOCK_M, ds_buffers=2)["SMEM_BYTES"] + STATIC_SMEM_BYTES
-    return 2 if need <= smem_per_block(cc) else 1
+def column_parts(HEAD_DIM: int) -> int:
+    """How many blocks share a key block's gradients by columns: 1 up to D = 128; past it 2, each
+    taking PART_COLS columns of dK, dV and dQ. A warp's dK and dV are 16 keys x D float32, D / 2
+    registers a thread each: at D = 256 they alone would fill a thread's 255. Each of the two
+    blocks computes the whole Sᵀ and dPᵀ (every column of the head dim counts in them) and half
+    of dV, dK and dQ: together 7 products of the size of one where one block would do 5, so the
+    head dims past 128 cost 1.4 times their FLOPs. Splitting the gradients' columns across the
+    warps of one block instead (Sᵀ and dPᵀ computed once, through shared memory) would not."""
+    return tile_head_dim(HEAD_DIM) // min(tile_head_dim(HEAD_DIM), PART_COLS)
+
+
+def kv_shape(HEAD_DIM: int, cc: tuple) -> tuple[int, int, int]:
+    """kv_kernel's (warps, query rows a streamed tile, dSᵀ buffers) on a GPU of compute capability
+    cc: KV_WARPS, or KV_WARPS_WIDE past D = 128; KV_BLOCK_M rows, or half as many where not even
+    one buffer fits then (an A100 past D = 128); and 2 buffers (dQ one tile late, kv_kernel's
+    faster build) where they fit one block, else 1 (dQ behind a barrier of its own: an A100 at
+    D = 128, a GeForce RTX card at D = 64). Where none fits (a GeForce card at D = 128 and past
+    it), KV_BLOCK_M and 1 buffer: the launch then fails for want of shared memory."""
+    warps = KV_WARPS if column_parts(HEAD_DIM) == 1 else KV_WARPS_WIDE
+    for rows, buffers in ((KV_BLOCK_M, 2), (KV_BLOCK_M, 1), (KV_BLOCK_M // 2, 2), (KV_BLOCK_M // 2, 1)):
+        if layout(HEAD_DIM, warps, rows, buffers)["SMEM_BYTES"] + STATIC_SMEM_BYTES <= smem_per_block(cc):
+            return warps, rows, buffers
+    return warps, KV_BLOCK_M, 1
 
 
 def layout(HEAD_DIM: int, warps: int, stream_rows: int, ds_buffers: int) -> dict:
@@ -96,12 +116,14 @@ def layout(HEAD_DIM: int, warps: int, stream_rows: int, ds_buffers: int) -> dict
     Shared memory holds the own tiles' 16-bit rows of STRIDE elements (padded, as phase 07's),
     the streamed tiles' rows of HEAD_DIM elements (swizzled: chunk c of row r at chunk c ^ (r % 8),
     make_copy_tile), then `ds_buffers` buffers of dSᵀ (OWN_ROWS rows of STREAM_ROWS, padded;
-    kv_kernel's dQ: two where the GPU has room for them, `ds_buffers_for`); offsets are in bytes.
-    Rows and products are D_TILE wide (tile_head_dim): HEAD_DIM of them come from global memory."""
+    kv_kernel's dQ: two where the GPU has room for them, `kv_shape`); offsets are in bytes.
+    Rows and products are D_TILE wide (tile_head_dim): HEAD_DIM of them come from global memory;
+    the gradients a block accumulates are PART_COLS of them past D = 128 (column_parts)."""
     own = 16 * warps
     D_TILE = tile_head_dim(HEAD_DIM)
     L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, WARPS=warps, N_THREADS=32 * warps, OWN_ROWS=own, STREAM_ROWS=stream_rows,
-             DS_BUFFERS=ds_buffers)
+             DS_BUFFERS=ds_buffers, COLUMN_PARTS=column_parts(HEAD_DIM))
+    L["PART_COLS"] = D_TILE // L["COLUMN_PARTS"]  # the columns of dK, dV and dQ a block accumulates
     # The streamed tiles are copied every query tile, and padded rows (144 bytes at D = 64) cost
     # cp.async 24 L2 sectors and 10.5 shared-memory wavefronts a warp where 16 and 4 do: a row
     # that straddles 128-byte lines of shared memory is split (docs/tuning/11_layout/). So their
@@ -130,11 +152,11 @@ def layout(HEAD_DIM: int, warps: int, stream_rows: int, ds_buffers: int) -> dict
     L["KS"] = stream_rows // MMA_K  # k-steps over the streamed rows (dV, dK)
     L["KO"] = own // MMA_K  # k-steps over the own rows (kv_kernel's dQ = dS K)
     L["KD"] = D_TILE // MMA_K  # k-steps over the head dim
-    L["ND"] = D_TILE // MMA_N  # n-tiles of a gradient's row block (8 columns each)
+    L["ND"] = L["PART_COLS"] // MMA_N  # n-tiles of a gradient's row block (8 columns each)
     L["ROW_GROUPS"] = stream_rows // 16  # kv_kernel's dQ: warps by 16 query rows ...
-    L["COL_GROUPS"] = warps // L["ROW_GROUPS"]  # ... and by HEAD_DIM / COL_GROUPS columns
-    assert warps % L["ROW_GROUPS"] == 0 and D_TILE % (16 * L["COL_GROUPS"]) == 0
-    L["DQ_CHUNKS"] = D_TILE // L["COL_GROUPS"] // 16  # a warp's 16-column chunks of dQ
+    L["COL_GROUPS"] = warps // L["ROW_GROUPS"]  # ... and by PART_COLS / COL_GROUPS columns
+    assert warps % L["ROW_GROUPS"] == 0 and L["PART_COLS"] % (16 * L["COL_GROUPS"]) == 0
+    L["DQ_CHUNKS"] = L["PART_COLS"] // L["COL_GROUPS"] // 16  # a warp's 16-column chunks of dQ
     return L
 
 
@@ -232,8 +254,8 @@ class Backward:
             from flashcore_numba.arch.tma import head_maps
 
             args += (head_maps((Q, K, V, dO), (1, 64, 64)),)
-        launch(kernel, (parts if deterministic else key_blocks, H_kv, B), kv_threads(kv), kv["SMEM_BYTES"], args,
-               stream, self.cache_id(self.kv_id(deterministic)))
+        launch(kernel, kv_grid(kv, parts if deterministic else key_blocks, H_kv, B), kv_threads(kv),
+               kv["SMEM_BYTES"], args, stream, self.cache_id(self.kv_id(deterministic)))
         if self.dq_of_tiles is not None and not deterministic:
             self.dq_of_tiles.write(sums, dQ, stream)
         elif parts > 1:
@@ -281,18 +303,19 @@ def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None) -> Bac
         cc = tuple(cuda.get_current_device().compute_capability) if on_gpu else (9, 0)
     if not runs_head_dim(HEAD_DIM):
         raise ValueError(f"head dim: the backward is built for multiples of 8 up to {MAX_HEAD_DIM}, not {HEAD_DIM}")
-    return _build(HEAD_DIM, dtype, tuple(cc)[:2] >= (9, 0), ds_buffers_for(HEAD_DIM, cc))
+    return _build(HEAD_DIM, dtype, tuple(cc)[:2] >= (9, 0), kv_shape(HEAD_DIM, cc))
 
 
 @lru_cache(maxsize=None)
-def _build(HEAD_DIM: int, dtype: str, wide_red: bool, ds_buffers: int) -> Backward:
+def _build(HEAD_DIM: int, dtype: str, wide_red: bool, shape: tuple) -> Backward:
     if dtype not in DTYPES:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
-    sim = simulator_enabled()
+    warps, stream_rows, ds_buffers = shape
     # the simulator's small blocks take the full-size kernel's number of dSᵀ buffers (so its tests
     # run the build a GPU of that compute capability gets)
-    kv = layout(HEAD_DIM, SIM["kv_warps"] if sim else KV_WARPS, SIM["kv_block_m"] if sim else KV_BLOCK_M,
-                ds_buffers)
+    if simulator_enabled():
+        warps, stream_rows = SIM["kv_warps"], SIM["kv_block_m"]
+    kv = layout(HEAD_DIM, warps, stream_rows, ds_buffers)
     return Backward(HEAD_DIM, dtype, wide_red, kv, build_delta_kernel(HEAD_DIM, dtype),
                     build_kv_kernel(kv, dtype, wide_red), build_kv_kernel(kv, dtype, wide_red, serial=True))
 
@@ -317,6 +340,12 @@ def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> d
     """"11-kv", "11-kv-serial", "11-delta" and "11-sum" of `build(HEAD_DIM, dtype, cc)`, typed as
     Backward.run launches them (by default the H100's, as measure/machine_code.py compiles)."""
     return views_of(build(HEAD_DIM, dtype, cc=cc))
+
+
+def kv_grid(kv: dict, blocks: int, H_kv: int, B: int) -> tuple:
+    """kv_kernel's grid: `blocks` (key blocks, or deterministic parts of dQ) x the K/V heads, each
+    past D = 128 once per column part (column_parts), x the batch."""
+    return (blocks, H_kv * kv.get("COLUMN_PARTS", 1), B)
 
 
 def kv_threads(kv: dict) -> int:
@@ -370,8 +399,11 @@ class _Pieces:
             streamed rows of b (ldmatrix, as phase 07 reads K): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ."""
             c, a_rows, b_rows = args
             a0, a1, a2, a3 = ldsm(a_rows + kk * 32)
-            for jj in range(NT // 2):  # b swizzled, 16 kk columns on: XOR (kv_kernel's lane addresses)
-                b0, b1, b2, b3 = ldsm((b_rows ^ uint32(kk * 32)) + jj * 16 * SROW)
+            # b swizzled, 16 kk columns on: XOR (kv_kernel's lane addresses) within 256 bytes, past
+            # them (D_TILE = 256) an add: the streamed tiles start 256-byte aligned, not 512
+            b_kk = (b_rows ^ uint32((kk % 8) * 32)) + (kk // 8) * 256
+            for jj in range(NT // 2):
+                b0, b1, b2, b3 = ldsm(b_kk + jj * 16 * SROW)
                 mma_into(c, 2 * jj, a0, a1, a2, a3, b0, b1)
                 mma_into(c, 2 * jj + 1, a0, a1, a2, a3, b2, b3)
 
@@ -440,21 +472,28 @@ def make_p_and_ds(exp2, NT: int, BLOCK_M: int, BLOCK_N: int):
 
 def make_store_dk_dv(pack, ND: int, HEAD_DIM: int | None = None):
     """store_dk_dv(...): a block's dK and dV written at the end of its key block (phase 12 too); with
-    HEAD_DIM narrower than the ND n-tiles, the n-tiles past it (a rounded-up tile's) are not stored."""
-    N_STORED = ND if HEAD_DIM is None else HEAD_DIM // MMA_N  # n-tiles of columns that exist
+    HEAD_DIM narrower than the ND n-tiles, the n-tiles past it (a rounded-up tile's) are not stored.
+    Past D = 128 the ND n-tiles are one column part's (column_parts): those from column col0 on."""
+    N_STORED = ND if HEAD_DIM is None else min(ND, HEAD_DIM // MMA_N)  # n-tiles of columns that exist
+    PARTS = HEAD_DIM is not None and HEAD_DIM > ND * MMA_N  # col0 is a column part's; else 0
 
     @cuda.jit(device=True, inline=True)
-    def store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale):
+    def store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale, col0):
         """dK = scale · Σ dSᵀ Q and dV of the lane's keys key_a and key_a + 8 (rows g, g + 8 of its
         warp's accumulators), in the inputs' type, two columns per 32-bit store (an unsigned column:
         a signed one is checked for < 0, checks the serial build keeps in registers)."""
         for j in range(N_STORED):
+            if PARTS and col0 + j * MMA_N >= HEAD_DIM:  # the last part's n-tiles past the head dim
+                break
+            # two columns a word; the index written out in each store (a variable for it, int64 or
+            # uint32, changed ptxas's allocation of phase 11 at D = 128: 52 bytes spilled, not 40)
             if key_a < seq_k:
-                dK[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dk[j, 0] * scale, dk[j, 1] * scale)
-                dV[b, h_kv, key_a, uint32(j * 4 + t)] = pack(dv[j, 0], dv[j, 1])
+                dK[b, h_kv, key_a, uint32(col0 // 2 + j * 4 + t)] = pack(dk[j, 0] * scale, dk[j, 1] * scale)
+                dV[b, h_kv, key_a, uint32(col0 // 2 + j * 4 + t)] = pack(dv[j, 0], dv[j, 1])
             if key_a + 8 < seq_k:
-                dK[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dk[j, 2] * scale, dk[j, 3] * scale)
-                dV[b, h_kv, key_a + 8, uint32(j * 4 + t)] = pack(dv[j, 2], dv[j, 3])
+                dK[b, h_kv, key_a + 8, uint32(col0 // 2 + j * 4 + t)] = pack(dk[j, 2] * scale,
+                                                                             dk[j, 3] * scale)
+                dV[b, h_kv, key_a + 8, uint32(col0 // 2 + j * 4 + t)] = pack(dv[j, 2], dv[j, 3])
 
     return store_dk_dv
 
@@ -550,11 +589,12 @@ def make_tile_grads(L: dict, f: _Pieces):
 
     @cuda.jit(device=True, inline=True)
     def tile_grads(s, dp, p_frag, ds_frag, dk, dv, k_warp, v_warp, q_tile, do_tile, b_lane, bt_lane, lse2_s,
-                   delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale):
+                   delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale, part_bytes):
         """The query tile in `stage` (rows m0 .., Q at q_tile, dO at do_tile) against the warp's 16
         keys and values (k_warp, v_warp): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, then Pᵀ from the rows' saved
-        log-sum-exp and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i), then dV += Pᵀ dO and dK += dSᵀ Q. Pᵀ and dSᵀ are left
-        as A fragments in p_frag and ds_frag (dSᵀ's go on to dQ)."""
+        log-sum-exp and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i), then dV += Pᵀ dO and dK += dSᵀ Q in the block's
+        columns (part_bytes into a row: 0 up to D = 128). Pᵀ and dSᵀ are left as A fragments in
+        p_frag and ds_frag (dSᵀ's go on to dQ)."""
         # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, the warp's 16 keys against the tile's BLOCK_M rows
         zero_tiles(s, NT)
         zero_tiles(dp, NT)
@@ -567,8 +607,8 @@ def make_tile_grads(L: dict, f: _Pieces):
         # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments, dO and Q by ldmatrix.trans
         pack_a(p_frag, s)
         pack_a(ds_frag, dp)
-        ab_steps(0, (dv, p_frag, do_tile + bt_lane))
-        ab_steps(0, (dk, ds_frag, q_tile + bt_lane))
+        ab_steps(0, (dv, p_frag, do_tile + part_bytes + bt_lane))
+        ab_steps(0, (dk, ds_frag, q_tile + part_bytes + bt_lane))
 
     return tile_grads
 
@@ -626,12 +666,13 @@ def make_dq(L: dict, f: _Pieces, wide_red: bool):
     dq_steps = unrolled(dq_columns, DQ_CHUNKS)
 
     @cuda.jit(device=True, inline=True)
-    def tile_dq(smem, buffer, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag, bt_own, scale):
+    def tile_dq(smem, buffer, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag, bt_own, scale, col0):
         """dQ += scale · dS K for the query tile whose dSᵀ (every warp's rows) is in dSᵀ buffer
         `buffer` and whose query head and first row are prev_s[buffer]: this warp's row group and
-        column group of it. dS by ldmatrix.trans of dSᵀ, K by ldmatrix.trans. Everything it needs
-        is read here, none of it kept across the tile in registers."""
-        dq_rows, dq_cols = (warp % ROW_GROUPS) * 16, (warp // ROW_GROUPS) * DQ_CHUNKS * 16
+        column group of it, of the block's columns from col0 on (0 up to D = 128). dS by
+        ldmatrix.trans of dSᵀ, K by ldmatrix.trans. Everything it needs is read here, none of it
+        kept across the tile in registers."""
+        dq_rows, dq_cols = (warp % ROW_GROUPS) * 16, col0 + (warp // ROW_GROUPS) * DQ_CHUNKS * 16
         ds_lane = ((lane // 16) * 8 + lane % 8) * DS_ROW_BYTES + (dq_rows + ((lane // 8) % 2) * 8) * 2
         ds_tile = smem + DS_OFF + buffer * DS_BYTES + ds_lane
         for kk in range(KO):  # dS's A fragments: rows = the warp's 16 query rows, k = the keys
@@ -705,6 +746,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     GLOBAL_ROW = D * 2  # bytes from a row of a head to the next in a (B, H, S, D) array
     STATS = 2 * BLOCK_M  # lse2_s and delta_s: two stages of BLOCK_M rows
     SERIAL = serial
+    PARTS, PART_COLS = L["COLUMN_PARTS"], L["PART_COLS"]
 
     @cuda.jit
     def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale):
@@ -726,7 +768,9 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         delta_s = cuda.shared.array(STATS, float32)  # and Δ_i
         # (query head, first row) of the tile whose dSᵀ is in buffer i
         prev_s = cuda.shared.array((2, 2), int32)
-        b, h_kv = cuda.blockIdx.z, cuda.blockIdx.y
+        b, h_kv, col0 = cuda.blockIdx.z, cuda.blockIdx.y, 0  # col0: the first of the block's gradient columns
+        if PARTS > 1:  # blockIdx.y: the K/V head and which columns of the gradients (column_parts)
+            h_kv, col0 = cuda.blockIdx.y // PARTS, (cuda.blockIdx.y % PARTS) * PART_COLS
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
         g, t = lane // 4, lane % 4  # rows g, g + 8 and columns 2t, 2t + 1 of every accumulator tile
@@ -801,7 +845,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 # -- this tile's Pᵀ and dSᵀ, and its part of dV and dK (Pᵀ dO, dSᵀ Q)
                 tile_grads(s, dp, p_frag, ds_frag, dk, dv, k_warp, v_warp, q_tile, do_tile, b_lane, bt_lane,
                            lse2_s, delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b,
-                           qk_scale)
+                           qk_scale, col0 * 2)
                 stash_ds(smem_h, prev_s, ds_frag, stage, warp, g, t, tid, h, m0)
                 if DS_BUFFERS == 2:
                     # -- dQ of the tile before, whose dSᵀ every warp stored before the barrier that
@@ -810,12 +854,12 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                     # kv_kernel's stall samples, docs/tuning/11_history.md). Its buffer is the other one
                     if it > 0:
                         tile_dq(smem, 1 - stage, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag,
-                                bt_own, scale)
+                                bt_own, scale, col0)
                 else:
-                    # -- one buffer (a GPU without room for two, ds_buffers_for): this tile's dQ, once
+                    # -- one buffer (a GPU without room for two, kv_shape): this tile's dQ, once
                     # every warp has stored its rows of dSᵀ
                     cuda.syncthreads()
-                    tile_dq(smem, 0, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag, bt_own, scale)
+                    tile_dq(smem, 0, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag, bt_own, scale, col0)
 
                 # -- the next tile has landed (this thread's copies), and every warp is done with this one
                 if it + 1 < n_tiles and tid < BLOCK_M:
@@ -828,10 +872,10 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
             # -- dQ of the last tile (its dSᵀ and prev_s, behind the loop's last barrier)
             if DS_BUFFERS == 2 and n_tiles > 0:
                 tile_dq(smem, (n_tiles - 1) % 2, prev_s, dq_address, b, H, seq_q, warp, lane, t, dsq_frag,
-                        bt_own, scale)
+                        bt_own, scale, col0)
 
             # -- dK = scale · Σ dSᵀ Q and dV, in the inputs' type
-            store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale)
+            store_dk_dv(dK, dV, b, h_kv, key_a, seq_k, t, dk, dv, scale, col0)
             if not SERIAL:
                 break  # a block per key block: one trip (the compiler leaves no loop)
             cuda.syncthreads()  # every warp done with K (the last dQ) before the next key block's copies
