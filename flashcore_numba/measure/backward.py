@@ -98,14 +98,15 @@ def check_backward(problem: Problem, seed: int | None = None, *, deterministic: 
     the serial build; cc: build the kernels for this compute capability (p11_backward.build); phase:
     "12" checks phase 12's kv_kernel instead (wgmma: Hopper, or the simulator)."""
     from ..arch.sim import simulator_enabled
-    from ..phases import backward_phase, cc_reason, p11_backward
+    from ..phases import backward_phase, cc_reason
     from ..reference import gradient_atol, gradient_oracle, random_qkv, reference_attention, reference_lse
 
     module = backward_phase(phase)
     result = Result(phase, "phase", module.TITLE)
-    if not p11_backward.runs_head_dim(problem.D) or problem.dtype != "float16":
+    if not module.runs_head_dim(problem.D) or problem.dtype != "float16":
         result.available = False
-        result.reason = f"the backward is checked here at head dims {p11_backward.HEAD_DIMS_TEXT}, fp16"
+        result.reason = (f"phase {phase}'s backward is checked here at fp16 and the head dims it builds, multiples "
+                         f"of 8 up to {module.MAX_HEAD_DIM}")
         return result
     if phase != "11" and not simulator_enabled():  # phase 12: wgmma, Hopper alone
         from numba import cuda
@@ -162,6 +163,7 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
                            device=None, command=None, progress=None) -> dict:
     """The whole protocol on one problem (see the module docstring), returned as a record."""
     from ..api import attention
+    from ..phases import backward_phase
     from ..runtime.torch_ops import attention_backward, autograd_backward_phase
 
     device = device or open_device()
@@ -195,6 +197,11 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
         how = "dQ summed key block after key block, bit-identical" if deterministic else "dQ by float32 atomics"
         on = "mma.sync" if phase == "11" else "wgmma"
         result = Result(name, "phase", f"The backward on {on} ({how})")
+        if not backward_phase(phase).runs_head_dim(problem.D):  # phase 12 up to 128
+            result.available = False
+            result.reason = f"phase {phase} builds head dims up to {backward_phase(phase).MAX_HEAD_DIM}"
+            results.append(result)
+            continue
 
         def launch(deterministic=deterministic, phase=phase):
             return attention_backward(q, k, v, out, lse, do, None, problem.causal, default_scale(problem.D), deterministic,
