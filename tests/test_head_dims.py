@@ -144,13 +144,14 @@ def test_the_backward_refuses_other_head_dims_before_the_forward():
 def test_compile_lists_each_phase_at_the_head_dims_it_takes():
     from flashcore_numba.runtime import precompile
 
-    items = precompile.kernels_to_compile(["07", "09", "07-varlen", "10", "10-kvcache", "11"], [96, 128, 160],
+    items = precompile.kernels_to_compile(["07", "09", "07-varlen", "10", "10-kvcache", "11", "12"], [96, 128, 160],
                                           ["float16"])
     assert ("07", 96, "float16") in items and ("07-varlen", 96, "float16") in items
     assert ("09", 96, "float16") in items and ("09", 160, "float16") in items
     assert ("10", 128, "float16") in items and ("10", 160, "float16") in items and ("10-kvcache", 96, "float16") in items
-    # the backward's kernels build up to 128 (attention()'s autograd runs 64 and 128 so far)
-    assert ("11", 96, "float16") in items and ("11", 160, "float16") not in items
+    # the backward's: phase 11 up to 256, phase 12 (wgmma) up to 128
+    assert ("11", 96, "float16") in items and ("11", 160, "float16") in items
+    assert ("12", 128, "float16") in items and ("12", 160, "float16") not in items
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ def check_backward_head_dim(D, shape, seq_k, heads_kv, causal, deterministic, dt
     pytest.param(96, False, True, id="D=96 deterministic", marks=pytest.mark.slow),
     pytest.param(8, True, True, id="D=8", marks=pytest.mark.slow),
     pytest.param(120, True, False, id="D=120", marks=pytest.mark.slow),
-    pytest.param(200, True, False, id="D=200, two column parts"),
+    pytest.param(200, True, False, id="D=200, two column parts", marks=pytest.mark.slow),
     pytest.param(256, False, True, id="D=256 deterministic", marks=pytest.mark.slow),
 ])
 def test_phase11_backward_at_other_head_dims(D, causal, deterministic):
@@ -230,9 +231,7 @@ def test_phase11_backward_at_other_head_dims(D, causal, deterministic):
     from flashcore_numba.phases import p11_backward as p11
 
     assert p11.tile_head_dim(D) == (64 if D <= 64 else 128 if D <= 128 else 256) and p11.runs_head_dim(D)
-    # past 128 on one K/V head: the two column parts double the blocks, the simulator's time
-    shape, heads_kv = ((1, 2, 19), 1) if D > 128 else ((1, 4, 19), 2)
-    check_backward_head_dim(D, shape, 23, heads_kv, causal, deterministic)
+    check_backward_head_dim(D, (1, 4, 19), 23, 2, causal, deterministic)
 
 
 def test_the_head_dims_the_backward_builds():

@@ -76,7 +76,7 @@ EXTRA_KERNELS = {
     "07-varlen": ("07", _varlen_kernels("07")),
     "09-varlen": ("09", _varlen_kernels("09")),
     "11": ("11", _backward_kernels("11")),
-    "12": ("11", _backward_kernels("12")),  # phase 12's kv_kernel: autograd's on Hopper (none elsewhere)
+    "12": ("12", _backward_kernels("12")),  # phase 12's kv_kernel: autograd's on Hopper up to D = 128
     "09-trace": ("09", _trace_kernels),
 }
 
