@@ -216,29 +216,34 @@ def _on_hopper():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("phase", ["12", "13"])
 @pytest.mark.parametrize("shape, seq_k, heads_kv, causal, dtype", GPU_CASES)
-def test_wgmma_backward_matches_torch_on_gpu(shape, seq_k, heads_kv, causal, dtype):
+def test_wgmma_backward_matches_torch_on_gpu(shape, seq_k, heads_kv, causal, dtype, phase):
     """Phase 12's gradients (phase 11's plan with the wgmma kv_kernel, full-size blocks: two
-    warpgroups, 128 keys, query tiles of 128 rows at D = 64) by the GPU tests' rule against torch's
-    float64 autograd, from attention()'s forward output and log-sum-exp."""
+    warpgroups, 128 keys, query tiles of 128 rows at D = 64), and phase 13's (the plan's tensor
+    maps too), by the GPU tests' rule against torch's float64 autograd, from attention()'s forward
+    output and log-sum-exp. Twice, on new tensors the second time: the same plan, other addresses
+    (phase 13: other tensor maps)."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     if not _on_hopper():
-        pytest.skip("phase 12 runs on Hopper (sm_90) alone")
+        pytest.skip("phases 12 and 13 run on Hopper (sm_90) alone")
     from flashcore_numba import attention
     from flashcore_numba.runtime import torch_ops
 
-    q, k, v = (torch.tensor(x, device="cuda").to(getattr(torch, dtype))
-               for x in random_qkv(shape, seq_k, heads_kv=heads_kv, dtype=np.float32))
-    do = torch.randn(q.shape, device="cuda", dtype=q.dtype)
-    out, lse = attention(q, k, v, causal=causal, scale=0.2, return_lse=True)
-    got = torch_ops.attention_backward(q, k, v, out, lse, do, None, causal, 0.2, False, "12")
-    close_to_torchs_gradients(list(got), q, k, v, do, causal, 0.2, dtype)
+    for _ in range(2):
+        q, k, v = (torch.tensor(x, device="cuda").to(getattr(torch, dtype))
+                   for x in random_qkv(shape, seq_k, heads_kv=heads_kv, dtype=np.float32))
+        do = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+        out, lse = attention(q, k, v, causal=causal, scale=0.2, return_lse=True)
+        got = torch_ops.attention_backward(q, k, v, out, lse, do, None, causal, 0.2, False, phase)
+        close_to_torchs_gradients(list(got), q, k, v, do, causal, 0.2, dtype)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("phase", ["12", "13"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_wgmma_backward_deterministic_is_bit_identical_on_gpu(head_dim):
-    """deterministic=True on phase 12's serial build: the same bits twice (8 (batch, K/V head) pairs,
+def test_wgmma_backward_deterministic_is_bit_identical_on_gpu(head_dim, phase):
+    """deterministic=True on phase 12's (and 13's) serial build: the same bits twice (8 (batch, K/V head) pairs,
     3 key blocks of 128: dQ in parts), close to its atomics' gradients and to phase 11's. At D = 128
     the serial build adds dQ a tile late (dq_late: 5 query tiles of 64 rows, both dSᵀ buffers)."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
@@ -250,8 +255,8 @@ def test_wgmma_backward_deterministic_is_bit_identical_on_gpu(head_dim):
     q, k, v = (torch.randn(2, 4, 300, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
     do = torch.randn_like(q)
     out, lse = attention(q, k, v, causal=True, return_lse=True)
-    runs = [torch_ops.attention_backward(q, k, v, out, lse, do, None, True, head_dim ** -0.5, det, phase)
-            for det, phase in ((True, "12"), (True, "12"), (False, "12"), (False, "11"))]
+    runs = [torch_ops.attention_backward(q, k, v, out, lse, do, None, True, head_dim ** -0.5, det, which)
+            for det, which in ((True, phase), (True, phase), (False, phase), (False, "11"))]
     assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
     for other in runs[2:]:
         assert all((a.float() - b.float()).abs().max().item() < 1e-2 for a, b in zip(runs[0], other))

@@ -197,8 +197,12 @@ def test_backward_plan_launches_what_backward_run_launches():
     from flashcore_numba.phases import backward_phase, p11_backward
     from flashcore_numba.runtime.backward import backward_launches
 
+    from flashcore_numba.arch import tma
+
+    # phase 12: phase 11's Backward, its kv_kernel on wgmma; phase 13: and its tensor maps (here a
+    # host array in place of Backward.run's device copy: the plan writes the pointer the call passes)
     for (q_shape, k_shape, causal, deterministic, parts, with_dlse, dtype), phase in itertools.product(
-            BACKWARD_PLAN_CASES, ("11", "12")):  # phase 12: phase 11's Backward, its kv_kernel on wgmma
+            BACKWARD_PLAN_CASES, ("11", "12", "13")):
         if not backward_phase(phase).runs_head_dim(q_shape[3]):
             continue
         bw = backward_phase(phase).build(q_shape[3], dtype, cc=(9, 0))
@@ -211,6 +215,7 @@ def test_backward_plan_launches_what_backward_run_launches():
                    "dv": np.zeros(k_shape, e), "sums": np.zeros((parts, *q_shape), np.float32)}
         if parts == 1:
             buffers["sums"] = buffers["dq"]
+        buffers["maps"] = np.zeros((4, 16), np.uint64)
         recorded = []
 
         def record(kernel, grid, block, smem, args, stream=0, cache_key=()):
@@ -220,6 +225,7 @@ def test_backward_plan_launches_what_backward_run_launches():
         b = buffers
         mp = pytest.MonkeyPatch()
         mp.setattr(p11_backward, "launch", record)
+        mp.setattr(tma, "head_maps", lambda arrays, box: buffers["maps"])
         try:
             bw.run(b["q"], b["k"], b["v"], b["out"], b["dout"], b["lse"], b["dq"], b["dk"], b["dv"], causal, 0.3,
                    deterministic, dLSE=b["dlse"] if with_dlse else None, delta=b["delta"],

@@ -152,10 +152,10 @@ def retained_graph(backend: str):
 
 def backward_rows(device) -> list[tuple[str, bool]]:
     """(backward phase, deterministic) of each row of ours: phase 11's two builds, and on Hopper
-    (the device's cc 9.0) phase 12's, whose kv_kernel runs on wgmma."""
+    (the device's cc 9.0) phase 12's, whose kv_kernel runs on wgmma, and phase 13's, warp-specialized."""
     from ..phases import backward_phase, cc_reason
 
-    phases = ["11"] + (["12"] if cc_reason(backward_phase("12"), device.cc) is None else [])
+    phases = ["11"] + [p for p in ("12", "13") if cc_reason(backward_phase(p), device.cc) is None]
     return [(phase, deterministic) for phase in phases for deterministic in (False, True)]
 
 
@@ -195,9 +195,9 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
         name = f"{phase}-deterministic" if deterministic else phase
         step(f"phase {name}")
         how = "dQ summed key block after key block, bit-identical" if deterministic else "dQ by float32 atomics"
-        on = "mma.sync" if phase == "11" else "wgmma"
+        on = {"11": "mma.sync", "12": "wgmma", "13": "wgmma, warp-specialized"}[phase]
         result = Result(name, "phase", f"The backward on {on} ({how})")
-        if not backward_phase(phase).runs_head_dim(problem.D):  # phase 12 up to 128
+        if not backward_phase(phase).runs_head_dim(problem.D):  # phases 12 and 13 up to 128
             result.available = False
             result.reason = f"phase {phase} builds head dims up to {backward_phase(phase).MAX_HEAD_DIM}"
             results.append(result)

@@ -87,9 +87,10 @@ LESSONS: dict[str, ModuleType] = {**PHASES, **{m.ID: m for m in (importlib.impor
 
 
 def backward_phase(phase_id: str = "11") -> ModuleType:
-    """The module whose kernels a backward runs: "11" (mma.sync, sm_80 on), or "12" (phase 11's with
-    its kv_kernel on wgmma, Hopper only). Both build a p11_backward.Backward."""
-    names = {"11": "p11_backward", "12": "p12_backward_wgmma"}
+    """The module whose kernels a backward runs: "11" (mma.sync, sm_80 on), "12" (phase 11's with
+    its kv_kernel on wgmma, Hopper only) or "13" (phase 12's, warp-specialized and fed by TMA,
+    Hopper only). Each builds a p11_backward.Backward."""
+    names = {"11": "p11_backward", "12": "p12_backward_wgmma", "13": "p13_backward_ws"}
     if phase_id not in names:
         raise ValueError(f"phase: the backward phases are {', '.join(names)}, not {phase_id!r}")
     return importlib.import_module(f"{__name__}.{names[phase_id]}")

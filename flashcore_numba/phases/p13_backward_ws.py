@@ -51,7 +51,8 @@ from .common import LOG2E, PTX_TYPE, make_pack_a, zero_tiles
 from .p08_wgmma import ATOM, GROUP, ROW, WG_M
 from .p11_backward import (DTYPES, Backward, build_delta_kernel, first_row, load_row_stats, make_p_and_ds,
                            make_red_pair, make_store_dk_dv, row_stats, run_on_host, tile_count)
-from .p12_backward_wgmma import PIECE, PIECE_BYTES, WARPGROUPS, DqOfTiles, layout, query_rows, runs_head_dim
+from .p12_backward_wgmma import (MAX_HEAD_DIM, PIECE, PIECE_BYTES, WARPGROUPS, DqOfTiles, layout, query_rows,
+                                 runs_head_dim)
 
 ID = "13"
 NAME = "backward_ws"
@@ -84,6 +85,7 @@ def layout_ws(HEAD_DIM: int, bulk_dq: bool = False) -> dict:
     L["DQ_BARS_OFF"] = L["BARS_OFF"] + 8 * (2 + 2 * STAGES)
     L["SMEM_BYTES"] = L["DQ_BARS_OFF"] + (8 * 2 * WARPGROUPS * DQ_SLOTS if bulk_dq else 0)
     L["KV_BYTES"] = 2 * L["OWN_ROWS"] * L["D_TILE"] * 2  # K and V of the block, as TMA counts them
+    L["TMA_BOX"] = (1, 64, 64)  # the tensor maps' box (a head's 64 rows of 64 columns: one swizzled atom)
     return L
 
 
@@ -103,7 +105,7 @@ def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_d
     its pieces of dQ in shared memory and a thread of the producer's warpgroup adds them to a
     workspace by bulk reductions (FA3's way; phase 12's DqOfTiles writes dQ from it after)."""
     if not runs_head_dim(HEAD_DIM):
-        raise ValueError(f"head dim: the backward is built for multiples of 8 up to 128, not {HEAD_DIM}")
+        raise ValueError(f"head dim: the backward is built for multiples of 8 up to {MAX_HEAD_DIM}, not {HEAD_DIM}")
     if cc is not None and tuple(cc)[:2] != MIN_CC:
         raise ValueError(f"cc: phase 13 runs on compute capability 9.0 only (wgmma, TMA), not {tuple(cc)[:2]}")
     return _build(HEAD_DIM, dtype, bool(bulk_dq))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ..arch import launch as driver
 from ..arch.cache import cached_cubin
 from ..arch.launch import ArgSlots, ArrayArg, ScalarArg
-from .plan import ALIGNMENT_MASK, loaded_kernel, misaligned
+from .plan import ALIGNMENT_MASK, DeviceMaps, loaded_kernel, memory_device, misaligned
 
 
 @dataclass
@@ -52,7 +52,8 @@ def backward_launches(bw, q_shape, k_shape, causal: bool, scale: float, determin
                       with_dlse: bool) -> list[Launch]:
     """The kernel launches of `bw.run` (a p11_backward.Backward) for this problem, without arrays:
     their grids and argument layouts, and which buffer each array argument is ("q", "k", "v", "out",
-    "dout", "lse", "dlse", "delta", "dq", "dk", "dv", "sums": the parts of dQ, or dq itself)."""
+    "dout", "lse", "dlse", "delta", "dq", "dk", "dv", "sums": the parts of dQ, or dq itself; phase
+    13's "maps": the tensor maps of q, k, v and dout, on the device)."""
     from ..phases import p11_backward as p11
     from ..phases.common import cdiv
 
@@ -68,12 +69,15 @@ def backward_launches(bw, q_shape, k_shape, causal: bool, scale: float, determin
     key_blocks = cdiv(S_k, kv["OWN_ROWS"])
     kv_words = (B, H_kv, S_k, D // 2)  # dK and dV as uint32 pairs
     main = Launch(bw.kv_id(deterministic), p11.kv_grid(kv, parts if deterministic else key_blocks, H_kv, B),
-                  kv["N_THREADS"], kv["SMEM_BYTES"],
+                  p11.kv_threads(kv), kv["SMEM_BYTES"],
                   [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(k_shape), 2), ArrayArg(tuple(k_shape), 2),
                    ArrayArg(tuple(q_shape), 2), ArrayArg(stats, 4), ArrayArg(stats, 4),
                    ArrayArg((parts, *q_shape), 4), ArrayArg(kv_words, 4), ArrayArg(kv_words, 4),
                    ScalarArg("bool", causal), ScalarArg("float32", scale)],
                   ("q", "k", "v", "dout", "lse", "delta", "sums", "dk", "dv"))
+    if "TMA_BOX" in kv:  # phase 13: the tensor maps of q, k, v and dout, one row of 16 words each
+        main.args.append(ArrayArg((4, 16), 8))
+        main.tensors += ("maps",)
     launches = [delta, main]
     if parts > 1:
         n = B * H * S_q * D
@@ -84,7 +88,10 @@ def backward_launches(bw, q_shape, k_shape, causal: bool, scale: float, determin
 
 class BackwardPlan:
     """One backward problem's launches, settled; `plan(...)` runs them on those tensors. phase: whose
-    kv_kernel ("11", or "12": phase 12's on wgmma, Hopper only; phases.backward_phase)."""
+    kv_kernel ("11", "12": phase 12's on wgmma, or "13": phase 13's, fed by TMA; 12 and 13 Hopper
+    only; phases.backward_phase). Phase 13's tensor maps are made on the first call that uses
+    those addresses and kept (plan.DeviceMaps): a training loop's activations come back at the
+    addresses of the step before from torch's caching allocator."""
 
     def __init__(self, head_dim: int, dtype: str, q_shape, k_shape, causal: bool, scale: float,
                  deterministic: bool, with_dlse: bool, device_index: int, phase: str = "11"):
@@ -113,6 +120,12 @@ class BackwardPlan:
         B, H, S_q, D = q_shape
         self.zeroed = self.parts * B * H * S_q * D  # 32-bit words of the sums dQ is added into
         self.device_index = device_index
+        self.maps = None
+        if "TMA_BOX" in bw.kv:
+            from ..arch.tma import describe_heads
+
+            self.maps = DeviceMaps(memory_device(device_index, True), bw.kv["TMA_BOX"], describe_heads,
+                                   device_index)
         self.context = driver.primary_context(device_index)
         self._lock = threading.Lock()
 
@@ -128,6 +141,9 @@ class BackwardPlan:
                     "dlse": None if dlse is None else dlse.data_ptr()}
         if (pointers["q"] | pointers["k"] | pointers["v"] | pointers["out"] | pointers["dout"]) & ALIGNMENT_MASK:
             misaligned("q, k, v, out, grad of out", (q, k, v, out, dout))
+        if self.maps is not None:  # made on torch's current stream, the launches' (ordered before them)
+            key = (pointers["q"], pointers["k"], pointers["v"], pointers["dout"])
+            pointers["maps"] = self.maps.address(key, (q, k, v, dout))
         # in the device's primary context, whatever thread calls (autograd runs the backward on its own)
         previous = driver.make_current(self.context)
         try:

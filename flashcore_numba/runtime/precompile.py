@@ -77,6 +77,7 @@ EXTRA_KERNELS = {
     "09-varlen": ("09", _varlen_kernels("09")),
     "11": ("11", _backward_kernels("11")),
     "12": ("12", _backward_kernels("12")),  # phase 12's kv_kernel: autograd's on Hopper up to D = 128
+    "13": ("13", _backward_kernels("13")),  # phase 13's: warp-specialized, fed by TMA (Hopper)
     "09-trace": ("09", _trace_kernels),
 }
 
@@ -91,14 +92,15 @@ def kernel_ids() -> list[str]:
 def kernels_to_compile(kernel_ids, head_dims, dtypes) -> list[tuple[str, int, str]]:
     """(kernel id, head dim, dtype) of every requested kernel that exists (a phase builds only the
     head dims and dtypes it lists; an id of EXTRA_KERNELS, those of its phase)."""
-    from ..phases import LESSONS, get_phase
+    from ..phases import LESSONS, backward_phase, get_phase
     from ..phases import dtypes as phase_dtypes
     from ..phases import supports_head_dim
 
     items = []
     for kernel_id in kernel_ids:
         if kernel_id in EXTRA_KERNELS:
-            kernel = LESSONS[EXTRA_KERNELS[kernel_id][0]]
+            owner = EXTRA_KERNELS[kernel_id][0]
+            kernel = LESSONS[owner] if owner in LESSONS else backward_phase(owner)  # 13: no lesson yet
         else:
             kernel = get_phase(kernel_id)
             kernel_id = kernel.ID
