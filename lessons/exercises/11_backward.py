@@ -250,10 +250,10 @@ class Backward:
         _zero(sums, stream)
         kernel = self.kv_kernel_serial if deterministic else self.kv_kernel
         args = (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale))
-        if "WS_THREADS" in kv:  # phase 13: a producer warpgroup more, loading by TMA
+        if "TMA_BOX" in kv:  # phase 13: a producer warpgroup more, loading by TMA
             from flashcore_numba.arch.tma import head_maps
 
-            args += (head_maps((Q, K, V, dO), (1, 64, 64)),)
+            args += (head_maps((Q, K, V, dO), kv["TMA_BOX"]),)
         launch(kernel, kv_grid(kv, parts if deterministic else key_blocks, H_kv, B), kv_threads(kv),
                kv["SMEM_BYTES"], args, stream, self.cache_id(self.kv_id(deterministic)))
         if self.dq_of_tiles is not None and not deterministic:
@@ -360,7 +360,7 @@ def views_of(bw: Backward) -> dict[str, CompiledView]:
     four, three = f"{e}[:,:,:,::1]", "float32[:,:,::1]"
     inputs = f"{four}, {four}, {four}, {four}, {three}, {three}, float32[:,:,:,:,::1]"
     kv = f"void({inputs}, uint32[:,:,:,::1], uint32[:,:,:,::1], boolean, float32)"
-    if "WS_THREADS" in bw.kv:  # phase 13's kv_kernel: the tensor maps too
+    if "TMA_BOX" in bw.kv:  # phase 13's kv_kernel: the tensor maps too
         kv = kv[:-1] + ", uint64[:,::1])"
     threads, smem, bounds = kv_threads(bw.kv), bw.kv["SMEM_BYTES"], bw.kv.get("LAUNCH_BOUNDS")
     return {
