@@ -104,6 +104,12 @@ def test_the_overlap_build_matches_the_reference_gradients(D, bulk_dq, S):
     from flashcore_numba.phases import p12_backward_wgmma as p12
 
     assert p12.build(D, overlap=True).cache_id("12-kv")[-1] == "overlap"
+    # the build "tied" (accumulators named in place; its products are the same in the simulator) is
+    # another entry of the disk cache, in both phases
+    from flashcore_numba.phases import p13_backward_ws as p13
+
+    assert p12.build(D, tied=True).cache_id("12-kv")[-1] == "tied" and "tied" not in p12.build(D).cache_id("12-kv")
+    assert p13.build(D, tied=True).cache_id("13-kv")[-1] == "tied"
     q, k, v = (round_to(x, "float16") for x in random_qkv((1, 4, S, D), S - 10, heads_kv=2, dtype=np.float32))
     do = round_to(np.random.default_rng().standard_normal(q.shape), "float16")
     o, lse = reference_attention(q, k, v, causal=True, scale=0.3), reference_lse(q, k, causal=True, scale=0.3)
@@ -267,17 +273,19 @@ def test_wgmma_backward_deterministic_is_bit_identical_on_gpu(head_dim, phase):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D, dtype", [(64, "float16"), (128, "bfloat16"), (96, "float16")])
-@pytest.mark.parametrize("bulk_dq, overlap", [(True, False), (False, True), (True, True)],
-                         ids=["bulk_dq", "overlap", "bulk_dq+overlap"])
-def test_phase12_builds_on_gpu(D, dtype, bulk_dq, overlap):
-    """The builds "bulk dQ" and "overlap" on an H100: several key blocks and query tiles, causal with
-    tails, GQA 2, against the float64 gradients."""
+@pytest.mark.parametrize("bulk_dq, overlap, tied", [(True, False, False), (False, True, False), (True, True, False),
+                                                    (False, False, True)],
+                         ids=["bulk_dq", "overlap", "bulk_dq+overlap", "tied"])
+def test_phase12_builds_on_gpu(D, dtype, bulk_dq, overlap, tied):
+    """The builds "bulk dQ", "overlap" and "tied" on an H100: several key blocks and query tiles,
+    causal with tails, GQA 2, against the float64 gradients."""
     if not _on_hopper():
         pytest.skip("phase 12 runs on Hopper (sm_90) alone")
     q, k, v = (round_to(x, dtype) for x in random_qkv((2, 4, 517, D), 517, heads_kv=2, dtype=np.float32))
     do = round_to(np.random.default_rng().standard_normal(q.shape), dtype)
     o, lse = reference_attention(q, k, v, causal=True, scale=0.3), reference_lse(q, k, causal=True, scale=0.3)
-    got = run_wgmma_backward(q, k, v, o, do, lse, dtype, causal=True, scale=0.3, bulk_dq=bulk_dq, overlap=overlap)
+    got = run_wgmma_backward(q, k, v, o, do, lse, dtype, causal=True, scale=0.3, bulk_dq=bulk_dq, overlap=overlap,
+                             tied=tied)
     gradients_close(got, *both_references(q, k, v, do, dtype, causal=True, scale=0.3))
 
 
@@ -348,18 +356,18 @@ def test_phase13_matches_the_reference_gradients(D, S, S_k, heads, dtype, bulk_d
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bulk_dq", [False, True], ids=["red", "bulk dQ"])
+@pytest.mark.parametrize("bulk_dq, tied", [(False, False), (True, False), (False, True)], ids=["red", "bulk dQ", "tied"])
 @pytest.mark.parametrize("D, dtype", [(64, "float16"), (128, "bfloat16"), (96, "float16"), (40, "float16")])
-def test_phase13_on_gpu(D, dtype, bulk_dq):
+def test_phase13_on_gpu(D, dtype, bulk_dq, tied):
     """Phase 13 on an H100: its producer's TMA loads (rows past the sequences and columns past D as
     zeros), the ring over several query tiles, several key blocks, causal with tails, GQA 2, and
     its serial build, against the float64 gradients."""
     if not _on_hopper():
         pytest.skip("phase 13 runs on Hopper (sm_90) alone")
-    check_phase13((2, 4, 517, D), 490, dtype, bulk_dq)
+    check_phase13((2, 4, 517, D), 490, dtype, bulk_dq, tied=tied)
 
 
-def check_phase13(shape, seq_k, dtype, bulk_dq, heads_kv=2):
+def check_phase13(shape, seq_k, dtype, bulk_dq, heads_kv=2, tied=False):
     """Phase 13's gradients, with atomics and deterministic, causal, GQA, scale 0.3, against the
     float64 references (fresh inputs; run_on_host starts dQ, dK and dV as NaN)."""
     from flashcore_numba.phases import p13_backward_ws as p13
@@ -370,5 +378,5 @@ def check_phase13(shape, seq_k, dtype, bulk_dq, heads_kv=2):
     want = both_references(q, k, v, do, dtype, causal=True, scale=0.3)
     for deterministic in (False, True):
         got = run_backward(q, k, v, o, do, lse, dtype, causal=True, scale=0.3, deterministic=deterministic,
-                           backward=p13.backward, bulk_dq=bulk_dq, parts=1 if deterministic else None)
+                           backward=p13.backward, bulk_dq=bulk_dq, tied=tied, parts=1 if deterministic else None)
         gradients_close(got, *want)

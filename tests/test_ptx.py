@@ -1035,6 +1035,23 @@ def test_issued_wgmma_registers_are_named_in_place():
     assert s.inline_asm()[1].split(",")[:64] == ["=f"] * 64
 
 
+def test_a_complete_wgmma_named_in_place_copies_no_accumulator():
+    """in_place on a function that awaits its own wgmma (pv_acc: fence, k-steps, commit, wait): the
+    accumulator's 64 registers are the operands, tied in and out, where the usual text copies each
+    in and out by a `mov` (128 of them); the wait stays in the body, and the route is the inline one."""
+    fn = ptx.load("wgmma.ptx")["flashcore_wgmma_pv_acc_d128_n64_f16"]
+    assert not fn.leaves_in_flight and not fn.awaits_in_flight
+    usual, _ = fn.inline_asm()
+    assert usual.count("mov.f32") == 128
+    asm, constraints = fn.inline_asm(in_place=True)
+    parts = constraints.split(",")
+    assert parts[:64] == ["=f"] * 64 and parts[64:80] == ["r"] * 16 and parts[80] == "l"
+    assert parts[81:145] == [str(j) for j in range(64)], "the accumulator tied: in and out one register"
+    assert "mov.f32" not in asm and "{$0, $1, $2," in asm and "wgmma.wait_group.sync.aligned 0;" in asm
+    with pytest.raises(ValueError, match="in_place: only the inline route"):
+        ptx.function("wgmma.ptx", "flashcore_wgmma_pv_acc_d128_n64_f16", "link", in_place=True)
+
+
 def test_wait_functions_wait_before_reading_their_parameters():
     for name in ("flashcore_wgmma_wait_s_n128", "flashcore_wgmma_wait_o_d64_n128", "flashcore_wgmma_wait_o_d128_n128"):
         fn = ptx.load("wgmma.ptx")[name]

@@ -153,12 +153,15 @@ class PtxFunction:
         code = "\n".join(line.split("//")[0] for line in self.body.splitlines())
         return "wgmma.wait_group" in code and "wgmma.mma_async" not in code
 
-    def inline_asm(self) -> tuple[str, str]:
+    def inline_asm(self, in_place: bool = False) -> tuple[str, str]:
         """(assembly text, LLVM constraint string) of the body as inline assembly.
 
-        Outputs come first in LLVM's operand numbering ($0 ..), then the inputs.
+        Outputs come first in LLVM's operand numbering ($0 ..), then the inputs. in_place: the
+        body's registers renamed to the operands, as for a function that leaves its wgmma in
+        flight (`_inline_in_place`), where the usual text copies each parameter in and each
+        result out by a `mov`.
         """
-        if self.leaves_in_flight:
+        if self.leaves_in_flight or in_place:
             return self._inline_in_place()
         n_out = len(self.results)
         params = [name for name, _ in self.params]
@@ -303,7 +306,7 @@ def _linked(fn: PtxFunction):
     return cuda.declare_device(fn.name, fn.signature, link=[str(fn.path)], abi="c")
 
 
-def _inlined(fn: PtxFunction, tuples: bool = False):
+def _inlined(fn: PtxFunction, tuples: bool = False, in_place: bool = False):
     """An intrinsic of fixed arity (Numba intrinsics take no *args) emitting the body inline.
 
     tuples: each numbered run of parameters (frag0 .. frag31) is one tuple argument, unpacked
@@ -314,7 +317,7 @@ def _inlined(fn: PtxFunction, tuples: bool = False):
 
     sig = fn.tuple_signature() if tuples else fn.signature
     counts = [n for _, _, n in fn.param_groups()] if tuples else [1] * len(fn.params)
-    asm, constraints = fn.inline_asm()
+    asm, constraints = fn.inline_asm(in_place)
     llvm = {"i16": ir.IntType(16), "i32": ir.IntType(32), "i64": ir.IntType(64), "float": ir.FloatType()}
     in_types = [llvm[_TYPES[t][2]] for _, t in fn.params]
     out_types = [llvm[_TYPES[t][2]] for _, t in fn.results]
@@ -347,17 +350,23 @@ def _inlined(fn: PtxFunction, tuples: bool = False):
 
 
 @lru_cache(maxsize=None)
-def function(filename: str, name: str, route: str = "link", tuples: bool = False):
+def function(filename: str, name: str, route: str = "link", tuples: bool = False, in_place: bool = False):
     """PTX function `name` of ptx/`filename`, callable from a kernel, by `route`.
 
     tuples (inline route only): a numbered run of parameters (frag0 .. frag31, acc0 .. acc63) is
     passed as one tuple instead of one argument each; such a function's emulation takes the tuples.
+    in_place (inline route only): its registers are the asm operands themselves, an accumulator
+    tied to its input (`PtxFunction._inline_in_place`), not copied in and out by a `mov` each.
+    ptxas does not always fold those copies: a wgmma accumulator of 64 registers then moves
+    between register ranges every tile (docs/tuning/12_history.md, "Tied accumulators").
     In the simulator both routes give the same Python emulation: there is no PTX to run.
     """
     if route not in ROUTES:
         raise ValueError(f"route: expected one of {', '.join(ROUTES)}, got {route!r}")
     if tuples and route != "inline":
         raise ValueError("tuples: only the inline route passes tuples")
+    if in_place and route != "inline":
+        raise ValueError("in_place: only the inline route names registers in place")
     fn = load(filename).get(name)
     if fn is None:
         raise ValueError(f"name: ptx/{filename} has no function {name!r}; it has {', '.join(load(filename))}")
@@ -373,4 +382,4 @@ def function(filename: str, name: str, route: str = "link", tuples: bool = False
         if pyfunc is None:
             raise NotImplementedError(f"{name} (ptx/{filename}) has no emulation for the simulator")
         return pyfunc
-    return _linked(fn) if route == "link" else _inlined(fn, tuples)
+    return _linked(fn) if route == "link" else _inlined(fn, tuples, in_place)

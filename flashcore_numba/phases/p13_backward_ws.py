@@ -67,13 +67,13 @@ DQ_SLOTS = 2  # bulk_dq: staged pieces of dQ a consumer, so that it stages the n
 DQ_WRITER = 32  # bulk_dq: the producer warpgroup's thread that adds the staged pieces (its warp 1)
 
 
-def layout_ws(HEAD_DIM: int, bulk_dq: bool = False) -> dict:
+def layout_ws(HEAD_DIM: int, bulk_dq: bool = False, tied: bool = False) -> dict:
     """Phase 12's layout, and this build's: the threads of three warpgroups, and the mbarriers
     after the rest of shared memory: kv_full (K and V landed) and kv_empty (the consumers are done
     with them: serial), then full[s] and empty[s] of each stage of the ring. bulk_dq: before the mbarriers, DQ_SLOTS float32 pieces of dQ a consumer
     (64 x 64, swizzled as p12_backward_wgmma.DqOfTiles stores them), and after them dq_full[c][i]
     (consumer c staged its piece in slot i) and dq_empty[c][i] (the writer has read it)."""
-    L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM))
+    L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM), tied=tied)
     assert L["WG_PIECES"] == 1  # a piece of dQ a consumer and tile (the writer counts on it)
     L["WS_THREADS"] = 128 * (WARPGROUPS + 1)
     L["LAUNCH_BOUNDS"] = (L["WS_THREADS"], 1)  # one block per SM: 65536 / 384 = 168 registers at launch
@@ -90,32 +90,34 @@ def layout_ws(HEAD_DIM: int, bulk_dq: bool = False) -> dict:
 
 
 @lru_cache(maxsize=None)
-def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool) -> Backward:
+def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool, tied: bool = False) -> Backward:
     if dtype not in DTYPES:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
-    L = layout_ws(HEAD_DIM, bulk_dq)
+    L = layout_ws(HEAD_DIM, bulk_dq, tied)
     return Backward(HEAD_DIM, dtype, True, L, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel_ws(L, dtype),
                     build_kv_kernel_ws(L, dtype, serial=True), phase=ID,
                     dq_of_tiles=DqOfTiles(L["D_TILE"]) if bulk_dq else None)
 
 
-def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_dq: bool = False) -> Backward:
+def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_dq: bool = False,
+          tied: bool = False) -> Backward:
     """Phase 11's Backward with this phase's kv_kernel and its serial build, for any head
     dim runs_head_dim takes; cc, if given, must be Hopper's (9, 0). bulk_dq: each consumer stages
     its pieces of dQ in shared memory and a thread of the producer's warpgroup adds them to a
-    workspace by bulk reductions (FA3's way; phase 12's DqOfTiles writes dQ from it after)."""
+    workspace by bulk reductions (FA3's way; phase 12's DqOfTiles writes dQ from it after). tied:
+    phase 12's build "tied", the products' accumulators named in place."""
     if not runs_head_dim(HEAD_DIM):
         raise ValueError(f"head dim: the backward is built for multiples of 8 up to {MAX_HEAD_DIM}, not {HEAD_DIM}")
     if cc is not None and tuple(cc)[:2] != MIN_CC:
         raise ValueError(f"cc: phase 13 runs on compute capability 9.0 only (wgmma, TMA), not {tuple(cc)[:2]}")
-    return _build(HEAD_DIM, dtype, bool(bulk_dq))
+    return _build(HEAD_DIM, dtype, bool(bulk_dq), bool(tied))
 
 
 def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
              deterministic: bool = False, dlse=None, dtype: str = "float16", parts: int | None = None,
-             bulk_dq: bool = False):
+             bulk_dq: bool = False, tied: bool = False):
     """p11_backward.backward with this phase's kv_kernel: (dq as float32, dk, dv as 16-bit) NumPy arrays."""
-    return run_on_host(build(q.shape[-1], dtype, bulk_dq=bulk_dq), q, k, v, o, do, lse, causal=causal,
+    return run_on_host(build(q.shape[-1], dtype, bulk_dq=bulk_dq, tied=tied), q, k, v, o, do, lse, causal=causal,
                        scale=scale, deterministic=deterministic, dlse=dlse, parts=parts)
 
 
@@ -225,8 +227,8 @@ def make_tile_dq(L: dict, dtype: str):
     piece over all BLOCK_N keys; added by per-pair reductions (phase 12's default), or (bulk_dq)
     staged in a slot for the writer. Returns the consumer's count of staged pieces."""
     kind = PTX_TYPE[dtype]
-    dq_first = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_{kind}", "inline")
-    dq_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_acc_{kind}", "inline", tuples=True)
+    dq_first = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_{kind}", "inline", in_place=L["TIED"])
+    dq_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_acc_{kind}", "inline", tuples=True, in_place=L["TIED"])
     wait = ptx.function("tma.ptx", "flashcore_mbarrier_wait", "inline")
     arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
     fence_shared = ptx.function("bulk.ptx", "flashcore_fence_proxy_async_shared", "inline")
@@ -298,8 +300,9 @@ def build_kv_kernel_ws(L: dict, dtype: str, serial: bool = False):
     kind = PTX_TYPE[dtype]
     D, BLOCK_N, BLOCK_M, D_TILE = L["HEAD_DIM"], L["OWN_ROWS"], L["BLOCK_M"], L["D_TILE"]
     n_q = "" if BLOCK_M == 64 else f"_n{BLOCK_M}"
-    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{D_TILE}{n_q}_{kind}", "inline")
-    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d{D_TILE}_n{BLOCK_M}_{kind}", "inline", tuples=True)
+    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{D_TILE}{n_q}_{kind}", "inline", in_place=L["TIED"])
+    pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d{D_TILE}_n{BLOCK_M}_{kind}", "inline", tuples=True,
+                          in_place=L["TIED"])
     fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{kind}x2", "inline")
     exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")

@@ -190,7 +190,8 @@ class Backward:
         if kernel_id.startswith(f"{self.phase}-kv"):
             return (kernel_id, self.head_dim, self.dtype, "red.v2" if self.wide_red else "red",
                     f"dS x{self.kv['DS_BUFFERS']}") + (("bulk dQ",) if self.dq_of_tiles is not None else ()) \
-                + (("overlap",) if self.kv.get("OVERLAP") else ())  # phase 12's builds to A/B
+                + (("overlap",) if self.kv.get("OVERLAP") else ()) \
+                + (("tied",) if self.kv.get("TIED") else ())  # phase 12's builds to A/B
         return (kernel_id, self.head_dim, self.dtype)
 
     def delta_grid(self, B: int, H: int, S_q: int) -> tuple:

@@ -68,7 +68,8 @@ def query_rows(HEAD_DIM: int) -> int:
     return 128 if tile_head_dim(HEAD_DIM) == 64 else 64
 
 
-def layout(HEAD_DIM: int, warpgroups: int, block_m: int, bulk_dq: bool = False, overlap: bool = False) -> dict:
+def layout(HEAD_DIM: int, warpgroups: int, block_m: int, bulk_dq: bool = False, overlap: bool = False,
+           tied: bool = False) -> dict:
     """Every derived constant of kv_kernel. Shared memory holds K and V (a 64-row tile per
     warpgroup each, D / 64 swizzled atoms of 64 rows), two stages of the streamed Q and dO tiles
     (block_m rows each), then dSᵀ (a row per key, block_m / 64 atoms of BLOCK_N rows); all in the
@@ -105,7 +106,7 @@ def layout(HEAD_DIM: int, warpgroups: int, block_m: int, bulk_dq: bool = False, 
     L["PIECES"] = (block_m // 64) * L["COL_BLOCKS"]
     assert L["PIECES"] % warpgroups == 0
     L["WG_PIECES"] = L["PIECES"] // warpgroups
-    L["BULK_DQ"], L["OVERLAP"] = bulk_dq, overlap
+    L["BULK_DQ"], L["OVERLAP"], L["TIED"] = bulk_dq, overlap, tied
     if bulk_dq:  # a float32 piece of dQ a warpgroup, staged for its bulk reduction, after the rest
         L["DQ_STAGE_OFF"] = L["SMEM_BYTES"]
         L["SMEM_BYTES"] += warpgroups * PIECE_BYTES
@@ -113,10 +114,10 @@ def layout(HEAD_DIM: int, warpgroups: int, block_m: int, bulk_dq: bool = False, 
 
 
 @lru_cache(maxsize=None)
-def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool = False, overlap: bool = False) -> Backward:
+def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool = False, overlap: bool = False, tied: bool = False) -> Backward:
     if dtype not in DTYPES:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
-    L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM), bulk_dq, overlap)
+    L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM), bulk_dq, overlap, tied)
     return Backward(HEAD_DIM, dtype, True, L, build_delta_kernel(HEAD_DIM, dtype), build_kv_kernel(L, dtype),
                     build_kv_kernel(dict(L, BULK_DQ=False), dtype, serial=True), phase=ID,
                     dq_of_tiles=DqOfTiles(L["D_TILE"]) if bulk_dq else None)
@@ -159,17 +160,18 @@ def _dq_of_tiles_kernel(ACC, DQ):
 
 
 def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_dq: bool = False,
-          overlap: bool = False) -> Backward:
+          overlap: bool = False, tied: bool = False) -> Backward:
     """Phase 11's Backward with this phase's kv_kernel, for any head dim runs_head_dim takes; cc, if
     given, must be Hopper's (9, 0): wgmma runs nowhere else. Two builds that the A/B did not make
     what attention() runs (docs/tuning/12_history.md, "The A/B of the four builds"): bulk_dq, dQ by
     bulk reductions (DqOfTiles), slower; overlap, Sᵀ and dPᵀ issued back to back and awaited once
-    (qk_issue, wait_s, wait_last), level."""
+    (qk_issue, wait_s, wait_last), level. tied (not yet timed): the products' accumulators tied to
+    the asm operands in place (ptx.function's in_place), not copied in and out around each wgmma."""
     if not runs_head_dim(HEAD_DIM):
         raise ValueError(f"head dim: the backward is built for multiples of 8 up to 128, not {HEAD_DIM}")
     if cc is not None and tuple(cc)[:2] != MIN_CC:
         raise ValueError(f"cc: phase 12 runs on compute capability 9.0 only (wgmma), not {tuple(cc)[:2]}")
-    return _build(HEAD_DIM, dtype, bool(bulk_dq), bool(overlap))
+    return _build(HEAD_DIM, dtype, bool(bulk_dq), bool(overlap), bool(tied))
 
 
 def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> dict:
@@ -179,9 +181,10 @@ def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> d
 
 def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
              deterministic: bool = False, dlse=None, dtype: str = "float16", parts: int | None = None,
-             bulk_dq: bool = False, overlap: bool = False):
+             bulk_dq: bool = False, overlap: bool = False, tied: bool = False):
     """p11_backward.backward with this phase's kv_kernel: (dq as float32, dk, dv as 16-bit) NumPy arrays."""
-    return run_on_host(build(q.shape[-1], dtype, bulk_dq=bulk_dq, overlap=overlap), q, k, v, o, do, lse, causal=causal, scale=scale,
+    return run_on_host(build(q.shape[-1], dtype, bulk_dq=bulk_dq, overlap=overlap, tied=tied), q, k, v, o, do, lse,
+                       causal=causal, scale=scale,
                        deterministic=deterministic, dlse=dlse, parts=parts)
 
 
@@ -248,16 +251,17 @@ def build_kv_kernel(L: dict, dtype: str, serial: bool = False):
     D_TILE = L["D_TILE"]
     # the products (ptx/wgmma.ptx): Sᵀ and dPᵀ over BLOCK_M query rows (n), dV and dK over them (k)
     n_q = "" if BLOCK_M == 64 else f"_n{BLOCK_M}"
-    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{D_TILE}{n_q}_{kind}", "inline")
+    TIED = L["TIED"]  # the build "tied": accumulators named in place (ptx.function's in_place)
+    qk = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_d{D_TILE}{n_q}_{kind}", "inline", in_place=TIED)
     OVERLAP = L["OVERLAP"]  # the build "overlap": Sᵀ and dPᵀ in flight together (qk_issue, then the waits)
     if OVERLAP:
         qk_issue = ptx.function("wgmma.ptx", f"flashcore_wgmma_qk_issue_d{D_TILE}{n_q}_{kind}", "inline")
         wait_s = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_s_n{BLOCK_M}", "inline", tuples=True)
         wait_last = ptx.function("wgmma.ptx", f"flashcore_wgmma_wait_last_n{BLOCK_M}", "inline", tuples=True)
     pv_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_pv_acc_d{D_TILE}_n{BLOCK_M}_{kind}", "inline",
-                          tuples=True)
-    dq_first = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_{kind}", "inline")
-    dq_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_acc_{kind}", "inline", tuples=True)
+                          tuples=True, in_place=TIED)
+    dq_first = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_{kind}", "inline", in_place=TIED)
+    dq_acc = ptx.function("wgmma.ptx", f"flashcore_wgmma_dq_acc_{kind}", "inline", tuples=True, in_place=TIED)
     fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{kind}x2", "inline")
     exp2 = ptx.function("exp2.ptx", "flashcore_exp2", "inline")

@@ -1,7 +1,8 @@
 """A/B of phase 12's backward builds: the shipped one ("red": dQ by per-pair reductions, Sᵀ and dPᵀ
 each awaited), "bulk" (dQ by one bulk reduction a 64 x 64 piece: p12_backward_wgmma.DqOfTiles),
-"overlap" (Sᵀ and dPᵀ issued back to back, awaited once), both, and "ws" (phase 13 in progress:
-phase 12's kernel fed by a TMA producer warpgroup), at the backward reference problems, every build's Backward.run back to back in one process, six rounds in alternating order;
+"overlap" (Sᵀ and dPᵀ issued back to back, awaited once), both, "ws" (phase 13 in progress:
+phase 12's kernel fed by a TMA producer warpgroup), and "tied" and "ws+tied" (the wgmma
+accumulators named in place, not copied around each product), at the backward reference problems, every build's Backward.run back to back in one process, six rounds in alternating order;
 their dQ, dK and dV compared with the shipped build's first. From the repository root, on an H100:
 
     FLASHCORE_CACHE_DIR=/tmp/fcx python3 docs/tuning/12_builds/ab.py compile   # a process a kernel
@@ -14,7 +15,7 @@ names the JSON file.
 and under ncu, one backward of phase 12 (shipped build), of phase 13 or of SDPA's cuDNN backend between
 cudaProfilerStart and Stop, after a warm-up (`ncu --profile-from-start off ...`):
 
-    python3 docs/tuning/12_builds/ab.py profile 128 12       # or: profile 128 13, profile 128 cudnn
+    python3 docs/tuning/12_builds/ab.py profile 128 12       # or 13, cudnn, or a build's name (tied)
 """
 import json, math, os, sys, time
 import multiprocessing as mp
@@ -22,17 +23,19 @@ import multiprocessing as mp
 PROBLEMS = [(16, 16, 2048, 64, False), (16, 16, 2048, 64, True), (16, 16, 2048, 128, False),
             (16, 16, 2048, 128, True)]
 BUILDS = {"red": (False, False), "bulk": (True, False), "overlap": (False, True), "bulk+overlap": (True, True),
-          "ws": "13", "ws+bulk": "13-bulk"}  # ws: phase 13 (p13_backward_ws, in progress), phase 12's kernel
-# fed by a TMA producer; ws+bulk: with dQ staged and added by the producer warpgroup's bulk reductions
+          "tied": (False, False, True), "ws": "13", "ws+bulk": "13-bulk", "ws+tied": "13-tied"}
+# ws: phase 13 (p13_backward_ws, in progress), phase 12's kernel fed by a TMA producer; ws+bulk: with
+# dQ staged and added by the producer warpgroup's bulk reductions; tied, ws+tied: the wgmma
+# accumulators named in place (ptx.function's in_place), not copied around each product
 
 
 def backward_of(name, D):
     """The Backward of build `name` at head dim D, fp16."""
     from flashcore_numba.phases import p12_backward_wgmma as p12, p13_backward_ws as p13
-    if BUILDS[name] in ("13", "13-bulk"):
-        return p13.build(D, "float16", bulk_dq=BUILDS[name] == "13-bulk")
-    bulk, overlap = BUILDS[name]
-    return p12.build(D, "float16", bulk_dq=bulk, overlap=overlap)
+    if BUILDS[name] in ("13", "13-bulk", "13-tied"):
+        return p13.build(D, "float16", bulk_dq=BUILDS[name] == "13-bulk", tied=BUILDS[name] == "13-tied")
+    bulk, overlap, *tied = BUILDS[name]
+    return p12.build(D, "float16", bulk_dq=bulk, overlap=overlap, tied=bool(tied))
 
 
 def compile_one(args):
@@ -130,9 +133,9 @@ def profile(D, who, B=16, H=16, S=2048, causal=False):
     D = int(D)
     q, k, v = (torch.randn(B, H, S, D, device="cuda").half() for _ in range(3))
     do = torch.randn_like(q)
-    if who in ("12", "13"):
+    if who != "cudnn":
         out, lse = attention(q, k, v, causal=causal, return_lse=True)
-        bw = backward_of("red" if who == "12" else "ws", D)
+        bw = backward_of({"12": "red", "13": "ws"}.get(who, who), D)
         dq = torch.empty(B, H, S, D, device="cuda", dtype=torch.float32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         delta = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
