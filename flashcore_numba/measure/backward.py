@@ -197,9 +197,10 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
         how = "dQ summed key block after key block, bit-identical" if deterministic else "dQ by float32 atomics"
         on = {"11": "mma.sync", "12": "wgmma", "13": "wgmma, warp-specialized"}[phase]
         result = Result(name, "phase", f"The backward on {on} ({how})")
-        if not backward_phase(phase).runs_head_dim(problem.D):  # phases 12 and 13 up to 128
+        module = backward_phase(phase)
+        if not module.runs_head_dim(problem.D):  # phases 12 and 13 up to 128
             result.available = False
-            result.reason = f"phase {phase} builds head dims up to {backward_phase(phase).MAX_HEAD_DIM}"
+            result.reason = f"phase {phase} builds head dims up to {module.MAX_HEAD_DIM}"
             results.append(result)
             continue
 

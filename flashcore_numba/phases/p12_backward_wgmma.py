@@ -223,7 +223,7 @@ def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_d
     (qk_issue, wait_s, wait_last), level. tied (not yet timed): the products' accumulators tied to
     the asm operands in place (ptx.function's in_place), not copied in and out around each wgmma."""
     if not runs_head_dim(HEAD_DIM):
-        raise ValueError(f"head dim: the backward is built for multiples of 8 up to 128, not {HEAD_DIM}")
+        raise ValueError(f"head dim: the backward is built for multiples of 8 up to {MAX_HEAD_DIM}, not {HEAD_DIM}")
     if cc is not None and tuple(cc)[:2] != MIN_CC:
         raise ValueError(f"cc: phase 12 runs on compute capability 9.0 only (wgmma), not {tuple(cc)[:2]}")
     return _build(HEAD_DIM, dtype, bool(bulk_dq), bool(overlap), bool(tied))

@@ -93,7 +93,7 @@ def column_parts(HEAD_DIM: int) -> int:
     of dV, dK and dQ: together 7 products of the size of one where one block would do 5, so the
     head dims past 128 cost 1.4 times their FLOPs. Splitting the gradients' columns across the
     warps of one block instead (Sᵀ and dPᵀ computed once, through shared memory) would not."""
-    return tile_head_dim(HEAD_DIM) // min(tile_head_dim(HEAD_DIM), PART_COLS)
+    return max(1, tile_head_dim(HEAD_DIM) // PART_COLS)
 
 
 def kv_shape(HEAD_DIM: int, cc: tuple) -> tuple[int, int, int]:
