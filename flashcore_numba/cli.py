@@ -325,7 +325,7 @@ def _run_simulator(args) -> int:
     modes = (True,) if args.causal else (False, True)
     device = bench.NumbaDevice()
     verdicts = {}  # (phase id, causal) -> Result
-    # the ladder, then the phases of the course that are no forward kernel (11 and 12, checked by their gradients)
+    # the ladder, then the phases of the course that are no forward kernel (11, 12 and 13, checked by their gradients)
     course = {**PHASES, **{pid: m for pid, m in LESSONS.items() if getattr(m, "BACKWARD", False)}}
     with _progress(console) as progress:
         task = progress.add_task("simulator", total=len(course) * len(modes))
@@ -337,7 +337,7 @@ def _run_simulator(args) -> int:
                 progress.update(task, description=f"phase {phase.ID} {'causal' if causal else 'non-causal'}")
                 verdicts[phase.ID, causal], _ = bench.check_phase(phase, device, qkv, problem, ref, lowp)
                 progress.advance(task)
-            # phases 11 and 12, the backward: their gradients of the same problem (fresh inputs of that shape)
+            # phases 11, 12 and 13, the backward: their gradients of the same problem (fresh inputs of that shape)
             for pid in course:
                 if pid not in PHASES:
                     progress.update(task, description=f"phase {pid} {'causal' if causal else 'non-causal'}")
@@ -394,7 +394,7 @@ def _err_legend(verdicts) -> str:
         span = f"{allowed[0]:.1e}" if allowed[0] == allowed[-1] else f"{allowed[0]:.1e} to {allowed[-1]:.1e}"
         here = f" (here {span})"
     return ("err: the largest absolute difference from the float64 reference over every output element "
-            "(phases 11 and 12: over dq, dk and dv, from the float64 gradients). A phase is correct when err "
+            "(phases 11, 12 and 13: over dq, dk and dv, from the float64 gradients). A phase is correct when err "
             "is at most its allowed error, FlashAttention's test oracle: twice the error of the same problem "
             "computed in plain fp16, plus 0.001 (for a gradient, plus 0.001 of its largest value)" + here + ".")
 

@@ -327,6 +327,11 @@ def test_phase_12s_measured_effect_comes_from_its_rows_of_the_backward_records(t
     assert "12-step 0.03 (0.50x SDPA flash)" in block, block  # beside SDPA flash's step
     block = " ".join(line.strip() for line in report.backward_measured_lines(records.load_records(step.parent), "11"))
     assert "11-step not timed (autograd ran 12-step)" in block, block
+    # phase 13's rows beside phase 12's, the phase it changes
+    ws = records.write_record(record([("12", 1.0), ("13", 0.8), ("13-deterministic", 1.0), ("sdpa_flash", 1.0)]),
+                              tmp_path / "ws" / "r.json")
+    block = " ".join(line.strip() for line in report.backward_measured_lines(records.load_records(ws.parent), "13"))
+    assert "(1.25x SDPA flash, 1.25x phase 12)" in block and "13-deterministic" in block, block
 
 
 # ---------------------------------------------------------------------------------------------

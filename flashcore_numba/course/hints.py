@@ -433,6 +433,37 @@ HINTS: dict[str, RegionHints] = {
                                "is not where the descriptor says: every word at row g (a1, a3: g + 8), in "
                                "its atom, its chunk XOR g?"},
     ),
+    "13-a": RegionHints(
+        idea="The producer loads the query tiles in exactly the order the consumers take them off the ring: "
+             "the rows of head h BLOCK_M at a time, from m_first (the first tile that sees the block's keys) "
+             "to the end of the sequence, then the next head of the group (h + 1) from m_first again. The "
+             "consumers walk the same order themselves; the ring carries no coordinates, only bytes.",
+        helpers="h, m0: the head and first query row of the tile just loaded; BLOCK_M: rows a tile; seq_q: the "
+                "query rows of a head; m_first: where every head's walk starts.",
+        pseudo="if <the next tile of head h still starts inside the sequence>:\n"
+               "    m0 = <the next tile's first row>\n"
+               "else:\n"
+               "    h, m0 = <the next head>, <its first tile's row>",
+        diagnoses={"wrong:dq+dk+dv": "every gradient is wrong, yet a single query tile would be right: the "
+                                     "walk never moves, so every tile after the first is loaded from the "
+                                     "first one's rows again and the consumers compute with the wrong Q and "
+                                     "dO: step m0 by BLOCK_M while it stays inside the sequence, then go on "
+                                     "to the next head from m_first"},
+    ),
+    "13-b": RegionHints(
+        idea="The ring has STAGES slots in shared memory, one after the other from Q_OFF, STAGE bytes each; "
+             "a slot holds a query tile's Q and, STREAM_TILE bytes after it, its dO. The tile the consumers "
+             "just waited for is in slot `stage` (the ring's count r modulo STAGES, as the producer filled "
+             "it): the products must read that slot, not the first.",
+        helpers="smem: the address of the block's shared memory; Q_OFF: the ring's first byte; STAGE: bytes "
+                "a slot; STREAM_TILE: bytes of one tile (Q or dO); stage: this tile's slot.",
+        pseudo="q_tile = smem + <the ring's start> + <stage slots on>\n"
+               "do_tile = q_tile + <one tile on>",
+        diagnoses={"wrong:dq+dk+dv": "every gradient is wrong, yet a single query tile would be right: the "
+                                     "tiles the producer put in the ring's other slot are read from the "
+                                     "first, so their Q and dO are another tile's: Q of slot `stage` is "
+                                     "STAGE bytes a slot on from Q_OFF, dO one tile (STREAM_TILE) after it"},
+    ),
 }
 
 

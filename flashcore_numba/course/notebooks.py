@@ -651,6 +651,71 @@ def draw_wgmma_backward(block_m: int = 128, head_dim: int = 64):
     plt.show()
 
 
+
+def draw_backward_ring(n_tiles: int = 4, load: float = 1.0, products: float = 1.6, dq: float = 0.8):
+    """Schematic timelines of one block of the backward over n_tiles query tiles: phase 12, where
+    every thread copies the next tile (cp.async) and the block meets before reading it, and phase
+    13, where a producer's TMA loads run ahead into a ring of two stages and the consumers release a
+    stage once dK's product has read it (before dQ). `products` is one tile's Sᵀ, dPᵀ, the
+    elementwise step and dV, dK; `dq` its dSᵀ stores and dQ. Not measured: the shape of the
+    schedule, not its lengths."""
+    plt = _plt()
+    _, axes = plt.subplots(2, 1, figsize=(12, 5.4), sharex=True)
+    colors = {"load": "#c44e52", "tile": "#4c72b0", "dq": "#8172b2", "wait": "#cccccc"}
+    ends = []
+
+    def bar(ax, y, start, length, kind, text):
+        ax.broken_barh([(start, length)], (y + 0.15, 0.7), color=colors[kind])
+        ax.text(start + length / 2, y + 0.5, text, ha="center", va="center", color="white", fontsize=7)
+
+    # phase 12: the copy of tile n + 1 is issued with tile n's work, but every thread waits for it
+    # (and the block barrier) before tile n + 1's products; the copies take issue slots of the warps
+    ax, t = axes[0], 0.0
+    bar(ax, 1, t, load, "load", "copy Q,dO 0")
+    t += load
+    for n in range(n_tiles):
+        issue = 0.25 * load if n + 1 < n_tiles else 0.0  # the threads' own cp.async instructions
+        if issue:
+            bar(ax, 1, t, issue, "load", "")
+        bar(ax, 1, t + issue, products, "tile", f"Sᵀ,dPᵀ,dV,dK {n}")
+        bar(ax, 1, t + issue + products, dq, "dq", f"dQ {n}")
+        t += issue + products + dq
+        if n + 1 < n_tiles:
+            waited = max(0.0, load - products - dq)  # the copy not yet landed: wait, then the block barrier
+            bar(ax, 1, t, waited + 0.15, "wait", "")
+            t += waited + 0.15
+    ends.append(t)
+    ax.set_yticks([1.5], ["both warpgroups"])
+    ax.set_title(f"phase 12: every thread copies, waits for its copies, meets the block; done at {t:.1f}", fontsize=9)
+
+    # phase 13: stage s is refilled once the consumers released its last tile (after dK's product)
+    ax = axes[1]
+    loaded, released, t = [], [], 0.0
+    for n in range(n_tiles):
+        # the producer: stage n % 2 is free once tile n - 2 was released; one thread issues in order
+        start = max(released[n - 2] if n >= 2 else 0.0, loaded[-1] if loaded else 0.0)
+        bar(ax, 2, start, load, "load", f"{n} → stage {n % 2}")
+        loaded.append(start + load)
+        # the consumers: wait for the tile's bytes (full), compute, release the stage (empty), then dQ
+        begin = max(t, loaded[n])
+        if begin > t:
+            bar(ax, 1, t, begin - t, "wait", "")
+        bar(ax, 1, begin, products, "tile", f"Sᵀ,dPᵀ,dV,dK {n}")
+        released.append(begin + products)
+        bar(ax, 1, begin + products, dq, "dq", f"dQ {n}")
+        t = begin + products + dq
+    ends.append(t)
+    ax.set_yticks([2.5, 1.5], ["producer (1 thread)", "consumers"])
+    ax.set_title(f"phase 13: TMA loads into a ring of 2 stages, released after dK's product; done at {t:.1f}",
+                 fontsize=9)
+    axes[1].set_xlim(0, max(ends) + 0.2)
+    axes[1].set_xlabel("time (schematic, not measured)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in colors]
+    axes[0].legend(handles, ["loads of Q and dO", "products and the elementwise step", "dSᵀ and dQ", "waiting"],
+                   loc="upper right", fontsize=7, ncol=4)
+    plt.tight_layout()
+    plt.show()
+
 def draw_mma_fragments():
     """The three operands of `mma.sync.m16n8k16`: which lane holds each element, in which register."""
     plt = _plt()
@@ -715,7 +780,7 @@ class Lesson:
 
     @property
     def backward(self) -> bool:
-        """Phases 11 and 12: kernels of their own, graded and timed by their gradients."""
+        """Phases 11, 12 and 13: kernels of their own, graded and timed by their gradients."""
         return getattr(self.phase, "BACKWARD", False)
 
     @property
@@ -725,9 +790,10 @@ class Lesson:
 
     def _ids(self) -> list[str]:
         """The kernels this lesson compares: the previous phase, this one, and its variants (phase 11: its
-        kv_kernel and Δ's kernel; phase 12: phase 11's kv_kernel and its own)."""
+        kv_kernel and Δ's kernel; phases 12 and 13: the previous phase's kv_kernel and its own)."""
         if self.backward:
-            return ["11-kv", "11-delta"] if self.phase.ID == "11" else ["11-kv", self.main_id]
+            pid = self.phase.ID
+            return ["11-kv", "11-delta"] if pid == "11" else [f"{int(pid) - 1:02d}-kv", self.main_id]
         base = PHASES.get(getattr(self.phase, "BUILDS_ON", ""))  # phase 10: built on 07, after 09
         return [p.ID for p in (self.previous, base, self.phase, *self.variants) if p is not None]
 
@@ -874,7 +940,7 @@ class Lesson:
         print(f"allowed = 2 × (error of plain fp16 attention) + {ATOL:g}: FlashAttention's test oracle")
 
     def check_gradients(self, problems=None) -> None:
-        """Phases 11 and 12: dQ, dK and dV of fresh random problems (poisoned with NaN first) against the
+        """Phases 11, 12 and 13: dQ, dK and dV of fresh random problems (poisoned with NaN first) against the
         float64 reference's gradients, by the grader's rule (course/grade_backward.py)."""
         from .grade_backward import GradientCase, gradient_runs, launch, make_inputs, verdicts
 
@@ -938,7 +1004,7 @@ class Lesson:
         return {"rows": rows, "label": label}
 
     def timing_backward(self, directory=None) -> dict | None:
-        """The backward phases (11, and 12 on Hopper) beside SDPA's backward at the reference shape:
+        """The backward phases (11, and 12 and 13 on Hopper) beside SDPA's backward at the reference shape:
         measured live on a GPU (flashcore bench --backward's protocol), else the committed record
         (docs/bench/backward/)."""
         from ..measure import backward
@@ -974,8 +1040,10 @@ class Lesson:
         if mine in timed and "sdpa_flash" in timed:
             print(f"\nphase {mine}'s backward runs at {timed[mine]['tflops'] / timed['sdpa_flash']['tflops']:.2f}× "
                   "the throughput of SDPA's flash backend")
-        if mine != "11" and mine in timed and "11" in timed:
-            print(f"phase {mine} runs at {timed[mine]['tflops'] / timed['11']['tflops']:.2f}× phase 11's throughput")
+        before = f"{int(mine) - 1:02d}"  # the backward phase this one changes (12: 11; 13: 12)
+        if mine != "11" and mine in timed and before in timed:
+            print(f"phase {mine} runs at {timed[mine]['tflops'] / timed[before]['tflops']:.2f}× phase {before}'s "
+                  "throughput")
         elif mine != "11":
             print(f"(that record has no row for phase {mine}: `flashcore bench --backward` times it on Hopper)")
         return {"rows": rows, "label": label}

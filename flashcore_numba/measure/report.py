@@ -971,14 +971,15 @@ def measured_lines(phase_id: str, nc, c, others=()) -> list[str]:
                          break_on_hyphens=False)
 
 
-BACKWARD_ROWS = {"11": ("11", "11-deterministic", "11-step"), "12": ("12", "12-deterministic", "12-step")}
+BACKWARD_ROWS = {pid: (pid, f"{pid}-deterministic", f"{pid}-step") for pid in ("11", "12", "13")}
+PREVIOUS_BACKWARD = {"12": "11", "13": "12"}  # the backward phase each one changes: its rows are compared
 
 
 def backward_measured_lines(records, phase_id: str = "11") -> list[str]:
-    """A backward phase's "Measured effect" block (11, or 12: its rows in the same records), from the
+    """A backward phase's "Measured effect" block (11, 12 or 13: its rows in the same records), from the
     backward records (docs/bench/backward/): per GPU, then per problem, the backward's TFLOPS with
-    atomics and deterministic, and its share of SDPA flash's (phase 12's also of phase 11's, in the
-    same run). The commit is the record's, not the docstring's. The reference problems' head dims
+    atomics and deterministic, and its share of SDPA flash's (phases 12 and 13 also of the phase they
+    change, PREVIOUS_BACKWARD, in the same run). The commit is the record's, not the docstring's. The reference problems' head dims
     only (HEADLINE_HEAD_DIMS): the records at other head dims are docs/performance.md's."""
     records = [r for r in records if r["config"]["D"] in HEADLINE_HEAD_DIMS
                and any(x["name"] == phase_id and x.get("tflops") for x in r["results"])]
@@ -1002,9 +1003,10 @@ def backward_measured_lines(records, phase_id: str = "11") -> list[str]:
                     figures.append(f"{name} not timed{why}")
                     continue
                 peer = timed.get("sdpa_flash-step" if name.endswith("-step") else "sdpa_flash")
-                eleven = timed.get(name.replace(phase_id, "11", 1)) if phase_id != "11" else None
+                before = PREVIOUS_BACKWARD.get(phase_id)
+                previous = timed.get(name.replace(phase_id, before, 1)) if before else None
                 beside = [f"{r['tflops'] / x['tflops']:.2f}x {who}"
-                          for x, who in ((peer, "SDPA flash"), (eleven, "phase 11")) if x is not None]
+                          for x, who in ((peer, "SDPA flash"), (previous, f"phase {before}")) if x is not None]
                 figures.append(f"{name} {format_tflops(r['tflops'])}" + (f" ({', '.join(beside)})" if beside else ""))
             problems.append(f"{_describe(record['config'])}{' causal' if record['config']['causal'] else ''}: "
                             + ", ".join(figures) + ("" if flash else " (no SDPA flash backward in this run)"))

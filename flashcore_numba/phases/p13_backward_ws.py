@@ -1,8 +1,9 @@
-"""Phase 13 (in progress) — the backward warp-specialized: a TMA producer feeds the wgmma consumers.
+"""Phase 13 — the backward warp-specialized: a TMA producer warpgroup feeds the wgmma consumers.
 
-Not yet a rung of the course nor what attention()'s autograd runs: a build to A/B against phase 12
-(docs/tuning/12_history.md, "The A/B of the four builds", and issue "phase 13"). Its lesson,
-exercise and records come once it is the faster.
+A phase of the course after phase 12 (lesson 13, exercise 13), like it no rung of the forward
+ladder: phase 11's `Backward` with a kv_kernel of its own. Δ's kernel, the zeroing of dQ, the
+deterministic parts and their sum, the plan are phase 11's; its A/B builds are in
+docs/tuning/12_history.md.
 
 What changed from phase 12
     Phase 12's block is two warpgroups that do everything: each thread issues its share of the
@@ -35,8 +36,13 @@ Why the hardware should reward it
     at a block barrier for the slowest thread's copies. What it costs: the consumers' 240
     registers (phase 12 has 255 a thread), and the mbarrier handshakes.
 
-Measured effect
-    Not measured yet.
+Measured effect (written by `flashcore report` from the backward records' rows 13,
+13-deterministic and 13-step, docs/bench/backward/; do not edit by hand)
+    [measured:begin]
+    not measured yet
+    [measured:end]
+    The A/B of its builds against phase 12's (the producer alone, bulk dQ, tied accumulators):
+    docs/tuning/12_history.md and docs/tuning/12_builds/.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from .common import LOG2E, PTX_TYPE, make_pack_a, zero_tiles
 from .p08_wgmma import ATOM, GROUP, ROW, WG_M
 from .p11_backward import (DTYPES, Backward, build_delta_kernel, first_row, load_row_stats, make_p_and_ds,
                            make_red_pair, make_store_dk_dv, row_stats, run_on_host, tile_count)
+from .p11_backward import HEAD_DIMS  # noqa: F401 (the course's head dims, phase 11's: the grader reads them)
 from .p12_backward_wgmma import (MAX_HEAD_DIM, PIECE, PIECE_BYTES, WARPGROUPS, DqOfTiles, layout, query_rows,
                                  runs_head_dim)
 
@@ -164,10 +171,12 @@ def make_producer(L: dict):
             q_tile = smem + Q_OFF + stage * STAGE
             load_rows(q_tile, map_q, m0, BLOCK_M, b * n_heads + h, full + 8 * stage)
             load_rows(q_tile + STREAM_TILE, map_do, m0, BLOCK_M, b * n_heads + h, full + 8 * stage)
+            # >>> exercise 13-a: the next tile's head h and first row m0, in the consumers' order: head h's rows BLOCK_M at a time, then the next head's from m_first
             if m0 + BLOCK_M < seq_q:
                 m0 += BLOCK_M
             else:
                 h, m0 = h + 1, m_first
+            # <<< exercise
         return done + n_tiles
 
     return producer
@@ -372,8 +381,11 @@ def build_kv_kernel_ws(L: dict, dtype: str, serial: bool = False):
             if it + 1 < n_tiles and tid < BLOCK_M:
                 lse_next, delta_next = load_row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
             wait(bars + FULL + 8 * stage, uint32((r // STAGES) % 2))  # this tile's Q and dO have landed
+            q_tile = do_tile = smem + Q_OFF  # (until the exercise below is written)
+            # >>> exercise 13-b: the shared-memory addresses of this tile's Q and dO: Q at ring stage `stage` (STAGE bytes a stage from Q_OFF), dO STREAM_TILE bytes after it
             q_tile = smem + Q_OFF + stage * STAGE
             do_tile = q_tile + STREAM_TILE
+            # <<< exercise
             # -- phase 12's tile: Sᵀ, dPᵀ; Pᵀ, dSᵀ; dV += Pᵀ dO, dK += dSᵀ Q
             store_tuple(s, qk(desc_k, descriptor(q_tile, 16, GROUP, SW128)))
             store_tuple(dp, qk(desc_v, descriptor(do_tile, 16, GROUP, SW128)))
