@@ -12,7 +12,7 @@
 # # Phase 13 — The backward warp-specialized: a TMA producer warpgroup feeds the wgmma consumers
 #
 # *Previous: [12 the backward on wgmma](12_backward_wgmma.ipynb), whose kernel this phase splits
-# into roles; the machinery (TMA, mbarriers, `setmaxnreg`) is [09 warp
+# into roles; the machinery (TMA, [mbarriers](../docs/glossary.md#mbarrier), `setmaxnreg`) is [09 warp
 # specialization](09_warp_specialized.ipynb)'s. Hardware background: [docs/hardware.md](../docs/hardware.md).
 # Course map: [README](README.md).*
 #
@@ -32,7 +32,7 @@
 # and 2) are phase 12's two warpgroups: their products and their elementwise step are unchanged.
 #
 # **2. The ring.** The tiles go into a ring of two stages in shared memory, each guarded by two
-# [mbarriers](../docs/glossary.md#mbarrier). *full[s]* completes when stage s's bytes have landed
+# mbarriers. *full[s]* completes when stage s's bytes have landed
 # (the producer announces how many with `expect_tx`, the copy engine counts them down); *empty[s]*
 # completes when all 256 consumer threads have arrived, done with the tile. A wait names the
 # *parity* of the phase it waits for, so the ring's count r alone tells everyone where they are:
@@ -92,8 +92,9 @@ notebooks.draw_backward_ring()
 # ## The kernel, beside phase 12's
 #
 # The diff of the two kernels: the block splits into the producer's branch and the consumers', the
-# copies and their barrier give way to the ring's waits and arrivals, and the consumers' own loop
-# moved into `consume_block`.
+# copies and their barrier give way to the ring's waits and arrivals, and the consumers' loop over
+# the query tiles moved into `consume_block`: wait for the tile, phase 12's products, release the
+# stage after dK's product, then dSᵀ and dQ between the two named barriers.
 
 # %%
 lesson.show_diff(p12_backward_wgmma.build_kv_kernel, phase.build_kv_kernel_ws)
@@ -105,13 +106,6 @@ lesson.show_diff(p12_backward_wgmma.build_kv_kernel, phase.build_kv_kernel_ws)
 
 # %%
 lesson.show_source(phase.make_producer)
-
-# %% [markdown]
-# A consumer's work on one key block: wait for the tile, phase 12's products, release the stage
-# after dK's product, then dSᵀ and dQ between the two named barriers.
-
-# %%
-lesson.show_source(phase.build_kv_kernel_ws)
 
 # %% [markdown]
 # The wait, in ptx/tma.ptx: `mbarrier.try_wait.parity` in a loop, true once the phase of the given

@@ -59,12 +59,11 @@ STUB_RIGHT_BY_DESIGN = {
 # answer, filled into the phase's own regions, that proves them able to fail instead.
 # - 09: the regions are TMA box coordinates; a problem within the first query tile and the first 64
 #   keys has them all 0, the stub's values. One key off, the V boxes bring the wrong rows.
-# - 13: the regions walk the query tiles and pick their slot of the ring; a problem of one query
-#   tile needs neither (the stub's first tile is in the first slot). Reading the other slot does.
+# - 13: 13-a is TMA box coordinates again (the producer's), all 0 within one box; one row off
+#   brings the wrong rows. 13-b's walk never moves in a problem of one query tile.
 WRONG_ANSWER = {
     "09": ({"short", "s_one"}, {"09-b": "col = int32(64 * a)\nrow = int32(n * BLOCK_N + 64 * box + 1)"}),
-    "13": ({"tile_multiple", "s_one", "head_dims"},
-           {"13-b": "q_tile = smem + Q_OFF + (1 - stage) * STAGE\ndo_tile = q_tile + STREAM_TILE"}),
+    "13": ({"s_one"}, {"13-a": "col = int32(64 * a)\nrow = int32(row0 + 64 * r + 1)"}),
 }
 
 
@@ -428,8 +427,8 @@ STUB_REGION_SAYS = {
     "12-a": "NaN everywhere: dq is never written",
     "12-b": "NaN everywhere: s and dp are never written",
     "12-c": "dq: all zeros: dQ = dS K adds nothing",
-    "13-a": "diagnosis: every gradient is wrong, yet a single query tile would be right: the walk never moves",
-    "13-b": "diagnosis: every gradient is wrong, yet a single query tile would be right: the tiles the producer",
+    "13-a": "diagnosis: every gradient is wrong: the boxes past the first",
+    "13-b": "diagnosis: every gradient is wrong, yet a single query tile would be right: the walk never moves",
 }
 REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in LESSONS.values()
            for r in exercises.phase_regions(phase)]

@@ -434,6 +434,20 @@ HINTS: dict[str, RegionHints] = {
                                "its atom, its chunk XOR g?"},
     ),
     "13-a": RegionHints(
+        idea="A TMA load names the box it copies by coordinates in the tensor map: the column (an element of "
+             "d), the row (a token of the sequence) and the plane (batch and head). A tile of n_rows rows and "
+             "D_TILE columns is loaded as boxes of 64 rows by 64 columns: atom a holds columns 64a .. 64a + 63, "
+             "box r the rows 64r .. of the tile, which starts at row row0.",
+        helpers="col, row: int32 TMA coordinates; row0: the tile's first row (a key for K and V, a query row "
+                "for Q and dO); r, a: the box and the atom of this load.",
+        pseudo="col = int32(<first column of atom a>)\n"
+               "row = int32(<the tile's first row> + <first row of box r>)",
+        diagnoses={"wrong:dq+dk+dv": "every gradient is wrong: the boxes past the first (rows 64 on of a key "
+                                     "block or a query tile, the columns of atom 1 at D = 128) bring the wrong "
+                                     "part of K, V, Q and dO: box r of atom a starts at column 64a and row "
+                                     "row0 + 64r"},
+    ),
+    "13-b": RegionHints(
         idea="The producer loads the query tiles in exactly the order the consumers take them off the ring: "
              "the rows of head h BLOCK_M at a time, from m_first (the first tile that sees the block's keys) "
              "to the end of the sequence, then the next head of the group (h + 1) from m_first again. The "
@@ -449,20 +463,6 @@ HINTS: dict[str, RegionHints] = {
                                      "first one's rows again and the consumers compute with the wrong Q and "
                                      "dO: step m0 by BLOCK_M while it stays inside the sequence, then go on "
                                      "to the next head from m_first"},
-    ),
-    "13-b": RegionHints(
-        idea="The ring has STAGES slots in shared memory, one after the other from Q_OFF, STAGE bytes each; "
-             "a slot holds a query tile's Q and, STREAM_TILE bytes after it, its dO. The tile the consumers "
-             "just waited for is in slot `stage` (the ring's count r modulo STAGES, as the producer filled "
-             "it): the products must read that slot, not the first.",
-        helpers="smem: the address of the block's shared memory; Q_OFF: the ring's first byte; STAGE: bytes "
-                "a slot; STREAM_TILE: bytes of one tile (Q or dO); stage: this tile's slot.",
-        pseudo="q_tile = smem + <the ring's start> + <stage slots on>\n"
-               "do_tile = q_tile + <one tile on>",
-        diagnoses={"wrong:dq+dk+dv": "every gradient is wrong, yet a single query tile would be right: the "
-                                     "tiles the producer put in the ring's other slot are read from the "
-                                     "first, so their Q and dO are another tile's: Q of slot `stage` is "
-                                     "STAGE bytes a slot on from Q_OFF, dO one tile (STREAM_TILE) after it"},
     ),
 }
 

@@ -1,8 +1,8 @@
 # Exercise 13: The backward warp-specialized: a TMA producer warpgroup feeds the wgmma consumers
 #
 # This is the finished phase 13 kernel with 2 marked regions emptied:
-#   13-a: the next tile's head h and first row m0, in the consumers' order: head h's rows BLOCK_M at a time, then the next head's from m_first
-#   13-b: the shared-memory addresses of this tile's Q and dO: Q at ring stage `stage` (STAGE bytes a stage from Q_OFF), dO STREAM_TILE bytes after it
+#   13-a: the TMA coordinates of box r of atom a: its first column (of d) and its first row
+#   13-b: the next tile's head h and first row m0, in the consumers' order: head h's rows BLOCK_M at a time, then the next head's from m_first
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
 # Change nothing else: solving only adds lines. The lesson is lessons/13_backward_ws.ipynb.
 #
@@ -124,7 +124,11 @@ def make_producer(L: dict):
         D_TILE / 64 atoms (rows past the sequence and columns past D arrive as zeros)."""
         for r in range(n_rows // 64):
             for a in range(ATOMS):
-                tma_load(dst + r * KV_TILE + a * ATOM, map_, int32(64 * a), int32(row0 + 64 * r), int32(plane), bar)
+                col = int32(0)
+                row = int32(0)
+                # >>> exercise 13-a: the TMA coordinates of box r of atom a: its first column (of d) and its first row
+                # <<< exercise
+                tma_load(dst + r * KV_TILE + a * ATOM, map_, col, row, int32(plane), bar)
 
     @cuda.jit(device=True, inline=True)
     def producer(smem, bars, maps, b, h_kv, n_heads, kv_heads, group, n0, m_first, n_tiles, seq_q, kb, done):
@@ -149,7 +153,7 @@ def make_producer(L: dict):
             q_tile = smem + Q_OFF + stage * STAGE
             load_rows(q_tile, map_q, m0, BLOCK_M, b * n_heads + h, full + 8 * stage)
             load_rows(q_tile + STREAM_TILE, map_do, m0, BLOCK_M, b * n_heads + h, full + 8 * stage)
-            # >>> exercise 13-a: the next tile's head h and first row m0, in the consumers' order: head h's rows BLOCK_M at a time, then the next head's from m_first
+            # >>> exercise 13-b: the next tile's head h and first row m0, in the consumers' order: head h's rows BLOCK_M at a time, then the next head's from m_first
             # <<< exercise
         return done + n_tiles
 
@@ -355,9 +359,8 @@ def build_kv_kernel_ws(L: dict, dtype: str, serial: bool = False):
             if it + 1 < n_tiles and tid < BLOCK_M:
                 lse_next, delta_next = load_row_stats(LSE, DELTA, b, h_next, m_next + tid, seq_q)
             wait(bars + FULL + 8 * stage, uint32((r // STAGES) % 2))  # this tile's Q and dO have landed
-            q_tile = do_tile = smem + Q_OFF  # (until the exercise below is written)
-            # >>> exercise 13-b: the shared-memory addresses of this tile's Q and dO: Q at ring stage `stage` (STAGE bytes a stage from Q_OFF), dO STREAM_TILE bytes after it
-            # <<< exercise
+            q_tile = smem + Q_OFF + stage * STAGE
+            do_tile = q_tile + STREAM_TILE
             # -- phase 12's tile: Sᵀ, dPᵀ; Pᵀ, dSᵀ; dV += Pᵀ dO, dK += dSᵀ Q
             store_tuple(s, qk(desc_k, descriptor(q_tile, 16, GROUP, SW128)))
             store_tuple(dp, qk(desc_v, descriptor(do_tile, 16, GROUP, SW128)))
