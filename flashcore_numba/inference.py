@@ -49,7 +49,8 @@ from . import api
 from .arch import tma
 from .arch.sim import simulator_enabled
 from .runtime.inputs import DeviceArray, current_stream, describe, is_torch, torch_module
-from .phases import PHASES, build_kvcache, build_varlen, head_dims_text, supports_head_dim, unsupported_head_dim
+from .phases import (PHASES, build_kvcache, build_varlen, head_dims_text, supports_head_dim, supports_value_dim,
+                     unsupported_head_dim)
 from .phases import p07_mma_sync as p07
 from .phases import p10_split_keys as p10
 from .phases.common import LOG2E, cdiv, no_lse, split_workspace
@@ -334,13 +335,15 @@ def _on_device(qd, *arrays):
             for x in arrays]
 
 
-def _torch_out(q, out):
-    """The output tensor of a torch call: a new one like q, or the caller's `out`, checked."""
+def _torch_out(q, out, value_dim: int | None = None):
+    """The output tensor of a torch call: a new one like q (its last dimension v's head dim, where
+    that is given), or the caller's `out`, checked."""
+    shape = tuple(q.shape) if value_dim is None else (*q.shape[:-1], value_dim)
     if out is None:
-        return q.new_empty(q.shape)
-    if not is_torch(out) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device \
+        return q.new_empty(shape)
+    if not is_torch(out) or tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device \
             or not out.is_contiguous():
-        raise ValueError(f"out: expected a contiguous tensor like q ({tuple(q.shape)}, {q.dtype} on {q.device})")
+        raise ValueError(f"out: expected a contiguous tensor of shape {shape}, {q.dtype} on {q.device}")
     return out
 
 
@@ -373,14 +376,22 @@ def _check_varlen_phase(phase) -> None:
         raise ValueError(f"phase: attention_varlen runs phase {' or '.join(VARLEN_PHASES)} (or 'best'), got {phase!r}")
 
 
-def _varlen_phase(phase, head_dim: int) -> str:
+def _varlen_phase(phase, head_dim: int, value_dim: int | None = None) -> str:
     """The phase attention_varlen runs: 09 where "best" is 09 or newer and it is built for the head dim
-    (any multiple of 8 up to 128), else 07 (any multiple of 8 up to 256)."""
+    (and for v's, where it has one of its own: MLA's 128 beside 192), else 07 (any multiple of 8 up to
+    256, for q's and v's alike)."""
     _check_varlen_phase(phase)
+    value_dim = None if value_dim == head_dim else value_dim
     if phase == "best":
-        return "09" if api.best_for_this_gpu(head_dim).ID >= "09" else "07"
-    if not supports_head_dim(PHASES[phase], head_dim):
-        raise ValueError(unsupported_head_dim("q", head_dim, PHASES[phase]))
+        newest = api.best_for_this_gpu(head_dim).ID >= "09"
+        return "09" if newest and (value_dim is None or supports_value_dim(PHASES["09"], head_dim, value_dim)) else "07"
+    for name, dim in (("q", head_dim), ("v", value_dim)):
+        if dim is not None and not supports_head_dim(PHASES[phase], dim):
+            raise ValueError(unsupported_head_dim(name, dim, PHASES[phase]))
+    if value_dim is not None and not supports_value_dim(PHASES[phase], head_dim, value_dim):
+        raise ValueError(f"v: head dim {value_dim} differs from q's {head_dim}; phase {phase} does not take v's "
+                         f"head dim {value_dim} beside q's {head_dim} (phase 07 takes v's of its own: "
+                         f"{head_dims_text(PHASES['07'])})")
     return phase
 
 
@@ -414,12 +425,13 @@ def _check_lengths(max_seqlen_q, max_seqlen_k, n_q: int, n_k: int) -> None:
 
 def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse):
     """Every check of attention_varlen's arguments but the offsets' values (the caller's promise;
-    `_check_varlen_values` checks them, validate=True). Returns (B, total_q, H, D, q's Operand)."""
+    `_check_varlen_values` checks them, validate=True). Returns (B, total_q, H, D, D_v, q's Operand):
+    D_v is v's head dim, which may be its own (MLA: 128 beside q's and k's 192)."""
     _check_flags(causal, scale, return_lse)
     qd, kd, vd = _operands((("q", q), ("k", k), ("v", v)), 3, p07)
     total_q, H, D = qd.shape
-    if vd.shape != kd.shape:
-        raise ValueError(f"v: shape {vd.shape} differs from k's {kd.shape}")
+    if vd.shape[:2] != kd.shape[:2]:
+        raise ValueError(f"v: packed rows and heads {vd.shape[:2]} differ from k's {kd.shape[:2]} (shape {vd.shape})")
     _, H_kv, D_k = kd.shape
     if D_k != D:
         raise ValueError(f"k: head dim {D_k} differs from q's {D} (shape {kd.shape})")
@@ -428,7 +440,7 @@ def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     (n_q,) = _index_array("cu_seqlens_q", cu_seqlens_q, "(B + 1,)", 1, qd)
     (n_k,) = _index_array("cu_seqlens_k", cu_seqlens_k, "(B + 1,)", 1, qd)
     _check_lengths(max_seqlen_q, max_seqlen_k, n_q, n_k)
-    return n_q - 1, total_q, H, D, qd
+    return n_q - 1, total_q, H, D, vd.shape[2], qd
 
 
 def _check_varlen_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k) -> None:
@@ -460,7 +472,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                                        causal=causal, scale=scale, return_lse=return_lse, phase=phase, out=out,
                                        validate=validate)
     launch()
-    out = out.reshape(tuple(q.shape))
+    out = out.reshape((*q.shape[:2], v.shape[-1]))  # (v's head dim: MLA's may be its own)
     if isinstance(q, np.ndarray):
         out = out.copy_to_host()
         lse = lse.copy_to_host() if return_lse else None
@@ -485,15 +497,15 @@ def _varlen_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         raise
     if plan is None:
         _check_varlen_phase(phase)
-        _, _, H, D, qd = _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                          scale, return_lse)
-        phase_id = _varlen_phase(phase, D)
+        _, _, H, D, D_v, qd = _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                               causal, scale, return_lse)
+        phase_id = _varlen_phase(phase, D, D_v)
         api.require_device(api.get_phase(phase_id))
         from .runtime import VarlenPlan
 
         qk_scale = (default_scale(D) if scale is None else float(scale)) * LOG2E
         plan = _PLANS.keep(key, VarlenPlan(phase_id, D, qd.dtype, H, k.shape[1], bool(causal), qk_scale,
-                                           q.device.index or 0, bool(return_lse)))
+                                           q.device.index or 0, bool(return_lse), value_dim=D_v))
     else:  # the same kind of problem: only the packed lengths may differ
         if v.shape[0] != k.shape[0]:
             raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
@@ -516,7 +528,7 @@ def _varlen_torch_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                         phase)
     if validate or VALIDATE:
         _check_varlen_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    out = _torch_out(q, out)
+    out = _torch_out(q, out, v.shape[-1])
     # -inf: the LSE of a row that sees no key; the kernel writes every row of every sequence
     lse = _torch_lse(q, (1, q.shape[1], q.shape[0]), -math.inf) if return_lse else None
     B, max_seqlen_q = cu_seqlens_q.shape[0] - 1, int(max_seqlen_q)
@@ -537,9 +549,9 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         return _varlen_torch_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                                       return_lse, phase, out, validate)
     _check_varlen_phase(phase)
-    B, total_q, H, D, qd = _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                            causal, scale, return_lse)
-    phase_id = _varlen_phase(phase, D)
+    B, total_q, H, D, D_v, qd = _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                 causal, scale, return_lse)
+    phase_id = _varlen_phase(phase, D, D_v)
     if validate or VALIDATE:
         _check_varlen_values(cu_seqlens_q, cu_seqlens_k, total_q, k.shape[0], max_seqlen_q, max_seqlen_k)
     if out is not None:
@@ -549,8 +561,8 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     launches = B > 0 and total_q > 0 and max_seqlen_q > 0
     if not simulator_enabled():
         return _varlen_arrays(qd, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, qk_scale, return_lse,
-                              phase_id, launches)
-    config = build_varlen(phase_id, D, qd.dtype)
+                              phase_id, launches, D_v)
+    config = build_varlen(phase_id, D, qd.dtype, D_v)
     if config.work_units is None:
         grid = (cdiv(max_seqlen_q, config.block_m), H, B)
     else:  # phase 09: its units of work, one block per SM when it is persistent
@@ -560,7 +572,7 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     host = qd.kind == "numpy"
     dev = (lambda x: cuda.to_device(np.ascontiguousarray(x))) if host else (lambda x: x)
     arrays = [dev(x).reshape((1, *x.shape)) for x in (q, k, v)]
-    out = cuda.to_device(np.zeros((1, *qd.shape), dtype=np.dtype(qd.dtype)))
+    out = cuda.to_device(np.zeros((1, total_q, H, D_v), dtype=np.dtype(qd.dtype)))
     lse = cuda.to_device(np.full((1, H, total_q), -np.inf, np.float32)) if return_lse else None
     offsets = [dev(cu_seqlens_q), dev(cu_seqlens_k)]
     if config.work_units is not None:
@@ -575,7 +587,7 @@ def varlen_launcher(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
 
 
 def _varlen_arrays(qd, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, qk_scale, return_lse, phase_id,
-                   launches):
+                   launches, value_dim):
     """(launch, out, lse) of attention_varlen on NumPy or Numba arrays on a GPU: the plan of this kind of
     problem, as torch tensors get (runtime/varlen.py), its memory Numba's, on the default stream.
     out starts at zero and lse at -inf: rows past the last sequence are written by no block."""
@@ -588,14 +600,14 @@ def _varlen_arrays(qd, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal
     device_index = cuda.get_current_device().id
     key = ("varlen-arrays", phase_id, D, qd.dtype, H, k.shape[1], bool(causal), qk_scale, device_index,
            bool(return_lse))
-    plan = _PLANS.get(key)
+    plan = _PLANS.get(key + (value_dim,))
     if plan is None:
-        plan = _PLANS.keep(key, VarlenPlan(*key[1:], torch_memory=False))
+        plan = _PLANS.keep(key + (value_dim,), VarlenPlan(*key[1:], torch_memory=False, value_dim=value_dim))
     with cuda.gpus[device_index]:
         arrays = _on_device(qd, q, k, v, cu_seqlens_q, cu_seqlens_k)
-        out = cuda.to_device(np.zeros((1, *qd.shape), dtype=np.dtype(qd.dtype)))
+        out = cuda.to_device(np.zeros((1, total_q, H, value_dim), dtype=np.dtype(qd.dtype)))
         lse = cuda.to_device(np.full((1, H, total_q), -np.inf, np.float32)) if return_lse else None
-    output = DeviceArray(out.reshape(qd.shape))
+    output = DeviceArray(out.reshape((total_q, H, value_dim)))
     lse_array = None if lse is None else DeviceArray(lse)
 
     def launch():

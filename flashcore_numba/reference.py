@@ -299,7 +299,7 @@ def reference_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, *, c
 
 def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = False, scale: float | None = None,
                      lowp_dtype=None):
-    """float64 output (total_q, H, D) and LSE (H, total_q) of attention_varlen, one sequence at a time
+    """float64 output (total_q, H, D_v) and LSE (H, total_q) of attention_varlen, one sequence at a time
     through reference_attention and reference_lse (a sequence without keys: zeros and -inf); with
     `lowp_dtype`, also the plain fp16 (or "bfloat16") yardstick of lowp_attention, for check_close."""
     def host(x, dtype=np.float64):
@@ -309,8 +309,8 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = Fals
     if not type(q).__module__.startswith("torch"):  # torch tensors stay where they are (the GPU)
         q, k, v = (host(x) for x in (q, k, v))
     cu_q, cu_k = (host(c, np.int64) for c in (cu_seqlens_q, cu_seqlens_k))
-    total_q, H, D = q.shape
-    out, lse = np.zeros((total_q, H, D)), np.full((H, total_q), -np.inf)
+    total_q, H, _ = q.shape
+    out, lse = np.zeros((total_q, H, v.shape[-1])), np.full((H, total_q), -np.inf)  # (v's head dim: MLA's own)
     lowp = np.zeros_like(out)
     for b in range(len(cu_q) - 1):
         rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])

@@ -378,17 +378,23 @@ def test_a_value_head_dim_no_phase_takes_is_refused_by_name(Dv, phase, message):
         attention(q, q, np.zeros((1, 1, 4, Dv), np.float16), phase=phase)
 
 
-def test_the_backward_and_varlen_refuse_a_value_head_dim_of_their_own():
+def test_the_backward_refuses_a_value_head_dim_of_its_own_and_varlen_names_what_it_takes():
     from flashcore_numba import api
-    from flashcore_numba.inference import attention_varlen
+    from flashcore_numba.inference import _varlen_phase, attention_varlen
 
     with pytest.raises(ValueError, match="v: requires grad, but the backward takes one head dim for q, k and v, not "
                                          "128 and 64"):
         api.require_backward("best", None, 128, 64)
     q = np.zeros((8, 1, 192), np.float16)
     cu = np.array([0, 8], np.int32)
-    with pytest.raises(ValueError, match="v: shape"):
-        attention_varlen(q, q, np.zeros((8, 1, 128), np.float16), cu, cu, 8, 8)
+    with pytest.raises(ValueError, match="v: packed rows and heads"):
+        attention_varlen(q, q, np.zeros((7, 1, 128), np.float16), cu, cu, 8, 8)
+    with pytest.raises(ValueError, match="v: head dim 64 differs from q's 128; phase 09 does not take"):
+        _varlen_phase("09", 128, 64)
+    with pytest.raises(ValueError, match="v: head dim 100 is not supported by phase 07"):
+        _varlen_phase("07", 128, 100)
+    assert _varlen_phase("07", 192, 128) == "07" and _varlen_phase("09", 192, 128) == "09"
+    assert _varlen_phase("best", 128, 64) == "07"  # phase 09 does not take that pair
 
 
 def test_a_value_head_dim_has_its_own_cache_identity():

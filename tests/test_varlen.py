@@ -10,14 +10,15 @@ from flashcore_numba.reference import reference_varlen
 pytestmark = pytest.mark.beside  # long simulator runs: a child pytest runs them on the second core (conftest.py)
 
 
-def packed(lengths_q, lengths_k=None, H=4, H_kv=2, D=64, seed=0):
-    """q (total_q, H, D), k and v (total_k, H_kv, D), and the int32 offsets of the lengths."""
+def packed(lengths_q, lengths_k=None, H=4, H_kv=2, D=64, seed=0, Dv=None):
+    """q (total_q, H, D), k (total_k, H_kv, D) and v (total_k, H_kv, Dv: D unless given), and the int32
+    offsets of the lengths."""
     rng = np.random.default_rng(seed)
     lengths_k = lengths_q if lengths_k is None else lengths_k
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lengths_q, lengths_k))
     q = rng.standard_normal((int(cu_q[-1]), H, D)).astype(np.float16)
     k = rng.standard_normal((int(cu_k[-1]), H_kv, D)).astype(np.float16)
-    v = rng.standard_normal((int(cu_k[-1]), H_kv, D)).astype(np.float16)
+    v = rng.standard_normal((int(cu_k[-1]), H_kv, D if Dv is None else Dv)).astype(np.float16)
     return q, k, v, cu_q, cu_k, max(lengths_q, default=0), max(lengths_k, default=0)
 
 
@@ -25,7 +26,7 @@ def check(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, scale=None, phase="07
     out, lse = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, scale=scale, return_lse=True,
                                 phase=phase)
     ref, ref_lse, lowp = reference_varlen(q, k, v, cu_q, cu_k, causal=causal, scale=scale, lowp_dtype=np.float16)
-    assert out.shape == q.shape and out.dtype == np.float16 and lse.shape == (q.shape[1], q.shape[0])
+    assert out.shape == (*q.shape[:2], v.shape[2]) and out.dtype == np.float16 and lse.shape == (q.shape[1], q.shape[0])
     verdict = check_close(out, ref, lowp)
     assert verdict.ok, verdict.message
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
@@ -50,6 +51,19 @@ def test_phase_09_passes_over_blocks_past_a_sequence():
     sequence): a sequence of two query blocks, an empty one, one shorter than a block; and rows of a
     TMA box that belong to the next sequence are never taken for this one's."""
     check(*packed([130, 0, 17], [100, 5, 40], H=2, H_kv=1), causal=True, phase="09")
+
+
+def test_a_value_head_dim_of_its_own_on_phase_07():
+    """MLA's shapes, packed: q and k of 192, v and the output of 128 (V's rows and O's packed by their
+    own width), ragged lengths with an empty sequence, GQA, causal."""
+    check(*packed([37, 0, 20], [40, 3, 20], H=2, H_kv=1, D=192, Dv=128), causal=True)
+
+
+@pytest.mark.slow
+def test_a_value_head_dim_of_its_own_on_phase_09():
+    """The same on phase 09 (V's tensor map as wide as V, O's rows at its width): a sequence of two
+    query blocks beside a short one."""
+    check(*packed([70, 9], [80, 30], H=2, H_kv=1, D=192, Dv=128), causal=True, phase="09")
 
 
 @pytest.mark.slow

@@ -167,14 +167,18 @@ def build_trace(head_dim: int, dtype: str = "float16", variant: str | None = Non
 
 
 @functools.lru_cache(maxsize=None)
-def build_varlen(phase_id: str, head_dim: int, dtype: str = "float16") -> KernelConfig:
+def build_varlen(phase_id: str, head_dim: int, dtype: str = "float16", value_dim: int | None = None) -> KernelConfig:
     """attention_varlen's kernel on phase 07 or 09 (flashcore_numba.inference), built `varlen`,
-    kept in the disk cache as ("<phase>-varlen", head dim, dtype); made once, as build_kvcache."""
+    kept in the disk cache as ("<phase>-varlen", head dim, dtype[, v's head dim]); made once, as
+    build_kvcache. value_dim: v's and the output's head dim where it is not q's (MLA's 128 beside
+    192: supports_value_dim says which phase takes the pair)."""
+    value_dim = None if value_dim == head_dim else value_dim
     if phase_id == "09":
-        config = PHASES["09"].build(head_dim, None, dtype, varlen=True)
+        config = PHASES["09"].build(head_dim, None, dtype, varlen=True, value_dim=value_dim)
     else:
-        config = PHASES["07"].build(head_dim, dtype, varlen=True)
-    return dataclasses.replace(config, cache_key=(f"{phase_id}-varlen", int(head_dim), dtype))
+        config = PHASES["07"].build(head_dim, dtype, varlen=True, value_dim=value_dim)
+    identity = (f"{phase_id}-varlen", int(head_dim), dtype) + (() if value_dim is None else (int(value_dim),))
+    return dataclasses.replace(config, cache_key=identity)
 
 
 def min_cc(phase: ModuleType) -> tuple[int, int]:

@@ -34,13 +34,15 @@ class VarlenPlan:
     (`torch_memory=False`: on NumPy or Numba arrays, runtime/plan.py)."""
 
     def __init__(self, phase_id: str, head_dim: int, dtype: str, H: int, H_kv: int, causal: bool, qk_scale: float,
-                 device_index: int, return_lse: bool = False, torch_memory: bool = True):
+                 device_index: int, return_lse: bool = False, torch_memory: bool = True, value_dim: int | None = None):
+        """value_dim: v's and the output's head dim, where it is not q's and k's (MLA)."""
         from numba import cuda
 
-        config = self.config = build_varlen(phase_id, head_dim, dtype)
+        config = self.config = build_varlen(phase_id, head_dim, dtype, value_dim)
         self.kernel, cached = load(config, dtype, device_index)
         self.device_index, self.device = device_index, memory_device(device_index, torch_memory)
         self.H, self.H_kv, self.D, self.causal = H, H_kv, head_dim, bool(causal)
+        self.D_v = Dv = head_dim if value_dim is None else value_dim
         self.return_lse = return_lse
         self.tma = config.tma_box is not None
         if self.tma:  # phase 09: persistent blocks, one an SM, taking query blocks from a counter
@@ -51,8 +53,8 @@ class VarlenPlan:
             self.maps = DeviceMaps(self.device, config.tma_box, describe_packed, device_index)
         D = head_dim
         # shapes for one packed row each; every call writes its own lengths
-        args = [ArrayArg((1, 1, H, D), 2), ArrayArg((1, 1, H_kv, D), 2), ArrayArg((1, 1, H_kv, D), 2),
-                ArrayArg((1, 1, H, D // 2), 4),  # O as uint32 pairs of 16-bit values
+        args = [ArrayArg((1, 1, H, D), 2), ArrayArg((1, 1, H_kv, D), 2), ArrayArg((1, 1, H_kv, Dv), 2),
+                ArrayArg((1, 1, H, Dv // 2), 4),  # O as uint32 pairs of 16-bit values
                 ArrayArg((1, H, 1) if return_lse else (0, 0, 0), 4),
                 ScalarArg("bool", self.causal), ScalarArg("float32", float(np.float32(qk_scale)))]
         if self.tma:
@@ -79,14 +81,14 @@ class VarlenPlan:
         if (addresses[0] | addresses[1] | addresses[2] | addresses[3]) & ALIGNMENT_MASK:
             misaligned("q, k, v, out", (q, k, v, out))
         total_q, total_k, B = q.shape[0], k.shape[0], cu_seqlens_q.shape[0] - 1
-        H, H_kv, D = self.H, self.H_kv, self.D
+        H, H_kv, D, Dv = self.H, self.H_kv, self.D, self.D_v
         grid = self.grid(B, max_seqlen_q)
         previous = driver.make_current(self.context)
         try:
             with self._lock:  # the slots are this plan's: one launch packs them at a time
                 slots = self.slots
                 for i, (address, shape) in enumerate(zip(addresses, ((1, total_q, H, D), (1, total_k, H_kv, D),
-                                                                     (1, total_k, H_kv, D), (1, total_q, H, D // 2)))):
+                                                                     (1, total_k, H_kv, Dv), (1, total_q, H, Dv // 2)))):
                     slots.set_pointer(i, address)
                     slots.set_shape(i, shape)
                 if self.return_lse:
