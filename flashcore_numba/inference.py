@@ -25,10 +25,11 @@ attention_varlen: sequences of their own lengths packed end to end, as FlashAtte
 `flash_attn_varlen_func` takes them, with no work spent on padding:
 
     q              (total_q, H, D)       sequence b's rows are q[cu_seqlens_q[b] : cu_seqlens_q[b + 1]]
-    k, v           (total_k, H_kv, D)    and its keys k[cu_seqlens_k[b] : cu_seqlens_k[b + 1]]
+    k, v           (total_k, H_kv, D)    and its keys k[cu_seqlens_k[b] : cu_seqlens_k[b + 1]]; v's head dim
+                                         may be its own, D_v (MLA's 128 beside 192)
     cu_seqlens_q   (B + 1,) int32        0, then the running total of the lengths (so for _k)
     max_seqlen_q   int                   the longest sequence's rows (sizes the grid; max_seqlen_k is checked)
-    out            (total_q, H, D), q's dtype; with return_lse also lse (H, total_q) float32
+    out            (total_q, H, D_v), q's dtype; with return_lse also lse (H, total_q) float32
 
 With `causal`, the mask is aligned to each sequence's last key (bottom-right), as FlashAttention
 2.1 on. It runs phase 09's kernel (phase="best" where the GPU runs it, else 07's; or phase="07" or
