@@ -169,7 +169,7 @@ def layout(HEAD_DIM: int, warpgroups: int, block_m: int, bulk_dq: bool = False, 
 
 
 @lru_cache(maxsize=None)
-def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool = False, overlap: bool = False, tied: bool = False) -> Backward:
+def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool = False, overlap: bool = False, tied: bool = True) -> Backward:
     if dtype not in DTYPES:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
     L = layout(HEAD_DIM, WARPGROUPS, query_rows(HEAD_DIM), bulk_dq, overlap, tied)
@@ -215,13 +215,14 @@ def _dq_of_tiles_kernel(ACC, DQ):
 
 
 def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_dq: bool = False,
-          overlap: bool = False, tied: bool = False) -> Backward:
+          overlap: bool = False, tied: bool = True) -> Backward:
     """Phase 11's Backward with this phase's kv_kernel, for any head dim runs_head_dim takes; cc, if
     given, must be Hopper's (9, 0): wgmma runs nowhere else. Two builds that the A/B did not make
     what attention() runs (docs/tuning/12_history.md, "The A/B of the four builds"): bulk_dq, dQ by
     bulk reductions (DqOfTiles), slower; overlap, Sᵀ and dPᵀ issued back to back and awaited once
-    (qk_issue, wait_s, wait_last), level. tied (not yet timed): the products' accumulators tied to
-    the asm operands in place (ptx.function's in_place), not copied in and out around each wgmma."""
+    (qk_issue, wait_s, wait_last), level. tied (the default, faster in the A/B: "Tied accumulators"
+    there): the products' accumulators tied to the asm operands in place (ptx.function's
+    in_place), not copied in and out around each wgmma; tied=False is the build "red" it replaced."""
     if not runs_head_dim(HEAD_DIM):
         raise ValueError(f"head dim: the backward is built for multiples of 8 up to {MAX_HEAD_DIM}, not {HEAD_DIM}")
     if cc is not None and tuple(cc)[:2] != MIN_CC:
@@ -236,7 +237,7 @@ def kernel_views(HEAD_DIM: int, dtype: str = "float16", cc: tuple = (9, 0)) -> d
 
 def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
              deterministic: bool = False, dlse=None, dtype: str = "float16", parts: int | None = None,
-             bulk_dq: bool = False, overlap: bool = False, tied: bool = False):
+             bulk_dq: bool = False, overlap: bool = False, tied: bool = True):
     """p11_backward.backward with this phase's kv_kernel: (dq as float32, dk, dv as 16-bit) NumPy arrays."""
     return run_on_host(build(q.shape[-1], dtype, bulk_dq=bulk_dq, overlap=overlap, tied=tied), q, k, v, o, do, lse,
                        causal=causal, scale=scale,

@@ -390,14 +390,14 @@ def make_epilogue(L, dtype="float16", varlen=False):
     M_TILES, VARLEN = L["M_TILES"], varlen
 
     @cuda.jit(device=True, inline=True)
-    def store_block(O, LSE, b, h, warp_row0, g, t, seq_q, q_first, q_stride, head_q, acc, m_a, m_b, l_a, l_b):
+    def store_block(O, LSE, b, h, warp_row0, g, t, seq_q, q_first, o_stride, head_o, acc, m_a, m_b, l_a, l_b):
         """-- epilogue (common.py): for each m-tile the rows' sums over the quad, 1 / l_i once per
         row, o = acc * (1 / l_i) packed in pairs, and a transpose within the quad so that each lane
         writes 16 bytes at once; then each row's log-sum-exp, when LSE has rows (return_lse)."""
         for mt in range(M_TILES):
             row_a = warp_row0 + mt * MMA_M + g
-            if VARLEN:  # O (1, total_q, H, D / 2) and LSE (1, H, total_q): the sequence's rows from q_first
-                store_rows_at(global_address(O) + head_q, uint64(q_stride), row_a, row_a + 8, seq_q, t,
+            if VARLEN:  # O (1, total_q, H, V_DIM / 2) and LSE (1, H, total_q): the sequence's rows from q_first
+                store_rows_at(global_address(O) + head_o, uint64(o_stride), row_a, row_a + 8, seq_q, t,
                               acc[mt], l_a[mt], l_b[mt])
                 if LSE.shape[2] != 0:
                     store_lse(LSE, 0, h, q_first + row_a, q_first + row_a + 8, q_first + seq_q, t,
@@ -421,7 +421,6 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
     `attend` below is the algorithm that wires them, one block's work."""
     VARLEN = varlen
     OWN_V = L["V_COPY"] is not None  # V's head dim differs from K's (MLA): copied by copy_v, rows of V_DIM
-    assert not (VARLEN and OWN_V), "packed sequences take one head dim for q, k and v"
     commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
     wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
     shared_address, global_address = operands.shared_address, operands.global_address
@@ -469,7 +468,11 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
             head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * HEAD_DIM * 2)
             q_first = 0
         head_v, v_stride = head_kv, kv_stride
-        if OWN_V:  # V's rows are V_DIM elements
+        head_o, o_stride = head_q, q_stride  # (varlen: O's rows as packed as q's)
+        if OWN_V and VARLEN:  # V's and O's rows are V_DIM elements, packed as K's and q's
+            head_v, v_stride = uint64((k_first * K.shape[2] + h_kv) * V_DIM * 2), K.shape[2] * V_DIM * 2
+            head_o, o_stride = uint64((q_first * Q.shape[2] + h) * V_DIM * 2), Q.shape[2] * V_DIM * 2
+        elif OWN_V:  # V's rows are V_DIM elements
             head_v, v_stride = uint64(((b * K.shape[1] + h_kv) * seq_k) * V_DIM * 2), V_DIM * 2
 
         # The lane's rows in m-tile mt: row_a = g and row_b = g + 8 of its 16 (elements 0, 1 and 2, 3
@@ -555,7 +558,7 @@ def build_kernel(L, dtype="float16", varlen=False) -> KernelConfig:
             cuda.syncthreads()
             stage = 1 - stage
 
-        store_block(O, LSE, b, h, warp_row0, g, t, seq_q, q_first, q_stride, head_q, acc, m_a, m_b,
+        store_block(O, LSE, b, h, warp_row0, g, t, seq_q, q_first, o_stride, head_o, acc, m_a, m_b,
                     l_a, l_b)
 
     @cuda.jit
@@ -582,7 +585,4 @@ def build(HEAD_DIM: int, dtype: str = "float16", varlen: bool = False, value_dim
         if dim is not None and not runs_head_dim(dim):
             raise ValueError(f"{name}: phase 07 builds {HEAD_DIMS_TEXT}, not {dim!r}")
     value_dim = None if value_dim == HEAD_DIM else value_dim
-    if varlen and value_dim is not None:
-        raise ValueError(f"value head dim: packed sequences take one head dim for q, k and v, not {HEAD_DIM} "
-                         f"and {value_dim}")
     return build_kernel(layout(HEAD_DIM, **tiles(HEAD_DIM, value_dim), V_DIM=value_dim), dtype, varlen)

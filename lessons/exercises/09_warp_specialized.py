@@ -855,9 +855,6 @@ def build(HEAD_DIM: int, variant: str | None = None, dtype: str = "float16", var
         raise ValueError(f"head dim: phase 09 builds {HEAD_DIMS_TEXT}, not {HEAD_DIM!r}")
     value_dim = None if value_dim == HEAD_DIM else value_dim
     if value_dim is not None:
-        if varlen:
-            raise ValueError(f"value head dim: packed sequences take one head dim for q, k and v, not "
-                             f"{HEAD_DIM} and {value_dim}")
         if not runs_value_dim(HEAD_DIM, value_dim):
             raise ValueError(f"value head dim: phase 09 takes v's head dim of its own where q's needs the "
                              f"192- or 256-column tiles and v's is 128 columns or more but no wider, not "

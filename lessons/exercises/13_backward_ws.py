@@ -75,7 +75,7 @@ def layout_ws(HEAD_DIM: int, bulk_dq: bool = False, tied: bool = False) -> dict:
 
 
 @lru_cache(maxsize=None)
-def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool, tied: bool = False) -> Backward:
+def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool, tied: bool = True) -> Backward:
     if dtype not in DTYPES:
         raise ValueError(f"dtype: the backward builds {' and '.join(DTYPES)}, not {dtype!r}")
     L = layout_ws(HEAD_DIM, bulk_dq, tied)
@@ -85,7 +85,7 @@ def _build(HEAD_DIM: int, dtype: str, bulk_dq: bool, tied: bool = False) -> Back
 
 
 def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_dq: bool = False,
-          tied: bool = False) -> Backward:
+          tied: bool = True) -> Backward:
     """Phase 11's Backward with this phase's kv_kernel and its serial build, for any head
     dim runs_head_dim takes; cc, if given, must be Hopper's (9, 0). bulk_dq: each consumer stages
     its pieces of dQ in shared memory and a thread of the producer's warpgroup adds them to a
@@ -100,7 +100,7 @@ def build(HEAD_DIM: int, dtype: str = "float16", cc: tuple | None = None, bulk_d
 
 def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
              deterministic: bool = False, dlse=None, dtype: str = "float16", parts: int | None = None,
-             bulk_dq: bool = False, tied: bool = False):
+             bulk_dq: bool = False, tied: bool = True):
     """p11_backward.backward with this phase's kv_kernel: (dq as float32, dk, dv as 16-bit) NumPy arrays."""
     return run_on_host(build(q.shape[-1], dtype, bulk_dq=bulk_dq, tied=tied), q, k, v, o, do, lse, causal=causal,
                        scale=scale, deterministic=deterministic, dlse=dlse, parts=parts)
