@@ -82,6 +82,38 @@ def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = 
     return out
 
 
+def reference_flex(q, k, v, *, score_mod=None, mask_mod=None, causal: bool = False,
+                   scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """float64 output (B, H, S_q, D_v) and log-sum-exp (B, H, S_q) of attention with FlexAttention's
+    mods (flashcore_numba/flex.py), NumPy arrays: the scores scaled, then score_mod(score, b, h,
+    q_idx, kv_idx) element by element, then the keys mask_mod (and causal, if set) hides dropped
+    before the softmax. A row that sees no key gives zeros and an LSE of -inf."""
+    from . import flex
+
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    smod = None if score_mod is None else flex.score_mod(score_mod)
+    mmod = None if mask_mod is None else flex.mask_mod(mask_mod)
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    B, H, Sq, _ = q.shape
+    Sk = k.shape[2]
+    out = np.empty((B, H, Sq, v.shape[-1]), dtype=np.float64)
+    lse = np.full((B, H, Sq), -np.inf)
+    q_idx, kv_idx = np.arange(Sq)[:, None], np.arange(Sk)[None, :]
+    with np.errstate(invalid="ignore", over="ignore"):
+        for b, h in np.ndindex(B, H):
+            hk = kv_head(h, H, k.shape[1])
+            s = q[b, h] @ k[b, hk].T * scale
+            if smod is not None:
+                s = np.broadcast_to(flex.evaluate(smod, s, b, h, q_idx, kv_idx), s.shape).astype(np.float64)
+            mask = visible_mask(Sq, Sk, causal) & flex.mask_matrix(mmod, b, h, Sq, Sk)
+            out[b, h] = _softmax_rows(s, mask) @ v[b, hk]
+            masked = np.where(mask, s, -np.inf)
+            m = masked.max(axis=-1)
+            seen = m > -np.inf
+            lse[b, h, seen] = m[seen] + np.log(np.exp(masked[seen] - m[seen, None]).sum(axis=-1))
+    return out, lse
+
+
 def reference_gradients(q, k, v, do, *, causal: bool = False, scale: float | None = None, dlse=None,
                         dtype=np.float64, lowp: str | None = None):
     """float64 (dq, dk, dv) of attention's output against its gradient `do`, NumPy arrays: with
