@@ -237,6 +237,29 @@ def test_eager_gradients_go_through_one_forward_and_one_backward(monkeypatch):
     assert (causal, scale, deterministic) == (False, default_scale(8), False)  # the default, resolved for the backward
 
 
+@pytest.mark.parametrize("needs", [(True, False, False), (False, True, True), (False, True, False)],
+                         ids=["q only", "k and v", "k only"])
+def test_only_the_inputs_that_require_grad_get_one(monkeypatch, needs):
+    """A partial requires_grad (a frozen q projection, or frozen keys and values): the backward runs
+    once, each input that requires grad gets its gradient, the others none. The launches are stood
+    in for, as above; tests/test_backward.py checks the numbers on a GPU."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+    from flashcore_numba import api
+    from flashcore_numba.runtime import torch_ops
+
+    calls = []
+    monkeypatch.setattr(torch_ops, "_forward", lambda q, k, v, causal, scale, phase, return_lse=False:
+                        (q * 2, q.float().sum(-1)))
+    monkeypatch.setattr(torch_ops, "attention_backward", lambda q, k, v, out, lse, dout, dlse, *rest: calls.append(1)
+                        or (torch.full_like(q, 1.0), torch.full_like(k, 2.0), torch.full_like(v, 3.0)))
+    monkeypatch.setattr(torch_ops, "_check_backward", lambda *a, **kw: None)
+    q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float16, requires_grad=r) for r in needs)
+    api.attention(q, k, v, phase="07").float().sum().backward()
+    assert calls == [1]
+    for x, wants, c in zip((q, k, v), needs, (1.0, 2.0, 3.0)):
+        assert (x.grad is not None) == wants and (not wants or torch.equal(x.grad, torch.full_like(x, c)))
+
+
 def test_the_backward_check_asks_the_gpu_once_per_phase_and_device(monkeypatch):
     """require_backward remembers a phase that passed on a device (Numba's device query costs about
     9 us a call); a phase that fails is asked about, and refused, every time."""

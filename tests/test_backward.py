@@ -321,6 +321,27 @@ def test_autograd_matches_torch_on_gpu(shape, seq_k, heads_kv, causal, dtype):
     close_to_torchs_gradients([x.grad for x in (q, k, v)], q, k, v, do, causal, 0.2, dtype)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("needs", [(True, False, False), (False, True, True), (False, False, True)],
+                         ids=["q only", "k and v", "v only"])
+def test_partial_requires_grad_on_gpu(needs):
+    """Only some inputs require grad (a frozen projection): each of those gets the gradient that a
+    call with all three requiring grad gives, bit for bit (deterministic=True: dQ in a fixed order),
+    the others none. GQA 2, causal, S_q != S_k, a scale of its own."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba import attention
+
+    host = random_qkv((2, 4, 133, 64), 150, heads_kv=2, dtype=np.float32)
+    do = torch.randn(2, 4, 133, 64, device="cuda", dtype=torch.float16)
+    runs = []
+    for wants in (needs, (True, True, True)):
+        xs = [torch.tensor(x, device="cuda").half().requires_grad_(w) for x, w in zip(host, wants)]
+        attention(*xs, causal=True, scale=0.3, deterministic=True).backward(do)
+        runs.append([x.grad for x in xs])
+    for got, every, wants in zip(*runs, needs):
+        assert (got is not None) == wants and (not wants or torch.equal(got, every))
+
+
 def close_to_torchs_gradients(got, q, k, v, do, causal, scale, dtype):
     """Torch tensors `got` (dq, dk, dv) against torch's float64 autograd: within twice what torch's
     own same-dtype autograd errs by (plus 1e-3), or within the CPU tests' rule (gradients_close: the
