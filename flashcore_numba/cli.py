@@ -223,6 +223,9 @@ def _build_parser() -> Parser:
                            "09-trace, 11 (the backward) and 12 (its kv_kernel on wgmma: what attention()'s autograd "
                            "runs on Hopper; nothing to compile elsewhere) (default: all of them)")
     comp.add_argument("--head-dims", type=_positive_ints, default=(64, 128), help="e.g. 64,128 (default both)")
+    comp.add_argument("--value-dims", type=_positive_ints, default=(),
+                      help="v's head dims of their own, e.g. --head-dims 192 --value-dims 128 (MLA): also the "
+                           "forward kernels of the phases that take the pair (07, 09, 07-varlen, 09-varlen)")
     comp.add_argument("--dtypes", type=parse_dtypes, default=("float16", "bfloat16"),
                       help="fp16, bf16 or both, comma-separated (default both)")
     comp.add_argument("--jobs", type=_positive_int, default=None,
@@ -928,9 +931,10 @@ def cmd_compile(args) -> int:
         from numba import cuda
 
         cc = tuple(cuda.get_current_device().compute_capability)[:2]
-    items = precompile.kernels_to_compile(args.phases or precompile.kernel_ids(), args.head_dims, args.dtypes)
+    items = precompile.kernels_to_compile(args.phases or precompile.kernel_ids(), args.head_dims, args.dtypes,
+                                          args.value_dims)
     if not items:
-        raise CLIError("no kernel matches --phases, --head-dims and --dtypes")
+        raise CLIError("no kernel matches --phases, --head-dims, --value-dims and --dtypes")
     jobs = min(args.jobs or os.cpu_count() or 1, len(items))
     console = _console()
     console.print(f"Compiling {len(items)} kernels for compute capability {cc[0]}.{cc[1]} into {folder}, "
@@ -939,17 +943,22 @@ def cmd_compile(args) -> int:
         task = progress.add_task("compile", total=len(items))
 
         def done(item, result):
-            kernel_id, head_dim, dtype = item
-            progress.update(task, advance=1, description=f"{kernel_id} D={head_dim} {dtype}")
+            progress.update(task, advance=1, description=_compile_item(item))
 
         results = precompile.compile_all(items, cc, jobs, done)
     built = sum(r is True for _, r in results)
     failed = [(item, r) for item, r in results if isinstance(r, str)]
     console.print(f"{built} compiled, {len(results) - built - len(failed)} already in the cache, "
                   f"{len(failed)} failed.", soft_wrap=True)
-    for (kernel_id, head_dim, dtype), message in failed:
-        console.print(f"  {kernel_id} D={head_dim} {dtype}: {_text(message)}", soft_wrap=True)
+    for item, message in failed:
+        console.print(f"  {_compile_item(item)}: {_text(message)}", soft_wrap=True)
     return 1 if failed else 0
+
+
+def _compile_item(item) -> str:
+    """'09 D=192 float16', or with v's head dim of its own '09 D=192 D_v=128 float16'."""
+    kernel_id, head_dim, dtype, *value_dim = item
+    return f"{kernel_id} D={head_dim}" + (f" D_v={value_dim[0]}" if value_dim else "") + f" {dtype}"
 
 
 # ---------------------------------------------------------------------------------------------

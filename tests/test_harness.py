@@ -673,6 +673,7 @@ def test_report_without_records(report_tree, tmp_path):
     (["compile", "--head-dims", "0"], "--head-dims"),
     (["compile", "--phases", "42"], "phase"),
     (["compile", "--jobs", "-1"], "--jobs"),
+    (["compile", "--value-dims", "x"], "--value-dims"),
 ])
 def test_cli_bad_arguments_give_one_line(argv, option, capsys):
     assert main(argv) == 2
@@ -702,6 +703,31 @@ def test_cli_compile_refuses_the_simulator(capsys):
     assert main(["compile", "--cc", "9.0"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "simulator" in err and "Traceback" not in err
+
+
+def test_cli_compile_names_value_head_dims(monkeypatch, capsys, tmp_path):
+    """`flashcore compile --head-dims 192 --value-dims 128`: the pairs' kernels are in the list it
+    compiles and named with D_v in its report (the compiling itself stood in for)."""
+    from flashcore_numba import cli
+    from flashcore_numba.runtime import precompile
+
+    monkeypatch.setattr(cli, "kernel_target", lambda: "gpu")
+    monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(tmp_path))
+    seen = []
+
+    def compile_all(items, cc, jobs, done):
+        seen.extend(items)
+        results = [(item, True if len(item) == 3 else "TestError: stood in") for item in items]
+        for item, result in results:
+            done(item, result)
+        return results
+
+    monkeypatch.setattr(precompile, "compile_all", compile_all)
+    assert main(["compile", "--phases", "09,07-varlen", "--head-dims", "192", "--value-dims", "128", "--dtypes",
+                 "fp16", "--cc", "9.0", "--jobs", "1"]) == 1
+    assert ("09", 192, "float16", 128) in seen and ("07-varlen", 192, "float16", 128) in seen
+    out = capsys.readouterr().out
+    assert "09 D=192 D_v=128 float16: TestError: stood in" in out and "2 failed" in out
 
 
 @pytest.mark.skipif(not simulator_enabled(), reason="uses the CUDA simulator")

@@ -154,6 +154,27 @@ def test_compile_lists_each_phase_at_the_head_dims_it_takes():
     assert ("12", 128, "float16") in items and ("12", 160, "float16") not in items
 
 
+def test_compile_takes_value_head_dims_where_a_phase_takes_the_pair():
+    """`flashcore compile --head-dims 192 --value-dims 128` (MLA): the forward kernels of phases 07
+    and 09, dense and packed, at 192 / 128 beside the 192 ones, keyed as their launches key them;
+    none for a kernel that takes one head dim (10, the backward), nor 09 where its tiles do not take
+    the pair (128 / 64)."""
+    from flashcore_numba.phases import build, build_varlen
+    from flashcore_numba.runtime import precompile
+
+    ids = ["07", "09", "07-varlen", "09-varlen", "10", "11"]
+    items = precompile.kernels_to_compile(ids, [192, 128], ["float16"], [128, 64])
+    for kid in ("07", "09", "07-varlen", "09-varlen"):
+        assert (kid, 192, "float16", 128) in items and (kid, 192, "float16") in items, kid
+    assert ("07", 128, "float16", 64) in items and ("09", 128, "float16", 64) not in items
+    assert not [i for i in items if len(i) == 4 and i[0] in ("10", "11")]
+    assert not [i for i in items if len(i) == 4 and i[1] == i[3]]  # (128 beside 128 is no pair)
+    assert build_varlen("09", 192, "float16", 128).cache_key == ("09-varlen", 192, "float16", 128)
+    assert build(PHASES["07"], 192, "float16", value_dim=128).cache_key == ("07", 192, "float16", 128)
+    assert [identity for _, _, identity in precompile.kernels_of("07-varlen", 192, "float16", (9, 0), 128)] == [
+        ("07-varlen", 192, "float16", 128)]
+
+
 # ---------------------------------------------------------------------------------------------
 # On the GPU (FLASHCORE_GPU=1 python3 -m pytest -m gpu): the real tiles, longer sequences
 # ---------------------------------------------------------------------------------------------

@@ -216,6 +216,22 @@ def test_random_packings_on_gpu():
     run()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("phase", ["07", "09", "best"])
+def test_a_value_head_dim_of_its_own_on_gpu(phase):
+    """MLA's 192 / 128 packed, on torch tensors (the plan's driver launch): ragged lengths with an
+    empty sequence and one of several blocks, GQA 2, causal, against the float64 reference; the
+    output (total_q, H, 128)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+    q, k, v, cu_q, cu_k, max_q, max_k = packed([300, 0, 77, 129], [310, 5, 77, 200], H=4, H_kv=2, D=192, Dv=128)
+    on = [torch.tensor(x, device="cuda") for x in (q, k, v, cu_q, cu_k)]
+    out = attention_varlen(*on, max_q, max_k, causal=True, phase=phase)
+    assert tuple(out.shape) == (q.shape[0], 4, 128)
+    ref, _, lowp = reference_varlen(q, k, v, cu_q, cu_k, causal=True, lowp_dtype=np.float16)
+    verdict = check_close(out.float().cpu().numpy(), ref, lowp)
+    assert verdict.ok, verdict.message
+
+
 def test_the_readme_table_of_a_packed_sequence_record(tmp_path):
     """report.varlen_table: each packed phase beside the same phase on the dense batch, each SDPA
     row beside the fastest packed phase, what could not run with its reason."""

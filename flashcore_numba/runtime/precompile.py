@@ -10,7 +10,10 @@ entry points launch: "10-kvcache" (attention_kvcache), "07-varlen" and "09-varle
 (attention_varlen), "11" and "12" (the backward of attention()'s autograd: phase 12's, on wgmma, on
 Hopper, phase 11's elsewhere; `flashcore bench --backward` times both) and "09-trace" (phase 09's
 trace build, measure/trace.py: the GPU suite launches it), each cached under the key
-its own launch looks up, so that none of them compiles in a new process either.
+its own launch looks up, so that none of them compiles in a new process either. With value head
+dims (`--value-dims`: MLA's v of 128 beside q's and k's 192) it also compiles the forward kernels
+that take such a pair (phases 07 and 09, attention() and attention_varlen), keyed as their launches
+key them.
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ def _kvcache_kernels(head_dim: int, dtype: str, cc) -> list:
 
 
 def _varlen_kernels(phase_id: str):
-    """attention_varlen's kernel on phase `phase_id` (phases.build_varlen)."""
+    """attention_varlen's kernel on phase `phase_id` (phases.build_varlen), v of its own head dim
+    where value_dim is given."""
 
-    def kernels(head_dim: int, dtype: str, cc) -> list:
+    def kernels(head_dim: int, dtype: str, cc, value_dim: int | None = None) -> list:
         from ..phases import build_varlen
 
-        return _of_config(build_varlen(phase_id, head_dim, dtype), dtype)
+        return _of_config(build_varlen(phase_id, head_dim, dtype, value_dim), dtype)
 
     return kernels
 
@@ -89,9 +93,10 @@ def kernel_ids() -> list[str]:
     return [*KERNELS, *EXTRA_KERNELS]
 
 
-def kernels_to_compile(kernel_ids, head_dims, dtypes) -> list[tuple[str, int, str]]:
+def kernels_to_compile(kernel_ids, head_dims, dtypes, value_dims=()) -> list[tuple]:
     """(kernel id, head dim, dtype) of every requested kernel that exists (a phase builds only the
-    head dims and dtypes it lists; an id of EXTRA_KERNELS, those of its phase)."""
+    head dims and dtypes it lists; an id of EXTRA_KERNELS, those of its phase); for each of
+    value_dims, (kernel id, head dim, dtype, value dim) of the kernels that take that pair."""
     from ..phases import LESSONS, backward_phase, get_phase
     from ..phases import dtypes as phase_dtypes
     from ..phases import supports_head_dim
@@ -100,7 +105,7 @@ def kernels_to_compile(kernel_ids, head_dims, dtypes) -> list[tuple[str, int, st
     for kernel_id in kernel_ids:
         if kernel_id in EXTRA_KERNELS:
             owner = EXTRA_KERNELS[kernel_id][0]
-            kernel = LESSONS[owner] if owner in LESSONS else backward_phase(owner)  # 13: no lesson yet
+            kernel = LESSONS[owner] if owner in LESSONS else backward_phase(owner)
         else:
             kernel = get_phase(kernel_id)
             kernel_id = kernel.ID
@@ -108,20 +113,38 @@ def kernels_to_compile(kernel_ids, head_dims, dtypes) -> list[tuple[str, int, st
             for dtype in dtypes:
                 if supports_head_dim(kernel, head_dim) and dtype in phase_dtypes(kernel):
                     items.append((kernel_id, int(head_dim), dtype))
+                for value_dim in value_dims:  # (kernel id, head dim, dtype, v's head dim): MLA's pairs
+                    if takes_value_dim(kernel_id, kernel, head_dim, value_dim) and dtype in phase_dtypes(kernel):
+                        items.append((kernel_id, int(head_dim), dtype, int(value_dim)))
     return items
 
 
-def kernels_of(kernel_id: str, head_dim: int, dtype: str, cc) -> list:
+VALUE_DIM_KERNELS = ("07-varlen", "09-varlen")  # besides the ladder's phases that take one (07, 09)
+
+
+def takes_value_dim(kernel_id: str, kernel, head_dim: int, value_dim: int) -> bool:
+    """Whether the kernel `kernel_id` (of phase `kernel`) is built for v of head dim value_dim beside
+    q's and k's head_dim: a forward kernel of a phase that takes the pair (supports_value_dim)."""
+    from ..phases import KERNELS, supports_head_dim, supports_value_dim
+
+    forward = kernel_id in VALUE_DIM_KERNELS or (kernel_id in KERNELS and "-" not in kernel_id)
+    return (forward and value_dim != head_dim and supports_head_dim(kernel, head_dim)
+            and supports_head_dim(kernel, value_dim) and supports_value_dim(kernel, head_dim, value_dim))
+
+
+def kernels_of(kernel_id: str, head_dim: int, dtype: str, cc, value_dim: int | None = None) -> list:
     """[(kernel, signature, cache identity)] that compiling `kernel_id` at this head dim and dtype
-    puts in the cache: a ladder kernel's one (phases.build), or an EXTRA_KERNELS entry's."""
+    (and v's head dim, value_dim) puts in the cache: a ladder kernel's one (phases.build), or an
+    EXTRA_KERNELS entry's."""
     if kernel_id in EXTRA_KERNELS:
-        return EXTRA_KERNELS[kernel_id][1](head_dim, dtype, tuple(cc))
+        extra = EXTRA_KERNELS[kernel_id][1]
+        return extra(head_dim, dtype, tuple(cc)) if value_dim is None else extra(head_dim, dtype, tuple(cc), value_dim)
     from ..phases import build, get_phase
 
-    return _of_config(build(get_phase(kernel_id), head_dim, dtype), dtype)
+    return _of_config(build(get_phase(kernel_id), head_dim, dtype, value_dim=value_dim), dtype)
 
 
-def compile_one(kernel_id: str, head_dim: int, dtype: str, cc) -> bool:
+def compile_one(kernel_id: str, head_dim: int, dtype: str, cc, value_dim: int | None = None) -> bool:
     """Make sure the cache holds this kernel (or an extra id's kernels); True when one had to be
     compiled (a worker's job)."""
     from numba.cuda.core import sigutils
@@ -129,7 +152,7 @@ def compile_one(kernel_id: str, head_dim: int, dtype: str, cc) -> bool:
     from ..arch.cache import cached_cubin
 
     built = False
-    for kernel, signature, identity in kernels_of(kernel_id, head_dim, dtype, cc):
+    for kernel, signature, identity in kernels_of(kernel_id, head_dim, dtype, cc, value_dim):
         argtypes, _ = sigutils.normalize_signature(signature)
         built |= cached_cubin(kernel, argtypes, identity, tuple(cc)).built
     return built
@@ -143,7 +166,7 @@ def compile_all(items, cc, jobs: int = 1, done=None) -> list[tuple[tuple, bool |
     if jobs <= 1:
         for item in items:
             try:
-                result = compile_one(*item, cc)
+                result = compile_one(*item[:3], cc, *item[3:])
             except Exception as e:  # noqa: BLE001 - reported per kernel, the others go on
                 result = f"{type(e).__name__}: {e}"
             results.append((item, result))
@@ -154,7 +177,7 @@ def compile_all(items, cc, jobs: int = 1, done=None) -> list[tuple[tuple, bool |
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(compile_one, *item, tuple(cc)): item for item in items}
+        futures = {pool.submit(compile_one, *item[:3], tuple(cc), *item[3:]): item for item in items}
         for future in as_completed(futures):
             item = futures[future]
             try:
