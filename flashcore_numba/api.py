@@ -161,15 +161,13 @@ def require_backward(phase, device=None, head_dim=None, value_dim=None) -> None:
     costs about 9 us of Numba's device queries, docs/tuning/call_path.md run 11). Where a phase
     without the LSE slipped through, the forward's validation (return_lse) still refuses it. With
     `head_dim`, it must be one the backward builds (phase 11: any multiple of 8 up to 256),
-    and v's (`value_dim`) the same."""
-    if head_dim is not None and not backward_runs_head_dim(head_dim):
-        # the same head dims as the forward's phases 07-10: refused here, before any forward runs
-        raise ValueError(f"q: requires grad, but the backward takes head dims {BACKWARD_HEAD_DIMS_TEXT}, "
-                         f"not {head_dim}")
-    if value_dim is not None and head_dim is not None and value_dim != head_dim:
-        raise ValueError(f"v: requires grad, but the backward takes one head dim for q, k and v, not {head_dim} "
-                         f"and {value_dim} (the forward takes them); call it under torch.no_grad() for the "
-                         f"forward alone")
+    and v's (`value_dim`) too: v of a head dim of its own (MLA) runs the backward at the wider of
+    the two (torch_ops.attention_backward pads the narrower operands with zero columns)."""
+    for name, dim in (("q", head_dim), ("v", value_dim)):
+        if dim is not None and not backward_runs_head_dim(dim):
+            # the same head dims as the forward's phases 07-10: refused here, before any forward runs
+            raise ValueError(f"{name}: requires grad, but the backward takes head dims {BACKWARD_HEAD_DIMS_TEXT}, "
+                             f"not {dim}")
     key = (phase, device) if isinstance(phase, (str, int)) and device is not None else None
     if key in _BACKWARD_CHECKED:
         return

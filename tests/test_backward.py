@@ -322,6 +322,25 @@ def test_autograd_matches_torch_on_gpu(shape, seq_k, heads_kv, causal, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("D, Dv", [(192, 128), (64, 128)], ids=["MLA 192-128", "v wider 64-128"])
+def test_autograd_with_a_value_head_dim_of_its_own_on_gpu(D, Dv):
+    """v of a head dim of its own through autograd: the forward on phase 09 (07 for 64/128), the
+    backward at the wider head dim on zero-padded operands (torch_ops._padded_backward), the
+    gradients of q's, k's and v's widths close to torch's; GQA 2, causal, S_q < S_k."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    from flashcore_numba import attention
+
+    host = random_qkv((1, 4, 200, D), 230, heads_kv=2, dtype=np.float32, value_dim=Dv)
+    q, k, v = (torch.tensor(x, device="cuda").half().requires_grad_() for x in host)
+    do = torch.randn(1, 4, 200, Dv, device="cuda", dtype=torch.float16)
+    out = attention(q, k, v, causal=True, scale=0.2)
+    assert tuple(out.shape) == (1, 4, 200, Dv)
+    out.backward(do)
+    assert [tuple(x.grad.shape) for x in (q, k, v)] == [tuple(x.shape) for x in (q, k, v)]
+    close_to_torchs_gradients([x.grad for x in (q, k, v)], q, k, v, do, True, 0.2, "float16")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("needs", [(True, False, False), (False, True, True), (False, False, True)],
                          ids=["q only", "k and v", "v only"])
 def test_partial_requires_grad_on_gpu(needs):

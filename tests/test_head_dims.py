@@ -399,13 +399,13 @@ def test_a_value_head_dim_no_phase_takes_is_refused_by_name(Dv, phase, message):
         attention(q, q, np.zeros((1, 1, 4, Dv), np.float16), phase=phase)
 
 
-def test_the_backward_refuses_a_value_head_dim_of_its_own_and_varlen_names_what_it_takes():
+def test_the_backward_takes_a_value_head_dim_of_its_own_and_varlen_names_what_it_takes():
     from flashcore_numba import api
     from flashcore_numba.inference import _varlen_phase, attention_varlen
 
-    with pytest.raises(ValueError, match="v: requires grad, but the backward takes one head dim for q, k and v, not "
-                                         "128 and 64"):
-        api.require_backward("best", None, 128, 64)
+    api.require_backward("best", None, 192, 128)  # MLA: the backward pads to the wider (test below)
+    with pytest.raises(ValueError, match="v: requires grad, but the backward takes head dims .*, not 100"):
+        api.require_backward("best", None, 128, 100)
     q = np.zeros((8, 1, 192), np.float16)
     cu = np.array([0, 8], np.int32)
     with pytest.raises(ValueError, match="v: packed rows and heads"):
@@ -416,6 +416,47 @@ def test_the_backward_refuses_a_value_head_dim_of_its_own_and_varlen_names_what_
         _varlen_phase("07", 128, 100)
     assert _varlen_phase("07", 192, 128) == "07" and _varlen_phase("09", 192, 128) == "09"
     assert _varlen_phase("best", 128, 64) == "07"  # phase 09 does not take that pair
+
+
+@pytest.mark.parametrize("D, Dv", [(48, 32), (16, 40)], ids=["v narrower (MLA)", "v wider"])
+def test_the_backward_of_a_value_head_dim_of_its_own_pads_to_the_wider(monkeypatch, D, Dv):
+    """torch_ops.attention_backward with v of its own head dim runs the backward of one head dim, the
+    wider, on operands padded with zero columns, and cuts the gradients back: with a stand-in plan
+    that computes the float64 reference's gradients of what it is given, the result is the
+    reference's gradients of the problem itself (GQA 2, causal, S_q != S_k). CPU tensors, no GPU."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+    from flashcore_numba import runtime
+    from flashcore_numba.reference import reference_attention, reference_gradients, reference_lse
+    from flashcore_numba.runtime import torch_ops
+    from flashcore_numba.runtime.plan import Plans
+
+    widths = []
+
+    class ReferencePlan:
+        def __init__(self, head_dim, *rest):
+            widths.append(head_dim)
+            self.parts = 1
+
+        def __call__(self, q, k, v, out, dout, lse, dq, dk, dv, delta, stream, dq_sums=None, dlse=None):
+            assert q.shape[-1] == k.shape[-1] == v.shape[-1] == out.shape[-1] == dout.shape[-1] == max(D, Dv)
+            got = reference_gradients(*(x.double().numpy() for x in (q, k, v, dout)), causal=True, scale=0.3)
+            for buffer, g in zip((dq, dk, dv), got):
+                buffer.copy_(torch.from_numpy(g))
+
+    monkeypatch.setattr(runtime, "BackwardPlan", ReferencePlan)
+    monkeypatch.setattr(torch_ops, "current_stream", lambda device: 0)
+    monkeypatch.setattr(torch_ops, "_BACKWARD_PLANS", Plans())
+    monkeypatch.setattr(torch_ops, "_AUTOGRAD_BACKWARD", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
+    q, k, v = random_qkv((1, 4, 7, D), 9, heads_kv=2, seed=5, dtype=np.float32, value_dim=Dv)
+    do = np.random.default_rng(5).standard_normal((1, 4, 7, Dv))
+    out = reference_attention(q, k, v, causal=True, scale=0.3)
+    lse = reference_lse(q, k, causal=True, scale=0.3)
+    t = [torch.from_numpy(np.asarray(x, np.float32)) for x in (q, k, v, out, lse, do)]
+    got = torch_ops.attention_backward(t[0], t[1], t[2], t[3], t[4], t[5], None, True, 0.3, False)
+    assert widths == [max(D, Dv)] and [tuple(g.shape) for g in got] == [q.shape, k.shape, v.shape]
+    for g, r in zip(got, reference_gradients(q, k, v, do, causal=True, scale=0.3)):
+        np.testing.assert_allclose(g.double().numpy(), r, atol=1e-5)
 
 
 def test_a_value_head_dim_has_its_own_cache_identity():

@@ -113,7 +113,13 @@ def attention_backward(q, k, v, out, lse, dout, dlse, causal, scale, determinist
     problem's BackwardPlan (runtime/backward.py), made on its first backward: no Numba dispatch per
     call, every buffer from torch's caching allocator. phase: "11" or "12" (phase 12's kv_kernel,
     wgmma, Hopper only); None, as autograd calls it: the tensors' GPU's (autograd_backward_phase).
-    scale: the number the forward used (attention() resolves its default, 1/sqrt(D), before it)."""
+    scale: the number the forward used (attention() resolves its default, 1/sqrt(D), before it).
+
+    v of a head dim of its own (MLA: 128 beside q's and k's 192): the backward runs at the wider of
+    the two, the narrower operands padded with zero columns, and the gradients are cut back to their
+    inputs' widths (`_padded_backward`)."""
+    if v.shape[-1] != q.shape[-1]:
+        return _padded_backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase)
     torch = torch_module()
     device = q.device.index or 0
     D = q.shape[-1]
@@ -146,6 +152,26 @@ def attention_backward(q, k, v, out, lse, dout, dlse, causal, scale, determinist
     # in the device's context, from any thread (autograd runs the backward on a thread of its own)
     plan(*operands, lse, dq, dk, dv, delta, current_stream(device), dq_sums=sums, dlse=extra)
     return dq.to(q.dtype), dk, dv
+
+
+def _padded_backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase):
+    """The backward of a problem whose v has a head dim of its own, as one of a single head dim W, the
+    wider: zero columns added to q and k (the scores q·kᵀ do not change: the scale is the forward's,
+    given) or to v, the output and its gradient (P·v's extra columns are zeros, and their gradient
+    is zero: dP = dO vᵀ and Δ = rowsum(dO ∘ O) do not change). The gradients of the zero columns
+    are cut off. The kernels then do the work of W columns where one operand has fewer: what MLA's
+    backward costs here until a kernel takes the two widths (issue: every head dim)."""
+    import torch.nn.functional as F
+
+    D, Dv = q.shape[-1], v.shape[-1]
+    W = max(D, Dv)
+
+    def wide(x):
+        return x if x.shape[-1] == W else F.pad(x.detach(), (0, W - x.shape[-1]))
+
+    dq, dk, dv = attention_backward(wide(q), wide(k), wide(v), wide(out), lse, wide(dout), dlse, causal, scale,
+                                    deterministic, phase)
+    return dq[..., :D].contiguous(), dk[..., :D].contiguous(), dv[..., :Dv].contiguous()
 
 
 def _on_16_bytes(t):
@@ -204,8 +230,8 @@ def _train_op():
                 return _forward(q.detach(), k.detach(), v.detach(), causal, scale, phase, True)
 
         @train_op.register_fake
-        def _(q, k, v, causal, scale, phase, deterministic):
-            return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+        def _(q, k, v, causal, scale, phase, deterministic):  # the output has v's head dim (MLA's may be its own)
+            return q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)
 
         @torch.library.custom_op("flashcore::attention_backward", mutates_args=(),
                                  schema="(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, "
