@@ -1,7 +1,8 @@
 """The package's layers, enforced: the folder is the architecture (docs/architecture.md).
 
-    flashcore_numba/   __init__, __main__, api, inference, reference, cli: the library's face (api:
-                       attention; inference: attention_kvcache) and the CLI;
+    flashcore_numba/   __init__, __main__, api, inference, reference, flex, cli: the library's face
+                       (api: attention; inference: attention_kvcache and attention_varlen; flex:
+                       score_mod and mask_mod) and the CLI;
                        usage: the one form of a usage error, for the CLI and the course's commands
       runtime/         the call path: a plan per problem, the launch, compiled kernels on disk
       phases/          the kernels, and the tile helpers only they use
@@ -37,7 +38,7 @@ import pytest
 
 PACKAGE = "flashcore_numba"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / PACKAGE
-MAX_TOP_LEVEL_MODULES = 7
+MAX_TOP_LEVEL_MODULES = 8  # the face (api, inference, reference, flex), usage, cli, __init__, __main__
 SUBPACKAGES = ("runtime", "phases", "arch", "measure", "course")
 
 # layer -> the layers it must never import
@@ -72,7 +73,7 @@ def layer(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != PACKAGE:
         return None
-    if len(parts) == 1 or parts[1] in ("api", "inference", "reference", "usage"):
+    if len(parts) == 1 or parts[1] in ("api", "inference", "reference", "flex", "usage"):
         return "library"
     return parts[1] if parts[1] in SUBPACKAGES + ("cli", "__main__") else "unknown"
 
