@@ -600,10 +600,10 @@ def _varlen_arrays(qd, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal
     total_q, H, D = qd.shape
     device_index = cuda.get_current_device().id
     key = ("varlen-arrays", phase_id, D, qd.dtype, H, k.shape[1], bool(causal), qk_scale, device_index,
-           bool(return_lse))
-    plan = _PLANS.get(key + (value_dim,))
+           bool(return_lse), value_dim)
+    plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS.keep(key + (value_dim,), VarlenPlan(*key[1:], torch_memory=False, value_dim=value_dim))
+        plan = _PLANS.keep(key, VarlenPlan(*key[1:-1], torch_memory=False, value_dim=value_dim))
     with cuda.gpus[device_index]:
         arrays = _on_device(qd, q, k, v, cu_seqlens_q, cu_seqlens_k)
         out = cuda.to_device(np.zeros((1, total_q, H, value_dim), dtype=np.dtype(qd.dtype)))

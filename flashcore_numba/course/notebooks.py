@@ -716,6 +716,7 @@ def draw_backward_ring(n_tiles: int = 4, load: float = 1.0, products: float = 1.
     plt.tight_layout()
     plt.show()
 
+
 def draw_mma_fragments():
     """The three operands of `mma.sync.m16n8k16`: which lane holds each element, in which register."""
     plt = _plt()

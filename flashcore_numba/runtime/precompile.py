@@ -97,15 +97,14 @@ def kernels_to_compile(kernel_ids, head_dims, dtypes, value_dims=()) -> list[tup
     """(kernel id, head dim, dtype) of every requested kernel that exists (a phase builds only the
     head dims and dtypes it lists; an id of EXTRA_KERNELS, those of its phase); for each of
     value_dims, (kernel id, head dim, dtype, value dim) of the kernels that take that pair."""
-    from ..phases import LESSONS, backward_phase, get_phase
+    from ..phases import LESSONS, get_phase
     from ..phases import dtypes as phase_dtypes
     from ..phases import supports_head_dim
 
     items = []
     for kernel_id in kernel_ids:
         if kernel_id in EXTRA_KERNELS:
-            owner = EXTRA_KERNELS[kernel_id][0]
-            kernel = LESSONS[owner] if owner in LESSONS else backward_phase(owner)
+            kernel = LESSONS[EXTRA_KERNELS[kernel_id][0]]
         else:
             kernel = get_phase(kernel_id)
             kernel_id = kernel.ID

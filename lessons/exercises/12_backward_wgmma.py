@@ -69,7 +69,7 @@ def query_rows(HEAD_DIM: int) -> int:
 
 
 def layout(HEAD_DIM: int, warpgroups: int, block_m: int, bulk_dq: bool = False, overlap: bool = False,
-           tied: bool = False) -> dict:
+           tied: bool = True) -> dict:
     """Every derived constant of kv_kernel. Shared memory holds K and V (a 64-row tile per
     warpgroup each, D / 64 swizzled atoms of 64 rows), two stages of the streamed Q and dO tiles
     (block_m rows each), then dSᵀ (a row per key, block_m / 64 atoms of BLOCK_N rows); all in the

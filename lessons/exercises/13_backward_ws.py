@@ -52,7 +52,7 @@ DQ_SLOTS = 2  # bulk_dq: staged pieces of dQ a consumer, so that it stages the n
 DQ_WRITER = 32  # bulk_dq: the producer warpgroup's thread that adds the staged pieces (its warp 1)
 
 
-def layout_ws(HEAD_DIM: int, bulk_dq: bool = False, tied: bool = False) -> dict:
+def layout_ws(HEAD_DIM: int, bulk_dq: bool = False, tied: bool = True) -> dict:
     """Phase 12's layout, and this build's: the threads of three warpgroups, and the mbarriers
     after the rest of shared memory: kv_full (K and V landed) and kv_empty (the consumers are done
     with them: serial), then full[s] and empty[s] of each stage of the ring. bulk_dq: before the mbarriers, DQ_SLOTS float32 pieces of dQ a consumer
