@@ -65,7 +65,8 @@
 # overlaps them), and in the default build each tile has a barrier between the dSᵀ stores and dQ
 # (the deterministic build at D = 128 adds dQ a tile late instead, as phase 11 does: `dq_late`;
 # measured, the late form was faster only there). Even so it is faster than phase 11 on the H200
-# (the changelog below has the records), and `attention()`'s autograd runs it on Hopper.
+# (the changelog below has the records), and `attention()`'s autograd ran it on Hopper until phase
+# 13 overtook it (its serial build still runs there for `deterministic=True`).
 
 # %%
 # Where the kernels run is decided before numba.cuda is first imported: on the CUDA GPU when the

@@ -585,7 +585,7 @@ def test_backward_benchmark_writes_a_valid_record(tmp_path):
     record = json.loads(out.read_text())
     assert records.validate_record(record) == []
     names = [r["name"] for r in record["results"]]
-    step = f"{autograd_backward_phase(cuda.get_current_device().compute_capability)}-step"  # 12-step on Hopper
+    step = f"{autograd_backward_phase(cuda.get_current_device().compute_capability)}-step"  # 13-step on Hopper
     assert names[:2] == ["11", "11-deterministic"] and step in names and "sdpa_flash" in names, names
     assert all(r["correct"] for r in record["results"] if r["kind"] == "phase"), record["results"]
 
@@ -779,14 +779,14 @@ def test_the_report_reads_flex_attention_from_backward_records(stand_ins, tmp_pa
         return torch.autograd.grad(out, leaves, do)
 
     stand_ins.setattr(torch_ops, "attention_backward", attention_backward)
-    stand_ins.setattr(backward, "backward_rows", lambda device: [("12", False)])  # as on Hopper
+    stand_ins.setattr(backward, "backward_rows", lambda device: [("13", False)])  # as on Hopper
     problem = bench.Problem(1, 2, 16, 16, 64)
     record = backward.run_backward_benchmark(problem, peer_names=["sdpa_flash", "sdpa_cudnn", "flex_attention"],
                                              device=StandInDevice(), command=["x"], seed=2)
     B, H, S, D = bench.REFERENCE_SHAPE
     record["config"].update(B=B, H=H, S_q=S, S_k=S, D=D)
     rows = {r["name"]: r for r in record["results"]}
-    assert rows["12"]["correct"] and rows["flex_attention"]["correct"], record["results"]
+    assert rows["13"]["correct"] and rows["flex_attention"]["correct"], record["results"]
 
     def headline(record):
         folder = tmp_path / record["created"].replace(":", "")
@@ -794,7 +794,7 @@ def test_the_report_reads_flex_attention_from_backward_records(stand_ins, tmp_pa
         lines = report.headline_table([], records.load_records(folder / "backward"), folder, None,
                                       folder / "docs" / "performance.md")
         header = next(line for line in lines if line.startswith("| pass, phase"))
-        row = next(line for line in lines if line.startswith("| backward, 12 (TFLOPS) | [B=16 H=16"))
+        row = next(line for line in lines if line.startswith("| backward, 13 (TFLOPS) | [B=16 H=16"))
         return dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
 
     cells = headline(record)
@@ -811,5 +811,5 @@ def test_the_report_reads_flex_attention_from_backward_records(stand_ins, tmp_pa
     assert all(line.endswith("| 1.00× | — |") for line in flex), flex  # the same stand-in time as SDPA flash's
     # a run whose autograd step (11's, off Hopper) did not pass: no step of a peer is named in its place
     failed = dict(record, results=[r for r in record["results"] if r["name"] != "11-step"], _path="r.json")
-    block = " ".join(line.strip() for line in report.backward_measured_lines([failed], "12"))
-    assert "12-step not timed (r.json)" in block and "flex_attention-step" not in block, block
+    block = " ".join(line.strip() for line in report.backward_measured_lines([failed], "13"))
+    assert "13-step not timed (r.json)" in block and "flex_attention-step" not in block, block

@@ -555,7 +555,7 @@ def _headline_record(gpu, problem, rows, created, *, backward_pass=False):
 
 
 def test_report_headline_from_fixture(report_tree):
-    """The README's headline: phase 09 and phase 12 at the four reference problems and phase 10 at each
+    """The README's headline: phase 09 and phase 13 at the four reference problems and phase 10 at each
     decode step, each beside SDPA flash, SDPA cuDNN and FlexAttention of its own run, on the GPU whose
     records fill most of it; a missing record or peer says "not measured" in the table and in the
     command's summary, never a silent gap."""
@@ -566,7 +566,7 @@ def test_report_headline_from_fixture(report_tree):
     assert "stale headline" not in headline
     assert ("| forward, 09 (TFLOPS) | B=16 H=16 S=2048 D=64 fp16 | not measured | not measured | not measured | "
             "not measured | — |") in headline
-    assert "| backward, 12 (TFLOPS) | B=16 H=16 S=2048 D=64 fp16 | not measured |" in headline
+    assert "| backward, 13 (TFLOPS) | B=16 H=16 S=2048 D=64 fp16 | not measured |" in headline
     assert "|  | B=16 H=16 S=2048 D=128 fp16 causal | not measured |" in headline
     assert "[docs/performance.md](docs/performance.md)" in headline
     assert ("NOT MEASURED: Fixture GPU (test data, not a measurement): forward phase 09, B=16 H=16 S=2048 D=64 fp16: "
@@ -578,7 +578,7 @@ def test_report_headline_from_fixture(report_tree):
                                                          ("sdpa_cudnn", "peer", 1.25)], "2026-12-01T00:00:00"),
                          report_tree.records / "h_fwd.json")
     backward = bench.Problem.from_shape((16, 16, 2048, 128), causal=True)
-    records.write_record(_headline_record(gpu, backward, [("12", "phase", 2.0), ("sdpa_flash", "peer", 1.0)],
+    records.write_record(_headline_record(gpu, backward, [("13", "phase", 2.0), ("sdpa_flash", "peer", 1.0)],
                                           "2026-12-02T00:00:00", backward_pass=True),
                          report_tree.records / "backward" / "h_bwd.json")
     decode = bench.Problem(1, 32, 1, 32768, 128, "float16", False, 8)
@@ -598,7 +598,7 @@ def test_report_headline_from_fixture(report_tree):
     assert "On the **Fixture GPU" not in headline  # the GPU with the fuller headline is shown (its ladder plot stays)
     assert "NOT MEASURED: Headline GPU: forward phase 09, B=16 H=16 S=2048 D=64 fp16: FlexAttention not in h_fwd.json" \
         in summary
-    assert "NOT MEASURED: Headline GPU: backward phase 12, B=16 H=16 S=2048 D=128 fp16 causal: SDPA cuDNN not in " \
+    assert "NOT MEASURED: Headline GPU: backward phase 13, B=16 H=16 S=2048 D=128 fp16 causal: SDPA cuDNN not in " \
         "h_bwd.json" in summary
 
 

@@ -128,8 +128,8 @@ def test_a_head_dim_no_phase_takes_is_refused_by_name(D, phase, message):
 
 
 def test_the_backward_refuses_other_head_dims_before_the_forward():
-    """attention()'s autograd takes what phase 11 builds, any multiple of 8 up to 256 (phase 12 on
-    Hopper up to 128); past it (or off the multiples of 8) a call that needs gradients is refused
+    """attention()'s autograd takes what phase 11 builds, any multiple of 8 up to 256 (phases 13 and
+    12 on Hopper up to 128); past it (or off the multiples of 8) a call that needs gradients is refused
     before its forward."""
     from flashcore_numba import api
 

@@ -615,28 +615,35 @@ def test_a_backward_finds_its_plan_by_its_problem(monkeypatch):
     assert dq.dtype == torch.float16 and bool((dq == 1).all() and (dk == 2).all() and (dv == 3).all())
     torch_ops.attention_backward(q, k, v, q, lse, dout, lse, True, 0.125, True)  # deterministic, with the LSE's gradient
     assert len(made) == 2 and calls[-1] == (torch.float16, True, torch.float32, (3, 1, 2, 8, 64), True)
-    assert asked == [0], asked  # autograd's backward phase, chosen once per device (an sm_80 GPU: 11)
+    # autograd's backward phase, chosen once per device and head dim for each of deterministic's two
+    # values (an sm_80 GPU: 11 for both)
+    assert asked == [0, 0], asked
     torch_ops.attention_backward(q, k, v, q, lse, dout, None, True, 0.125, False, "12")
     assert len(made) == 3 and made[-1][-1] == "12"
     empty = torch.zeros(1, 1, 0, 64, dtype=torch.float16)
     dq, dk, dv = torch_ops.attention_backward(q, empty, empty, q, lse, dout, None, False, 0.125, False)
     assert len(made) == 3 and not dq.any() and dk.shape == empty.shape
-    # on Hopper autograd runs phase 12's backward
+    # on Hopper autograd runs phase 13's backward, phase 12's when deterministic
     monkeypatch.setattr(torch_ops, "_AUTOGRAD_BACKWARD", {})
     monkeypatch.setattr(torch_ops, "_BACKWARD_PLANS", Plans())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
     torch_ops.attention_backward(q, k, v, q, lse, dout, None, True, 0.125, False)
-    assert len(made) == 4 and made[-1][-1] == "12"
+    assert len(made) == 4 and made[-1][-1] == "13"
+    torch_ops.attention_backward(q, k, v, q, lse, dout, None, True, 0.125, True)
+    assert len(made) == 5 and made[-1][-2:] == (0, "12") and made[-1][6] is True
 
 
-def test_autograd_runs_phase_12s_backward_on_hopper_only():
-    """wgmma exists on sm_90 alone: Hopper gets phase 12's backward up to D = 128, every other GPU
-    and every head dim past 128 phase 11's (which splits the gradients' columns there)."""
+def test_autograd_runs_the_wgmma_backwards_on_hopper_only():
+    """wgmma exists on sm_90 alone: Hopper gets phase 13's backward up to D = 128 (phase 12's serial
+    build when deterministic, level with 13's or ahead in the records), every other GPU and every
+    head dim past 128 phase 11's (which splits the gradients' columns there)."""
     from flashcore_numba.runtime import torch_ops
 
-    assert torch_ops.autograd_backward_phase((9, 0)) == "12"
+    assert torch_ops.autograd_backward_phase((9, 0)) == "13"
+    assert torch_ops.autograd_backward_phase((9, 0), 128, deterministic=True) == "12"
     assert [torch_ops.autograd_backward_phase((9, 0), D) for D in (8, 96, 128, 136, 192, 256)] == \
-        ["12"] * 3 + ["11"] * 3
+        ["13"] * 3 + ["11"] * 3
+    assert [torch_ops.autograd_backward_phase((9, 0), D, True) for D in (8, 136)] == ["12", "11"]
     assert [torch_ops.autograd_backward_phase(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))] == ["11"] * 5
 
 

@@ -19,7 +19,7 @@ by, plus bench's atol (reference.check_close). Then timed, kernel time, L2 flush
   aligned bottom-right, GQA by enable_gqa), compiled without donated buffers (`retained_graph`).
   Where it cannot run (torch before 2.5, no triton, a compile that fails) its rows are recorded
   unavailable with the reason;
-- `11-step` (on Hopper `12-step`: autograd runs phase 12's backward there, runtime/torch_ops.autograd_backward_phase),
+- `11-step` (on Hopper `13-step`: autograd runs phase 13's backward there, runtime/torch_ops.autograd_backward_phase),
   `sdpa_flash-step`, `sdpa_cudnn-step` (and `flex_attention-step`): one training step of attention
   alone, forward and backward (the gradients taken by autograd.grad, so no .grad accumulates between
   launches).

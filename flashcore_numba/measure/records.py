@@ -390,7 +390,10 @@ def git_state() -> dict:
     if root is None:  # an installed package: no git tree to ask
         return {"git_commit": None, "git_dirty": None}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
-    status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)docs/bench"], cwd=root)
+    # tracked files only: what a run carries beside the checkout (a wheel, a kernel cache, scratch
+    # scripts) is no change to the code it measures
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/bench"],
+                  cwd=root)
     return {"git_commit": commit, "git_dirty": None if commit is None else bool(status)}
 
 

@@ -79,8 +79,8 @@ KERNELS: dict = {k.ID: k for k in sorted([*PHASES.values(), *VARIANTS.values()],
 # Phases of the course that are no rung of the forward ladder: phase 11 (the backward pass), phase
 # 12 (its kv_kernel on wgmma) and phase 13 (that kv_kernel warp-specialized, fed by TMA) have a
 # lesson and an exercise each, but no kernel(Q, K, V, O, causal, qk_scale) to benchmark beside the
-# others or to pick with attention(phase=...): attention()'s autograd runs 12 on Hopper and 11
-# elsewhere (runtime/torch_ops.autograd_backward_phase).
+# others or to pick with attention(phase=...): attention()'s autograd runs 13 on Hopper (12 when
+# deterministic) and 11 elsewhere (runtime/torch_ops.autograd_backward_phase).
 _COURSE_ONLY = ("p11_backward", "p12_backward_wgmma", "p13_backward_ws")
 # Every phase with a lesson and an exercise, in course order.
 LESSONS: dict[str, ModuleType] = {**PHASES, **{m.ID: m for m in (importlib.import_module(f"{__name__}.{name}")

@@ -78,13 +78,13 @@ Measured effect (written by `flashcore report` from the backward records, docs/b
 do not edit by hand)
     [measured:begin]
     The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
-    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, 2026-12-06, TFLOPS: B=16 H=16
-    S=2048 D=64 fp16: 11 236 (0.95x SDPA flash), 11-deterministic 228 (0.92x SDPA flash), 11-step
+    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, 2026-12-07, TFLOPS: B=16 H=16
+    S=2048 D=64 fp16: 11 236 (0.95x SDPA flash), 11-deterministic 230 (0.93x SDPA flash), 11-step
     not timed (autograd ran 12-step); B=16 H=16 S=2048 D=64 fp16 causal: 11 202 (1.03x SDPA flash),
     11-deterministic 196 (1.00x SDPA flash), 11-step not timed (autograd ran 12-step); B=16 H=16
-    S=2048 D=128 fp16: 11 255 (0.96x SDPA flash), 11-deterministic 223 (0.83x SDPA flash), 11-step
-    not timed (autograd ran 12-step); B=16 H=16 S=2048 D=128 fp16 causal: 11 219 (0.99x SDPA flash),
-    11-deterministic 192 (0.87x SDPA flash), 11-step not timed (autograd ran 12-step). NVIDIA H200,
+    S=2048 D=128 fp16: 11 255 (0.95x SDPA flash), 11-deterministic 223 (0.83x SDPA flash), 11-step
+    not timed (autograd ran 12-step); B=16 H=16 S=2048 D=128 fp16 causal: 11 219 (0.98x SDPA flash),
+    11-deterministic 193 (0.87x SDPA flash), 11-step not timed (autograd ran 12-step). NVIDIA H200,
     2026-12-01, TFLOPS: B=16 H=16 S=2048 D=64 fp16: 11 236 (0.94x SDPA flash), 11-deterministic 232
     (0.93x SDPA flash), 11-step not timed (autograd ran 12-step); B=16 H=16 S=2048 D=64 fp16 causal:
     11 204 (1.02x SDPA flash), 11-deterministic 200 (1.00x SDPA flash), 11-step not timed (autograd

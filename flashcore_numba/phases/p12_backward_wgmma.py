@@ -54,14 +54,14 @@ Measured effect (written by `flashcore report` from the backward records' rows 1
 12-deterministic and 12-step, docs/bench/backward/; do not edit by hand)
     [measured:begin]
     The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
-    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, 2026-12-06, TFLOPS: B=16 H=16
-    S=2048 D=64 fp16: 12 300 (1.21x SDPA flash, 1.27x phase 11), 12-deterministic 221 (0.89x SDPA
-    flash, 0.97x phase 11), 12-step 339 (1.30x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal: 12
-    250 (1.28x SDPA flash, 1.24x phase 11), 12-deterministic 197 (1.00x SDPA flash, 1.00x phase 11),
-    12-step 281 (1.33x SDPA flash); B=16 H=16 S=2048 D=128 fp16: 12 331 (1.24x SDPA flash, 1.29x
-    phase 11), 12-deterministic 222 (0.83x SDPA flash, 0.99x phase 11), 12-step 383 (1.33x SDPA
-    flash); B=16 H=16 S=2048 D=128 fp16 causal: 12 283 (1.27x SDPA flash, 1.29x phase 11),
-    12-deterministic 194 (0.88x SDPA flash, 1.01x phase 11), 12-step 324 (1.35x SDPA flash). NVIDIA
+    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, 2026-12-07, TFLOPS: B=16 H=16
+    S=2048 D=64 fp16: 12 310 (1.25x SDPA flash, 1.31x phase 11), 12-deterministic 223 (0.90x SDPA
+    flash, 0.97x phase 11), 12-step 349 (1.33x SDPA flash); B=16 H=16 S=2048 D=64 fp16 causal: 12
+    261 (1.33x SDPA flash, 1.29x phase 11), 12-deterministic 198 (1.01x SDPA flash, 1.01x phase 11),
+    12-step 291 (1.38x SDPA flash); B=16 H=16 S=2048 D=128 fp16: 12 356 (1.33x SDPA flash, 1.39x
+    phase 11), 12-deterministic 224 (0.84x SDPA flash, 1.00x phase 11), 12-step 407 (1.41x SDPA
+    flash); B=16 H=16 S=2048 D=128 fp16 causal: 12 299 (1.35x SDPA flash, 1.37x phase 11),
+    12-deterministic 196 (0.88x SDPA flash, 1.02x phase 11), 12-step 341 (1.41x SDPA flash). NVIDIA
     H200, 2026-12-01, TFLOPS: B=16 H=16 S=2048 D=64 fp16: 12 301 (1.20x SDPA flash, 1.28x phase 11),
     12-deterministic 285 (1.14x SDPA flash, 1.23x phase 11), 12-step 342 (1.31x SDPA flash); B=16
     H=16 S=2048 D=64 fp16 causal: 12 256 (1.28x SDPA flash, 1.26x phase 11), 12-deterministic 245
@@ -75,8 +75,9 @@ Measured effect (written by `flashcore report` from the backward records' rows 1
     nvidia-h200_backward_b16h16s2048d128_fp16[_causal].json).
     [measured:end]
     Its registers and spills are those ptxas reports for sm_90a (measure/machine_code.py). Faster
-    than phase 11 at every reference problem (the rows above), so attention()'s autograd runs this
-    phase's backward on Hopper (runtime/torch_ops.autograd_backward_phase); docs/tuning/12_history.md has the A/B.
+    than phase 11 at every reference problem (the rows above), so attention()'s autograd ran this
+    phase's backward on Hopper until phase 13 overtook it; it still runs this one's serial build for
+    deterministic=True (runtime/torch_ops.autograd_backward_phase); docs/tuning/12_history.md has the A/B.
 """
 
 from __future__ import annotations

@@ -39,7 +39,17 @@ Why the hardware should reward it
 Measured effect (written by `flashcore report` from the backward records' rows 13,
 13-deterministic and 13-step, docs/bench/backward/; do not edit by hand)
     [measured:begin]
-    not measured yet
+    The backward rows count 2.5 x the forward's FLOPs, the -step rows (forward and backward) 3.5 x,
+    as FlashAttention's benchmark counts them. NVIDIA H100 80GB HBM3, 2026-12-07, TFLOPS: B=16 H=16
+    S=2048 D=64 fp16: 13 323 (1.30x SDPA flash, 1.04x phase 12), 13-deterministic 220 (0.89x SDPA
+    flash, 0.98x phase 12), 13-step not timed (autograd ran 12-step); B=16 H=16 S=2048 D=64 fp16
+    causal: 13 268 (1.37x SDPA flash, 1.03x phase 12), 13-deterministic 197 (1.00x SDPA flash, 1.00x
+    phase 12), 13-step not timed (autograd ran 12-step); B=16 H=16 S=2048 D=128 fp16: 13 362 (1.35x
+    SDPA flash, 1.02x phase 12), 13-deterministic 213 (0.80x SDPA flash, 0.95x phase 12), 13-step
+    not timed (autograd ran 12-step); B=16 H=16 S=2048 D=128 fp16 causal: 13 305 (1.37x SDPA flash,
+    1.02x phase 12), 13-deterministic 189 (0.85x SDPA flash, 0.96x phase 12), 13-step not timed
+    (autograd ran 12-step) (nvidia-h100-80gb-hbm3_backward_b16h16s2048d64_fp16[_causal].json,
+    nvidia-h100-80gb-hbm3_backward_b16h16s2048d128_fp16[_causal].json).
     [measured:end]
     The A/B of its builds against phase 12's (the producer alone, bulk dQ, tied accumulators):
     docs/tuning/12_history.md and docs/tuning/12_builds/.

@@ -7,8 +7,8 @@ cache for every phase, head dim and dtype in the time of the slowest few:
 
 Besides the ladder's kernels (the ids of `flashcore bench --phases`), it compiles what the other
 entry points launch: "10-kvcache" (attention_kvcache), "07-varlen" and "09-varlen"
-(attention_varlen), "11" and "12" (the backward of attention()'s autograd: phase 12's, on wgmma, on
-Hopper, phase 11's elsewhere; `flashcore bench --backward` times both) and "09-trace" (phase 09's
+(attention_varlen), "11", "12" and "13" (the backward of attention()'s autograd: phase 13's on
+Hopper, 12's there when deterministic, phase 11's elsewhere; `flashcore bench --backward` times all three) and "09-trace" (phase 09's
 trace build, measure/trace.py: the GPU suite launches it), each cached under the key
 its own launch looks up, so that none of them compiles in a new process either. With value head
 dims (`--value-dims`: MLA's v of 128 beside q's and k's 192) it also compiles the forward kernels

@@ -6,8 +6,9 @@ that an eager call with gradients runs, and the backward's call.
     train_call         attention() on tensors that need gradients: eagerly a torch.autograd.Function,
                        under torch.compile flashcore::attention_train with its backward registered
                        (flashcore::attention_backward)
-    attention_backward (dq, dk, dv) through the problem's BackwardPlan (backward.py): phase 12's
-                       backward on Hopper, phase 11's elsewhere (autograd_backward_phase)
+    attention_backward (dq, dk, dv) through the problem's BackwardPlan (backward.py): phase 13's
+                       backward on Hopper (12's when deterministic), phase 11's elsewhere
+                       (autograd_backward_phase)
     register_torch_op  the ops registered as soon as torch is imported, never by importing it here
 
 The forward of every one of them is api.torch_call, the plan-based call of attention() on torch
@@ -76,8 +77,8 @@ def custom_op(return_lse: bool = False):
 
 def train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
     """attention() on torch tensors that need gradients: the forward keeps O and the LSE, and
-    backward() runs the backward kernels (phase 12's on Hopper, phase 11's elsewhere:
-    autograd_backward_phase) through flashcore::attention_train."""
+    backward() runs the backward kernels (phase 13's on Hopper, 12's when deterministic, phase 11's
+    elsewhere: autograd_backward_phase) through flashcore::attention_train."""
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     # only an imported torch can be tracing this call: the phase is checked first, before torch is
@@ -92,27 +93,31 @@ def train_call(q, k, v, causal, scale, phase, return_lse, deterministic):
     return (out, lse) if return_lse else out
 
 
-_AUTOGRAD_BACKWARD: dict = {}  # (device index, head dim) -> the backward phase autograd runs there
+_AUTOGRAD_BACKWARD: dict = {}  # (device index, head dim, deterministic) -> the backward phase autograd runs there
 
 
-def autograd_backward_phase(cc, head_dim: int | None = None) -> str:
+def autograd_backward_phase(cc, head_dim: int | None = None, deterministic: bool = False) -> str:
     """The backward phase attention()'s autograd runs on a GPU of compute capability `cc` (for head
-    dim `head_dim`, or any up to 128): "12" (its kv_kernel on wgmma) on Hopper, where it is the
-    faster (docs/tuning/12_history.md, the records under docs/bench/backward/), up to its
-    MAX_HEAD_DIM; "11" (mma.sync) past it and on every other GPU from sm_80."""
+    dim `head_dim`, or any up to 128). On Hopper, up to phase 12's MAX_HEAD_DIM: "13" (phase 12's
+    kernel, warp-specialized and fed by TMA), ahead of phase 12 at the four reference problems in
+    the records under docs/bench/backward/ (rows 12 and 13); with deterministic=True "12", whose
+    serial build is level with 13's or ahead there (rows 12-deterministic and 13-deterministic).
+    "11" (mma.sync) past 128 and on every other GPU from sm_80."""
     from ..phases import backward_phase, cc_reason
 
     wgmma = backward_phase("12")
     fits = head_dim is None or wgmma.runs_head_dim(head_dim)
-    return "12" if fits and cc_reason(wgmma, cc) is None else "11"
+    if not fits or cc_reason(wgmma, cc) is not None:
+        return "11"
+    return "12" if deterministic else "13"
 
 
 def attention_backward(q, k, v, out, lse, dout, dlse, causal, scale, deterministic, phase=None):
     """(dq, dk, dv) of q's dtype from the backward kernels (phases/p11_backward.py): dk and dv are
     written in q's dtype, dq is summed in float32 and converted here. The launches go through the
     problem's BackwardPlan (runtime/backward.py), made on its first backward: no Numba dispatch per
-    call, every buffer from torch's caching allocator. phase: "11" or "12" (phase 12's kv_kernel,
-    wgmma, Hopper only); None, as autograd calls it: the tensors' GPU's (autograd_backward_phase).
+    call, every buffer from torch's caching allocator. phase: "11", "12" (phase 12's kv_kernel,
+    wgmma, Hopper only) or "13" (phase 13's, warp-specialized, Hopper only); None, as autograd calls it: the tensors' GPU's (autograd_backward_phase).
     scale: the number the forward used (attention() resolves its default, 1/sqrt(D), before it).
 
     v of a head dim of its own (MLA: 128 beside q's and k's 192): the backward runs at the wider of
@@ -124,9 +129,11 @@ def attention_backward(q, k, v, out, lse, dout, dlse, causal, scale, determinist
     device = q.device.index or 0
     D = q.shape[-1]
     if phase is None:  # as autograd calls it: the backward of the tensors' GPU, asked once per device and D
-        if (device, D) not in _AUTOGRAD_BACKWARD:
-            _AUTOGRAD_BACKWARD[device, D] = autograd_backward_phase(torch.cuda.get_device_capability(device), D)
-        phase = _AUTOGRAD_BACKWARD[device, D]
+        choice = (device, D, bool(deterministic))
+        if choice not in _AUTOGRAD_BACKWARD:
+            _AUTOGRAD_BACKWARD[choice] = autograd_backward_phase(torch.cuda.get_device_capability(device), D,
+                                                                 bool(deterministic))
+        phase = _AUTOGRAD_BACKWARD[choice]
     scale = float(scale)  # attention() resolves the default (1/sqrt(D)) before its forward
     # the kernels copy 16 bytes at a time: a tensor off a 16-byte boundary (autograd's gradient may be
     # a view) is copied to one that is not
