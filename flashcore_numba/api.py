@@ -395,4 +395,96 @@ def _simulated(q, k, v, causal, phase, ops, qk_scale, return_lse):
     return (out, lse) if return_lse else out
 
 
+def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
+                   scale: float | None = None, return_lse: bool = False):
+    """Attention with your mods, as torch's flex_attention takes them: softmax(score_mod(q·kᵀ·scale))
+    over the keys the mask leaves, times v, for (B, H, S, D) fp16 or bf16 inputs (k and v may have
+    fewer heads: grouped-query attention); a row that sees no key gives zeros (and an LSE of -inf).
+
+    score_mod: a ScoreMod (flex.score_mod, or a built-in: softcap, alibi) or a plain function
+        score_mod(score, b, h, q_idx, kv_idx); None: the scores as they are.
+    block_mask: from create_block_mask, made once and reused: its mask decides which keys a row
+        sees, its tiles which the kernel skips. One at other block sizes than the kernel's tiles is
+        made again at the kernel's (once per block mask and head dim). Or mask_mod=: the block
+        mask is made here from it, per call, for every batch and head (give a block_mask made with
+        B=None or H=None when the mask does not depend on them, to make it once and smaller).
+    scale: the scores' factor, 1/sqrt(D) by default. return_lse: also each row's log-sum-exp.
+
+    The kernel is phase 14's (phases/p14_flex.py), compiled once per mods' functions, head dim and
+    dtype in the process (their bound arrays are arguments: new values need no compile). NumPy
+    arrays, Numba device arrays and torch CUDA tensors; in the simulator on the CPU too."""
+    from numba import cuda
+
+    from . import flex
+    from .phases import p14_flex as p14
+    from .phases.common import launch
+
+    ops = tuple(describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    _validate(ops, PHASES["07"], False, scale, return_lse)  # phase 14's first build: phase 07's inputs
+    B, H, S_q, D = ops[0].shape
+    S_k = ops[1].shape[2]
+    if ops[2].shape[3] != D:
+        raise ValueError(f"v: head dim {ops[2].shape[3]} differs from q's {D}; flex_attention takes one head dim")
+    smod = None if score_mod is None else flex.score_mod(score_mod)
+    if block_mask is not None and mask_mod is not None:
+        raise ValueError("mask_mod: give either a block_mask or a mask_mod, not both")
+    if block_mask is not None and not isinstance(block_mask, flex.BlockMask):
+        raise TypeError(f"block_mask: expected a BlockMask (flex.create_block_mask), got {type(block_mask).__name__}")
+    if block_mask is not None and (block_mask.seq_q, block_mask.seq_k) != (S_q, S_k):
+        raise ValueError(f"block_mask: made for {block_mask.seq_q} query rows and {block_mask.seq_k} keys, "
+                         f"but q has {S_q} and k {S_k}")
+    mmod = block_mask.mask if block_mask is not None else (None if mask_mod is None else flex.mask_mod(mask_mod))
+    tile = p14.tiles(D)
+    kinds = flex.kernel_kinds(block_mask, mmod, B, H, S_q, S_k, tile["block_m"], tile["block_n"])
+    count, index = p14.block_lists(kinds)
+    config = p14.build(D, ops[0].dtype, None if smod is None else smod.fn, 0 if smod is None else len(smod.arrays),
+                       None if mmod is None else mmod.fn, 0 if mmod is None else len(mmod.arrays))
+    qk_scale = np.float32((default_scale(D) if scale is None else float(scale)) * LOG2E)
+    torch_inputs = ops[0].kind == "torch"
+    score_args = _bound_arrays(smod, ops[0], "score_mod")
+    mask_args = _bound_arrays(mmod, ops[0], "mask_mod")
+    if torch_inputs:
+        import torch
+
+        out = torch.empty((B, H, S_q, D), dtype=q.dtype, device=q.device)
+        lse = torch.empty((B, H, S_q) if return_lse else (0, 0, 0), dtype=torch.float32, device=q.device)
+        arrays = [torch_to_kernel(x) for x in (q, k, v, out)] + [cuda.as_cuda_array(lse)]
+    else:
+        host = ops[0].kind == "numpy"
+        if host:
+            q, k, v = (cuda.to_device(x) for x in (q, k, v))
+        out = cuda.device_array((B, H, S_q, D), dtype=q.dtype)
+        lse = cuda.device_array((B, H, S_q) if return_lse else (0, 0, 0), dtype=np.float32)
+        arrays = [q, k, v, out, lse]
+    arrays[3] = arrays[3].view(np.uint32)  # the kernel stores O as packed pairs
+    grid = (-(-S_q // config.block_m), H, B)
+    launch(config.kernel, grid, config.n_threads, config.smem_bytes,
+           (*arrays, qk_scale, cuda.to_device(count), cuda.to_device(index), cuda.to_device(kinds),
+            score_args, mask_args))
+    if not torch_inputs and ops[0].kind == "numpy":
+        out, lse = out.copy_to_host(), lse.copy_to_host()
+    return (out, lse) if return_lse else out
+
+
+def _bound_arrays(mod, q, kind: str) -> tuple:
+    """A mod's bound arrays as the kernel takes them (a tuple; one stand-in array for none): on q's
+    device. NumPy arrays are copied there; a torch tensor must already be on q's device."""
+    from numba import cuda
+
+    if mod is None or not mod.arrays:
+        return (cuda.to_device(np.zeros(1, np.int32)),)
+    arrays = []
+    for i, a in enumerate(mod.arrays):
+        if hasattr(a, "detach"):  # torch
+            if q.kind != "torch" or str(a.device) != str(q.device):
+                raise ValueError(f"{kind} {mod.name}: bound array {i} is a torch tensor on {a.device}, but q is on "
+                                 f"{q.device}; move it there (.to(q.device))")
+            arrays.append(cuda.as_cuda_array(a.detach().contiguous()))
+        elif hasattr(a, "copy_to_host"):  # a Numba device array
+            arrays.append(a)
+        else:
+            arrays.append(cuda.to_device(np.ascontiguousarray(a)))
+    return tuple(arrays)
+
+
 torch_ops.connect(torch_call, require_backward)  # the custom ops and autograd run this module's call

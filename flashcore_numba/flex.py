@@ -18,7 +18,8 @@ them into its code:
     mod = score_mod(alibi_mod, slopes)        # ScoreMod: the function and its arrays
 
 `sliding_window`, `softcap`, `alibi`, `document_mask`, `prefix_lm` and `causal_mask` are written
-this way. `create_block_mask` evaluates a mask mod once per tile of BLOCK_M query rows by BLOCK_N
+this way. `flashcore_numba.flex_attention(q, k, v, score_mod, block_mask)` runs them in phase 14's
+kernel (phases/p14_flex.py). `create_block_mask` evaluates a mask mod once per tile of BLOCK_M query rows by BLOCK_N
 keys and says of each tile whether it is empty (no row sees a key: skipped), full (every row sees
 every key: no mask_mod call) or partial (mask_mod per element), so that the work done follows the
 work the mask leaves. `flashcore_numba.reference.reference_flex` is the float64 oracle with mods.
@@ -148,6 +149,33 @@ def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
+# The built-ins' mods are functions of this module, not made per call: a kernel compiles once per
+# mod function (phases/p14_flex.build), and their numbers are bound arrays, arguments of that kernel.
+def sliding_window_mod(b, h, q_idx, kv_idx, window):
+    return (q_idx - kv_idx <= window[0]) & (kv_idx - q_idx <= window[1])
+
+
+def prefix_lm_mod(b, h, q_idx, kv_idx, prefix):
+    return (kv_idx < prefix[0]) | (q_idx >= kv_idx)
+
+
+def document_causal_mod(b, h, q_idx, kv_idx, ids):
+    return (ids[b, q_idx] == ids[b, kv_idx]) & (q_idx >= kv_idx)
+
+
+def document_mod(b, h, q_idx, kv_idx, ids):
+    return ids[b, q_idx] == ids[b, kv_idx]
+
+
+def softcap_mod(score, b, h, q_idx, kv_idx, capped):
+    return capped[0] * math.tanh(score / capped[0])
+
+
+def alibi_mod(score, b, h, q_idx, kv_idx, slopes):
+    # the distance as float32: Numba widens an int times a float32 to float64 (slow on a GPU)
+    return score + slopes[h] * np.float32(kv_idx - q_idx)
+
+
 def causal_mask() -> MaskMod:
     """Each row sees the keys up to its own position (S_q = S_k; `causal=True` is the fast path)."""
     return mask_mod(_causal)
@@ -159,24 +187,14 @@ def sliding_window(left: int, right: int = 0) -> MaskMod:
     for name, value in (("left", left), ("right", right)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise ValueError(f"sliding_window: {name} must be a whole number >= 0, got {value!r}")
-    window = np.array([left, right], np.int32)
-
-    def sliding_window_mod(b, h, q_idx, kv_idx, window):
-        return (q_idx - kv_idx <= window[0]) & (kv_idx - q_idx <= window[1])
-
-    return mask_mod(sliding_window_mod, window)
+    return mask_mod(sliding_window_mod, np.array([left, right], np.int32))
 
 
 def prefix_lm(prefix_len: int) -> MaskMod:
     """A prefix LM: every row sees the first prefix_len keys, and causally after them."""
     if isinstance(prefix_len, bool) or not isinstance(prefix_len, (int, np.integer)) or prefix_len < 0:
         raise ValueError(f"prefix_lm: prefix_len must be a whole number >= 0, got {prefix_len!r}")
-    prefix = np.array([prefix_len], np.int32)
-
-    def prefix_lm_mod(b, h, q_idx, kv_idx, prefix):
-        return (kv_idx < prefix[0]) | (q_idx >= kv_idx)
-
-    return mask_mod(prefix_lm_mod, prefix)
+    return mask_mod(prefix_lm_mod, np.array([prefix_len], np.int32))
 
 
 def document_mask(doc_ids, causal: bool = True) -> MaskMod:
@@ -187,28 +205,14 @@ def document_mask(doc_ids, causal: bool = True) -> MaskMod:
         raise ValueError(f"document_mask: doc_ids must be integers of shape (S,) or (B, S), got {ids.dtype} "
                          f"{ids.shape}")
     ids = doc_ids if ids.ndim == 2 else (doc_ids[None] if hasattr(doc_ids, "shape") else ids[None])
-    if causal:
-        def document_causal_mod(b, h, q_idx, kv_idx, ids):
-            return (ids[b, q_idx] == ids[b, kv_idx]) & (q_idx >= kv_idx)
-
-        return mask_mod(document_causal_mod, ids)
-
-    def document_mod(b, h, q_idx, kv_idx, ids):
-        return ids[b, q_idx] == ids[b, kv_idx]
-
-    return mask_mod(document_mod, ids)
+    return mask_mod(document_causal_mod if causal else document_mod, ids)
 
 
 def softcap(cap: float) -> ScoreMod:
     """Gemma 2's logit soft-capping: cap · tanh(score / cap)."""
     if not (isinstance(cap, (int, float, np.floating)) and np.isfinite(cap) and cap > 0):
         raise ValueError(f"softcap: cap must be a finite number > 0, got {cap!r}")
-    capped = np.array([cap], np.float32)
-
-    def softcap_mod(score, b, h, q_idx, kv_idx, capped):
-        return capped[0] * math.tanh(score / capped[0])
-
-    return score_mod(softcap_mod, capped)
+    return score_mod(softcap_mod, np.array([cap], np.float32))
 
 
 def alibi(slopes) -> ScoreMod:
@@ -216,10 +220,6 @@ def alibi(slopes) -> ScoreMod:
     host = _host(slopes)
     if host.ndim != 1:
         raise ValueError(f"alibi: slopes must be one number per query head, shape (H,), got {host.shape}")
-
-    def alibi_mod(score, b, h, q_idx, kv_idx, slopes):
-        return score + slopes[h] * (kv_idx - q_idx)
-
     return score_mod(alibi_mod, slopes)
 
 
@@ -305,3 +305,35 @@ def create_block_mask(mask, B: int | None, H: int | None, seq_q: int, seq_k: int
         all_seen = (tiles | ~real).all(axis=(1, 3))
         kinds[b, h] = np.where(all_seen & any_seen, FULL, np.where(any_seen, PARTIAL, EMPTY))
     return BlockMask(kinds, seq_q, seq_k, block_m, block_n, mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# The block mask at a kernel's tiles (api.flex_attention runs phase 14's kernel with it)
+# ---------------------------------------------------------------------------------------------
+_KINDS: dict = {}  # (id of a block mask, tiles) -> (the block mask, its kinds at the kernel's tiles)
+_KINDS_KEPT = 16  # block masks remade at the kernel's tiles, kept at most
+
+
+def kernel_kinds(block_mask, mask, B, H, S_q, S_k, block_m, block_n) -> np.ndarray:
+    """The kinds of the tiles at the kernel's BLOCK_M x BLOCK_N: a block mask's own where it was made
+    at those, else made again from its mask (kept while the block mask lives); all FULL without a mask."""
+    n_m, n_n = -(-S_q // block_m), -(-S_k // block_n)
+    if mask is None:
+        return np.full((1, 1, n_m, n_n), FULL, np.int8)
+    if block_mask is None:
+        return create_block_mask(mask, B, H, S_q, S_k, block_m, block_n).kinds
+    Bm, Hm = block_mask.kinds.shape[:2]
+    for name, got, want in (("batches", Bm, B), ("query heads", Hm, H)):
+        if got not in (1, want):
+            raise ValueError(f"block_mask: made for {got} {name}, the call has {want} (make it with that many, or "
+                             f"with None to broadcast one)")
+    if (block_mask.block_m, block_mask.block_n) == (block_m, block_n):
+        return block_mask.kinds
+    key = (id(block_mask), block_m, block_n)
+    found = _KINDS.get(key)
+    if found is None or found[0] is not block_mask:
+        if len(_KINDS) >= _KINDS_KEPT:
+            _KINDS.clear()
+        found = _KINDS[key] = (block_mask, create_block_mask(mask, Bm if Bm > 1 else None, Hm if Hm > 1 else None,
+                                                             S_q, S_k, block_m, block_n).kinds)
+    return found[1]

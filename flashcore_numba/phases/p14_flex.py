@@ -1,0 +1,293 @@
+"""Phase 14 — your own attention: score_mod and mask_mod compiled into the kernel, block-sparse.
+
+In progress: the first build runs on phase 07's kernel (mma.sync, any GPU from sm_80, and the
+simulator); phase 09's (Hopper, TMA and wgmma) is the next step. Not a rung of the ladder yet, no
+lesson yet; `flashcore_numba.flex.flex_attention` calls it.
+
+What changed from phase 07
+    The kernel takes two functions a user wrote in Python, as torch's FlexAttention defines them
+    (flashcore_numba/flex.py): score_mod(score, b, h, q_idx, kv_idx) -> score and
+    mask_mod(b, h, q_idx, kv_idx) -> bool, each with the arrays it reads bound to its last
+    parameters. Numba compiles each as a device function and inlines it into the kernel: no graph
+    compiler, no table of masks in memory. The arrays become arguments of the kernel (a tuple
+    each), so that new slopes or document ids need no new compile.
+    - The loop over key tiles walks a list instead of a range: the block mask
+      (flex.create_block_mask, at the kernel's BLOCK_M x BLOCK_N) says for each query block which
+      key blocks any of its rows sees, in order (KV_COUNT, KV_INDEX), and whether the mask hides
+      any key of the tile (KV_KIND: partial) or none (full). Empty tiles are never loaded or
+      computed: the work follows what the mask leaves. The copies of the next tile in the list
+      still fly while the current one is computed (phase 07's two stages).
+    - After S = Q·Kᵀ, each score goes through score_mod in the units the user wrote it for (the
+      scaled score, as FlexAttention's), and through mask_mod only in a partial tile; a hidden key
+      gets -inf. Then phase 07's online softmax, untouched: it still masks the keys past the
+      sequence's end. The indices handed to a mod are clamped to the sequence, so that a mod
+      indexing an array by q_idx or kv_idx never reads past it for a row or key the tile pads.
+    - `causal` is a mask_mod like any other here (flex.causal_mask); `attention(causal=True)`
+      stays the fast path.
+
+Why the hardware should reward it
+    A mask that leaves a fraction of the tiles costs that fraction of the work (a sliding window
+    of 1024 keys over 32768 costs 1/16 of full attention), and a mod is a few instructions per
+    score inlined where the scores already are, in registers: no score matrix is written.
+
+Measured effect
+    Not measured yet: no GPU run of this build so far.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, int32, uint32, uint64
+
+from ..arch import operands, ptx
+from . import p07_mma_sync as p07
+from .common import LOG2E, MMA_N, KernelConfig, key_end
+from .p07_mma_sync import MMA_M
+
+ID = "14"
+NAME = "flex"
+TITLE = "score_mod and mask_mod in the kernel, block-sparse"
+DTYPES = p07.DTYPES
+MIN_CC = p07.MIN_CC
+MAX_BOUND_ARRAYS = 3  # arrays a mod may read (its parameters after the indices)
+PARTIAL = 1  # a tile of the block mask where mask_mod decides per element (flex.PARTIAL)
+
+
+def runs_head_dim(HEAD_DIM: int) -> bool:
+    return p07.runs_head_dim(HEAD_DIM)
+
+
+def tiles(HEAD_DIM: int) -> dict:
+    """The tiles are phase 07's: the block mask is made at (block_m, block_n)."""
+    return p07.tiles(HEAD_DIM)
+
+
+def device_mod(fn, n_arrays: int, kind: str):
+    """fn compiled as a device function, and a call of it that takes its bound arrays from a tuple
+    `a` (the kernel's argument; one stand-in array where the mod has none). Numba inlines a call of
+    a closure only with its arguments spelled out (no *args), hence one form per count of arrays."""
+    if n_arrays > MAX_BOUND_ARRAYS:
+        raise ValueError(f"{kind}: at most {MAX_BOUND_ARRAYS} bound arrays, got {n_arrays}")
+    f = cuda.jit(device=True, inline=True)(fn)
+    if kind == "mask_mod":  # mask_mod(b, h, q_idx, kv_idx, *arrays): passed as score_mod's, its score unused
+        if n_arrays == 0:
+            @cuda.jit(device=True, inline=True)
+            def call(x, b, h, q, kv, a):
+                return f(b, h, q, kv)
+        elif n_arrays == 1:
+            @cuda.jit(device=True, inline=True)
+            def call(x, b, h, q, kv, a):
+                return f(b, h, q, kv, a[0])
+        elif n_arrays == 2:
+            @cuda.jit(device=True, inline=True)
+            def call(x, b, h, q, kv, a):
+                return f(b, h, q, kv, a[0], a[1])
+        else:
+            @cuda.jit(device=True, inline=True)
+            def call(x, b, h, q, kv, a):
+                return f(b, h, q, kv, a[0], a[1], a[2])
+    elif n_arrays == 0:
+        @cuda.jit(device=True, inline=True)
+        def call(x, b, h, q, kv, a):
+            return f(x, b, h, q, kv)
+    elif n_arrays == 1:
+        @cuda.jit(device=True, inline=True)
+        def call(x, b, h, q, kv, a):
+            return f(x, b, h, q, kv, a[0])
+    elif n_arrays == 2:
+        @cuda.jit(device=True, inline=True)
+        def call(x, b, h, q, kv, a):
+            return f(x, b, h, q, kv, a[0], a[1])
+    else:
+        @cuda.jit(device=True, inline=True)
+        def call(x, b, h, q, kv, a):
+            return f(x, b, h, q, kv, a[0], a[1], a[2])
+    return call
+
+
+def make_apply_mods(L, score_call, mask_call):
+    """apply_mods(...): score_mod and mask_mod on a tile of scores in the accumulator layout."""
+    NT = L["NT"]
+    HAS_SCORE, HAS_MASK = score_call is not None, mask_call is not None
+
+    @cuda.jit(device=True, inline=True)
+    def n_tile(i, args):
+        """n-tile i % NT of m-tile i // NT: its four scores, rows g and g + 8 of the m-tile, keys 2t
+        and 2t + 1 of the n-tile (mma's accumulator layout)."""
+        s, partial, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args, mask_args = args
+        mt = i // NT
+        j = i % NT
+        for e in range(4):
+            q_idx = int32(min(warp_row0 + mt * MMA_M + g + 8 * (e // 2), seq_q - 1))
+            kv_idx = int32(min(start_n + j * MMA_N + 2 * t + e % 2, seq_k - 1))
+            x = s[mt, j, e]
+            if HAS_SCORE:
+                x = float32(score_call(x * unit, int32(b), int32(h), q_idx, kv_idx, score_args)) * inv_unit
+            if HAS_MASK and partial and not mask_call(x, int32(b), int32(h), q_idx, kv_idx, mask_args):
+                x = float32(-math.inf)
+            s[mt, j, e] = x
+
+    # unrolled when built (phase 07's `unrolled`): s is indexed by constants only, so it stays in
+    # registers; a loop around the mods' calls was left rolled, and s went to local memory
+    each_n_tile = p07.unrolled(n_tile, L["M_TILES"] * NT)
+
+    @cuda.jit(device=True, inline=True)
+    def apply_mods(s, partial, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args,
+                   mask_args):
+        """Each score of the tile from key start_n: score_mod on the scaled score (s · unit, the units
+        FlexAttention's mods are written in) and back to the kernel's units (· inv_unit); in a
+        partial tile, -inf where mask_mod hides the key. The indices are clamped to the sequence:
+        a mod may index its arrays by them even for the rows and keys past the end a tile pads."""
+        each_n_tile(0, (s, partial, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args,
+                        mask_args))
+
+    return apply_mods
+
+
+def build_kernel(L, dtype="float16", score_call=None, mask_call=None) -> KernelConfig:
+    """Phase 07's kernel with the mods and the block mask's walk (see the module's docstring)."""
+    commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
+    wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
+    shared_address, global_address = operands.shared_address, operands.global_address
+    copy_tile = p07.make_copy_tile(L)
+    q_fragments, qk_steps, pv_steps = p07.make_products(L, dtype)
+    softmax_tile = p07.make_softmax_tile(L, dtype)
+    store_block = p07.make_epilogue(L, dtype)
+    apply_mods = make_apply_mods(L, score_call, mask_call)
+    HEAD_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"]
+    M_TILES, WARP_ROWS, NO = L["M_TILES"], L["WARP_ROWS"], L["NO"]
+    STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
+    NT, KP, Q_STEPS, N_THREADS = L["NT"], L["KP"], L["Q_STEPS"], L["N_THREADS"]
+    ROW_BYTES = STRIDE * 2
+
+    @cuda.jit(device=True, inline=True)
+    def attend(Q, K, V, O, LSE, qk_scale, KV_COUNT, KV_INDEX, KV_KIND, score_args, mask_args):
+        """One block's work: phase 07's `attend`, its loop over the key tiles of the block mask."""
+        smem_h = cuda.shared.array(0, uint32, alignment=128)
+        smem = shared_address(smem_h)
+        b = cuda.blockIdx.z
+        h = cuda.blockIdx.y
+        m = cuda.blockIdx.x  # the query block, as the block mask counts them
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        row0 = m * BLOCK_M
+        warp_row0 = row0 + warp * WARP_ROWS
+        h_kv = h * K.shape[1] // Q.shape[1]
+        seq_q = Q.shape[2]
+        seq_k = K.shape[2]
+        head_q = uint64(((b * Q.shape[1] + h) * seq_q) * HEAD_DIM * 2)
+        head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * HEAD_DIM * 2)
+        stride = HEAD_DIM * 2
+        # the block mask's entry for this query block (its batch and head axes may be 1: broadcast)
+        bm = b % KV_COUNT.shape[0]
+        hm = h % KV_COUNT.shape[1]
+        count = KV_COUNT[bm, hm, m]
+
+        q_frag = cuda.local.array((M_TILES, Q_STEPS, 4), uint32)
+        s = cuda.local.array((M_TILES, NT, 4), float32)
+        p_frag = cuda.local.array((M_TILES, KP, 4), uint32)
+        acc = cuda.local.array((M_TILES, NO, 4), float32)
+        m_a = cuda.local.array(M_TILES, float32)
+        m_b = cuda.local.array(M_TILES, float32)
+        l_a = cuda.local.array(M_TILES, float32)
+        l_b = cuda.local.array(M_TILES, float32)
+        m_ij_a_scaled = cuda.local.array(M_TILES, float32)
+        m_ij_b_scaled = cuda.local.array(M_TILES, float32)
+        k_end_min = key_end(min(warp_row0 + g, seq_q - 1), seq_q, seq_k, False)  # the keys past seq_k
+        for mt in range(M_TILES):
+            m_a[mt] = float32(-math.inf)
+            m_b[mt] = float32(-math.inf)
+            l_a[mt] = float32(0.0)
+            l_b[mt] = float32(0.0)
+            for j in range(NO):
+                for e in range(4):
+                    acc[mt, j, e] = float32(0.0)
+
+        # -- prologue: Q and the list's first K/V tile
+        copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, seq_q, tid, stride)
+        if count > 0:
+            first_n = KV_INDEX[bm, hm, m, 0] * BLOCK_N
+            copy_tile(smem, K_OFF, global_address(K), head_kv, first_n, BLOCK_N, seq_k, tid, stride)
+            copy_tile(smem, V_OFF, global_address(V), head_kv, first_n, BLOCK_N, seq_k, tid, stride)
+        commit()
+        wait_all()
+        cuda.syncthreads()
+        if qk_scale < 0:  # phase 07's sign flip of q: the scores below are then the scaled ones' sign
+            for w in range(tid, BLOCK_M * STRIDE // 2, N_THREADS):
+                smem_h[w] ^= uint32(0x80008000)
+            cuda.syncthreads()
+        scale = max(abs(qk_scale), float32(1e-30))
+        unit = scale / float32(LOG2E)  # a raw score times unit is the score FlexAttention's mods see
+        inv_unit = float32(1.0) / unit
+        q_warp = smem + (warp * WARP_ROWS + lane % 16) * ROW_BYTES + (lane // 16) * 16
+        q_fragments(q_frag, q_warp)
+        k_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
+        v_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
+
+        stage = 0
+        for i in range(count):  # the key tiles this query block sees, in order
+            n = KV_INDEX[bm, hm, m, i]
+            start_n = int32(n * BLOCK_N)
+            if i + 1 < count:  # -- the list's next tile flies into the other stage meanwhile
+                next_n = int32(KV_INDEX[bm, hm, m, i + 1] * BLOCK_N)
+                copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
+                          seq_k, tid, stride)
+                copy_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_kv, next_n, BLOCK_N,
+                          seq_k, tid, stride)
+                commit()
+            k_tile = smem + K_OFF + stage * STAGE_BYTES + k_lane
+            v_tile = smem + V_OFF + stage * STAGE_BYTES + v_lane
+            for mt in range(M_TILES):
+                for j in range(NT):
+                    for e in range(4):
+                        s[mt, j, e] = float32(0.0)
+            qk_steps(0, (s, q_frag, q_warp, k_tile))
+            # -- the mods, then phase 07's online softmax (which masks the keys past seq_k)
+            apply_mods(s, KV_KIND[bm, hm, m, n] == PARTIAL, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit,
+                       inv_unit, score_args, mask_args)
+            softmax_tile(s, p_frag, acc, m_a, m_b, l_a, l_b, m_ij_a_scaled, m_ij_b_scaled, start_n, k_end_min,
+                         warp_row0, g, t, seq_q, seq_k, False, scale)
+            pv_steps(0, (acc, p_frag, v_tile))
+            wait_all()
+            cuda.syncthreads()
+            stage = 1 - stage
+
+        store_block(O, LSE, b, h, warp_row0, g, t, seq_q, 0, 0, uint64(0), acc, m_a, m_b, l_a, l_b)
+
+    @cuda.jit
+    def flex_attention(Q, K, V, O, LSE, qk_scale, KV_COUNT, KV_INDEX, KV_KIND, score_args, mask_args):
+        attend(Q, K, V, O, LSE, qk_scale, KV_COUNT, KV_INDEX, KV_KIND, score_args, mask_args)
+
+    return KernelConfig(flex_attention, block_m=BLOCK_M, n_threads=N_THREADS, smem_bytes=L["SMEM_BYTES"],
+                        packed_output=True, out_alignment=16, lse=True)
+
+
+@lru_cache(maxsize=None)
+def build(HEAD_DIM: int, dtype: str = "float16", score_fn=None, n_score_arrays: int = 0, mask_fn=None,
+          n_mask_arrays: int = 0) -> KernelConfig:
+    """The kernel for head dim HEAD_DIM and `dtype` with the mods' functions compiled in (None: none):
+    one build per (functions, their arrays' count, head dim, dtype), kept for the process."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: phase 14 builds {' and '.join(DTYPES)}, not {dtype!r}")
+    if not runs_head_dim(HEAD_DIM):
+        raise ValueError(f"head dim: phase 14 builds {p07.HEAD_DIMS_TEXT}, not {HEAD_DIM!r}")
+    score_call = None if score_fn is None else device_mod(score_fn, n_score_arrays, "score_mod")
+    mask_call = None if mask_fn is None else device_mod(mask_fn, n_mask_arrays, "mask_mod")
+    return build_kernel(p07.layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype, score_call, mask_call)
+
+
+def block_lists(kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(KV_COUNT, KV_INDEX) of a block mask's kinds (B', H', n_m, n_n): for each query block how many
+    key blocks it visits and which, in order, the rest of each row padded with 0."""
+    visited = kinds != 0
+    count = visited.sum(axis=-1).astype(np.int32)
+    # stable: the visited blocks first, in their order
+    index = np.argsort(~visited, axis=-1, kind="stable").astype(np.int32)
+    index[~np.take_along_axis(visited, index, axis=-1)] = 0
+    return count, index

@@ -1,0 +1,162 @@
+"""Phase 14's kernel (phases/p14_flex.py) through flex_attention (api.py): score_mod and mask_mod compiled
+into phase 07's kernel, the block mask's empty tiles never read. Every output against the float64
+oracle with the same mods (reference.reference_flex), in the simulator on the CPU and on a GPU."""
+
+import numpy as np
+import pytest
+
+from flashcore_numba import flex, flex_attention
+from flashcore_numba.phases import p14_flex
+from flashcore_numba.reference import random_qkv, reference_flex
+
+ATOL = 2e-3  # fp16 output of a float32 softmax against float64, inputs of |x| < 4 (as test_phases)
+
+
+def check(q, k, v, *, score_mod=None, mask_mod=None, block_mask=None, scale=None):
+    """flex_attention's output and LSE against the oracle: every row, NaN never passes; a row that
+    sees no key is exactly zero with an LSE of -inf."""
+    out, lse = flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
+                                   scale=scale, return_lse=True)
+    mask = block_mask.mask if block_mask is not None else mask_mod
+    ref, ref_lse = reference_flex(q, k, v, score_mod=score_mod, mask_mod=mask, scale=scale)
+    got = np.asarray(out, np.float64)
+    assert not np.isnan(got).any() and not np.isnan(lse).any()
+    np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
+    seen = np.isfinite(ref_lse)
+    assert np.array_equal(np.isfinite(lse), seen)
+    np.testing.assert_allclose(lse[seen], ref_lse[seen], atol=1e-4, rtol=1e-5)
+    assert not got[~seen].any()
+    return out
+
+
+def test_block_lists_walk_the_visited_tiles_in_order():
+    kinds = np.array([[[[0, 2, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]]], np.int8)
+    count, index = p14_flex.block_lists(kinds)
+    assert count.tolist() == [[[2, 0, 4]]]
+    assert index[0, 0, 0, :2].tolist() == [1, 2] and index[0, 0, 2].tolist() == [0, 1, 2, 3]
+    assert (index >= 0).all() and (index < 4).all()
+
+
+@pytest.mark.beside
+def test_softcap_and_a_sliding_window_in_the_simulator():
+    """A score_mod and a mask_mod together, GQA 2, lengths that end inside a tile on both sides, the
+    window leaving some tiles empty (the simulator's tiles: 32 x 32)."""
+    q, k, v = random_qkv((1, 2, 100, 64), 110, heads_kv=1, seed=3, dtype=np.float16)
+    window = flex.sliding_window(40, 40)
+    blocks = flex.create_block_mask(window, None, None, 100, 110, 32, 32)
+    assert (blocks.kinds == flex.EMPTY).any() and (blocks.kinds == flex.FULL).any()
+    check(q, k, v, score_mod=flex.softcap(3.0), block_mask=blocks)
+
+
+def test_an_empty_tile_is_never_read():
+    """NaN in every key and value of the key blocks a document mask leaves no row of a query block: a
+    kernel that loaded or multiplied them would give NaN (0 · NaN), this one gives the oracle's rows."""
+    S = 96
+    ids = np.repeat(np.arange(3), 32)[None]  # three documents of one tile each
+    q, k, v = random_qkv((1, 1, S, 64), S, seed=4, dtype=np.float16)
+    mask = flex.document_mask(ids, causal=False)
+    blocks = flex.create_block_mask(mask, None, None, S, S, 32, 32)
+    assert blocks.kv_blocks(0, 0, 0).tolist() == [0]
+    poisoned_k, poisoned_v = k.copy(), v.copy()
+    poisoned_k[:, :, 32:], poisoned_v[:, :, 32:] = np.nan, np.nan  # documents 1 and 2
+    out = flex_attention(q, poisoned_k, poisoned_v, block_mask=blocks)
+    ref, _ = reference_flex(q, k, v, mask_mod=mask)
+    np.testing.assert_allclose(np.asarray(out[:, :, :32], np.float64), ref[:, :, :32], atol=ATOL, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["alibi+documents", "prefix_lm", "scalar mod", "no mods", "rows see nothing"])
+def test_mods_in_the_simulator(case):
+    """Each built-in and a user's own mods written for scalars (an `if`), against the oracle."""
+    q, k, v = random_qkv((2, 4, 45, 64), 45, heads_kv=2, seed=7, dtype=np.float16)
+    if case == "alibi+documents":
+        ids = np.stack([np.repeat(np.arange(3), 15), np.repeat(np.arange(5), 9)])
+        check(q, k, v, score_mod=flex.alibi(flex.alibi_slopes(4)), mask_mod=flex.document_mask(ids))
+    elif case == "prefix_lm":
+        check(q, k, v, mask_mod=flex.prefix_lm(10), scale=0.3)
+    elif case == "scalar mod":
+        table = np.linspace(-1, 1, 4).astype(np.float32)
+
+        def bias(score, b, h, q_idx, kv_idx, table):
+            if kv_idx % 2 == 0:
+                return score + table[h]
+            return score - float(b)
+
+        def every_third(b, h, q_idx, kv_idx):
+            return (q_idx + kv_idx) % 3 != 0
+
+        check(q, k, v, score_mod=flex.score_mod(bias, table), mask_mod=every_third)
+    elif case == "no mods":
+        check(q, k, v)
+    else:  # rows 0..19 see no key at all
+        def late(b, h, q_idx, kv_idx):
+            return q_idx >= 20
+
+        check(q, k, v, mask_mod=late)
+
+
+def test_a_block_mask_at_other_tiles_is_made_again_at_the_kernels():
+    """torch's default block size (128) beside the simulator's 32-row tiles: the kernel's own kinds
+    are made from the mask, once, and the answer is the mask's."""
+    q, k, v = random_qkv((1, 1, 40, 64), 40, seed=5, dtype=np.float16)
+    blocks = flex.create_block_mask(flex.causal_mask(), None, None, 40, 40)  # 128 x 128: one tile
+    check(q, k, v, block_mask=blocks)
+
+
+def test_bad_calls_are_named_before_a_launch():
+    q, k, v = random_qkv((1, 2, 16, 64), 16, seed=1, dtype=np.float16)
+    window = flex.sliding_window(4)
+    with pytest.raises(ValueError, match="give either a block_mask or a mask_mod"):
+        flex_attention(q, k, v, block_mask=flex.create_block_mask(window, None, None, 16, 16), mask_mod=window)
+    with pytest.raises(ValueError, match="block_mask: made for 16 query rows and 20 keys, but q has 16 and k 16"):
+        flex_attention(q, k, v, block_mask=flex.create_block_mask(window, None, None, 16, 20))
+    with pytest.raises(ValueError, match="block_mask: made for 3 query heads, the call has 2"):
+        flex_attention(q, k, v, block_mask=flex.create_block_mask(window, None, 3, 16, 16, 32, 32))
+    with pytest.raises(TypeError, match="block_mask: expected a BlockMask"):
+        flex_attention(q, k, v, block_mask=window)
+    with pytest.raises(TypeError, match="mask_mod _three: expected 4 parameters"):
+        flex_attention(q, k, v, mask_mod=_three)
+    with pytest.raises(ValueError, match="v: head dim 32 differs from q's 64"):
+        flex_attention(q, k, v[..., :32].copy())
+    with pytest.raises(TypeError, match="q: expected dtype"):
+        flex_attention(q.astype(np.float32), k, v)
+    many = np.zeros(2, np.float32)
+
+    def four(score, b, h, q_idx, kv_idx, a, c, d, e):
+        return score
+
+    with pytest.raises(ValueError, match="score_mod: at most 3 bound arrays, got 4"):
+        flex_attention(q, k, v, score_mod=flex.score_mod(four, *(4 * [many])))
+
+
+def _three(b, h, q_idx):
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# On a GPU: torch CUDA tensors, both dtypes, the reference head dims
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, dtype", [(64, "float16"), (128, "bfloat16")])
+def test_flex_attention_on_gpu(D, dtype):
+    torch = pytest.importorskip("torch")
+    B, H, H_kv, S = 2, 4, 2, 1000
+    gen = torch.Generator("cuda").manual_seed(D)
+    q, k, v = (torch.randn((B, h, S, D), generator=gen, device="cuda").to(getattr(torch, dtype))
+               for h in (H, H_kv, H_kv))
+    ids = torch.randint(0, 4, (B, S), generator=gen, device="cuda").sort(dim=1).values.to(torch.int32)
+    slopes = torch.tensor(flex.alibi_slopes(H), device="cuda")
+    cases = [dict(score_mod=flex.softcap(20.0), mask_mod=flex.sliding_window(256)),
+             dict(score_mod=flex.alibi(slopes), mask_mod=flex.document_mask(ids)),
+             dict(mask_mod=flex.prefix_lm(100))]
+    host = [x.float().cpu().numpy() for x in (q, k, v)]
+    for case in cases:
+        out, lse = flex_attention(q, k, v, return_lse=True, **case)
+        ref, ref_lse = reference_flex(*host, **case)
+        got = out.float().cpu().numpy()
+        assert not np.isnan(got).any()
+        np.testing.assert_allclose(got, ref, atol=2e-2 if dtype == "bfloat16" else 4e-3, rtol=0)
+        seen = np.isfinite(ref_lse)
+        np.testing.assert_allclose(lse.cpu().numpy()[seen], ref_lse[seen], atol=1e-3, rtol=1e-4)
+    with pytest.raises(ValueError, match="score_mod alibi_mod: bound array 0 is a torch tensor on cpu"):
+        flex_attention(q, k, v, score_mod=flex.alibi(slopes.cpu()))
