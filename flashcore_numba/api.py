@@ -406,8 +406,9 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     block_mask: from create_block_mask, made once and reused: its mask decides which keys a row
         sees, its tiles which the kernel skips. One at other block sizes than the kernel's tiles is
         made again at the kernel's (once per block mask and head dim). Or mask_mod=: the block
-        mask is made here from it, per call, for every batch and head (give a block_mask made with
-        B=None or H=None when the mask does not depend on them, to make it once and smaller).
+        mask is made here from it, per call, for every batch and head, on the GPU where the inputs
+        are (give a block_mask made with B=None or H=None when the mask does not depend on them,
+        to make it once and smaller).
     scale: the scores' factor, 1/sqrt(D) by default. return_lse: also each row's log-sum-exp.
 
     The kernel is phase 14's (phases/p14_flex.py), compiled once per mods' functions, head dim and
@@ -435,7 +436,8 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
                          f"but q has {S_q} and k {S_k}")
     mmod = block_mask.mask if block_mask is not None else (None if mask_mod is None else flex.mask_mod(mask_mod))
     tile = p14.tiles(D)
-    kinds = flex.kernel_kinds(block_mask, mmod, B, H, S_q, S_k, tile["block_m"], tile["block_n"])
+    on_gpu = ops[0].kind != "numpy" and not simulator_enabled()  # (in the simulator NumPy is the faster)
+    kinds = flex.kernel_kinds(block_mask, mmod, B, H, S_q, S_k, tile["block_m"], tile["block_n"], on_gpu)
     count, index = p14.block_lists(kinds)
     config = p14.build(D, ops[0].dtype, None if smod is None else smod.fn, 0 if smod is None else len(smod.arrays),
                        None if mmod is None else mmod.fn, 0 if mmod is None else len(mmod.arrays))
@@ -467,24 +469,17 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
 
 
 def _bound_arrays(mod, q, kind: str) -> tuple:
-    """A mod's bound arrays as the kernel takes them (a tuple; one stand-in array for none): on q's
-    device. NumPy arrays are copied there; a torch tensor must already be on q's device."""
-    from numba import cuda
+    """A mod's bound arrays as the kernel takes them (flex.device_arrays), on q's device: a torch
+    tensor elsewhere is refused by the mod's name."""
+    from . import flex
 
-    if mod is None or not mod.arrays:
-        return (cuda.to_device(np.zeros(1, np.int32)),)
-    arrays = []
+    if mod is None:
+        return flex.device_arrays(flex.Mod(None))
     for i, a in enumerate(mod.arrays):
-        if hasattr(a, "detach"):  # torch
-            if q.kind != "torch" or str(a.device) != str(q.device):
-                raise ValueError(f"{kind} {mod.name}: bound array {i} is a torch tensor on {a.device}, but q is on "
-                                 f"{q.device}; move it there (.to(q.device))")
-            arrays.append(cuda.as_cuda_array(a.detach().contiguous()))
-        elif hasattr(a, "copy_to_host"):  # a Numba device array
-            arrays.append(a)
-        else:
-            arrays.append(cuda.to_device(np.ascontiguousarray(a)))
-    return tuple(arrays)
+        if hasattr(a, "detach") and (q.kind != "torch" or str(a.device) != str(q.device)):
+            raise ValueError(f"{kind} {mod.name}: bound array {i} is a torch tensor on {a.device}, but q is on "
+                             f"{q.device}; move it there (.to(q.device))")
+    return flex.device_arrays(mod)
 
 
 torch_ops.connect(torch_call, require_backward)  # the custom ops and autograd run this module's call

@@ -284,17 +284,23 @@ class BlockMask:
 
 
 def create_block_mask(mask, B: int | None, H: int | None, seq_q: int, seq_k: int, block_m: int = 128,
-                      block_n: int = 128) -> BlockMask:
+                      block_n: int = 128, device: bool = False) -> BlockMask:
     """The BlockMask of `mask` (a MaskMod, or a function mask_mod takes) over B batches and H query
-    heads (None: the mask does not depend on it, one entry broadcast), computed once on the host
-    and reused for every call with the same mask. Rows and keys past seq_q and seq_k do not count:
-    a tile at the edge is full when every row and key it has is visible."""
+    heads (None: the mask does not depend on it, one entry broadcast), computed once and reused for
+    every call with the same mask. Rows and keys past seq_q and seq_k do not count: a tile at the
+    edge is full when every row and key it has is visible. On the host by default (NumPy, the whole
+    matrix of a batch and head at once); device=True: on the GPU, mask_mod compiled into a kernel
+    with a block of threads per tile (phases/p14_flex.build_block_mask_kernel), for long sequences
+    (its bound arrays copied there unless they are torch CUDA tensors or Numba device arrays)."""
     mask = mask_mod(mask)
     for name, value in (("seq_q", seq_q), ("seq_k", seq_k), ("block_m", block_m), ("block_n", block_n)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (1 if "block" in name else 0):
             raise ValueError(f"create_block_mask: {name} must be a whole number >= {1 if 'block' in name else 0}, "
                              f"got {value!r}")
     n_m, n_n = -(-seq_q // block_m), -(-seq_k // block_n)
+    if device:
+        return BlockMask(_device_kinds(mask, B or 1, H or 1, seq_q, seq_k, block_m, block_n), seq_q, seq_k,
+                         block_m, block_n, mask)
     kinds = np.empty((B or 1, H or 1, n_m, n_n), np.int8)
     pad_q, pad_k = n_m * block_m - seq_q, n_n * block_n - seq_k
     for b, h in np.ndindex(kinds.shape[:2]):
@@ -307,6 +313,38 @@ def create_block_mask(mask, B: int | None, H: int | None, seq_q: int, seq_k: int
     return BlockMask(kinds, seq_q, seq_k, block_m, block_n, mask)
 
 
+def device_arrays(mod: Mod) -> tuple:
+    """A mod's bound arrays as a kernel takes them: a tuple of device arrays (one stand-in array for
+    none). NumPy arrays are copied to the device; torch CUDA tensors and Numba device arrays are
+    taken as they are."""
+    from numba import cuda
+
+    if not mod.arrays:
+        return (cuda.to_device(np.zeros(1, np.int32)),)
+    return tuple(cuda.as_cuda_array(a.detach().contiguous()) if hasattr(a, "detach")
+                 else a if hasattr(a, "copy_to_host") else cuda.to_device(np.ascontiguousarray(a))
+                 for a in mod.arrays)
+
+
+def _device_kinds(mask: MaskMod, B: int, H: int, seq_q: int, seq_k: int, block_m: int, block_n: int) -> np.ndarray:
+    """create_block_mask's kinds computed on the GPU (see there)."""
+    from numba import cuda
+
+    from .phases.common import launch
+    from .phases.p14_flex import BLOCK_MASK_THREADS, build_block_mask_kernel
+
+    for i, a in enumerate(mask.arrays):
+        if hasattr(a, "detach") and a.device.type != "cuda":
+            raise ValueError(f"mask_mod {mask.name}: bound array {i} is a torch tensor on {a.device}; device=True "
+                             f"needs it on the GPU (.cuda()) or as a NumPy array")
+    n_m, n_n = -(-seq_q // block_m), -(-seq_k // block_n)
+    kinds = cuda.device_array((B, H, n_m, n_n), np.int8)
+    if kinds.size:
+        launch(build_block_mask_kernel(mask.fn, len(mask.arrays)), (n_n, n_m, B * H), BLOCK_MASK_THREADS, 0,
+               (kinds, np.int32(seq_q), np.int32(seq_k), np.int32(block_m), np.int32(block_n), device_arrays(mask)))
+    return kinds.copy_to_host()
+
+
 # ---------------------------------------------------------------------------------------------
 # The block mask at a kernel's tiles (api.flex_attention runs phase 14's kernel with it)
 # ---------------------------------------------------------------------------------------------
@@ -314,14 +352,15 @@ _KINDS: dict = {}  # (id of a block mask, tiles) -> (the block mask, its kinds a
 _KINDS_KEPT = 16  # block masks remade at the kernel's tiles, kept at most
 
 
-def kernel_kinds(block_mask, mask, B, H, S_q, S_k, block_m, block_n) -> np.ndarray:
+def kernel_kinds(block_mask, mask, B, H, S_q, S_k, block_m, block_n, device: bool = False) -> np.ndarray:
     """The kinds of the tiles at the kernel's BLOCK_M x BLOCK_N: a block mask's own where it was made
-    at those, else made again from its mask (kept while the block mask lives); all FULL without a mask."""
+    at those, else made again from its mask (the last few kept); all FULL without a mask. device:
+    made on the GPU (create_block_mask's device=True)."""
     n_m, n_n = -(-S_q // block_m), -(-S_k // block_n)
     if mask is None:
         return np.full((1, 1, n_m, n_n), FULL, np.int8)
     if block_mask is None:
-        return create_block_mask(mask, B, H, S_q, S_k, block_m, block_n).kinds
+        return create_block_mask(mask, B, H, S_q, S_k, block_m, block_n, device).kinds
     Bm, Hm = block_mask.kinds.shape[:2]
     for name, got, want in (("batches", Bm, B), ("query heads", Hm, H)):
         if got not in (1, want):
@@ -335,5 +374,5 @@ def kernel_kinds(block_mask, mask, B, H, S_q, S_k, block_m, block_n) -> np.ndarr
         if len(_KINDS) >= _KINDS_KEPT:
             _KINDS.clear()
         found = _KINDS[key] = (block_mask, create_block_mask(mask, Bm if Bm > 1 else None, Hm if Hm > 1 else None,
-                                                             S_q, S_k, block_m, block_n).kinds)
+                                                             S_q, S_k, block_m, block_n, device).kinds)
     return found[1]

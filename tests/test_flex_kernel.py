@@ -160,3 +160,33 @@ def test_flex_attention_on_gpu(D, dtype):
         np.testing.assert_allclose(lse.cpu().numpy()[seen], ref_lse[seen], atol=1e-3, rtol=1e-4)
     with pytest.raises(ValueError, match="score_mod alibi_mod: bound array 0 is a torch tensor on cpu"):
         flex_attention(q, k, v, score_mod=flex.alibi(slopes.cpu()))
+
+
+@pytest.mark.parametrize("mask, B, H, seq_q, seq_k", [
+    (flex.sliding_window(40, 40), None, None, 70, 75),  # empty, partial and full tiles
+    (flex.document_mask(np.stack([np.repeat(np.arange(3), 20)[:50], np.repeat(np.arange(2), 25)])), 2, None, 50, 50),
+    (flex.mask_mod(lambda b, h, q_idx, kv_idx: (h + q_idx) % 4 != 0), None, 3, 40, 33),
+])
+def test_the_block_mask_on_the_device_is_the_hosts(mask, B, H, seq_q, seq_k):
+    """create_block_mask(device=True) (a kernel with mask_mod compiled in, a block per tile) gives the
+    host's kinds, tails and batch or head dependence included."""
+    host = flex.create_block_mask(mask, B, H, seq_q, seq_k, 16, 16)
+    device = flex.create_block_mask(mask, B, H, seq_q, seq_k, 16, 16, device=True)
+    assert device.kinds.dtype == np.int8 and np.array_equal(device.kinds, host.kinds), (device.kinds, host.kinds)
+
+
+@pytest.mark.gpu
+def test_a_long_block_mask_on_gpu():
+    """S = 8192 with a window of 1024 and documents per batch: the GPU's kinds are the host's, and the
+    window leaves a band (the work of S = 32768 with the same window is 1/16 of causal's)."""
+    torch = pytest.importorskip("torch")
+    S = 8192
+    window = flex.sliding_window(1024)
+    assert np.array_equal(flex.create_block_mask(window, None, None, S, S, device=True).kinds,
+                          flex.create_block_mask(window, None, None, S, S).kinds)
+    ids = torch.randint(0, 6, (2, S), device="cuda").sort(dim=1).values.to(torch.int32)
+    documents = flex.document_mask(ids)
+    got = flex.create_block_mask(documents, 2, None, S, S, device=True)
+    assert np.array_equal(got.kinds, flex.create_block_mask(flex.document_mask(ids.cpu().numpy()), 2, None, S, S).kinds)
+    band = flex.create_block_mask(window, None, None, 32768, 32768, device=True)
+    assert band.density < 1.5 * (1024 + 128) / 32768 + 1 / 256

@@ -291,3 +291,44 @@ def block_lists(kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     index = np.argsort(~visited, axis=-1, kind="stable").astype(np.int32)
     index[~np.take_along_axis(visited, index, axis=-1)] = 0
     return count, index
+
+
+# ---------------------------------------------------------------------------------------------
+# The block mask on the GPU: each tile's kind from mask_mod, one block of threads per tile
+# ---------------------------------------------------------------------------------------------
+BLOCK_MASK_THREADS = 128
+FULL = 2  # flex.FULL; EMPTY is 0
+
+
+@lru_cache(maxsize=None)
+def build_block_mask_kernel(mask_fn, n_mask_arrays: int):
+    """kinds(KINDS, seq_q, seq_k, block_m, block_n, mask_args): KINDS (B', H', n_m, n_n) int8 gets
+    each tile's kind, EMPTY, PARTIAL or FULL, as flex.create_block_mask defines them (rows and keys
+    past the sequence do not count). Block (n, m, bh) takes tile (m, n) of batch bh // H' and head
+    bh % H': its threads call mask_mod on the tile's elements in turn, and the block votes twice
+    (any element seen, every real element seen). A mask over 32768 x 32768 keys is 10^9 calls:
+    seconds on the host's NumPy, milliseconds here."""
+    mask_call = device_mod(mask_fn, n_mask_arrays, "mask_mod")
+
+    @cuda.jit
+    def kinds(KINDS, seq_q, seq_k, block_m, block_n, mask_args):
+        n = cuda.blockIdx.x
+        m = cuda.blockIdx.y
+        bh = cuda.blockIdx.z
+        b = int32(bh // KINDS.shape[1])
+        h = int32(bh % KINDS.shape[1])
+        any_seen = False
+        all_seen = True
+        for e in range(cuda.threadIdx.x, block_m * block_n, BLOCK_MASK_THREADS):
+            q_idx = int32(m * block_m + e // block_n)
+            kv_idx = int32(n * block_n + e % block_n)
+            if q_idx < seq_q and kv_idx < seq_k:
+                seen = mask_call(float32(0.0), b, h, q_idx, kv_idx, mask_args)
+                any_seen = any_seen or seen
+                all_seen = all_seen and seen
+        any_seen = cuda.syncthreads_or(int32(any_seen)) != 0
+        all_seen = cuda.syncthreads_and(int32(all_seen)) != 0
+        if cuda.threadIdx.x == 0:
+            KINDS[b, h, m, n] = FULL if any_seen and all_seen else (PARTIAL if any_seen else 0)
+
+    return kinds
