@@ -191,6 +191,11 @@ def _build_parser() -> Parser:
                        help="the backward pass (phase 11, attention()'s autograd) on --shape beside SDPA's flash "
                             "and cuDNN backward (--peers flash,cudnn,flex adds FlexAttention's), and one "
                             "training step each; the record goes to docs/bench/backward/")
+    bench.add_argument("--flex", action="store_true",
+                       help="phase 14 (flex_attention) beside torch's FlexAttention (torch.compile'd) with the "
+                            "same mods: a sliding window, softcap, ALiBi, a document mask and causal as a "
+                            "mask_mod (beside attention(causal=True)) on --shape; the record goes to "
+                            "docs/bench/flex/ (--peers none: phase 14's rows alone)")
     bench.add_argument("--kvcache", type=lambda t: _positive_ints(t, 3), default=None, metavar="B,LO,HI",
                        help="a decode step against a KV cache (attention_kvcache): B sequences of random lengths "
                             "LO..HI, one query row each, H and D from --shape, H_kv from --kv-heads; contiguous "
@@ -647,6 +652,8 @@ def cmd_bench(args) -> int:
         return _bench_first_call(args, bench, dtype, shape)
     if args.backward:
         return _bench_backward(args, bench, records, problem)
+    if args.flex:
+        return _bench_flex(args, bench, records, problem)
     if args.varlen:
         return _bench_varlen(args, bench, records, dtype, shape)
     if args.kvcache:
@@ -700,6 +707,40 @@ def cmd_bench(args) -> int:
                   soft_wrap=True)
     results = [r for p in record.get("sweep", [record]) for r in p["results"]]
     wrong = [r for r in results if r["kind"] == "phase" and r["available"] and not r["correct"]]
+    return 1 if wrong else 0
+
+
+def _bench_flex(args, bench, records, problem) -> int:
+    """`flashcore bench --flex` (measure/flex.py)."""
+    from .measure import flex
+
+    if args.sweep or args.sweep_s or args.phases or args.varlen or args.kvcache or args.backward or args.causal:
+        raise CLIError("--flex: one problem, its cases' own masks; drop --sweep, --phases, --varlen, --kvcache, "
+                       "--backward and --causal (the case causal_mask is causal)")
+    if problem.S_q != problem.S_k:
+        raise CLIError("--flex: the cases' masks are of S_q = S_k; drop --seq-k")
+    device = bench.open_device()
+    if device.kind != "torch":
+        raise CLIError(f"--flex: needs torch with CUDA: {device.no_peers_reason}")
+    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats, cap_seconds=args.cap_seconds)
+    peers = args.peers is None or bool(args.peers)
+    console = _console()
+    with _progress(console) as progress:
+        task = progress.add_task("bench", total=len(flex.CASES))
+
+        def step(label):
+            progress.update(task, description=label, advance=1)
+
+        record = flex.run_flex_benchmark(problem, peers=peers, timing=timing, device=device,
+                                         command=["flashcore", *args.argv], progress=step)
+    gpu = record["provenance"]["gpu_name"]
+    wide = console if console.is_terminal else _console(width=132)
+    wide.print(_results_table(record["results"], f"{gpu}: flex, {problem.describe()}", resources=False))
+    console.print(_text(record["flops_rule"]), soft_wrap=True)
+    path = args.out or flex.record_path(gpu, problem)
+    records.write_record(record, path)
+    console.print(f"Record written to {path}.", soft_wrap=True)
+    wrong = [r for r in record["results"] if r["kind"] == "phase" and r["available"] and not r["correct"]]
     return 1 if wrong else 0
 
 

@@ -190,3 +190,85 @@ def test_a_long_block_mask_on_gpu():
     assert np.array_equal(got.kinds, flex.create_block_mask(flex.document_mask(ids.cpu().numpy()), 2, None, S, S).kinds)
     band = flex.create_block_mask(window, None, None, 32768, 32768, device=True)
     assert band.density < 1.5 * (1024 + 128) / 32768 + 1 / 256
+
+
+# ---------------------------------------------------------------------------------------------
+# `flashcore bench --flex` (measure/flex.py), with stand-ins on the CPU
+# ---------------------------------------------------------------------------------------------
+class StandInDevice:
+    """What run_flex_benchmark asks of bench.TorchDevice, on the CPU: float32 torch tensors, fixed times."""
+
+    kind, name, cc, torch_cuda = "torch", "Stand-in GPU", (8, 0), None
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+
+    def inputs(self, problem, seed):
+        g = self.torch.Generator().manual_seed(seed)
+        kv = (problem.B, problem.heads_kv, problem.S_k, problem.D)
+        return None, (self.torch.randn(problem.B, problem.H, problem.S_q, problem.D, generator=g) / 2,
+                      self.torch.randn(kv, generator=g) / 2, self.torch.randn(kv, generator=g) / 2)
+
+    def time_ms(self, launch, timing):
+        launch()
+        return [1.0, 2.0, 3.0]
+
+    def release(self):
+        pass
+
+
+@pytest.mark.parametrize("ignore_the_mask", [False, True])
+def test_the_flex_benchmark_gates_each_case(monkeypatch, ignore_the_mask):
+    """Every case's rows are gated by reference_flex with the case's mods before they are timed: a
+    stand-in flex_attention that computes them passes, one that drops the mask fails where a mask
+    hides keys; torch's FlexAttention is recorded unavailable with its reason (no triton here); the
+    record is valid and its TFLOPS count the work the mask leaves."""
+    torch = pytest.importorskip("torch")
+    import flashcore_numba.api
+    from flashcore_numba.measure import bench, records
+    from flashcore_numba.measure import flex as flex_bench
+
+    def stand_in(q, k, v, score_mod=None, block_mask=None):
+        mask = None if ignore_the_mask or block_mask is None else block_mask.mask
+        out, _ = reference_flex(*(x.numpy() for x in (q, k, v)), score_mod=score_mod, mask_mod=mask)
+        return torch.from_numpy(out.astype(np.float16))
+
+    def attention(q, k, v, causal=False):
+        out, _ = reference_flex(*(x.numpy() for x in (q, k, v)), causal=causal)
+        return torch.from_numpy(out.astype(np.float16))
+
+    host_mask = flex.create_block_mask
+    monkeypatch.setattr(flashcore_numba.api, "flex_attention", stand_in)
+    monkeypatch.setattr(flashcore_numba.api, "attention", attention)
+    monkeypatch.setattr(flex, "create_block_mask", lambda *a, device=False: host_mask(*a))
+    monkeypatch.setattr(flex_bench, "WINDOW", 24)
+    problem = bench.Problem(1, 2, 96, 96, 64)
+    record = flex_bench.run_flex_benchmark(problem, device=StandInDevice(), command=["x"], seed=3)
+    assert records.validate_record(record) == []
+    rows = {r["name"]: r for r in record["results"]}
+    assert list(rows) == [name for case in flex_bench.CASES for name in
+                          (f"14 {case}", *(["attention causal=True"] * (case == "causal_mask")),
+                           f"flex_attention {case}")]
+    for case in flex_bench.CASES:
+        assert not rows[f"flex_attention {case}"]["available"] and rows[f"flex_attention {case}"]["reason"]
+        masked = case in ("sliding_window", "documents", "causal_mask")
+        assert rows[f"14 {case}"]["correct"] is (not (ignore_the_mask and masked)), rows[f"14 {case}"]["message"]
+    assert rows["attention causal=True"]["correct"]
+    if not ignore_the_mask:  # the causal mask keeps (S + 1) / 2S of the pairs: its TFLOPS count those
+        kept = (96 + 1) / (2 * 96)
+        assert rows["14 causal_mask"]["tflops"] == pytest.approx(problem.flops * kept / 2e-3 / 1e12)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--causal"], "--flex: one problem, its cases' own masks; drop"),
+    (["--seq-k", "100"], "--flex: the cases' masks are of S_q = S_k; drop --seq-k"),
+])
+def test_bench_flex_refuses_what_it_cannot_run(monkeypatch, capsys, argv, says):
+    """Its own arguments' mistakes, named (as if on a GPU: the simulator's refusal comes first otherwise)."""
+    import flashcore_numba.cli as cli
+
+    monkeypatch.setattr(cli, "kernel_target", lambda: "gpu")
+    assert cli.main(["bench", "--flex", "--shape", "1,2,64,64", *argv]) != 0
+    assert says in capsys.readouterr().err
