@@ -14,8 +14,10 @@
 #   tools/records.sh latency_decode   latency's two decode steps alone
 #   tools/records.sh first_call  the first attention() call of new processes, the kernel cache warm and
 #                                empty, at the latency table's first shape and the reference shape
-#   tools/records.sh backward    phase 11's backward at the reference shape (D 64 and 128, causal and
-#                                not) beside SDPA's flash and cuDNN backward, with the call
+#   tools/records.sh backward    the backward at the reference shape (D 64 and 128, causal and not)
+#                                beside SDPA's flash and cuDNN backward and FlexAttention's, with the call
+#   tools/records.sh flex        phase 14 (flex_attention) beside torch's FlexAttention, the same mods,
+#                                at issue 77's shapes (B16 H16 S4096, D 64 and 128)
 #
 # then `flashcore report`. FC names the command (default `python3 -m flashcore_numba`). On a machine
 # that received the working tree without its history (or with an older copy of .git, whose HEAD is
@@ -89,8 +91,14 @@ first_call() {
 backward() {
   for D in 64 128; do
     for causal in "" --causal; do
-      run bench --backward --shape "16,16,2048,$D" $causal --calls 1000 --cap-seconds 1
+      run bench --backward --shape "16,16,2048,$D" $causal --peers flash,cudnn,flex --calls 1000 --cap-seconds 1
     done
+  done
+}
+
+flex() {
+  for D in 64 128; do
+    run bench --flex --shape "16,16,4096,$D"
   done
 }
 
