@@ -438,13 +438,19 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     tile = p14.tiles(D)
     on_gpu = ops[0].kind != "numpy" and not simulator_enabled()  # (in the simulator NumPy is the faster)
     kinds = flex.kernel_kinds(block_mask, mmod, B, H, S_q, S_k, tile["block_m"], tile["block_n"], on_gpu)
-    count, index = p14.block_lists(kinds)
     config = p14.build(D, ops[0].dtype, None if smod is None else smod.fn, 0 if smod is None else len(smod.arrays),
                        None if mmod is None else mmod.fn, 0 if mmod is None else len(mmod.arrays))
     qk_scale = np.float32((default_scale(D) if scale is None else float(scale)) * LOG2E)
     torch_inputs = ops[0].kind == "torch"
-    score_args = _bound_arrays(smod, ops[0], "score_mod")
-    mask_args = _bound_arrays(mmod, ops[0], "mask_mod")
+    device = (q.device.index or 0) if torch_inputs else getattr(cuda.get_current_device(), "id", 0)  # (simulator: 0)
+    # the block mask's lists and the mods' arrays on the device, kept from the first call: a call
+    # copies nothing to the GPU (a copy from pageable memory would wait for the work queued there)
+    lists = _kept(kinds, device, lambda: tuple(cuda.to_device(x) for x in (*p14.block_lists(kinds), kinds)))
+    score_args = _kept(smod, device, lambda: _bound_arrays(smod, ops[0], "score_mod"))
+    mask_args = _kept(mmod, device, lambda: _bound_arrays(mmod, ops[0], "mask_mod"))
+    stream = 0
+    if torch_inputs and not simulator_enabled():  # on torch's current stream, as attention()'s plans launch
+        stream = cuda.external_stream(current_stream(device))
     if torch_inputs:
         import torch
 
@@ -461,11 +467,26 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     arrays[3] = arrays[3].view(np.uint32)  # the kernel stores O as packed pairs
     grid = (-(-S_q // config.block_m), H, B)
     launch(config.kernel, grid, config.n_threads, config.smem_bytes,
-           (*arrays, qk_scale, cuda.to_device(count), cuda.to_device(index), cuda.to_device(kinds),
-            score_args, mask_args))
+           (*arrays, qk_scale, *lists, score_args, mask_args), stream)
     if not torch_inputs and ops[0].kind == "numpy":
         out, lse = out.copy_to_host(), lse.copy_to_host()
     return (out, lse) if return_lse else out
+
+
+_KEPT: dict = {}  # (id of a block mask's kinds or a mod, device) -> (it, its arrays on the device)
+_KEPT_AT_MOST = 64
+
+
+def _kept(obj, device: int, make):
+    """What `make()` puts on the device for `obj` (the block lists of a kinds array, a mod's bound
+    arrays), made on the first call with that object and kept while it is among the last few."""
+    key = (id(obj), device)
+    found = _KEPT.get(key)
+    if found is None or found[0] is not obj:
+        if len(_KEPT) >= _KEPT_AT_MOST:
+            _KEPT.clear()
+        found = _KEPT[key] = (obj, make())
+    return found[1]
 
 
 def _bound_arrays(mod, q, kind: str) -> tuple:

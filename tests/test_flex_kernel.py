@@ -272,3 +272,22 @@ def test_bench_flex_refuses_what_it_cannot_run(monkeypatch, capsys, argv, says):
     monkeypatch.setattr(cli, "kernel_target", lambda: "gpu")
     assert cli.main(["bench", "--flex", "--shape", "1,2,64,64", *argv]) != 0
     assert says in capsys.readouterr().err
+
+
+def test_a_second_call_copies_nothing_to_the_device(monkeypatch):
+    """The block mask's lists and a mod's NumPy arrays go to the device on the first call with them and
+    are kept: a later call with the same block mask and mods copies nothing (a copy from the host's
+    memory would wait for the GPU's queued work)."""
+    from numba import cuda
+
+    q, k, v = (cuda.to_device(x) for x in random_qkv((1, 1, 40, 64), 40, seed=8, dtype=np.float16))
+    blocks = flex.create_block_mask(flex.sliding_window(8), None, None, 40, 40, 32, 32)
+    cap = flex.softcap(5.0)
+    first = flex_attention(q, k, v, score_mod=cap, block_mask=blocks).copy_to_host()
+    copies = []
+    to_device = cuda.to_device
+    monkeypatch.setattr(cuda, "to_device", lambda *a, **kw: copies.append(a) or to_device(*a, **kw))
+    again = flex_attention(q, k, v, score_mod=cap, block_mask=blocks).copy_to_host()
+    assert copies == [] and np.array_equal(first, again)
+    flex_attention(q, k, v, score_mod=flex.softcap(5.0), block_mask=blocks)  # a new mod: its array, once
+    assert len(copies) == 1
