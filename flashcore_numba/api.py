@@ -412,7 +412,8 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     scale: the scores' factor, 1/sqrt(D) by default. return_lse: also each row's log-sum-exp.
 
     The kernel is phase 14's (phases/p14_flex.py), compiled once per mods' functions, head dim and
-    dtype in the process (their bound arrays are arguments: new values need no compile). NumPy
+    dtype, and kept in the kernel cache by the mods' fingerprints (their bound arrays are arguments:
+    new values need no compile). NumPy
     arrays, Numba device arrays and torch CUDA tensors; in the simulator on the CPU too."""
     from numba import cuda
 
@@ -467,7 +468,7 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     arrays[3] = arrays[3].view(np.uint32)  # the kernel stores O as packed pairs
     grid = (-(-S_q // config.block_m), H, B)
     launch(config.kernel, grid, config.n_threads, config.smem_bytes,
-           (*arrays, qk_scale, *lists, score_args, mask_args), stream)
+           (*arrays, qk_scale, *lists, score_args, mask_args), stream, p14.cache_identity(D, ops[0].dtype, smod, mmod))
     if not torch_inputs and ops[0].kind == "numpy":
         out, lse = out.copy_to_host(), lse.copy_to_host()
     return (out, lse) if return_lse else out

@@ -330,6 +330,7 @@ def _device_kinds(mask: MaskMod, B: int, H: int, seq_q: int, seq_k: int, block_m
     """create_block_mask's kinds computed on the GPU (see there)."""
     from numba import cuda
 
+    from .arch.cache import function_fingerprint
     from .phases.common import launch
     from .phases.p14_flex import BLOCK_MASK_THREADS, build_block_mask_kernel
 
@@ -340,8 +341,10 @@ def _device_kinds(mask: MaskMod, B: int, H: int, seq_q: int, seq_k: int, block_m
     n_m, n_n = -(-seq_q // block_m), -(-seq_k // block_n)
     kinds = cuda.device_array((B, H, n_m, n_n), np.int8)
     if kinds.size:
+        fingerprint = function_fingerprint(mask.fn)
         launch(build_block_mask_kernel(mask.fn, len(mask.arrays)), (n_n, n_m, B * H), BLOCK_MASK_THREADS, 0,
-               (kinds, np.int32(seq_q), np.int32(seq_k), np.int32(block_m), np.int32(block_n), device_arrays(mask)))
+               (kinds, np.int32(seq_q), np.int32(seq_k), np.int32(block_m), np.int32(block_n), device_arrays(mask)),
+               0, () if fingerprint is None else ("14-block-mask", fingerprint))
     return kinds.copy_to_host()
 
 

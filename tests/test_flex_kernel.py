@@ -291,3 +291,41 @@ def test_a_second_call_copies_nothing_to_the_device(monkeypatch):
     assert copies == [] and np.array_equal(first, again)
     flex_attention(q, k, v, score_mod=flex.softcap(5.0), block_mask=blocks)  # a new mod: its array, once
     assert len(copies) == 1
+
+
+def test_a_mods_fingerprint_follows_its_code_and_the_globals_it_reads():
+    """The kernel cache keys phase 14's kernel by its mods' fingerprints (arch/cache.function_fingerprint):
+    the same in every process for the same code; another constant, or another value of a global number
+    it reads, another fingerprint; a mod that reads a global array (which could change under it) none,
+    so its kernel is compiled in each process and never loaded stale."""
+    import subprocess
+    import sys
+
+    from flashcore_numba.arch.cache import function_fingerprint
+
+    script = ("from flashcore_numba import flex; from flashcore_numba.arch.cache import function_fingerprint as f; "
+              "print(f(flex.alibi_mod), f(flex.document_causal_mod))")
+    there = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert there == [function_fingerprint(flex.alibi_mod), function_fingerprint(flex.document_causal_mod)]
+    global LIMIT
+
+    def under(b, h, q_idx, kv_idx):
+        return q_idx - kv_idx <= LIMIT
+
+    def under_three(b, h, q_idx, kv_idx):
+        return q_idx - kv_idx <= 3
+
+    LIMIT = 3
+    first = function_fingerprint(under)
+    LIMIT = 4
+    assert function_fingerprint(under) != first != function_fingerprint(under_three) is not None
+    table = np.zeros(4)
+
+    def reads_an_array(b, h, q_idx, kv_idx):
+        return table[h] > 0
+
+    assert function_fingerprint(reads_an_array) is None
+    assert p14_flex.cache_identity(64, "float16", None, flex.mask_mod(reads_an_array)) == ()
+
+
+LIMIT = 3

@@ -28,7 +28,7 @@ from flashcore_numba.arch.sim import simulator_enabled
 # `compiler` need the real one, which a CPU machine has (NVVM and nvJitLink from pip): in a simulator
 # session they run in a child pytest without it (a background job, see conftest.py), and
 # test_compiler_tests_pass_without_the_simulator reads its result.
-COMPILER_TESTS = 5
+COMPILER_TESTS = 6
 NO_TORCH = "torch is not installed (pip install -e '.[torch]')"  # the tests that need it skip
 
 
@@ -339,6 +339,32 @@ def _phase01():
     config = build(PHASES["01"], 64)
     argtypes, _ = sigutils.normalize_signature(config.signature())
     return config, argtypes
+
+
+@needs_compiler
+def test_cache_keeps_phase_14s_kernel_of_a_users_mods(tmp_path, monkeypatch):
+    """Phase 14's kernel with mods compiled in, its bound arrays tuples of arrays among its arguments:
+    cached under its mods' fingerprints, loaded by the next call; another mod is another entry."""
+    from numba.cuda import types
+
+    from flashcore_numba import flex
+    from flashcore_numba.phases import p14_flex
+
+    monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FLASHCORE_CACHE", raising=False)
+    score, mask = flex.softcap(30.0), flex.sliding_window(64)
+    config = p14_flex.build(64, "float16", score.fn, 1, mask.fn, 1)
+    identity = p14_flex.cache_identity(64, "float16", score, mask)
+    assert identity[:3] == ("14", 64, "float16") and len(identity) == 5
+    a4 = types.Array(types.float16, 4, "C")
+    argtypes = (a4, a4, a4, types.Array(types.uint32, 4, "C"), types.Array(types.float32, 3, "C"), types.float32,
+                types.Array(types.int32, 3, "C"), types.Array(types.int32, 4, "C"), types.Array(types.int8, 4, "C"),
+                types.Tuple([types.Array(types.float32, 1, "C")]), types.Tuple([types.Array(types.int32, 1, "C")]))
+    first = cache.cached_cubin(config.kernel, argtypes, identity, (9, 0))
+    again = cache.cached_cubin(config.kernel, argtypes, identity, (9, 0))
+    assert first.built and not again.built and again.cubin == first.cubin and len(list(tmp_path.glob("*.cubin"))) == 1
+    other = p14_flex.cache_identity(64, "float16", flex.alibi(np.ones(2, np.float32)), mask)
+    assert other != identity and other[4] == identity[4]
 
 
 @needs_compiler

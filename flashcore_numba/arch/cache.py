@@ -181,6 +181,51 @@ def kernel_fingerprint(kernel_id: str, defining_file: str) -> str:
     return digest.hexdigest()
 
 
+def function_fingerprint(fn) -> str | None:
+    """SHA-256 of what the machine code of a function a user hands a kernel follows from (phase 14's
+    mods, flashcore_numba/flex.py), for a cache identity: its bytecode, constants, names and
+    defaults, the Python version, and the value of every global or closure variable it reads that
+    is a number, a string, a module (by name) or a function (fingerprinted in turn). None where it
+    reads one of another kind (an array, an object: its value could change without its code
+    changing): then its kernel is compiled in each process, never cached."""
+    import inspect
+
+    import numpy as np
+
+    digest = hashlib.sha256(repr(sys.version_info[:2]).encode())
+    seen = set()
+
+    def code(c):
+        digest.update(c.co_code + repr((c.co_names, c.co_varnames, c.co_argcount, c.co_freevars)).encode())
+        for const in c.co_consts:
+            if inspect.iscode(const):
+                code(const)
+            else:
+                digest.update(repr((type(const).__name__, const)).encode())
+
+    def visit(f) -> bool:
+        f = getattr(f, "py_func", f)  # a Numba device function: its Python function
+        if not inspect.isfunction(f):
+            return False
+        if f in seen:
+            return True
+        seen.add(f)
+        code(f.__code__)
+        digest.update(repr(f.__defaults__).encode())
+        cells = [c.cell_contents for c in (f.__closure__ or ())]
+        named = [(name, f.__globals__[name]) for name in f.__code__.co_names if name in f.__globals__]
+        for name, value in [*enumerate(cells), *named]:
+            if isinstance(value, (bool, int, float, complex, str, bytes, type(None), np.number)):
+                digest.update(repr((name, type(value).__name__, value)).encode())
+            elif inspect.ismodule(value):
+                digest.update(repr((name, value.__name__)).encode())
+            elif not visit(value):
+                return False
+        return True
+
+    return digest.hexdigest()[:32] if visit(fn) else None
+
+
 @lru_cache(maxsize=None)
 def toolchain() -> dict:
     """The versions that shape the machine code."""

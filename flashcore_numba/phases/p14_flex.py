@@ -43,6 +43,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
 from ..arch import operands, ptx
+from ..arch.cache import function_fingerprint
 from . import p07_mma_sync as p07
 from .common import LOG2E, MMA_N, KernelConfig, key_end
 from .p07_mma_sync import MMA_M
@@ -280,6 +281,16 @@ def build(HEAD_DIM: int, dtype: str = "float16", score_fn=None, n_score_arrays: 
     score_call = None if score_fn is None else device_mod(score_fn, n_score_arrays, "score_mod")
     mask_call = None if mask_fn is None else device_mod(mask_fn, n_mask_arrays, "mask_mod")
     return build_kernel(p07.layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype, score_call, mask_call)
+
+
+def cache_identity(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None) -> tuple:
+    """The kernel cache's identity of the build for these mods (arch/cache.py: with the argument types,
+    the package's source and the toolchain): the mods' fingerprints (cache.function_fingerprint), or
+    () where a mod's cannot be told, and its kernel is compiled in every process."""
+    prints = [None if mod is None else function_fingerprint(mod.fn) for mod in (score_mod, mask_mod)]
+    if any(mod is not None and fp is None for mod, fp in zip((score_mod, mask_mod), prints)):
+        return ()
+    return (ID, HEAD_DIM, dtype, prints[0] or "no score_mod", prints[1] or "no mask_mod")
 
 
 def block_lists(kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
