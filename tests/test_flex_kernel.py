@@ -9,6 +9,7 @@ from flashcore_numba import flex, flex_attention
 from flashcore_numba.phases import p14_flex
 from flashcore_numba.reference import random_qkv, reference_flex
 
+NO_TORCH = "torch is not installed (pip install -e '.[torch]')"
 ATOL = 2e-3  # fp16 output of a float32 softmax against float64, inputs of |x| < 4 (as test_phases)
 
 
@@ -139,7 +140,7 @@ def _three(b, h, q_idx):
 @pytest.mark.gpu
 @pytest.mark.parametrize("D, dtype", [(64, "float16"), (128, "bfloat16")])
 def test_flex_attention_on_gpu(D, dtype):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     B, H, H_kv, S = 2, 4, 2, 1000
     gen = torch.Generator("cuda").manual_seed(D)
     q, k, v = (torch.randn((B, h, S, D), generator=gen, device="cuda").to(getattr(torch, dtype))
@@ -179,7 +180,7 @@ def test_the_block_mask_on_the_device_is_the_hosts(mask, B, H, seq_q, seq_k):
 def test_a_long_block_mask_on_gpu():
     """S = 8192 with a window of 1024 and documents per batch: the GPU's kinds are the host's, and the
     window leaves a band (the work of S = 32768 with the same window is 1/16 of causal's)."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     S = 8192
     window = flex.sliding_window(1024)
     assert np.array_equal(flex.create_block_mask(window, None, None, S, S, device=True).kinds,
@@ -225,7 +226,7 @@ def test_the_flex_benchmark_gates_each_case(monkeypatch, ignore_the_mask):
     stand-in flex_attention that computes them passes, one that drops the mask fails where a mask
     hides keys; torch's FlexAttention is recorded unavailable with its reason (no triton here); the
     record is valid and its TFLOPS count the work the mask leaves."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     import flashcore_numba.api
     from flashcore_numba.measure import bench, records
     from flashcore_numba.measure import flex as flex_bench
