@@ -115,35 +115,47 @@ def make_apply_mods(L, score_call, mask_call):
     HAS_SCORE, HAS_MASK = score_call is not None, mask_call is not None
 
     @cuda.jit(device=True, inline=True)
-    def n_tile(i, args):
-        """n-tile i % NT of m-tile i // NT: its four scores, rows g and g + 8 of the m-tile, keys 2t
-        and 2t + 1 of the n-tile (mma's accumulator layout)."""
-        s, partial, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args, mask_args = args
-        mt = i // NT
-        j = i % NT
+    def indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k):
+        """(q_idx, kv_idx) of score e of n-tile i % NT of m-tile i // NT (mma's accumulator layout:
+        rows g and g + 8, keys 2t and 2t + 1), clamped to the sequence: a mod may index its arrays by
+        them even for the rows and keys past the end that a tile pads."""
+        q_idx = int32(min(warp_row0 + (i // NT) * MMA_M + g + 8 * (e // 2), seq_q - 1))
+        kv_idx = int32(min(start_n + (i % NT) * MMA_N + 2 * t + e % 2, seq_k - 1))
+        return q_idx, kv_idx
+
+    @cuda.jit(device=True, inline=True)
+    def score_n_tile(i, args):
+        """score_mod on n-tile i's four scores, in the units FlexAttention's mods are written in (the
+        scaled score, s · unit) and back to the kernel's (· inv_unit)."""
+        s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args = args
         for e in range(4):
-            q_idx = int32(min(warp_row0 + mt * MMA_M + g + 8 * (e // 2), seq_q - 1))
-            kv_idx = int32(min(start_n + j * MMA_N + 2 * t + e % 2, seq_k - 1))
-            x = s[mt, j, e]
-            if HAS_SCORE:
-                x = float32(score_call(x * unit, int32(b), int32(h), q_idx, kv_idx, score_args)) * inv_unit
-            if HAS_MASK and partial and not mask_call(x, int32(b), int32(h), q_idx, kv_idx, mask_args):
-                x = float32(-math.inf)
-            s[mt, j, e] = x
+            q_idx, kv_idx = indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k)
+            x = s[i // NT, i % NT, e] * unit
+            s[i // NT, i % NT, e] = float32(score_call(x, int32(b), int32(h), q_idx, kv_idx, score_args)) * inv_unit
+
+    @cuda.jit(device=True, inline=True)
+    def mask_n_tile(i, args):
+        """-inf where mask_mod hides the key, in n-tile i's four scores."""
+        s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, mask_args = args
+        for e in range(4):
+            q_idx, kv_idx = indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k)
+            if not mask_call(float32(0.0), int32(b), int32(h), q_idx, kv_idx, mask_args):
+                s[i // NT, i % NT, e] = float32(-math.inf)
 
     # unrolled when built (phase 07's `unrolled`): s is indexed by constants only, so it stays in
     # registers; a loop around the mods' calls was left rolled, and s went to local memory
-    each_n_tile = p07.unrolled(n_tile, L["M_TILES"] * NT)
+    each_score = p07.unrolled(score_n_tile, L["M_TILES"] * NT)
+    each_mask = p07.unrolled(mask_n_tile, L["M_TILES"] * NT)
 
     @cuda.jit(device=True, inline=True)
     def apply_mods(s, partial, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args,
                    mask_args):
-        """Each score of the tile from key start_n: score_mod on the scaled score (s · unit, the units
-        FlexAttention's mods are written in) and back to the kernel's units (· inv_unit); in a
-        partial tile, -inf where mask_mod hides the key. The indices are clamped to the sequence:
-        a mod may index its arrays by them even for the rows and keys past the end a tile pads."""
-        each_n_tile(0, (s, partial, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args,
-                        mask_args))
+        """score_mod on every score of the tile from key start_n; then, in a partial tile only, the
+        mask: one branch around the whole of it (a full tile runs no mask_mod at all)."""
+        if HAS_SCORE:
+            each_score(0, (s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args))
+        if HAS_MASK and partial:
+            each_mask(0, (s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, mask_args))
 
     return apply_mods
 
