@@ -2,7 +2,8 @@
 
 In progress: the first build runs on phase 07's kernel (mma.sync, any GPU from sm_80, and the
 simulator); phase 09's (Hopper, TMA and wgmma) is the next step. Not a rung of the ladder yet, no
-lesson yet; `flashcore_numba.flex.flex_attention` calls it.
+lesson yet; `flashcore_numba.flex_attention` (api.py) calls it, and `flashcore bench --flex`
+(measure/flex.py) times it beside torch's FlexAttention.
 
 What changed from phase 07
     The kernel takes two functions a user wrote in Python, as torch's FlexAttention defines them
@@ -24,6 +25,14 @@ What changed from phase 07
       indexing an array by q_idx or kv_idx never reads past it for a row or key the tile pads.
     - `causal` is a mask_mod like any other here (flex.causal_mask); `attention(causal=True)`
       stays the fast path.
+    - The block mask itself can be made on the GPU (build_block_mask_kernel, below): mask_mod in a
+      kernel of its own, a block of threads per tile voting whether any and whether every element
+      is seen. At 32768 keys the host's whole matrix would be a gigabyte a batch and head.
+    - A kernel is compiled per mods' functions (a minute or more) and kept in the kernel cache
+      under their fingerprints (cache_identity).
+    What ptxas reports for sm_90a at D = 64, when this build was written: the build without
+    mods 240 registers, as phase 07's kernel at D = 64 with its loop made a list; with softcap and a
+    window 250, with ALiBi and a document mask 255 and 64 bytes of stack.
 
 Why the hardware should reward it
     A mask that leaves a fraction of the tiles costs that fraction of the work (a sliding window
