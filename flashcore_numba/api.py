@@ -447,8 +447,11 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     # the block mask's lists and the mods' arrays on the device, kept from the first call: a call
     # copies nothing to the GPU (a copy from pageable memory would wait for the work queued there)
     lists = _kept(kinds, device, lambda: tuple(cuda.to_device(x) for x in (*p14.block_lists(kinds), kinds)))
-    score_args = _kept(smod, device, lambda: _bound_arrays(smod, ops[0], "score_mod"))
-    mask_args = _kept(mmod, device, lambda: _bound_arrays(mmod, ops[0], "mask_mod"))
+    # (a mod without arrays, made anew from a plain function each call, shares one stand-in array)
+    score_args = _kept(smod if smod is not None and smod.arrays else None, device,
+                       lambda: _bound_arrays(smod, ops[0], "score_mod"))
+    mask_args = _kept(mmod if mmod is not None and mmod.arrays else None, device,
+                      lambda: _bound_arrays(mmod, ops[0], "mask_mod"))
     stream = 0
     if torch_inputs and not simulator_enabled():  # on torch's current stream, as attention()'s plans launch
         stream = cuda.external_stream(current_stream(device))
@@ -495,7 +498,7 @@ def _bound_arrays(mod, q, kind: str) -> tuple:
     tensor elsewhere is refused by the mod's name."""
     from . import flex
 
-    if mod is None:
+    if mod is None or not mod.arrays:
         return flex.device_arrays(flex.Mod(None))
     for i, a in enumerate(mod.arrays):
         if hasattr(a, "detach") and (q.kind != "torch" or str(a.device) != str(q.device)):

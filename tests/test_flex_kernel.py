@@ -293,6 +293,13 @@ def test_a_second_call_copies_nothing_to_the_device(monkeypatch):
     flex_attention(q, k, v, score_mod=flex.softcap(5.0), block_mask=blocks)  # a new mod: its array, once
     assert len(copies) == 1
 
+    def no_arrays(score, b, h, q_idx, kv_idx):
+        return score * 0.5
+
+    for _ in range(3):  # a plain function: a new mod each call, without arrays: the stand-in array, once
+        flex_attention(q, k, v, score_mod=no_arrays, block_mask=blocks)
+    assert len(copies) == 2
+
 
 def test_a_mods_fingerprint_follows_its_code_and_the_globals_it_reads():
     """The kernel cache keys phase 14's kernel by its mods' fingerprints (arch/cache.function_fingerprint):

@@ -31,7 +31,7 @@ What changed from phase 07
     - A kernel is compiled per mods' functions (a minute or more) and kept in the kernel cache
       under their fingerprints (cache_identity).
     What ptxas reports for sm_90a at D = 64, when this build was written: the build without
-    mods 240 registers, as phase 07's kernel at D = 64 with its loop made a list; with softcap and a
+    mods 240 registers (phase 07's kernel, 242); with softcap and a
     window 250, with ALiBi and a document mask 255 and 64 bytes of stack.
 
 Why the hardware should reward it
@@ -304,11 +304,18 @@ def build(HEAD_DIM: int, dtype: str = "float16", score_fn=None, n_score_arrays: 
     return build_kernel(p07.layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype, score_call, mask_call)
 
 
+@lru_cache(maxsize=256)
+def _fingerprint(fn):
+    """function_fingerprint, once per function in a process: Numba, too, takes the globals a function
+    reads as constants when it first compiles it (build's kernel for these mods is that one)."""
+    return function_fingerprint(fn)
+
+
 def cache_identity(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None) -> tuple:
     """The kernel cache's identity of the build for these mods (arch/cache.py: with the argument types,
     the package's source and the toolchain): the mods' fingerprints (cache.function_fingerprint), or
     () where a mod's cannot be told, and its kernel is compiled in every process."""
-    prints = [None if mod is None else function_fingerprint(mod.fn) for mod in (score_mod, mask_mod)]
+    prints = [None if mod is None else _fingerprint(mod.fn) for mod in (score_mod, mask_mod)]
     if any(mod is not None and fp is None for mod, fp in zip((score_mod, mask_mod), prints)):
         return ()
     return (ID, HEAD_DIM, dtype, prints[0] or "no score_mod", prints[1] or "no mask_mod")
