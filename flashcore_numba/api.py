@@ -443,6 +443,13 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
                        None if mmod is None else mmod.fn, 0 if mmod is None else len(mmod.arrays))
     qk_scale = np.float32((default_scale(D) if scale is None else float(scale)) * LOG2E)
     torch_inputs = ops[0].kind == "torch"
+    if ops[0].kind != "numpy" and not simulator_enabled():  # the kernel copies 16 bytes at a time
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            offset = (x.data_ptr() if torch_inputs else x.__cuda_array_interface__["data"][0]) % 16
+            if offset:
+                raise ValueError(f"{name}: its address is {offset} bytes past a 16-byte boundary; the kernel "
+                                 f"copies 16 bytes at a time, so each input must start on one (a fresh tensor, "
+                                 f"or .clone(), does)")
     device = (q.device.index or 0) if torch_inputs else getattr(cuda.get_current_device(), "id", 0)  # (simulator: 0)
     # the block mask's lists and the mods' arrays on the device, kept from the first call: a call
     # copies nothing to the GPU (a copy from pageable memory would wait for the work queued there)

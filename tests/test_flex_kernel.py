@@ -161,6 +161,11 @@ def test_flex_attention_on_gpu(D, dtype):
         np.testing.assert_allclose(lse.cpu().numpy()[seen], ref_lse[seen], atol=1e-3, rtol=1e-4)
     with pytest.raises(ValueError, match="score_mod alibi_mod: bound array 0 is a torch tensor on cpu"):
         flex_attention(q, k, v, score_mod=flex.alibi(slopes.cpu()))
+    off = torch.empty(k.numel() + 8, dtype=k.dtype, device="cuda")[1:k.numel() + 1].view(k.shape)  # 2 bytes off
+    off.copy_(k)
+    with pytest.raises(ValueError, match="k: its address is 2 bytes past a 16-byte boundary"):
+        flex_attention(q, off, v)
+    assert torch.isfinite(flex_attention(q, k, v)).all()  # the context is alive
 
 
 @pytest.mark.parametrize("mask, B, H, seq_q, seq_k", [
