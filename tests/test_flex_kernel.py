@@ -286,6 +286,9 @@ def test_a_second_call_copies_nothing_to_the_device(monkeypatch):
     memory would wait for the GPU's queued work)."""
     from numba import cuda
 
+    import flashcore_numba.api
+
+    monkeypatch.setattr(flashcore_numba.api, "_KEPT", {})  # nothing kept from the tests before
     q, k, v = (cuda.to_device(x) for x in random_qkv((1, 1, 40, 64), 40, seed=8, dtype=np.float16))
     blocks = flex.create_block_mask(flex.sliding_window(8), None, None, 40, 40, 32, 32)
     cap = flex.softcap(5.0)
