@@ -733,15 +733,8 @@ def _bench_flex(args, bench, records, problem) -> int:
 
         record = flex.run_flex_benchmark(problem, peers=peers, timing=timing, device=device,
                                          command=["flashcore", *args.argv], progress=step)
-    gpu = record["provenance"]["gpu_name"]
-    wide = console if console.is_terminal else _console(width=132)
-    wide.print(_results_table(record["results"], f"{gpu}: flex, {problem.describe()}", resources=False))
-    console.print(_text(record["flops_rule"]), soft_wrap=True)
-    path = args.out or flex.record_path(gpu, problem)
-    records.write_record(record, path)
-    console.print(f"Record written to {path}.", soft_wrap=True)
-    wrong = [r for r in record["results"] if r["kind"] == "phase" and r["available"] and not r["correct"]]
-    return 1 if wrong else 0
+    return _write_pass_record(args, console, records, record, f"flex, {problem.describe()}",
+                              flex.record_path(record["provenance"]["gpu_name"], problem), "")
 
 
 def _bench_backward(args, bench, records, problem) -> int:
@@ -766,13 +759,21 @@ def _bench_backward(args, bench, records, problem) -> int:
 
         record = backward.run_backward_benchmark(problem, peer_names=peers, timing=timing, device=device,
                                                  command=["flashcore", *args.argv], progress=step)
+    return _write_pass_record(args, console, records, record, f"backward, {problem.describe()}",
+                              backward.record_path(record["provenance"]["gpu_name"], problem),
+                              "; `flashcore report` regenerates the README")
+
+
+def _write_pass_record(args, console, records, record, what: str, default_path, then: str) -> int:
+    """The table of a record of one pass (--backward, --flex), its FLOPs rule, the record written (to
+    --out or `default_path`); 1 where a phase's row failed its oracle."""
     gpu = record["provenance"]["gpu_name"]
     wide = console if console.is_terminal else _console(width=132)
-    wide.print(_results_table(record["results"], f"{gpu}: backward, {problem.describe()}", resources=False))
+    wide.print(_results_table(record["results"], f"{gpu}: {what}", resources=False))
     console.print(_text(record["flops_rule"]), soft_wrap=True)
-    path = args.out or backward.record_path(gpu, problem)
+    path = args.out or default_path
     records.write_record(record, path)
-    console.print(f"Record written to {path}; `flashcore report` regenerates the README.", soft_wrap=True)
+    console.print(f"Record written to {path}{then}.", soft_wrap=True)
     wrong = [r for r in record["results"] if r["kind"] == "phase" and r["available"] and not r["correct"]]
     return 1 if wrong else 0
 
