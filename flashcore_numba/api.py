@@ -421,6 +421,11 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     from .phases import p14_flex as p14
     from .phases.common import launch
 
+    if is_torch(q) and _grad_enabled():  # an output without a grad_fn would drop their gradients silently
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if getattr(x, "requires_grad", False):
+                raise NotImplementedError(f"{name}: requires grad, but flex_attention has no backward yet; call it "
+                                          f"under torch.no_grad() or on detached tensors (attention() has one)")
     ops = tuple(describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     _validate(ops, PHASES["07"], False, scale, return_lse)  # phase 14's first build: phase 07's inputs
     B, H, S_q, D = ops[0].shape

@@ -130,6 +130,19 @@ def test_bad_calls_are_named_before_a_launch():
         flex_attention(q, k, v, score_mod=flex.score_mod(four, *(4 * [many])))
 
 
+def test_inputs_that_require_grad_are_refused_until_there_is_a_backward():
+    """flex_attention has no backward yet: a tensor that requires grad (grad enabled) is refused by name,
+    before anything else, never given an output without a grad_fn (its gradients would be dropped
+    silently); under torch.no_grad() it is not (and goes on to the inputs' checks: on the CPU, the
+    device's). The GPU test runs such a call under no_grad."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    q, k, v = (torch.from_numpy(x) for x in random_qkv((1, 1, 16, 64), 16, seed=2, dtype=np.float16))
+    with pytest.raises(NotImplementedError, match="k: requires grad, but flex_attention has no backward yet"):
+        flex_attention(q, k.requires_grad_(), v)
+    with torch.no_grad(), pytest.raises(TypeError, match="q: expected a CUDA torch tensor"):
+        flex_attention(q, k, v)
+
+
 def _three(b, h, q_idx):
     return True
 
@@ -166,6 +179,11 @@ def test_flex_attention_on_gpu(D, dtype):
     with pytest.raises(ValueError, match="k: its address is 2 bytes past a 16-byte boundary"):
         flex_attention(q, off, v)
     assert torch.isfinite(flex_attention(q, k, v)).all()  # the context is alive
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    with pytest.raises(NotImplementedError, match="q: requires grad"):
+        flex_attention(*leaves)
+    with torch.no_grad():
+        assert torch.equal(flex_attention(*leaves), flex_attention(q, k, v))
 
 
 @pytest.mark.parametrize("mask, B, H, seq_q, seq_k", [
