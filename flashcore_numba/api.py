@@ -444,8 +444,7 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     tile = p14.tiles(D)
     on_gpu = ops[0].kind != "numpy" and not simulator_enabled()  # (in the simulator NumPy is the faster)
     kinds = flex.kernel_kinds(block_mask, mmod, B, H, S_q, S_k, tile["block_m"], tile["block_n"], on_gpu)
-    config = p14.build(D, ops[0].dtype, None if smod is None else smod.fn, 0 if smod is None else len(smod.arrays),
-                       None if mmod is None else mmod.fn, 0 if mmod is None else len(mmod.arrays))
+    config = p14.build_for(D, ops[0].dtype, smod, mmod)
     qk_scale = np.float32((default_scale(D) if scale is None else float(scale)) * LOG2E)
     torch_inputs = ops[0].kind == "torch"
     if ops[0].kind != "numpy" and not simulator_enabled():  # the kernel copies 16 bytes at a time

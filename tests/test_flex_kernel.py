@@ -327,6 +327,16 @@ def test_a_second_call_copies_nothing_to_the_device(monkeypatch):
     assert len(copies) == 2
 
 
+def test_mods_of_the_same_code_share_a_build():
+    """A lambda written in a loop is a new function each time with the same code: one build serves
+    them all (no compile per call); other code, or a mod that reads an array, another build."""
+    made = [p14_flex.build_for(64, "float16", None, flex.mask_mod(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx))
+            for _ in range(3)]
+    assert made[0] is made[1] is made[2]
+    other = p14_flex.build_for(64, "float16", None, flex.mask_mod(lambda b, h, q_idx, kv_idx: q_idx > kv_idx))
+    assert other is not made[0]
+
+
 def test_a_mods_fingerprint_follows_its_code_and_the_globals_it_reads():
     """The kernel cache keys phase 14's kernel by its mods' fingerprints (arch/cache.function_fingerprint):
     the same in every process for the same code; another constant, or another value of a global number

@@ -304,6 +304,26 @@ def build(HEAD_DIM: int, dtype: str = "float16", score_fn=None, n_score_arrays: 
     return build_kernel(p07.layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype, score_call, mask_call)
 
 
+_BUILDS: dict = {}  # (head dim, dtype, each mod's code) -> its KernelConfig
+
+
+def build_for(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None) -> KernelConfig:
+    """build() for these mods (flex.ScoreMod, flex.MaskMod or None), once per distinct code: mods whose
+    fingerprints agree share a build whatever function objects carry them (a lambda written in a
+    loop is a new object each time, the same code); a mod without a fingerprint, by its function."""
+    def code(mod):
+        return None if mod is None else (_fingerprint(mod.fn) or mod.fn, len(mod.arrays))
+
+    key = (HEAD_DIM, dtype, code(score_mod), code(mask_mod))
+    config = _BUILDS.get(key)
+    if config is None:
+        config = _BUILDS[key] = build(HEAD_DIM, dtype, None if score_mod is None else score_mod.fn,
+                                      0 if score_mod is None else len(score_mod.arrays),
+                                      None if mask_mod is None else mask_mod.fn,
+                                      0 if mask_mod is None else len(mask_mod.arrays))
+    return config
+
+
 @lru_cache(maxsize=256)
 def _fingerprint(fn):
     """function_fingerprint, once per function in a process: Numba, too, takes the globals a function
