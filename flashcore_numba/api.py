@@ -39,7 +39,7 @@ from .phases.p11_backward import runs_head_dim as backward_runs_head_dim
 from .reference import default_scale
 from .runtime import torch_ops  # the torch glue (it calls back into this module: torch_call)
 from .runtime.inputs import current_stream, describe, is_torch, torch_module, torch_to_kernel
-from .runtime.plan import Plans
+from .runtime.plan import ALIGNMENT, Plans
 
 
 def _grad_enabled() -> bool:
@@ -449,11 +449,11 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     torch_inputs = ops[0].kind == "torch"
     if ops[0].kind != "numpy" and not simulator_enabled():  # the kernel copies 16 bytes at a time
         for name, x in (("q", q), ("k", k), ("v", v)):
-            offset = (x.data_ptr() if torch_inputs else x.__cuda_array_interface__["data"][0]) % 16
+            offset = (x.data_ptr() if torch_inputs else x.__cuda_array_interface__["data"][0]) % ALIGNMENT
             if offset:
-                raise ValueError(f"{name}: its address is {offset} bytes past a 16-byte boundary; the kernel "
-                                 f"copies 16 bytes at a time, so each input must start on one (a fresh tensor, "
-                                 f"or .clone(), does)")
+                raise ValueError(f"{name}: its address is {offset} bytes past a {ALIGNMENT}-byte boundary; the "
+                                 f"kernel copies {ALIGNMENT} bytes at a time, so each input must start on one (a "
+                                 f"fresh tensor, or .clone(), does)")
     device = (q.device.index or 0) if torch_inputs else getattr(cuda.get_current_device(), "id", 0)  # (simulator: 0)
     # the block mask's lists and the mods' arrays on the device, kept from the first call: a call
     # copies nothing to the GPU (a copy from pageable memory would wait for the work queued there)

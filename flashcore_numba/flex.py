@@ -34,6 +34,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -355,13 +356,21 @@ _KINDS: dict = {}  # (id of a block mask, tiles) -> (the block mask, its kinds a
 _KINDS_KEPT = 16  # block masks remade at the kernel's tiles, kept at most
 
 
+@lru_cache(maxsize=64)
+def _all_full(n_m: int, n_n: int) -> np.ndarray:
+    """The kinds without a mask, one array per shape: a call keeps its lists on the device by this
+    array (api.flex_attention), so a new one per call would copy them again each call."""
+    kinds = np.full((1, 1, n_m, n_n), FULL, np.int8)
+    kinds.flags.writeable = False
+    return kinds
+
+
 def kernel_kinds(block_mask, mask, B, H, S_q, S_k, block_m, block_n, device: bool = False) -> np.ndarray:
     """The kinds of the tiles at the kernel's BLOCK_M x BLOCK_N: a block mask's own where it was made
     at those, else made again from its mask (the last few kept); all FULL without a mask. device:
     made on the GPU (create_block_mask's device=True)."""
-    n_m, n_n = -(-S_q // block_m), -(-S_k // block_n)
     if mask is None:
-        return np.full((1, 1, n_m, n_n), FULL, np.int8)
+        return _all_full(-(-S_q // block_m), -(-S_k // block_n))
     if block_mask is None:
         return create_block_mask(mask, B, H, S_q, S_k, block_m, block_n, device).kinds
     Bm, Hm = block_mask.kinds.shape[:2]

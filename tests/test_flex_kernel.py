@@ -325,6 +325,9 @@ def test_a_second_call_copies_nothing_to_the_device(monkeypatch):
     for _ in range(3):  # a plain function: a new mod each call, without arrays: the stand-in array, once
         flex_attention(q, k, v, score_mod=no_arrays, block_mask=blocks)
     assert len(copies) == 2
+    for _ in range(3):  # no mask at all: the all-full lists (three arrays), once
+        flex_attention(q, k, v, score_mod=cap)
+    assert len(copies) == 5
 
 
 def test_mods_of_the_same_code_share_a_build():

@@ -117,7 +117,8 @@ def attention_backward(q, k, v, out, lse, dout, dlse, causal, scale, determinist
     written in q's dtype, dq is summed in float32 and converted here. The launches go through the
     problem's BackwardPlan (runtime/backward.py), made on its first backward: no Numba dispatch per
     call, every buffer from torch's caching allocator. phase: "11", "12" (phase 12's kv_kernel,
-    wgmma, Hopper only) or "13" (phase 13's, warp-specialized, Hopper only); None, as autograd calls it: the tensors' GPU's (autograd_backward_phase).
+    wgmma, Hopper only) or "13" (phase 13's, warp-specialized, Hopper only); None, as autograd calls
+    it: the tensors' GPU's (autograd_backward_phase).
     scale: the number the forward used (attention() resolves its default, 1/sqrt(D), before it).
 
     v of a head dim of its own (MLA: 128 beside q's and k's 192): the backward runs at the wider of
