@@ -327,14 +327,16 @@ def cmd_run(args) -> int:
 
 def _run_simulator(args) -> int:
     from .measure import backward, bench
+    from .measure import flex as flex_bench
 
     console = _console()
     shape = args.shape or SIM_SHAPE
     modes = (True,) if args.causal else (False, True)
     device = bench.NumbaDevice()
     verdicts = {}  # (phase id, causal) -> Result
-    # the ladder, then the phases of the course that are no forward kernel (11, 12 and 13, checked by their gradients)
-    course = {**PHASES, **{pid: m for pid, m in LESSONS.items() if getattr(m, "BACKWARD", False)}}
+    # the ladder, then the phases of the course that are no rung of it: 11, 12 and 13 (checked by their
+    # gradients) and 14 (with mods and a mask)
+    course = {**PHASES, **LESSONS}
     with _progress(console) as progress:
         task = progress.add_task("simulator", total=len(course) * len(modes))
         for causal in modes:
@@ -346,10 +348,11 @@ def _run_simulator(args) -> int:
                 verdicts[phase.ID, causal], _ = bench.check_phase(phase, device, qkv, problem, ref, lowp)
                 progress.advance(task)
             # phases 11, 12 and 13, the backward: their gradients of the same problem (fresh inputs of that shape)
-            for pid in course:
+            for pid, module in course.items():
                 if pid not in PHASES:
                     progress.update(task, description=f"phase {pid} {'causal' if causal else 'non-causal'}")
-                    verdicts[pid, causal] = backward.check_backward(problem, phase=pid)
+                    verdicts[pid, causal] = (flex_bench.check_flex(problem) if getattr(module, "MODS", False)
+                                             else backward.check_backward(problem, phase=pid))
                     progress.advance(task)
 
     console.print(_simulator_table(verdicts, shape, modes, course))
@@ -402,7 +405,8 @@ def _err_legend(verdicts) -> str:
         span = f"{allowed[0]:.1e}" if allowed[0] == allowed[-1] else f"{allowed[0]:.1e} to {allowed[-1]:.1e}"
         here = f" (here {span})"
     return ("err: the largest absolute difference from the float64 reference over every output element "
-            "(phases 11, 12 and 13: over dq, dk and dv, from the float64 gradients). A phase is correct when err "
+            "(phases 11, 12 and 13: over dq, dk and dv, from the float64 gradients; phase 14: with a soft-cap and "
+            "a mask, from the float64 reference with the same mods). A phase is correct when err "
             "is at most its allowed error, FlashAttention's test oracle: twice the error of the same problem "
             "computed in plain fp16, plus 0.001 (for a gradient, plus 0.001 of its largest value)" + here + ".")
 

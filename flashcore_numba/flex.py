@@ -38,6 +38,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from .phases.p14_flex import (alibi_mod, causal_mod, document_causal_mod, document_mod, prefix_lm_mod,
+                               sliding_window_mod, softcap_mod)
+
 SCORE_PARAMS = ("score", "b", "h", "q_idx", "kv_idx")
 MASK_PARAMS = ("b", "h", "q_idx", "kv_idx")
 EMPTY, PARTIAL, FULL = 0, 1, 2  # a tile of a block mask
@@ -144,42 +147,12 @@ def mask_mod(fn, *arrays) -> MaskMod:
 
 
 # ---------------------------------------------------------------------------------------------
-# Built-ins, written with the same conventions a user's mods follow
+# Built-ins: the mods of phase 14's module (phases/p14_flex.py: causal_mod, sliding_window_mod, ...,
+# written as a user writes one), their numbers bound as arrays
 # ---------------------------------------------------------------------------------------------
-def _causal(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
-
-
-# The built-ins' mods are functions of this module, not made per call: a kernel compiles once per
-# mod function (phases/p14_flex.build), and their numbers are bound arrays, arguments of that kernel.
-def sliding_window_mod(b, h, q_idx, kv_idx, window):
-    return (q_idx - kv_idx <= window[0]) & (kv_idx - q_idx <= window[1])
-
-
-def prefix_lm_mod(b, h, q_idx, kv_idx, prefix):
-    return (kv_idx < prefix[0]) | (q_idx >= kv_idx)
-
-
-def document_causal_mod(b, h, q_idx, kv_idx, ids):
-    return (ids[b, q_idx] == ids[b, kv_idx]) & (q_idx >= kv_idx)
-
-
-def document_mod(b, h, q_idx, kv_idx, ids):
-    return ids[b, q_idx] == ids[b, kv_idx]
-
-
-def softcap_mod(score, b, h, q_idx, kv_idx, capped):
-    return capped[0] * math.tanh(score / capped[0])
-
-
-def alibi_mod(score, b, h, q_idx, kv_idx, slopes):
-    # the distance as float32: Numba widens an int times a float32 to float64 (slow on a GPU)
-    return score + slopes[h] * np.float32(kv_idx - q_idx)
-
-
 def causal_mask() -> MaskMod:
     """Each row sees the keys up to its own position (S_q = S_k; `causal=True` is the fast path)."""
-    return mask_mod(_causal)
+    return mask_mod(causal_mod)
 
 
 def sliding_window(left: int, right: int = 0) -> MaskMod:
@@ -232,14 +205,38 @@ def alibi_slopes(H: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # Evaluating a mod over many elements at once (the oracle and the block mask)
 # ---------------------------------------------------------------------------------------------
+class _MathOnArrays:
+    """`math` for a mod called on NumPy arrays: math.tanh(x) is np.tanh(x) there (a mod is written for
+    scalars, and math's functions take no arrays)."""
+
+    _RENAMED = {"pow": np.power, "atan": np.arctan, "atan2": np.arctan2, "asin": np.arcsin, "acos": np.arccos,
+                "fabs": np.abs}
+
+    def __getattr__(self, name):
+        return self._RENAMED.get(name) or getattr(np, name, None) or getattr(math, name)
+
+
+@lru_cache(maxsize=256)
+def _on_arrays(fn):
+    """fn with `math` standing for NumPy's functions (_MathOnArrays), or fn itself where it reads no
+    `math` (a lambda, a callable object)."""
+    import types
+
+    code, scope = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+    if code is None or scope is None or scope.get("math") is not math or "math" not in code.co_names:
+        return fn
+    return types.FunctionType(code, {**scope, "math": _MathOnArrays()}, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
 def evaluate(mod: Mod, *grids):
     """mod over broadcast index grids (and, for a score mod, scores): one call with NumPy arrays where
-    the mod's arithmetic broadcasts, else one call per element (a mod with `if` or `and`)."""
+    the mod's arithmetic broadcasts (its math.tanh as np.tanh), else one call per element (a mod with
+    `if` or `and`)."""
     arrays = mod.host_arrays()
     shape = np.broadcast_shapes(*(np.shape(g) for g in grids))
     try:
         with np.errstate(all="ignore"):
-            value = np.asarray(mod.fn(*grids, *arrays))
+            value = np.asarray(_on_arrays(mod.fn)(*grids, *arrays))
     except Exception:  # noqa: BLE001 - a mod written for scalars: element by element below
         value = None
     try:  # (a mask by head alone gives a scalar: broadcast)

@@ -527,6 +527,10 @@ def checks_for(phase) -> list[Check]:
             from .grade_backward import checks
 
             _CHECKS[phase.ID] = checks(phase)
+        elif getattr(phase, "MODS", False):  # phase 14: graded with mods and a block mask
+            from .grade_flex import checks
+
+            _CHECKS[phase.ID] = checks(phase)
         else:
             _CHECKS[phase.ID] = region_checks(phase) + correctness_checks(phase) + point_checks(phase)
     return _CHECKS[phase.ID]

@@ -464,6 +464,50 @@ HINTS: dict[str, RegionHints] = {
                                      "dO: step m0 by BLOCK_M while it stays inside the sequence, then go on "
                                      "to the next head from m_first"},
     ),
+    "14-a": RegionHints(
+        idea="A mask mod answers one question for one element: does query row q_idx see key kv_idx? With a "
+             "window of window[0] keys before the row and window[1] after it, the key may be at most window[0] "
+             "positions before the row and at most window[1] after it. Return a bool.",
+        helpers="q_idx, kv_idx: whole numbers (the row and the key); window: an array of two whole numbers "
+                "(left, right). `&` of two comparisons gives their and, on scalars and on NumPy arrays alike.",
+        pseudo="return (<how far the key is before the row> <= left) & (<how far it is after the row> <= right)",
+        diagnoses={"rows": "each row is off by a factor of its own: the rows see a different set of keys than "
+                           "the window's: row q_idx sees q_idx - window[0] .. q_idx + window[1]"},
+    ),
+    "14-b": RegionHints(
+        idea="Soft-capping keeps a score inside (-cap, cap) without a hard edge: small scores pass almost "
+             "unchanged, large ones bend towards ±cap. tanh does that between -1 and 1: scale the score down "
+             "by cap, take tanh, scale back up. The mod sees the scaled score, as FlexAttention's do.",
+        helpers="math.tanh(x): the hyperbolic tangent; capped[0]: the cap (an array of one float32, bound to the "
+                "mod so that a new cap needs no new compile).",
+        pseudo="return <the cap> * math.tanh(score / <the cap>)",
+        diagnoses={"rows": "each row is off by a factor of its own: the soft-capped scores are wrong, and with "
+                           "them each row's weights: cap · tanh(score / cap), cap = capped[0]"},
+    ),
+    "14-c": RegionHints(
+        idea="In a partial tile the mask decides per score. A key the row must not see gets a score of -inf: "
+             "the online softmax then gives it a weight of exp(-inf) = 0, and the row's maximum and sum "
+             "ignore it. A key the row sees keeps its score.",
+        helpers="mask_call(x, b, h, q_idx, kv_idx, mask_args) -> bool: the user's mask_mod (x is unused: pass "
+                "float32(0.0)); s[i // NT, i % NT, e]: score e of this n-tile; float32(-math.inf); int32(b), "
+                "int32(h): the batch and head as the mod takes them.",
+        pseudo="if not <mask_mod of this score's row and key>:\n"
+               "    <this score> = -inf",
+        diagnoses={"rows": "each row is off by a factor of its own: the keys a row must not see still count in "
+                           "its softmax: set their scores to -inf where mask_call is False"},
+    ),
+    "14-d": RegionHints(
+        idea="The block mask gives each query block a list of the key tiles it sees, in order: KV_INDEX[bm, hm, "
+             "m, i] is the i-th, for i below KV_COUNT. Iteration i computes that tile, not tile i: the tiles "
+             "the mask leaves empty are not in the list and are never loaded. Its first key is the tile's "
+             "number times the keys a tile has.",
+        helpers="KV_INDEX[bm, hm, m, i]: the number of the i-th key tile (bm, hm: the block mask's batch and "
+                "head, m: this query block); BLOCK_N: keys a tile; int32(...).",
+        pseudo="n = <the i-th key tile of the list>\n"
+               "start_n = int32(<its first key>)",
+        diagnoses={"rows": "each row is off by a factor of its own: the rows attend to the wrong keys: iteration "
+                           "i must compute key tile KV_INDEX[bm, hm, m, i], from key n * BLOCK_N"},
+    ),
 }
 
 

@@ -717,6 +717,38 @@ def draw_backward_ring(n_tiles: int = 4, load: float = 1.0, products: float = 1.
     plt.show()
 
 
+def draw_block_masks(masks: dict, seq: int = 256, block: int = 32):
+    """Each mask (name -> flex.MaskMod) over seq rows and keys of batch 0, head 0: the elements a row
+    sees in black, over its tiles of block x block coloured by kind (flex.create_block_mask): empty
+    (the kernel skips it), partial (mask_mod per element), full (no mask_mod call). Under each, the
+    share of tiles the kernel visits: the share of the work it does."""
+    from .. import flex
+
+    plt = _plt()
+    colors = {flex.EMPTY: (1.0, 1.0, 1.0), flex.PARTIAL: (0.87, 0.52, 0.32), flex.FULL: (0.3, 0.45, 0.69)}
+    _, axes = plt.subplots(1, len(masks), figsize=(3.6 * len(masks), 3.9), squeeze=False)
+    for ax, (name, mask) in zip(axes[0], masks.items()):
+        kinds = flex.create_block_mask(mask, None, None, seq, seq, block, block).kinds[0, 0]
+        tiles = np.array([[colors[int(kind)] for kind in row] for row in kinds])
+        ax.imshow(tiles, extent=(0, seq, seq, 0), interpolation="nearest")
+        seen = flex.mask_matrix(mask, 0, 0, seq, seq)
+        ax.imshow(np.where(seen[..., None], 0.0, 1.0) * np.ones(3), extent=(0, seq, seq, 0), alpha=0.35,
+                  interpolation="nearest")
+        for edge in range(0, seq + 1, block):
+            ax.axhline(edge, color="#888888", lw=0.4)
+            ax.axvline(edge, color="#888888", lw=0.4)
+        visited = float(np.mean(kinds != flex.EMPTY))
+        partial = float(np.mean(kinds == flex.PARTIAL))
+        ax.set_title(f"{name}\n{visited:.0%} of the tiles visited, {partial:.0%} partial", fontsize=9)
+        ax.set_xlabel("key (kv_idx)")
+        ax.set_ylabel("query row (q_idx)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k], ec="#888888") for k in (flex.EMPTY, flex.PARTIAL, flex.FULL)]
+    axes[0][0].legend(handles, ["empty: skipped", "partial: mask_mod", "full: no mask_mod"], loc="lower left",
+                      fontsize=7)
+    plt.tight_layout()
+    plt.show()
+
+
 def draw_mma_fragments():
     """The three operands of `mma.sync.m16n8k16`: which lane holds each element, in which register."""
     plt = _plt()
@@ -785,6 +817,11 @@ class Lesson:
         return getattr(self.phase, "BACKWARD", False)
 
     @property
+    def mods(self) -> bool:
+        """Phase 14: a kernel with a user's mods and a block mask, graded and timed with them."""
+        return getattr(self.phase, "MODS", False)
+
+    @property
     def main_id(self) -> str:
         """The kernel whose PTX and SASS the lesson shows: the phase's, or a backward phase's kv_kernel."""
         return f"{self.phase.ID}-kv" if self.backward else self.phase.ID
@@ -795,6 +832,8 @@ class Lesson:
         if self.backward:
             pid = self.phase.ID
             return ["11-kv", "11-delta"] if pid == "11" else [f"{int(pid) - 1:02d}-kv", self.main_id]
+        if self.mods:  # phase 14: the kernel it changes (07's), then its own with the lesson's mods
+            return [self.phase.BUILDS_ON, self.phase.ID]
         base = PHASES.get(getattr(self.phase, "BUILDS_ON", ""))  # phase 10: built on 07, after 09
         return [p.ID for p in (self.previous, base, self.phase, *self.variants) if p is not None]
 
@@ -917,6 +956,8 @@ class Lesson:
         """Run the kernel on fresh random inputs (output poisoned with NaN first) against the reference."""
         if self.backward:
             return self.check_gradients(problems)
+        if self.mods:
+            return self.check_flex(problems)
         from numba import cuda
 
         from ..phases.common import LOG2E
@@ -968,11 +1009,41 @@ class Lesson:
         print("allowed = 2 × (error of the same formulas in fp16/float32, as the kernels compute them) + 1e-3 of "
               "the gradient's largest value")
 
+    def check_flex(self, problems=None) -> None:
+        """Phase 14: fresh random problems with mods and masks (the grader's, course/grade_flex.py), the
+        output poisoned with NaN first, against the float64 oracle with the same mods (reference_flex)."""
+        from .grade_flex import FlexCase, run_case, verdict
+
+        if problems is None:
+            problems = ([(40, 70, 64, "window", 1, 2, 1), (19, 38, 64, "alibi+documents", 2, 2, 2),
+                         (19, 38, 64, "softcap+prefix", 1, 1, 1)] if not self.on_gpu else
+                        [(1000, 1000, d, mods, 2, 4, 2) for d in self.phase.HEAD_DIMS
+                         for mods in ("window", "alibi+documents", "softcap+prefix", "rows_blind")])
+        rows, failed = [], []
+        for seq_q, seq_k, D, mods, B, H, H_kv in problems:
+            case = FlexCase(seq_q, seq_k, D, mods, batch=B, heads=H, heads_kv=H_kv,
+                            logits=30.0 if "softcap" in mods else None)
+            run = run_case(self.phase, case, None, Path(self.phase.__file__))
+            err = float(np.max(np.abs(run.out - run.expected))) if run.out is not None and np.isfinite(run.out).all() \
+                else float("inf")
+            rows.append({"problem": f"B={B} H={H}/{H_kv} S_q={seq_q} S_k={seq_k} D={D}", "mods": mods, "max_err": err,
+                         "allowed": run.allowed, "result": "pass" if run.ok else "FAIL"})
+            if not run.ok:
+                failed.append(f"{case}: {verdict(run)}")
+        print(table(rows, [("problem", "problem (H = query/K/V heads)"), ("mods", "mods"), ("max_err", "max |out-ref|"),
+                           ("allowed", "allowed"), ("result", "result")]))
+        if failed:
+            raise AssertionError("; ".join(failed))
+        print("allowed = 2 × (error of the oracle's output rounded to fp16) + 0.001; the oracle applies the same "
+              "mods in float64")
+
     # -- timing ----------------------------------------------------------------------------
     def timing(self, directory=None) -> dict | None:
         """This phase, the previous one and torch SDPA: measured live on a GPU, else the committed record."""
         if self.backward:
             return self.timing_backward(directory)
+        if self.mods:
+            return self.timing_flex(directory)
         ids = self._ids()
         problem = getattr(self.phase, "LESSON_PROBLEM", None)  # a phase of other shapes: phase 10, decoding
         if self.on_gpu:
@@ -1047,6 +1118,54 @@ class Lesson:
                   "throughput")
         elif mine != "11":
             print(f"(that record has no row for phase {mine}: `flashcore bench --backward` times it on Hopper)")
+        return {"rows": rows, "label": label}
+
+    def timing_flex(self, directory=None) -> dict | None:
+        """Phase 14 beside torch's FlexAttention with the same mods (`flashcore bench --flex`'s cases):
+        measured live on a GPU with torch (two cases, at a smaller shape than the records'), else the
+        committed record at D = 64 (docs/bench/flex/)."""
+        from ..measure import flex as flex_bench
+        from ..measure.bench import Problem, Timing
+        from ..measure.records import load_records
+
+        if self.on_gpu:
+            try:
+                record = flex_bench.run_flex_benchmark(Problem.from_shape((4, 16, 4096, 64)),
+                                                       cases=("sliding_window", "causal_mask"),
+                                                       timing=Timing(warmup=2, repeats=10),
+                                                       command=["(a lesson's timing cell)"])
+            except RuntimeError as e:  # no torch with CUDA: the benchmark's peers need it
+                print(f"Not measured: {e}")
+                return None
+            label = f"Measured live on {record['provenance']['gpu_name']} on {record['created'][:10]}"
+        else:
+            folder = Path(directory) if directory else records_dir() / "flex"
+            found = [r for r in load_records(folder) if r["config"].get("D") == 64] if folder.is_dir() else []
+            if not found:
+                print(f"No flex record in {display_path(folder)} yet: on a GPU machine `flashcore bench --flex` "
+                      "writes one, and this cell then shows its numbers.")
+                return None
+            record = max(found, key=lambda r: r["created"])
+            label = (f"Not measured here (no GPU): measured on {record['provenance']['gpu_name']} on "
+                     f"{record['created'][:10]}, read from {display_path(record.get('_path'))}")
+        rows = []
+        for r in record["results"]:
+            note = "" if r.get("tflops") else (r.get("reason") or r.get("message") or "not timed")
+            rows.append({"name": r["name"], "phase": self.phase.ID if r["name"].startswith("14 ") else None,
+                         "peer": r["kind"] == "peer", "median_ms": r.get("median_ms"), "tflops": r.get("tflops"),
+                         "note": note})
+        print(label)
+        print(_describe_shape(record["config"]) + "; " + record.get("flops_rule", ""))
+        print(table(rows, [("name", "kernel, case"), ("median_ms", "median ms"), ("tflops", "TFLOPS"), ("note", "")]))
+        timed = {r["name"]: r for r in rows if r["tflops"]}
+        for name in timed:
+            case = name.removeprefix("14 ")
+            if name.startswith("14 ") and f"flex_attention {case}" in timed:
+                print(f"{case}: phase 14 at {timed[name]['tflops'] / timed[f'flex_attention {case}']['tflops']:.2f}× "
+                      "the throughput of torch's FlexAttention")
+        if "14 causal_mask" in timed and "attention causal=True" in timed:
+            print(f"causal as a mask_mod: {timed['14 causal_mask']['median_ms'] / timed['attention causal=True']['median_ms']:.2f}× "
+                  "the time of attention(causal=True), the fast path")
         return {"rows": rows, "label": label}
 
     def plot_timing(self, timing: dict | None) -> None:

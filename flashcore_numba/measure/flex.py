@@ -174,3 +174,32 @@ def run_flex_benchmark(problem: Problem, *, cases=CASES, peers: bool = True, tim
     record["flops_rule"] = ("a row's TFLOPS count the forward's FLOPs times the share of (query, key) pairs its "
                             "case's mask keeps (batch 0, head 0); record.flops is the unmasked problem's")
     return record
+
+
+def check_flex(problem: Problem, seed: int | None = None) -> Result:
+    """Phase 14 on `problem` from NumPy arrays (what `flashcore run` checks in the simulator, where
+    nothing is timed), with a soft-cap of 20 and a mask: causal written as a mask_mod where the problem
+    is causal, else a window of a quarter of the keys on each side. Against reference_flex with the same
+    mods: within twice the error of the oracle rounded to fp16, plus bench's atol."""
+    from ..phases import p14_flex as p14
+    from ..reference import random_qkv
+
+    result = Result(p14.ID, "phase", p14.TITLE)
+    if problem.dtype != "float16" or not p14.runs_head_dim(problem.D) or problem.D_v is not None:
+        result.available = False
+        result.reason = f"phase 14 is checked here at fp16 and one head dim, {p14.HEAD_DIMS_TEXT}"
+        return result
+    q, k, v = random_qkv((problem.B, problem.H, problem.S_q, problem.D), problem.S_k, heads_kv=problem.H_kv,
+                         seed=seed)
+    score_mod = flex.softcap(20.0)
+    mask_mod = flex.causal_mask() if problem.causal else flex.sliding_window(problem.S_k // 4, problem.S_k // 4)
+    try:
+        out, _ = p14.run_on_host(q, k, v, score_mod, mask_mod)
+    except Exception as e:  # noqa: BLE001 - recorded in the result
+        result.correct, result.message = False, f"raised {raised(e)}"
+        return result
+    ref, _ = reference_flex(q, k, v, score_mod=score_mod, mask_mod=mask_mod)
+    verdict = check_close(np.asarray(out, np.float64), ref, ref.astype(np.float16).astype(np.float64))
+    result.correct, result.message = bool(verdict.ok), verdict.message
+    result.max_err, result.allowed_err = verdict.max_err, verdict.allowed
+    return result

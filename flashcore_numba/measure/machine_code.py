@@ -54,6 +54,8 @@ REPORT_KEYS = ("registers", "spill_store_bytes", "spill_load_bytes", "stack_fram
 # ---------------------------------------------------------------------------------------------
 # the backward's kernels (no forward kernel: phases.LESSONS): phase 11's, and phase 12's kv_kernel on wgmma
 BACKWARD_KERNELS = ("11-kv", "11-kv-serial", "11-delta", "11-sum", "12-kv", "12-kv-serial", "13-kv")
+# phase 14's kernel, with the lesson's mods compiled in (p14_flex.kernel_views): a user's mods make kernels of their own
+FLEX_KERNELS = ("14",)
 
 
 def kernel_config(kernel_id: str, head_dim: int, dtype: str = "float16"):
@@ -67,13 +69,17 @@ def kernel_config(kernel_id: str, head_dim: int, dtype: str = "float16"):
 
         phase = {"12": p12_backward_wgmma, "13": p13_backward_ws}.get(kernel_id[:2], p11_backward)
         return phase.kernel_views(head_dim, dtype)[kernel_id]
+    if kernel_id in FLEX_KERNELS:
+        from ..phases import p14_flex
+
+        return p14_flex.kernel_views(head_dim, dtype)[kernel_id]
     return build(get_phase(kernel_id), head_dim, dtype)
 
 
 def _kernel_id(kernel_id) -> str:
     from ..phases import get_phase
 
-    return kernel_id if kernel_id in BACKWARD_KERNELS else get_phase(kernel_id).ID
+    return kernel_id if kernel_id in BACKWARD_KERNELS + FLEX_KERNELS else get_phase(kernel_id).ID
 
 
 def compile_phase_ptx(phase_id: str, head_dim: int, dtype: str = "float16") -> str:

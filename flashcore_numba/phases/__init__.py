@@ -80,8 +80,9 @@ KERNELS: dict = {k.ID: k for k in sorted([*PHASES.values(), *VARIANTS.values()],
 # 12 (its kv_kernel on wgmma) and phase 13 (that kv_kernel warp-specialized, fed by TMA) have a
 # lesson and an exercise each, but no kernel(Q, K, V, O, causal, qk_scale) to benchmark beside the
 # others or to pick with attention(phase=...): attention()'s autograd runs 13 on Hopper (12 when
-# deterministic) and 11 elsewhere (runtime/torch_ops.autograd_backward_phase).
-_COURSE_ONLY = ("p11_backward", "p12_backward_wgmma", "p13_backward_ws")
+# deterministic) and 11 elsewhere (runtime/torch_ops.autograd_backward_phase). Phase 14's kernel
+# takes a user's mods and a block mask: flashcore_numba.flex_attention calls it.
+_COURSE_ONLY = ("p11_backward", "p12_backward_wgmma", "p13_backward_ws", "p14_flex")
 # Every phase with a lesson and an exercise, in course order.
 LESSONS: dict[str, ModuleType] = {**PHASES, **{m.ID: m for m in (importlib.import_module(f"{__name__}.{name}")
                                                               for name in _COURSE_ONLY)}}

@@ -62,6 +62,10 @@ NAME = "flex"
 TITLE = "score_mod and mask_mod in the kernel, block-sparse"
 DTYPES = p07.DTYPES
 MIN_CC = p07.MIN_CC
+HEAD_DIMS = (64, 128)  # the course's head dims; any other multiple of 8 up to 256 runs too (runs_head_dim)
+HEAD_DIMS_TEXT = p07.HEAD_DIMS_TEXT
+BUILDS_ON = "07"  # phase 07's kernel, its key-tile loop walking the block mask: the lesson compares the two
+MODS = True  # graded with mods and a block mask (course/grade_flex.py), timed by `flashcore bench --flex`
 MAX_BOUND_ARRAYS = 3  # arrays a mod may read (its parameters after the indices)
 PARTIAL = 1  # a tile of the block mask where mask_mod decides per element (flex.PARTIAL)
 
@@ -73,6 +77,54 @@ def runs_head_dim(HEAD_DIM: int) -> bool:
 def tiles(HEAD_DIM: int) -> dict:
     """The tiles are phase 07's: the block mask is made at (block_m, block_n)."""
     return p07.tiles(HEAD_DIM)
+
+
+# ---------------------------------------------------------------------------------------------
+# The built-in mods (flex.py binds their arrays: flex.sliding_window, softcap, ...), written as a
+# user writes one: a function of one element's scalars, the numbers it needs (a window, a cap,
+# slopes, document ids) as arrays in its trailing parameters, so that they are arguments of the
+# kernel and new values need no compile. They are functions of this module, not made per call: a
+# kernel is compiled once per mod function.
+# ---------------------------------------------------------------------------------------------
+def causal_mod(b, h, q_idx, kv_idx):
+    """Each row sees the keys up to its own position."""
+    return q_idx >= kv_idx
+
+
+def sliding_window_mod(b, h, q_idx, kv_idx, window):
+    """FlashAttention's window_size=(left, right), window = [left, right]: row q_idx sees the keys
+    q_idx - left .. q_idx + right."""
+    # >>> exercise 14-a: return whether row q_idx sees key kv_idx: at most window[0] keys before it and at most window[1] after it
+    return (q_idx - kv_idx <= window[0]) & (kv_idx - q_idx <= window[1])
+    # <<< exercise
+
+
+def prefix_lm_mod(b, h, q_idx, kv_idx, prefix):
+    """Every row sees the first prefix[0] keys, and causally after them."""
+    return (kv_idx < prefix[0]) | (q_idx >= kv_idx)
+
+
+def document_causal_mod(b, h, q_idx, kv_idx, ids):
+    """Packed documents (ids[b, token]: its document), causal within each."""
+    return (ids[b, q_idx] == ids[b, kv_idx]) & (q_idx >= kv_idx)
+
+
+def document_mod(b, h, q_idx, kv_idx, ids):
+    """Packed documents, each row seeing its whole document."""
+    return ids[b, q_idx] == ids[b, kv_idx]
+
+
+def softcap_mod(score, b, h, q_idx, kv_idx, capped):
+    """Gemma 2's soft-capping at cap = capped[0]: the score bent smoothly into (-cap, cap)."""
+    # >>> exercise 14-b: return the score soft-capped: cap times the tanh of score / cap, cap = capped[0]
+    return capped[0] * math.tanh(score / capped[0])
+    # <<< exercise
+
+
+def alibi_mod(score, b, h, q_idx, kv_idx, slopes):
+    """ALiBi: a bias by distance, one slope per query head."""
+    # the distance as float32: Numba widens an int times a float32 to float64 (slow on a GPU)
+    return score + slopes[h] * np.float32(kv_idx - q_idx)
 
 
 def device_mod(fn, n_arrays: int, kind: str):
@@ -148,8 +200,10 @@ def make_apply_mods(L, score_call, mask_call):
         s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, mask_args = args
         for e in range(4):
             q_idx, kv_idx = indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k)
+            # >>> exercise 14-c: where mask_mod hides the key (mask_call(0.0, b, h, q_idx, kv_idx, mask_args) is False), set the score to -inf
             if not mask_call(float32(0.0), int32(b), int32(h), q_idx, kv_idx, mask_args):
                 s[i // NT, i % NT, e] = float32(-math.inf)
+            # <<< exercise
 
     # unrolled when built (phase 07's `unrolled`): s is indexed by constants only, so it stays in
     # registers; a loop around the mods' calls was left rolled, and s went to local memory
@@ -254,8 +308,10 @@ def build_kernel(L, dtype="float16", score_call=None, mask_call=None) -> KernelC
 
         stage = 0
         for i in range(count):  # the key tiles this query block sees, in order
+            # >>> exercise 14-d: n, the i-th key tile in this query block's list (KV_INDEX), and start_n, its first key
             n = KV_INDEX[bm, hm, m, i]
             start_n = int32(n * BLOCK_N)
+            # <<< exercise
             if i + 1 < count:  # -- the list's next tile flies into the other stage meanwhile
                 next_n = int32(KV_INDEX[bm, hm, m, i + 1] * BLOCK_N)
                 copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
@@ -298,7 +354,7 @@ def build(HEAD_DIM: int, dtype: str = "float16", score_fn=None, n_score_arrays: 
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 14 builds {' and '.join(DTYPES)}, not {dtype!r}")
     if not runs_head_dim(HEAD_DIM):
-        raise ValueError(f"head dim: phase 14 builds {p07.HEAD_DIMS_TEXT}, not {HEAD_DIM!r}")
+        raise ValueError(f"head dim: phase 14 builds {HEAD_DIMS_TEXT}, not {HEAD_DIM!r}")
     score_call = None if score_fn is None else device_mod(score_fn, n_score_arrays, "score_mod")
     mask_call = None if mask_fn is None else device_mod(mask_fn, n_mask_arrays, "mask_mod")
     return build_kernel(p07.layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype, score_call, mask_call)
@@ -339,6 +395,47 @@ def cache_identity(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None) -> 
     if any(mod is not None and fp is None for mod, fp in zip((score_mod, mask_mod), prints)):
         return ()
     return (ID, HEAD_DIM, dtype, prints[0] or "no score_mod", prints[1] or "no mask_mod")
+
+
+def run_on_host(q, k, v, score_mod=None, mask_mod=None, scale: float | None = None):
+    """(out, lse) of this module's kernel on NumPy q, k, v ((B, H, S, D) fp16 or bf16, k and v
+    with as many heads or fewer), as the grader and the lesson run it: score_mod and mask_mod are
+    flex.ScoreMod and flex.MaskMod (their functions this module's or any), the block mask made on
+    the host at this module's tiles, out and the LSE poisoned with NaN first. api.flex_attention is
+    the library's call of the same kernel."""
+    from .. import flex
+    from .common import launch
+
+    B, H, S_q, D = q.shape
+    S_k = k.shape[2]
+    tile = tiles(D)
+    if mask_mod is None:
+        kinds = np.full((1, 1, -(-S_q // tile["block_m"]), -(-S_k // tile["block_n"])), flex.FULL, np.int8)
+    else:
+        kinds = flex.create_block_mask(mask_mod, B, H, S_q, S_k, tile["block_m"], tile["block_n"]).kinds
+    config = build_for(D, q.dtype.name, score_mod, mask_mod)
+    lists = [cuda.to_device(x) for x in (*block_lists(kinds), kinds)]
+    out = cuda.to_device(np.full(q.shape, np.nan, q.dtype))
+    lse = cuda.to_device(np.full((B, H, S_q), np.nan, np.float32))
+    qk_scale = np.float32((1.0 / math.sqrt(D) if scale is None else scale) * LOG2E)
+    args = [flex.device_arrays(mod if mod is not None else flex.Mod(None)) for mod in (score_mod, mask_mod)]
+    launch(config.kernel, (-(-S_q // config.block_m), H, B), config.n_threads, config.smem_bytes,
+           (*(cuda.to_device(x) for x in (q, k, v)), out.view(np.uint32), lse, qk_scale, *lists, *args))
+    cuda.synchronize()
+    return out.copy_to_host(), lse.copy_to_host()
+
+
+def kernel_views(HEAD_DIM: int, dtype: str = "float16") -> dict:
+    """{"14": the kernel with the lesson's mods compiled in (softcap_mod, sliding_window_mod), typed as
+    a launch types it}: what measure/machine_code.py compiles for the lesson's registers and PTX."""
+    from .common import ELEMENT
+    from .p11_backward import CompiledView
+
+    config = build(HEAD_DIM, dtype, softcap_mod, 1, sliding_window_mod, 1)
+    four = f"{ELEMENT[dtype]}[:,:,:,::1]"
+    types = (f"void({four}, {four}, {four}, uint32[:,:,:,::1], float32[:,:,::1], float32, int32[:,:,::1], "
+             f"int32[:,:,:,::1], int8[:,:,:,::1], UniTuple(float32[::1], 1), UniTuple(int32[::1], 1))")
+    return {ID: CompiledView(config.kernel, types, config.n_threads, config.smem_bytes)}
 
 
 def block_lists(kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,466 @@
+# Exercise 14: score_mod and mask_mod in the kernel, block-sparse
+#
+# This is the finished phase 14 kernel with 4 marked regions emptied:
+#   14-a: return whether row q_idx sees key kv_idx: at most window[0] keys before it and at most window[1] after it
+#   14-b: return the score soft-capped: cap times the tanh of score / cap, cap = capped[0]
+#   14-c: where mask_mod hides the key (mask_call(0.0, b, h, q_idx, kv_idx, mask_args) is False), set the score to -inf
+#   14-d: n, the i-th key tile in this query block's list (KV_INDEX), and start_n, its first key
+# Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
+# Change nothing else: solving only adds lines. The lesson is lessons/14_flex.ipynb.
+#
+# Grade it (hidden random inputs and adversarial shapes; points and reasons per check):
+#     flashcore grade 14                         this file
+#     flashcore grade 14 path/to/copy.py         a copy of it
+#     pytest lessons/exercises --grade 14        the same checks, as pytest tests
+# Without a GPU the kernel runs in Numba's CUDA simulator (slow) and the timing checks are skipped.
+# Stuck? `flashcore grade 14 --hint` gives a hint per region (--hint 2, 3: more);
+# the solution is flashcore_numba/phases/p14_flex.py.
+#
+# Generated from that file by `python -m flashcore_numba.course.exercises --write`:
+# improve the phase, not this copy.
+"""Phase 14 — your own attention: score_mod and mask_mod compiled into the kernel, block-sparse.
+
+The whole account of this phase (what it changes, why the hardware rewards it, what each
+change bought) is the docstring of flashcore_numba/phases/p14_flex.py; the lesson is
+lessons/14_flex.ipynb.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, int32, uint32, uint64
+
+from flashcore_numba.arch import operands, ptx
+from flashcore_numba.arch.cache import function_fingerprint
+from flashcore_numba.phases import p07_mma_sync as p07
+from flashcore_numba.phases.common import LOG2E, MMA_N, KernelConfig, key_end
+from flashcore_numba.phases.p07_mma_sync import MMA_M
+
+ID = "14"
+NAME = "flex"
+TITLE = "score_mod and mask_mod in the kernel, block-sparse"
+DTYPES = p07.DTYPES
+MIN_CC = p07.MIN_CC
+HEAD_DIMS = (64, 128)  # the course's head dims; any other multiple of 8 up to 256 runs too (runs_head_dim)
+HEAD_DIMS_TEXT = p07.HEAD_DIMS_TEXT
+BUILDS_ON = "07"  # phase 07's kernel, its key-tile loop walking the block mask: the lesson compares the two
+MODS = True  # graded with mods and a block mask (course/grade_flex.py), timed by `flashcore bench --flex`
+MAX_BOUND_ARRAYS = 3  # arrays a mod may read (its parameters after the indices)
+PARTIAL = 1  # a tile of the block mask where mask_mod decides per element (flex.PARTIAL)
+
+
+def runs_head_dim(HEAD_DIM: int) -> bool:
+    return p07.runs_head_dim(HEAD_DIM)
+
+
+def tiles(HEAD_DIM: int) -> dict:
+    """The tiles are phase 07's: the block mask is made at (block_m, block_n)."""
+    return p07.tiles(HEAD_DIM)
+
+
+# ---------------------------------------------------------------------------------------------
+# The built-in mods (flex.py binds their arrays: flex.sliding_window, softcap, ...), written as a
+# user writes one: a function of one element's scalars, the numbers it needs (a window, a cap,
+# slopes, document ids) as arrays in its trailing parameters, so that they are arguments of the
+# kernel and new values need no compile. They are functions of this module, not made per call: a
+# kernel is compiled once per mod function.
+# ---------------------------------------------------------------------------------------------
+def causal_mod(b, h, q_idx, kv_idx):
+    """Each row sees the keys up to its own position."""
+    return q_idx >= kv_idx
+
+
+def sliding_window_mod(b, h, q_idx, kv_idx, window):
+    """FlashAttention's window_size=(left, right), window = [left, right]: row q_idx sees the keys
+    q_idx - left .. q_idx + right."""
+    # >>> exercise 14-a: return whether row q_idx sees key kv_idx: at most window[0] keys before it and at most window[1] after it
+    # <<< exercise
+
+
+def prefix_lm_mod(b, h, q_idx, kv_idx, prefix):
+    """Every row sees the first prefix[0] keys, and causally after them."""
+    return (kv_idx < prefix[0]) | (q_idx >= kv_idx)
+
+
+def document_causal_mod(b, h, q_idx, kv_idx, ids):
+    """Packed documents (ids[b, token]: its document), causal within each."""
+    return (ids[b, q_idx] == ids[b, kv_idx]) & (q_idx >= kv_idx)
+
+
+def document_mod(b, h, q_idx, kv_idx, ids):
+    """Packed documents, each row seeing its whole document."""
+    return ids[b, q_idx] == ids[b, kv_idx]
+
+
+def softcap_mod(score, b, h, q_idx, kv_idx, capped):
+    """Gemma 2's soft-capping at cap = capped[0]: the score bent smoothly into (-cap, cap)."""
+    # >>> exercise 14-b: return the score soft-capped: cap times the tanh of score / cap, cap = capped[0]
+    # <<< exercise
+
+
+def alibi_mod(score, b, h, q_idx, kv_idx, slopes):
+    """ALiBi: a bias by distance, one slope per query head."""
+    # the distance as float32: Numba widens an int times a float32 to float64 (slow on a GPU)
+    return score + slopes[h] * np.float32(kv_idx - q_idx)
+
+
+def device_mod(fn, n_arrays: int, kind: str):
+    """fn compiled as a device function, and a call of it that takes its bound arrays from a tuple
+    `a` (the kernel's argument; one stand-in array where the mod has none). Numba inlines a call of
+    a closure only with its arguments spelled out (no *args), hence one form per count of arrays."""
+    if n_arrays > MAX_BOUND_ARRAYS:
+        raise ValueError(f"{kind}: at most {MAX_BOUND_ARRAYS} bound arrays, got {n_arrays}")
+    f = cuda.jit(device=True, inline=True)(fn)
+    if kind == "mask_mod":  # mask_mod(b, h, q_idx, kv_idx, *arrays): passed as score_mod's, its score unused
+        if n_arrays == 0:
+            @cuda.jit(device=True, inline=True)
+            def call(x, b, h, q, kv, a):
+                return f(b, h, q, kv)
+        elif n_arrays == 1:
+            @cuda.jit(device=True, inline=True)
+            def call(x, b, h, q, kv, a):
+                return f(b, h, q, kv, a[0])
+        elif n_arrays == 2:
+            @cuda.jit(device=True, inline=True)
+            def call(x, b, h, q, kv, a):
+                return f(b, h, q, kv, a[0], a[1])
+        else:
+            @cuda.jit(device=True, inline=True)
+            def call(x, b, h, q, kv, a):
+                return f(b, h, q, kv, a[0], a[1], a[2])
+    elif n_arrays == 0:
+        @cuda.jit(device=True, inline=True)
+        def call(x, b, h, q, kv, a):
+            return f(x, b, h, q, kv)
+    elif n_arrays == 1:
+        @cuda.jit(device=True, inline=True)
+        def call(x, b, h, q, kv, a):
+            return f(x, b, h, q, kv, a[0])
+    elif n_arrays == 2:
+        @cuda.jit(device=True, inline=True)
+        def call(x, b, h, q, kv, a):
+            return f(x, b, h, q, kv, a[0], a[1])
+    else:
+        @cuda.jit(device=True, inline=True)
+        def call(x, b, h, q, kv, a):
+            return f(x, b, h, q, kv, a[0], a[1], a[2])
+    return call
+
+
+def make_apply_mods(L, score_call, mask_call):
+    """apply_mods(...): score_mod and mask_mod on a tile of scores in the accumulator layout."""
+    NT = L["NT"]
+    HAS_SCORE, HAS_MASK = score_call is not None, mask_call is not None
+
+    @cuda.jit(device=True, inline=True)
+    def indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k):
+        """(q_idx, kv_idx) of score e of n-tile i % NT of m-tile i // NT (mma's accumulator layout:
+        rows g and g + 8, keys 2t and 2t + 1), clamped to the sequence: a mod may index its arrays by
+        them even for the rows and keys past the end that a tile pads."""
+        q_idx = int32(min(warp_row0 + (i // NT) * MMA_M + g + 8 * (e // 2), seq_q - 1))
+        kv_idx = int32(min(start_n + (i % NT) * MMA_N + 2 * t + e % 2, seq_k - 1))
+        return q_idx, kv_idx
+
+    @cuda.jit(device=True, inline=True)
+    def score_n_tile(i, args):
+        """score_mod on n-tile i's four scores, in the units FlexAttention's mods are written in (the
+        scaled score, s · unit) and back to the kernel's (· inv_unit)."""
+        s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args = args
+        for e in range(4):
+            q_idx, kv_idx = indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k)
+            x = s[i // NT, i % NT, e] * unit
+            s[i // NT, i % NT, e] = float32(score_call(x, int32(b), int32(h), q_idx, kv_idx, score_args)) * inv_unit
+
+    @cuda.jit(device=True, inline=True)
+    def mask_n_tile(i, args):
+        """-inf where mask_mod hides the key, in n-tile i's four scores."""
+        s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, mask_args = args
+        for e in range(4):
+            q_idx, kv_idx = indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k)
+            # >>> exercise 14-c: where mask_mod hides the key (mask_call(0.0, b, h, q_idx, kv_idx, mask_args) is False), set the score to -inf
+            # <<< exercise
+
+    # unrolled when built (phase 07's `unrolled`): s is indexed by constants only, so it stays in
+    # registers; a loop around the mods' calls was left rolled, and s went to local memory
+    each_score = p07.unrolled(score_n_tile, L["M_TILES"] * NT)
+    each_mask = p07.unrolled(mask_n_tile, L["M_TILES"] * NT)
+
+    @cuda.jit(device=True, inline=True)
+    def apply_mods(s, partial, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args,
+                   mask_args):
+        """score_mod on every score of the tile from key start_n; then, in a partial tile only, the
+        mask: one branch around the whole of it (a full tile runs no mask_mod at all)."""
+        if HAS_SCORE:
+            each_score(0, (s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args))
+        if HAS_MASK and partial:
+            each_mask(0, (s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, mask_args))
+
+    return apply_mods
+
+
+def build_kernel(L, dtype="float16", score_call=None, mask_call=None) -> KernelConfig:
+    """Phase 07's kernel with the mods and the block mask's walk (see the module's docstring)."""
+    commit = ptx.function("cp_async.ptx", "flashcore_cp_async_commit", "inline")
+    wait_all = ptx.function("cp_async.ptx", "flashcore_cp_async_wait_0", "inline")
+    shared_address, global_address = operands.shared_address, operands.global_address
+    copy_tile = p07.make_copy_tile(L)
+    q_fragments, qk_steps, pv_steps = p07.make_products(L, dtype)
+    softmax_tile = p07.make_softmax_tile(L, dtype)
+    store_block = p07.make_epilogue(L, dtype)
+    apply_mods = make_apply_mods(L, score_call, mask_call)
+    HEAD_DIM, BLOCK_M, BLOCK_N = L["HEAD_DIM"], L["BLOCK_M"], L["BLOCK_N"]
+    M_TILES, WARP_ROWS, NO = L["M_TILES"], L["WARP_ROWS"], L["NO"]
+    STRIDE, K_OFF, V_OFF, STAGE_BYTES = L["STRIDE"], L["K_OFF"], L["V_OFF"], L["STAGE_BYTES"]
+    NT, KP, Q_STEPS, N_THREADS = L["NT"], L["KP"], L["Q_STEPS"], L["N_THREADS"]
+    ROW_BYTES = STRIDE * 2
+
+    @cuda.jit(device=True, inline=True)
+    def attend(Q, K, V, O, LSE, qk_scale, KV_COUNT, KV_INDEX, KV_KIND, score_args, mask_args):
+        """One block's work: phase 07's `attend`, its loop over the key tiles of the block mask."""
+        smem_h = cuda.shared.array(0, uint32, alignment=128)
+        smem = shared_address(smem_h)
+        b = cuda.blockIdx.z
+        h = cuda.blockIdx.y
+        m = cuda.blockIdx.x  # the query block, as the block mask counts them
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        row0 = m * BLOCK_M
+        warp_row0 = row0 + warp * WARP_ROWS
+        h_kv = h * K.shape[1] // Q.shape[1]
+        seq_q = Q.shape[2]
+        seq_k = K.shape[2]
+        head_q = uint64(((b * Q.shape[1] + h) * seq_q) * HEAD_DIM * 2)
+        head_kv = uint64(((b * K.shape[1] + h_kv) * seq_k) * HEAD_DIM * 2)
+        stride = HEAD_DIM * 2
+        # the block mask's entry for this query block (its batch and head axes may be 1: broadcast)
+        bm = b % KV_COUNT.shape[0]
+        hm = h % KV_COUNT.shape[1]
+        count = KV_COUNT[bm, hm, m]
+
+        q_frag = cuda.local.array((M_TILES, Q_STEPS, 4), uint32)
+        s = cuda.local.array((M_TILES, NT, 4), float32)
+        p_frag = cuda.local.array((M_TILES, KP, 4), uint32)
+        acc = cuda.local.array((M_TILES, NO, 4), float32)
+        m_a = cuda.local.array(M_TILES, float32)
+        m_b = cuda.local.array(M_TILES, float32)
+        l_a = cuda.local.array(M_TILES, float32)
+        l_b = cuda.local.array(M_TILES, float32)
+        m_ij_a_scaled = cuda.local.array(M_TILES, float32)
+        m_ij_b_scaled = cuda.local.array(M_TILES, float32)
+        k_end_min = key_end(min(warp_row0 + g, seq_q - 1), seq_q, seq_k, False)  # the keys past seq_k
+        for mt in range(M_TILES):
+            m_a[mt] = float32(-math.inf)
+            m_b[mt] = float32(-math.inf)
+            l_a[mt] = float32(0.0)
+            l_b[mt] = float32(0.0)
+            for j in range(NO):
+                for e in range(4):
+                    acc[mt, j, e] = float32(0.0)
+
+        # -- prologue: Q and the list's first K/V tile
+        copy_tile(smem, 0, global_address(Q), head_q, row0, BLOCK_M, seq_q, tid, stride)
+        if count > 0:
+            first_n = KV_INDEX[bm, hm, m, 0] * BLOCK_N
+            copy_tile(smem, K_OFF, global_address(K), head_kv, first_n, BLOCK_N, seq_k, tid, stride)
+            copy_tile(smem, V_OFF, global_address(V), head_kv, first_n, BLOCK_N, seq_k, tid, stride)
+        commit()
+        wait_all()
+        cuda.syncthreads()
+        if qk_scale < 0:  # phase 07's sign flip of q: the scores below are then the scaled ones' sign
+            for w in range(tid, BLOCK_M * STRIDE // 2, N_THREADS):
+                smem_h[w] ^= uint32(0x80008000)
+            cuda.syncthreads()
+        scale = max(abs(qk_scale), float32(1e-30))
+        unit = scale / float32(LOG2E)  # a raw score times unit is the score FlexAttention's mods see
+        inv_unit = float32(1.0) / unit
+        q_warp = smem + (warp * WARP_ROWS + lane % 16) * ROW_BYTES + (lane // 16) * 16
+        q_fragments(q_frag, q_warp)
+        k_lane = ((lane // 16) * 8 + lane % 8) * ROW_BYTES + ((lane // 8) % 2) * 16
+        v_lane = (((lane // 8) % 2) * 8 + lane % 8) * ROW_BYTES + (lane // 16) * 16
+
+        stage = 0
+        for i in range(count):  # the key tiles this query block sees, in order
+            # >>> exercise 14-d: n, the i-th key tile in this query block's list (KV_INDEX), and start_n, its first key
+            # <<< exercise
+            if i + 1 < count:  # -- the list's next tile flies into the other stage meanwhile
+                next_n = int32(KV_INDEX[bm, hm, m, i + 1] * BLOCK_N)
+                copy_tile(smem, K_OFF + (1 - stage) * STAGE_BYTES, global_address(K), head_kv, next_n, BLOCK_N,
+                          seq_k, tid, stride)
+                copy_tile(smem, V_OFF + (1 - stage) * STAGE_BYTES, global_address(V), head_kv, next_n, BLOCK_N,
+                          seq_k, tid, stride)
+                commit()
+            k_tile = smem + K_OFF + stage * STAGE_BYTES + k_lane
+            v_tile = smem + V_OFF + stage * STAGE_BYTES + v_lane
+            for mt in range(M_TILES):
+                for j in range(NT):
+                    for e in range(4):
+                        s[mt, j, e] = float32(0.0)
+            qk_steps(0, (s, q_frag, q_warp, k_tile))
+            # -- the mods, then phase 07's online softmax (which masks the keys past seq_k)
+            apply_mods(s, KV_KIND[bm, hm, m, n] == PARTIAL, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit,
+                       inv_unit, score_args, mask_args)
+            softmax_tile(s, p_frag, acc, m_a, m_b, l_a, l_b, m_ij_a_scaled, m_ij_b_scaled, start_n, k_end_min,
+                         warp_row0, g, t, seq_q, seq_k, False, scale)
+            pv_steps(0, (acc, p_frag, v_tile))
+            wait_all()
+            cuda.syncthreads()
+            stage = 1 - stage
+
+        store_block(O, LSE, b, h, warp_row0, g, t, seq_q, 0, 0, uint64(0), acc, m_a, m_b, l_a, l_b)
+
+    @cuda.jit
+    def flex_attention(Q, K, V, O, LSE, qk_scale, KV_COUNT, KV_INDEX, KV_KIND, score_args, mask_args):
+        attend(Q, K, V, O, LSE, qk_scale, KV_COUNT, KV_INDEX, KV_KIND, score_args, mask_args)
+
+    return KernelConfig(flex_attention, block_m=BLOCK_M, n_threads=N_THREADS, smem_bytes=L["SMEM_BYTES"],
+                        packed_output=True, out_alignment=16, lse=True)
+
+
+@lru_cache(maxsize=None)
+def build(HEAD_DIM: int, dtype: str = "float16", score_fn=None, n_score_arrays: int = 0, mask_fn=None,
+          n_mask_arrays: int = 0) -> KernelConfig:
+    """The kernel for head dim HEAD_DIM and `dtype` with the mods' functions compiled in (None: none):
+    one build per (functions, their arrays' count, head dim, dtype), kept for the process."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: phase 14 builds {' and '.join(DTYPES)}, not {dtype!r}")
+    if not runs_head_dim(HEAD_DIM):
+        raise ValueError(f"head dim: phase 14 builds {HEAD_DIMS_TEXT}, not {HEAD_DIM!r}")
+    score_call = None if score_fn is None else device_mod(score_fn, n_score_arrays, "score_mod")
+    mask_call = None if mask_fn is None else device_mod(mask_fn, n_mask_arrays, "mask_mod")
+    return build_kernel(p07.layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype, score_call, mask_call)
+
+
+_BUILDS: dict = {}  # (head dim, dtype, each mod's code) -> its KernelConfig
+
+
+def build_for(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None) -> KernelConfig:
+    """build() for these mods (flex.ScoreMod, flex.MaskMod or None), once per distinct code: mods whose
+    fingerprints agree share a build whatever function objects carry them (a lambda written in a
+    loop is a new object each time, the same code); a mod without a fingerprint, by its function."""
+    def code(mod):
+        return None if mod is None else (_fingerprint(mod.fn) or mod.fn, len(mod.arrays))
+
+    key = (HEAD_DIM, dtype, code(score_mod), code(mask_mod))
+    config = _BUILDS.get(key)
+    if config is None:
+        config = _BUILDS[key] = build(HEAD_DIM, dtype, None if score_mod is None else score_mod.fn,
+                                      0 if score_mod is None else len(score_mod.arrays),
+                                      None if mask_mod is None else mask_mod.fn,
+                                      0 if mask_mod is None else len(mask_mod.arrays))
+    return config
+
+
+@lru_cache(maxsize=256)
+def _fingerprint(fn):
+    """function_fingerprint, once per function in a process: Numba, too, takes the globals a function
+    reads as constants when it first compiles it (build's kernel for these mods is that one)."""
+    return function_fingerprint(fn)
+
+
+def cache_identity(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None) -> tuple:
+    """The kernel cache's identity of the build for these mods (arch/cache.py: with the argument types,
+    the package's source and the toolchain): the mods' fingerprints (cache.function_fingerprint), or
+    () where a mod's cannot be told, and its kernel is compiled in every process."""
+    prints = [None if mod is None else _fingerprint(mod.fn) for mod in (score_mod, mask_mod)]
+    if any(mod is not None and fp is None for mod, fp in zip((score_mod, mask_mod), prints)):
+        return ()
+    return (ID, HEAD_DIM, dtype, prints[0] or "no score_mod", prints[1] or "no mask_mod")
+
+
+def run_on_host(q, k, v, score_mod=None, mask_mod=None, scale: float | None = None):
+    """(out, lse) of this module's kernel on NumPy q, k, v ((B, H, S, D) fp16 or bf16, k and v
+    with as many heads or fewer), as the grader and the lesson run it: score_mod and mask_mod are
+    flex.ScoreMod and flex.MaskMod (their functions this module's or any), the block mask made on
+    the host at this module's tiles, out and the LSE poisoned with NaN first. api.flex_attention is
+    the library's call of the same kernel."""
+    from flashcore_numba import flex
+    from flashcore_numba.phases.common import launch
+
+    B, H, S_q, D = q.shape
+    S_k = k.shape[2]
+    tile = tiles(D)
+    if mask_mod is None:
+        kinds = np.full((1, 1, -(-S_q // tile["block_m"]), -(-S_k // tile["block_n"])), flex.FULL, np.int8)
+    else:
+        kinds = flex.create_block_mask(mask_mod, B, H, S_q, S_k, tile["block_m"], tile["block_n"]).kinds
+    config = build_for(D, q.dtype.name, score_mod, mask_mod)
+    lists = [cuda.to_device(x) for x in (*block_lists(kinds), kinds)]
+    out = cuda.to_device(np.full(q.shape, np.nan, q.dtype))
+    lse = cuda.to_device(np.full((B, H, S_q), np.nan, np.float32))
+    qk_scale = np.float32((1.0 / math.sqrt(D) if scale is None else scale) * LOG2E)
+    args = [flex.device_arrays(mod if mod is not None else flex.Mod(None)) for mod in (score_mod, mask_mod)]
+    launch(config.kernel, (-(-S_q // config.block_m), H, B), config.n_threads, config.smem_bytes,
+           (*(cuda.to_device(x) for x in (q, k, v)), out.view(np.uint32), lse, qk_scale, *lists, *args))
+    cuda.synchronize()
+    return out.copy_to_host(), lse.copy_to_host()
+
+
+def kernel_views(HEAD_DIM: int, dtype: str = "float16") -> dict:
+    """{"14": the kernel with the lesson's mods compiled in (softcap_mod, sliding_window_mod), typed as
+    a launch types it}: what measure/machine_code.py compiles for the lesson's registers and PTX."""
+    from flashcore_numba.phases.common import ELEMENT
+    from flashcore_numba.phases.p11_backward import CompiledView
+
+    config = build(HEAD_DIM, dtype, softcap_mod, 1, sliding_window_mod, 1)
+    four = f"{ELEMENT[dtype]}[:,:,:,::1]"
+    types = (f"void({four}, {four}, {four}, uint32[:,:,:,::1], float32[:,:,::1], float32, int32[:,:,::1], "
+             f"int32[:,:,:,::1], int8[:,:,:,::1], UniTuple(float32[::1], 1), UniTuple(int32[::1], 1))")
+    return {ID: CompiledView(config.kernel, types, config.n_threads, config.smem_bytes)}
+
+
+def block_lists(kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(KV_COUNT, KV_INDEX) of a block mask's kinds (B', H', n_m, n_n): for each query block how many
+    key blocks it visits and which, in order, the rest of each row padded with 0."""
+    visited = kinds != 0
+    count = visited.sum(axis=-1).astype(np.int32)
+    # stable: the visited blocks first, in their order
+    index = np.argsort(~visited, axis=-1, kind="stable").astype(np.int32)
+    index[~np.take_along_axis(visited, index, axis=-1)] = 0
+    return count, index
+
+
+# ---------------------------------------------------------------------------------------------
+# The block mask on the GPU: each tile's kind from mask_mod, one block of threads per tile
+# ---------------------------------------------------------------------------------------------
+BLOCK_MASK_THREADS = 128
+FULL = 2  # flex.FULL; EMPTY is 0
+
+
+@lru_cache(maxsize=None)
+def build_block_mask_kernel(mask_fn, n_mask_arrays: int):
+    """kinds(KINDS, seq_q, seq_k, block_m, block_n, mask_args): KINDS (B', H', n_m, n_n) int8 gets
+    each tile's kind, EMPTY, PARTIAL or FULL, as flex.create_block_mask defines them (rows and keys
+    past the sequence do not count). Block (n, m, bh) takes tile (m, n) of batch bh // H' and head
+    bh % H': its threads call mask_mod on the tile's elements in turn, and the block votes twice
+    (any element seen, every real element seen). A mask over 32768 x 32768 keys is 10^9 calls:
+    seconds on the host's NumPy, milliseconds here."""
+    mask_call = device_mod(mask_fn, n_mask_arrays, "mask_mod")
+
+    @cuda.jit
+    def kinds(KINDS, seq_q, seq_k, block_m, block_n, mask_args):
+        n = cuda.blockIdx.x
+        m = cuda.blockIdx.y
+        bh = cuda.blockIdx.z
+        b = int32(bh // KINDS.shape[1])
+        h = int32(bh % KINDS.shape[1])
+        any_seen = False
+        all_seen = True
+        for e in range(cuda.threadIdx.x, block_m * block_n, BLOCK_MASK_THREADS):
+            q_idx = int32(m * block_m + e // block_n)
+            kv_idx = int32(n * block_n + e % block_n)
+            if q_idx < seq_q and kv_idx < seq_k:
+                seen = mask_call(float32(0.0), b, h, q_idx, kv_idx, mask_args)
+                any_seen = any_seen or seen
+                all_seen = all_seen and seen
+        any_seen = cuda.syncthreads_or(int32(any_seen)) != 0
+        all_seen = cuda.syncthreads_and(int32(all_seen)) != 0
+        if cuda.threadIdx.x == 0:
+            KINDS[b, h, m, n] = FULL if any_seen and all_seen else (PARTIAL if any_seen else 0)
+
+    return kinds
