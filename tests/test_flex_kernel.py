@@ -42,9 +42,9 @@ def test_block_lists_walk_the_visited_tiles_in_order():
 def test_softcap_and_a_sliding_window_in_the_simulator():
     """A score_mod and a mask_mod together, GQA 2, lengths that end inside a tile on both sides, the
     window leaving some tiles empty (the simulator's tiles: 32 x 32)."""
-    q, k, v = random_qkv((1, 2, 100, 64), 110, heads_kv=1, seed=3, dtype=np.float16)
-    window = flex.sliding_window(40, 40)
-    blocks = flex.create_block_mask(window, None, None, 100, 110, 32, 32)
+    q, k, v = random_qkv((1, 2, 70, 64), 75, heads_kv=1, seed=3, dtype=np.float16)
+    window = flex.sliding_window(31, 31)  # a whole 32 x 32 tile on the diagonal, none two tiles away
+    blocks = flex.create_block_mask(window, None, None, 70, 75, 32, 32)
     assert (blocks.kinds == flex.EMPTY).any() and (blocks.kinds == flex.FULL).any()
     check(q, k, v, score_mod=flex.softcap(3.0), block_mask=blocks)
 
@@ -307,8 +307,8 @@ def test_a_second_call_copies_nothing_to_the_device(monkeypatch):
     import flashcore_numba.api
 
     monkeypatch.setattr(flashcore_numba.api, "_KEPT", {})  # nothing kept from the tests before
-    q, k, v = (cuda.to_device(x) for x in random_qkv((1, 1, 40, 64), 40, seed=8, dtype=np.float16))
-    blocks = flex.create_block_mask(flex.sliding_window(8), None, None, 40, 40, 32, 32)
+    q, k, v = (cuda.to_device(x) for x in random_qkv((1, 1, 20, 64), 20, seed=8, dtype=np.float16))
+    blocks = flex.create_block_mask(flex.sliding_window(8), None, None, 20, 20, 32, 32)
     cap = flex.softcap(5.0)
     first = flex_attention(q, k, v, score_mod=cap, block_mask=blocks).copy_to_host()
     copies = []
@@ -354,6 +354,11 @@ def test_a_mods_fingerprint_follows_its_code_and_the_globals_it_reads():
               "print(f(flex.alibi_mod), f(flex.document_causal_mod))")
     there = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
     assert there == [function_fingerprint(flex.alibi_mod), function_fingerprint(flex.document_causal_mod)]
+    # every built-in has one: alibi_mod's `np.float32` names float32, an attribute, not the Numba type of
+    # that name its module holds as a global (counted as one, it had none, and compiled in every process)
+    for mod in (flex.causal_mod, flex.sliding_window_mod, flex.prefix_lm_mod, flex.document_causal_mod,
+                flex.document_mod, flex.softcap_mod, flex.alibi_mod):
+        assert function_fingerprint(mod) is not None, mod.__name__
     global LIMIT
 
     def under(b, h, q_idx, kv_idx):
@@ -376,3 +381,31 @@ def test_a_mods_fingerprint_follows_its_code_and_the_globals_it_reads():
 
 
 LIMIT = 3
+
+
+def test_the_report_reads_the_flex_records():
+    """`flashcore report` turns docs/bench/flex/ into docs/performance.md's table and phase 14's "Measured
+    effect": per case phase 14's TFLOPS over FlexAttention's in the same record, and causal as a mask_mod
+    beside attention(causal=True); the phase's docstring holds what the committed records say."""
+    import inspect
+    from pathlib import Path
+
+    from flashcore_numba.measure import report
+    from flashcore_numba.measure.records import default_records_dir, load_records
+    from flashcore_numba.phases import p14_flex
+
+    found = load_records(default_records_dir() / "flex")
+    assert found, "no flex record is committed"
+    table = "\n".join(report.flex_table(found, Path("docs")))
+    for record in found:
+        timed = {r["name"]: r for r in record["results"] if r.get("tflops")}
+        for case, mine, theirs in report._flex_pairs(record):
+            assert mine is timed.get(f"14 {case}") and theirs is timed.get(f"flex_attention {case}")
+            if mine and theirs:
+                assert f"| {case} | {mine['median_ms']:.3f} |" in table
+                assert f"{mine['tflops'] / theirs['tflops']:.2f}× |" in table
+        assert Path(record["_path"]).name in table
+    measured = report.flex_measured_lines(found)
+    assert measured != [report.DOCSTRING_INDENT + report.NOT_MEASURED]
+    assert all(line.strip() in inspect.getdoc(p14_flex) for line in measured), "run `flashcore report`"
+    assert report.flex_measured_lines([]) == [report.DOCSTRING_INDENT + report.NOT_MEASURED]
