@@ -181,6 +181,19 @@ def kernel_fingerprint(kernel_id: str, defining_file: str) -> str:
     return digest.hexdigest()
 
 
+def global_names(code) -> set[str]:
+    """The globals a code object (and the code nested in it) loads: not co_names, which also holds
+    the attributes it reads (`np.float32` names float32, which a module may hold as a Numba type)."""
+    import dis
+    import inspect
+
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= global_names(const)
+    return names
+
+
 def function_fingerprint(fn) -> str | None:
     """SHA-256 of what the machine code of a function a user hands a kernel follows from (phase 14's
     mods, flashcore_numba/flex.py), for a cache identity: its bytecode, constants, names and
@@ -213,7 +226,7 @@ def function_fingerprint(fn) -> str | None:
         code(f.__code__)
         digest.update(repr(f.__defaults__).encode())
         cells = [c.cell_contents for c in (f.__closure__ or ())]
-        named = [(name, f.__globals__[name]) for name in f.__code__.co_names if name in f.__globals__]
+        named = [(name, f.__globals__[name]) for name in sorted(global_names(f.__code__)) if name in f.__globals__]
         for name, value in [*enumerate(cells), *named]:
             if isinstance(value, (bool, int, float, complex, str, bytes, type(None), np.number)):
                 digest.update(repr((name, type(value).__name__, value)).encode())
