@@ -38,8 +38,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from .phases.p14_flex import (alibi_mod, causal_mod, document_causal_mod, document_mod, prefix_lm_mod,
-                               sliding_window_mod, softcap_mod)
+from .phases.p14_flex import (
+    alibi_mod,
+    causal_mod,
+    document_causal_mod,
+    document_mod,
+    prefix_lm_mod,
+    sliding_window_mod,
+    softcap_mod,
+)
 
 SCORE_PARAMS = ("score", "b", "h", "q_idx", "kv_idx")
 MASK_PARAMS = ("b", "h", "q_idx", "kv_idx")

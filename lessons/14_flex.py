@@ -31,19 +31,21 @@
 # `kv_idx`. A mod that needs data (ALiBi's slopes, each token's document id) takes arrays as trailing
 # parameters; `flex.score_mod(fn, slopes)` binds them.
 #
-# **1. The mods inside the kernel.** Numba compiles a plain Python function as a device function and
-# inlines it where it is called. Phase 14's kernel is phase 07's with one call after S = Q·Kᵀ: each
-# score of the tile goes through `score_mod`, in registers, where the score already is. No score
-# matrix is ever written to memory, and no graph compiler is involved. The bound arrays are
-# arguments of the kernel, so new slopes or new document ids need no new compile.
+# **1. The mods inside the kernel.** Numba compiles a plain Python function as a
+# [device function](../docs/glossary.md#device-function) and inlines it where it is called. Phase
+# 14's kernel is phase 07's with one call after S = Q·Kᵀ: each score of the tile goes through
+# `score_mod`, in registers, where the score already is. No score matrix is ever written to memory,
+# and no graph compiler is involved. The bound arrays are arguments of the kernel, so new slopes or
+# new document ids need no new compile.
 #
-# **2. The units.** The kernel keeps its scores in the units of `exp2` (phase 03's trick: multiplied
-# by qk_scale = scale · log2 e). A mod is written for the scaled score, as FlexAttention's are, so the
-# kernel converts each score to those units before the call and back after it.
+# **2. The units.** The kernel keeps its scores multiplied by qk_scale = scale · log2 e, so that the
+# softmax can use `exp2`. A mod is written for the scaled score, as FlexAttention's are, so the
+# kernel converts each score to the mod's units before the call and back after it.
 #
 # **3. The mask, per tile.** Calling `mask_mod` on every element would cost as much as the scores
 # themselves, and would still compute the tiles no row sees. So the mask is looked at once per tile
-# of BLOCK_M rows by BLOCK_N keys, before any kernel runs (`flex.create_block_mask`): a tile is
+# of BLOCK_M rows by BLOCK_N keys, before any kernel runs, into a
+# [block mask](../docs/glossary.md#block-mask) (`flex.create_block_mask`): a tile is
 # *empty* (no row sees any of its keys), *full* (every row sees every key) or *partial*. The kernel's
 # loop over key tiles walks a list of the non-empty ones: an empty tile is never loaded, a full tile
 # runs no mask code at all, and only a partial tile calls `mask_mod` per element, giving a hidden
@@ -158,8 +160,10 @@ lesson.plot_timing(timings)
 # ## What changed in the machine code
 #
 # Phase 07's kernel and this one with the lesson's mods (soft-cap and a sliding window) compiled in,
-# for the H100: the mods are a few instructions per score (`tanh.approx`, the window's comparisons),
-# inlined; the registers they take are the ones phase 07 had left.
+# for the H100. The mods are inlined: the window's comparisons are a few `setp` per score (the count
+# doubles), and `math.tanh` is libdevice's `tanhf`, built from `ex2` (whose count doubles too), not
+# the hardware's `tanh.approx`: accurate, and a dozen instructions a score, which the records show
+# (the soft-cap case is the slowest). The registers the mods take are the few phase 07 had left.
 
 # %%
 lesson.machine_code()

@@ -510,7 +510,8 @@ def test_varlen_runs_other_head_dims_on_the_newest_phase_built_for_them(D, phase
     rng = np.random.default_rng()
     lengths = [19, 0, 34]
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    q = rng.standard_normal((int(cu[-1]), 2, D)).astype(np.float16)
+    heads = 2 if D <= 128 else 1  # (one head past 128: the simulator's phase 09 at 256 columns is slow)
+    q = rng.standard_normal((int(cu[-1]), heads, D)).astype(np.float16)
     k = rng.standard_normal((int(cu[-1]), 1, D)).astype(np.float16)
     v = rng.standard_normal((int(cu[-1]), 1, D)).astype(np.float16)
     assert _varlen_phase("best", D) == phase

@@ -121,6 +121,28 @@ def test_a_mod_written_for_scalars_is_evaluated_element_by_element():
                                   flex.mask_matrix(flex.sliding_window(2), 0, 0, 7, 7))
 
 
+def test_a_mod_with_maths_functions_is_evaluated_on_whole_arrays(monkeypatch):
+    """math.tanh takes no arrays: evaluate calls a mod that uses math's functions with NumPy's in their
+    place, in one call (the oracle of a soft-cap at S = 1000 once took minutes element by element),
+    and the mod's own function is left as it was."""
+    calls = []
+    real = flex.softcap_mod
+
+    def counting(score, b, h, q_idx, kv_idx, capped):
+        calls.append(np.shape(score))
+        return capped[0] * math.tanh(score / capped[0])
+
+    counting.__globals__["math"] = math
+    mod = flex.score_mod(counting, np.array([5.0], np.float32))
+    calls.clear()
+    scores = np.linspace(-40, 40, 12).reshape(3, 4)
+    got = flex.evaluate(mod, scores, 0, 0, np.arange(3)[:, None], np.arange(4)[None])
+    np.testing.assert_allclose(got, 5 * np.tanh(scores / 5), rtol=1e-6)
+    assert calls == [(3, 4)]  # once, on the whole grid
+    assert counting(3.0, 0, 0, 0, 0, np.array([5.0])) == pytest.approx(5 * math.tanh(0.6))  # math is math again
+    assert flex.softcap_mod is real
+
+
 # ---------------------------------------------------------------------------------------------
 # The block mask: empty, partial and full tiles
 # ---------------------------------------------------------------------------------------------

@@ -35,7 +35,15 @@ from .checks import Check, Outcome
 from .diagnose import CaseRun, describe_exception
 from .grade import explain
 from .hints import hints_for
-from .student import RegionNotLoaded, gpu_timing_lock, holds_code, kernel_diagnoses, load_region, poisoned_local_arrays, region_lines
+from .student import (
+    RegionNotLoaded,
+    gpu_timing_lock,
+    holds_code,
+    kernel_diagnoses,
+    load_region,
+    poisoned_local_arrays,
+    region_lines,
+)
 
 TIMING_SHAPE = (4, 8, 2048, 64)  # B, H, S, D of the GPU timing check
 TIMING_WINDOW = 256  # its sliding window (left; causal): a band of tiles
@@ -275,8 +283,8 @@ def time_against(student: ModuleType, baseline: ModuleType, q, k, v, their_mods,
     alternately as grade.time_against times the forward kernels."""
     from numba import cuda
 
-    from ..phases.common import LOG2E, launch
     from ..measure.bench import NumbaDevice, Timing
+    from ..phases.common import LOG2E, launch
 
     device = NumbaDevice()
     B, H, S, D = q.shape

@@ -365,7 +365,7 @@ def _report_here(phase_id: str, head_dim: int, sass: bool, dtype: str = "float16
     # launched) and ignores setmaxnreg (see assemble)
     ptx, ltoir = compile_phase_ptx_and_ltoir(kernel_id, head_dim, dtype)
     log, cubin = assemble(ltoir, linked=config.ptx_files)
-    if kernel_id in BACKWARD_KERNELS:
+    if kernel_id in BACKWARD_KERNELS + FLEX_KERNELS:
         name = config.kernel.py_func.__name__
     else:
         from ..phases import get_phase
