@@ -196,6 +196,9 @@ def _build_parser() -> Parser:
                             "same mods: a sliding window, softcap, ALiBi, a document mask and causal as a "
                             "mask_mod (beside attention(causal=True)) on --shape; the record goes to "
                             "docs/bench/flex/ (--peers none: phase 14's rows alone)")
+    bench.add_argument("--cases", type=_flex_cases, default=None, metavar="CASE,...",
+                       help="--flex: only these of its cases (sliding_window, softcap, alibi, documents, "
+                            "causal_mask), e.g. sliding_window,causal_mask at a long S")
     bench.add_argument("--kvcache", type=lambda t: _positive_ints(t, 3), default=None, metavar="B,LO,HI",
                        help="a decode step against a KV cache (attention_kvcache): B sequences of random lengths "
                             "LO..HI, one query row each, H and D from --shape, H_kv from --kv-heads; contiguous "
@@ -634,6 +637,8 @@ def cmd_bench(args) -> int:
         raise CLIError("--seq-k: a sweep keeps S_q = S_k; drop one of the two")
     if args.cold and not args.first_call:
         raise CLIError("--cold: an empty kernel cache for the first call of new processes; only with --first-call")
+    if args.cases and not args.flex:
+        raise CLIError("--cases: the cases of --flex; only with --flex")
     target = kernel_target()
     if target != "gpu":
         why = ("the CUDA simulator is on (NUMBA_ENABLE_CUDASIM)" if target == "simulator"
@@ -715,6 +720,17 @@ def cmd_bench(args) -> int:
     return 1 if wrong else 0
 
 
+def _flex_cases(text: str) -> tuple[str, ...]:
+    """--cases: names of `flashcore bench --flex`'s cases, comma-separated."""
+    from .measure.flex import CASES
+
+    cases = tuple(c.strip() for c in text.split(",") if c.strip())
+    unknown = [c for c in cases if c not in CASES]
+    if not cases or unknown:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(CASES)}, got {text!r}")
+    return cases
+
+
 def _bench_flex(args, bench, records, problem) -> int:
     """`flashcore bench --flex` (measure/flex.py)."""
     from .measure import flex
@@ -731,12 +747,13 @@ def _bench_flex(args, bench, records, problem) -> int:
     peers = args.peers is None or bool(args.peers)
     console = _console()
     with _progress(console) as progress:
-        task = progress.add_task("bench", total=len(flex.CASES))
+        cases = args.cases or flex.CASES
+        task = progress.add_task("bench", total=len(cases))
 
         def step(label):
             progress.update(task, description=label, advance=1)
 
-        record = flex.run_flex_benchmark(problem, peers=peers, timing=timing, device=device,
+        record = flex.run_flex_benchmark(problem, cases=cases, peers=peers, timing=timing, device=device,
                                          command=["flashcore", *args.argv], progress=step)
     return _write_pass_record(args, console, records, record, f"flex, {problem.describe()}",
                               flex.record_path(record["provenance"]["gpu_name"], problem), "")

@@ -257,12 +257,14 @@ def evaluate(mod: Mod, *grids):
     return out
 
 
-def mask_matrix(mask: MaskMod | None, b: int, h: int, seq_q: int, seq_k: int) -> np.ndarray:
-    """The (seq_q, seq_k) bool matrix of `mask` for batch b and query head h (all True without one)."""
+def mask_matrix(mask: MaskMod | None, b: int, h: int, seq_q: int, seq_k: int, rows=None) -> np.ndarray:
+    """The (seq_q, seq_k) bool matrix of `mask` for batch b and query head h (all True without one);
+    with `rows` (query rows, whole numbers below seq_q), only those rows, in that order."""
+    q_idx = (np.arange(seq_q) if rows is None else np.asarray(rows))[:, None]
     if mask is None:
-        return np.ones((seq_q, seq_k), dtype=bool)
-    q_idx, kv_idx = np.arange(seq_q)[:, None], np.arange(seq_k)[None, :]
-    return np.broadcast_to(evaluate(mask, b, h, q_idx, kv_idx), (seq_q, seq_k)).astype(bool)
+        return np.ones((len(q_idx), seq_k), dtype=bool)
+    kv_idx = np.arange(seq_k)[None, :]
+    return np.broadcast_to(evaluate(mask, b, h, q_idx, kv_idx), (len(q_idx), seq_k)).astype(bool)
 
 
 @dataclass(frozen=True)

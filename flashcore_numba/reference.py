@@ -83,29 +83,33 @@ def reference_attention(q, k, v, *, causal: bool = False, scale: float | None = 
 
 
 def reference_flex(q, k, v, *, score_mod=None, mask_mod=None, causal: bool = False,
-                   scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   scale: float | None = None, rows=None) -> tuple[np.ndarray, np.ndarray]:
     """float64 output (B, H, S_q, D_v) and log-sum-exp (B, H, S_q) of attention with FlexAttention's
     mods (flashcore_numba/flex.py), NumPy arrays: the scores scaled, then score_mod(score, b, h,
     q_idx, kv_idx) element by element, then the keys mask_mod (and causal, if set) hides dropped
-    before the softmax. A row that sees no key gives zeros and an LSE of -inf."""
+    before the softmax. A row that sees no key gives zeros and an LSE of -inf. `rows` (query rows of
+    q, whole numbers): only those, in that order ((B, H, len(rows), D_v) and (B, H, len(rows))), for a
+    sequence whose whole S_q x S_k scores would not fit in memory."""
     from . import flex
 
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     smod = None if score_mod is None else flex.score_mod(score_mod)
     mmod = None if mask_mod is None else flex.mask_mod(mask_mod)
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     B, H, Sq, _ = q.shape
+    rows = np.arange(Sq) if rows is None else np.asarray(rows)
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q[:, :, rows], k, v))
     Sk = k.shape[2]
-    out = np.empty((B, H, Sq, v.shape[-1]), dtype=np.float64)
-    lse = np.full((B, H, Sq), -np.inf)
-    q_idx, kv_idx = np.arange(Sq)[:, None], np.arange(Sk)[None, :]
+    out = np.empty((B, H, len(rows), v.shape[-1]), dtype=np.float64)
+    lse = np.full((B, H, len(rows)), -np.inf)
+    q_idx, kv_idx = rows[:, None], np.arange(Sk)[None, :]
+    visible = kv_idx <= q_idx + (Sk - Sq) if causal else True  # visible_mask's rows
     with np.errstate(invalid="ignore", over="ignore"):
         for b, h in np.ndindex(B, H):
             hk = kv_head(h, H, k.shape[1])
             s = q[b, h] @ k[b, hk].T * scale
             if smod is not None:
                 s = np.broadcast_to(flex.evaluate(smod, s, b, h, q_idx, kv_idx), s.shape).astype(np.float64)
-            mask = visible_mask(Sq, Sk, causal) & flex.mask_matrix(mmod, b, h, Sq, Sk)
+            mask = visible & flex.mask_matrix(mmod, b, h, Sq, Sk, rows)
             out[b, h] = _softmax_rows(s, mask) @ v[b, hk]
             masked = np.where(mask, s, -np.inf)
             m = masked.max(axis=-1)

@@ -223,3 +223,17 @@ def test_rows_a_mask_hides_every_key_from_give_zeros():
     out, lse = reference_flex(q, k, v, mask_mod=flex.mask_mod(lambda b, h, i, j: i >= 3))
     assert not out[0, 0, :3].any() and np.isneginf(lse[0, 0, :3]).all()
     np.testing.assert_allclose(out[0, 0, 3:], reference_attention(q, k, v)[0, 0, 3:], atol=1e-12)
+
+
+def test_the_oracle_of_some_rows_is_those_rows_of_the_whole():
+    """reference_flex(rows=...) (the flex benchmark's oracle past S = 8192, where the whole float64
+    scores would not fit) gives exactly those rows of the whole answer, causal and mods included."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 40, 16)) for _ in range(3))
+    rows = np.array([0, 7, 39, 20])
+    for kw in (dict(mask_mod=flex.sliding_window(5)), dict(score_mod=flex.softcap(2.0), causal=True)):
+        whole, whole_lse = reference_flex(q, k, v, **kw)
+        some, some_lse = reference_flex(q, k, v, rows=rows, **kw)
+        np.testing.assert_array_equal(some, whole[:, :, rows])
+        np.testing.assert_array_equal(some_lse, whole_lse[:, :, rows])
+    assert flex.mask_matrix(flex.causal_mask(), 0, 0, 40, 40, rows).shape == (4, 40)

@@ -409,3 +409,29 @@ def test_the_report_reads_the_flex_records():
     assert measured != [report.DOCSTRING_INDENT + report.NOT_MEASURED]
     assert all(line.strip() in inspect.getdoc(p14_flex) for line in measured), "run `flashcore report`"
     assert report.flex_measured_lines([]) == [report.DOCSTRING_INDENT + report.NOT_MEASURED]
+
+
+def test_the_flex_benchmark_checks_the_edges_of_a_long_sequence():
+    """Past S = 8192 the benchmark's oracle checks the first and last rows (the long window of issue
+    #77 is S = 32768), and the share of pairs a mask keeps is counted a chunk of rows at a time, the
+    same as the whole matrix's mean."""
+    from flashcore_numba.measure import flex as flex_bench
+
+    assert flex_bench.oracle_rows(300).tolist() == list(range(300))
+    edges = flex_bench.oracle_rows(32768)
+    assert len(edges) == 2 * flex_bench.ORACLE_EDGE_ROWS and edges[0] == 0 and edges[-1] == 32767
+    window = flex.sliding_window(24)
+    assert flex_bench.kept_share(window, 100, 100, chunk=7) == pytest.approx(
+        flex.mask_matrix(window, 0, 0, 100, 100).mean())
+    assert flex_bench.kept_share(None, 5, 5) == 1.0
+
+
+def test_bench_cases_belong_to_flex(capsys):
+    """--cases names --flex's cases, and comes only with --flex."""
+    import flashcore_numba.cli as cli
+
+    assert cli._flex_cases("sliding_window, causal_mask") == ("sliding_window", "causal_mask")
+    with pytest.raises(Exception, match="expected some of sliding_window"):
+        cli._flex_cases("sliding_window,nope")
+    assert cli.main(["bench", "--cases", "softcap"]) != 0
+    assert "--cases: the cases of --flex; only with --flex" in capsys.readouterr().err

@@ -509,10 +509,11 @@ def flex_table(records, readme_dir) -> list[str]:
                 lines.append(f"| {problem} | {case} | {cells[0]} | {cells[1]} | {ratio} |")
                 problem = ""
             fast = timed.get("attention causal=True")
-            mask = timed.get("14 causal_mask")
-            if fast and mask:
-                lines.append(f"| | causal_mask beside attention(causal=True) ({fast['median_ms']:.3f} ms) | | | | | "
-                             f"{fast['median_ms'] / mask['median_ms']:.2f}× |")
+            for case in ("causal_mask", "sliding_window"):  # the fast path's time over the case's
+                mine = timed.get(f"14 {case}")
+                if fast and mine:
+                    lines.append(f"| | {case} beside attention(causal=True) ({fast['median_ms']:.3f} ms) | | | | | "
+                                 f"{fast['median_ms'] / mine['median_ms']:.2f}× |")
         rel = [_rel(r["_path"], readme_dir) for r in own]
         lines += ["", "Records: " + ", ".join(f"[`{p}`]({p})" for p in rel) + "."]
     return lines
@@ -1079,9 +1080,12 @@ def flex_measured_lines(records) -> list[str]:
                        + (f" ({mine['tflops'] / theirs['tflops']:.2f}x FlexAttention)" if theirs else "")
                        for case, mine, theirs in _flex_pairs(record) if mine]
             fast, mask = timed.get("attention causal=True"), timed.get("14 causal_mask")
+            window = timed.get("14 sliding_window")
             if fast and mask:
                 figures.append(f"causal as a mask_mod at {fast['median_ms'] / mask['median_ms']:.2f}x the speed of "
                                "attention(causal=True)")
+            if fast and window:
+                figures.append(f"the window at {fast['median_ms'] / window['median_ms']:.2f}x it")
             problems.append(f"{_describe(record['config'])}: " + ", ".join(figures))
             files.append(Path(record["_path"]).name)
         parts.append(f"{gpu}, {' and '.join(dates)}, TFLOPS of the work the mask leaves: " + "; ".join(problems))
