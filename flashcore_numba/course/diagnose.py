@@ -298,3 +298,21 @@ def describe_exception(e: BaseException, path, lines: dict[int, int] | None = No
         name = Path(shown_as or path).name
         return f"{name} line {where[0]} (`{where[1]}`) raised {text}"
     return f"raised {text}"
+
+
+def explain(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str:
+    """The diagnosis of the failing cases (where the pattern is known), then the largest failing case's
+    worst element and its picture of wrong rows and columns."""
+    lines = []
+    diagnosis = diagnose(runs, messages)
+    if diagnosis:
+        lines.append(f"diagnosis: {diagnosis}")
+    failing = [r for r in runs if r.out is not None and not r.ok]
+    if failing:
+        worst = max(failing, key=lambda r: r.out.size)
+        if len(runs) > 1:
+            lines.append(f"in case {worst.label}:")
+        if not np.isnan(np.asarray(worst.out, dtype=np.float64)).all():
+            lines.append(excerpt(worst.out, worst.expected, worst.allowed))
+        lines.append(picture(worst.out, worst.expected, worst.allowed))
+    return "\n".join(lines)

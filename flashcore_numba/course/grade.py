@@ -70,7 +70,7 @@ from ..reference import (
 from ..usage import Parser, usage_error
 from . import exercises
 from .checks import Case, Check, Outcome, Result
-from .diagnose import CaseRun, describe_exception, diagnose, excerpt, picture
+from .diagnose import CaseRun, describe_exception, explain
 from .exercises import PUZZLES_ID, exercise_module
 from .hints import hints_for
 from .student import (
@@ -216,24 +216,6 @@ def case_run(case: Case, out, q, k, v, error: str = "") -> CaseRun:
     lowp = lowp_attention(q, k, v, causal=case.causal)
     allowed = 2.0 * float(np.max(np.abs(lowp - expected))) + ATOL
     return CaseRun(str(case), case.seq_k, out, expected, allowed, error)
-
-
-def explain(runs: list[CaseRun], messages: dict[str, str] | None = None) -> str:
-    """The diagnosis of the failing cases (where the pattern is known), then the largest failing case's
-    worst element and its picture of wrong rows and columns."""
-    lines = []
-    diagnosis = diagnose(runs, messages)
-    if diagnosis:
-        lines.append(f"diagnosis: {diagnosis}")
-    failing = [r for r in runs if r.out is not None and not r.ok]
-    if failing:
-        worst = max(failing, key=lambda r: r.out.size)
-        if len(runs) > 1:
-            lines.append(f"in case {worst.label}:")
-        if not np.isnan(np.asarray(worst.out, dtype=np.float64)).all():
-            lines.append(excerpt(worst.out, worst.expected, worst.allowed))
-        lines.append(picture(worst.out, worst.expected, worst.allowed))
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------

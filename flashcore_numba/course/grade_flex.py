@@ -1,10 +1,10 @@
 """The graded checks of exercise 14, your own attention: mods and a block mask where the others grade plain attention.
 
 `flashcore grade 14` runs them (grade.checks_for picks them for phase 14). The student's file,
-lessons/exercises/14_flex.py, is loaded as every exercise is, and run through its own
-`run_on_host()` on NumPy arrays, with the mods of each case taken from the student's file where it
-defines them (its `sliding_window_mod` and `softcap_mod`, the exercise's regions 14-a and 14-b) and
-the block mask made on the host at the file's tiles:
+lessons/exercises/14_flex.py, is loaded as every exercise is, and its kernel run by `run_kernel` on
+NumPy arrays (its build_for, tiles and block_lists), with the mods of each case taken from the
+student's file where it defines them (its `sliding_window_mod` and `softcap_mod`, the exercise's
+regions 14-a and 14-b) and the block mask made on the host at the file's tiles:
 
 - each case draws fresh fp16 q, k, v from the run's seed (k and v may have fewer heads); the output
   and the log-sum-exp start as NaN, and so do the kernel's local arrays in the simulator;
@@ -32,8 +32,7 @@ import numpy as np
 from .. import flex
 from ..reference import ATOL, check_close, random_qkv, reference_flex, scaled_to_logits
 from .checks import Check, Outcome
-from .diagnose import CaseRun, describe_exception
-from .grade import explain
+from .diagnose import CaseRun, describe_exception, explain
 from .hints import hints_for
 from .student import (
     RegionNotLoaded,
@@ -136,13 +135,41 @@ def make_inputs(case: FlexCase, module: ModuleType, seed) -> dict:
     return dict(q=q, k=k, v=v, score_mod=score_mod, mask_mod=mask_mod, expected=expected, allowed=allowed)
 
 
+def run_kernel(module: ModuleType, q, k, v, score_mod=None, mask_mod=None):
+    """(out, lse) of `module`'s kernel (phase 14's, or a student's file of it) on NumPy q, k, v ((B, H,
+    S, D) fp16, k and v with as many heads or fewer): score_mod and mask_mod are flex.ScoreMod and
+    flex.MaskMod, the block mask made on the host at the module's tiles, out and the LSE poisoned with
+    NaN first. api.flex_attention is the library's call of the package's kernel."""
+    from numba import cuda
+
+    from ..phases.common import LOG2E, launch
+
+    B, H, S_q, D = q.shape
+    S_k = k.shape[2]
+    tile = module.tiles(D)
+    if mask_mod is None:
+        kinds = np.full((1, 1, -(-S_q // tile["block_m"]), -(-S_k // tile["block_n"])), flex.FULL, np.int8)
+    else:
+        kinds = flex.create_block_mask(mask_mod, B, H, S_q, S_k, tile["block_m"], tile["block_n"]).kinds
+    config = module.build_for(D, q.dtype.name, score_mod, mask_mod)
+    lists = [cuda.to_device(x) for x in (*module.block_lists(kinds), kinds)]
+    out = cuda.to_device(np.full(q.shape, np.nan, q.dtype))
+    lse = cuda.to_device(np.full((B, H, S_q), np.nan, np.float32))
+    qk_scale = np.float32(D ** -0.5 * LOG2E)
+    args = [flex.device_arrays(mod if mod is not None else flex.Mod(None)) for mod in (score_mod, mask_mod)]
+    launch(config.kernel, (-(-S_q // config.block_m), H, B), config.n_threads, config.smem_bytes,
+           (*(cuda.to_device(x) for x in (q, k, v)), out.view(np.uint32), lse, qk_scale, *lists, *args))
+    cuda.synchronize()
+    return out.copy_to_host(), lse.copy_to_host()
+
+
 def run_case(module: ModuleType, case: FlexCase, seed, path, mapped=None) -> CaseRun:
     """The module's kernel on the case (None out where it raised), as diagnose.py sees a launch."""
     x = make_inputs(case, module, seed)
     try:
         mods = [theirs(module, x[name]) for name in ("score_mod", "mask_mod")]
         with poisoned_local_arrays():
-            out, _ = module.run_on_host(x["q"], x["k"], x["v"], *mods)
+            out, _ = run_kernel(module, x["q"], x["k"], x["v"], *mods)
     except Exception as e:  # noqa: BLE001 - whatever the student's code raises is a failed case
         return CaseRun(str(case), case.seq_k, None, x["expected"], x["allowed"],
                        f"the kernel {describe_exception(e, path, **(mapped or {}))}")
@@ -262,7 +289,7 @@ def speed_check(at_least: float = 0.8) -> Check:
         try:
             mods = [theirs(g.student, x[name]) for name in ("score_mod", "mask_mod")]
             q, k, v = (np.ascontiguousarray(np.broadcast_to(x[n], (B, H, S, D))) for n in ("q", "k", "v"))
-            out, _ = g.student.run_on_host(q, k, v, *mods)
+            out, _ = run_kernel(g.student, q, k, v, *mods)
         except Exception as e:  # noqa: BLE001
             return Outcome("fail", f"{shape}: the kernel {describe_exception(e, g.path)}")
         got = CaseRun(str(case), S, out[:1, :1].astype(np.float64), x["expected"], x["allowed"])

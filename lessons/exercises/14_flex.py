@@ -373,34 +373,6 @@ def cache_identity(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None) -> 
     return (ID, HEAD_DIM, dtype, prints[0] or "no score_mod", prints[1] or "no mask_mod")
 
 
-def run_on_host(q, k, v, score_mod=None, mask_mod=None, scale: float | None = None):
-    """(out, lse) of this module's kernel on NumPy q, k, v ((B, H, S, D) fp16 or bf16, k and v
-    with as many heads or fewer), as the grader and the lesson run it: score_mod and mask_mod are
-    flex.ScoreMod and flex.MaskMod (their functions this module's or any), the block mask made on
-    the host at this module's tiles, out and the LSE poisoned with NaN first. api.flex_attention is
-    the library's call of the same kernel."""
-    from flashcore_numba import flex
-    from flashcore_numba.phases.common import launch
-
-    B, H, S_q, D = q.shape
-    S_k = k.shape[2]
-    tile = tiles(D)
-    if mask_mod is None:
-        kinds = np.full((1, 1, -(-S_q // tile["block_m"]), -(-S_k // tile["block_n"])), flex.FULL, np.int8)
-    else:
-        kinds = flex.create_block_mask(mask_mod, B, H, S_q, S_k, tile["block_m"], tile["block_n"]).kinds
-    config = build_for(D, q.dtype.name, score_mod, mask_mod)
-    lists = [cuda.to_device(x) for x in (*block_lists(kinds), kinds)]
-    out = cuda.to_device(np.full(q.shape, np.nan, q.dtype))
-    lse = cuda.to_device(np.full((B, H, S_q), np.nan, np.float32))
-    qk_scale = np.float32((1.0 / math.sqrt(D) if scale is None else scale) * LOG2E)
-    args = [flex.device_arrays(mod if mod is not None else flex.Mod(None)) for mod in (score_mod, mask_mod)]
-    launch(config.kernel, (-(-S_q // config.block_m), H, B), config.n_threads, config.smem_bytes,
-           (*(cuda.to_device(x) for x in (q, k, v)), out.view(np.uint32), lse, qk_scale, *lists, *args))
-    cuda.synchronize()
-    return out.copy_to_host(), lse.copy_to_host()
-
-
 def kernel_views(HEAD_DIM: int, dtype: str = "float16") -> dict:
     """{"14": the kernel with the lesson's mods compiled in (softcap_mod, sliding_window_mod), typed as
     a launch types it}: what measure/machine_code.py compiles for the lesson's registers and PTX."""
