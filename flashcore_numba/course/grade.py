@@ -76,12 +76,11 @@ from .hints import hints_for
 from .student import (
     RegionNotLoaded,
     gpu_timing_lock,
-    holds_code,
     kernel_diagnoses,
     load_module,
     load_region,
     poisoned_local_arrays,
-    region_lines,
+    still_empty,
 )
 
 UNTILED_KEYS = 16  # a phase that walks the keys one at a time (01) is graded as if its key tile were 16
@@ -273,9 +272,7 @@ def run_region(g: Grading, check: Check) -> Outcome:
                                f"({'; '.join(r.label for r in runs)}), with only region {check.region} from your file")
     first = next(i for i, r in enumerate(runs) if not r.ok)
     lines = [f"{runs[first].label}: {reasons[first]}"]
-    if not holds_code(region_lines(spliced)):
-        lines.append(f"region {check.region} is still empty: write its lines between the markers "
-                     f"(`flashcore grade {g.phase.ID} --hint` gives a hint)")
+    lines += still_empty(g, check.region, spliced)
     passed = [r.label for r in runs if r.ok]
     if passed:
         lines.append(f"passed: {'; '.join(passed)}")

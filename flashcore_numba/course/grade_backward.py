@@ -44,8 +44,14 @@ from ..reference import (
 from .checks import Check, Outcome
 from .diagnose import CaseRun, diagnose, excerpt, picture
 from .hints import hints_for
-from .student import (RegionNotLoaded, gpu_timing_lock, holds_code, kernel_diagnoses, load_region,
-                      poisoned_local_arrays, region_lines)
+from .student import (
+    RegionNotLoaded,
+    gpu_timing_lock,
+    kernel_diagnoses,
+    load_region,
+    poisoned_local_arrays,
+    still_empty,
+)
 
 NAMES = ("dq", "dk", "dv")
 # What the set of wrong gradients says (dV = Pᵀ dO needs P; dK = scale · dSᵀ Q and dQ = scale · dS K
@@ -201,9 +207,7 @@ def run_region(g, check: Check) -> Outcome:
     runs = case_runs[first]
     error = next((r.error for r in runs.values() if r.error), "")
     lines = [f"{check.cases[first]}: {error or '; '.join(verdicts(runs))}"]
-    if not holds_code(region_lines(spliced)):
-        lines.append(f"region {check.region} is still empty: write its lines between the markers "
-                     f"(`flashcore grade {g.phase.ID} --hint` gives a hint)")
+    lines += still_empty(g, check.region, spliced)
     explanation = explain(case_runs, hints_for(check.region).diagnoses)
     return Outcome("fail", "\n".join(lines + ([explanation] if explanation else [])))
 

@@ -37,11 +37,10 @@ from .hints import hints_for
 from .student import (
     RegionNotLoaded,
     gpu_timing_lock,
-    holds_code,
     kernel_diagnoses,
     load_region,
     poisoned_local_arrays,
-    region_lines,
+    still_empty,
 )
 
 TIMING_SHAPE = (4, 8, 2048, 64)  # B, H, S, D of the GPU timing check
@@ -216,9 +215,7 @@ def run_region(g, check: Check) -> Outcome:
                                f"from your file")
     first = next(i for i, r in enumerate(runs) if not r.ok)
     lines = [f"{check.cases[first]}: {verdict(runs[first])}"]
-    if not holds_code(region_lines(spliced)):
-        lines.append(f"region {check.region} is still empty: write its lines between the markers "
-                     f"(`flashcore grade {g.phase.ID} --hint` gives a hint)")
+    lines += still_empty(g, check.region, spliced)
     explanation = explain([r for r in runs if not r.error], hints_for(check.region).diagnoses)
     return Outcome("fail", "\n".join(lines + ([explanation] if explanation else [])))
 

@@ -102,6 +102,15 @@ def holds_code(lines) -> bool:
     return any(line.strip() and not line.lstrip().startswith("#") for line in lines)
 
 
+def still_empty(g, label: str, spliced) -> list[str]:
+    """The line a failed region check adds while the student's region `label` holds no code yet (every
+    grader's: grade.py, grade_backward.py, grade_flex.py), else none."""
+    if holds_code(region_lines(spliced)):
+        return []
+    return [f"region {label} is still empty: write its lines between the markers "
+            f"(`flashcore grade {g.phase.ID} --hint` gives a hint)"]
+
+
 def suspect_regions(g) -> list[str]:
     """The regions a failure of the whole kernel most likely comes from (g: the grading, grade.Grading):
     those still empty in the student's file; else those whose own check failed in this run; else all
