@@ -795,6 +795,30 @@ def draw_fragment_layout():
     plt.show()
 
 
+def _committed_record(directory, kind: str, wanted) -> tuple[dict | None, str]:
+    """(the newest committed record of `flashcore bench --<kind>` whose config `wanted` takes, the timing
+    cell's line saying where it comes from), or (None, "") after saying there is none yet. `directory`:
+    the records' folder (default docs/bench/<kind>/)."""
+    from ..measure.records import load_records
+
+    folder = Path(directory) if directory else records_dir() / kind
+    found = [r for r in load_records(folder) if wanted(r["config"])] if folder.is_dir() else []
+    if not found:
+        print(f"No {kind} record in {display_path(folder)} yet: on a GPU machine `flashcore bench --{kind}` "
+              "writes one, and this cell then shows its numbers.")
+        return None, ""
+    record = max(found, key=lambda r: r["created"])
+    return record, (f"Not measured here (no GPU): measured on {record['provenance']['gpu_name']} on "
+                    f"{record['created'][:10]}, read from {display_path(record.get('_path'))}")
+
+
+def _timing_row(result: dict, phase: str | None) -> dict:
+    """A record's result as a row of the timing table (`phase`: the lesson phase it belongs to, or None)."""
+    note = "" if result.get("tflops") else (result.get("reason") or result.get("message") or "not timed")
+    return {"name": result["name"], "phase": phase, "peer": result["kind"] == "peer",
+            "median_ms": result.get("median_ms"), "tflops": result.get("tflops"), "note": note}
+
+
 # =============================================================================================
 # The lesson
 # =============================================================================================
@@ -1081,29 +1105,17 @@ class Lesson:
         (docs/bench/backward/)."""
         from ..measure import backward
         from ..measure.bench import Problem
-        from ..measure.records import load_records
 
         problem = Problem.from_shape(REFERENCE_SHAPE, causal=False)
         if self.on_gpu:
             record = backward.run_backward_benchmark(problem, command=["(a lesson's timing cell)"])
             label = f"Measured live on {record['provenance']['gpu_name']} on {record['created'][:10]}"
         else:
-            folder = Path(directory) if directory else records_dir() / "backward"
-            found = [r for r in load_records(folder) if r["config"].get("D") == problem.D
-                     and not r["config"].get("causal")] if folder.is_dir() else []
-            if not found:
-                print(f"No backward record in {display_path(folder)} yet: on a GPU machine `flashcore bench "
-                      "--backward` writes one, and this cell then shows its numbers.")
+            record, label = _committed_record(directory, "backward", lambda c: c.get("D") == problem.D
+                                              and not c.get("causal"))
+            if record is None:
                 return None
-            record = max(found, key=lambda r: r["created"])
-            label = (f"Not measured here (no GPU): measured on {record['provenance']['gpu_name']} on "
-                     f"{record['created'][:10]}, read from {display_path(record.get('_path'))}")
-        rows = []
-        for r in record["results"]:
-            note = "" if r.get("tflops") else (r.get("reason") or r.get("message") or "not timed")
-            rows.append({"name": r["name"], "phase": r["name"].split("-")[0] if r["kind"] == "phase" else None,
-                         "peer": r["kind"] == "peer", "median_ms": r.get("median_ms"), "tflops": r.get("tflops"),
-                         "note": note})
+        rows = [_timing_row(r, r["name"].split("-")[0] if r["kind"] == "phase" else None) for r in record["results"]]
         print(label)
         print(_describe_shape(record["config"]) + "; " + record.get("flops_rule", backward.FLOPS_RULE))
         print(table(rows, [("name", "kernel"), ("median_ms", "median ms"), ("tflops", "TFLOPS"), ("note", "")]))
@@ -1126,7 +1138,6 @@ class Lesson:
         committed record at D = 64 (docs/bench/flex/)."""
         from ..measure import flex as flex_bench
         from ..measure.bench import Problem, Timing
-        from ..measure.records import load_records
 
         if self.on_gpu:
             try:
@@ -1139,21 +1150,10 @@ class Lesson:
                 return None
             label = f"Measured live on {record['provenance']['gpu_name']} on {record['created'][:10]}"
         else:
-            folder = Path(directory) if directory else records_dir() / "flex"
-            found = [r for r in load_records(folder) if r["config"].get("D") == 64] if folder.is_dir() else []
-            if not found:
-                print(f"No flex record in {display_path(folder)} yet: on a GPU machine `flashcore bench --flex` "
-                      "writes one, and this cell then shows its numbers.")
+            record, label = _committed_record(directory, "flex", lambda c: c.get("D") == 64)
+            if record is None:
                 return None
-            record = max(found, key=lambda r: r["created"])
-            label = (f"Not measured here (no GPU): measured on {record['provenance']['gpu_name']} on "
-                     f"{record['created'][:10]}, read from {display_path(record.get('_path'))}")
-        rows = []
-        for r in record["results"]:
-            note = "" if r.get("tflops") else (r.get("reason") or r.get("message") or "not timed")
-            rows.append({"name": r["name"], "phase": self.phase.ID if r["name"].startswith("14 ") else None,
-                         "peer": r["kind"] == "peer", "median_ms": r.get("median_ms"), "tflops": r.get("tflops"),
-                         "note": note})
+        rows = [_timing_row(r, self.phase.ID if r["name"].startswith("14 ") else None) for r in record["results"]]
         print(label)
         print(_describe_shape(record["config"]) + "; " + record.get("flops_rule", ""))
         print(table(rows, [("name", "kernel, case"), ("median_ms", "median ms"), ("tflops", "TFLOPS"), ("note", "")]))
