@@ -430,6 +430,14 @@ STUB_REGION_SAYS = {
     "13-a": "diagnosis: every gradient is wrong: the boxes past the first",
     "13-b": "diagnosis: every gradient is wrong, yet a single query tile would be right: the walk never moves",
 }
+# Regions whose emptied stub cannot run at all, and what the failure says instead of a picture of
+# wrong outputs: a mod without its return (14-a, 14-b) is refused by flex's check of a mod, by
+# name, before any launch; 14-d leaves the kernel without the tile it computes.
+STUB_REGION_RAISES = {
+    "14-a": "mask_mod sliding_window_mod: expected a bool (True where the row sees the key), got NoneType",
+    "14-b": "score_mod softcap_mod: expected a number (the new score), got NoneType",
+    "14-d": "NameError: name 'n' is not defined",
+}
 REGIONS = [pytest.param(phase.ID, r.label, id=r.label) for phase in LESSONS.values()
            for r in exercises.phase_regions(phase)]
 
@@ -456,6 +464,9 @@ def test_region_check_fails_on_the_stub_with_its_diagnosis(phase_id, label, runs
         assert says in detail, detail
     if phase_id != "04":
         assert f"region {label} is still empty" in detail and "--hint" in detail, detail
+        if label in STUB_REGION_RAISES:
+            assert STUB_REGION_RAISES[label] in detail, detail
+            return
         assert "wrong outputs" in detail, detail
         if says is None:
             assert "worst at row" in detail, detail
