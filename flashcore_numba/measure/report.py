@@ -1010,12 +1010,18 @@ def measured_lines(phase_id: str, nc, c, others=()) -> list[str]:
         files += [Path(r["_path"]).name for r in (o_nc, o_c) if r is not None]
     text += f" ({_file_list(files)}). Every shape and dtype measured: docs/performance.md."
     # the lines land inside a docstring: keep messages from closing it or adding escapes
+    return docstring_lines(text)
+
+
+BACKWARD_ROWS = {pid: (pid, f"{pid}-deterministic", f"{pid}-step") for pid in ("11", "12", "13")}
+def docstring_lines(text: str) -> list[str]:
+    """A generated "Measured effect" text as a docstring block's lines: indented, wrapped at 100
+    columns, with no backslash or triple quote that would end or escape the docstring."""
     text = text.replace("\\", "/").replace(3 * '"', 3 * "'")
     return textwrap.wrap(text, width=100, initial_indent=DOCSTRING_INDENT, subsequent_indent=DOCSTRING_INDENT,
                          break_on_hyphens=False)
 
 
-BACKWARD_ROWS = {pid: (pid, f"{pid}-deterministic", f"{pid}-step") for pid in ("11", "12", "13")}
 FLEX_PHASE = "14"  # its "Measured effect" comes from the flex records (flex_measured_lines)
 PREVIOUS_BACKWARD = {"12": "11", "13": "12"}  # the backward phase each one changes: its rows are compared
 
@@ -1059,9 +1065,7 @@ def backward_measured_lines(records, phase_id: str = "11") -> list[str]:
         parts.append(f"{gpu}, {' and '.join(dates)}, TFLOPS: " + "; ".join(problems))
     text = f"{FLOPS_RULE[0].upper()}{FLOPS_RULE[1:]}. " + ". ".join(parts)
     text += f" ({_file_list(files)})."
-    text = text.replace("\\", "/").replace(3 * '"', 3 * "'")
-    return textwrap.wrap(text, width=100, initial_indent=DOCSTRING_INDENT, subsequent_indent=DOCSTRING_INDENT,
-                         break_on_hyphens=False)
+    return docstring_lines(text)
 
 
 def flex_measured_lines(records) -> list[str]:
@@ -1090,9 +1094,7 @@ def flex_measured_lines(records) -> list[str]:
             files.append(Path(record["_path"]).name)
         parts.append(f"{gpu}, {' and '.join(dates)}, TFLOPS of the work the mask leaves: " + "; ".join(problems))
     text = ". ".join(parts) + f" ({_file_list(files)})."
-    text = text.replace("\\", "/").replace(3 * '"', 3 * "'")
-    return textwrap.wrap(text, width=100, initial_indent=DOCSTRING_INDENT, subsequent_indent=DOCSTRING_INDENT,
-                         break_on_hyphens=False)
+    return docstring_lines(text)
 
 
 def replace_between(text: str, begin: str, end: str, new_lines: list[str], where: str) -> str:
