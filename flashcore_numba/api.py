@@ -396,7 +396,7 @@ def _simulated(q, k, v, causal, phase, ops, qk_scale, return_lse):
 
 
 def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
-                   scale: float | None = None, return_lse: bool = False):
+                   scale: float | None = None, return_lse: bool = False, phase: str | None = None):
     """Attention with your mods, as torch's flex_attention takes them: softmax(score_mod(q·kᵀ·scale))
     over the keys the mask leaves, times v, for (B, H, S, D) fp16 or bf16 inputs (k and v may have
     fewer heads: grouped-query attention); a row that sees no key gives zeros (and an LSE of -inf).
@@ -410,9 +410,11 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
         are (give a block_mask made with B=None or H=None when the mask does not depend on them,
         to make it once and smaller).
     scale: the scores' factor, 1/sqrt(D) by default. return_lse: also each row's log-sum-exp.
+    phase: the kernel the mods go into, "09" (Hopper: TMA, wgmma) or "07" (any GPU from sm_80);
+    None: 09 where the GPU runs it, else 07 (and 07 in the simulator, where 09 is slow).
 
-    The kernel is phase 14's (phases/p14_flex.py), compiled once per mods' functions, head dim and
-    dtype, and kept in the kernel cache by the mods' fingerprints (their bound arrays are arguments:
+    The kernel is phase 14's (phases/p14_flex.py), compiled once per mods' functions, head dim,
+    dtype and phase, and kept in the kernel cache by the mods' fingerprints (their bound arrays are arguments:
     new values need no compile). NumPy
     arrays, Numba device arrays and torch CUDA tensors; in the simulator on the CPU too."""
     from numba import cuda
@@ -441,10 +443,11 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
         raise ValueError(f"block_mask: made for {block_mask.seq_q} query rows and {block_mask.seq_k} keys, "
                          f"but q has {S_q} and k {S_k}")
     mmod = block_mask.mask if block_mask is not None else (None if mask_mod is None else flex.mask_mod(mask_mod))
-    tile = p14.tiles(D)
+    base = _flex_base(phase)
+    tile = p14.tiles(D, base)
     on_gpu = ops[0].kind != "numpy" and not simulator_enabled()  # (in the simulator NumPy is the faster)
     kinds = flex.kernel_kinds(block_mask, mmod, B, H, S_q, S_k, tile["block_m"], tile["block_n"], on_gpu)
-    config = p14.build_for(D, ops[0].dtype, smod, mmod)
+    config = p14.build_for(D, ops[0].dtype, smod, mmod, base)
     qk_scale = np.float32((default_scale(D) if scale is None else float(scale)) * LOG2E)
     torch_inputs = ops[0].kind == "torch"
     if ops[0].kind != "numpy" and not simulator_enabled():  # the kernel copies 16 bytes at a time
@@ -479,13 +482,39 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
         out = cuda.device_array((B, H, S_q, D), dtype=q.dtype)
         lse = cuda.device_array((B, H, S_q) if return_lse else (0, 0, 0), dtype=np.float32)
         arrays = [q, k, v, out, lse]
-    arrays[3] = arrays[3].view(np.uint32)  # the kernel stores O as packed pairs
-    grid = (-(-S_q // config.block_m), H, B)
-    launch(config.kernel, grid, config.n_threads, config.smem_bytes,
-           (*arrays, qk_scale, *lists, score_args, mask_args), stream, p14.cache_identity(D, ops[0].dtype, smod, mmod))
+    identity = p14.cache_identity(D, ops[0].dtype, smod, mmod, base)
+    if base == "09":  # phase 09's arguments (its tensor maps and work counter), then the block mask's and mods'
+        args = config.arguments(*arrays[:4], False, qk_scale, stream, arrays[4])
+        launch(config.kernel, config.grid((B, H, S_q, D), False), config.n_threads, config.smem_bytes,
+               (*args, *lists, score_args, mask_args), stream, identity)
+    else:
+        arrays[3] = arrays[3].view(np.uint32)  # the kernel stores O as packed pairs
+        grid = (-(-S_q // config.block_m), H, B)
+        launch(config.kernel, grid, config.n_threads, config.smem_bytes,
+               (*arrays, qk_scale, *lists, score_args, mask_args), stream, identity)
     if not torch_inputs and ops[0].kind == "numpy":
         out, lse = out.copy_to_host(), lse.copy_to_host()
     return (out, lse) if return_lse else out
+
+
+def _flex_base(phase: str | None) -> str:
+    """The phase flex_attention's mods go into: the one asked for, or 09 where this GPU runs it, else
+    07 (in the simulator 07: phase 09 there is a slow emulation of TMA and wgmma)."""
+    from .phases import p14_flex as p14
+
+    if phase is not None:
+        if phase not in p14.BASES:
+            raise ValueError(f"phase: flex_attention runs on phase {' or '.join(p14.BASES)}, not {phase!r}")
+        if not simulator_enabled():
+            require_device(PHASES[phase])
+        return phase
+    if simulator_enabled():
+        return "07"
+    from numba import cuda
+
+    if cuda.is_available() and cc_reason(PHASES["09"], cuda.get_current_device().compute_capability) is None:
+        return "09"
+    return "07"
 
 
 _KEPT: dict = {}  # (id of a block mask's kinds or a mod, device) -> (it, its arrays on the device)

@@ -1,5 +1,5 @@
 """Phase 14's kernel (phases/p14_flex.py) through flex_attention (api.py): score_mod and mask_mod compiled
-into phase 07's kernel, the block mask's empty tiles never read. Every output against the float64
+into phase 07's kernel (or phase 09's: phase="09"), the block mask's empty tiles never read. Every output against the float64
 oracle with the same mods (reference.reference_flex), in the simulator on the CPU and on a GPU."""
 
 import numpy as np
@@ -13,11 +13,11 @@ NO_TORCH = "torch is not installed (pip install -e '.[torch]')"
 ATOL = 2e-3  # fp16 output of a float32 softmax against float64, inputs of |x| < 4 (as test_phases)
 
 
-def check(q, k, v, *, score_mod=None, mask_mod=None, block_mask=None, scale=None):
+def check(q, k, v, *, score_mod=None, mask_mod=None, block_mask=None, scale=None, phase=None):
     """flex_attention's output and LSE against the oracle: every row, NaN never passes; a row that
     sees no key is exactly zero with an LSE of -inf."""
     out, lse = flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
-                                   scale=scale, return_lse=True)
+                              scale=scale, return_lse=True, phase=phase)
     mask = block_mask.mask if block_mask is not None else mask_mod
     ref, ref_lse = reference_flex(q, k, v, score_mod=score_mod, mask_mod=mask, scale=scale)
     got = np.asarray(out, np.float64)
@@ -47,6 +47,35 @@ def test_softcap_and_a_sliding_window_in_the_simulator():
     blocks = flex.create_block_mask(window, None, None, 70, 75, 32, 32)
     assert (blocks.kinds == flex.EMPTY).any() and (blocks.kinds == flex.FULL).any()
     check(q, k, v, score_mod=flex.softcap(3.0), block_mask=blocks)
+
+
+@pytest.mark.beside
+def test_mods_on_phase09_in_the_simulator():
+    """The mods in phase 09's kernel (Hopper's: the TMA producer and the wgmma consumers walk the
+    block mask's list; the simulator's tiles: 128 x 128, two consumers): a softcap and a window of a
+    tile and a half, GQA 2, both lengths ending inside a tile; the first query block's list stops
+    before the last key tiles."""
+    q, k, v = random_qkv((1, 2, 300, 64), 280, heads_kv=1, seed=9, dtype=np.float16)
+    window = flex.sliding_window(150)
+    assert flex.create_block_mask(window, None, None, 300, 280, 128, 128).kv_blocks(0, 0, 0).tolist() == [0]
+    check(q, k, v, score_mod=flex.softcap(4.0), mask_mod=window, phase="09")
+
+
+@pytest.mark.slow
+def test_alibi_and_documents_on_phase09_in_the_simulator():
+    """ALiBi and a document mask in phase 09's kernel: the last query block's list starts at key
+    block 1 (its first tile is not tile 0), D = 128, the mask per batch."""
+    q, k, v = random_qkv((2, 2, 300, 128), 300, seed=10, dtype=np.float16)
+    ids = np.stack([np.repeat(np.arange(3), 100), np.repeat(np.arange(2), 150)])
+    documents = flex.document_mask(ids, causal=False)
+    assert flex.create_block_mask(documents, 2, None, 300, 300, 128, 128).kv_blocks(0, 0, 2).tolist() == [1, 2]
+    check(q, k, v, score_mod=flex.alibi(flex.alibi_slopes(2)), mask_mod=documents, phase="09")
+
+
+def test_flex_attention_names_a_phase_it_does_not_run_on():
+    q, k, v = random_qkv((1, 1, 8, 64), 8, seed=1, dtype=np.float16)
+    with pytest.raises(ValueError, match="phase: flex_attention runs on phase 07 or 09, not '08'"):
+        flex_attention(q, k, v, phase="08")
 
 
 def test_an_empty_tile_is_never_read():
@@ -151,8 +180,10 @@ def _three(b, h, q_idx):
 # On a GPU: torch CUDA tensors, both dtypes, the reference head dims
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("D, dtype", [(64, "float16"), (128, "bfloat16")])
-def test_flex_attention_on_gpu(D, dtype):
+@pytest.mark.parametrize("D, dtype, phase", [(64, "float16", None), (128, "bfloat16", None), (64, "float16", "07")])
+def test_flex_attention_on_gpu(D, dtype, phase):
+    """Each built-in on the GPU against the oracle, on the kernel flex_attention picks (phase 09 on
+    Hopper) and on phase 07's; then its refusals, and the context alive after them."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     B, H, H_kv, S = 2, 4, 2, 1000
     gen = torch.Generator("cuda").manual_seed(D)
@@ -165,7 +196,7 @@ def test_flex_attention_on_gpu(D, dtype):
              dict(mask_mod=flex.prefix_lm(100))]
     host = [x.float().cpu().numpy() for x in (q, k, v)]
     for case in cases:
-        out, lse = flex_attention(q, k, v, return_lse=True, **case)
+        out, lse = flex_attention(q, k, v, return_lse=True, phase=phase, **case)
         ref, ref_lse = reference_flex(*host, **case)
         got = out.float().cpu().numpy()
         assert not np.isnan(got).any()

@@ -202,6 +202,37 @@ BUILDS = {
 }
 
 
+# The walk over a query block's key tiles. Phase 09 visits every tile up to the block's last key, in
+# order, and takes the scores as the product leaves them. Phase 14 (p14_flex.py) builds this same
+# kernel with a walk of its own: the tiles its block mask lists, and the user's mods applied to each
+# tile's scores. The plain walk's functions compile to nothing: phase 09's PTX at D = 64 and 128, and
+# its varlen build's, were the same text with the seam as without it (but for Numba's serial numbers
+# in the kernel's name).
+@dataclass(frozen=True)
+class Walk:
+    mods: bool  # phase 14's: every listed tile runs the masked softmax, for every consumer (none passed)
+    listed: object  # listed(lists, bh, n_heads, row0, n_tiles) -> (tiles visited, where: the list's entry)
+    tile_at: object  # tile_at(lists, where, i) -> the key block of the i-th tile visited
+    apply: object  # apply(s, context, n, t, scale): the mods on the scores of key block n
+
+
+def plain_walk() -> Walk:
+    """Phase 09's own walk: tiles 0 .. n_tiles - 1, the scores left as they are."""
+    @cuda.jit(device=True, inline=True)
+    def listed(lists, bh, n_heads, row0, n_tiles):
+        return n_tiles, 0
+
+    @cuda.jit(device=True, inline=True)
+    def tile_at(lists, where, i):
+        return i
+
+    @cuda.jit(device=True, inline=True)
+    def apply(s, context, n, t, scale):
+        pass
+
+    return Walk(False, listed, tile_at, apply)
+
+
 def make_softmax_tile(L, dtype="float16"):
     """(softmax_tile, pack_a): phase 08's online softmax on S of BLOCK_N keys, and P's fragments."""
     BLOCK_N = L["BLOCK_N"]
@@ -309,9 +340,10 @@ def make_scheduler(L):
     return next_unit, query_block
 
 
-def make_producer(L, varlen, hooks, tail_off):
+def make_producer(L, varlen, hooks, tail_off, walk):
     """producer(...): the TMA loads, by one thread of warpgroup 0. hooks: the kernel's barrier waits
-    and trace marks (tracing.wait_hooks); tail_off: (varlen) where the producer's own barrier is."""
+    and trace marks (tracing.wait_hooks); tail_off: (varlen) where the producer's own barrier is;
+    walk: which key tiles a query block visits (Walk)."""
     VARLEN = varlen
     wait, _, trace_mark, trace_save = hooks
     expect_tx = ptx.function("tma.ptx", "flashcore_mbarrier_arrive_expect_tx", "inline")
@@ -324,6 +356,7 @@ def make_producer(L, varlen, hooks, tail_off):
     KV_BYTES, KV_ATOM = L["KV_BYTES"], L["KV_ATOM"]
     INFO = L["INFO_OFF"] // 4  # the info slots (two words per consumer), in words of smem_h
     TAIL_OFF = tail_off
+    listed, tile_at = walk.listed, walk.tile_at
     fence_proxy_async = ptx.function("wgmma.ptx", "flashcore_fence_proxy_async", "inline")
     arrive = ptx.function("tma.ptx", "flashcore_mbarrier_arrive", "inline")
 
@@ -390,7 +423,7 @@ def make_producer(L, varlen, hooks, tail_off):
 
     @cuda.jit(device=True, inline=True)
     def producer(smem_h, smem, smem_d, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads, seq_q,
-                 seq_k, CU_Q, CU_K):
+                 seq_k, CU_Q, CU_K, lists):
         """The producer: for each query block the scheduler hands out, its K and V tile after tile
         into the ring (a stage once every consumer has released it), each consumer's Q behind tile
         0; then it tells the consumers that no block is left. varlen: seq_q is the longest sequence's."""
@@ -424,13 +457,15 @@ def make_producer(L, varlen, hooks, tail_off):
                 plane_kv = int32(uint32(bh // uint32(n_heads)) * uint32(K.shape[1]) + h_kv)
             block_k_end = key_end(min(row0 + BLOCK_M, seq_q) - 1, seq_q, seq_k, causal)
             n_tiles = int32((block_k_end + BLOCK_N - 1) // BLOCK_N)
+            n_tiles, where = listed(lists, bh, n_heads, row0, n_tiles)
             # Tile 0's K and V go out before Q: their stage is freed by the consumers of the last
             # block whatever Q does, so they load while those finish. Each consumer's tile of Q
             # waits for that consumer's release (its last S of the last block), then comes in
             # behind tile 0 (n_tiles = 0: at once)
             if n_tiles == 0:
                 q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q, q_first, plane_q)
-            for n in range(n_tiles):  # fill the next stage once it is free
+            for i in range(n_tiles):  # fill the next stage once it is free
+                n = tile_at(lists, where, i)
                 wait(empty + 8 * stage, phase ^ uint32(1))  # the use before this one was released
                 # (varlen) a tile past the sequence's last key whose rows there are another sequence's
                 if VARLEN and (n + 1) * BLOCK_N > seq_k and k_first + seq_k < K.shape[1]:
@@ -439,7 +474,7 @@ def make_producer(L, varlen, hooks, tail_off):
                 else:
                     load_kv(smem, full + 8 * stage, stage, n, plane_kv, map_k, map_v, k_first)
                 stage, phase = advance(stage, phase)
-                if n == 0:
+                if i == 0:
                     q_uses = load_q(smem_h, smem, q_full, q_empty, q_uses, row0, bh, map_q, q_first, plane_q)
             unit = unit_after
         for i in range(CONSUMERS):
@@ -451,10 +486,11 @@ def make_producer(L, varlen, hooks, tail_off):
     return producer
 
 
-def make_turns(L, dtype="float16", build=None, hooks=None):
+def make_turns(L, dtype="float16", build=None, hooks=None, walk=None):
     """(first_tile, turn, add_pv): a consumer warpgroup's steps through its tiles, each a turn at the
     tensor cores (wgmma from shared memory, ptx/wgmma.ptx) and the softmax of the tile. hooks: the
-    kernel's barrier waits and trace marks (tracing.wait_hooks)."""
+    kernel's barrier waits and trace marks (tracing.wait_hooks); walk: the mods on each tile's
+    scores (Walk.apply: none in phase 09)."""
     kind = PTX_TYPE[dtype]
     BLOCK_N = L["BLOCK_N"]
     shape = f"d{L['D_TILE']}_n{BLOCK_N}"  # the functions' tile shape: 64 query rows, BLOCK_N keys, D_TILE
@@ -481,6 +517,7 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
     N_P, N_O = 4 * L["KP"], 4 * NO  # registers per thread of P's fragments, of O
     # the build's choices, as constants the compiler folds (a branch on one is compiled out)
     TURNS, OVERLAP, RELEASE_Q_EARLY = build.turns, build.overlap, build.release_q_early
+    apply_mods = walk.apply
 
     @cuda.jit(device=True, inline=True)
     def add_pv(acc, p_frag, desc_v, alpha_a, alpha_b):
@@ -492,9 +529,10 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
 
     @cuda.jit(device=True, inline=True)
     def first_tile(smem, full, q_empty, stage, phase, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, m_a,
-                   m_b, l_a, l_b, n_mine):
-        """-- tile 0 of a query block, in ring stage `stage`: its S alone (there is no P·V before
-        it), in this warpgroup's turn, then its softmax; returns the rows' new m_i, l_i and alpha."""
+                   m_b, l_a, l_b, n_mine, n, context):
+        """-- the first tile of a query block (key block n: 0 in phase 09), in ring stage `stage`: its
+        S alone (there is no P·V before it), in this warpgroup's turn, then its softmax; returns the
+        rows' new m_i, l_i and alpha."""
         wait(full + 8 * stage, phase)
         if TURNS:
             bar_sync(uint32(TURN + c), uint32(TURN_THREADS))
@@ -504,19 +542,21 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
         if RELEASE_Q_EARLY and n_mine == 1:
             arrive(q_empty)  # the block's only S is done
         store_tuple(s, s_tile)
-        m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, 0, t, k_end_a, k_end_b, scale,
+        apply_mods(s, context, n, t, scale)
+        m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, n * BLOCK_N, t, k_end_a, k_end_b, scale,
                                                             m_a, m_b, l_a, l_b, True)
         pack_a(p_frag, s)
         return m_a, m_b, l_a, l_b, alpha_a, alpha_b
 
     @cuda.jit(device=True, inline=True)
     def turn(smem, q_empty, n, stage, phase, prev, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a,
-             l_b, alpha_a, alpha_b, may_mask, last):
+             l_b, alpha_a, alpha_b, may_mask, last, context):
         """A consumer's step through its tiles: tile n >= 1 of a query block, in ring stage `stage`
         (`phase`: the parity of this use of it), tile n - 1 in stage `prev`: wait for it, take the
         turn (S of tile n, P·V of tile n - 1), the softmax of tile n; returns the rows' new m_i, l_i
         and alpha. `last`: tile n is the last this warpgroup computes S of, so its Q is released
-        (q_empty: this consumer's barrier) as soon as that S is done."""
+        (q_empty: this consumer's barrier) as soon as that S is done. (Phase 14 walks a list: n is
+        then the key block of the list's next tile, and "tile n - 1" the list's tile before it.)"""
         full, empty, _, _ = barriers(smem)
         wait(full + 8 * stage, phase)  # tile n has landed
         desc_k = descriptor(smem + RING_OFF + stage * STAGE_BYTES, 16, GROUP, SW128)
@@ -543,6 +583,7 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
         if RELEASE_Q_EARLY and last:  # Q is not read again: the next block's may load under this softmax
             arrive(q_empty)
         store_tuple(s, s_tile)
+        apply_mods(s, context, n, t, scale)
         m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, n * BLOCK_N, t, k_end_a, k_end_b,
                                                             scale, m_a, m_b, l_a, l_b, may_mask)
         if OVERLAP:
@@ -559,9 +600,10 @@ def make_turns(L, dtype="float16", build=None, hooks=None):
     return first_tile, turn, add_pv
 
 
-def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
+def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None, walk=None):
     """consumer(...): a consumer warpgroup, query block after query block. hooks: the kernel's
-    barrier waits and trace marks (tracing.wait_hooks)."""
+    barrier waits and trace marks (tracing.wait_hooks); walk: which key tiles a query block visits,
+    and the mods on their scores (Walk)."""
     VARLEN = varlen
     wait, bar_sync, trace_mark, trace_save = hooks
     pack = ptx.function("mma_sync.ptx", f"flashcore_pack_{PTX_TYPE[dtype]}x2", "inline")
@@ -574,7 +616,8 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
     descriptor, global_address = operands.matrix_descriptor, operands.global_address
     SW128 = operands.SWIZZLE_128B
     advance, _ = make_ring(L)
-    first_tile, turn, add_pv = make_turns(L, dtype, build, hooks)
+    first_tile, turn, add_pv = make_turns(L, dtype, build, hooks, walk)
+    MODS, listed, tile_at = walk.mods, walk.listed, walk.tile_at
     V_DIM, BLOCK_M, BLOCK_N = L["V_DIM"], L["BLOCK_M"], L["BLOCK_N"]
     CONSUMERS, PASS_UNSEEN = L["CONSUMERS"], L["PASS_UNSEEN"]
     TILE_BYTES, RING_OFF, STAGE_BYTES = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"]
@@ -635,7 +678,7 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
 
     @cuda.jit(device=True, inline=True)
     def consumer(smem_h, smem, full, empty, q_full, q_empty, O, LSE, causal, qk_scale, counter, tid, wg, n_heads,
-                 seq_q, seq_k, CU_Q, CU_K, total_k):
+                 seq_q, seq_k, CU_Q, CU_K, total_k, lists):
         """A consumer warpgroup: for each query block the producer announces in its info slot, its
         64 rows of O. Tile 0's S alone, then a turn per tile (the loop without masks, then the one
         with), the tiles its rows never see passed, the last tile's P·V, and the epilogue."""
@@ -686,6 +729,11 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
                 q_first = 0
             n_tiles, row_a, row_b, k_end_a, k_end_b, n_mine = block_rows(row0, c, warp, g, seq_q, seq_k,
                                                                          causal)
+            count, where = listed(lists, bh, n_heads, row0, n_tiles)
+            if MODS:  # phase 14: the tiles of the block mask's list, every consumer each of them
+                n_tiles = count
+                n_mine = count
+            context = (lists, where, b, h, row_a, seq_q, seq_k)  # what the mods read (phase 14)
             zero_tiles(acc, NO)
             m_a = float32(-math.inf)
             m_b = float32(-math.inf)
@@ -704,7 +752,7 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
             if n_mine > 0:  # -- tile 0: S alone, there is no P·V before it
                 m_a, m_b, l_a, l_b, alpha_a, alpha_b = first_tile(
                     smem, full, q_empty, stage, phase, c, desc_q, t, k_end_a, k_end_b, scale, s, p_frag, m_a,
-                    m_b, l_a, l_b, n_mine)
+                    m_b, l_a, l_b, n_mine, tile_at(lists, where, 0), context)
                 prev = stage
                 stage, phase = advance(stage, phase)
 
@@ -713,16 +761,20 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
             # straight path from the issue of the products to their waits, and the tiles that cross
             # the causal diagonal or the end of the keys follow in a loop of their own
             n_full = min(key_end(min(row0 + c * WG_M, seq_q - 1), seq_q, seq_k, causal) // BLOCK_N, n_mine)
-            for n in range(1, n_full):
+            if MODS:  # (phase 14) any tile of the list may be masked
+                n_full = 1
+            for i in range(1, n_full):
+                n = tile_at(lists, where, i)
                 m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, q_empty, n, stage, phase, prev, c, desc_q, t, k_end_a,
                                                             k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b,
-                                                            alpha_a, alpha_b, False, n == n_mine - 1)
+                                                            alpha_a, alpha_b, False, i == n_mine - 1, context)
                 prev = stage
                 stage, phase = advance(stage, phase)
-            for n in range(max(n_full, 1), n_mine):
+            for i in range(max(n_full, 1), n_mine):
+                n = tile_at(lists, where, i)
                 m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, q_empty, n, stage, phase, prev, c, desc_q, t, k_end_a,
                                                             k_end_b, scale, s, p_frag, acc, m_a, m_b, l_a, l_b,
-                                                            alpha_a, alpha_b, True, n == n_mine - 1)
+                                                            alpha_a, alpha_b, True, i == n_mine - 1, context)
                 prev = stage
                 stage, phase = advance(stage, phase)
             stage, phase = pass_unseen(full, empty, n_mine, n_tiles, stage, phase, c)
@@ -745,7 +797,7 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None):
     return consumer
 
 
-def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> KernelConfig:
+def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False, walk=None) -> KernelConfig:
     """The kernel of layout L, with the ideas `build` (a Build) names. Its roles are functions of
     their own, above: the softmax of a tile (make_softmax_tile, as in phase 08), the ring's position
     (make_ring), the work scheduler (make_scheduler: which query block comes next), the producer
@@ -756,8 +808,11 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
     (docs/tuning/09_history.md); it computes what the plain build computes. With `varlen`, the same
     kernel on sequences of their own lengths packed end to end
     (flashcore_numba.inference.attention_varlen, as phase 07's): a unit past its sequence's rows is
-    passed over, and each sequence's rows are found from its offsets (the branches on VARLEN)."""
+    passed over, and each sequence's rows are found from its offsets (the branches on VARLEN).
+    walk: phase 14's (p14_flex.py), the tiles of a block mask and the user's mods; the kernel then
+    takes the block mask's lists and the mods' arrays after the counter."""
     VARLEN = varlen
+    walk = plain_walk() if walk is None else walk
     mbar_init = ptx.function("tma.ptx", "flashcore_mbarrier_init", "inline")
     fence_mbar_init = ptx.function("tma.ptx", "flashcore_fence_mbarrier_init", "inline")
     regs_inc = ptx.function("warpgroup.ptx", f"flashcore_setmaxnreg_inc_{L['CONSUMER_REGISTERS']}", "inline")
@@ -777,12 +832,12 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
     if VARLEN:
         SMEM_BYTES = TAIL_OFF + 8
     _, barriers = make_ring(L)
-    producer = make_producer(L, varlen, hooks, TAIL_OFF)
-    consumer = make_consumer(L, dtype, build, varlen, hooks)
+    producer = make_producer(L, varlen, hooks, TAIL_OFF, walk)
+    consumer = make_consumer(L, dtype, build, varlen, hooks, walk)
 
     # ---------------- the kernel: warpgroup 0 produces, the others consume --------------------------
     @cuda.jit(device=True, inline=True)
-    def attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, CU_Q, CU_K, max_seqlen_q):
+    def attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, CU_Q, CU_K, max_seqlen_q, lists):
         """The whole of one block's work (the kernels below only name their arguments)."""
         smem_h = cuda.shared.array(0, uint32, alignment=1024)
         smem_d = cuda.shared.array(0, uint64)  # the same memory in 8-byte words (load_kv_alone's stores)
@@ -816,19 +871,24 @@ def build_kernel(L, dtype="float16", build=BUILDS[None], varlen=False) -> Kernel
             regs_dec()
             if tid == 0:
                 producer(smem_h, smem, smem_d, full, empty, q_full, q_empty, Q, K, causal, maps, counter, n_heads,
-                         seq_q, seq_k, CU_Q, CU_K)
+                         seq_q, seq_k, CU_Q, CU_K, lists)
             return
         regs_inc()  # the consumers take those registers
         consumer(smem_h, smem, full, empty, q_full, q_empty, O, LSE, causal, qk_scale, counter, tid, wg, n_heads,
-                 seq_q, seq_k, CU_Q, CU_K, K.shape[1])
+                 seq_q, seq_k, CU_Q, CU_K, K.shape[1], lists)
 
     def kernel(Q, K, V, O, LSE, causal, qk_scale, maps, counter):
-        attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, counter, counter, 0)  # (no offsets: unread)
+        attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, counter, counter, 0, counter)  # (no offsets: unread)
 
     def kernel_varlen(Q, K, V, O, LSE, causal, qk_scale, maps, counter, CU_Q, CU_K, max_seqlen_q):
-        attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, CU_Q, CU_K, max_seqlen_q)
+        attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, CU_Q, CU_K, max_seqlen_q, counter)
 
-    entry = kernel_varlen if VARLEN else kernel
+    def kernel_mods(Q, K, V, O, LSE, causal, qk_scale, maps, counter, KV_COUNT, KV_INDEX, KV_KIND, score_args,
+                    mask_args):  # phase 14's: the block mask's lists and the mods' arrays
+        attend(Q, K, V, O, LSE, causal, qk_scale, maps, counter, counter, counter, 0,
+               (KV_COUNT, KV_INDEX, KV_KIND, score_args, mask_args))
+
+    entry = kernel_mods if walk.mods else (kernel_varlen if VARLEN else kernel)
     if simulator_enabled():
         compiled = cuda.jit(entry)
     else:  # 384 threads, one block per SM: ptxas budgets 168 registers per thread, which setmaxnreg

@@ -36,6 +36,7 @@ from numba import cuda, float32, int32, uint32, uint64
 from flashcore_numba.arch import operands, ptx
 from flashcore_numba.arch.cache import function_fingerprint
 from flashcore_numba.phases import p07_mma_sync as p07
+from flashcore_numba.phases import p09_warp_specialized as p09
 from flashcore_numba.phases.common import LOG2E, MMA_N, KernelConfig, key_end
 from flashcore_numba.phases.p07_mma_sync import MMA_M
 
@@ -47,6 +48,7 @@ MIN_CC = p07.MIN_CC
 HEAD_DIMS = (64, 128)  # the course's head dims; any other multiple of 8 up to 256 runs too (runs_head_dim)
 HEAD_DIMS_TEXT = p07.HEAD_DIMS_TEXT
 BUILDS_ON = "07"  # phase 07's kernel, its key-tile loop walking the block mask: the lesson compares the two
+BASES = ("07", "09")  # the kernels the mods go into: phase 07's (any GPU, the simulator) and phase 09's (Hopper)
 MODS = True  # graded with mods and a block mask (course/grade_flex.py), timed by `flashcore bench --flex`
 MAX_BOUND_ARRAYS = 3  # arrays a mod may read (its parameters after the indices)
 PARTIAL = 1  # a tile of the block mask where mask_mod decides per element (flex.PARTIAL)
@@ -56,9 +58,10 @@ def runs_head_dim(HEAD_DIM: int) -> bool:
     return p07.runs_head_dim(HEAD_DIM)
 
 
-def tiles(HEAD_DIM: int) -> dict:
-    """The tiles are phase 07's: the block mask is made at (block_m, block_n)."""
-    return p07.tiles(HEAD_DIM)
+def tiles(HEAD_DIM: int, base: str = "07") -> dict:
+    """The tiles of the kernel the mods go into (phase 07's or phase 09's): the block mask is made at
+    (block_m, block_n)."""
+    return p09.tiles(HEAD_DIM) if base == "09" else p07.tiles(HEAD_DIM)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,37 +325,99 @@ def build_kernel(L, dtype="float16", score_call=None, mask_call=None) -> KernelC
                         packed_output=True, out_alignment=16, lse=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# On Hopper: the same mods in phase 09's kernel. Its producer and consumers walk the block mask's
+# list through phase 09's seam (p09.Walk), and each tile's scores go through apply_mods above
+# ---------------------------------------------------------------------------------------------
+def make_walk(L, score_call, mask_call) -> p09.Walk:
+    """Phase 09's walk for these mods: the tiles of the block mask's list, in order (`lists`: the
+    kernel's KV_COUNT, KV_INDEX, KV_KIND and the mods' arrays), and apply_mods on each tile's S.
+    A consumer warpgroup's S is one m-tile of 16 rows a warp, (NT, 4) in mma's accumulator layout
+    (rows row_a and row_a + 8): apply_mods takes it as (1, NT, 4), copied in and out, which costs
+    nothing once the copies are unrolled (registers renamed)."""
+    NT, BLOCK_M, BLOCK_N = L["NT"], L["BLOCK_M"], L["BLOCK_N"]
+    apply_mods = make_apply_mods(dict(NT=NT, M_TILES=1), score_call, mask_call)
+
+    @cuda.jit(device=True, inline=True)
+    def copy_in(j, args):
+        s3, s = args
+        for e in range(4):
+            s3[0, j, e] = s[j, e]
+
+    @cuda.jit(device=True, inline=True)
+    def copy_out(j, args):
+        s3, s = args
+        for e in range(4):
+            s[j, e] = s3[0, j, e]
+
+    each_in = p07.unrolled(copy_in, NT)
+    each_out = p07.unrolled(copy_out, NT)
+
+    @cuda.jit(device=True, inline=True)
+    def listed(lists, bh, n_heads, row0, n_tiles):
+        """The query block's count of tiles, and where its list is: (batch, head, query block) of
+        the block mask, whose batch and head axes may be 1 (broadcast)."""
+        KV_COUNT = lists[0]
+        bm = uint32(bh // uint32(n_heads)) % uint32(KV_COUNT.shape[0])
+        hm = uint32(bh % uint32(n_heads)) % uint32(KV_COUNT.shape[1])
+        m = uint32(row0) // uint32(BLOCK_M)
+        return int32(KV_COUNT[bm, hm, m]), (bm, hm, m)
+
+    @cuda.jit(device=True, inline=True)
+    def tile_at(lists, where, i):
+        return int32(lists[1][where[0], where[1], where[2], i])
+
+    @cuda.jit(device=True, inline=True)
+    def apply(s, context, n, t, scale):
+        lists, where, b, h, row_a, seq_q, seq_k = context
+        partial = lists[2][where[0], where[1], where[2], n] == PARTIAL
+        s3 = cuda.local.array((1, NT, 4), float32)
+        each_in(0, (s3, s))
+        unit = scale * float32(1.0 / LOG2E)  # a raw score times unit is the score the mods see
+        apply_mods(s3, partial, b, h, row_a, 0, t, int32(n * BLOCK_N), seq_q, seq_k, unit, float32(1.0) / unit,
+                   lists[3], lists[4])
+        each_out(0, (s3, s))
+
+    return p09.Walk(True, listed, tile_at, apply)
+
+
 @lru_cache(maxsize=None)
 def build(HEAD_DIM: int, dtype: str = "float16", score_fn=None, n_score_arrays: int = 0, mask_fn=None,
-          n_mask_arrays: int = 0) -> KernelConfig:
-    """The kernel for head dim HEAD_DIM and `dtype` with the mods' functions compiled in (None: none):
-    one build per (functions, their arrays' count, head dim, dtype), kept for the process."""
+          n_mask_arrays: int = 0, base: str = "07") -> KernelConfig:
+    """The kernel for head dim HEAD_DIM and `dtype` with the mods' functions compiled in (None: none),
+    on phase 07's kernel or (base "09", Hopper) phase 09's: one build per (functions, their arrays'
+    count, head dim, dtype, base), kept for the process."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype: phase 14 builds {' and '.join(DTYPES)}, not {dtype!r}")
     if not runs_head_dim(HEAD_DIM):
         raise ValueError(f"head dim: phase 14 builds {HEAD_DIMS_TEXT}, not {HEAD_DIM!r}")
+    if base not in BASES:
+        raise ValueError(f"base: phase 14 builds on phase {' or '.join(BASES)}, not {base!r}")
     score_call = None if score_fn is None else device_mod(score_fn, n_score_arrays, "score_mod")
     mask_call = None if mask_fn is None else device_mod(mask_fn, n_mask_arrays, "mask_mod")
+    if base == "09":
+        L = p09.layout(HEAD_DIM)
+        return p09.build_kernel(L, dtype, p09.BUILDS[None], False, make_walk(L, score_call, mask_call))
     return build_kernel(p07.layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype, score_call, mask_call)
 
 
 _BUILDS: dict = {}  # (head dim, dtype, each mod's code) -> its KernelConfig
 
 
-def build_for(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None) -> KernelConfig:
+def build_for(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None, base: str = "07") -> KernelConfig:
     """build() for these mods (flex.ScoreMod, flex.MaskMod or None), once per distinct code: mods whose
     fingerprints agree share a build whatever function objects carry them (a lambda written in a
     loop is a new object each time, the same code); a mod without a fingerprint, by its function."""
     def code(mod):
         return None if mod is None else (_fingerprint(mod.fn) or mod.fn, len(mod.arrays))
 
-    key = (HEAD_DIM, dtype, code(score_mod), code(mask_mod))
+    key = (HEAD_DIM, dtype, code(score_mod), code(mask_mod), base)
     config = _BUILDS.get(key)
     if config is None:
         config = _BUILDS[key] = build(HEAD_DIM, dtype, None if score_mod is None else score_mod.fn,
                                       0 if score_mod is None else len(score_mod.arrays),
                                       None if mask_mod is None else mask_mod.fn,
-                                      0 if mask_mod is None else len(mask_mod.arrays))
+                                      0 if mask_mod is None else len(mask_mod.arrays), base)
     return config
 
 
@@ -363,14 +428,15 @@ def _fingerprint(fn):
     return function_fingerprint(fn)
 
 
-def cache_identity(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None) -> tuple:
+def cache_identity(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None, base: str = "07") -> tuple:
     """The kernel cache's identity of the build for these mods (arch/cache.py: with the argument types,
     the package's source and the toolchain): the mods' fingerprints (cache.function_fingerprint), or
     () where a mod's cannot be told, and its kernel is compiled in every process."""
     prints = [None if mod is None else _fingerprint(mod.fn) for mod in (score_mod, mask_mod)]
     if any(mod is not None and fp is None for mod, fp in zip((score_mod, mask_mod), prints)):
         return ()
-    return (ID, HEAD_DIM, dtype, prints[0] or "no score_mod", prints[1] or "no mask_mod")
+    on = ("on 09",) if base == "09" else ()  # (phase 07's builds keep the keys they had)
+    return (ID, HEAD_DIM, dtype, prints[0] or "no score_mod", prints[1] or "no mask_mod", *on)
 
 
 def kernel_views(HEAD_DIM: int, dtype: str = "float16") -> dict:
