@@ -485,16 +485,17 @@ class _FitToWidth:
         yield from self.layout(console, options)
 
 
-def _results_table(results, title, *, vs_peers=(), resources=False, bandwidth=False):
+def _results_table(results, title, *, vs_peers=(), resources=False, bandwidth=False, ladder=True):
     """One problem's results (dicts as in a record) for rich: the title, a table with one line
     per kernel, and under it what does not fit a cell. With `bandwidth` (a decode step, bound by
     reading K and V, not by FLOPs), GB/s and the share of the copy's bandwidth come after TFLOPS. Every number is printed whole at the
     width it gets: a kernel whose "id name" is too long is named by its id alone, and where
     that is not enough the least needed columns are left out, last first (local B, smem B,
-    regs, %peak, the SDPA columns from the last, × prev), and named under the table."""
+    regs, %peak, the SDPA columns from the last, × prev), and named under the table. ladder=False:
+    rows that are not rungs of one ladder (--flex: a row per mask), no "× prev" column."""
     from .measure.bench import format_tflops, ladder_speedups
 
-    speedups = ladder_speedups(results)
+    speedups = ladder_speedups(results) if ladder else {}
     peer_tflops = {r["name"]: r.get("tflops") for r in results if r["kind"] == "peer"}
 
     def speedup(r):
@@ -517,8 +518,7 @@ def _results_table(results, title, *, vs_peers=(), resources=False, bandwidth=Fa
 
     # (header, the cell of an available result, when to leave it out: the higher, the sooner; 0 never)
     columns = [("ms", lambda r: _sig3(r.get("median_ms")), 0),
-               ("TFLOPS", lambda r: format_tflops(r.get("tflops")), 0),
-               ("× prev", speedup, 1)]
+               ("TFLOPS", lambda r: format_tflops(r.get("tflops")), 0)] + ([("× prev", speedup, 1)] if ladder else [])
     if bandwidth and any(r.get("gb_per_s") is not None for r in results):
         columns.append(("GB/s", lambda r: "" if r.get("gb_per_s") is None else f"{r['gb_per_s']:.0f}", 3))
         if any(r.get("pct_of_bandwidth") is not None for r in results):
@@ -756,7 +756,7 @@ def _bench_flex(args, bench, records, problem) -> int:
         record = flex.run_flex_benchmark(problem, cases=cases, peers=peers, timing=timing, device=device,
                                          command=["flashcore", *args.argv], progress=step)
     return _write_pass_record(args, console, records, record, f"flex, {problem.describe()}",
-                              flex.record_path(record["provenance"]["gpu_name"], problem), "")
+                              flex.record_path(record["provenance"]["gpu_name"], problem), "", ladder=False)
 
 
 def _bench_backward(args, bench, records, problem) -> int:
@@ -786,12 +786,12 @@ def _bench_backward(args, bench, records, problem) -> int:
                               "; `flashcore report` regenerates the README")
 
 
-def _write_pass_record(args, console, records, record, what: str, default_path, then: str) -> int:
+def _write_pass_record(args, console, records, record, what: str, default_path, then: str, ladder=True) -> int:
     """The table of a record of one pass (--backward, --flex), its FLOPs rule, the record written (to
-    --out or `default_path`); 1 where a phase's row failed its oracle."""
+    --out or `default_path`); 1 where a phase's row failed its oracle. ladder: _results_table's."""
     gpu = record["provenance"]["gpu_name"]
     wide = console if console.is_terminal else _console(width=132)
-    wide.print(_results_table(record["results"], f"{gpu}: {what}", resources=False))
+    wide.print(_results_table(record["results"], f"{gpu}: {what}", resources=False, ladder=ladder))
     console.print(_text(record["flops_rule"]), soft_wrap=True)
     path = args.out or default_path
     records.write_record(record, path)

@@ -134,6 +134,23 @@ lesson.show_diff(p07_mma_sync.build_kernel, phase.build_kernel)
 lesson.show_source(phase.make_apply_mods)
 
 # %% [markdown]
+# ## On Hopper: the same mods in phase 09's kernel
+#
+# Phase 07's kernel is the one to read, and it runs on any GPU. On an H100, `flex_attention` puts
+# the same mods into phase 09's kernel instead: the TMA producer and the wgmma consumers of
+# [lesson 09](09_warp_specialized.ipynb). Phase 09 keeps a seam for it, `Walk`: which key tiles a
+# query block visits (`listed`, `tile_at`) and what happens to a tile's scores before the softmax
+# (`apply`). Phase 09's own walk visits tiles 0 .. n - 1 and leaves the scores alone, and compiles to
+# nothing. Phase 14's walks the block mask's list, in the producer (which tiles to load into the
+# ring) and in each consumer (which tiles to compute), and runs `apply_mods` above on each consumer
+# warpgroup's S: 64 rows, one 16-row m-tile a warp, the same accumulator layout as phase 07's. At
+# D = 64 it runs two consumer warpgroups, not phase 09's three: the mods' indices and arrays need
+# the registers.
+
+# %%
+lesson.show_source(phase.make_walk)
+
+# %% [markdown]
 # ## Is it correct?
 #
 # Fresh random inputs and mods (a window with tails and grouped heads, ALiBi with documents per batch,
@@ -148,7 +165,8 @@ lesson.check()
 #
 # Beside torch's FlexAttention (torch.compile'd, with its own block mask) on the same masks, and
 # causal written as a mask_mod beside `attention(causal=True)`, where a record has the rows
-# (`flashcore bench --flex`).
+# (`flashcore bench --flex`). On an H100 the rows `14 ...` are the build `flex_attention` runs there:
+# phase 09's kernel with the mods.
 
 # %%
 timings = lesson.timing()

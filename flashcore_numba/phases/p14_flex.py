@@ -49,18 +49,18 @@ Why the hardware should reward it
 Measured effect (written by `flashcore report` from the flex records, docs/bench/flex/; do not edit
 by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-12-07, TFLOPS of the work the mask leaves: B=16 H=16 S=4096 D=64
-    fp16: sliding_window 237 (0.83x FlexAttention), softcap 97.1 (0.74x FlexAttention), alibi 186
-    (0.50x FlexAttention), documents 218 (0.99x FlexAttention), causal_mask 308 (0.84x
-    FlexAttention), causal as a mask_mod at 0.64x the speed of attention(causal=True), the window at
-    1.12x it; B=1 H=16 S=32768 D=64 fp16: sliding_window 232 (0.80x FlexAttention), causal_mask 318
-    (0.82x FlexAttention), causal as a mask_mod at 0.59x the speed of attention(causal=True), the
-    window at 7.04x it; B=16 H=16 S=4096 D=128 fp16: sliding_window 269 (0.84x FlexAttention),
-    softcap 157 (0.71x FlexAttention), alibi 255 (0.57x FlexAttention), documents 247 (0.91x
-    FlexAttention), causal_mask 338 (0.86x FlexAttention), causal as a mask_mod at 0.53x the speed
-    of attention(causal=True), the window at 0.96x it
-    (nvidia-h100-80gb-hbm3_flex_b16h16s4096d64_fp16.json,
-    nvidia-h100-80gb-hbm3_flex_b1h16s32768d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-12-07, TFLOPS of the work the mask leaves: B=1 H=16 S=32768 D=64
+    fp16: sliding_window 232 (0.80x FlexAttention), causal_mask 318 (0.82x FlexAttention), causal as
+    a mask_mod at 0.59x the speed of attention(causal=True), the window at 7.04x it; B=16 H=16
+    S=4096 D=64 fp16: sliding_window 214 (0.75x FlexAttention), softcap 106 (0.81x FlexAttention),
+    alibi 265 (0.71x FlexAttention), documents 158 (0.72x FlexAttention), causal_mask 422 (1.15x
+    FlexAttention), causal as a mask_mod at 0.88x the speed of attention(causal=True), the window at
+    1.02x it; B=16 H=16 S=4096 D=128 fp16: sliding_window 269 (0.84x FlexAttention), softcap 157
+    (0.71x FlexAttention), alibi 255 (0.57x FlexAttention), documents 247 (0.91x FlexAttention),
+    causal_mask 338 (0.86x FlexAttention), causal as a mask_mod at 0.53x the speed of
+    attention(causal=True), the window at 0.96x it
+    (nvidia-h100-80gb-hbm3_flex_b1h16s32768d64_fp16.json,
+    nvidia-h100-80gb-hbm3_flex_b16h16s4096d64_fp16.json,
     nvidia-h100-80gb-hbm3_flex_b16h16s4096d128_fp16.json).
     [measured:end]
 """

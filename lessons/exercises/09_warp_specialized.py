@@ -120,15 +120,16 @@ def tiles(HEAD_DIM: int) -> dict:
     return dict(block_m=L["BLOCK_M"], block_n=L["BLOCK_N"])
 
 
-def layout(HEAD_DIM, V_DIM=None):
+def layout(HEAD_DIM, V_DIM=None, consumers=None):
     """Every derived constant. Shared memory: Q (BLOCK_M rows, one 64-row tile per consumer), the
     ring of STAGES K/V stages, then the mbarriers; tiles are D_TILE / 64 swizzled atoms, 1024-aligned
     (an atom of a K or V tile has BLOCK_N rows: BLOCK_N / 64 TMA boxes one below the other).
     V_DIM: V's and O's head dim where it is not Q's and K's (runs_value_dim): V's tile is DV_TILE
-    columns, its V_ATOMS atoms after K's in a stage."""
+    columns, its V_ATOMS atoms after K's in a stage. consumers: other than CONSUMERS' count (phase 14's
+    mods at D = 64 take two, for their registers; the simulator always runs SIM_CONSUMERS)."""
     V_DIM = HEAD_DIM if V_DIM is None else V_DIM
     D_TILE, DV_TILE = tile_head_dim(HEAD_DIM), tile_head_dim(V_DIM)
-    consumers = SIM_CONSUMERS if simulator_enabled() else CONSUMERS[D_TILE]
+    consumers = SIM_CONSUMERS if simulator_enabled() else (consumers or CONSUMERS[D_TILE])
     BLOCK_N = KEYS_PER_TILE[D_TILE]
     L = dict(HEAD_DIM=HEAD_DIM, D_TILE=D_TILE, V_DIM=V_DIM, DV_TILE=DV_TILE, CONSUMERS=consumers,
              BLOCK_M=WG_M * consumers, BLOCK_N=BLOCK_N, N_THREADS=128 * (1 + consumers))

@@ -61,7 +61,21 @@ def runs_head_dim(HEAD_DIM: int) -> bool:
 def tiles(HEAD_DIM: int, base: str = "07") -> dict:
     """The tiles of the kernel the mods go into (phase 07's or phase 09's): the block mask is made at
     (block_m, block_n)."""
-    return p09.tiles(HEAD_DIM) if base == "09" else p07.tiles(HEAD_DIM)
+    if base == "09":
+        L = hopper_layout(HEAD_DIM)
+        return dict(block_m=L["BLOCK_M"], block_n=L["BLOCK_N"])
+    return p07.tiles(HEAD_DIM)
+
+
+# consumer warpgroups of phase 09's kernel with mods, where not phase 09's own count: at D = 64 phase 09
+# runs three of 160 registers, and the mods' indices and arrays spilled there (ALiBi and a document
+# mask: 1352 bytes a thread); two have 240
+HOPPER_CONSUMERS = {64: 2}
+
+
+def hopper_layout(HEAD_DIM: int) -> dict:
+    """Phase 09's layout for the mods' build (HOPPER_CONSUMERS)."""
+    return p09.layout(HEAD_DIM, consumers=HOPPER_CONSUMERS.get(p09.tile_head_dim(HEAD_DIM)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,7 +410,7 @@ def build(HEAD_DIM: int, dtype: str = "float16", score_fn=None, n_score_arrays: 
     score_call = None if score_fn is None else device_mod(score_fn, n_score_arrays, "score_mod")
     mask_call = None if mask_fn is None else device_mod(mask_fn, n_mask_arrays, "mask_mod")
     if base == "09":
-        L = p09.layout(HEAD_DIM)
+        L = hopper_layout(HEAD_DIM)
         return p09.build_kernel(L, dtype, p09.BUILDS[None], False, make_walk(L, score_call, mask_call))
     return build_kernel(p07.layout(HEAD_DIM, **tiles(HEAD_DIM)), dtype, score_call, mask_call)
 
