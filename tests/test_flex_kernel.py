@@ -70,6 +70,9 @@ def test_alibi_and_documents_on_phase09_in_the_simulator():
     documents = flex.document_mask(ids, causal=False)
     assert flex.create_block_mask(documents, 2, None, 300, 300, 128, 128).kv_blocks(0, 0, 2).tolist() == [1, 2]
     check(q, k, v, score_mod=flex.alibi(flex.alibi_slopes(2)), mask_mod=documents, phase="09")
+    # a query block whose list is empty (its rows see no key: zeros, an LSE of -inf), the next one's partial
+    late = flex.mask_mod(lambda b, h, q_idx, kv_idx: (q_idx >= 150) & (kv_idx <= q_idx))
+    check(q[:1, :, :, :64].copy(), k[:1, :, :, :64].copy(), v[:1, :, :, :64].copy(), mask_mod=late, phase="09")
 
 
 def test_flex_attention_names_a_phase_it_does_not_run_on():
