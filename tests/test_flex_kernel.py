@@ -443,6 +443,19 @@ def test_the_report_reads_the_flex_records():
     assert measured != [report.DOCSTRING_INDENT + report.NOT_MEASURED]
     assert all(line.strip() in inspect.getdoc(p14_flex) for line in measured), "run `flashcore report`"
     assert report.flex_measured_lines([]) == [report.DOCSTRING_INDENT + report.NOT_MEASURED]
+    # the README's headline: a row per case, each head dim's figures side by side, FlexAttention's speed
+    # over phase 14's from the same record; a record at another S is not in it
+    chosen = report.flex_headline_records(found)
+    assert chosen and all(r["config"]["S_q"] == report.FLEX_HEADLINE_S for r in chosen)
+    rows = report.flex_rows(found, Path("."))
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for case, _, _ in report._flex_pairs(chosen[-1]):
+        row = next(row for row in rows if f"| {case}, B=16 H=16 S={report.FLEX_HEADLINE_S} fp16" in row)
+        ratios = [f"{theirs['median_ms'] / mine['median_ms']:.2f}×" for r in chosen
+                  for c, mine, theirs in report._flex_pairs(r) if c == case]
+        assert " / ".join(ratios) + " FlexAttention |" in row
+        assert row.split("|")[2] in readme, "run `flashcore report`"
+    assert report.flex_rows([], Path(".")) == []
 
 
 def test_the_flex_benchmark_checks_the_edges_of_a_long_sequence():
