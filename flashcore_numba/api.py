@@ -460,7 +460,11 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     device = (q.device.index or 0) if torch_inputs else getattr(cuda.get_current_device(), "id", 0)  # (simulator: 0)
     # the block mask's lists and the mods' arrays on the device, kept from the first call: a call
     # copies nothing to the GPU (a copy from pageable memory would wait for the work queued there)
-    lists = _kept(kinds, device, lambda: tuple(cuda.to_device(x) for x in (*p14.block_lists(kinds), kinds)))
+    if base == "09":  # (phase 09's walk: the tiles that need no mask first, p14.hopper_lists)
+        lists = _kept(kinds, device, lambda: tuple(cuda.to_device(x) for x in (
+            *p14.hopper_lists(kinds, S_k, tile["block_n"]), kinds)), "09")
+    else:
+        lists = _kept(kinds, device, lambda: tuple(cuda.to_device(x) for x in (*p14.block_lists(kinds), kinds)))
     # (a mod without arrays, made anew from a plain function each call, shares one stand-in array)
     score_args = _kept(smod if smod is not None and smod.arrays else None, device,
                        lambda: _bound_arrays(smod, ops[0], "score_mod"))
@@ -521,10 +525,11 @@ _KEPT: dict = {}  # (id of a block mask's kinds or a mod, device) -> (it, its ar
 _KEPT_AT_MOST = 64
 
 
-def _kept(obj, device: int, make):
+def _kept(obj, device: int, make, tag: str = ""):
     """What `make()` puts on the device for `obj` (the block lists of a kinds array, a mod's bound
-    arrays), made on the first call with that object and kept while it is among the last few."""
-    key = (id(obj), device)
+    arrays), made on the first call with that object and kept while it is among the last few;
+    `tag` tells apart two things made for one object (phase 07's lists and phase 09's)."""
+    key = (id(obj), device, tag)
     found = _KEPT.get(key)
     if found is None or found[0] is not obj:
         if len(_KEPT) >= _KEPT_AT_MOST:

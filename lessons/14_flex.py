@@ -143,7 +143,9 @@ lesson.show_source(phase.make_apply_mods)
 # (`apply`). Phase 09's own walk visits tiles 0 .. n - 1 and leaves the scores alone, and compiles to
 # nothing. Phase 14's walks the block mask's list, in the producer (which tiles to load into the
 # ring) and in each consumer (which tiles to compute), and runs `apply_mods` above on each consumer
-# warpgroup's S: 64 rows, one 16-row m-tile a warp, the same accumulator layout as phase 07's. At
+# warpgroup's S: 64 rows, one 16-row m-tile a warp, the same accumulator layout as phase 07's. The
+# list puts the full tiles first, so that they run in phase 09's loop without masking, where the
+# mask pass is compiled out, and the partial ones after them (`hopper_lists`). At
 # D = 64 it runs two consumer warpgroups, not phase 09's three: the mods' indices and arrays need
 # the registers.
 

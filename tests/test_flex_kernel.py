@@ -49,15 +49,30 @@ def test_softcap_and_a_sliding_window_in_the_simulator():
     check(q, k, v, score_mod=flex.softcap(3.0), block_mask=blocks)
 
 
+def test_phase09s_lists_put_the_tiles_without_a_mask_first():
+    """hopper_lists: per query block the full tiles first, then the partial ones, each in key order,
+    and how many come first; the tile that crosses the last key goes with the masked ones."""
+    kinds = np.array([[[[1, 2, 0, 2], [0, 0, 0, 0], [2, 2, 1, 2]]]], np.int8)
+    count, index = p14_flex.hopper_lists(kinds, 4 * 16, 16)
+    assert count[0, 0].tolist() == [[3, 2], [0, 0], [4, 3]]
+    assert index[0, 0, 0, :3].tolist() == [1, 3, 0] and index[0, 0, 2].tolist() == [0, 1, 3, 2]
+    count, index = p14_flex.hopper_lists(kinds, 4 * 16 - 5, 16)
+    assert count[0, 0, 0].tolist() == [3, 1] and index[0, 0, 0, :3].tolist() == [1, 0, 3]
+
+
 @pytest.mark.beside
 def test_mods_on_phase09_in_the_simulator():
     """The mods in phase 09's kernel (Hopper's: the TMA producer and the wgmma consumers walk the
-    block mask's list; the simulator's tiles: 128 x 128, two consumers): a softcap and a window of a
-    tile and a half, GQA 2, both lengths ending inside a tile; the first query block's list stops
+    block mask's list, its full tiles first and without a mask; the simulator's tiles: 128 x 128,
+    two consumers): a softcap and a window of 300 keys, GQA 2, both lengths ending inside a tile
+    (the last key tile, partial, is masked after the full ones); the first query block's list stops
     before the last key tiles."""
     q, k, v = random_qkv((1, 2, 300, 64), 280, heads_kv=1, seed=9, dtype=np.float16)
-    window = flex.sliding_window(150)
-    assert flex.create_block_mask(window, None, None, 300, 280, 128, 128).kv_blocks(0, 0, 0).tolist() == [0]
+    window = flex.sliding_window(300)
+    blocks = flex.create_block_mask(window, None, None, 300, 280, 128, 128)
+    assert blocks.kv_blocks(0, 0, 0).tolist() == [0]
+    count, index = p14_flex.hopper_lists(blocks.kinds, 280, 128)
+    assert count[0, 0, 2].tolist() == [3, 2] and index[0, 0, 2].tolist() == [0, 1, 2]
     check(q, k, v, score_mod=flex.softcap(4.0), mask_mod=window, phase="09")
 
 

@@ -287,10 +287,11 @@ BUILDS = {
 # in the kernel's name).
 @dataclass(frozen=True)
 class Walk:
-    mods: bool  # phase 14's: every listed tile runs the masked softmax, for every consumer (none passed)
+    mods: bool  # phase 14's: every consumer computes every listed tile (none passed)
     listed: object  # listed(lists, bh, n_heads, row0, n_tiles) -> (tiles visited, where: the list's entry)
     tile_at: object  # tile_at(lists, where, i) -> the key block of the i-th tile visited
-    apply: object  # apply(s, context, n, t, scale): the mods on the scores of key block n
+    unmasked: object  # unmasked(lists, where) -> n_full: the list's tiles 1 .. n_full - 1 need no mask
+    apply: object  # apply(s, context, n, t, scale, may_mask): the mods on the scores of key block n
 
 
 def plain_walk() -> Walk:
@@ -304,10 +305,14 @@ def plain_walk() -> Walk:
         return i
 
     @cuda.jit(device=True, inline=True)
-    def apply(s, context, n, t, scale):
+    def unmasked(lists, where):
+        return 1
+
+    @cuda.jit(device=True, inline=True)
+    def apply(s, context, n, t, scale, may_mask):
         pass
 
-    return Walk(False, listed, tile_at, apply)
+    return Walk(False, listed, tile_at, unmasked, apply)
 
 
 def make_softmax_tile(L, dtype="float16"):
@@ -622,7 +627,7 @@ def make_turns(L, dtype="float16", build=None, hooks=None, walk=None):
         if RELEASE_Q_EARLY and n_mine == 1:
             arrive(q_empty)  # the block's only S is done
         store_tuple(s, s_tile)
-        apply_mods(s, context, n, t, scale)
+        apply_mods(s, context, n, t, scale, True)
         m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, n * BLOCK_N, t, k_end_a, k_end_b, scale,
                                                             m_a, m_b, l_a, l_b, True)
         pack_a(p_frag, s)
@@ -663,7 +668,7 @@ def make_turns(L, dtype="float16", build=None, hooks=None, walk=None):
         if RELEASE_Q_EARLY and last:  # Q is not read again: the next block's may load under this softmax
             arrive(q_empty)
         store_tuple(s, s_tile)
-        apply_mods(s, context, n, t, scale)
+        apply_mods(s, context, n, t, scale, may_mask)
         m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, n * BLOCK_N, t, k_end_a, k_end_b,
                                                             scale, m_a, m_b, l_a, l_b, may_mask)
         if OVERLAP:
@@ -697,7 +702,7 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None, walk
     SW128 = operands.SWIZZLE_128B
     advance, _ = make_ring(L)
     first_tile, turn, add_pv = make_turns(L, dtype, build, hooks, walk)
-    MODS, listed, tile_at = walk.mods, walk.listed, walk.tile_at
+    MODS, listed, tile_at, unmasked = walk.mods, walk.listed, walk.tile_at, walk.unmasked
     V_DIM, BLOCK_M, BLOCK_N = L["V_DIM"], L["BLOCK_M"], L["BLOCK_N"]
     CONSUMERS, PASS_UNSEEN = L["CONSUMERS"], L["PASS_UNSEEN"]
     TILE_BYTES, RING_OFF, STAGE_BYTES = L["TILE_BYTES"], L["RING_OFF"], L["STAGE_BYTES"]
@@ -841,8 +846,8 @@ def make_consumer(L, dtype="float16", build=None, varlen=False, hooks=None, walk
             # straight path from the issue of the products to their waits, and the tiles that cross
             # the causal diagonal or the end of the keys follow in a loop of their own
             n_full = min(key_end(min(row0 + c * WG_M, seq_q - 1), seq_q, seq_k, causal) // BLOCK_N, n_mine)
-            if MODS:  # (phase 14) any tile of the list may be masked
-                n_full = 1
+            if MODS:  # (phase 14) the list's tiles that need no mask come first
+                n_full = unmasked(lists, where)
             for i in range(1, n_full):
                 n = tile_at(lists, where, i)
                 m_a, m_b, l_a, l_b, alpha_a, alpha_b = turn(smem, q_empty, n, stage, phase, prev, c, desc_q, t, k_end_a,

@@ -34,9 +34,10 @@ What changed from phase 07
     - On Hopper the same mods go into phase 09's kernel (make_walk), through a seam phase 09 keeps
       for it (p09.Walk), whose plain form compiles to nothing: the producer loads the tiles of the
       query block's list into the ring, and each consumer warpgroup runs apply_mods on its S (64
-      rows, one m-tile a warp) before the softmax. Every listed tile takes the masked softmax path
-      (phase 09's split into unmasked and masked tiles is by the causal diagonal, which a mask
-      need not have), and no consumer passes a tile (the list is the block's).
+      rows, one m-tile a warp) before the softmax. The list puts the full tiles first
+      (hopper_lists): they take phase 09's loop without masking, where the mask pass compiles out;
+      the partial ones, and the tile that crosses the last key, its masked loop. No consumer passes
+      a tile (the list is the block's).
     What ptxas reports for sm_90a at D = 64, when this build was written: the build without
     mods 240 registers (phase 07's kernel, 242); with softcap and a
     window 250, with ALiBi and a document mask 255 and 64 bytes of stack. Phase 09's build
@@ -95,6 +96,7 @@ BASES = ("07", "09")  # the kernels the mods go into: phase 07's (any GPU, the s
 MODS = True  # graded with mods and a block mask (course/grade_flex.py), timed by `flashcore bench --flex`
 MAX_BOUND_ARRAYS = 3  # arrays a mod may read (its parameters after the indices)
 PARTIAL = 1  # a tile of the block mask where mask_mod decides per element (flex.PARTIAL)
+FULL = 2  # a tile where mask_mod sees every key (flex.FULL; EMPTY is 0)
 
 
 def runs_head_dim(HEAD_DIM: int) -> bool:
@@ -393,11 +395,13 @@ def build_kernel(L, dtype="float16", score_call=None, mask_call=None) -> KernelC
 # list through phase 09's seam (p09.Walk), and each tile's scores go through apply_mods above
 # ---------------------------------------------------------------------------------------------
 def make_walk(L, score_call, mask_call) -> p09.Walk:
-    """Phase 09's walk for these mods: the tiles of the block mask's list, in order (`lists`: the
-    kernel's KV_COUNT, KV_INDEX, KV_KIND and the mods' arrays), and apply_mods on each tile's S.
-    A consumer warpgroup's S is one m-tile of 16 rows a warp, (NT, 4) in mma's accumulator layout
-    (rows row_a and row_a + 8): apply_mods takes it as (1, NT, 4), copied in and out, which costs
-    nothing once the copies are unrolled (registers renamed)."""
+    """Phase 09's walk for these mods: the tiles of the block mask's list as hopper_lists orders them,
+    those that need no mask first (`lists`: the kernel's KV_COUNT, KV_INDEX, KV_KIND and the mods'
+    arrays), and apply_mods on each tile's S. Phase 09's consumer runs the first ones in its loop
+    without masking (the mask pass and the kind's load compiled out: may_mask is a constant there),
+    the rest in its masked loop. A consumer warpgroup's S is one m-tile of 16 rows a warp, (NT, 4)
+    in mma's accumulator layout (rows row_a and row_a + 8): apply_mods takes it as (1, NT, 4),
+    copied in and out, which costs nothing once the copies are unrolled (registers renamed)."""
     NT, BLOCK_M, BLOCK_N = L["NT"], L["BLOCK_M"], L["BLOCK_N"]
     apply_mods = make_apply_mods(dict(NT=NT, M_TILES=1), score_call, mask_call)
 
@@ -424,16 +428,20 @@ def make_walk(L, score_call, mask_call) -> p09.Walk:
         bm = uint32(bh // uint32(n_heads)) % uint32(KV_COUNT.shape[0])
         hm = uint32(bh % uint32(n_heads)) % uint32(KV_COUNT.shape[1])
         m = uint32(row0) // uint32(BLOCK_M)
-        return int32(KV_COUNT[bm, hm, m]), (bm, hm, m)
+        return int32(KV_COUNT[bm, hm, m, 0]), (bm, hm, m)
 
     @cuda.jit(device=True, inline=True)
     def tile_at(lists, where, i):
         return int32(lists[1][where[0], where[1], where[2], i])
 
     @cuda.jit(device=True, inline=True)
-    def apply(s, context, n, t, scale):
+    def unmasked(lists, where):
+        return int32(lists[0][where[0], where[1], where[2], 1])
+
+    @cuda.jit(device=True, inline=True)
+    def apply(s, context, n, t, scale, may_mask):
         lists, where, b, h, row_a, seq_q, seq_k = context
-        partial = lists[2][where[0], where[1], where[2], n] == PARTIAL
+        partial = may_mask and lists[2][where[0], where[1], where[2], n] == PARTIAL
         s3 = cuda.local.array((1, NT, 4), float32)
         each_in(0, (s3, s))
         unit = scale * float32(1.0 / LOG2E)  # a raw score times unit is the score the mods see
@@ -441,7 +449,23 @@ def make_walk(L, score_call, mask_call) -> p09.Walk:
                    lists[3], lists[4])
         each_out(0, (s3, s))
 
-    return p09.Walk(True, listed, tile_at, apply)
+    return p09.Walk(True, listed, tile_at, unmasked, apply)
+
+
+def hopper_lists(kinds: np.ndarray, seq_k: int, block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(KV_COUNT, KV_INDEX) for phase 09's walk: per query block the key blocks it visits, those that
+    need no mask first (full, and not past the last key: the tile that crosses seq_k is masked for
+    its tail), then the others, each group in key order; KV_COUNT (B', H', n_m, 2) holds how many
+    it visits and how many of them come first."""
+    visited = kinds != 0
+    clean = kinds == FULL
+    if seq_k % block_n:
+        clean[..., -1] = False
+    order = np.where(clean, 0, np.where(visited, 1, 2))  # the clean ones, the others, the unvisited
+    index = np.argsort(order, axis=-1, kind="stable").astype(np.int32)
+    index[np.take_along_axis(order, index, axis=-1) == 2] = 0
+    count = np.stack([visited.sum(axis=-1), clean.sum(axis=-1)], axis=-1).astype(np.int32)
+    return count, index
 
 
 @lru_cache(maxsize=None)
@@ -530,7 +554,6 @@ def block_lists(kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # The block mask on the GPU: each tile's kind from mask_mod, one block of threads per tile
 # ---------------------------------------------------------------------------------------------
 BLOCK_MASK_THREADS = 128
-FULL = 2  # flex.FULL; EMPTY is 0
 
 
 @lru_cache(maxsize=None)
