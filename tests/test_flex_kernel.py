@@ -60,7 +60,7 @@ def test_phase09s_lists_put_the_tiles_without_a_mask_first():
     assert count[0, 0, 0].tolist() == [3, 1] and index[0, 0, 0, :3].tolist() == [1, 0, 3]
 
 
-@pytest.mark.beside
+@pytest.mark.slow  # (a minute in the simulator; the default run's beside child is its longest path)
 def test_mods_on_phase09_in_the_simulator():
     """The mods in phase 09's kernel (Hopper's: the TMA producer and the wgmma consumers walk the
     block mask's list, its full tiles first and without a mask; the simulator's tiles: 128 x 128,
