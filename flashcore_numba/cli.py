@@ -743,7 +743,8 @@ def _bench_flex(args, bench, records, problem) -> int:
     device = bench.open_device()
     if device.kind != "torch":
         raise CLIError(f"--flex: needs torch with CUDA: {device.no_peers_reason}")
-    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats, cap_seconds=args.cap_seconds)
+    timing = bench.Timing(warmup=args.warmup, repeats=args.repeats, calls=args.calls or 0,
+                          cap_seconds=args.cap_seconds)
     peers = args.peers is None or bool(args.peers)
     console = _console()
     with _progress(console) as progress:

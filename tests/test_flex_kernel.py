@@ -291,6 +291,21 @@ class StandInDevice:
     def release(self):
         pass
 
+    # the call time's events (bench.call_times): the host's clock
+    def synchronize(self):
+        pass
+
+    def event(self):
+        return [0.0]
+
+    def record(self, event):
+        import time
+
+        event[0] = time.perf_counter()
+
+    def elapsed(self, start, end):
+        return (end[0] - start[0]) * 1e3
+
 
 @pytest.mark.parametrize("ignore_the_mask", [False, True])
 def test_the_flex_benchmark_gates_each_case(monkeypatch, ignore_the_mask):
@@ -332,6 +347,13 @@ def test_the_flex_benchmark_gates_each_case(monkeypatch, ignore_the_mask):
     if not ignore_the_mask:  # the causal mask keeps (S + 1) / 2S of the pairs: its TFLOPS count those
         kept = (96 + 1) / (2 * 96)
         assert rows["14 causal_mask"]["tflops"] == pytest.approx(problem.flops * kept / 2e-3 / 1e12)
+        assert "call" not in rows["14 causal_mask"]  # (not asked for)
+        # --calls: each timed row also gets its call time, back to back (median, p99, the host's time)
+        record = flex_bench.run_flex_benchmark(problem, cases=("causal_mask",), timing=bench.Timing(calls=1),
+                                               device=StandInDevice(), command=["x"], seed=3)
+        assert records.validate_record(record) == []
+        call = {r["name"]: r for r in record["results"]}["14 causal_mask"]["call"]
+        assert call["median_ms"] > 0 and call["p99_ms"] >= call["median_ms"] and call["host_median_us"] > 0
 
 
 @pytest.mark.parametrize("argv, says", [

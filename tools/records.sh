@@ -98,10 +98,10 @@ backward() {
 
 flex() {
   for D in 64 128; do
-    run bench --flex --shape "16,16,4096,$D"
+    run bench --flex --shape "16,16,4096,$D" --calls 1000 --cap-seconds 1
   done
   # issue 77's long window: S = 32768, a window of 1024 beside attention(causal=True)
-  run bench --flex --shape 1,16,32768,64 --cases sliding_window,causal_mask
+  run bench --flex --shape 1,16,32768,64 --cases sliding_window,causal_mask --calls 1000 --cap-seconds 1
 }
 
 for step in "$@"; do "$step"; done

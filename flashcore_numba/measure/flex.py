@@ -15,7 +15,8 @@ Rows `14 <case>` (flex_attention with its block mask made once, on the GPU) and
 Each is first checked against the float64 oracle with the same mods (reference.reference_flex) on
 batch 0's first heads (past S = 8192, their first and last 256 rows: oracle_rows): within twice the
 error of the oracle's output rounded to the dtype, plus bench's atol (reference.check_close). Then
-timed, kernel time, L2 flushed before each launch. TFLOPS count the work the mask leaves: the
+timed, kernel time, L2 flushed before each launch; with --calls N also the call time (bench.call_times:
+the same call back to back, as a model's layers call it, median and p99, and the host's time a call). TFLOPS count the work the mask leaves: the
 forward's FLOPs times the share of (query, key) pairs the mask keeps (batch 0, head 0). The record
 has bench.py's schema, under docs/bench/flex/. `--cases` runs some of the cases: issue #77's long
 window, S = 32768, is `--shape 1,16,32768,64 --cases sliding_window,causal_mask` (the window beside
@@ -30,7 +31,7 @@ import numpy as np
 
 from .. import flex
 from ..reference import check_close, reference_flex
-from .bench import Problem, Timing, flex_skip_reason, open_device, raised, set_timing
+from .bench import Problem, Timing, call_times, capped, flex_skip_reason, open_device, raised, set_timing
 from .records import Result, build_record, default_records_dir, gpu_slug, nvidia_smi, provenance, unavailable
 
 CASES = ("sliding_window", "softcap", "alibi", "documents", "causal_mask")
@@ -179,6 +180,9 @@ def run_flex_benchmark(problem: Problem, *, cases=CASES, peers: bool = True, tim
                 _gate(result, launch(), ref, lowp, heads, checked)
                 if result.correct:
                     set_timing(result, device.time_ms(launch, timing), flops, None)
+                    if timing.calls:  # the call as a model calls it: back to back, host time included
+                        result.call = call_times(device, launch, capped(timing.calls, result.median_ms,
+                                                                        timing.cap_seconds))
             except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
                 if kind == "peer":
                     results.append(unavailable(name, kind, title, raised(e)))
