@@ -407,15 +407,11 @@ def hopper_lists(kinds: np.ndarray, seq_k: int, block_n: int) -> tuple[np.ndarra
     need no mask first (full, and not past the last key: the tile that crosses seq_k is masked for
     its tail), then the others, each group in key order; KV_COUNT (B', H', n_m, 2) holds how many
     it visits and how many of them come first."""
-    visited = kinds != 0
     clean = kinds == FULL
     if seq_k % block_n:
         clean[..., -1] = False
-    order = np.where(clean, 0, np.where(visited, 1, 2))  # the clean ones, the others, the unvisited
-    index = np.argsort(order, axis=-1, kind="stable").astype(np.int32)
-    index[np.take_along_axis(order, index, axis=-1) == 2] = 0
-    count = np.stack([visited.sum(axis=-1), clean.sum(axis=-1)], axis=-1).astype(np.int32)
-    return count, index
+    count, index = block_lists(kinds, first=clean)
+    return np.stack([count, clean.sum(axis=-1, dtype=np.int32)], axis=-1), index
 
 
 @lru_cache(maxsize=None)
@@ -489,14 +485,16 @@ def kernel_views(HEAD_DIM: int, dtype: str = "float16") -> dict:
     return {ID: CompiledView(config.kernel, types, config.n_threads, config.smem_bytes)}
 
 
-def block_lists(kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def block_lists(kinds: np.ndarray, first=None) -> tuple[np.ndarray, np.ndarray]:
     """(KV_COUNT, KV_INDEX) of a block mask's kinds (B', H', n_m, n_n): for each query block how many
-    key blocks it visits and which, in order, the rest of each row padded with 0."""
+    key blocks it visits and which, in order, the rest of each row padded with 0. first (boolean,
+    kinds' shape): visited blocks to list before the others, each group in key order (hopper_lists)."""
     visited = kinds != 0
     count = visited.sum(axis=-1).astype(np.int32)
-    # stable: the visited blocks first, in their order
-    index = np.argsort(~visited, axis=-1, kind="stable").astype(np.int32)
-    index[~np.take_along_axis(visited, index, axis=-1)] = 0
+    rank = np.where(visited, 1, 2) if first is None else np.where(first & visited, 0, np.where(visited, 1, 2))
+    # stable: within a rank the blocks keep their order; the unvisited (rank 2) last
+    index = np.argsort(rank, axis=-1, kind="stable").astype(np.int32)
+    index[np.take_along_axis(rank, index, axis=-1) == 2] = 0
     return count, index
 
 
