@@ -27,6 +27,7 @@ def one(D, dtype, score, mask, phase=None):
     from flashcore_numba import flex
     from flashcore_numba.api import flex_attention
 
+    consumers_at_64()
     start = time.time()
     H, S = 4, 256
     q, k, v = (torch.randn(1, H, S, D, device="cuda").to(getattr(torch, dtype)) for _ in range(3))
@@ -36,6 +37,20 @@ def one(D, dtype, score, mask, phase=None):
     out = flex_attention(q, k, v, score_mod=mods[score], mask_mod=mods[mask], phase=phase)
     torch.cuda.synchronize()
     return f"D={D} {dtype} {score} {mask} phase={phase}: {time.time() - start:.0f} s, finite {bool(torch.isfinite(out).all())}"
+
+
+def consumers_at_64():
+    """FLEX_CONSUMERS=N: phase 14's D = 64 build on phase 09 with N consumer warpgroups, not
+    HOPPER_CONSUMERS's count (an A/B: docs/tuning/14_builds/consumers.py; give such kernels a
+    FLASHCORE_CACHE_DIR of their own, since the cache's key does not hold the count)."""
+    import os
+
+    from flashcore_numba.phases import p14_flex as p14
+
+    if os.environ.get("FLEX_CONSUMERS"):
+        if not os.environ.get("FLASHCORE_CACHE_DIR"):
+            raise SystemExit("FLEX_CONSUMERS: give the patched kernels a FLASHCORE_CACHE_DIR of their own")
+        p14.HOPPER_CONSUMERS[64] = int(os.environ["FLEX_CONSUMERS"])
 
 
 def parse(item: str) -> tuple:
