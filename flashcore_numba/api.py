@@ -30,8 +30,20 @@ import numbers
 import numpy as np
 
 from .arch.sim import simulator_enabled
-from .phases import (PHASES, VARIANTS, build, cc_reason, get_phase, head_dims_text, min_cc, supports_gqa,
-                     supports_head_dim, supports_lse, supports_value_dim, unsupported_head_dim)
+from .phases import (
+    PHASES,
+    VARIANTS,
+    build,
+    cc_reason,
+    get_phase,
+    head_dims_text,
+    min_cc,
+    supports_gqa,
+    supports_head_dim,
+    supports_lse,
+    supports_value_dim,
+    unsupported_head_dim,
+)
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E
 from .phases.p11_backward import HEAD_DIMS_TEXT as BACKWARD_HEAD_DIMS_TEXT
@@ -421,7 +433,7 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
 
     from . import flex
     from .phases import p14_flex as p14
-    from .phases.common import launch
+    from .runtime.inputs import DeviceArray
 
     if is_torch(q) and _grad_enabled():  # an output without a grad_fn would drop their gradients silently
         for name, x in (("q", q), ("k", k), ("v", v)):
@@ -470,35 +482,65 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
                        lambda: _bound_arrays(smod, ops[0], "score_mod"))
     mask_args = _kept(mmod if mmod is not None and mmod.arrays else None, device,
                       lambda: _bound_arrays(mmod, ops[0], "mask_mod"))
-    stream = 0
-    if torch_inputs and not simulator_enabled():  # on torch's current stream, as attention()'s plans launch
-        stream = cuda.external_stream(current_stream(device))
     if torch_inputs:
         import torch
 
         out = torch.empty((B, H, S_q, D), dtype=q.dtype, device=q.device)
         lse = torch.empty((B, H, S_q) if return_lse else (0, 0, 0), dtype=torch.float32, device=q.device)
-        arrays = [torch_to_kernel(x) for x in (q, k, v, out)] + [cuda.as_cuda_array(lse)]
     else:
-        host = ops[0].kind == "numpy"
-        if host:
+        if ops[0].kind == "numpy":
             q, k, v = (cuda.to_device(x) for x in (q, k, v))
         out = cuda.device_array((B, H, S_q, D), dtype=q.dtype)
         lse = cuda.device_array((B, H, S_q) if return_lse else (0, 0, 0), dtype=np.float32)
-        arrays = [q, k, v, out, lse]
     identity = p14.cache_identity(D, ops[0].dtype, smod, mmod, base)
-    if base == "09":  # phase 09's arguments (its tensor maps and work counter), then the block mask's and mods'
-        args = config.arguments(*arrays[:4], False, qk_scale, stream, arrays[4])
-        launch(config.kernel, config.grid((B, H, S_q, D), False), config.n_threads, config.smem_bytes,
-               (*args, *lists, score_args, mask_args), stream, identity)
-    else:
-        arrays[3] = arrays[3].view(np.uint32)  # the kernel stores O as packed pairs
-        grid = (-(-S_q // config.block_m), H, B)
-        launch(config.kernel, grid, config.n_threads, config.smem_bytes,
-               (*arrays, qk_scale, *lists, score_args, mask_args), stream, identity)
+    tail = (*lists, score_args, mask_args)
+    if simulator_enabled():
+        _flex_launch_in_simulator(config, base, (q, k, v, out, lse), qk_scale, tail, identity)
+    else:  # a plan per problem (runtime/flex.py): the driver's launch, on torch's current stream
+        plan = _flex_plan(config, base, identity, ops, qk_scale, tail, device, bool(return_lse), torch_inputs)
+        if torch_inputs:
+            plan(q, k, v, out, lse, tail, current_stream(device))
+        else:
+            plan(*(DeviceArray(x) for x in (q, k, v, out, lse)), tail, 0)
     if not torch_inputs and ops[0].kind == "numpy":
         out, lse = out.copy_to_host(), lse.copy_to_host()
     return (out, lse) if return_lse else out
+
+
+_FLEX_PLANS = Plans()  # flex_attention's plans, by problem (_flex_plan)
+
+
+def _flex_plan(config, base, identity, ops, qk_scale, tail, device, return_lse, torch_inputs):
+    """The FlexPlan of this problem: the build (config, which holds the mods' code), the shapes and
+    dtypes of the inputs and of the tail's arrays, the scale; made on the first call."""
+    from .runtime.flex import FlexPlan, flat_arrays
+
+    key = (id(config), identity, base, tuple(op.shape for op in ops), ops[0].dtype, return_lse, float(qk_scale),
+           device, torch_inputs, tuple((a.shape, a.dtype.str) for a in flat_arrays(tail)),
+           tuple(len(t) for t in tail[-2:]))
+    plan = _FLEX_PLANS.get(key)
+    if plan is None:
+        plan = _FLEX_PLANS.keep(key, FlexPlan(base, config, identity, ops[0].dtype, *(op.shape for op in ops),
+                                              qk_scale, tail, device, return_lse, torch_memory=torch_inputs))
+    return plan
+
+
+def _flex_launch_in_simulator(config, base, arrays, qk_scale, tail, identity) -> None:
+    """Phase 14's launch through Numba's dispatcher: the simulator's (a GPU call takes a FlexPlan).
+    arrays: q, k, v, out and lse, NumPy-like device arrays."""
+    from .phases.common import launch
+
+    arrays = list(arrays)
+    if base == "07":
+        arrays[3] = arrays[3].view(np.uint32)  # the kernel stores O as packed pairs
+    B, H, S_q, D = arrays[0].shape
+    if base == "09":  # phase 09's arguments (its tensor maps and work counter), then the tail
+        args = config.arguments(*arrays[:4], False, qk_scale, 0, arrays[4])
+        launch(config.kernel, config.grid((B, H, S_q, D), False), config.n_threads, config.smem_bytes,
+               (*args, *tail), 0, identity)
+    else:
+        launch(config.kernel, (-(-S_q // config.block_m), H, B), config.n_threads, config.smem_bytes,
+               (*arrays, qk_scale, *tail), 0, identity)
 
 
 def _flex_base(phase: str | None) -> str:

@@ -235,6 +235,46 @@ def test_flex_attention_on_gpu(D, dtype, phase):
         assert torch.equal(flex_attention(*leaves), flex_attention(q, k, v))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("phase", [None, "07"])
+def test_flex_attention_in_a_cuda_graph_and_from_a_new_thread_on_gpu(phase):
+    """flex_attention runs on a plan (runtime/flex.py): captured in a CUDA graph and replayed on new
+    data in the same buffers, right every time; called from a thread that has done no CUDA work, the
+    same bits as from this one."""
+    import threading
+
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    B, H, S, D = 2, 4, 700, 64
+    q, k, v = (torch.randn((B, H, S, D), device="cuda", dtype=torch.float16) for _ in range(3))
+    window = flex.sliding_window(200)
+    mods = dict(score_mod=flex.alibi(torch.tensor(flex.alibi_slopes(H), device="cuda")),
+                block_mask=flex.create_block_mask(window, None, None, S, S))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch asks: the plan is made here
+        flex_attention(q, k, v, phase=phase, **mods)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flex_attention(q, k, v, phase=phase, **mods)
+    for replay in range(2):
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = reference_flex(*(x.float().cpu().numpy() for x in (q, k, v)), score_mod=mods["score_mod"],
+                                mask_mod=window)
+        np.testing.assert_allclose(out.float().cpu().numpy(), ref, atol=4e-3, rtol=0, err_msg=f"replay {replay}")
+    here = flex_attention(q, k, v, phase=phase, **mods)
+    there = []
+    thread = threading.Thread(target=lambda: there.append(flex_attention(q, k, v, phase=phase, **mods)))
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    assert torch.equal(there[0], here)
+
+
 @pytest.mark.parametrize("mask, B, H, seq_q, seq_k", [
     (flex.sliding_window(40, 40), None, None, 70, 75),  # empty, partial and full tiles
     (flex.document_mask(np.stack([np.repeat(np.arange(3), 20)[:50], np.repeat(np.arange(2), 25)])), 2, None, 50, 50),

@@ -28,7 +28,7 @@ from flashcore_numba.arch.sim import simulator_enabled
 # `compiler` need the real one, which a CPU machine has (NVVM and nvJitLink from pip): in a simulator
 # session they run in a child pytest without it (a background job, see conftest.py), and
 # test_compiler_tests_pass_without_the_simulator reads its result.
-COMPILER_TESTS = 6
+COMPILER_TESTS = 8
 NO_TORCH = "torch is not installed (pip install -e '.[torch]')"  # the tests that need it skip
 
 
@@ -77,6 +77,7 @@ def numba_packed(argtypes, values) -> list[bytes]:
     from numba.cuda import dispatcher
 
     me = pytypes.SimpleNamespace(extensions=[])
+    me._prepare_args = lambda *args: dispatcher._Kernel._prepare_args(me, *args)  # a tuple's members
     packed = []
     for t, v in zip(argtypes, values, strict=True):
         if isinstance(v, np.ndarray):
@@ -137,6 +138,68 @@ def test_arg_slots_are_numbas_parameters():
     ours = [int(x).to_bytes(8, "little") for x in slots.values()]
     assert len(ours) == len(numba) == len(slots.sizes) == 4 * 13 + 11 + 1 + 1 + 9 + 7
     for i, (a, b, size) in enumerate(zip(ours, numba, slots.sizes, strict=True)):
+        assert a[:size] == b[:size], f"parameter {i}: ours {a[:size].hex()}, numba's {b[:size].hex()}"
+
+
+@needs_compiler
+@pytest.mark.parametrize("base", ["09", "07"])
+def test_flex_plan_packs_what_numba_packs(base, monkeypatch):
+    """flex_attention's plan (runtime/flex.py) on phase `base`'s kernel with a score_mod and a mask_mod
+    of one bound array each: every parameter it packs, the addresses written by a call included (q, k,
+    v, out, the LSE, phase 09's tensor maps and work counter, the block lists, each mod's tuple of
+    arrays), is the bytes numba-cuda packs for the same arguments, and its argument types are those
+    Numba's launch types them with. No GPU: the driver, the device and the maps are stand-ins."""
+    from cuda.core.utils import StridedMemoryView
+
+    from flashcore_numba import flex
+    from flashcore_numba.arch.cache import CachedKernel
+    from flashcore_numba.arch.smem import argument_types
+    from flashcore_numba.phases import p14_flex
+    from flashcore_numba.runtime import flex as runtime_flex
+
+    B, H, H_kv, S, D = 2, 4, 2, 300, 64
+    score, mask = flex.softcap(30.0), flex.document_mask(np.zeros((B, S), np.int32))
+    config = p14_flex.build(D, "bfloat16", score.fn, 1, mask.fn, 1, base)
+    q, out = np.zeros((B, H, S, D), np.int16), np.zeros((B, H, S, D), np.int16)
+    k, v = np.zeros((B, H_kv, S, D), np.int16), np.zeros((B, H_kv, S, D), np.int16)
+    lse = np.zeros((B, H, S), np.float32)
+    maps, counter = np.zeros((3, 16), np.uint64), np.zeros(1, np.int32)
+    count_shape = (B, 1, 3, 2) if base == "09" else (B, 1, 3)
+    lists = (np.zeros(count_shape, np.int32), np.zeros((B, 1, 3, 3), np.int32), np.zeros((B, 1, 3, 3), np.int8))
+    tail = (*lists, (np.zeros(1, np.float32),), (np.zeros((B, S), np.int32),))
+    launched = []
+    monkeypatch.setattr(runtime_flex, "device_facts", lambda *a: ((9, 0), (132, 1, 1)))
+    monkeypatch.setattr(runtime_flex, "cached_cubin", lambda *a: CachedKernel(b"", "k", "key", False))
+    monkeypatch.setattr(runtime_flex, "loaded_kernel", lambda *a: launch.Kernel(None, None, "k", object()))
+    monkeypatch.setattr(ArgSlots, "check", lambda *a: None)
+    monkeypatch.setattr(runtime_flex.driver, "Launcher", lambda *a: lambda stream: launched.append((a, stream)))
+    monkeypatch.setattr(runtime_flex.driver, "primary_context", lambda index: 0)
+    monkeypatch.setattr(runtime_flex.driver, "make_current", lambda context: 0)
+    monkeypatch.setattr(runtime_flex.driver, "restore", lambda previous, context: None)
+    monkeypatch.setattr(runtime_flex.scratch, "work_counter",
+                        lambda *a: pytypes.SimpleNamespace(addresses=(counter.ctypes.data,)))
+    monkeypatch.setattr(runtime_flex, "DeviceMaps", lambda *a: pytypes.SimpleNamespace(
+        address=lambda key, arrays: maps.ctypes.data))
+    monkeypatch.setattr(runtime_flex, "address", lambda a: a.ctypes.data)
+    plan = runtime_flex.FlexPlan(base, config, ("14", "test"), "bfloat16", q.shape, k.shape, v.shape, 0.2, tail, 0,
+                                 return_lse=True, torch_memory=False)
+    held = [pytypes.SimpleNamespace(data_ptr=lambda a=a: a.ctypes.data) for a in (q, k, v, out, lse)]
+    plan(*held, tail, 7)
+    assert len(launched) == 1 and launched[0][1] == 7
+    out_arg = out.view(np.uint32) if base == "07" or config.packed_output else out  # O as uint32 pairs
+    head = [q, k, v, out_arg, lse] + ([False, np.float32(0.2), maps, counter] if base == "09" else [np.float32(0.2)])
+    assert plan.argtypes[:len(head)] == argument_types(config.kernel, head)
+    assert plan.argtypes[len(head):] == argument_types(config.kernel, tail)
+
+    def view(x):
+        if isinstance(x, tuple):
+            return tuple(view(a) for a in x)
+        return StridedMemoryView.from_dlpack(x, stream_ptr=-1) if isinstance(x, np.ndarray) else x
+
+    numba = numba_packed(plan.argtypes, [view(x) for x in (*head, *tail)])
+    ours = [int(x).to_bytes(8, "little") for x in plan.slots.values()]
+    assert len(ours) == len(numba) == len(plan.slots.sizes)
+    for i, (a, b, size) in enumerate(zip(ours, numba, plan.slots.sizes, strict=True)):
         assert a[:size] == b[:size], f"parameter {i}: ours {a[:size].hex()}, numba's {b[:size].hex()}"
 
 

@@ -9,6 +9,8 @@
     kvcache.py     the same for attention_kvcache (phase 10 built paged): no value read back
     varlen.py      the same for attention_varlen (phase 07 or 09 built varlen): a plan per kind
                    of problem, the packed lengths and the grid written per call
+    flex.py        the same for flex_attention (phase 14: a user's mods compiled into phase 09's or
+                   07's kernel): the block mask's lists and the mods' arrays written per call
     backward.py    the same for the backward (phase 11) that attention()'s autograd runs: its
                    three or four launches settled once per problem
     precompile.py  `flashcore compile`: kernels compiled ahead of time into the kernel cache
