@@ -40,11 +40,13 @@ import numpy as np
 
 from .phases.p14_flex import (
     alibi_mod,
+    bias_grad,
     causal_mod,
     document_causal_mod,
     document_mod,
     prefix_lm_mod,
     sliding_window_mod,
+    softcap_grad,
     softcap_mod,
 )
 
@@ -61,6 +63,7 @@ class Mod:
     arrays: tuple = ()
     kind: str = "mask_mod"
     name: str = field(default="", compare=False)
+    grad: object = None  # a score mod's derivative by the score, grad(score, b, h, q_idx, kv_idx, *arrays)
 
     def __call__(self, *args):
         return self.fn(*args, *self.arrays)
@@ -135,13 +138,20 @@ def _sample(fn, arrays, kind: str, name: str, args: tuple):
     return value
 
 
-def score_mod(fn, *arrays) -> ScoreMod:
-    """fn(score, b, h, q_idx, kv_idx, *arrays) -> the new score, checked, with `arrays` bound."""
-    if isinstance(fn, ScoreMod) and not arrays:
+def score_mod(fn, *arrays, grad=None) -> ScoreMod:
+    """fn(score, b, h, q_idx, kv_idx, *arrays) -> the new score, checked, with `arrays` bound.
+    grad: its derivative by the score, a function of the same parameters, for the backward (the
+    chain rule through the mod: torch's FlexAttention differentiates the mod itself; here the
+    mod's author says what it is, as the built-ins do). Without one, gradients through the mod are
+    refused by its name."""
+    if isinstance(fn, ScoreMod) and not arrays and grad is None:
         return fn
     name = _check(fn, arrays, "score_mod", SCORE_PARAMS)
     _sample(fn, arrays, "score_mod", name, (0.0, 0, 0, 0, 0))
-    return ScoreMod(fn, tuple(arrays), "score_mod", name)
+    if grad is not None:
+        _check(grad, arrays, "score_mod", SCORE_PARAMS)
+        _sample(grad, arrays, "score_mod", f"{name}'s grad", (0.0, 0, 0, 0, 0))
+    return ScoreMod(fn, tuple(arrays), "score_mod", name, grad)
 
 
 def mask_mod(fn, *arrays) -> MaskMod:
@@ -193,7 +203,7 @@ def softcap(cap: float) -> ScoreMod:
     """Gemma 2's logit soft-capping: cap · tanh(score / cap)."""
     if not (isinstance(cap, (int, float, np.floating)) and np.isfinite(cap) and cap > 0):
         raise ValueError(f"softcap: cap must be a finite number > 0, got {cap!r}")
-    return score_mod(softcap_mod, np.array([cap], np.float32))
+    return score_mod(softcap_mod, np.array([cap], np.float32), grad=softcap_grad)
 
 
 def alibi(slopes) -> ScoreMod:
@@ -201,7 +211,7 @@ def alibi(slopes) -> ScoreMod:
     host = _host(slopes)
     if host.ndim != 1:
         raise ValueError(f"alibi: slopes must be one number per query head, shape (H,), got {host.shape}")
-    return score_mod(alibi_mod, slopes)
+    return score_mod(alibi_mod, slopes, grad=bias_grad)
 
 
 def alibi_slopes(H: int) -> np.ndarray:
@@ -235,11 +245,13 @@ def _on_arrays(fn):
     return types.FunctionType(code, {**scope, "math": _MathOnArrays()}, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-def evaluate(mod: Mod, *grids):
+def evaluate(mod: Mod, *grids, fn=None):
     """mod over broadcast index grids (and, for a score mod, scores): one call with NumPy arrays where
     the mod's arithmetic broadcasts (its math.tanh as np.tanh), else one call per element (a mod with
-    `if` or `and`)."""
+    `if` or `and`). fn: another function of the mod's parameters and arrays (its grad) in its place."""
     arrays = mod.host_arrays()
+    if fn is not None:
+        mod = Mod(fn, mod.arrays, mod.kind, mod.name)
     shape = np.broadcast_shapes(*(np.shape(g) for g in grids))
     try:
         with np.errstate(all="ignore"):

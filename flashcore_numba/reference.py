@@ -118,6 +118,40 @@ def reference_flex(q, k, v, *, score_mod=None, mask_mod=None, causal: bool = Fal
     return out, lse
 
 
+def reference_flex_gradients(q, k, v, do, *, score_mod=None, mask_mod=None, scale: float | None = None):
+    """float64 (dq, dk, dv) of reference_flex's output against its gradient `do`, NumPy arrays: with
+    s = scale · q kᵀ, s' = score_mod(s) (its ScoreMod's grad g = d s' / d s) and P the softmax of s'
+    over the keys mask_mod leaves, dv = Pᵀ do, dS' = P ∘ (do vᵀ − rowsum(do ∘ o)), dS = dS' ∘ g(s),
+    dq = scale · dS k, dk = scale · dSᵀ q; a K/V head's dk and dv summed over its group."""
+    from . import flex
+
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    smod = None if score_mod is None else flex.score_mod(score_mod)
+    mmod = None if mask_mod is None else flex.mask_mod(mask_mod)
+    if smod is not None and smod.grad is None:
+        raise ValueError(f"score_mod {smod.name}: no grad given (flex.score_mod(fn, ..., grad=...))")
+    q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, do))
+    B, H, Sq, _ = q.shape
+    Sk = k.shape[2]
+    q_idx, kv_idx = np.arange(Sq)[:, None], np.arange(Sk)[None, :]
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for b, h in np.ndindex(B, H):
+            hk = kv_head(h, H, k.shape[1])
+            s = q[b, h] @ k[b, hk].T * scale
+            slope = np.ones_like(s)
+            if smod is not None:
+                slope = np.broadcast_to(flex.evaluate(smod, s, b, h, q_idx, kv_idx, fn=smod.grad), s.shape)
+                s = np.broadcast_to(flex.evaluate(smod, s, b, h, q_idx, kv_idx), s.shape).astype(np.float64)
+            p = _softmax_rows(s, flex.mask_matrix(mmod, b, h, Sq, Sk))
+            dp = do[b, h] @ v[b, hk].T
+            ds = p * (dp - np.sum(dp * p, axis=1, keepdims=True)) * slope
+            dv[b, hk] += p.T @ do[b, h]
+            dq[b, h] = scale * ds @ k[b, hk]
+            dk[b, hk] += scale * ds.T @ q[b, h]
+    return dq, dk, dv
+
+
 def reference_gradients(q, k, v, do, *, causal: bool = False, scale: float | None = None, dlse=None,
                         dtype=np.float64, lowp: str | None = None):
     """float64 (dq, dk, dv) of attention's output against its gradient `do`, NumPy arrays: with

@@ -237,3 +237,47 @@ def test_the_oracle_of_some_rows_is_those_rows_of_the_whole():
         np.testing.assert_array_equal(some, whole[:, :, rows])
         np.testing.assert_array_equal(some_lse, whole_lse[:, :, rows])
     assert flex.mask_matrix(flex.causal_mask(), 0, 0, 40, 40, rows).shape == (4, 40)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradients through the mods: the oracle of the backward
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mods", [
+    dict(score_mod=flex.softcap(1.5), mask_mod=flex.sliding_window(4)),
+    dict(score_mod=flex.alibi(flex.alibi_slopes(4)), mask_mod=flex.document_mask(np.repeat(np.arange(3), 4)[:11])),
+    dict(mask_mod=flex.prefix_lm(3)),
+], ids=["softcap+window", "alibi+documents", "prefix"])
+def test_the_gradient_oracle_is_the_derivative_of_the_output(mods):
+    """reference_flex_gradients against central differences of reference_flex's output (float64),
+    GQA and a mask that hides whole rows of keys included: so the oracle's chain rule and the
+    built-ins' grads (softcap's 1 - tanh², a bias's 1) are both right."""
+    from flashcore_numba.reference import reference_flex_gradients
+
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, 4, 11, 8)) * 2
+    k, v = (rng.standard_normal((1, 2, 11, 8)) * 2 for _ in range(2))
+    do = rng.standard_normal((1, 4, 11, 8))
+    grads = reference_flex_gradients(q, k, v, do, scale=0.5, **mods)
+    eps = 1e-6
+    for x, grad in zip((q, k, v), grads):
+        for index in [tuple(rng.integers(0, n) for n in x.shape) for _ in range(6)]:
+            plus, minus = x.copy(), x.copy()
+            plus[index] += eps
+            minus[index] -= eps
+            args = [plus if a is x else a for a in (q, k, v)], [minus if a is x else a for a in (q, k, v)]
+            f = [np.sum(reference_flex(*a, scale=0.5, **mods)[0] * do) for a in args]
+            assert grad[index] == pytest.approx((f[0] - f[1]) / (2 * eps), abs=1e-6, rel=1e-5), index
+
+
+def test_a_score_mod_without_a_grad_has_no_gradients():
+    from flashcore_numba.reference import reference_flex_gradients
+
+    q = np.zeros((1, 1, 2, 8))
+    doubled = flex.score_mod(lambda score, b, h, q_idx, kv_idx: score * 2)
+    with pytest.raises(ValueError, match="score_mod <lambda>: no grad given"):
+        reference_flex_gradients(q, q, q, q, score_mod=doubled)
+    with_grad = flex.score_mod(lambda score, b, h, q_idx, kv_idx: score * 2,
+                               grad=lambda score, b, h, q_idx, kv_idx: 2.0)
+    assert with_grad.grad(0.0, 0, 0, 0, 0) == 2.0
+    with pytest.raises(TypeError, match=r"score_mod <lambda>: expected 5 parameters"):
+        flex.score_mod(lambda score, b, h, q_idx, kv_idx: score, grad=lambda score: 1.0)

@@ -171,6 +171,19 @@ def alibi_mod(score, b, h, q_idx, kv_idx, slopes):
     return score + slopes[h] * np.float32(kv_idx - q_idx)
 
 
+# The built-in score mods' derivatives by the score (flex.score_mod's grad=), for the backward's
+# chain rule: dS = dS' · d score_mod / d score, where dS' is the softmax's gradient by the modded score
+def softcap_grad(score, b, h, q_idx, kv_idx, capped):
+    """d softcap_mod / d score: 1 - tanh(score / cap)²."""
+    bent = math.tanh(score / capped[0])
+    return np.float32(1.0) - bent * bent
+
+
+def bias_grad(score, b, h, q_idx, kv_idx, slopes):
+    """d alibi_mod / d score: a bias added to the score leaves its derivative 1."""
+    return np.float32(1.0)
+
+
 def device_mod(fn, n_arrays: int, kind: str):
     """fn compiled as a device function, and a call of it that takes its bound arrays from a tuple
     `a` (the kernel's argument; one stand-in array where the mod has none). Numba inlines a call of
