@@ -435,11 +435,8 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     from .phases import p14_flex as p14
     from .runtime.inputs import DeviceArray
 
-    if is_torch(q) and _grad_enabled():  # an output without a grad_fn would drop their gradients silently
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            if getattr(x, "requires_grad", False):
-                raise NotImplementedError(f"{name}: requires grad, but flex_attention has no backward yet; call it "
-                                          f"under torch.no_grad() or on detached tensors (attention() has one)")
+    if is_torch(q) and _grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+        return _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse, phase)
     ops = tuple(describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     _validate(ops, PHASES["07"], False, scale, return_lse)  # phase 14's first build: phase 07's inputs
     B, H, S_q, D = ops[0].shape
@@ -504,6 +501,76 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
             plan(*(DeviceArray(x) for x in (q, k, v, out, lse)), tail, 0)
     if not torch_inputs and ops[0].kind == "numpy":
         out, lse = out.copy_to_host(), lse.copy_to_host()
+    return (out, lse) if return_lse else out
+
+
+_FLEX_FUNCTION = None  # the torch.autograd.Function of flex_attention with gradients (_flex_with_grad)
+
+
+def _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse, phase):
+    """flex_attention on torch tensors that need gradients: the forward as without them (its LSE
+    kept), and a backward through phase 11's kernels with the same mods compiled in
+    (p14_flex.backward_for: dS = P ∘ (dP − Δ) ∘ the score mod's grad; every key block against every
+    query tile, no block sparsity yet), launched by Numba on torch's current stream. A score mod
+    without its grad is refused here, by name, before anything runs. The LSE, if returned, is
+    outside the graph (its gradient is not taken)."""
+    import torch
+
+    from . import flex
+    from .phases import p11_backward as p11
+    from .phases import p14_flex as p14
+
+    smod = None if score_mod is None else flex.score_mod(score_mod)
+    if smod is not None and smod.grad is None:
+        raise ValueError(f"score_mod {smod.name}: gradients through it need its derivative by the score: "
+                         f"flex.score_mod(fn, ..., grad=fn_grad) (the built-ins have theirs)")
+    D = q.shape[-1]
+    if not p11.runs_head_dim(D):
+        raise ValueError(f"q: head dim {D}: the backward takes {p11.HEAD_DIMS_TEXT}")
+    global _FLEX_FUNCTION
+    if _FLEX_FUNCTION is None:
+        class FlexFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, forward, backward):
+                out, lse = forward(q, k, v)
+                ctx.save_for_backward(q, k, v, out, lse)
+                ctx.backward_call = backward
+                ctx.mark_non_differentiable(lse)
+                return out, lse
+
+            @staticmethod
+            def backward(ctx, dout, dlse):
+                return (*ctx.backward_call(*ctx.saved_tensors, dout), None, None)
+
+        _FLEX_FUNCTION = FlexFunction
+
+    def forward(q, k, v):
+        with torch.no_grad():
+            return flex_attention(q, k, v, score_mod=smod, block_mask=block_mask, mask_mod=mask_mod, scale=scale,
+                                  return_lse=True, phase=phase)
+
+    def backward(q, k, v, out, lse, dout):
+        from numba import cuda
+
+        mmod = block_mask.mask if block_mask is not None else (None if mask_mod is None else flex.mask_mod(mask_mod))
+        dtype = str(q.dtype).replace("torch.", "")
+        bw = p14.backward_for(D, dtype, smod, mmod)
+        device = q.device.index or 0
+        args = tuple(_kept(m if m is not None and m.arrays else None, device,
+                           lambda m=m: _bound_arrays(m, describe("q", q), m.kind if m is not None else "mod"))
+                     for m in (smod, mmod))
+        dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        with cuda.gpus[device]:
+            stream = cuda.external_stream(current_stream(device))
+            arrays = [torch_to_kernel(x) for x in (q, k, v, out, dout.contiguous())]
+            bw.run(*arrays, cuda.as_cuda_array(lse), cuda.as_cuda_array(dq), torch_to_kernel(dk),
+                   torch_to_kernel(dv), False, float(default_scale(D) if scale is None else scale), False,
+                   stream=stream, delta=cuda.as_cuda_array(delta), mod_args=args)
+        return dq.to(q.dtype), dk, dv
+
+    out, lse = _FLEX_FUNCTION.apply(q, k, v, forward, backward)
     return (out, lse) if return_lse else out
 
 

@@ -228,11 +228,77 @@ def test_flex_attention_on_gpu(D, dtype, phase):
     with pytest.raises(ValueError, match="k: its address is 2 bytes past a 16-byte boundary"):
         flex_attention(q, off, v)
     assert torch.isfinite(flex_attention(q, k, v)).all()  # the context is alive
+    # gradients through the mods: phase 11's backward with softcap and the window compiled in (GQA, tails)
+    from flashcore_numba.reference import reference_flex_gradients
+
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    with pytest.raises(NotImplementedError, match="q: requires grad"):
-        flex_attention(*leaves)
+    out = flex_attention(*leaves, phase=phase, **cases[0])
+    dout = torch.randn(out.shape, generator=gen, device="cuda").to(out.dtype)
+    out.backward(dout)
+    ref = reference_flex_gradients(*host, dout.float().cpu().numpy(), **cases[0])
+    for name, leaf, r in zip("qkv", leaves, ref):
+        got = leaf.grad.float().cpu().numpy()
+        assert not np.isnan(got).any(), name
+        np.testing.assert_allclose(got, r, atol=(4e-2 if dtype == "bfloat16" else 1e-2) * np.abs(r).max() + 1e-3,
+                                   rtol=0, err_msg=f"d{name}")
     with torch.no_grad():
         assert torch.equal(flex_attention(*leaves), flex_attention(q, k, v))
+
+
+# ---------------------------------------------------------------------------------------------
+# The backward with the mods (phase 11's kernels, p14_flex.build_backward)
+# ---------------------------------------------------------------------------------------------
+BACKWARD_CASES = {
+    "softcap + window": lambda B, H, S: dict(score_mod=flex.softcap(3.0), mask_mod=flex.sliding_window(9)),
+    "ALiBi + documents, GQA": lambda B, H, S: dict(
+        score_mod=flex.alibi(flex.alibi_slopes(H)),
+        mask_mod=flex.document_mask(np.stack([np.repeat(np.arange(4), 12)[:S], np.repeat(np.arange(2), 30)[:S]]))),
+    "prefix LM": lambda B, H, S: dict(mask_mod=flex.prefix_lm(5)),
+}
+
+
+@pytest.mark.slow  # about 45 s each in the simulator
+@pytest.mark.parametrize("case", list(BACKWARD_CASES))
+def test_the_backward_with_mods_matches_the_oracle(case):
+    """dQ, dK and dV of phase 11's kernels with the mods compiled in against the float64 gradients
+    with the same mods (reference_flex_gradients): tails on both lengths (S = 37 in tiles of 16),
+    GQA, a mask that hides whole rows' keys. Outputs poisoned with NaN (run_on_host); NaN never passes."""
+    from flashcore_numba.phases import p11_backward as p11
+    from flashcore_numba.reference import reference_flex_gradients
+
+    B, H, H_kv, S, D, scale = 2, 4, 2, 37, 64, 0.2
+    rng = np.random.default_rng(7)
+    q = rng.uniform(-2, 2, (B, H, S, D)).astype(np.float16)
+    k, v = (rng.uniform(-2, 2, (B, H_kv, S, D)).astype(np.float16) for _ in range(2))
+    do = rng.uniform(-1, 1, (B, H, S, D)).astype(np.float16)
+    mods = BACKWARD_CASES[case](B, H, S)
+    o, lse = reference_flex(q, k, v, scale=scale, **mods)
+    smod, mmod = mods.get("score_mod"), mods.get("mask_mod")
+    bw = p14_flex.backward_for(D, "float16", smod, mmod)
+    args = tuple(flex.device_arrays(m if m is not None else flex.Mod(None)) for m in (smod, mmod))
+    got = p11.run_on_host(bw, q, k, v, o.astype(np.float16), do, lse.astype(np.float32), scale=scale, mod_args=args)
+    ref = reference_flex_gradients(q, k, v, do, scale=scale, **mods)
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        x = np.asarray(x, np.float64)
+        assert not np.isnan(x).any(), name
+        np.testing.assert_allclose(x, r, atol=1e-2 * np.abs(r).max() + 1e-3, rtol=0, err_msg=name)
+
+
+def test_a_backward_without_a_score_mods_grad_is_refused_by_name():
+    doubled = flex.score_mod(lambda score, b, h, q_idx, kv_idx: score * 2)
+    with pytest.raises(ValueError, match="score_mod: the backward needs its grad"):
+        p14_flex.backward_for(64, "float16", doubled, None)
+
+
+def test_gradients_through_a_score_mod_without_its_grad_are_refused_by_name():
+    """Before anything runs: a score mod needs its derivative for the backward (flex.score_mod's grad=)."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    q = torch.zeros((1, 1, 4, 64), requires_grad=True)
+    doubled = flex.score_mod(lambda score, b, h, q_idx, kv_idx: score * 2)
+    with pytest.raises(ValueError, match="score_mod <lambda>: gradients through it need its derivative"):
+        flex_attention(q, q, q, score_mod=doubled)
+    with torch.no_grad(), pytest.raises(TypeError, match="q: expected a CUDA torch tensor"):
+        flex_attention(q, q, q, score_mod=doubled)  # (without gradients: the inputs' own check)
 
 
 @pytest.mark.gpu

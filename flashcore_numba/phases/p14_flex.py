@@ -38,6 +38,13 @@ What changed from phase 07
       (hopper_lists): they take phase 09's loop without masking, where the mask pass compiles out;
       the partial ones, and the tile that crosses the last key, its masked loop. No consumer passes
       a tile (the list is the block's).
+    - The backward with the same mods (build_backward) is phase 11's kernels through a seam phase 11
+      keeps for it (p11.Scores, compiled out of its own build: its PTX unchanged): in kv_kernel's
+      tile, each recomputed score of Sᵀ goes through score_mod and mask_mod as in the forward, and
+      dS = P ∘ (dP − Δ) is multiplied by the score mod's derivative by the score, which the mod's
+      author gives (flex.score_mod(..., grad=): softcap's 1 − tanh², a bias's 1); torch's
+      FlexAttention differentiates the mod's graph instead. Every key block still meets every query
+      tile (no block sparsity in the backward yet), and the mods' arrays get no gradient.
     What ptxas reports for sm_90a at D = 64, when this build was written: the build without
     mods 240 registers (phase 07's kernel, 242); with softcap and a
     window 250, with ALiBi and a document mask 255 and 64 bytes of stack. Phase 09's build
@@ -71,6 +78,7 @@ by hand)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import lru_cache
 
@@ -81,6 +89,7 @@ from ..arch import operands, ptx
 from ..arch.cache import function_fingerprint
 from . import p07_mma_sync as p07
 from . import p09_warp_specialized as p09
+from . import p11_backward as p11
 from .common import LOG2E, MMA_N, KernelConfig, key_end
 from .p07_mma_sync import MMA_M
 
@@ -522,6 +531,77 @@ def _fingerprint(fn):
     """function_fingerprint, once per function in a process: Numba, too, takes the globals a function
     reads as constants when it first compiles it (build's kernel for these mods is that one)."""
     return function_fingerprint(fn)
+
+
+# ---------------------------------------------------------------------------------------------
+# The backward with the mods: phase 11's kernels, the mods on each tile's recomputed scores
+# ---------------------------------------------------------------------------------------------
+def make_backward_scores(NT: int, score_call, grad_call, mask_call) -> p11.Scores:
+    """Phase 11's seam (p11.Scores) with the mods: in kv_kernel's tile, each score of Sᵀ (lane
+    element e of n-tile j: query row m0 + 8 j + 2 t + e % 2, key key_a + 8 (e // 2)) as the forward
+    made it, score_mod(score) in raw units (the kernel scales it again), or hidden where the mask
+    hides its key or the row or key lies past the end; its slope, d score_mod / d score, for dS.
+    Every tile of the block runs it (no block sparsity in the backward yet)."""
+    SCORE, MASK = score_call is not None, mask_call is not None
+
+    @cuda.jit(device=True, inline=True)
+    def modify(s, slope, context, h, m0, t):
+        b, key_a, seq_q, seq_k, mod_args, scale = context
+        score_args, mask_args = mod_args
+        unit = float32(scale)  # a raw score times unit is the score the mods see
+        back = float32(1.0) / unit
+        # a raw score whose probability is 0 whatever the scale's sign: 2^(hidden · qk_scale − L) = 0
+        hidden = float32(-math.inf) if unit > float32(0.0) else float32(math.inf)
+        for j in range(NT):
+            for e in range(4):
+                row = int32(m0 + j * 8 + 2 * t + e % 2)
+                key = int32(key_a + 8 * (e // 2))
+                seen = row < seq_q and key < seq_k
+                r = min(row, int32(seq_q - 1))  # (in bounds for a mod's arrays)
+                kk = min(key, int32(seq_k - 1))
+                x = s[j, e] * unit
+                d = float32(1.0)
+                if SCORE:
+                    d = float32(grad_call(x, b, h, r, kk, score_args))
+                    x = float32(score_call(x, b, h, r, kk, score_args))
+                if MASK:
+                    seen = seen and mask_call(x, b, h, r, kk, mask_args)
+                s[j, e] = x * back if seen else hidden
+                slope[j, e] = d
+
+    return p11.Scores(True, modify)
+
+
+@lru_cache(maxsize=None)
+def build_backward(HEAD_DIM: int, dtype: str = "float16", score_fn=None, grad_fn=None, n_score_arrays: int = 0,
+                   mask_fn=None, n_mask_arrays: int = 0, cc: tuple | None = None, mods_id: tuple = ()) -> p11.Backward:
+    """Phase 11's backward (p11.Backward: delta_kernel, kv_kernel and its serial build) with the mods'
+    functions compiled into kv_kernel, which then takes their arrays' tuples last (Backward.run's
+    mod_args); mods_id names them in the kernel cache (their fingerprints)."""
+    if score_fn is not None and grad_fn is None:
+        raise ValueError("score_mod: the backward needs its grad (flex.score_mod(fn, ..., grad=...))")
+    plain = p11.build(HEAD_DIM, dtype, cc)
+    L = plain.kv
+    scores = make_backward_scores(
+        L["NT"], None if score_fn is None else device_mod(score_fn, n_score_arrays, "score_mod"),
+        None if grad_fn is None else device_mod(grad_fn, n_score_arrays, "score_mod"),
+        None if mask_fn is None else device_mod(mask_fn, n_mask_arrays, "mask_mod"))
+    return dataclasses.replace(plain, kv_kernel=p11.build_kv_kernel(L, dtype, plain.wide_red, scores=scores),
+                               kv_kernel_serial=p11.build_kv_kernel(L, dtype, plain.wide_red, serial=True,
+                                                                    scores=scores),
+                               mods=mods_id if mods_id == ("unkept",) else ("mods", *mods_id))
+
+
+def backward_for(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None, cc: tuple | None = None) -> p11.Backward:
+    """build_backward for these mods (flex.ScoreMod with its grad, flex.MaskMod, or None), named in the
+    kernel cache by their functions' fingerprints; where one cannot be told, not cached at all."""
+    fns = tuple(fn for fn in (score_mod and score_mod.fn, score_mod and score_mod.grad, mask_mod and mask_mod.fn)
+                if fn is not None)
+    prints = tuple(_fingerprint(fn) for fn in fns)
+    return build_backward(HEAD_DIM, dtype, score_mod and score_mod.fn, score_mod and score_mod.grad,
+                          len(score_mod.arrays) if score_mod else 0, mask_mod and mask_mod.fn,
+                          len(mask_mod.arrays) if mask_mod else 0, None if cc is None else tuple(cc),
+                          prints if all(prints) else ("unkept",))
 
 
 def cache_identity(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None, base: str = "07") -> tuple:

@@ -176,6 +176,9 @@ class Backward:
     # each dQ piece into a float32 workspace of whole tiles by one bulk reduction, and `dq_of_tiles`
     # (that build's) writes dQ from it
     dq_of_tiles: object = None
+    # phase 14's backward (p14_flex.build_backward): its kv_kernel has the user's mods compiled in
+    # and takes their arrays; this names them in the disk cache (their fingerprints)
+    mods: tuple = ()
 
     def kv_id(self, deterministic: bool) -> str:
         """The id of the kv_kernel a backward launches: "11-kv", or its serial build "11-kv-serial"."""
@@ -188,10 +191,13 @@ class Backward:
         if kernel_id == "11-sum":  # float32 sums: the same kernel for every head dim and dtype
             return (kernel_id,)
         if kernel_id.startswith(f"{self.phase}-kv"):
+            if self.mods == ("unkept",):  # phase 14's mods whose code cannot be told: never cached
+                return ()
             return (kernel_id, self.head_dim, self.dtype, "red.v2" if self.wide_red else "red",
                     f"dS x{self.kv['DS_BUFFERS']}") + (("bulk dQ",) if self.dq_of_tiles is not None else ()) \
                 + (("overlap",) if self.kv.get("OVERLAP") else ()) \
-                + (("tied",) if self.kv.get("TIED") else ())  # phase 12's builds to A/B
+                + (("tied",) if self.kv.get("TIED") else ()) \
+                + self.mods  # phase 12's builds to A/B, phase 14's mods
         return (kernel_id, self.head_dim, self.dtype)
 
     def delta_grid(self, B: int, H: int, S_q: int) -> tuple:
@@ -211,7 +217,7 @@ class Backward:
         return max(1, min(key_blocks, MAX_DQ_PARTS, sm_count // max(1, B * H_kv)))
 
     def run(self, Q, K, V, O, dO, LSE, dQ, dK, dV, causal: bool, scale: float, deterministic: bool = False,
-            stream=0, dLSE=None, delta=None, dq_sums=None, parts: int | None = None):
+            stream=0, dLSE=None, delta=None, dq_sums=None, parts: int | None = None, mod_args: tuple = ()):
         """dQ (float32), dK and dV (the inputs' type) from (B, H, S, D) device arrays Q, K, V, the
         forward's O and LSE (B, H, S_q, natural log) and dO, all 16-bit (bf16 as int16 bits) but
         LSE; dLSE, if the LSE was used too, its gradient (B, H, S_q) float32: d LSE_i / d s_ij =
@@ -223,7 +229,8 @@ class Backward:
         block, and all of them add into dQ. With deterministic=True it has a block per part of
         dQ (parts, default `dq_parts`) and each block adds its key blocks in order; dq_sums: a
         (parts, B, H, S_q, D) float32 scratch array where there is more than one part (None:
-        allocated here), whose parts are then summed in order into dQ."""
+        allocated here), whose parts are then summed in order into dQ. mod_args: phase 14's, the
+        tuples of its mods' arrays that its kv_kernel takes last (score_mod's, mask_mod's)."""
         B, H, S_q, D = Q.shape
         H_kv, S_k = K.shape[1], K.shape[2]
         if S_q == 0 or S_k == 0:  # nothing to recompute: every gradient is 0
@@ -250,7 +257,8 @@ class Backward:
                 raise ValueError(f"dq_sums: expected shape {(parts, *dQ.shape)}, got {tuple(sums.shape)}")
         _zero(sums, stream)
         kernel = self.kv_kernel_serial if deterministic else self.kv_kernel
-        args = (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale))
+        args = (Q, K, V, dO, LSE, delta, sums, dK.view(np.uint32), dV.view(np.uint32), causal, float32(scale),
+                *mod_args)
         if "TMA_BOX" in kv:  # phase 13: a producer warpgroup more, loading by TMA
             from flashcore_numba.arch.tma import head_maps
 
@@ -582,28 +590,55 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
     return delta_kernel
 
 
-def make_tile_grads(L: dict, f: _Pieces):
+# The scores of a tile before the softmax is recomputed. Phase 11 leaves them as they are; phase 14
+# (p14_flex.py) builds this kernel with its user's mods on them: each score modded (or hidden),
+# and its derivative kept for the chain rule. The plain form compiles to nothing (phase 11's PTX
+# unchanged), as phase 09's Walk does for its forward.
+@dataclass(frozen=True)
+class Scores:
+    mods: bool  # phase 14's: kv_kernel takes the mods' arrays, and modify runs on every tile
+    modify: object  # modify(s, slope, context, h, m0, t): Sᵀ modded in place, d mod / d score into slope
+
+
+def plain_scores() -> Scores:
+    @cuda.jit(device=True, inline=True)
+    def modify(s, slope, context, h, m0, t):
+        pass
+
+    return Scores(False, modify)
+
+
+def make_tile_grads(L: dict, f: _Pieces, scores: Scores):
     """tile_grads(...): one query tile's part of the gradients of the warp's 16 keys."""
     p_and_ds = make_p_and_ds(f.exp2, L["NT"], L["STREAM_ROWS"], L["OWN_ROWS"])
     abt_steps, ab_steps, pack_a = f.abt_steps, f.ab_steps, f.pack_a
     NT = L["NT"]
+    MODS, modify = scores.mods, scores.modify
 
     @cuda.jit(device=True, inline=True)
     def tile_grads(s, dp, p_frag, ds_frag, dk, dv, k_warp, v_warp, q_tile, do_tile, b_lane, bt_lane, lse2_s,
-                   delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale, part_bytes):
+                   delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale, part_bytes, slope,
+                   h, context):
         """The query tile in `stage` (rows m0 .., Q at q_tile, dO at do_tile) against the warp's 16
         keys and values (k_warp, v_warp): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, then Pᵀ from the rows' saved
         log-sum-exp and dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i), then dV += Pᵀ dO and dK += dSᵀ Q in the block's
         columns (part_bytes into a row: 0 up to D = 128). Pᵀ and dSᵀ are left as A fragments in
-        p_frag and ds_frag (dSᵀ's go on to dQ)."""
+        p_frag and ds_frag (dSᵀ's go on to dQ). Phase 14's build: the mods on Sᵀ first (query head
+        h, `context`), and dSᵀ times each score's slope."""
         # -- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, the warp's 16 keys against the tile's BLOCK_M rows
         zero_tiles(s, NT)
         zero_tiles(dp, NT)
         abt_steps(0, (s, k_warp, q_tile + b_lane))
         abt_steps(0, (dp, v_warp, do_tile + b_lane))
+        if MODS:  # phase 14: each score as its mods make it (hidden: -inf), its slope d mod / d score
+            modify(s, slope, context, h, m0, t)
 
         # -- Pᵀ = 2^(s · qk_scale − L_i log2 e) in place of Sᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − Δ_i) in place of dPᵀ
         p_and_ds(s, dp, lse2_s, delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b, qk_scale)
+        if MODS:  # the chain rule through the score mod: the gradient by the raw score
+            for j in range(NT):
+                for e in range(4):
+                    dp[j, e] *= slope[j, e]
 
         # -- dV += Pᵀ dO and dK += dSᵀ Q: Pᵀ and dSᵀ as A fragments, dO and Q by ldmatrix.trans
         pack_a(p_frag, s)
@@ -721,7 +756,7 @@ def make_query_stream(L: dict, f: _Pieces):
     return fetch_queries, fetch_next
 
 
-def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = False):
+def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = False, scores: Scores | None = None):
     """kv_kernel for layout L: dK and dV of BLOCK_N keys, and their share of dQ; wide_red (sm_90 and
     newer): a lane's two adjacent dQ columns in one reduction (ptx/red.ptx). serial: the build for
     deterministic=True, whose blocks loop over key blocks; the default build has a block per key
@@ -732,10 +767,13 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
 
     The roles, each a function of its own above: the warp's products (_Pieces), a query tile's
     gradients (make_tile_grads), dQ (make_dq) and the query stream (make_query_stream); kv_kernel
-    below is the algorithm that wires them, one block's work."""
+    below is the algorithm that wires them, one block's work. scores: phase 14's mods (Scores;
+    None: phase 11's own, the scores as they are)."""
     f = _Pieces(L, dtype)
     copy_tile, commit, wait_all = f.copy_tile, f.commit, f.wait_all  # the own tiles (padded)
-    tile_grads = make_tile_grads(L, f)
+    scores = plain_scores() if scores is None else scores
+    MODS = scores.mods
+    tile_grads = make_tile_grads(L, f, scores)
     stash_ds, tile_dq = make_dq(L, f, wide_red)
     fetch_queries, fetch_next = make_query_stream(L, f)
     store_dk_dv = make_store_dk_dv(f.pack, L["ND"], L["HEAD_DIM"])
@@ -749,8 +787,8 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     SERIAL = serial
     PARTS, PART_COLS = L["COLUMN_PARTS"], L["PART_COLS"]
 
-    @cuda.jit
-    def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale):
+    @cuda.jit(device=True, inline=True)
+    def attend(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, mod_args):
         """dK and dV of blocks of BLOCK_N keys of one K/V head, over every query row of its group
         that sees them, and each query tile's dS K added to dQ. dK and dV: uint32 pairs; dQ:
         (parts, B, H, S_q, D) float32: one part with atomics, a part per block (blockIdx.x) in the
@@ -788,6 +826,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
         dsq_frag = cuda.local.array((KO, 4), uint32)
         dk = cuda.local.array((ND, 4), float32)  # the warp's 16 keys x D
         dv = cuda.local.array((ND, 4), float32)
+        slope = cuda.local.array((NT, 4), float32)  # phase 14's: each score's d mod / d score
         # ldmatrix lane addresses (phase 07): A rows of a 16-row block (own tiles); B rows of two
         # n-tiles and B of two n-tiles transposed, in the streamed tiles and (bt_own) the own ones.
         # In the streamed tiles' swizzled rows each lane names a row, whose row % 8 is lane % 8, and
@@ -835,6 +874,9 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
             key_a = n0 + warp * 16 + g  # this lane's keys (rows of Sᵀ): key_a and key_a + 8 ...
             first_a = first_row(key_a, seq_q, seq_k, causal)  # ... and the first query row that sees each
             first_b = first_row(key_a + 8, seq_q, seq_k, causal)
+            context = 0
+            if MODS:  # phase 14's mods: what they read besides the scores
+                context = (b, key_a, seq_q, seq_k, mod_args, scale)
 
             for it in range(n_tiles):
                 stage = it % 2
@@ -846,7 +888,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
                 # -- this tile's Pᵀ and dSᵀ, and its part of dV and dK (Pᵀ dO, dSᵀ Q)
                 tile_grads(s, dp, p_frag, ds_frag, dk, dv, k_warp, v_warp, q_tile, do_tile, b_lane, bt_lane,
                            lse2_s, delta_s, stage, m0, n0, seq_q, seq_k, causal, t, first_a, first_b,
-                           qk_scale, col0 * 2)
+                           qk_scale, col0 * 2, slope, h, context)
                 stash_ds(smem_h, prev_s, ds_frag, stage, warp, g, t, tid, h, m0)
                 if DS_BUFFERS == 2:
                     # -- dQ of the tile before, whose dSᵀ every warp stored before the barrier that
@@ -882,7 +924,13 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
             cuda.syncthreads()  # every warp done with K (the last dQ) before the next key block's copies
             key_block += cuda.gridDim.x  # deterministic=True: this block's next key block
 
-    return kv_kernel
+    def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale):
+        attend(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, 0)
+
+    def kv_kernel_mods(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, score_args, mask_args):
+        attend(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, (score_args, mask_args))  # phase 14's
+
+    return cuda.jit(kv_kernel_mods if MODS else kv_kernel)
 
 
 def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
@@ -899,8 +947,9 @@ def backward(q, k, v, o, do, lse, *, causal: bool = False, scale: float | None =
 
 
 def run_on_host(bw: Backward, q, k, v, o, do, lse, *, causal: bool = False, scale: float | None = None,
-                deterministic: bool = False, dlse=None, parts: int | None = None):
-    """`backward` with the kernels of `bw` (this phase's, or phase 12's build of them)."""
+                deterministic: bool = False, dlse=None, parts: int | None = None, mod_args: tuple = ()):
+    """`backward` with the kernels of `bw` (this phase's, phase 12's build of them, or phase 14's with
+    its mods, whose arrays' tuples are `mod_args`)."""
     D, dtype = q.shape[-1], bw.dtype
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)  # attention's default
     element = np.dtype(ELEMENT[dtype])
@@ -912,6 +961,6 @@ def run_on_host(bw: Backward, q, k, v, o, do, lse, *, causal: bool = False, scal
     dq = cuda.to_device(np.full(q.shape, np.nan, np.float32))  # poisoned: every element must be written
     nan_16 = np.float16(np.nan) if dtype == "float16" else np.int16(0x7FC0)  # (bf16's NaN bits)
     dk, dv = (cuda.to_device(np.full(x.shape, nan_16, element)) for x in (k, v))
-    bw.run(*arrays, dq, dk, dv, causal, scale, deterministic, parts=parts,
+    bw.run(*arrays, dq, dk, dv, causal, scale, deterministic, parts=parts, mod_args=mod_args,
            dLSE=None if dlse is None else cuda.to_device(np.ascontiguousarray(dlse, dtype=np.float32)))
     return dq.copy_to_host(), dk.copy_to_host(), dv.copy_to_host()
