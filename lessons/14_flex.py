@@ -153,6 +153,30 @@ lesson.show_source(phase.make_apply_mods)
 lesson.show_source(phase.make_walk)
 
 # %% [markdown]
+# ## Gradients through the mods
+#
+# Training needs dQ, dK and dV. The backward recomputes each tile's scores as
+# [lesson 11](11_backward.ipynb) does, and the mods must meet those scores exactly as they met the
+# forward's: the same `score_mod` on each score, the same `mask_mod` hiding the same keys. Then one
+# step more. The softmax's gradient is by the *modded* score s' = score_mod(s); the products want it
+# by the raw score s, so the chain rule multiplies dS by d s' / d s. torch's FlexAttention gets that
+# derivative by tracing the mod's graph; here the mod's author writes it, a function of the same
+# parameters: `flex.score_mod(fn, *arrays, grad=fn_grad)`. Soft-capping's is 1 − tanh²(s / cap),
+# a bias's (ALiBi's) is 1; a score mod without one is refused by name when gradients are asked for.
+# Phase 11 keeps a seam for it (`p11.Scores`, compiled out of its own kernel) and
+# `phase.build_backward` puts the mods there. The oracle below is the same backward in float64,
+# checked in the tests against the output's own finite differences.
+
+# %%
+from flashcore_numba.reference import reference_flex_gradients
+
+lesson.show_source(phase.softcap_grad)
+rng = np.random.default_rng(0)
+q, k, v, do = (rng.standard_normal((1, 1, 6, 8)) for _ in range(4))
+dq, dk, dv = reference_flex_gradients(q, k, v, do, score_mod=flex.softcap(2.0), mask_mod=flex.causal_mask())
+print("dq of the first row (it sees only key 0, so its softmax is 1 and its gradient 0):", dq[0, 0, 0])
+
+# %% [markdown]
 # ## Is it correct?
 #
 # Fresh random inputs and mods (a window with tails and grouped heads, ALiBi with documents per batch,
