@@ -510,8 +510,8 @@ _FLEX_FUNCTION = None  # the torch.autograd.Function of flex_attention with grad
 def _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse, phase):
     """flex_attention on torch tensors that need gradients: the forward as without them (its LSE
     kept), and a backward through phase 11's kernels with the same mods compiled in
-    (p14_flex.backward_for: dS = P ∘ (dP − Δ) ∘ the score mod's grad; every key block against every
-    query tile, no block sparsity yet), launched by Numba on torch's current stream. A score mod
+    (p14_flex.backward_for: dS = P ∘ (dP − Δ) ∘ the score mod's grad; each key block against the
+    query rows its block mask leaves, backward_rows), launched by Numba on torch's current stream. A score mod
     without its grad is refused here, by name, before anything runs. The LSE, if returned, is
     outside the graph (its gradient is not taken)."""
     import torch
@@ -559,6 +559,12 @@ def _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse,
         args = tuple(_kept(m if m is not None and m.arrays else None, device,
                            lambda m=m: _bound_arrays(m, describe("q", q), m.kind if m is not None else "mod"))
                      for m in (smod, mmod))
+        # the query rows kv_kernel visits for each key block: the block mask at its tiles
+        B, H, S_q, _ = q.shape
+        block_m, block_n = bw.kv["STREAM_ROWS"], bw.kv["OWN_ROWS"]
+        kinds = flex.kernel_kinds(block_mask, mmod, B, H, S_q, k.shape[2], block_m, block_n, True)
+        rows = _kept(kinds, device, lambda: cuda.to_device(p14.backward_rows(kinds, H // k.shape[1], S_q, block_m)),
+                     "backward")
         dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
@@ -567,7 +573,7 @@ def _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse,
             arrays = [torch_to_kernel(x) for x in (q, k, v, out, dout.contiguous())]
             bw.run(*arrays, cuda.as_cuda_array(lse), cuda.as_cuda_array(dq), torch_to_kernel(dk),
                    torch_to_kernel(dv), False, float(default_scale(D) if scale is None else scale), False,
-                   stream=stream, delta=cuda.as_cuda_array(delta), mod_args=args)
+                   stream=stream, delta=cuda.as_cuda_array(delta), mod_args=(*args, rows))
         return dq.to(q.dtype), dk, dv
 
     out, lse = _FLEX_FUNCTION.apply(q, k, v, forward, backward)

@@ -177,15 +177,14 @@ def test_bad_calls_are_named_before_a_launch():
         flex_attention(q, k, v, score_mod=flex.score_mod(four, *(4 * [many])))
 
 
-def test_inputs_that_require_grad_are_refused_until_there_is_a_backward():
-    """flex_attention has no backward yet: a tensor that requires grad (grad enabled) is refused by name,
-    before anything else, never given an output without a grad_fn (its gradients would be dropped
-    silently); under torch.no_grad() it is not (and goes on to the inputs' checks: on the CPU, the
-    device's). The GPU test runs such a call under no_grad."""
+def test_inputs_that_require_grad_go_through_the_backward_s_path_and_its_checks():
+    """A tensor that requires grad (grad enabled) takes the autograd path (the backward with the mods,
+    p14_flex.backward_for), whose forward checks the inputs as ever: on the CPU, the device's, by
+    name, before anything runs; the same under torch.no_grad(). The GPU test checks the gradients."""
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     q, k, v = (torch.from_numpy(x) for x in random_qkv((1, 1, 16, 64), 16, seed=2, dtype=np.float16))
-    with pytest.raises(NotImplementedError, match="k: requires grad, but flex_attention has no backward yet"):
-        flex_attention(q, k.requires_grad_(), v)
+    with pytest.raises(TypeError, match="q: expected a CUDA torch tensor"):
+        flex_attention(q, k.requires_grad_(), v, score_mod=flex.softcap(20.0))
     with torch.no_grad(), pytest.raises(TypeError, match="q: expected a CUDA torch tensor"):
         flex_attention(q, k, v)
 
@@ -276,12 +275,34 @@ def test_the_backward_with_mods_matches_the_oracle(case):
     smod, mmod = mods.get("score_mod"), mods.get("mask_mod")
     bw = p14_flex.backward_for(D, "float16", smod, mmod)
     args = tuple(flex.device_arrays(m if m is not None else flex.Mod(None)) for m in (smod, mmod))
-    got = p11.run_on_host(bw, q, k, v, o.astype(np.float16), do, lse.astype(np.float32), scale=scale, mod_args=args)
+    block_m = bw.kv["STREAM_ROWS"]
+    kinds = flex.kernel_kinds(None, mmod, B, H, S, S, block_m, bw.kv["OWN_ROWS"])
+    rows = p14_flex.backward_rows(kinds, H // H_kv, S, block_m)
+    got = p11.run_on_host(bw, q, k, v, o.astype(np.float16), do, lse.astype(np.float32), scale=scale,
+                          mod_args=(*args, rows))
     ref = reference_flex_gradients(q, k, v, do, scale=scale, **mods)
     for name, x, r in zip(("dq", "dk", "dv"), got, ref):
         x = np.asarray(x, np.float64)
         assert not np.isnan(x).any(), name
         np.testing.assert_allclose(x, r, atol=1e-2 * np.abs(r).max() + 1e-3, rtol=0, err_msg=name)
+
+
+def test_the_backward_visits_the_query_rows_the_block_mask_leaves():
+    """backward_rows: per key block, from the first to the last query tile any head of the K/V head's
+    group sees it in (the tiles between computed, not skipped), (0, 0) where none does, the last
+    tile ending at seq_q; a block mask broadcast over heads gives one row of them."""
+    E, P, F = p14_flex.EMPTY, p14_flex.PARTIAL, p14_flex.FULL
+    kinds = np.array([[[[F, E, E], [P, E, E], [E, E, E]],    # head 0
+                       [[E, E, E], [E, E, E], [P, E, F]],    # head 1 (same K/V head as 0)
+                       [[E, E, E], [E, E, E], [E, E, E]],    # head 2
+                       [[E, P, E], [E, E, E], [E, F, E]]]],  # head 3 (same K/V head as 2)
+                     np.int8)
+    rows = p14_flex.backward_rows(kinds, 2, 70, 32)
+    assert rows.shape == (1, 2, 3, 2)
+    assert rows[0, 0].tolist() == [[0, 70], [0, 0], [64, 70]]  # key block 0: tiles 0 .. 2 (head 0's, then 1's)
+    assert rows[0, 1].tolist() == [[0, 0], [0, 70], [0, 0]]
+    broadcast = p14_flex.backward_rows(kinds[:, :1], 4, 70, 32)
+    assert broadcast.shape == (1, 1, 3, 2) and broadcast[0, 0].tolist() == [[0, 64], [0, 0], [0, 0]]
 
 
 def test_a_backward_without_a_score_mods_grad_is_refused_by_name():

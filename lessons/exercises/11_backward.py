@@ -229,8 +229,9 @@ class Backward:
         block, and all of them add into dQ. With deterministic=True it has a block per part of
         dQ (parts, default `dq_parts`) and each block adds its key blocks in order; dq_sums: a
         (parts, B, H, S_q, D) float32 scratch array where there is more than one part (None:
-        allocated here), whose parts are then summed in order into dQ. mod_args: phase 14's, the
-        tuples of its mods' arrays that its kv_kernel takes last (score_mod's, mask_mod's)."""
+        allocated here), whose parts are then summed in order into dQ. mod_args: phase 14's, what
+        its kv_kernel takes last: the tuples of its mods' arrays (score_mod's, mask_mod's) and the
+        query rows of each key block (p14_flex.backward_rows)."""
         B, H, S_q, D = Q.shape
         H_kv, S_k = K.shape[1], K.shape[2]
         if S_q == 0 or S_k == 0:  # nothing to recompute: every gradient is 0
@@ -596,8 +597,9 @@ def build_delta_kernel(HEAD_DIM: int, dtype: str):
 # unchanged), as phase 09's Walk does for its forward.
 @dataclass(frozen=True)
 class Scores:
-    mods: bool  # phase 14's: kv_kernel takes the mods' arrays, and modify runs on every tile
+    mods: bool  # phase 14's: kv_kernel takes the mods' arrays, and modify runs on every tile it visits
     modify: object  # modify(s, slope, context, h, m0, t): Sᵀ modded in place, d mod / d score into slope
+    rows: object  # rows(mod_args, b, h_kv, key_block) -> (m_first, m_stop): the query rows to visit
 
 
 def plain_scores() -> Scores:
@@ -605,7 +607,11 @@ def plain_scores() -> Scores:
     def modify(s, slope, context, h, m0, t):
         pass
 
-    return Scores(False, modify)
+    @cuda.jit(device=True, inline=True)
+    def rows(mod_args, b, h_kv, key_block):
+        return 0, 0
+
+    return Scores(False, modify, rows)
 
 
 def make_tile_grads(L: dict, f: _Pieces, scores: Scores):
@@ -738,13 +744,14 @@ def make_query_stream(L: dict, f: _Pieces):
         copy_stream(smem, STREAM_B + stage * STAGE, global_address(dO), head_q, m0, BLOCK_M, seq_q, tid, GLOBAL_ROW)
 
     @cuda.jit(device=True, inline=True)
-    def fetch_next(smem, it, n_tiles, stage, Q, dO, LSE, DELTA, b, h, m0, m_first, seq_q, tid):
+    def fetch_next(smem, it, n_tiles, stage, Q, dO, LSE, DELTA, b, h, m0, m_first, m_stop, seq_q, tid):
         """-- the query tile after tile `it` (rows m0 .. of head h) flies into the other stage while
-        `it` is computed: the next rows of this head, or the first of the group's next head. Its
+        `it` is computed: the next rows of this head (up to m_stop), or the first of the group's next
+        head. Its
         L_i and Δ_i are loaded into registers now and looked at only at the end of this tile: a
         load here that fed shared memory, or a compare, at once would stall the warp for the whole
         trip to global memory. Returns (h_next, m_next, lse_next, delta_next)."""
-        h_next, m_next = (h, m0 + BLOCK_M) if m0 + BLOCK_M < seq_q else (h + 1, m_first)
+        h_next, m_next = (h, m0 + BLOCK_M) if m0 + BLOCK_M < m_stop else (h + 1, m_first)
         lse_next, delta_next = float32(0.0), float32(0.0)
         if it + 1 < n_tiles:
             fetch_queries(smem, 1 - stage, Q, dO, b, h_next, m_next, tid)
@@ -772,7 +779,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     f = _Pieces(L, dtype)
     copy_tile, commit, wait_all = f.copy_tile, f.commit, f.wait_all  # the own tiles (padded)
     scores = plain_scores() if scores is None else scores
-    MODS = scores.mods
+    MODS, rows = scores.mods, scores.rows
     tile_grads = make_tile_grads(L, f, scores)
     stash_ds, tile_dq = make_dq(L, f, wide_red)
     fetch_queries, fetch_next = make_query_stream(L, f)
@@ -856,8 +863,10 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
             copy_tile(smem, OWN_A, global_address(K), head_kv, n0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
             copy_tile(smem, OWN_B, global_address(V), head_kv, n0, BLOCK_N, seq_k, tid, GLOBAL_ROW)
             first = max(0, n0 - (seq_k - seq_q)) if causal else 0
-            m_first = first - first % BLOCK_M
-            tiles_per_head = tile_count(seq_q - m_first, BLOCK_M)
+            m_first, m_stop = first - first % BLOCK_M, seq_q
+            if MODS:  # phase 14's: the query rows whose tiles its block mask has not empty for these keys
+                m_first, m_stop = rows(mod_args, b, h_kv, key_block)
+            tiles_per_head = tile_count(m_stop - m_first, BLOCK_M)
             n_tiles = group * tiles_per_head  # (query head, query tile) pairs, the heads of the group in turn
             h, m0 = h_kv * group, m_first  # the tile in flight: query head h, rows m0 ..
             if n_tiles > 0:
@@ -881,7 +890,7 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
             for it in range(n_tiles):
                 stage = it % 2
                 h_next, m_next, lse_next, delta_next = fetch_next(smem, it, n_tiles, stage, Q, dO, LSE, DELTA,
-                                                                  b, h, m0, m_first, seq_q, tid)
+                                                                  b, h, m0, m_first, m_stop, seq_q, tid)
                 q_tile = smem + STREAM_A + stage * STAGE
                 do_tile = smem + STREAM_B + stage * STAGE
 
@@ -927,8 +936,9 @@ def build_kv_kernel(L: dict, dtype: str, wide_red: bool = True, serial: bool = F
     def kv_kernel(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale):
         attend(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, 0)
 
-    def kv_kernel_mods(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, score_args, mask_args):
-        attend(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, (score_args, mask_args))  # phase 14's
+    def kv_kernel_mods(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, score_args, mask_args, ROWS):
+        # phase 14's: the mods' arrays, and each key block's query rows (its block mask, Scores.rows)
+        attend(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, causal, scale, (score_args, mask_args, ROWS))
 
     return cuda.jit(kv_kernel_mods if MODS else kv_kernel)
 

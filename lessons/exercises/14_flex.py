@@ -53,8 +53,9 @@ BUILDS_ON = "07"  # phase 07's kernel, its key-tile loop walking the block mask:
 BASES = ("07", "09")  # the kernels the mods go into: phase 07's (any GPU, the simulator) and phase 09's (Hopper)
 MODS = True  # graded with mods and a block mask (course/grade_flex.py), timed by `flashcore bench --flex`
 MAX_BOUND_ARRAYS = 3  # arrays a mod may read (its parameters after the indices)
+EMPTY = 0  # a tile of the block mask no row of which sees a key (flex.EMPTY)
 PARTIAL = 1  # a tile of the block mask where mask_mod decides per element (flex.PARTIAL)
-FULL = 2  # a tile where mask_mod sees every key (flex.FULL; EMPTY is 0)
+FULL = 2  # a tile where mask_mod sees every key (flex.FULL)
 
 
 def runs_head_dim(HEAD_DIM: int) -> bool:
@@ -484,13 +485,13 @@ def make_backward_scores(NT: int, score_call, grad_call, mask_call) -> p11.Score
     element e of n-tile j: query row m0 + 8 j + 2 t + e % 2, key key_a + 8 (e // 2)) as the forward
     made it, score_mod(score) in raw units (the kernel scales it again), or hidden where the mask
     hides its key or the row or key lies past the end; its slope, d score_mod / d score, for dS.
-    Every tile of the block runs it (no block sparsity in the backward yet)."""
+    Every query tile the key block visits runs it (rows: backward_rows's range for the block)."""
     SCORE, MASK = score_call is not None, mask_call is not None
 
     @cuda.jit(device=True, inline=True)
     def modify(s, slope, context, h, m0, t):
         b, key_a, seq_q, seq_k, mod_args, scale = context
-        score_args, mask_args = mod_args
+        score_args, mask_args = mod_args[0], mod_args[1]
         unit = float32(scale)  # a raw score times unit is the score the mods see
         back = float32(1.0) / unit
         # a raw score whose probability is 0 whatever the scale's sign: 2^(hidden · qk_scale − L) = 0
@@ -512,7 +513,33 @@ def make_backward_scores(NT: int, score_call, grad_call, mask_call) -> p11.Score
                 s[j, e] = x * back if seen else hidden
                 slope[j, e] = d
 
-    return p11.Scores(True, modify)
+    @cuda.jit(device=True, inline=True)
+    def rows(mod_args, b, h_kv, key_block):
+        ROWS = mod_args[2]  # (B' , H_kv', key blocks, 2): backward_rows
+        bb = b if ROWS.shape[0] > 1 else 0
+        hh = h_kv if ROWS.shape[1] > 1 else 0
+        return int32(ROWS[bb, hh, key_block, 0]), int32(ROWS[bb, hh, key_block, 1])
+
+    return p11.Scores(True, modify, rows)
+
+
+def backward_rows(kinds: np.ndarray, group: int, seq_q: int, block_m: int) -> np.ndarray:
+    """For each key block of a block mask's kinds (B', H', n_m, n_n) at the backward's tiles (block_m
+    query rows by its kv_kernel's keys), the query rows [m_first, m_stop) that kv_kernel visits for
+    it: from the first to the last query tile that any head of the K/V head's group (H' = 1: every
+    head) sees it in, the empty tiles between them computed (and masked), not skipped; (0, 0) where
+    none does. int32 (B', H_kv' (1 or H' / group), n_n, 2)."""
+    B_, H_, n_m, n_n = kinds.shape
+    seen = kinds != EMPTY
+    if H_ > 1:  # the heads of a group share kv_kernel's loop: the union of theirs
+        seen = seen.reshape(B_, H_ // group, group, n_m, n_n).any(axis=2)
+    out = np.zeros((seen.shape[0], seen.shape[1], n_n, 2), np.int32)
+    any_tile = seen.any(axis=2)  # (B', H_kv', n_n)
+    first = np.argmax(seen, axis=2)
+    last = n_m - 1 - np.argmax(seen[:, :, ::-1], axis=2)
+    out[..., 0] = np.where(any_tile, first * block_m, 0)
+    out[..., 1] = np.where(any_tile, np.minimum((last + 1) * block_m, seq_q), 0)
+    return out
 
 
 @lru_cache(maxsize=None)
