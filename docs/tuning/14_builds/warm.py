@@ -18,7 +18,8 @@ BENCH = [(D, "float16", s, m) for D in (64, 128) for s, m in
          (("softcap", None), (None, "window"), ("alibi", None), (None, "documents"), (None, "causal"))]
 GPU_TEST = [(D, dtype, s, m, phase) for D, dtype, phase in ((64, "float16", None), (128, "bfloat16", None),
                                                              (64, "float16", "07"))
-            for s, m in (("softcap", "window"), ("alibi", "documents"), (None, "prefix"), (None, None))]
+            for s, m in (("softcap", "window"), ("alibi", "documents"), (None, "prefix"), (None, None))] + [
+    (64, "float16", "alibi", "window", phase) for phase in (None, "07")]  # the CUDA graph's and the thread's test
 
 
 def one(D, dtype, score, mask, phase=None):
