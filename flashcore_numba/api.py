@@ -30,20 +30,8 @@ import numbers
 import numpy as np
 
 from .arch.sim import simulator_enabled
-from .phases import (
-    PHASES,
-    VARIANTS,
-    build,
-    cc_reason,
-    get_phase,
-    head_dims_text,
-    min_cc,
-    supports_gqa,
-    supports_head_dim,
-    supports_lse,
-    supports_value_dim,
-    unsupported_head_dim,
-)
+from .phases import (PHASES, VARIANTS, build, cc_reason, get_phase, head_dims_text, min_cc, supports_gqa,
+                     supports_head_dim, supports_lse, supports_value_dim, unsupported_head_dim)
 from .phases import dtypes as phase_dtypes
 from .phases.common import LOG2E
 from .phases.p11_backward import HEAD_DIMS_TEXT as BACKWARD_HEAD_DIMS_TEXT
@@ -494,11 +482,14 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     if simulator_enabled():
         _flex_launch_in_simulator(config, base, (q, k, v, out, lse), qk_scale, tail, identity)
     else:  # a plan per problem (runtime/flex.py): the driver's launch, on torch's current stream
-        plan = _flex_plan(config, base, identity, ops, qk_scale, tail, device, bool(return_lse), torch_inputs)
+        from .runtime.flex import flat_arrays
+
+        flat = flat_arrays(tail)
+        plan = _flex_plan(config, base, identity, ops, qk_scale, tail, flat, device, bool(return_lse), torch_inputs)
         if torch_inputs:
-            plan(q, k, v, out, lse, tail, current_stream(device))
+            plan(q, k, v, out, lse, flat, current_stream(device))
         else:
-            plan(*(DeviceArray(x) for x in (q, k, v, out, lse)), tail, 0)
+            plan(*(DeviceArray(x) for x in (q, k, v, out, lse)), flat, 0)
     if not torch_inputs and ops[0].kind == "numpy":
         out, lse = out.copy_to_host(), lse.copy_to_host()
     return (out, lse) if return_lse else out
@@ -583,13 +574,14 @@ def _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse,
 _FLEX_PLANS = Plans()  # flex_attention's plans, by problem (_flex_plan)
 
 
-def _flex_plan(config, base, identity, ops, qk_scale, tail, device, return_lse, torch_inputs):
+def _flex_plan(config, base, identity, ops, qk_scale, tail, flat, device, return_lse, torch_inputs):
     """The FlexPlan of this problem: the build (config, which holds the mods' code), the shapes and
-    dtypes of the inputs and of the tail's arrays, the scale; made on the first call."""
-    from .runtime.flex import FlexPlan, flat_arrays
+    dtypes of the inputs and of the tail's arrays (flat: flat_arrays(tail)), the scale; made on the
+    first call."""
+    from .runtime.flex import FlexPlan
 
     key = (id(config), identity, base, tuple(op.shape for op in ops), ops[0].dtype, return_lse, float(qk_scale),
-           device, torch_inputs, tuple((a.shape, a.dtype.str) for a in flat_arrays(tail)),
+           device, torch_inputs, tuple((a.shape, a.dtype.str) for a in flat),
            tuple(len(t) for t in tail[-2:]))
     plan = _FLEX_PLANS.get(key)
     if plan is None:

@@ -305,6 +305,20 @@ def test_the_backward_visits_the_query_rows_the_block_mask_leaves():
     assert broadcast.shape == (1, 1, 3, 2) and broadcast[0, 0].tolist() == [[0, 64], [0, 0], [0, 0]]
 
 
+def test_the_backward_is_built_once_per_mods_code():
+    """backward_for keeps one build per distinct code, as build_for does the forward's: a mod made anew
+    from the same lambda each step shares it; another mod gets its own, and its own cache identity
+    (each function's fingerprint in its role)."""
+    def make():
+        return flex.mask_mod(lambda b, h, q_idx, kv_idx: q_idx - kv_idx < 5)
+
+    first, again = (p14_flex.backward_for(64, "float16", None, make()) for _ in range(2))
+    assert first is again
+    other = p14_flex.backward_for(64, "float16", flex.softcap(2.0), make())
+    assert other is not first and other.cache_id("11-kv") != first.cache_id("11-kv")
+    assert first.cache_id("11-kv")[-3:-1] == ("none", "none")  # no score_mod, no grad
+
+
 def test_a_backward_without_a_score_mods_grad_is_refused_by_name():
     doubled = flex.score_mod(lambda score, b, h, q_idx, kv_idx: score * 2)
     with pytest.raises(ValueError, match="score_mod: the backward needs its grad"):

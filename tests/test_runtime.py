@@ -184,7 +184,7 @@ def test_flex_plan_packs_what_numba_packs(base, monkeypatch):
     plan = runtime_flex.FlexPlan(base, config, ("14", "test"), "bfloat16", q.shape, k.shape, v.shape, 0.2, tail, 0,
                                  return_lse=True, torch_memory=False)
     held = [pytypes.SimpleNamespace(data_ptr=lambda a=a: a.ctypes.data) for a in (q, k, v, out, lse)]
-    plan(*held, tail, 7)
+    plan(*held, runtime_flex.flat_arrays(tail), 7)
     assert len(launched) == 1 and launched[0][1] == 7
     out_arg = out.view(np.uint32) if base == "07" or config.packed_output else out  # O as uint32 pairs
     head = [q, k, v, out_arg, lse] + ([False, np.float32(0.2), maps, counter] if base == "09" else [np.float32(0.2)])

@@ -7,7 +7,7 @@ the output and the LSE, of the block mask's lists and of the mods' bound arrays,
 torch's current stream, in the device's primary context whatever thread calls:
 
     plan = FlexPlan("09", config, identity, "float16", q.shape, k.shape, v.shape, qk_scale, tail, 0)
-    plan(q, k, v, out, lse, tail, stream)
+    plan(q, k, v, out, lse, flat_arrays(tail), stream)
 
 `tail` is what the kernel takes after its phase's own arguments: the block mask's lists (device
 arrays, kept by flex_attention from the first call with that mask) and a tuple of each mod's bound
@@ -82,9 +82,11 @@ class FlexPlan:
         args = [ArrayArg(tuple(q_shape), 2), ArrayArg(tuple(k_shape), 2), ArrayArg(tuple(v_shape), 2), out,
                 ArrayArg((B, H, S_q) if return_lse else (0, 0, 0), 4)]
         if base == "09":
+            from ..arch.tma import describe_heads
+
             args += [ScalarArg("bool", False), ScalarArg("float32", float(np.float32(qk_scale))),
                      ArrayArg((3, 16), 8), ArrayArg((1,), 4)]  # the tensor maps, the work counter
-            self.maps = DeviceMaps(self.device, config.tma_box, _describe_heads(), device_index)
+            self.maps = DeviceMaps(self.device, config.tma_box, describe_heads, device_index)
         else:
             args.append(ScalarArg("float32", float(np.float32(qk_scale))))
         first_tail = len(args)
@@ -99,7 +101,9 @@ class FlexPlan:
         self._counters: dict = {}  # stream -> the address of its work counter (phase 09)
         self._lock = threading.Lock()
 
-    def __call__(self, q, k, v, out, lse, tail, stream: int) -> None:
+    def __call__(self, q, k, v, out, lse, flat_tail, stream: int) -> None:
+        """Launch on these arrays (objects with data_ptr(): torch tensors, inputs.DeviceArray) and the
+        tail's device arrays, flat (flat_arrays), of the shapes the plan was made for."""
         qkv = (q.data_ptr(), k.data_ptr(), v.data_ptr())
         if (qkv[0] | qkv[1] | qkv[2]) & ALIGNMENT_MASK:
             misaligned("q, k, v", (q, k, v))
@@ -112,7 +116,7 @@ class FlexPlan:
                     counter = self._counters[stream] = scratch.work_counter(self.device_index, stream,
                                                                             self.device).addresses[0]
                 addresses += [self.maps.address(qkv, (q, k, v)), counter]
-            addresses += [address(a) for a in flat_arrays(tail)]
+            addresses += [address(a) for a in flat_tail]
             with self._lock:  # the slots are this plan's: one launch packs them at a time
                 self.slots.set_pointers(self.arrays, addresses)
                 self.launch(stream)
@@ -132,9 +136,3 @@ def device_facts(config, base: str, q_shape, device_index: int) -> tuple:
         if base == "09":
             return cc, (tuple(config.grid((B, H, S_q, D), False)) + (1, 1))[:3]
     return cc, (-(-S_q // config.block_m), H, B)
-
-
-def _describe_heads():
-    from ..arch.tma import describe_heads
-
-    return describe_heads

@@ -542,12 +542,11 @@ def backward_rows(kinds: np.ndarray, group: int, seq_q: int, block_m: int) -> np
     return out
 
 
-@lru_cache(maxsize=None)
 def build_backward(HEAD_DIM: int, dtype: str = "float16", score_fn=None, grad_fn=None, n_score_arrays: int = 0,
                    mask_fn=None, n_mask_arrays: int = 0, cc: tuple | None = None, mods_id: tuple = ()) -> p11.Backward:
     """Phase 11's backward (p11.Backward: delta_kernel, kv_kernel and its serial build) with the mods'
     functions compiled into kv_kernel, which then takes their arrays' tuples last (Backward.run's
-    mod_args); mods_id names them in the kernel cache (their fingerprints)."""
+    mod_args); mods_id names them in the kernel cache (their fingerprints). backward_for keeps them."""
     if score_fn is not None and grad_fn is None:
         raise ValueError("score_mod: the backward needs its grad (flex.score_mod(fn, ..., grad=...))")
     plain = p11.build(HEAD_DIM, dtype, cc)
@@ -562,16 +561,25 @@ def build_backward(HEAD_DIM: int, dtype: str = "float16", score_fn=None, grad_fn
                                mods=mods_id if mods_id == ("unkept",) else ("mods", *mods_id))
 
 
+_BACKWARDS: dict = {}  # (head dim, dtype, each function's code, cc) -> its Backward
+
+
 def backward_for(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None, cc: tuple | None = None) -> p11.Backward:
-    """build_backward for these mods (flex.ScoreMod with its grad, flex.MaskMod, or None), named in the
-    kernel cache by their functions' fingerprints; where one cannot be told, not cached at all."""
-    fns = tuple(fn for fn in (score_mod and score_mod.fn, score_mod and score_mod.grad, mask_mod and mask_mod.fn)
-                if fn is not None)
-    prints = tuple(_fingerprint(fn) for fn in fns)
-    return build_backward(HEAD_DIM, dtype, score_mod and score_mod.fn, score_mod and score_mod.grad,
-                          len(score_mod.arrays) if score_mod else 0, mask_mod and mask_mod.fn,
-                          len(mask_mod.arrays) if mask_mod else 0, None if cc is None else tuple(cc),
-                          prints if all(prints) else ("unkept",))
+    """build_backward for these mods (flex.ScoreMod with its grad, flex.MaskMod, or None), once per
+    distinct code as build_for keeps the forward's (a lambda made anew each step shares one), named
+    in the kernel cache by their functions' fingerprints; where one cannot be told, not cached on
+    disk at all, and kept here by the function itself."""
+    fns = (score_mod and score_mod.fn, score_mod and score_mod.grad, mask_mod and mask_mod.fn)
+    prints = tuple(None if fn is None else _fingerprint(fn) for fn in fns)
+    key = (HEAD_DIM, dtype, tuple(fp or fn for fp, fn in zip(prints, fns)),
+           len(score_mod.arrays) if score_mod else 0, len(mask_mod.arrays) if mask_mod else 0,
+           None if cc is None else tuple(cc))
+    found = _BACKWARDS.get(key)
+    if found is None:
+        kept = all(fp is not None for fp, fn in zip(prints, fns) if fn is not None)
+        found = _BACKWARDS[key] = build_backward(HEAD_DIM, dtype, *fns[:2], key[3], fns[2], key[4], key[5],
+                                                 tuple(fp or "none" for fp in prints) if kept else ("unkept",))
+    return found
 
 
 def cache_identity(HEAD_DIM: int, dtype: str, score_mod=None, mask_mod=None, base: str = "07") -> tuple:
