@@ -6,7 +6,8 @@ racecheck, synccheck), one tool a run, with their kernels already in the kernel 
 Phase 14 on phase 09's kernel (the build flex_attention runs on an H100): a sliding window of 1024 and
 four causal documents at D = 64 (two consumer warpgroups, block masks made on the GPU, partial, full
 and empty tiles), ALiBi at D = 128 (no mask); B = 2, H = 4, S = 1500 (the last query block and key
-tile end inside a tile). Each output is checked to be finite here; its values, by the GPU tests
+tile end inside a tile); then the backward with a soft-cap of 20 and the window at D = 64 (phase 11's
+kv_kernel with the mods, its rows from the block mask). Each output and gradient is checked to be finite here; its values, by the GPU tests
 (tests/test_flex_kernel.py) and `flashcore bench --flex`'s oracle. Needs torch on a CUDA GPU.
 """
 
@@ -26,6 +27,11 @@ def main():
         out = flex_attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod)
         torch.cuda.synchronize()
         print(D, bool(torch.isfinite(out).all()), flush=True)
+    q, k, v = (torch.randn(B, H, S, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    out = flex_attention(q, k, v, score_mod=flex.softcap(20.0), mask_mod=flex.sliding_window(1024))
+    out.backward(torch.randn_like(out))
+    torch.cuda.synchronize()
+    print("backward", all(bool(torch.isfinite(x.grad).all()) for x in (q, k, v)), flush=True)
 
 
 if __name__ == "__main__":
