@@ -190,7 +190,8 @@ def _build_parser() -> Parser:
     bench.add_argument("--backward", action="store_true",
                        help="the backward pass (phase 11, attention()'s autograd) on --shape beside SDPA's flash "
                             "and cuDNN backward (--peers flash,cudnn,flex adds FlexAttention's), and one "
-                            "training step each; the record goes to docs/bench/backward/")
+                            "training step each; the record goes to docs/bench/backward/ (with --flex: each "
+                            "case's backward too, beside FlexAttention's, in the flex record)")
     bench.add_argument("--flex", action="store_true",
                        help="phase 14 (flex_attention) beside torch's FlexAttention (torch.compile'd) with the "
                             "same mods: a sliding window, softcap, ALiBi, a document mask and causal as a "
@@ -660,10 +661,10 @@ def cmd_bench(args) -> int:
         problem = dataclasses.replace(problem, S_k=args.seq_k)
     if args.first_call:
         return _bench_first_call(args, bench, dtype, shape)
+    if args.flex:  # before --backward: --flex --backward adds each case's backward to the flex record
+        return _bench_flex(args, bench, records, problem)
     if args.backward:
         return _bench_backward(args, bench, records, problem)
-    if args.flex:
-        return _bench_flex(args, bench, records, problem)
     if args.varlen:
         return _bench_varlen(args, bench, records, dtype, shape)
     if args.kvcache:
@@ -735,9 +736,9 @@ def _bench_flex(args, bench, records, problem) -> int:
     """`flashcore bench --flex` (measure/flex.py)."""
     from .measure import flex
 
-    if args.sweep or args.sweep_s or args.phases or args.varlen or args.kvcache or args.backward or args.causal:
-        raise CLIError("--flex: one problem, its cases' own masks; drop --sweep, --phases, --varlen, --kvcache, "
-                       "--backward and --causal (the case causal_mask is causal)")
+    if args.sweep or args.sweep_s or args.phases or args.varlen or args.kvcache or args.causal:
+        raise CLIError("--flex: one problem, its cases' own masks; drop --sweep, --phases, --varlen, --kvcache "
+                       "and --causal (the case causal_mask is causal)")
     if problem.S_q != problem.S_k:
         raise CLIError("--flex: the cases' masks are of S_q = S_k; drop --seq-k")
     device = bench.open_device()
@@ -755,7 +756,7 @@ def _bench_flex(args, bench, records, problem) -> int:
             progress.update(task, description=label, advance=1)
 
         record = flex.run_flex_benchmark(problem, cases=cases, peers=peers, timing=timing, device=device,
-                                         command=["flashcore", *args.argv], progress=step)
+                                         command=["flashcore", *args.argv], progress=step, backward=args.backward)
     return _write_pass_record(args, console, records, record, f"flex, {problem.describe()}",
                               flex.record_path(record["provenance"]["gpu_name"], problem), "", ladder=False)
 

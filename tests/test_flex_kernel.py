@@ -497,6 +497,60 @@ def test_the_flex_benchmark_gates_each_case(monkeypatch, ignore_the_mask):
         assert call["median_ms"] > 0 and call["p99_ms"] >= call["median_ms"] and call["host_median_us"] > 0
 
 
+@pytest.mark.parametrize("ignore_the_mask", [False, True])
+def test_the_flex_benchmarks_backward_gates_each_gradient(monkeypatch, ignore_the_mask):
+    """--backward: each case's backward row is timed only after dq, dk and dv of batch 0 (whole GQA
+    groups) pass reference_flex_gradients with the case's mods: a stand-in whose backward is the
+    oracle's passes, one whose backward drops the mask fails where the mask hides keys; the record is
+    valid, the rows follow their case, and their TFLOPS count 2.5 x the work the mask leaves."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    import flashcore_numba.api
+    from flashcore_numba.measure import bench, records
+    from flashcore_numba.measure import flex as flex_bench
+    from flashcore_numba.reference import reference_flex_gradients
+
+    class StandIn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, score_mod, mask_mod):
+            ctx.save_for_backward(q, k, v)
+            ctx.mods = score_mod, mask_mod
+            out, _ = reference_flex(*(x.numpy() for x in (q, k, v)), score_mod=score_mod, mask_mod=mask_mod)
+            return torch.from_numpy(out.astype(np.float32))
+
+        @staticmethod
+        def backward(ctx, do):
+            score_mod, mask_mod = ctx.mods
+            mask_mod = None if ignore_the_mask else mask_mod
+            grads = reference_flex_gradients(*(x.detach().numpy() for x in ctx.saved_tensors), do.numpy(),
+                                             score_mod=score_mod, mask_mod=mask_mod)
+            return (*(torch.from_numpy(g.astype(np.float32)) for g in grads), None, None)
+
+    def stand_in(q, k, v, score_mod=None, block_mask=None):
+        return StandIn.apply(q, k, v, score_mod, None if block_mask is None else block_mask.mask)
+
+    host_mask = flex.create_block_mask
+    monkeypatch.setattr(flashcore_numba.api, "flex_attention", stand_in)
+    monkeypatch.setattr(flex, "create_block_mask", lambda *a, device=False: host_mask(*a))
+    monkeypatch.setattr(flex_bench, "WINDOW", 24)
+    problem = bench.Problem(1, 4, 80, 80, 64, H_kv=2)
+    cases = ("softcap", "sliding_window")
+    record = flex_bench.run_flex_benchmark(problem, cases=cases, device=StandInDevice(), command=["x"], seed=5,
+                                           backward=True)
+    assert records.validate_record(record) == []
+    rows = {r["name"]: r for r in record["results"]}
+    assert list(rows) == [name for case in cases for name in
+                          (f"14 {case}", f"flex_attention {case}", f"14 {case} backward", f"flex_attention {case} backward")]
+    assert not rows["flex_attention softcap backward"]["available"] and rows["flex_attention softcap backward"]["reason"]
+    assert rows["14 softcap backward"]["correct"], rows["14 softcap backward"]["message"]
+    window = rows["14 sliding_window backward"]
+    assert window["correct"] is not ignore_the_mask, window["message"]
+    if not ignore_the_mask:
+        kept = flex_bench.kept_share(flex.sliding_window(24), 80, 80)
+        assert window["tflops"] == pytest.approx(2.5 * problem.flops * kept / 2e-3 / 1e12)
+    with pytest.raises(ValueError, match="backward: S up to 8192"):
+        flex_bench.run_flex_benchmark(bench.Problem(1, 1, 16384, 16384, 64), device=StandInDevice(), backward=True)
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--causal"], "--flex: one problem, its cases' own masks; drop"),
     (["--seq-k", "100"], "--flex: the cases' masks are of S_q = S_k; drop --seq-k"),

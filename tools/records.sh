@@ -17,7 +17,8 @@
 #   tools/records.sh backward    the backward at the reference shape (D 64 and 128, causal and not)
 #                                beside SDPA's flash and cuDNN backward and FlexAttention's, with the call
 #   tools/records.sh flex        phase 14 (flex_attention) beside torch's FlexAttention, the same mods,
-#                                at issue 77's shapes (B16 H16 S4096, D 64 and 128; a window at S 32768)
+#                                at issue 77's shapes (B16 H16 S4096, D 64 and 128, forward and backward;
+#                                a window at S 32768, forward)
 #
 # then `flashcore report`. FC names the command (default `python3 -m flashcore_numba`). On a machine
 # that received the working tree without its history (or with an older copy of .git, whose HEAD is
@@ -98,7 +99,7 @@ backward() {
 
 flex() {
   for D in 64 128; do
-    run bench --flex --shape "16,16,4096,$D" --calls 1000 --cap-seconds 1
+    run bench --flex --backward --shape "16,16,4096,$D" --calls 1000 --cap-seconds 1
   done
   # issue 77's long window: S = 32768, a window of 1024 beside attention(causal=True)
   run bench --flex --shape 1,16,32768,64 --cases sliding_window,causal_mask --calls 1000 --cap-seconds 1

@@ -21,6 +21,15 @@ forward's FLOPs times the share of (query, key) pairs the mask keeps (batch 0, h
 has bench.py's schema, under docs/bench/flex/. `--cases` runs some of the cases: issue #77's long
 window, S = 32768, is `--shape 1,16,32768,64 --cases sliding_window,causal_mask` (the window beside
 attention(causal=True) at the same length).
+
+With `--backward` (S up to ORACLE_ALL_ROWS) each case also gets its backward, rows `14 <case> backward`
+(flex_attention's autograd: phase 11's kv_kernel with the same mods, p14_flex.backward_for) and
+`flex_attention <case> backward` (torch's, compiled by torch.compile from the mods' graph): each
+torch.autograd.grad of one forward's graph (retain_graph, as bench --backward times SDPA's), first
+checked: dq, dk and dv of batch 0's first heads (a whole group of query heads for each K/V head)
+against reference.reference_flex_gradients (float64), each within twice the error of the same
+gradients taken by torch's autograd in the inputs' dtype (the products in the dtype, the softmax in
+float32: backward_yardstick), plus bench's atol. FLOPs: 2.5 x the forward's, times the kept share.
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ import sys
 import numpy as np
 
 from .. import flex
-from ..reference import check_close, reference_flex
+from ..reference import check_close, default_scale, reference_flex, reference_flex_gradients
+from .backward import BACKWARD_FLOPS, retained_graph
 from .bench import Problem, Timing, call_times, capped, flex_skip_reason, open_device, raised, set_timing
 from .records import Result, build_record, default_records_dir, gpu_slug, nvidia_smi, provenance, unavailable
 
@@ -125,7 +135,7 @@ def _gate(result: Result, out, ref, lowp, heads: int, rows) -> None:
 
 
 def run_flex_benchmark(problem: Problem, *, cases=CASES, peers: bool = True, timing=Timing(), seed: int | None = None,
-                       device=None, command=None, progress=None) -> dict:
+                       device=None, command=None, progress=None, backward: bool = False) -> dict:
     """The protocol on one problem (see the module docstring), returned as a record."""
     from ..api import attention, flex_attention
 
@@ -135,6 +145,9 @@ def run_flex_benchmark(problem: Problem, *, cases=CASES, peers: bool = True, tim
     if problem.S_q != problem.S_k or problem.causal or problem.D_v is not None:
         raise ValueError("the flex benchmark's cases are on S_q = S_k, without causal=True (a case says its mask) "
                          "and one head dim")
+    if backward and problem.S_q > ORACLE_ALL_ROWS:
+        raise ValueError(f"the flex benchmark's backward: S up to {ORACLE_ALL_ROWS} (its oracle takes every row), "
+                         f"got {problem.S_q}")
     torch = device.torch
     step = progress or (lambda label: None)
     if seed is None:
@@ -171,15 +184,23 @@ def run_flex_benchmark(problem: Problem, *, cases=CASES, peers: bool = True, tim
                                                                         enable_gqa=gqa), None))
         else:
             rows.append((f"flex_attention {case}", "peer", f"torch FlexAttention, {case}", None, skip))
+        if backward:
+            rows += backward_rows(case, problem, (q, k, v), ours, blocks, theirs if skip is None else None,
+                                  compiled, skip, seed, device)
         for name, kind, title, launch, why in rows:
             if why:
                 results.append(unavailable(name, kind, title, why))
                 continue
             result = Result(name, kind, title)
             try:
-                _gate(result, launch(), ref, lowp, heads, checked)
+                row_flops = flops
+                if isinstance(launch, _Backward):  # the gradients against their oracle
+                    launch.gate(result, launch())
+                    row_flops = launch.flops
+                else:
+                    _gate(result, launch(), ref, lowp, heads, checked)
                 if result.correct:
-                    set_timing(result, device.time_ms(launch, timing), flops, None)
+                    set_timing(result, device.time_ms(launch, timing), row_flops, None)
                     if timing.calls:  # the call as a model calls it: back to back, host time included
                         result.call = call_times(device, launch, capped(timing.calls, result.median_ms,
                                                                         timing.cap_seconds))
@@ -195,6 +216,9 @@ def run_flex_benchmark(problem: Problem, *, cases=CASES, peers: bool = True, tim
     oracle = {"reference": f"reference_flex: float64 on the host, batch 0, its first {ORACLE_HEADS} heads, {rows}",
               "yardstick": f"the reference rounded to {problem.dtype}",
               "rule": "max|out - ref| <= 2 * max|yardstick - ref| + atol"}
+    if backward:
+        oracle["backward"] = ("dq, dk, dv of batch 0's first heads (whole groups): reference_flex_gradients, float64; "
+                              "yardstick: torch's autograd in the inputs' dtype (backward_yardstick); the same rule")
     record = build_record(problem=problem, results=results, provenance=provenance(device, sm_clock_start=clock_start),
                           timing=timing, ceiling=None, oracle=oracle,
                           command=command if command is not None else ["flashcore", *sys.argv[1:]], seed=seed)
@@ -202,8 +226,100 @@ def run_flex_benchmark(problem: Problem, *, cases=CASES, peers: bool = True, tim
     record["config"]["pass"] = "flex"
     record["config"]["cases"] = {"window": WINDOW, "softcap": SOFTCAP, "documents": DOCUMENTS}
     record["flops_rule"] = ("a row's TFLOPS count the forward's FLOPs times the share of (query, key) pairs its "
-                            "case's mask keeps (batch 0, head 0); record.flops is the unmasked problem's")
+                            "case's mask keeps (batch 0, head 0); record.flops is the unmasked problem's" +
+                            (f"; a backward row's, {BACKWARD_FLOPS} x that" if backward else ""))
     return record
+
+
+class _Backward:
+    """A backward row's launch: torch.autograd.grad of one forward's graph (kept: retain_graph), with
+    the row's own gate (each gradient against the oracle) and FLOPs."""
+
+    def __init__(self, torch, out, leaves, do, gate, flops):
+        self.torch, self.out, self.leaves, self.do, self.gate, self.flops = torch, out, leaves, do, gate, flops
+
+    def __call__(self):
+        return self.torch.autograd.grad(self.out, self.leaves, self.do, retain_graph=True)
+
+
+def backward_rows(case, problem: Problem, qkv, ours, blocks, theirs, compiled, skip, seed, device) -> list:
+    """The rows (name, kind, title, launch, why) of a case's backward: phase 14's, and FlexAttention's
+    where it runs (theirs: its mods, None when skipped, skip saying why)."""
+    from ..api import flex_attention
+
+    torch = device.torch
+    q, k, v = qkv
+    score_mod, mask_mod = ours
+    do = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=torch.Generator(q.device).manual_seed(seed))
+    group = problem.H // problem.heads_kv
+    kv_heads = max(1, -(-min(ORACLE_HEADS, problem.H) // group))
+    heads = (kv_heads * group, kv_heads, kv_heads)  # whole groups: each K/V head's gradient sums all its rows
+    host = [x[:1, :n].float().cpu().numpy() for x, n in zip((q, k, v), heads)]
+    ref = reference_flex_gradients(*host, do[:1, :heads[0]].float().cpu().numpy(), score_mod=score_mod,
+                                   mask_mod=mask_mod)
+    lowp = backward_yardstick(torch, [x[:1, :n] for x, n in zip((q, k, v), heads)], do[:1, :heads[0]],
+                              case_mods(case, problem, torch, q.device)[1])
+    flops = int(BACKWARD_FLOPS * problem.flops * kept_share(mask_mod, problem.S_q, problem.S_k))
+
+    def gate(result, got):
+        result.correct, messages, worst = True, [], (0.0, 0.0)
+        for name, g, r, lo, n in zip(("dq", "dk", "dv"), got, ref, lowp, heads):
+            verdict = check_close(g[:1, :n].double().cpu().numpy(), r, lo)
+            result.correct = result.correct and bool(verdict.ok)
+            messages.append(f"{name}: {verdict.message}")
+            if verdict.max_err - verdict.allowed >= worst[0] - worst[1]:
+                worst = (verdict.max_err, verdict.allowed)
+        result.message = "; ".join(messages)
+        result.max_err, result.allowed_err = worst
+
+    rows = []
+    leaves = tuple(x.detach().clone().requires_grad_() for x in qkv)
+    out = flex_attention(*leaves, score_mod=score_mod, block_mask=blocks)
+    rows.append((f"14 {case} backward", "phase", f"flex_attention's backward (phase 11 with the mods), {case}",
+                 _Backward(torch, out, leaves, do, gate, flops), None))
+    name, title = f"flex_attention {case} backward", f"torch FlexAttention's backward, torch.compile'd, {case}"
+    if theirs is None:
+        rows.append((name, "peer", title, None, skip))
+        return rows
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    their_score, their_mask = theirs
+    their_blocks = None if their_mask is None else create_block_mask(
+        their_mask, problem.B if case == "documents" else None, None, problem.S_q, problem.S_k, device=q.device)
+    theirs_leaves = tuple(x.detach().clone().requires_grad_() for x in qkv)
+    try:
+        with retained_graph("FLEX"):  # its backward compiled (at the first grad) to be run again and again
+            their_out = compiled(*theirs_leaves, score_mod=their_score, block_mask=their_blocks,
+                                 enable_gqa=problem.heads_kv != problem.H)
+            torch.autograd.grad(their_out, theirs_leaves, do, retain_graph=True)
+    except Exception as e:  # noqa: BLE001 - a peer that cannot run says why
+        rows.append((name, "peer", title, None, raised(e)))
+        return rows
+    rows.append((name, "peer", title, _Backward(torch, their_out, theirs_leaves, do, gate, flops), None))
+    return rows
+
+
+def backward_yardstick(torch, qkv, do, theirs) -> list:
+    """dq, dk, dv (host float64) of batch 0's first heads as torch's autograd takes them in the inputs'
+    dtype: the products in the dtype, the mods and the softmax in float32 (FlexAttention's own eager
+    rule); what the oracle's tolerance scales: a kernel may err twice as much as this."""
+    q, k, v = (x.detach().clone().requires_grad_() for x in qkv)
+    score_mod, mask_mod = theirs
+    H, S_q, D = q.shape[1], q.shape[2], q.shape[3]
+    S_k = k.shape[2]
+    group = H // k.shape[1]
+    kk, vv = (x.repeat_interleave(group, dim=1) for x in (k, v))
+    s = (q @ kk.transpose(-1, -2)).float() * default_scale(D)
+    b = torch.zeros((), dtype=torch.int64, device=q.device)
+    h = torch.arange(H, device=q.device).view(1, H, 1, 1)
+    q_idx = torch.arange(S_q, device=q.device).view(S_q, 1)
+    kv_idx = torch.arange(S_k, device=q.device).view(1, S_k)
+    if score_mod is not None:
+        s = score_mod(s, b, h, q_idx, kv_idx)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(b, h, q_idx, kv_idx), float("-inf"))
+    out = torch.softmax(s, dim=-1).to(q.dtype) @ vv
+    return [g.double().cpu().numpy() for g in torch.autograd.grad(out, (q, k, v), do)]
 
 
 def check_flex(problem: Problem, seed: int | None = None) -> Result:
