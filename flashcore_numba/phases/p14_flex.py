@@ -178,8 +178,9 @@ def softcap_mod(score, b, h, q_idx, kv_idx, capped):
 
 def alibi_mod(score, b, h, q_idx, kv_idx, slopes):
     """ALiBi: a bias by distance, one slope per query head."""
-    # the distance as float32: Numba widens an int times a float32 to float64 (slow on a GPU)
-    return score + slopes[h] * np.float32(kv_idx - q_idx)
+    # the distance in 32 bits, then as float32: Numba widens int32 - int32 to int64 and an int times
+    # a float32 to float64, each two instructions or more a score on a GPU where this is one
+    return score + slopes[h] * np.float32(np.int32(kv_idx - q_idx))
 
 
 # The built-in score mods' derivatives by the score (flex.score_mod's grad=), for the backward's
@@ -244,30 +245,35 @@ def make_apply_mods(L, score_call, mask_call):
     HAS_SCORE, HAS_MASK = score_call is not None, mask_call is not None
 
     @cuda.jit(device=True, inline=True)
-    def indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k):
+    def indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k, past_end):
         """(q_idx, kv_idx) of score e of n-tile i % NT of m-tile i // NT (mma's accumulator layout:
         rows g and g + 8, keys 2t and 2t + 1), clamped to the sequence: a mod may index its arrays by
-        them even for the rows and keys past the end that a tile pads."""
-        q_idx = int32(min(warp_row0 + (i // NT) * MMA_M + g + 8 * (e // 2), seq_q - 1))
-        kv_idx = int32(min(start_n + (i % NT) * MMA_N + 2 * t + e % 2, seq_k - 1))
+        them even for the rows and keys past the end that a tile pads (the keys only where the tile
+        may pass the last key: past_end, a constant where the kernel knows it). In 32 bits: Numba
+        widens int32 arithmetic to int64, and a 64-bit add, minimum or conversion to float is two
+        instructions or more where a 32-bit one is one, for every score."""
+        q_idx = min(int32(warp_row0 + (i // NT) * MMA_M + g + 8 * (e // 2)), int32(seq_q - 1))
+        kv_idx = int32(start_n + (i % NT) * MMA_N + 2 * t + e % 2)
+        if past_end:
+            kv_idx = min(kv_idx, int32(seq_k - 1))
         return q_idx, kv_idx
 
     @cuda.jit(device=True, inline=True)
     def score_n_tile(i, args):
         """score_mod on n-tile i's four scores, in the units FlexAttention's mods are written in (the
         scaled score, s · unit) and back to the kernel's (· inv_unit)."""
-        s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args = args
+        s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, past_end, unit, inv_unit, score_args = args
         for e in range(4):
-            q_idx, kv_idx = indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k)
+            q_idx, kv_idx = indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k, past_end)
             x = s[i // NT, i % NT, e] * unit
             s[i // NT, i % NT, e] = float32(score_call(x, int32(b), int32(h), q_idx, kv_idx, score_args)) * inv_unit
 
     @cuda.jit(device=True, inline=True)
     def mask_n_tile(i, args):
         """-inf where mask_mod hides the key, in n-tile i's four scores."""
-        s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, mask_args = args
+        s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, past_end, mask_args = args
         for e in range(4):
-            q_idx, kv_idx = indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k)
+            q_idx, kv_idx = indices(i, e, warp_row0, g, t, start_n, seq_q, seq_k, past_end)
             # >>> exercise 14-c: where mask_mod hides the key (mask_call(0.0, b, h, q_idx, kv_idx, mask_args) is False), set the score to -inf
             if not mask_call(float32(0.0), int32(b), int32(h), q_idx, kv_idx, mask_args):
                 s[i // NT, i % NT, e] = float32(-math.inf)
@@ -279,14 +285,15 @@ def make_apply_mods(L, score_call, mask_call):
     each_mask = p07.unrolled(mask_n_tile, L["M_TILES"] * NT)
 
     @cuda.jit(device=True, inline=True)
-    def apply_mods(s, partial, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args,
+    def apply_mods(s, partial, b, h, warp_row0, g, t, start_n, seq_q, seq_k, past_end, unit, inv_unit, score_args,
                    mask_args):
         """score_mod on every score of the tile from key start_n; then, in a partial tile only, the
-        mask: one branch around the whole of it (a full tile runs no mask_mod at all)."""
+        mask: one branch around the whole of it (a full tile runs no mask_mod at all). past_end:
+        whether the tile may pass the last key (its key indices then clamped)."""
         if HAS_SCORE:
-            each_score(0, (s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit, inv_unit, score_args))
+            each_score(0, (s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, past_end, unit, inv_unit, score_args))
         if HAS_MASK and partial:
-            each_mask(0, (s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, mask_args))
+            each_mask(0, (s, b, h, warp_row0, g, t, start_n, seq_q, seq_k, past_end, mask_args))
 
     return apply_mods
 
@@ -395,8 +402,8 @@ def build_kernel(L, dtype="float16", score_call=None, mask_call=None) -> KernelC
                         s[mt, j, e] = float32(0.0)
             qk_steps(0, (s, q_frag, q_warp, k_tile))
             # -- the mods, then phase 07's online softmax (which masks the keys past seq_k)
-            apply_mods(s, KV_KIND[bm, hm, m, n] == PARTIAL, b, h, warp_row0, g, t, start_n, seq_q, seq_k, unit,
-                       inv_unit, score_args, mask_args)
+            apply_mods(s, KV_KIND[bm, hm, m, n] == PARTIAL, b, h, warp_row0, g, t, start_n, seq_q, seq_k, True,
+                       unit, inv_unit, score_args, mask_args)
             softmax_tile(s, p_frag, acc, m_a, m_b, l_a, l_b, m_ij_a_scaled, m_ij_b_scaled, start_n, k_end_min,
                          warp_row0, g, t, seq_q, seq_k, False, scale)
             pv_steps(0, (acc, p_frag, v_tile))
@@ -469,8 +476,9 @@ def make_walk(L, score_call, mask_call) -> p09.Walk:
         s3 = cuda.local.array((1, NT, 4), float32)
         each_in(0, (s3, s))
         unit = scale * float32(1.0 / LOG2E)  # a raw score times unit is the score the mods see
-        apply_mods(s3, partial, b, h, row_a, 0, t, int32(n * BLOCK_N), seq_q, seq_k, unit, float32(1.0) / unit,
-                   lists[3], lists[4])
+        # (a tile of the unmasked loop ends at or before the last key: may_mask False, no clamp)
+        apply_mods(s3, partial, b, h, row_a, 0, t, int32(n * BLOCK_N), seq_q, seq_k, may_mask, unit,
+                   float32(1.0) / unit, lists[3], lists[4])
         each_out(0, (s3, s))
 
     return p09.Walk(True, listed, tile_at, unmasked, apply)
