@@ -203,7 +203,7 @@ def softcap(cap: float) -> ScoreMod:
     """Gemma 2's logit soft-capping: cap · tanh(score / cap)."""
     if not (isinstance(cap, (int, float, np.floating)) and np.isfinite(cap) and cap > 0):
         raise ValueError(f"softcap: cap must be a finite number > 0, got {cap!r}")
-    return score_mod(softcap_mod, np.array([cap], np.float32), grad=softcap_grad)
+    return score_mod(softcap_mod, np.array([cap, 1.0 / cap], np.float32), grad=softcap_grad)
 
 
 def alibi(slopes) -> ScoreMod:

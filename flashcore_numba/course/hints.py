@@ -469,7 +469,9 @@ HINTS: dict[str, RegionHints] = {
              "window of window[0] keys before the row and window[1] after it, the key may be at most window[0] "
              "positions before the row and at most window[1] after it. Return a bool.",
         helpers="q_idx, kv_idx: whole numbers (the row and the key); window: an array of two whole numbers "
-                "(left, right). `&` of two comparisons gives their and, on scalars and on NumPy arrays alike.",
+                "(left, right). `&` of two comparisons gives their and, on scalars and on NumPy arrays alike. "
+                "np.int32(x): x in 32 bits (Numba widens int32 - int32 to int64, on a GPU twice the instructions "
+                "for every score).",
         pseudo="return (<how far the key is before the row> <= left) & (<how far it is after the row> <= right)",
         diagnoses={"rows": "each row is off by a factor of its own: the rows see a different set of keys than "
                            "the window's: row q_idx sees q_idx - window[0] .. q_idx + window[1]"},
@@ -478,11 +480,12 @@ HINTS: dict[str, RegionHints] = {
         idea="Soft-capping keeps a score inside (-cap, cap) without a hard edge: small scores pass almost "
              "unchanged, large ones bend towards ±cap. tanh does that between -1 and 1: scale the score down "
              "by cap, take tanh, scale back up. The mod sees the scaled score, as FlexAttention's do.",
-        helpers="math.tanh(x): the hyperbolic tangent; capped[0]: the cap (an array of one float32, bound to the "
-                "mod so that a new cap needs no new compile).",
-        pseudo="return <the cap> * math.tanh(score / <the cap>)",
+        helpers="math.tanh(x): the hyperbolic tangent; capped[0]: the cap, capped[1]: 1 / cap (an array of two "
+                "float32, bound to the mod so that a new cap needs no new compile; multiply by capped[1] rather "
+                "than divide by capped[0]: on a GPU a division is a subroutine, for every score).",
+        pseudo="return <the cap> * math.tanh(score * <one over the cap>)",
         diagnoses={"rows": "each row is off by a factor of its own: the soft-capped scores are wrong, and with "
-                           "them each row's weights: cap · tanh(score / cap), cap = capped[0]"},
+                           "them each row's weights: cap · tanh(score / cap), cap = capped[0], 1 / cap = capped[1]"},
     ),
     "14-c": RegionHints(
         idea="In a partial tile the mask decides per score. A key the row must not see gets a score of -inf: "

@@ -2,7 +2,7 @@
 #
 # This is the finished phase 14 kernel with 4 marked regions emptied:
 #   14-a: return whether row q_idx sees key kv_idx: at most window[0] keys before it and at most window[1] after it
-#   14-b: return the score soft-capped: cap times the tanh of score / cap, cap = capped[0]
+#   14-b: return the score soft-capped: cap times the tanh of score / cap, cap = capped[0] (score times capped[1] is score / cap)
 #   14-c: where mask_mod hides the key (mask_call(0.0, b, h, q_idx, kv_idx, mask_args) is False), set the score to -inf
 #   14-d: n, the i-th key tile in this query block's list (KV_INDEX), and start_n, its first key
 # Write the missing lines between each `# >>> exercise` line and its `# <<< exercise` line.
@@ -97,6 +97,7 @@ def causal_mod(b, h, q_idx, kv_idx):
 def sliding_window_mod(b, h, q_idx, kv_idx, window):
     """FlashAttention's window_size=(left, right), window = [left, right]: row q_idx sees the keys
     q_idx - left .. q_idx + right."""
+    # (each distance in 32 bits: Numba widens int32 - int32 to int64, two instructions a score where one does)
     # >>> exercise 14-a: return whether row q_idx sees key kv_idx: at most window[0] keys before it and at most window[1] after it
     # <<< exercise
 
@@ -117,8 +118,10 @@ def document_mod(b, h, q_idx, kv_idx, ids):
 
 
 def softcap_mod(score, b, h, q_idx, kv_idx, capped):
-    """Gemma 2's soft-capping at cap = capped[0]: the score bent smoothly into (-cap, cap)."""
-    # >>> exercise 14-b: return the score soft-capped: cap times the tanh of score / cap, cap = capped[0]
+    """Gemma 2's soft-capping at cap = capped[0]: the score bent smoothly into (-cap, cap). capped[1]
+    is 1 / cap: a division on a GPU is a subroutine (a range check, a call), a product one
+    instruction, and this runs for every score."""
+    # >>> exercise 14-b: return the score soft-capped: cap times the tanh of score / cap, cap = capped[0] (score times capped[1] is score / cap)
     # <<< exercise
 
 
@@ -133,7 +136,7 @@ def alibi_mod(score, b, h, q_idx, kv_idx, slopes):
 # chain rule: dS = dS' · d score_mod / d score, where dS' is the softmax's gradient by the modded score
 def softcap_grad(score, b, h, q_idx, kv_idx, capped):
     """d softcap_mod / d score: 1 - tanh(score / cap)²."""
-    bent = math.tanh(score / capped[0])
+    bent = math.tanh(score * capped[1])
     return np.float32(1.0) - bent * bent
 
 
