@@ -24,6 +24,11 @@ What changed from phase 07
       gets -inf. Then phase 07's online softmax, untouched: it still masks the keys past the
       sequence's end. The indices handed to a mod are clamped to the sequence, so that a mod
       indexing an array by q_idx or kv_idx never reads past it for a row or key the tile pads.
+    - A mod runs for every score, so its instructions count like the softmax's: the indices are
+      int32, clamped in 32 bits (Numba widens int32 arithmetic to int64, two or more instructions
+      where one does), the built-ins keep their arithmetic in 32 bits, and softcap multiplies by
+      1 / cap, bound beside the cap (a division is a range check and a call to a subroutine).
+      docs/tuning/14_builds/sass.py counts the machine code per built-in.
     - `causal` is a mask_mod like any other here (flex.causal_mask); `attention(causal=True)`
       stays the fast path.
     - The block mask itself can be made on the GPU (build_block_mask_kernel, below): mask_mod in a
