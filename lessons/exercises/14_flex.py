@@ -507,13 +507,14 @@ def make_backward_scores(NT: int, score_call, grad_call, mask_call) -> p11.Score
         back = float32(1.0) / unit
         # a raw score whose probability is 0 whatever the scale's sign: 2^(hidden · qk_scale − L) = 0
         hidden = float32(-math.inf) if unit > float32(0.0) else float32(math.inf)
+        last_q, last_k = int32(seq_q - 1), int32(seq_k - 1)  # (32-bit comparisons, as the forward's)
         for j in range(NT):
             for e in range(4):
                 row = int32(m0 + j * 8 + 2 * t + e % 2)
                 key = int32(key_a + 8 * (e // 2))
-                seen = row < seq_q and key < seq_k
-                r = min(row, int32(seq_q - 1))  # (in bounds for a mod's arrays)
-                kk = min(key, int32(seq_k - 1))
+                seen = row <= last_q and key <= last_k
+                r = min(row, last_q)  # (in bounds for a mod's arrays)
+                kk = min(key, last_k)
                 x = s[j, e] * unit
                 d = float32(1.0)
                 if SCORE:
