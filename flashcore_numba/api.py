@@ -396,7 +396,8 @@ def _simulated(q, k, v, causal, phase, ops, qk_scale, return_lse):
 
 
 def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
-                   scale: float | None = None, return_lse: bool = False, phase: str | None = None):
+                   scale: float | None = None, return_lse: bool = False, phase: str | None = None,
+                   deterministic: bool = False):
     """Attention with your mods, as torch's flex_attention takes them: softmax(score_mod(q·kᵀ·scale))
     over the keys the mask leaves, times v, for (B, H, S, D) fp16 or bf16 inputs (k and v may have
     fewer heads: grouped-query attention); a row that sees no key gives zeros (and an LSE of -inf).
@@ -412,6 +413,9 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     scale: the scores' factor, 1/sqrt(D) by default. return_lse: also each row's log-sum-exp.
     phase: the kernel the mods go into, "09" (Hopper: TMA, wgmma) or "07" (any GPU from sm_80);
     None: 09 where the GPU runs it, else 07 (and 07 in the simulator, where 09 is slow).
+    deterministic: on torch tensors that require grad, the backward sums dQ in a fixed order
+    (phase 11's serial build of kv_kernel, as attention()'s deterministic=True): the same bits every
+    run; the forward is deterministic either way.
 
     The kernel is phase 14's (phases/p14_flex.py), compiled once per mods' functions, head dim,
     dtype and phase, and kept in the kernel cache by the mods' fingerprints (their bound arrays are arguments:
@@ -424,7 +428,7 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
     from .runtime.inputs import DeviceArray
 
     if is_torch(q) and _grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
-        return _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse, phase)
+        return _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse, phase, deterministic)
     ops = tuple(describe(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     _validate(ops, PHASES["07"], False, scale, return_lse)  # phase 14's first build: phase 07's inputs
     B, H, S_q, D = ops[0].shape
@@ -498,11 +502,12 @@ def flex_attention(q, k, v, score_mod=None, block_mask=None, *, mask_mod=None,
 _FLEX_FUNCTION = None  # the torch.autograd.Function of flex_attention with gradients (_flex_with_grad)
 
 
-def _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse, phase):
+def _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse, phase, deterministic=False):
     """flex_attention on torch tensors that need gradients: the forward as without them (its LSE
     kept), and a backward through phase 11's kernels with the same mods compiled in
     (p14_flex.backward_for: dS = P ∘ (dP − Δ) ∘ the score mod's grad; each key block against the
-    query rows its block mask leaves, backward_rows), launched by Numba on torch's current stream. A score mod
+    query rows its block mask leaves, backward_rows; deterministic: its serial build, dQ summed in
+    order), launched by Numba on torch's current stream. A score mod
     without its grad is refused here, by name, before anything runs. The LSE, if returned, is
     outside the graph (its gradient is not taken)."""
     import torch
@@ -559,12 +564,17 @@ def _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse,
         dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        # (deterministic: the parts of dQ summed in order, in torch's memory: one of Numba's would be
+        # freed by cuMemFree, which waits for the whole GPU)
+        parts = bw.dq_parts(B, k.shape[1], k.shape[2], True) if deterministic else 1
+        sums = torch.empty((parts, *q.shape), dtype=torch.float32, device=q.device) if parts > 1 else None
         with cuda.gpus[device]:
             stream = cuda.external_stream(current_stream(device))
             arrays = [torch_to_kernel(x) for x in (q, k, v, out, dout.contiguous())]
             bw.run(*arrays, cuda.as_cuda_array(lse), cuda.as_cuda_array(dq), torch_to_kernel(dk),
-                   torch_to_kernel(dv), False, float(default_scale(D) if scale is None else scale), False,
-                   stream=stream, delta=cuda.as_cuda_array(delta), mod_args=(*args, rows))
+                   torch_to_kernel(dv), False, float(default_scale(D) if scale is None else scale), deterministic,
+                   stream=stream, delta=cuda.as_cuda_array(delta), mod_args=(*args, rows), parts=parts,
+                   dq_sums=None if sums is None else cuda.as_cuda_array(sums))
         return dq.to(q.dtype), dk, dv
 
     out, lse = _FLEX_FUNCTION.apply(q, k, v, forward, backward)

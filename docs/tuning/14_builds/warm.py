@@ -1,10 +1,11 @@
 """Phase 14's kernels compiled into the kernel cache, one process each, before a GPU run: a kernel
 with mods compiles in a minute or two on one core, and `flashcore compile` knows no user's mods.
 
-    python3 docs/tuning/14_builds/warm.py JOBS [D,dtype,score,mask[,phase[,grad]] ...]
+    python3 docs/tuning/14_builds/warm.py JOBS [D,dtype,score,mask[,phase[,grad[,det]]]] ...]
 
 score: softcap, alibi or -; mask: window, documents, prefix, causal or -; phase: 07 or 09 (default:
-what flex_attention picks); grad: its backward too (phase 11's kv_kernel with the mods). Without
+what flex_attention picks); grad: its backward too (phase 11's kv_kernel with the mods), det: and
+its deterministic build. Without
 items: the cases of `flashcore bench --flex` at D 64 and 128 (fp16), forward and backward, and those
 of tests/test_flex_kernel.py's GPU tests. Each runs flex_attention once on a small problem (its block
 mask's kernel compiles too) and prints its time. Needs torch on a CUDA GPU.
@@ -20,11 +21,11 @@ BENCH = [(D, "float16", s, m, None, True) for D in (64, 128) for s, m in
 GPU_TEST = [(D, dtype, s, m, phase) for D, dtype, phase in ((64, "float16", None), (128, "bfloat16", None),
                                                              (64, "float16", "07"))
             for s, m in (("softcap", "window"), ("alibi", "documents"), (None, "prefix"), (None, None))] + [
-    (D, dtype, "softcap", "window", None, True) for D, dtype in ((64, "float16"), (128, "bfloat16"))] + [
+    (D, dtype, "softcap", "window", None, True, True) for D, dtype in ((64, "float16"), (128, "bfloat16"))] + [
     (64, "float16", "alibi", "window", phase) for phase in (None, "07")]  # the CUDA graph's and the thread's test
 
 
-def one(D, dtype, score, mask, phase=None, grad=False):
+def one(D, dtype, score, mask, phase=None, grad=False, det=False):
     import torch
 
     from flashcore_numba import flex
@@ -44,8 +45,13 @@ def one(D, dtype, score, mask, phase=None, grad=False):
     if grad:
         out.backward(torch.randn_like(out))
         finite = finite and all(bool(torch.isfinite(x.grad).all()) for x in (q, k, v))
+    if det:
+        out = flex_attention(q, k, v, score_mod=mods[score], mask_mod=mods[mask], phase=phase, deterministic=True)
+        grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+        finite = finite and all(bool(torch.isfinite(g).all()) for g in grads)
     torch.cuda.synchronize()
-    return f"D={D} {dtype} {score} {mask} phase={phase} grad={grad}: {time.time() - start:.0f} s, finite {finite}"
+    return (f"D={D} {dtype} {score} {mask} phase={phase} grad={grad} det={det}: {time.time() - start:.0f} s, "
+            f"finite {finite}")
 
 
 def consumers_at_64():
@@ -64,7 +70,7 @@ def consumers_at_64():
 
 def parse(item: str) -> tuple:
     fields = [None if x == "-" else x for x in item.split(",")]
-    return (int(fields[0]), *fields[1:5], *(["grad" in fields[5:]] if len(fields) > 5 else []))
+    return (int(fields[0]), *fields[1:5], *(["grad" in fields[5:], "det" in fields[5:]] if len(fields) > 5 else []))
 
 
 def main():
