@@ -440,8 +440,12 @@ def make_walk(L, score_call, mask_call) -> p09.Walk:
     without masking (the mask pass and the kind's load compiled out: may_mask is a constant there),
     the rest in its masked loop. A consumer warpgroup's S is one m-tile of 16 rows a warp, (NT, 4)
     in mma's accumulator layout (rows row_a and row_a + 8): apply_mods takes it as (1, NT, 4),
-    copied in and out, which costs nothing once the copies are unrolled (registers renamed)."""
+    copied in and out, which costs nothing once the copies are unrolled (registers renamed). With a
+    score mod the scores stay in the units the mod returns them in (the scaled score), and the
+    softmax takes them so (softmax_scale: log2(e) in place of the kernel's scale): no product back
+    to the kernel's units, one instruction a score fewer."""
     NT, BLOCK_M, BLOCK_N = L["NT"], L["BLOCK_M"], L["BLOCK_N"]
+    MOD_UNITS = score_call is not None  # every tile's scores then leave apply in the mod's units
     apply_mods = make_apply_mods(dict(NT=NT, M_TILES=1), score_call, mask_call)
 
     @cuda.jit(device=True, inline=True)
@@ -484,12 +488,18 @@ def make_walk(L, score_call, mask_call) -> p09.Walk:
         s3 = cuda.local.array((1, NT, 4), float32)
         each_in(0, (s3, s))
         unit = scale * float32(1.0 / LOG2E)  # a raw score times unit is the score the mods see
+        back = float32(1.0) if MOD_UNITS else float32(1.0) / unit  # (x · 1.0 compiles to x)
         # (a tile of the unmasked loop ends at or before the last key: may_mask False, no clamp)
-        apply_mods(s3, partial, b, h, row_a, 0, t, int32(n * BLOCK_N), seq_q, seq_k, may_mask, unit,
-                   float32(1.0) / unit, lists[3], lists[4])
+        apply_mods(s3, partial, b, h, row_a, 0, t, int32(n * BLOCK_N), seq_q, seq_k, may_mask, unit, back,
+                   lists[3], lists[4])
         each_out(0, (s3, s))
 
-    return p09.Walk(True, listed, tile_at, unmasked, apply)
+    @cuda.jit(device=True, inline=True)
+    def softmax_scale(scale):
+        """exp2(s · log2(e)) = exp(s) of a score in the mod's units; else the kernel's own scale."""
+        return float32(LOG2E) if MOD_UNITS else scale
+
+    return p09.Walk(True, listed, tile_at, unmasked, apply, softmax_scale)
 
 
 def hopper_lists(kinds: np.ndarray, seq_k: int, block_n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -216,6 +216,7 @@ class Walk:
     tile_at: object  # tile_at(lists, where, i) -> the key block of the i-th tile visited
     unmasked: object  # unmasked(lists, where) -> n_full: the list's tiles 1 .. n_full - 1 need no mask
     apply: object  # apply(s, context, n, t, scale, may_mask): the mods on the scores of key block n
+    softmax_scale: object  # softmax_scale(scale) -> the softmax's scale of the scores apply leaves
 
 
 def plain_walk() -> Walk:
@@ -236,7 +237,11 @@ def plain_walk() -> Walk:
     def apply(s, context, n, t, scale, may_mask):
         pass
 
-    return Walk(False, listed, tile_at, unmasked, apply)
+    @cuda.jit(device=True, inline=True)
+    def softmax_scale(scale):
+        return scale
+
+    return Walk(False, listed, tile_at, unmasked, apply, softmax_scale)
 
 
 def make_softmax_tile(L, dtype="float16"):
@@ -523,7 +528,7 @@ def make_turns(L, dtype="float16", build=None, hooks=None, walk=None):
     N_P, N_O = 4 * L["KP"], 4 * NO  # registers per thread of P's fragments, of O
     # the build's choices, as constants the compiler folds (a branch on one is compiled out)
     TURNS, OVERLAP, RELEASE_Q_EARLY = build.turns, build.overlap, build.release_q_early
-    apply_mods = walk.apply
+    apply_mods, softmax_scale = walk.apply, walk.softmax_scale
 
     @cuda.jit(device=True, inline=True)
     def add_pv(acc, p_frag, desc_v, alpha_a, alpha_b):
@@ -549,7 +554,7 @@ def make_turns(L, dtype="float16", build=None, hooks=None, walk=None):
             arrive(q_empty)  # the block's only S is done
         store_tuple(s, s_tile)
         apply_mods(s, context, n, t, scale, True)
-        m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, n * BLOCK_N, t, k_end_a, k_end_b, scale,
+        m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, n * BLOCK_N, t, k_end_a, k_end_b, softmax_scale(scale),
                                                             m_a, m_b, l_a, l_b, True)
         pack_a(p_frag, s)
         return m_a, m_b, l_a, l_b, alpha_a, alpha_b
@@ -591,7 +596,7 @@ def make_turns(L, dtype="float16", build=None, hooks=None, walk=None):
         store_tuple(s, s_tile)
         apply_mods(s, context, n, t, scale, may_mask)
         m_a, m_b, l_a, l_b, alpha_a, alpha_b = softmax_tile(s, n * BLOCK_N, t, k_end_a, k_end_b,
-                                                            scale, m_a, m_b, l_a, l_b, may_mask)
+                                                            softmax_scale(scale), m_a, m_b, l_a, l_b, may_mask)
         if OVERLAP:
             store_tuple(acc, wait_o(p_prev, o_tile))  # P·V of tile n - 1 is done
             arrive(empty + 8 * prev)
