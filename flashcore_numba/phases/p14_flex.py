@@ -66,18 +66,18 @@ Why the hardware should reward it
 Measured effect (written by `flashcore report` from the flex records, docs/bench/flex/; do not edit
 by hand)
     [measured:begin]
-    NVIDIA H100 80GB HBM3, 2026-12-07, TFLOPS of the work the mask leaves: B=16 H=16 S=4096 D=64
-    fp16: sliding_window 261 (0.91x FlexAttention), softcap 105 (0.80x FlexAttention), alibi 253
-    (0.67x FlexAttention), documents 238 (1.08x FlexAttention), causal_mask 394 (1.07x
-    FlexAttention), causal as a mask_mod at 0.82x the speed of attention(causal=True), the window at
-    1.24x it; B=1 H=16 S=32768 D=64 fp16: sliding_window 259 (0.89x FlexAttention), causal_mask 447
-    (1.15x FlexAttention), causal as a mask_mod at 0.83x the speed of attention(causal=True), the
-    window at 7.82x it; B=16 H=16 S=4096 D=128 fp16: sliding_window 432 (1.35x FlexAttention),
-    softcap 198 (0.89x FlexAttention), alibi 431 (0.96x FlexAttention), documents 361 (1.33x
-    FlexAttention), causal_mask 590 (1.49x FlexAttention), causal as a mask_mod at 0.93x the speed
-    of attention(causal=True), the window at 1.55x it
-    (nvidia-h100-80gb-hbm3_flex_b16h16s4096d64_fp16.json,
-    nvidia-h100-80gb-hbm3_flex_b1h16s32768d64_fp16.json,
+    NVIDIA H100 80GB HBM3, 2026-12-07 and 2026-12-08, TFLOPS of the work the mask leaves: B=1 H=16
+    S=32768 D=64 fp16: sliding_window 259 (0.89x FlexAttention), causal_mask 447 (1.15x
+    FlexAttention), causal as a mask_mod at 0.83x the speed of attention(causal=True), the window at
+    7.82x it; B=16 H=16 S=4096 D=64 fp16: sliding_window 321 (1.11x FlexAttention), softcap 202
+    (1.53x FlexAttention), alibi 347 (0.92x FlexAttention), documents 250 (1.13x FlexAttention),
+    causal_mask 413 (1.13x FlexAttention), causal as a mask_mod at 0.85x the speed of
+    attention(causal=True), the window at 1.51x it; B=16 H=16 S=4096 D=128 fp16: sliding_window 432
+    (1.35x FlexAttention), softcap 198 (0.89x FlexAttention), alibi 431 (0.96x FlexAttention),
+    documents 361 (1.33x FlexAttention), causal_mask 590 (1.49x FlexAttention), causal as a mask_mod
+    at 0.93x the speed of attention(causal=True), the window at 1.55x it
+    (nvidia-h100-80gb-hbm3_flex_b1h16s32768d64_fp16.json,
+    nvidia-h100-80gb-hbm3_flex_b16h16s4096d64_fp16.json,
     nvidia-h100-80gb-hbm3_flex_b16h16s4096d128_fp16.json).
     [measured:end]
 """
