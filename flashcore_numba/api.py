@@ -555,12 +555,13 @@ def _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse,
         args = tuple(_kept(m if m is not None and m.arrays else None, device,
                            lambda m=m: _bound_arrays(m, describe("q", q), m.kind if m is not None else "mod"))
                      for m in (smod, mmod))
-        # the query rows kv_kernel visits for each key block: the block mask at its tiles
+        # the block mask at kv_kernel's tiles: the query rows it visits for each key block, and which
+        # tiles are full (no mask_mod there)
         B, H, S_q, _ = q.shape
         block_m, block_n = bw.kv["STREAM_ROWS"], bw.kv["OWN_ROWS"]
         kinds = flex.kernel_kinds(block_mask, mmod, B, H, S_q, k.shape[2], block_m, block_n, True)
-        rows = _kept(kinds, device, lambda: cuda.to_device(p14.backward_rows(kinds, H // k.shape[1], S_q, block_m)),
-                     "backward")
+        tiles = _kept(kinds, device, lambda: (cuda.to_device(p14.backward_rows(kinds, H // k.shape[1], S_q, block_m)),
+                                              cuda.to_device(np.ascontiguousarray(kinds))), "backward")
         dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
@@ -573,7 +574,7 @@ def _flex_with_grad(q, k, v, score_mod, block_mask, mask_mod, scale, return_lse,
             arrays = [torch_to_kernel(x) for x in (q, k, v, out, dout.contiguous())]
             bw.run(*arrays, cuda.as_cuda_array(lse), cuda.as_cuda_array(dq), torch_to_kernel(dk),
                    torch_to_kernel(dv), False, float(default_scale(D) if scale is None else scale), deterministic,
-                   stream=stream, delta=cuda.as_cuda_array(delta), mod_args=(*args, rows), parts=parts,
+                   stream=stream, delta=cuda.as_cuda_array(delta), mod_args=(*args, tiles), parts=parts,
                    dq_sums=None if sums is None else cuda.as_cuda_array(sums))
         return dq.to(q.dtype), dk, dv
 

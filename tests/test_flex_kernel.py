@@ -290,7 +290,8 @@ def test_the_backward_with_mods_matches_the_oracle(case, deterministic):
     kinds = flex.kernel_kinds(None, mmod, B, H, S, S, block_m, bw.kv["OWN_ROWS"])
     rows = p14_flex.backward_rows(kinds, H // H_kv, S, block_m)
     got = p11.run_on_host(bw, q, k, v, o.astype(np.float16), do, lse.astype(np.float32), scale=scale,
-                          mod_args=(*args, rows), deterministic=deterministic, parts=2 if deterministic else None)
+                          mod_args=(*args, (rows, kinds)), deterministic=deterministic,
+                          parts=2 if deterministic else None)
     ref = reference_flex_gradients(q, k, v, do, scale=scale, **mods)
     for name, x, r in zip(("dq", "dk", "dv"), got, ref):
         x = np.asarray(x, np.float64)

@@ -50,7 +50,8 @@ What changed from phase 07
       author gives (flex.score_mod(..., grad=): softcap's 1 − tanh², a bias's 1); torch's
       FlexAttention differentiates the mod's graph instead. A key block meets the query tiles from
       the first to the last its block mask leaves (backward_rows: a band's backward follows the
-      band), and the mods' arrays get no gradient.
+      band), a full tile calls no mask_mod (the block mask's kinds at the backward's tiles), and the
+      mods' arrays get no gradient.
     What ptxas reports for sm_90a at D = 64, when this build was written: the build without
     mods 240 registers (phase 07's kernel, 242); with softcap and a
     window 250, with ALiBi and a document mask 255 and 64 bytes of stack. Phase 09's build
@@ -564,18 +565,24 @@ def _fingerprint(fn):
 # ---------------------------------------------------------------------------------------------
 # The backward with the mods: phase 11's kernels, the mods on each tile's recomputed scores
 # ---------------------------------------------------------------------------------------------
-def make_backward_scores(NT: int, score_call, grad_call, mask_call) -> p11.Scores:
+def make_backward_scores(NT: int, score_call, grad_call, mask_call, block_m: int = 1, block_n: int = 1) -> p11.Scores:
     """Phase 11's seam (p11.Scores) with the mods: in kv_kernel's tile, each score of Sᵀ (lane
     element e of n-tile j: query row m0 + 8 j + 2 t + e % 2, key key_a + 8 (e // 2)) as the forward
     made it, score_mod(score) in raw units (the kernel scales it again), or hidden where the mask
     hides its key or the row or key lies past the end; its slope, d score_mod / d score, for dS.
-    Every query tile the key block visits runs it (rows: backward_rows's range for the block)."""
+    Every query tile the key block visits runs it (rows: backward_rows's range for the block). The
+    kernel's last argument is (rows, kinds): backward_rows's ranges and the block mask's kinds at
+    the backward's tiles (block_m query rows by block_n keys), by which a full tile calls no
+    mask_mod, as the forward's does not."""
     SCORE, MASK = score_call is not None, mask_call is not None
 
     @cuda.jit(device=True, inline=True)
     def modify(s, slope, context, h, m0, t):
         b, key_a, seq_q, seq_k, mod_args, scale = context
         score_args, mask_args = mod_args[0], mod_args[1]
+        KINDS = mod_args[2][1]  # (B', H', query tiles, key blocks): the block mask at these tiles
+        partial = MASK and KINDS[b if KINDS.shape[0] > 1 else 0, h if KINDS.shape[1] > 1 else 0,
+                                 uint32(m0) // uint32(block_m), uint32(key_a) // uint32(block_n)] != FULL
         unit = float32(scale)  # a raw score times unit is the score the mods see
         back = float32(1.0) / unit
         # a raw score whose probability is 0 whatever the scale's sign: 2^(hidden · qk_scale − L) = 0
@@ -593,14 +600,14 @@ def make_backward_scores(NT: int, score_call, grad_call, mask_call) -> p11.Score
                 if SCORE:
                     d = float32(grad_call(x, b, h, r, kk, score_args))
                     x = float32(score_call(x, b, h, r, kk, score_args))
-                if MASK:
+                if partial:  # (a full tile's keys are all seen: no mask_mod)
                     seen = seen and mask_call(x, b, h, r, kk, mask_args)
                 s[j, e] = x * back if seen else hidden
                 slope[j, e] = d
 
     @cuda.jit(device=True, inline=True)
     def rows(mod_args, b, h_kv, key_block):
-        ROWS = mod_args[2]  # (B' , H_kv', key blocks, 2): backward_rows
+        ROWS = mod_args[2][0]  # (B' , H_kv', key blocks, 2): backward_rows
         bb = b if ROWS.shape[0] > 1 else 0
         hh = h_kv if ROWS.shape[1] > 1 else 0
         return int32(ROWS[bb, hh, key_block, 0]), int32(ROWS[bb, hh, key_block, 1])
@@ -639,7 +646,7 @@ def build_backward(HEAD_DIM: int, dtype: str = "float16", score_fn=None, grad_fn
     scores = make_backward_scores(
         L["NT"], None if score_fn is None else device_mod(score_fn, n_score_arrays, "score_mod"),
         None if grad_fn is None else device_mod(grad_fn, n_score_arrays, "score_mod"),
-        None if mask_fn is None else device_mod(mask_fn, n_mask_arrays, "mask_mod"))
+        None if mask_fn is None else device_mod(mask_fn, n_mask_arrays, "mask_mod"), L["STREAM_ROWS"], L["OWN_ROWS"])
     return dataclasses.replace(plain, kv_kernel=p11.build_kv_kernel(L, dtype, plain.wide_red, scores=scores),
                                kv_kernel_serial=p11.build_kv_kernel(L, dtype, plain.wide_red, serial=True,
                                                                     scores=scores),
