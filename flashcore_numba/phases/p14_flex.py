@@ -577,17 +577,11 @@ def make_backward_scores(NT: int, score_call, grad_call, mask_call, block_m: int
     SCORE, MASK = score_call is not None, mask_call is not None
 
     @cuda.jit(device=True, inline=True)
-    def modify(s, slope, context, h, m0, t):
-        b, key_a, seq_q, seq_k, mod_args, scale = context
-        score_args, mask_args = mod_args[0], mod_args[1]
-        KINDS = mod_args[2][1]  # (B', H', query tiles, key blocks): the block mask at these tiles
-        partial = MASK and KINDS[b if KINDS.shape[0] > 1 else 0, h if KINDS.shape[1] > 1 else 0,
-                                 uint32(m0) // uint32(block_m), uint32(key_a) // uint32(block_n)] != FULL
-        unit = float32(scale)  # a raw score times unit is the score the mods see
+    def modify_tile(s, slope, b, h, m0, t, key_a, last_q, last_k, unit, score_args, mask_args, masked):
+        """The tile's scores modded; masked (a constant where it is inlined): mask_mod too."""
         back = float32(1.0) / unit
         # a raw score whose probability is 0 whatever the scale's sign: 2^(hidden · qk_scale − L) = 0
         hidden = float32(-math.inf) if unit > float32(0.0) else float32(math.inf)
-        last_q, last_k = int32(seq_q - 1), int32(seq_k - 1)  # (32-bit comparisons, as the forward's)
         for j in range(NT):
             for e in range(4):
                 row = int32(m0 + j * 8 + 2 * t + e % 2)
@@ -600,10 +594,25 @@ def make_backward_scores(NT: int, score_call, grad_call, mask_call, block_m: int
                 if SCORE:
                     d = float32(grad_call(x, b, h, r, kk, score_args))
                     x = float32(score_call(x, b, h, r, kk, score_args))
-                if partial:  # (a full tile's keys are all seen: no mask_mod)
+                if masked:
                     seen = seen and mask_call(x, b, h, r, kk, mask_args)
                 s[j, e] = x * back if seen else hidden
                 slope[j, e] = d
+
+    @cuda.jit(device=True, inline=True)
+    def modify(s, slope, context, h, m0, t):
+        b, key_a, seq_q, seq_k, mod_args, scale = context
+        score_args, mask_args = mod_args[0], mod_args[1]
+        unit = float32(scale)  # a raw score times unit is the score the mods see
+        last_q, last_k = int32(seq_q - 1), int32(seq_k - 1)  # (32-bit comparisons, as the forward's)
+        KINDS = mod_args[2][1]  # (B', H', query tiles, key blocks): the block mask at these tiles
+        # two builds of the tile's loop, one branch between them: a branch on the kind inside the
+        # loop kept it rolled, and s and slope went to local memory (256 bytes of stack at D = 64)
+        if MASK and KINDS[b if KINDS.shape[0] > 1 else 0, h if KINDS.shape[1] > 1 else 0,
+                          uint32(m0) // uint32(block_m), uint32(key_a) // uint32(block_n)] != FULL:
+            modify_tile(s, slope, b, h, m0, t, key_a, last_q, last_k, unit, score_args, mask_args, True)
+        else:  # a full tile's keys are all seen: no mask_mod
+            modify_tile(s, slope, b, h, m0, t, key_a, last_q, last_k, unit, score_args, mask_args, False)
 
     @cuda.jit(device=True, inline=True)
     def rows(mod_args, b, h_kv, key_block):
