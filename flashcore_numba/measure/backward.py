@@ -74,7 +74,7 @@ def _gradient_oracle(device, q, k, v, do, problem: Problem):
     return ref, lowp
 
 
-def _gate(result: Result, got, ref, lowp) -> None:
+def gate_gradients(result: Result, got, ref, lowp) -> None:
     """check_close on each of batch 0's dq, dk, dv; the result is correct when all three are."""
     messages, worst = [], None
     result.correct = True
@@ -209,7 +209,7 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
                                       phase)
 
         try:
-            _gate(result, launch(), ref, lowp)
+            gate_gradients(result, launch(), ref, lowp)
             if result.correct:
                 timed(result, launch, backward_flops)
         except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
@@ -233,7 +233,7 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
                     return torch.autograd.grad(peer_out, leaves, do, retain_graph=True)
 
                 result = Result(name, "peer", title)
-                _gate(result, launch(), ref, lowp)
+                gate_gradients(result, launch(), ref, lowp)
                 if result.correct:
                     timed(result, launch, backward_flops)
         except Exception as e:  # noqa: BLE001 - a backend that cannot run says why
@@ -262,7 +262,7 @@ def run_backward_benchmark(problem: Problem, *, peer_names=BACKWARD_PEERS, timin
             return torch.autograd.grad(forward(), leaves, do)
 
         try:
-            _gate(result, launch(), ref, lowp)
+            gate_gradients(result, launch(), ref, lowp)
             if result.correct:
                 timed(result, launch, step_flops)
         except Exception as e:  # noqa: BLE001
